@@ -1,0 +1,103 @@
+"""FlexAttention adapter: block masks (causal / key padding) on the engine's contiguous per-group blocks.
+
+The engine gathers each (branch, offset) group into contiguous blocks, so no work is spent on
+dilation holes. FlexAttention cannot be handed a merged LSE, so the backward recomputes this
+block's (out_b, lse_b) with autograd and back-propagates the merged-result gradient through the
+merge weights w_b = exp(lse_b - lse): d out_b = w_b dO, d lse_b = w_b (dO . (out_b - out)) + w_b g.
+On CPU FlexAttention runs forward only (torch raises for backward); compiled on CUDA.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Optional
+
+import torch
+
+from hilbert_lab.attention.backends.base import Backend, BackendUnavailableError
+
+
+def _unavailable(device=None, dtype=None) -> Optional[str]:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return f"torch.nn.attention.flex_attention is missing in torch {torch.__version__} (needs >= 2.5)"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_block_mask(length: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx
+
+    return create_block_mask(causal, None, None, length, length, device=device)
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _block_mask(q, k, causal, key_padding_mask):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if key_padding_mask is None:
+        return _causal_block_mask(q.shape[1], str(q.device)) if causal else None
+    keep = ~key_padding_mask
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        allowed = keep[b, kv_idx]
+        return allowed & (kv_idx <= q_idx) if causal else allowed
+
+    return create_block_mask(mask_mod, q.shape[0], None, q.shape[1], k.shape[1], device=str(q.device))
+
+
+def flex_attend(q, k, v, *, causal, scale, key_padding_mask=None):
+    """Differentiable (out (B, L, H, D), lse (B, H, L)) through FlexAttention."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = _compiled_flex() if q.device.type == "cuda" else flex_attention
+    with warnings.catch_warnings():  # eager CPU FlexAttention warns that it is not compiled
+        warnings.simplefilter("ignore", UserWarning)
+        args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        block_mask = _block_mask(q, k, causal, key_padding_mask)
+        try:
+            from torch.nn.attention.flex_attention import AuxRequest
+        except ImportError:  # torch < 2.9: the older keyword
+            out, lse = fn(*args, block_mask=block_mask, scale=scale, return_lse=True)
+        else:
+            out, aux = fn(*args, block_mask=block_mask, scale=scale, return_aux=AuxRequest(lse=True))
+            lse = aux.lse
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return out.transpose(1, 2), lse.to(lse_dtype)
+
+
+def _forward(q, k, v, *, causal, scale, key_padding_mask=None):
+    with torch.no_grad():
+        out, lse = flex_attend(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+    return out, lse, None
+
+
+def _backward(grad_out, grad_lse, q, k, v, out, lse, aux=None, *, causal, scale, key_padding_mask=None):
+    if q.device.type == "cpu":
+        raise BackendUnavailableError("backend 'flex' has no backward on CPU (torch's FlexAttention is forward-only there); "
+                           "use 'manual' or 'sdpa' for training on CPU")
+    with torch.enable_grad():
+        qd, kd, vd = (t.detach().requires_grad_(True) for t in (q, k, v))
+        out_b, lse_b = flex_attend(qd, kd, vd, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+        finite = torch.isfinite(lse)
+        weight = torch.where(finite, torch.exp(lse_b.detach() - torch.where(finite, lse, torch.zeros_like(lse))),
+                             torch.zeros_like(lse))  # (B, H, L)
+        w = weight.transpose(1, 2).unsqueeze(-1)
+        d_out_b = (w * grad_out.to(w.dtype)).to(out_b.dtype)
+        d_lse_b = weight * ((grad_out.to(w.dtype) * (out_b.detach().to(w.dtype) - out.to(w.dtype))).sum(-1).transpose(1, 2))
+        if grad_lse is not None:
+            d_lse_b = d_lse_b + weight * grad_lse
+        return torch.autograd.grad((out_b, lse_b), (qd, kd, vd), (d_out_b, d_lse_b.to(lse_b.dtype)))
+
+
+FLEX = Backend("flex", _forward, _backward, _unavailable)

@@ -1,0 +1,129 @@
+"""torch.nn modules: DilatedAttention (the engine as a module) and MultiheadDilatedAttention (with projections)."""
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from hilbert_lab.attention.engine import dilated_attention
+from hilbert_lab.attention.pattern import DilatedPattern
+
+
+def _check_dropout(dropout) -> float:
+    if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
+    return float(dropout)
+
+
+class DilatedAttention(nn.Module):
+    """Dilated attention on q, k, v (B, N, H, D) -> (B, N, H, D); dropout only in training mode.
+
+    Arguments as in `hilbert_lab.attention.engine.dilated_attention`; `dropout` is the attention
+    weight dropout probability applied when `self.training`.
+    """
+
+    def __init__(
+        self,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        causal: bool = False,
+        mode: str = "longnet",
+        backend: str = "auto",
+        ordering: Optional[str] = None,
+        scale: Optional[float] = None,
+        dropout: float = 0.0,
+        hilbert_pattern: bool = False,
+    ) -> None:
+        super().__init__()
+        self.pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
+        self.backend, self.ordering, self.scale = backend, ordering, scale
+        self.dropout = _check_dropout(dropout)
+        self.hilbert_pattern = hilbert_pattern
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Optional[bool] = None,
+                return_lse: bool = False):
+        """q, k, v (B, N, H, D) -> out (B, N, H, D) [, lse (B, H, N)]; `causal` overrides the default."""
+        return dilated_attention(
+            q, k, v,
+            segment_lengths=self.pattern.segment_lengths, dilation_rates=self.pattern.dilation_rates,
+            causal=self.pattern.causal if causal is None else causal, mode=self.pattern.mode,
+            backend=self.backend, ordering=self.ordering, scale=self.scale,
+            dropout_p=self.dropout if self.training else 0.0, return_lse=return_lse,
+            hilbert_pattern=self.hilbert_pattern,
+        )
+
+    def extra_repr(self) -> str:
+        p = self.pattern
+        return (f"segment_lengths={list(p.segment_lengths)}, dilation_rates={list(p.dilation_rates)}, mode={p.mode!r}, "
+                f"causal={p.causal}, backend={self.backend!r}, ordering={self.ordering!r}, dropout={self.dropout}")
+
+
+class MultiheadDilatedAttention(nn.Module):
+    """Multi-head dilated attention with q/k/v/out projections: x (B, N, E) -> (B, N, E).
+
+    MultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, dilation_rates, ...); `dim` and
+    `heads` are accepted as aliases of embed_dim and num_heads. embed_dim must be divisible by
+    num_heads. Other keywords go to DilatedAttention.
+    """
+
+    def __init__(
+        self,
+        embed_dim: Optional[int] = None,
+        num_heads: Optional[int] = None,
+        segment_lengths: Optional[Sequence[int]] = None,
+        dilation_rates: Optional[Sequence[int]] = None,
+        *,
+        dim: Optional[int] = None,
+        heads: Optional[int] = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        causal: bool = False,
+        mode: str = "longnet",
+        backend: str = "auto",
+        ordering: Optional[str] = None,
+        hilbert_pattern: bool = False,
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        embed_dim = _alias(embed_dim, dim, "embed_dim", "dim")
+        num_heads = _alias(num_heads, heads, "num_heads", "heads")
+        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        if segment_lengths is None or dilation_rates is None:
+            raise ValueError("segment_lengths and dilation_rates are required (lists of positive integers)")
+        self.embed_dim, self.num_heads, self.head_dim = int(embed_dim), int(num_heads), int(embed_dim) // int(num_heads)
+        factory = {"device": device, "dtype": dtype}
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.attention = DilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode, backend=backend,
+                                          ordering=ordering, dropout=dropout, hilbert_pattern=hilbert_pattern)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            if proj.bias is not None:
+                nn.init.zeros_(proj.bias)
+
+    def forward(self, query: torch.Tensor, key: Optional[torch.Tensor] = None, value: Optional[torch.Tensor] = None,
+                *, causal: Optional[bool] = None) -> torch.Tensor:
+        """query (B, N, E) (key/value default to query) -> (B, N, E)."""
+        key = query if key is None else key
+        value = key if value is None else value
+        if query.dim() != 3 or query.shape[-1] != self.embed_dim:
+            raise ValueError(f"query must be (B, N, {self.embed_dim}), got {tuple(query.shape)}")
+        split = lambda x: x.unflatten(-1, (self.num_heads, self.head_dim))  # noqa: E731
+        out = self.attention(split(self.q_proj(query)), split(self.k_proj(key)), split(self.v_proj(value)), causal=causal)
+        return self.out_proj(out.flatten(-2))
+
+
+def _alias(value, alias, name: str, alias_name: str):
+    if alias is not None and value is not None and alias != value:
+        raise ValueError(f"{name}={value!r} and its alias {alias_name}={alias!r} disagree")
+    return value if value is not None else alias

@@ -1,0 +1,1 @@
+"""Tests of hilbert_lab.attention."""

@@ -1,0 +1,80 @@
+"""merge_lse: merging parts equals attention over the union; -inf safety in forward and backward."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hilbert_lab.attention.backends import get_backend
+from hilbert_lab.attention.merge import merge_lse, safe_logsumexp
+
+from ._oracle import max_diff, random_qkv
+
+REF = get_backend("reference")
+
+
+def _attend_keys(q, k, v, keys):
+    return REF.attend(q, k[:, keys], v[:, keys], causal=False)
+
+
+def test_merge_of_disjoint_key_sets_equals_full_attention_with_gradients():
+    q, k, v = random_qkv(2, 6, 3, 4)
+    full_out, full_lse = REF.attend(q, k, v, causal=False)
+    parts = [_attend_keys(q, k, v, keys) for keys in ([0, 1], [2, 3, 4], [5])]
+    out, lse = merge_lse([p[0] for p in parts], [p[1] for p in parts])
+    assert max_diff(out, full_out) < 1e-12 and max_diff(lse, full_lse) < 1e-12
+    upstream = (torch.randn_like(out), torch.randn_like(lse))
+    expected = torch.autograd.grad((full_out, full_lse), (q, k, v), upstream)
+    got = torch.autograd.grad((out, lse), (q, k, v), upstream)
+    assert max(max_diff(a, b) for a, b in zip(got, expected)) < 1e-12
+
+
+def test_merge_counts_a_repeated_key_set_twice():
+    q, k, v = random_qkv(1, 5, 2, 3, requires_grad=False)
+    out1, lse1 = REF.attend(q, k, v, causal=False)
+    out, lse = merge_lse([out1, out1], [lse1, lse1])
+    assert max_diff(out, out1) < 1e-12
+    assert max_diff(lse, lse1 + torch.log(torch.tensor(2.0, dtype=torch.float64))) < 1e-12
+
+
+def test_merge_is_order_independent():
+    gen = torch.Generator().manual_seed(3)
+    outs = [torch.randn(2, 4, 3, 5, generator=gen, dtype=torch.float64) for _ in range(3)]
+    lses = [torch.randn(2, 3, 4, generator=gen, dtype=torch.float64) for _ in range(3)]
+    a = merge_lse(outs, lses)
+    b = merge_lse(outs[::-1], lses[::-1])
+    assert max_diff(a[0], b[0]) < 1e-14 and max_diff(a[1], b[1]) < 1e-14
+
+
+def test_all_minus_inf_rows_give_zero_and_minus_inf_without_nan_in_backward():
+    outs = [torch.randn(1, 3, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    lse_values = torch.tensor([[[0.5, float("-inf"), 1.0], [float("-inf"), float("-inf"), 2.0]]], dtype=torch.float64)
+    lses = [lse_values.clone().requires_grad_(True), torch.full_like(lse_values, float("-inf")).requires_grad_(True)]
+    lses[1].data[0, 0, 0] = 0.0  # row (h0, n0) has two finite parts
+    out, lse = merge_lse(outs, lses)
+    assert torch.isneginf(lse[0, 0, 1]) and torch.isneginf(lse[0, 1, 0]) and torch.isneginf(lse[0, 1, 1])
+    assert torch.all(out[0, 1, 0] == 0) and torch.all(out[0, 0, 1] == 0) and torch.all(out[0, 1, 1] == 0)
+    expected_lse = torch.logaddexp(torch.tensor(0.5, dtype=torch.float64), torch.tensor(0.0, dtype=torch.float64))
+    assert abs(lse[0, 0, 0].item() - expected_lse.item()) < 1e-14
+    gout, glse = torch.randn_like(out), torch.randn_like(lse)
+    g = torch.autograd.grad((out, lse), outs + lses, (gout, glse))
+    assert all(torch.isfinite(t).all() for t in g)
+    assert torch.all(g[0][0, 1, 0] == 0) and torch.all(g[2][0, 1, 0] == 0)  # rows with no keys get no gradient
+
+
+def test_merge_gradients_pass_gradcheck():
+    gen = torch.Generator().manual_seed(5)
+    outs = [torch.randn(1, 3, 2, 2, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    lses = [torch.randn(1, 2, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    assert torch.autograd.gradcheck(lambda a, b, c, d: merge_lse([a, b], [c, d]), (*outs, *lses))
+
+
+def test_safe_logsumexp_matches_torch_on_finite_input():
+    x = torch.randn(4, 7, dtype=torch.float64)
+    assert max_diff(safe_logsumexp(x, dim=-1), torch.logsumexp(x, dim=-1)) < 1e-14
+
+
+def test_merge_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="lses"):
+        merge_lse([torch.zeros(1, 2, 3, 4)], [torch.zeros(1, 2, 3)])
+    with pytest.raises(ValueError, match="equal length"):
+        merge_lse([torch.zeros(1, 2, 3, 4)], [])
