@@ -1,1 +1,17 @@
-"""TODO"""
+"""Space-filling curves: Hilbert/Morton encode+decode, generalized (gilbert) curves, token orderings."""
+from __future__ import annotations
+
+from hilbert_lab.curves.codec import CURVES, decode, encode
+from hilbert_lab.curves.gilbert import gilbert, gilbert3d
+from hilbert_lab.curves.orderings import (
+    GRID_ORDERINGS,
+    ORDERINGS,
+    grid_permutation,
+    near_square_grid,
+    segment_permutation,
+)
+
+__all__ = [
+    "CURVES", "GRID_ORDERINGS", "ORDERINGS", "decode", "encode", "gilbert", "gilbert3d",
+    "grid_permutation", "near_square_grid", "segment_permutation",
+]

@@ -1,1 +1,3 @@
-"""TODO"""
+"""Leaf kernels on plain ints, arrays and tensors: Numba CPU curve maps (curves_numba), CUDA curve maps and
+segment permutation (cuda_build + cuda_curves, sources in src_kernels/), fused Triton dilated attention
+(triton_dilated). Submodules are imported on demand; none imports anything else from hilbert_lab."""

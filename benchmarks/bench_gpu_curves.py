@@ -1,0 +1,170 @@
+"""GPU curve maps and segment permutation: time each kernel beside its anchor in the same run.
+
+Encode/decode of 2**24 int32 2D points at order 12 (12 bytes per point) against hilbertsfc 0.5.1's
+Triton kernels (when importable) and against the measured device copy bandwidth; permutation of a
+bf16 (2, 32768, 12, 64) tensor against index_select and a plain copy. Correctness is checked on the
+same data first (CPU curve core on a 2**20-point sample; exact equality for the permutation).
+Usage: python benchmarks/bench_gpu_curves.py [--out reports/results/gpu_curves.json] [--points 24]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def bench(fn, warmup_ms: int = 50, rep_ms: int = 300) -> float:
+    """Median milliseconds of fn() by CUDA events (triton.testing.do_bench)."""
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+
+
+def device_info() -> dict:
+    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version()}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    try:
+        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                        capture_output=True, text=True).stdout.strip()
+    except OSError:
+        info["driver"] = None
+    return info
+
+
+def copy_bandwidth() -> float:
+    """Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), 1 GiB buffers."""
+    src = torch.randn(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", default="reports/results/gpu_curves.json")
+    parser.add_argument("--points", type=int, default=24, help="log2 of the number of points")
+    parser.add_argument("--order", type=int, default=12)
+    args = parser.parse_args()
+
+    from hilbert_lab import curves
+    from hilbert_lab.kernels import cuda_curves
+
+    n, order = 1 << args.points, args.order
+    rows = []
+    bandwidth = copy_bandwidth()
+    rows.append({"name": "device copy", "bytes_per_s": bandwidth})
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    coords = torch.randint(0, 1 << order, (n, 2), device="cuda", dtype=torch.int32, generator=gen)
+    index = torch.full((n,), -1, device="cuda", dtype=torch.int32)
+    cuda_curves.encode(coords, order, "hilbert", out=index)
+    sample = min(n, 1 << 20)
+    expected = torch.as_tensor(curves.encode(coords[:sample].cpu().numpy().astype("int64"), order, curve="hilbert"))
+    assert torch.equal(index[:sample].cpu().long(), expected), "CUDA encode disagrees with the CPU curve core"
+    back = torch.full((n, 2), -1, device="cuda", dtype=torch.int32)
+    cuda_curves.decode(index, order, 2, "hilbert", out=back)
+    assert torch.equal(back, coords), "CUDA decode is not the inverse of encode"
+    index_bitscan = torch.full_like(index, -1)
+    cuda_curves.encode(coords, order, "hilbert", out=index_bitscan, method="bitscan")
+    assert torch.equal(index_bitscan, index), "table and bitscan encoders disagree"
+    floor_ms = 12 * n / bandwidth * 1e3
+
+    def add(name, ms, bytes_moved, anchor=None):
+        row = {"name": name, "ms": ms, "points_per_s": n / (ms * 1e-3), "bytes_per_s": bytes_moved / (ms * 1e-3),
+               "fraction_of_copy_bw": bytes_moved / (ms * 1e-3) / bandwidth}
+        if anchor is not None:
+            row["speed_vs_anchor"] = anchor / ms
+        rows.append(row)
+        return row
+
+    for curve in ("hilbert", "morton"):
+        enc = bench(lambda: cuda_curves.encode(coords, order, curve, out=index, validate=False))
+        dec = bench(lambda: cuda_curves.decode(index, order, 2, curve, out=back, validate=False))
+        add(f"hilbert_lab {curve} encode 2D (int32 AoS -> int32)", enc, 12 * n)
+        add(f"hilbert_lab {curve} decode 2D (int32 -> int32 AoS)", dec, 12 * n)
+    for method in ("table", "bitscan"):
+        enc = bench(lambda: cuda_curves.encode(coords, order, "hilbert", out=index, validate=False, method=method))
+        dec = bench(lambda: cuda_curves.decode(index, order, 2, "hilbert", out=back, validate=False, method=method))
+        add(f"hilbert_lab hilbert encode 2D, {method} variant", enc, 12 * n)
+        add(f"hilbert_lab hilbert decode 2D, {method} variant", dec, 12 * n)
+    enc_checked = bench(lambda: cuda_curves.encode(coords, order, "hilbert", out=index, validate=True))
+    add("hilbert_lab hilbert encode 2D with range check", enc_checked, 20 * n)
+    add("memory floor (12 B/point at copy bandwidth)", floor_ms, 12 * n)
+
+    try:
+        import hilbertsfc.torch as hsfc
+
+        x = coords[:, 0].contiguous()
+        y = coords[:, 1].contiguous()
+        h_out = torch.empty(n, device="cuda", dtype=torch.int32)
+        hsfc.hilbert_encode_2d(x, y, nbits=order, out=h_out)
+        ox, oy = torch.empty_like(x), torch.empty_like(y)
+        hsfc.hilbert_decode_2d(h_out, nbits=order, out_x=ox, out_y=oy)
+        assert torch.equal(ox, x) and torch.equal(oy, y), "hilbertsfc round trip failed"
+        ref_enc = bench(lambda: hsfc.hilbert_encode_2d(x, y, nbits=order, out=h_out))
+        ref_dec = bench(lambda: hsfc.hilbert_decode_2d(h_out, nbits=order, out_x=ox, out_y=oy))
+        add("hilbertsfc 0.5.1 triton encode 2D (int32 SoA -> int32)", ref_enc, 12 * n)
+        add("hilbertsfc 0.5.1 triton decode 2D (int32 -> int32 SoA)", ref_dec, 12 * n)
+        for row in rows:
+            if row["name"].startswith("hilbert_lab hilbert encode 2D") and "range check" not in row["name"]:
+                row["speed_vs_anchor"] = ref_enc / row["ms"]
+            if row["name"].startswith("hilbert_lab hilbert decode 2D"):
+                row["speed_vs_anchor"] = ref_dec / row["ms"]
+    except ImportError as exc:
+        rows.append({"name": "hilbertsfc", "skipped": f"not importable: {exc}"})
+
+    coords3 = torch.randint(0, 1 << 10, (n, 3), device="cuda", dtype=torch.int32, generator=gen)
+    idx3 = torch.empty(n, device="cuda", dtype=torch.int32)
+    enc3 = bench(lambda: cuda_curves.encode(coords3, 10, "hilbert", out=idx3, validate=False))
+    add("hilbert_lab hilbert encode 3D order 10 (int32 -> int32)", enc3, 16 * n)
+
+    # permutation of a bf16 (2, 32768, 12, 64) tensor by a per-segment Hilbert ordering
+    x = torch.randn(2, 32768, 12, 64, device="cuda", dtype=torch.bfloat16)
+    segment = 2048
+    perm, _ = curves.segment_permutation(segment, "hilbert")
+    perm_t = torch.tensor(perm, device="cuda")
+    source = (torch.arange(32768 // segment, device="cuda")[:, None] * segment + perm_t[None, :]).reshape(-1)
+    out = torch.empty_like(x)
+    cuda_curves.apply_segment_permutation(x, perm, segment, out=out)
+    assert torch.equal(out, x.index_select(1, source)), "permutation disagrees with index_select"
+    moved = 2 * x.numel() * x.element_size()
+    t_perm = bench(lambda: cuda_curves.apply_segment_permutation(x, perm_t, segment, out=out, validate=False))
+    t_index = bench(lambda: torch.index_select(x, 1, source, out=out))
+    t_copy = bench(lambda: out.copy_(x))
+    add("hilbert_lab apply_segment_permutation bf16 (2,32768,12,64)", t_perm, moved, anchor=t_index)
+    add("torch.index_select (anchor)", t_index, moved)
+    add("plain copy of the same tensor", t_copy, moved)
+    for row in rows:
+        if "points_per_s" in row and "permutation" in row["name"] or row["name"].startswith(("torch.index_select", "plain copy")):
+            row.pop("points_per_s", None)
+
+    result = {"benchmark": "gpu_curves", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **device_info(),
+              "points": n, "order": order, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(f"{'kernel':62s} {'ms':>8s} {'Gpts/s':>8s} {'GB/s':>8s} {'%copy':>6s} {'vs anchor':>9s}")
+    for row in rows:
+        if "ms" not in row:
+            print(f"{row['name']:62s} {row.get('skipped', '')}")
+            continue
+        pts = f"{row['points_per_s'] / 1e9:8.1f}" if "points_per_s" in row else f"{'':8s}"
+        anchor = f"{row['speed_vs_anchor']:9.2f}x" if "speed_vs_anchor" in row else ""
+        print(f"{row['name']:62s} {row['ms']:8.4f} {pts} {row['bytes_per_s'] / 1e9:8.0f} "
+              f"{100 * row['fraction_of_copy_bw']:5.0f}% {anchor}")
+    print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s; written {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Token orderings: permutations that serialise 1D segments and 2D/3D token grids along a curve.
+
+Permutation convention (docs/CONTRACTS.md): ``perm[j]`` is the original (row-major) position of
+the token stored at layout slot ``j``, so ``x_layout = x[perm]`` and ``x = x_layout[inverse]``.
+A 1D segment of ``length`` tokens is laid row-major on the near-square grid
+``near_square_grid(length) = (height, width)`` (height = largest divisor <= sqrt(length)); non-square
+grids use the generalized (gilbert) Hilbert curve, so every ordering is a true permutation
+(a prime length gives a 1 x length grid, on which every ordering is the identity).
+Results are cached in a bounded LRU cache and returned read-only.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+
+from hilbert_lab.curves.codec import _check_positive_int, encode
+from hilbert_lab.curves.gilbert import gilbert, gilbert3d
+
+ORDERINGS = ("identity", "hilbert", "morton", "snake")
+GRID_ORDERINGS = ("rowmajor", "snake", "hilbert", "morton")
+CACHE_SIZE = 128
+
+
+def near_square_grid(length: int) -> tuple[int, int]:
+    """(height, width) with height * width == length, height <= width, height as large as possible."""
+    length = _check_positive_int(length, "length")
+    height = math.isqrt(length)
+    while length % height:
+        height -= 1
+    return height, length // height
+
+
+def _morton_order(coordinates: np.ndarray) -> np.ndarray:
+    """Row-major cell ids sorted by the Morton key of their coordinates (x, y[, z])."""
+    order = max(1, int(coordinates.max()).bit_length())
+    keys = encode(coordinates, order, curve="morton")
+    return np.argsort(keys, kind="stable")
+
+
+def _snake_2d(height: int, width: int) -> np.ndarray:
+    grid = np.arange(height * width, dtype=np.int64).reshape(height, width)
+    grid[1::2] = grid[1::2, ::-1]
+    return grid.reshape(-1)
+
+
+def _grid_order(shape: tuple[int, ...], ordering: str) -> np.ndarray:
+    """perm for a grid of `shape` (row-major flat ids) under `ordering`."""
+    count = math.prod(shape)
+    if ordering == "rowmajor":
+        return np.arange(count, dtype=np.int64)
+    if len(shape) == 2:
+        height, width = shape
+        if ordering == "snake":
+            return _snake_2d(height, width)
+        if ordering == "hilbert":
+            points = gilbert(width, height)
+            return points[:, 1] * width + points[:, 0]
+        columns = np.tile(np.arange(width, dtype=np.int64), height)
+        rows = np.repeat(np.arange(height, dtype=np.int64), width)
+        return _morton_order(np.stack([columns, rows], axis=-1))
+    frames, height, width = shape
+    plane = height * width
+    if ordering == "snake":
+        forward = _snake_2d(height, width)
+        layers = [t * plane + (forward if t % 2 == 0 else forward[::-1]) for t in range(frames)]
+        return np.concatenate(layers).astype(np.int64)
+    if ordering == "hilbert":
+        points = gilbert3d(width, height, frames)
+        return points[:, 2] * plane + points[:, 1] * width + points[:, 0]
+    cells = np.arange(count, dtype=np.int64)
+    coordinates = np.stack([cells % width, (cells // width) % height, cells // plane], axis=-1)
+    return _morton_order(coordinates)
+
+
+def _read_only_pair(perm: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    perm = np.ascontiguousarray(perm, dtype=np.int64)
+    inverse = np.empty_like(perm)
+    inverse[perm] = np.arange(perm.shape[0], dtype=np.int64)
+    perm.setflags(write=False)
+    inverse.setflags(write=False)
+    return perm, inverse
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def _cached_grid_permutation(shape: tuple[int, ...], ordering: str) -> tuple[np.ndarray, np.ndarray]:
+    return _read_only_pair(_grid_order(shape, ordering))
+
+
+def grid_permutation(shape: Any, ordering: str) -> tuple[np.ndarray, np.ndarray]:
+    """Serialise a 2D (H, W) or 3D (T, H, W) token grid given in row-major flat order.
+
+    ordering: "rowmajor" (alias "identity"), "snake" (boustrophedon; in 3D consecutive planes
+    run in opposite directions so every step is a unit step), "hilbert" (gilbert curve, any size;
+    x = column, y = row, z = frame), "morton" (cells sorted by Morton key of (x, y[, z]); the exact
+    Z-order on power-of-two sides, its restriction to the grid otherwise).
+    Returns (perm, inverse): read-only int64 arrays of length prod(shape), cached (bounded LRU).
+    """
+    if isinstance(ordering, str) and ordering == "identity":
+        ordering = "rowmajor"
+    if not isinstance(ordering, str) or ordering not in GRID_ORDERINGS:
+        raise ValueError(f"ordering must be one of {GRID_ORDERINGS} (or 'identity'), got {ordering!r}")
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ValueError(f"shape must be a tuple (H, W) or (T, H, W) of positive ints, got {shape!r}") from None
+    if len(dims) not in (2, 3):
+        raise ValueError(f"shape must be a tuple (H, W) or (T, H, W) of positive ints, got {shape!r}")
+    dims = tuple(_check_positive_int(size, "shape entries") for size in dims)
+    return _cached_grid_permutation(dims, ordering)
+
+
+def segment_permutation(length: int, ordering: str) -> tuple[np.ndarray, np.ndarray]:
+    """(perm, inverse) read-only int64 arrays of `length` for a 1D segment under `ordering`.
+
+    ordering in ORDERINGS: "identity" (arange), "hilbert", "morton", "snake"; the segment is laid
+    row-major on ``near_square_grid(length)`` and serialised with ``grid_permutation``.
+    """
+    if not isinstance(ordering, str) or ordering not in ORDERINGS:
+        raise ValueError(f"ordering must be one of {ORDERINGS}, got {ordering!r}")
+    length = _check_positive_int(length, "length")
+    grid_ordering = "rowmajor" if ordering == "identity" else ordering
+    return _cached_grid_permutation(near_square_grid(length), grid_ordering)

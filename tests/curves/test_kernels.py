@@ -1,0 +1,62 @@
+"""Numba kernels directly: parallel and serial twins agree, block boundaries, the OR-accumulator."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hilbert_lab.kernels import curves_numba as kernels
+
+COUNT = 3 * kernels.BLOCK + 123  # several parallel blocks plus a ragged tail
+
+
+@pytest.mark.parametrize("order", [5, 16, 17, 31])
+def test_2d_parallel_equals_serial_and_round_trips(order):
+    rng = np.random.default_rng(order)
+    coords = rng.integers(0, 1 << order, size=(COUNT, 2), dtype=np.int64)
+    flat = coords.reshape(-1)
+    for encode_name, decode_name in (("hilbert_encode_2d", "hilbert_decode_2d"), ("morton_encode_2d", "morton_decode_2d")):
+        extra = (order,) if encode_name.startswith("hilbert") else ()
+        parallel_index = np.full(COUNT, -1, dtype=np.int64)
+        serial_index = np.full(COUNT, -2, dtype=np.int64)
+        acc_parallel = getattr(kernels, encode_name)(flat, *extra, parallel_index)
+        acc_serial = getattr(kernels, f"{encode_name}_serial")(flat, *extra, serial_index)
+        np.testing.assert_array_equal(parallel_index, serial_index)
+        assert acc_parallel == acc_serial == np.bitwise_or.reduce(flat)
+        back = np.full(2 * COUNT, -1, dtype=np.int64)
+        acc_index = getattr(kernels, decode_name)(parallel_index, *extra, back)
+        np.testing.assert_array_equal(back, flat)
+        assert acc_index == np.bitwise_or.reduce(parallel_index)
+
+
+@pytest.mark.parametrize(("ndim", "order"), [(1, 40), (3, 10), (4, 15)])
+def test_nd_parallel_equals_serial_and_round_trips(ndim, order):
+    rng = np.random.default_rng(ndim)
+    coords = rng.integers(0, 1 << order, size=(COUNT, ndim), dtype=np.int64)
+    for encode_name, decode_name in (("hilbert_encode_nd", "hilbert_decode_nd"), ("morton_encode_nd", "morton_decode_nd")):
+        parallel_index = np.full(COUNT, -1, dtype=np.int64)
+        serial_index = np.full(COUNT, -2, dtype=np.int64)
+        acc = getattr(kernels, encode_name)(coords, order, parallel_index)
+        getattr(kernels, f"{encode_name}_serial")(coords, order, serial_index)
+        np.testing.assert_array_equal(parallel_index, serial_index)
+        assert acc == np.bitwise_or.reduce(coords.reshape(-1))
+        back = np.full((COUNT, ndim), -1, dtype=np.int64)
+        getattr(kernels, decode_name)(parallel_index, order, back)
+        np.testing.assert_array_equal(back, coords)
+
+
+def test_accumulator_flags_negative_and_wide_inputs_in_the_last_block():
+    coords = np.zeros(COUNT * 2, dtype=np.int64)
+    out = np.empty(COUNT, dtype=np.int64)
+    coords[-1] = -3
+    assert (kernels.hilbert_encode_2d(coords, 8, out) >> 8) != 0
+    coords[-1] = 1 << 8
+    assert (kernels.hilbert_encode_2d(coords, 8, out) >> 8) != 0
+    coords[-1] = (1 << 8) - 1
+    assert (kernels.hilbert_encode_2d(coords, 8, out) >> 8) == 0
+
+
+def test_gilbert_walk_reports_a_too_small_output_instead_of_writing_past_it():
+    out = np.zeros((5, 2), dtype=np.int64)
+    assert kernels.gilbert2d_walk(0, 0, 3, 0, 0, 2, out) == -1
+    out3 = np.zeros((7, 3), dtype=np.int64)
+    assert kernels.gilbert3d_walk(np.array([2, 0, 0]), np.array([0, 2, 0]), np.array([0, 0, 2]), out3) == -1
