@@ -1,0 +1,283 @@
+"""LongNet building blocks: the pre-norm transformer block (MultiheadDilatedAttention with rotary
+positions + MLP), the encoder stack and the causal language model with weight tying and generation."""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from hilbert_lab.attention.modules import MultiheadDilatedAttention
+
+from .rotary import apply_rotary
+
+
+class DilatedTransformerBlock(nn.Module):
+    """Pre-norm block: x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches.
+    x (B, N, C), positions (N,) int64 original positions -> (B, N, C).
+
+    ``attention`` is a ``MultiheadDilatedAttention`` (or, after ``models.ring.use_ring_attention``,
+    a ``RingMultiheadDilatedAttention`` with the same parameters). The block runs its q/k/v
+    projections, rotates q and k by the tokens' original positions (rotary), then its inner
+    dilated attention and output projection, so any ``ordering`` leaves the output unchanged.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        causal: bool = False,
+        mode: str = "longnet",
+        ordering: str | None = None,
+        backend: str = "auto",
+        rotary: bool = True,
+        rotary_base: float = 10000.0,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        if mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio must be > 0, got {mlp_ratio}")
+        if rotary and isinstance(num_heads, int) and num_heads > 0 and (dim // num_heads) % 2:
+            raise ValueError(f"rotary needs an even head dim (dim // num_heads), got {dim // num_heads}")
+        self.rotary, self.rotary_base = bool(rotary), float(rotary_base)
+        self.attention_norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.attention = MultiheadDilatedAttention(
+            dim, num_heads, segment_lengths, dilation_rates, dropout=attention_dropout, causal=causal,
+            mode=mode, backend=backend, ordering=ordering,
+        )
+        hidden = max(1, int(round(dim * mlp_ratio)))
+        self.mlp_norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.dropout = nn.Dropout(dropout)
+
+    def attend(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C)."""
+        mha = self.attention
+        split = lambda t: t.unflatten(-1, (mha.num_heads, mha.head_dim))  # noqa: E731
+        q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
+        if self.rotary:
+            q = apply_rotary(q, positions, base=self.rotary_base)
+            k = apply_rotary(k, positions, base=self.rotary_base)
+        return mha.out_proj(mha.attention(q, k, v).flatten(-2))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = x + self.dropout(self.attend(self.attention_norm(x), positions))
+        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+
+
+def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: int, device) -> torch.Tensor:
+    if length > max_seq_len:
+        raise ValueError(f"sequence length must be <= max_seq_len={max_seq_len}, got {length}")
+    if positions is None:
+        return torch.arange(length, device=device)
+    if positions.shape != (length,) or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(
+            f"positions must be an integer tensor of shape (N,) = ({length},), got "
+            f"{tuple(positions.shape)} {positions.dtype}"
+        )
+    if not torch.compiler.is_compiling() and length and (
+        int(positions.min()) < 0 or int(positions.max()) >= max_seq_len
+    ):
+        raise ValueError(
+            f"positions must lie in [0, max_seq_len={max_seq_len}), got "
+            f"[{int(positions.min())}, {int(positions.max())}]"
+        )
+    return positions.to(device)
+
+
+class LongNetEncoder(nn.Module):
+    """A stack of ``depth`` DilatedTransformerBlocks and a final LayerNorm.
+    x (B, N, C), positions (N,) or None (= arange(N)) -> (B, N, C)."""
+
+    def __init__(
+        self,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        max_seq_len: int | None = None,
+        gradient_checkpointing: bool = False,
+        **block_kwargs: Any,
+    ) -> None:
+        super().__init__()
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive integer, got {depth!r}")
+        self.max_seq_len = int(max_seq_len) if max_seq_len is not None else None
+        if self.max_seq_len is not None and self.max_seq_len < 1:
+            raise ValueError(f"max_seq_len must be a positive integer or None, got {max_seq_len!r}")
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        self.blocks = nn.ModuleList(
+            DilatedTransformerBlock(dim, num_heads, segment_lengths, dilation_rates, **block_kwargs)
+            for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() != 3:
+            raise ValueError(f"x must have shape (B, N, C), got {tuple(x.shape)}")
+        limit = self.max_seq_len if self.max_seq_len is not None else math.inf
+        positions = _check_positions(positions, x.shape[1], limit, x.device)
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, positions, use_reentrant=False)
+            else:
+                x = block(x, positions)
+        return self.norm(x)
+
+
+class LongNetLM(nn.Module):
+    """Causal LongNet language model: token embedding -> causal LongNetEncoder -> LM head whose
+    weight is tied to the embedding. tokens (B, N) int64 -> logits (B, N, vocab_size).
+
+    ``config`` holds the constructor arguments (JSON-able) so a checkpoint can rebuild the model.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        depth: int,
+        num_heads: int,
+        segment_lengths: Sequence[int],
+        dilation_rates: Sequence[int],
+        *,
+        max_seq_len: int,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+        attention_dropout: float = 0.0,
+        mode: str = "longnet",
+        ordering: str | None = None,
+        backend: str = "auto",
+        rotary: bool = True,
+        rotary_base: float = 10000.0,
+        tie_weights: bool = True,
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("dim", dim), ("max_seq_len", max_seq_len)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.config: dict[str, Any] = dict(
+            vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
+            segment_lengths=[int(s) for s in segment_lengths], dilation_rates=[int(r) for r in dilation_rates],
+            max_seq_len=max_seq_len, mlp_ratio=mlp_ratio, dropout=dropout, attention_dropout=attention_dropout,
+            mode=mode, ordering=ordering, backend=backend, rotary=rotary, rotary_base=rotary_base,
+            tie_weights=tie_weights,
+        )
+        self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
+        self.embedding = nn.Embedding(vocab_size, dim)
+        self.embedding_dropout = nn.Dropout(dropout)
+        self.encoder = LongNetEncoder(
+            dim, depth, num_heads, segment_lengths, dilation_rates, max_seq_len=max_seq_len,
+            gradient_checkpointing=gradient_checkpointing, mlp_ratio=mlp_ratio, dropout=dropout,
+            attention_dropout=attention_dropout, causal=True, mode=mode, ordering=ordering, backend=backend,
+            rotary=rotary, rotary_base=rotary_base,
+        )
+        self.head = nn.Linear(dim, vocab_size, bias=False)
+        self.reset_parameters(depth)
+        if tie_weights:
+            self.head.weight = self.embedding.weight
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], **overrides: Any) -> "LongNetLM":
+        return cls(**{**config, **overrides})
+
+    def reset_parameters(self, depth: int) -> None:
+        """GPT-2 style init: N(0, 0.02), residual output projections scaled by 1/sqrt(2 * depth)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        for block in self.encoder.blocks:
+            nn.init.normal_(block.attention.out_proj.weight, std=0.02 / math.sqrt(2 * depth))
+            nn.init.normal_(block.mlp[2].weight, std=0.02 / math.sqrt(2 * depth))
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        return self.encoder.gradient_checkpointing
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, enabled: bool) -> None:
+        self.encoder.gradient_checkpointing = bool(enabled)
+
+    def check_tokens(self, tokens: torch.Tensor) -> None:
+        """ValueError unless tokens is (B, N) integer with ids in [0, vocab_size) and N <= max_seq_len."""
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"tokens must be an integer tensor (B, N), got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.shape[1] > self.max_seq_len:
+            raise ValueError(f"sequence length must be <= max_seq_len={self.max_seq_len}, got {tokens.shape[1]}")
+        if tokens.numel() and not torch.compiler.is_compiling():
+            low, high = int(tokens.min()), int(tokens.max())
+            if low < 0 or high >= self.vocab_size:
+                raise ValueError(
+                    f"tokens must be ids in [0, vocab_size={self.vocab_size}), got values in [{low}, {high}]"
+                )
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange)."""
+        self.check_tokens(tokens)
+        x = self.embedding_dropout(self.embedding(tokens))
+        return self.head(self.encoder(x, positions))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        max_new_tokens: int,
+        *,
+        top_k: int | None = None,
+        temperature: float = 1.0,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Extend prompt (B, N0) by max_new_tokens tokens -> (B, N0 + max_new_tokens).
+
+        Greedy when ``top_k`` is None (or 1), else sampling among the ``top_k`` most likely tokens at
+        ``temperature``. Each step recomputes the full forward pass on the whole prefix (no KV
+        cache): exact, since the causal dilated pattern depends only on absolute positions, so the
+        logits of a prefix equal the teacher-forced logits of any longer sequence; cost per step is
+        one forward pass over N0 + t tokens.
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+        if prompt.dim() != 2 or prompt.shape[1] < 1:
+            raise ValueError(f"prompt must be (B, N0) with N0 >= 1, got {tuple(prompt.shape)}")
+        if prompt.shape[1] + max_new_tokens > self.max_seq_len:
+            raise ValueError(
+                f"prompt length + max_new_tokens must be <= max_seq_len={self.max_seq_len}, got "
+                f"{prompt.shape[1]} + {max_new_tokens}"
+            )
+        if top_k is not None and not 1 <= top_k <= self.vocab_size:
+            raise ValueError(f"top_k must be None or in [1, vocab_size={self.vocab_size}], got {top_k}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        was_training = self.training
+        self.eval()
+        tokens = prompt
+        try:
+            for _ in range(max_new_tokens):
+                logits = self(tokens)[:, -1].float()
+                if top_k is None or top_k == 1:
+                    next_token = logits.argmax(dim=-1, keepdim=True)
+                else:
+                    top_logits, top_ids = (logits / temperature).topk(top_k, dim=-1)
+                    choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=generator)
+                    next_token = top_ids.gather(-1, choice)
+                tokens = torch.cat((tokens, next_token.to(tokens.dtype)), dim=1)
+        finally:
+            self.train(was_training)
+        return tokens

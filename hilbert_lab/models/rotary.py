@@ -1,0 +1,34 @@
+"""Rotary position embedding (RoPE) applied on original token positions."""
+from __future__ import annotations
+
+import torch
+
+
+def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (N, head_dim // 2) float64, for integer ``positions`` (N,)."""
+    if head_dim % 2:
+        raise ValueError(f"head_dim must be even for rotary embedding, got {head_dim}")
+    if base <= 1.0:
+        raise ValueError(f"base must be > 1, got {base}")
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim
+    inv_freq = base ** (-exponents)  # (D/2,)
+    angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (N, D/2)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
+    """Rotate pairs (x[..., :D/2], x[..., D/2:]) of x (B, N, H, D) by angle position * base^(-2i/D).
+
+    ``positions`` (N,) are the tokens' original positions, so a permuted layout (Hilbert ordering,
+    a ring shard) gets the same embedding as the natural one. Angles are computed in float64 and
+    cast to x's dtype, so float64 models stay exact.
+    """
+    if x.dim() != 4:
+        raise ValueError(f"x must have shape (B, N, H, D), got {tuple(x.shape)}")
+    if positions.shape != (x.shape[1],):
+        raise ValueError(f"positions must have shape (N,) = ({x.shape[1]},), got {tuple(positions.shape)}")
+    cos, sin = rotary_angles(positions, x.shape[-1], base=base)
+    cos = cos.to(x.dtype)[None, :, None, :]
+    sin = sin.to(x.dtype)[None, :, None, :]
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)

@@ -1,0 +1,87 @@
+"""The ring switch: the same LongNetLM on sequence shards over 2 gloo ranks (CPU) gives the
+single-process logits, gradients and training curve (float64)."""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD_SIZE = 2
+
+
+def _rank_checks(rank: int, world_size: int) -> None:
+    from hilbert_lab.distributed import shard_positions
+    from hilbert_lab.models import LongNetLM
+    from hilbert_lab.models.ring import use_local_attention, use_ring_attention
+    from hilbert_lab.models.train import TrainConfig, train
+
+    # segments 8 and 16 fit in a 32-token shard (local), 64 spans both ranks (ring), dilation 2 and 4
+    torch.manual_seed(0)
+    model = LongNetLM(20, 32, 2, 4, [8, 16, 64], [1, 2, 4], max_seq_len=64, backend="manual").double().train()
+    tokens = torch.randint(0, 20, (2, 64), generator=torch.Generator().manual_seed(1))
+    upstream = torch.randn(2, 64, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    full = model(tokens)
+    (full * upstream).sum().backward()
+    full_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    for layout in ("contiguous", "zigzag"):
+        model.zero_grad(set_to_none=True)
+        use_ring_attention(model, layout=layout)
+        positions = shard_positions(rank, world_size, 64, layout)
+        local = model(tokens[:, positions], positions)
+        torch.testing.assert_close(local, full[:, positions], atol=1e-10, rtol=0)
+        (local * upstream[:, positions]).sum().backward()
+        for name, p in model.named_parameters():
+            dist.all_reduce(p.grad)
+            torch.testing.assert_close(p.grad, full_grads[name], atol=1e-10, rtol=0, msg=f"{layout} {name}")
+        use_local_attention(model)
+        torch.testing.assert_close(model(tokens), full, atol=1e-12, rtol=0)  # switched back, same weights
+
+    config = dict(seq_len=64, segment_lengths=[8, 16, 64], dilation_rates=[1, 2, 4], dim=32, depth=2, num_heads=4,
+                  steps=4, batch_size=4, dtype="float64", backend="manual", log_every=1, eval_every=2,
+                  eval_batches=1, progress=False)
+    single = train(TrainConfig(**config))
+    sharded = train(TrainConfig(ring=True, **config))
+    for a, b in zip(single.history, sharded.history):
+        assert (a["kind"], a["step"]) == (b["kind"], b["step"])
+        assert abs(a["loss"] - b["loss"]) < 1e-10, (a, b)
+    for (name, p), q in zip(single.model.named_parameters(), sharded.model.parameters()):
+        torch.testing.assert_close(q, p, atol=1e-10, rtol=0, msg=name)
+
+
+def _entry(rank: int, world_size: int, init_file: str, error_dir: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        _rank_checks(rank, world_size)
+    except BaseException:
+        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as handle:
+            handle.write(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                    reason="torch.distributed with the gloo backend is not available in this build")
+def test_ring_sharded_model_matches_single_process(tmp_path):
+    context = mp.start_processes(_entry, args=(WORLD_SIZE, str(tmp_path / "rendezvous"), str(tmp_path)),
+                                 nprocs=WORLD_SIZE, join=False, start_method="spawn")
+    deadline = time.monotonic() + 240
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the {WORLD_SIZE} ranks did not finish within 240 s (deadlock?)")
+    except mp.ProcessRaisedException as error:
+        reports = "\n".join(p.read_text() for p in sorted(tmp_path.glob("rank*.txt")))
+        raise AssertionError(f"a rank failed:\n{reports or error}") from None
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()
