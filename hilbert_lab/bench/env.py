@@ -1,0 +1,109 @@
+"""The environment block stored with every result: versions, git revision, device, driver, CPU."""
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import subprocess
+import sys
+from importlib import metadata
+from typing import Any
+
+_PACKAGES = ("hilbert-lab", "torch", "numpy", "numba", "triton", "flash-attn", "xformers", "nvidia-ml-py")
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed version of each package that can change a result (None when not installed)."""
+    versions: dict[str, str | None] = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_revision(repo_root: str = _REPO_ROOT) -> dict[str, Any]:
+    """{'commit': sha or None, 'dirty': bool or None} of the source tree hilbert_lab runs from."""
+    try:
+        commit = subprocess.run(["git", "-C", repo_root, "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", repo_root, "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+        return {"commit": commit, "dirty": bool(status.strip())}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def cpu_description() -> dict[str, Any]:
+    """CPU model name, logical core count and the CPUs this process may use."""
+    model = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"model": model or platform.machine(), "logical_cores": os.cpu_count(), "usable_cores": usable,
+            "machine": platform.machine()}
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            version = pynvml.nvmlSystemGetDriverVersion()
+            return version.decode() if isinstance(version, bytes) else str(version)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.strip().splitlines()[0] if out.strip() else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _nvidia_smi_name(index: int) -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_description(device: str = "cpu") -> dict[str, Any]:
+    """Name, driver and toolkit of `device` ('cpu' or 'cuda[:N]').
+
+    CUDA devices are described through nvidia-smi/NVML, so that the (parent) process creates no
+    CUDA context of its own; torch.version.cuda is read without touching the device.
+    """
+    if not str(device).startswith("cuda"):
+        return {"device": "cpu", "name": cpu_description()["model"], "driver": None}
+    import torch
+
+    index = int(str(device).split(":")[1]) if ":" in str(device) else 0
+    return {"device": f"cuda:{index}", "name": _nvidia_smi_name(index), "driver": _nvidia_driver(),
+            "cuda": torch.version.cuda}
+
+
+@functools.lru_cache(maxsize=8)
+def _environment_cached(device: str) -> tuple:
+    env = {"packages": package_versions(), "git": git_revision(), "cpu": cpu_description(),
+           "device": device_description(device), "platform": platform.platform(),
+           "hostname": platform.node(), "executable": sys.executable}
+    return tuple(sorted(env.items()))
+
+
+def collect_environment(device: str = "cpu") -> dict[str, Any]:
+    """The environment block for results of cases run on `device` (cached per device per process)."""
+    return dict(_environment_cached(str(device)))

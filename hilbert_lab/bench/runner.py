@@ -1,0 +1,218 @@
+"""SafeBenchmarkRunner: isolated cases, append-only JSON-lines results, resume, clean Ctrl-C."""
+from __future__ import annotations
+
+import datetime as _dt
+import fcntl
+import json
+import os
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from hilbert_lab.bench.cases import CASE_TARGET, case_id, estimate_case_bytes, normalize_case, worker_env
+from hilbert_lab.bench.env import collect_environment
+from hilbert_lab.safety.checker import MemorySafetyChecker
+from hilbert_lab.safety.config import SafetyConfig
+from hilbert_lab.safety.isolate import run_isolated
+
+SCHEMA_VERSION = 1
+FAILED_STATUSES = ("error", "oom", "timeout", "signal", "crash", "refused")
+
+
+@dataclass
+class RunSummary:
+    """Counts of one run: cases done now, skipped as already finished, failed, and whether Ctrl-C stopped it."""
+
+    results_path: str
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    interrupted: bool = False
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+    def line(self) -> str:
+        state = "interrupted" if self.interrupted else "done"
+        return (f"{state}: {self.completed} ran ({self.failed} failed), {self.skipped} already finished, "
+                f"{self.total - self.completed - self.skipped} left; results in {self.results_path}")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def read_results(path: str) -> tuple[list[dict[str, Any]], int]:
+    """(records, number of malformed lines) of a results file; a torn last line counts as malformed."""
+    records: list[dict[str, Any]] = []
+    malformed = 0
+    if not os.path.exists(path):
+        return records, 0
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                malformed += 1
+                continue
+            if isinstance(record, dict) and "case_id" in record and "status" in record:
+                records.append(record)
+            else:
+                malformed += 1
+    return records, malformed
+
+
+class SafeBenchmarkRunner:
+    """Runs benchmark cases one by one, each in its own subprocess, and never loses a finished result.
+
+    - Each case runs via hilbert_lab.safety.isolate.run_isolated with config.case_timeout_s; an
+      exception, out-of-memory error, timeout, signal or crash becomes a failed record and the run goes on.
+    - Before a case runs, its estimated peak is checked against free memory (status "refused" if it
+      does not fit; check_memory=False turns this off).
+    - One JSON line per case is appended to results_path and flushed (fsync) as soon as the case ends,
+      with the exact parameters and an environment block. The file is only ever appended to; a file
+      that is not a results file is refused; an exclusive lock stops two runs writing at once.
+    - Re-running skips cases whose id already has a record (failed ones too, unless retry_failed).
+    - Ctrl-C kills the running case (not recorded, so a resume runs it) and returns with interrupted=True.
+    """
+
+    def __init__(self, results_path: str, *, config: SafetyConfig | None = None, target: str = CASE_TARGET,
+                 progress: bool = True, retry_failed: bool = False, check_memory: bool = True,
+                 estimate: Callable[[dict[str, Any]], int | None] | None = None) -> None:
+        self.results_path = os.path.abspath(results_path)
+        self.config = config if config is not None else SafetyConfig()
+        self.target = target
+        self.progress = progress
+        self.retry_failed = retry_failed
+        self.check_memory = check_memory
+        self.estimate = estimate if estimate is not None else estimate_case_bytes
+        self._check_path()
+
+    def _check_path(self) -> None:
+        directory = os.path.dirname(self.results_path) or "."
+        if os.path.isdir(self.results_path):
+            raise ValueError(f"results_path {self.results_path!r} is a directory; give a file path")
+        if not os.path.isdir(directory):
+            raise ValueError(f"results_path {self.results_path!r}: directory {directory!r} does not exist")
+        if os.path.exists(self.results_path):
+            if not os.access(self.results_path, os.W_OK):
+                raise ValueError(f"results_path {self.results_path!r} is not writable")
+            records, malformed = read_results(self.results_path)
+            if malformed and not records:
+                raise ValueError(f"results_path {self.results_path!r} exists and is not a hilbert_lab results "
+                                 f"file; refusing to append to it (choose another path)")
+        elif not os.access(directory, os.W_OK):
+            raise ValueError(f"results_path {self.results_path!r}: directory {directory!r} is not writable")
+
+    def finished(self) -> dict[str, str]:
+        """case_id -> status of the records already in the results file (the last record of an id wins)."""
+        records, _ = read_results(self.results_path)
+        return {record["case_id"]: record["status"] for record in records}
+
+    def pending(self, cases: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        """(validated cases still to run, number skipped as finished)."""
+        finished = self.finished()
+        pending, skipped, seen = [], 0, set()
+        for case in (normalize_case(c) for c in cases):
+            identifier = case_id(case)
+            if identifier in seen:
+                continue
+            seen.add(identifier)
+            status = finished.get(identifier)
+            if status == "ok" or (status is not None and not self.retry_failed):
+                skipped += 1
+            else:
+                pending.append(case)
+        return pending, skipped
+
+    def _refusal(self, case: dict[str, Any]) -> tuple[str | None, str | None]:
+        """(why the case must not run or None, why it has no estimate or None)."""
+        if not self.check_memory:
+            return None, None
+        if case["kind"] != "selftest" and case["seq_len"] > self.config.max_seq_len:
+            return f"seq_len {case['seq_len']} > max_seq_len {self.config.max_seq_len}", None
+        try:
+            required = self.estimate(case)
+        except Exception as exc:  # no estimate for this case: run it, and say so in the record
+            return None, f"{type(exc).__name__}: {exc}"
+        if required is None:
+            return None, None
+        device = str(case.get("device", "cpu"))
+        try:
+            ok, reason = MemorySafetyChecker(self.config, device).check_memory_available(required)
+        except ValueError as exc:  # e.g. a CUDA case on a machine without CUDA
+            return str(exc), None
+        return (None if ok else reason), None
+
+    def run_one(self, case: dict[str, Any], run_id: str) -> dict[str, Any]:
+        """Run one validated case in isolation and return its record (not yet written)."""
+        started = _now()
+        refusal, estimate_error = self._refusal(case)
+        if refusal is not None:
+            status, result, error, duration, stderr_tail = "refused", {}, refusal, 0.0, ""
+        else:
+            outcome = run_isolated(self.target, case, timeout_s=self.config.case_timeout_s, env=worker_env(case))
+            status, result, error = outcome.status, outcome.result, outcome.error
+            duration, stderr_tail = outcome.duration_s, ("" if outcome.ok else outcome.stderr_tail)
+        record = {"schema": SCHEMA_VERSION, "case_id": case_id(case), "run_id": run_id, "status": status,
+                  "params": case, "result": result, "error": error, "duration_s": round(duration, 4),
+                  "started_at": started, "finished_at": _now(),
+                  "env": collect_environment(str(case.get("device", "cpu")))}
+        if stderr_tail:
+            record["stderr_tail"] = stderr_tail
+        if estimate_error:
+            record["estimate_error"] = estimate_error
+        return record
+
+    def _append(self, handle, record: dict[str, Any]) -> None:
+        handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+    def run(self, cases: Iterable[dict[str, Any]]) -> RunSummary:
+        """Run every case not yet finished; returns a RunSummary (interrupted=True after Ctrl-C)."""
+        cases = list(cases)
+        pending, skipped = self.pending(cases)
+        summary = RunSummary(self.results_path, total=len(pending) + skipped, skipped=skipped)
+        run_id = uuid.uuid4().hex[:12]
+        with open(self.results_path, "a+", encoding="utf-8") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValueError(f"results_path {self.results_path!r} is being written by another run") from None
+            handle.seek(0, os.SEEK_END)
+            if handle.tell() > 0:  # a torn line from a killed run must not swallow the next record
+                handle.seek(handle.tell() - 1)
+                last = handle.read(1)
+                handle.seek(0, os.SEEK_END)
+                if last != "\n":
+                    handle.write("\n")
+            bar = None
+            if self.progress:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=len(pending), desc="bench", unit="case", dynamic_ncols=True)
+            try:
+                for case in pending:
+                    if bar is not None:
+                        bar.set_postfix_str(_short(case))
+                    record = self.run_one(case, run_id)
+                    self._append(handle, record)
+                    summary.completed += 1
+                    summary.failed += record["status"] != "ok"
+                    summary.records.append(record)
+                    if bar is not None:
+                        bar.update(1)
+            except KeyboardInterrupt:
+                summary.interrupted = True
+            finally:
+                if bar is not None:
+                    bar.close()
+        return summary
+
+
+def _short(case: dict[str, Any]) -> str:
+    if case["kind"] == "selftest":
+        return f"selftest {case['behavior']}"
+    return f"{case['kind']} {case['backend']} N={case['seq_len']} {case['mode']} {case['dtype']}"

@@ -1,0 +1,387 @@
+"""estimate_memory: peak bytes of the engine's forward and forward+backward, derived from its algorithm.
+
+The model replays what hilbert_lab.attention.engine allocates (sizes in bytes):
+- per-branch partial outputs (B, N, H, D) and LSEs (B, H, N) (one of each when no merge is needed);
+- for each (branch, offset, segment-run) block: the block read (a strided view; a copy when B > 1
+  and the last segment is ragged, or with an ordering), the backend's block output/LSE and its
+  working set ("manual": score chunks of at most MAX_SCORE_ELEMENTS elements, several alive at once,
+  plus the contiguous copies matmul makes; fused kernels: O(L) per block);
+- the LSE merge (stacked LSEs, weights, a running sum in the LSE dtype), during which the last
+  block's output is still referenced;
+- backward: gradient accumulators (B, N, H, D) x 3 in float32/float64, per-block gradient shares,
+  the backend's backward working set, and the final cast to the input dtype.
+All figures are bytes *above the inputs* q, k, v (and above the caller's upstream gradient); the
+inputs are reported separately as inputs_bytes. Ring attention per rank: see `_ring_estimate`.
+Measured on the CPU (benchmarks/validate_memory.py, reports/results/memory_estimate_*cpu.json):
+engine 0.94-1.11x of the measured peak over 13 cases; ring (2 gloo ranks, 6 cases) 0.94-1.08x.
+GPU numbers come from the same script with --device cuda (the CUDA terms are not yet measured).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+FUSED_BACKENDS = ("sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "flash", "xformers", "triton")
+EAGER_BACKENDS = ("manual", "reference", "sdpa_math")
+MODES = ("longnet", "head_groups")
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """One attention call to estimate: shapes (B, N, H, D), pattern, backend, dtype and device.
+
+    world_size > 1 estimates ring attention per rank (N is the global length).
+    """
+
+    seq_len: int
+    batch_size: int = 1
+    num_heads: int = 8
+    head_dim: int = 64
+    segment_lengths: tuple[int, ...] = (2048,)
+    dilation_rates: tuple[int, ...] = (1,)
+    mode: str = "longnet"
+    causal: bool = False
+    backend: str = "auto"
+    dtype: str = "float32"
+    device: str = "cpu"
+    ordering: str | None = None
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "batch_size", "num_heads", "head_dim", "world_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        object.__setattr__(self, "segment_lengths", tuple(self.segment_lengths))
+        object.__setattr__(self, "dilation_rates", tuple(self.dilation_rates))
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}; got {self.dtype!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        known = ("auto",) + EAGER_BACKENDS + FUSED_BACKENDS
+        if self.backend not in known:
+            raise ValueError(f"backend must be one of {', '.join(known)}; got {self.backend!r}")
+        if self.world_size > 1 and self.seq_len % self.world_size:
+            raise ValueError(f"seq_len must be divisible by world_size ({self.world_size}) for ring attention, "
+                             f"got {self.seq_len}")
+
+    @classmethod
+    def from_case(cls, case: dict[str, Any]) -> "MemoryConfig":
+        """From a benchmark case dict (hilbert_lab.bench.cases); unknown keys are ignored."""
+        names = set(cls.__dataclass_fields__)
+        return cls(**{key: (tuple(value) if isinstance(value, list) else value)
+                      for key, value in case.items() if key in names})
+
+
+@dataclass
+class MemoryEstimate:
+    """Estimated peaks in bytes above the inputs: forward (inference, no grad) and forward+backward.
+
+    inputs_bytes: q, k, v themselves. breakdown: the terms of each peak (name -> bytes).
+    """
+
+    forward_bytes: int
+    forward_backward_bytes: int
+    inputs_bytes: int
+    backend: str
+    per_rank: bool = False
+    breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def total_forward_bytes(self) -> int:
+        return self.inputs_bytes + self.forward_bytes
+
+    @property
+    def total_forward_backward_bytes(self) -> int:
+        return self.inputs_bytes + self.forward_backward_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(total_forward_bytes=self.total_forward_bytes,
+                    total_forward_backward_bytes=self.total_forward_backward_bytes)
+        return data
+
+
+@dataclass(frozen=True)
+class _Block:
+    batch: int  # B * segments in the block
+    length: int  # selected tokens per segment (L)
+    heads: int
+    copied: bool  # whether reading the block copies it
+
+
+def _resolve_backend(config: MemoryConfig) -> str:
+    if config.backend != "auto":
+        return config.backend
+    import torch
+
+    if config.device == "cpu" or torch.cuda.is_available():
+        from hilbert_lab.attention.selection import rule_backend
+
+        return rule_backend(config.device, getattr(torch, config.dtype))
+    # a CUDA estimate on a machine without CUDA: the rule for Ampere and newer without flash-attn
+    return "sdpa"
+
+
+def _blocks(config: MemoryConfig, seq_len: int, branches: set[int] | None = None) -> tuple[list[_Block], int]:
+    """The engine's blocks for a (local) sequence of seq_len tokens (only `branches` when given) and
+    the number of partial results (every branch counts, as in the engine's plan)."""
+    from hilbert_lab.attention.pattern import DilatedPattern
+
+    pattern = DilatedPattern.create(config.segment_lengths, config.dilation_rates, mode=config.mode,
+                                    causal=config.causal)
+    blocks: list[_Block] = []
+    branches_per_head = [0] * config.num_heads
+    ordered = config.ordering not in (None, "identity")
+    # head_offsets is O(H); pattern.groups would materialise (N,) index tensors, too big to estimate 2^30 tokens
+    for branch, offsets in enumerate(pattern.head_offsets(config.num_heads)):
+        seg, step = pattern.effective_segment(branch, seq_len), pattern.dilation_rates[branch]
+        full = seq_len // seg
+        parts = [(full, seg)] if full else []
+        if seq_len - full * seg:
+            parts.append((1, seq_len - full * seg))
+        for offset in sorted(set(int(o) for o in offsets if o >= 0)):
+            heads = int((offsets == offset).sum())
+            for head in range(config.num_heads):
+                branches_per_head[head] += int(offsets[head] == offset)
+            if branches is not None and branch not in branches:
+                continue
+            for count, length in parts:
+                selected = len(range(offset, length, step))
+                if selected:
+                    copied = ordered or (config.batch_size > 1 and count > 1 and count * seg != seq_len)
+                    blocks.append(_Block(config.batch_size * count, selected, heads, copied))
+    merge = max(branches_per_head) > 1
+    return blocks, (pattern.num_branches if merge else 1)
+
+
+def _chunk_sizes(batch: int, heads: int, rows: int, keys: int, max_elements: int) -> tuple[int, int, int]:
+    """(batch per chunk, rows per chunk, number of chunks) exactly as backends.manual._chunks."""
+    per_row = heads * keys
+    rows_per_chunk = max(1, min(rows, max_elements // max(per_row, 1)))
+    batch_per_chunk = max(1, min(batch, max_elements // max(per_row * rows, 1)))
+    count = -(-batch // batch_per_chunk) * -(-rows // rows_per_chunk)
+    return batch_per_chunk, rows_per_chunk, count
+
+
+def _max_score_elements(backend: str) -> int:
+    if backend == "reference":
+        return 1 << 62
+    try:
+        from hilbert_lab.attention.backends.manual import MAX_SCORE_ELEMENTS
+    except ImportError:  # pragma: no cover - the engine is part of the package
+        return 1 << 24
+    return MAX_SCORE_ELEMENTS
+
+
+def _eager_block(block: _Block, config: MemoryConfig, backend: str, backward: bool) -> int:
+    """Working bytes of the eager (manual/reference) block forward or backward beyond its in/outputs."""
+    compute = 8 if (config.dtype == "float64" or backend == "reference") else 4
+    batch, rows, heads, dim = block.batch, block.length, block.heads, config.head_dim
+    batch_chunk, rows_chunk, chunks = _chunk_sizes(batch, heads, rows, rows, _max_score_elements(backend))
+    scores = batch_chunk * heads * rows_chunk * rows * compute
+    query_copy = batch_chunk * heads * rows_chunk * dim * compute
+    key_copy = batch_chunk * heads * rows * dim * compute
+    cast = 0
+    if DTYPE_BYTES[config.dtype] != compute:  # .to(compute dtype) copies of the chunk's q, k, v (and dO, out)
+        cast = (query_copy + 2 * key_copy) * (2 if backward else 1)
+    # score-sized tensors alive at once: forward 3 (scores, exp temp, result), backward 4 (scores,
+    # probs, dO V^T, its shifted copy); one more from the previous chunk when there are several.
+    alive = (4 if backward else 3) + (1 if chunks > 1 else 0)
+    return alive * scores + max(query_copy + key_copy, 2 * key_copy) + cast
+
+
+def _fused_block(block: _Block, config: MemoryConfig, backend: str, backward: bool, grad_lse: bool = False) -> int:
+    """Working bytes of a fused kernel (flash-style) beyond its outputs: O(L) per row on the CPU.
+
+    With an LSE gradient (ring attention merges LSEs under autograd) the SDPA adapter runs a second
+    fused backward on (e_0, -grad_lse * e_0, 0): three block-sized inputs, three more outputs and
+    one sum alive at once (7 blocks, measured). On CUDA the backward also keeps a float32 dQ
+    accumulator of the block's size (flash/efficient kernels; not yet checked on a GPU here).
+    """
+    if not backward:
+        return 0
+    size = block.batch * block.heads * block.length * config.head_dim
+    extra = 7 * size * DTYPE_BYTES[config.dtype] if grad_lse else 0
+    return extra + (0 if config.device == "cpu" else size * 4)
+
+
+def _ring_estimate(config: MemoryConfig, backend: str) -> MemoryEstimate:
+    """Ring attention per rank (hilbert_lab.distributed.ring, contiguous layout), shard n = N / P.
+
+    Forward, as the ring runs it: (1) the branches whose segments fit in a shard run through the
+    engine on the shard (every branch still gets a partial result); (2) each branch spanning ranks
+    packs this rank's selected K/V (B * ceil(n/r) * H_branch * D each), holds its own packet and
+    one in flight, and attends the shard's selected queries to each packet in one block with all
+    of the branch's heads stacked, keeping a running (out, lse) in the LSE dtype; (3) the LSE merge
+    of the local result and the ring branches. Backward: the merge makes one gradient per part; each
+    ring branch then holds dQ/dK/dV accumulators, K/V packets with their dK/dV packets and a block's
+    shares; the local engine runs last while the ring's q/k/v gradients wait to be summed. LSEs are
+    differentiated too (the merge uses them), so the SDPA adapter's extra LSE-gradient pass counts.
+    Checked against measured per-rank peaks: benchmarks/validate_memory.py --ring 2.
+    """
+    from hilbert_lab.attention.pattern import DilatedPattern
+
+    pattern = DilatedPattern.create(config.segment_lengths, config.dilation_rates, mode=config.mode,
+                                    causal=config.causal)
+    element = DTYPE_BYTES[config.dtype]
+    lse = 8 if config.dtype == "float64" else 4
+    accumulate = 8 if config.dtype == "float64" else 4
+    n = config.seq_len // config.world_size
+    tokens = _tokens(config, n)
+    rows = config.batch_size * config.num_heads * n
+    part = tokens * element + rows * lse  # one (out, lse) pair on the shard
+    local, ring = set(), []
+    for branch, offsets in enumerate(pattern.head_offsets(config.num_heads)):
+        segment = min(pattern.segment_lengths[branch], config.seq_len)
+        if n % segment == 0:
+            local.add(branch)
+        elif segment % n == 0:
+            ring.append((branch, int((offsets >= 0).sum()), pattern.dilation_rates[branch]))
+        else:
+            raise ValueError(f"segment_lengths[{branch}] = {pattern.segment_lengths[branch]} must divide the shard "
+                             f"length {n} (N / world_size) or be a multiple of it")
+    forward_terms: dict[str, int] = {}
+    backward_terms: dict[str, int] = {}
+    forward = forward_backward = 0
+    live = 0
+    if local:
+        blocks, partials = _blocks(config, n, local)
+        local_forward, local_training, terms = _engine_peaks(config, backend, n, blocks, partials,
+                                                             grad_lse=bool(ring))
+        forward, forward_backward = local_forward, local_training
+        forward_terms["local_engine"], backward_terms["local_engine"] = local_forward, local_training
+        live = part
+    eager = backend in EAGER_BACKENDS
+    parts = (1 if local else 0) + len(ring)
+    # After the forward: the merged (out, lse) and every part's (out, lse), saved for backward. The
+    # merge's backward then makes one output gradient per part.
+    after_forward = part + parts * part
+    merge_grads = parts * tokens * element
+    for branch, branch_heads, dilation in ring:
+        selected = -(-n // dilation)
+        block = _Block(config.batch_size, selected, branch_heads, False)
+        rows_block = config.batch_size * selected * branch_heads
+        packet = 2 * rows_block * config.head_dim * element
+        gathered = rows_block * config.head_dim * element
+        state = rows_block * (config.head_dim * lse + lse)
+        work = _eager_block(block, config, backend, False) if eager else _fused_block(block, config, backend, False)
+        phase = live + max(2 * packet + 2 * gathered + rows_block * lse + work + 3 * state, state + part)
+        forward = max(forward, phase)
+        forward_terms[f"ring_branch{branch}"] = phase
+        # backward: dQ (accumulate dtype) and the final dK/dV, own/received/sent K/V packets with
+        # their dK/dV accumulators, the gathered dO/q/out and a block's three gradient shares
+        work_bw = (_eager_block(block, config, backend, True) if eager
+                   else _fused_block(block, config, backend, True, grad_lse=True))
+        acc_packet = packet // element * accumulate
+        internal = (3 * tokens * accumulate + 3 * (packet + acc_packet) + 3 * gathered
+                    + 3 * rows_block * config.head_dim * element + work_bw)
+        backward_terms[f"ring_branch{branch}"] = after_forward + merge_grads + internal
+        live += part
+    if parts > 1:
+        cast = tokens * lse if element != lse else 0
+        merge = parts * part + 3 * parts * rows * lse + 3 * tokens * lse + cast
+        forward = max(forward, merge)
+        forward_terms["merge"] = merge
+    if not ring:  # every branch is local: the ring is exactly the engine on the shard
+        return MemoryEstimate(int(forward), int(forward_backward), 3 * tokens * element, backend, True,
+                              {"forward": forward_terms, "forward_backward": backward_terms})
+    phases = [forward] + [backward_terms[f"ring_branch{b}"] for b, _, _ in ring]
+    if local:
+        # the local engine's backward runs last: its part's gradient and the ring's finished q/k/v
+        # gradients (waiting to be summed) are alive; the ring parts are already freed.
+        local_phase = (part + tokens * element + 3 * tokens * element + terms["forward_backward"]["backward_phase"])
+        backward_terms["local_phase"] = local_phase
+        phases.append(local_phase)
+    forward_backward = max(phases)
+    backward_terms.update(after_forward=after_forward, merge_gradients=merge_grads)
+    return MemoryEstimate(int(forward), int(forward_backward), 3 * tokens * element, backend, True,
+                          {"forward": forward_terms, "forward_backward": backward_terms})
+
+
+def estimate_memory(config: MemoryConfig | dict[str, Any]) -> MemoryEstimate:
+    """Peak bytes above the inputs of one engine call: forward (no grad) and forward+backward.
+
+    config: a MemoryConfig or a dict of its fields. ValueError for invalid settings (the engine's
+    own pattern validator checks segment_lengths/dilation_rates/mode). world_size > 1: ring
+    attention, per rank.
+    """
+    if isinstance(config, dict):
+        config = MemoryConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items()})
+    backend = _resolve_backend(config)
+    if config.world_size > 1:
+        return _ring_estimate(config, backend)
+    blocks, partials = _blocks(config, config.seq_len)
+    forward, forward_backward, breakdown = _engine_peaks(config, backend, config.seq_len, blocks, partials)
+    return MemoryEstimate(forward, forward_backward, 3 * _tokens(config, config.seq_len) * DTYPE_BYTES[config.dtype],
+                          backend, False, breakdown)
+
+
+def _tokens(config: MemoryConfig, seq_len: int) -> int:
+    return config.batch_size * seq_len * config.num_heads * config.head_dim
+
+
+def _engine_peaks(config: MemoryConfig, backend: str, seq_len: int, blocks: list[_Block], partials: int,
+                  grad_lse: bool = False) -> tuple[int, int, dict[str, dict[str, int]]]:
+    """(forward, forward+backward, breakdown) of the engine on seq_len tokens with these blocks.
+
+    grad_lse: the caller differentiates through the LSE too (ring attention's merge does).
+    """
+    element = DTYPE_BYTES[config.dtype]
+    lse = 8 if config.dtype == "float64" else 4
+    accumulate = 8 if config.dtype == "float64" else 4
+    batch, heads, dim = config.batch_size, config.num_heads, config.head_dim
+    tokens = _tokens(config, seq_len)  # elements of one (B, N, H, D) tensor
+    rows = batch * heads * seq_len  # elements of one (B, H, N) tensor
+    eager = backend in EAGER_BACKENDS
+
+    def block_io(block: _Block, reads: int, outputs: int, out_bytes: int) -> int:
+        size = block.batch * block.length * block.heads * dim
+        copies = reads * size * element if block.copied else 0
+        return copies + outputs * size * out_bytes + block.batch * block.heads * block.length * lse
+
+    ordering_copies = 3 * tokens * element if config.ordering not in (None, "identity") else 0
+    base = partials * (tokens * element + rows * lse) + ordering_copies
+    def block_work(block: _Block, backward: bool) -> int:
+        if eager:
+            return _eager_block(block, config, backend, backward)
+        return _fused_block(block, config, backend, backward, grad_lse)
+
+    def block_output(block: _Block, count: int) -> int:  # count outputs (B*S, L, h, D) in the input dtype
+        return block.batch * block.length * block.heads * dim * element * count
+
+    # The engine's loop variable still holds the previous block's output (forward) or gradient
+    # shares (backward) while the next block runs, so block i costs its own I/O + work + block i-1's.
+    block_forward = max((block_io(b, 3, 1, element) + block_work(b, False)
+                         + (block_output(blocks[i - 1], 1) + blocks[i - 1].batch * blocks[i - 1].heads
+                            * blocks[i - 1].length * lse if i else 0)
+                         for i, b in enumerate(blocks)), default=0)
+    merge = 0
+    if partials > 1 and blocks:
+        cast = tokens * lse if element != lse else 0
+        last = blocks[-1]  # the loop variable keeps the last block's output alive through the merge
+        last_output = last.batch * last.length * last.heads * (dim * element + lse)
+        merge = 3 * partials * rows * lse + 3 * tokens * lse + cast + last_output
+    reorder_out = tokens * element + rows * lse if ordering_copies else 0
+    forward = base + max(block_forward, merge, reorder_out)
+    forward_terms = {"partials": partials * (tokens * element + rows * lse), "ordering_copies": ordering_copies,
+                     "largest_block": block_forward, "merge": merge}
+
+    # forward+backward: the forward above, then (out, lse kept) gradient accumulators and block shares.
+    kept = tokens * element + rows * lse + ordering_copies
+    accumulators = 3 * tokens * accumulate
+    share_bytes = 8 if (eager and (config.dtype == "float64" or backend == "reference")) else (4 if eager else element)
+    block_backward = max((block_io(b, 5, 3, share_bytes) + block_work(b, True)
+                          + (block_output(blocks[i - 1], 3) if i else 0)
+                          for i, b in enumerate(blocks)), default=0)
+    final_cast = 3 * tokens * element if element != accumulate else 0
+    backward = kept + accumulators + max(block_backward, final_cast)
+    if ordering_copies:  # grad of the output reorder (index_select backward) and of the input reorders
+        backward += tokens * element
+    forward_backward = max(forward, backward)
+    breakdown = {"forward": forward_terms,
+                 "forward_backward": {"kept_out_lse": kept, "grad_accumulators": accumulators,
+                                      "largest_block": block_backward, "final_cast": final_cast,
+                                      "backward_phase": int(backward)}}
+    return int(forward), int(forward_backward), breakdown

@@ -1,0 +1,118 @@
+"""Run one case function in a fresh subprocess with a timeout; every way it can die becomes a record."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+# Statuses of an isolated run. "ok" is the only success.
+STATUSES = ("ok", "error", "oom", "timeout", "signal", "crash")
+_STDERR_TAIL_CHARS = 2000
+
+
+@dataclass
+class IsolatedOutcome:
+    """What happened to one isolated case: status (one of STATUSES), its result dict when ok, or why not."""
+
+    status: str
+    result: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    returncode: int | None = None
+    duration_s: float = 0.0
+    stderr_tail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's own process group (it was started in a new session), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a zombie that ignores SIGKILL
+        pass
+
+
+def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
+                 env: dict[str, str] | None = None, python: str | None = None) -> IsolatedOutcome:
+    """Call `target` ('package.module:function') with `params` in a new Python process.
+
+    The function must return a JSON-serialisable dict. The child runs in its own session so that
+    Ctrl-C in the terminal does not reach it; on timeout or KeyboardInterrupt its process group is
+    killed (KeyboardInterrupt is then re-raised). An out-of-memory error (torch.OutOfMemoryError,
+    MemoryError) gives status "oom", any other exception "error", death by a signal "signal"
+    (SIGKILL is often the kernel's OOM killer), another non-zero exit without a result "crash".
+    """
+    if ":" not in target:
+        raise ValueError(f"target must be 'module:function', got {target!r}")
+    if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env["HILBERT_LAB_PARENT_PID"] = str(os.getpid())
+    with tempfile.TemporaryDirectory(prefix="hilbert_lab_case_") as workdir:
+        in_path = os.path.join(workdir, "in.json")
+        out_path = os.path.join(workdir, "out.json")
+        err_path = os.path.join(workdir, "stderr.txt")
+        with open(in_path, "w") as handle:
+            json.dump({"target": target, "params": params}, handle)
+        start = time.perf_counter()
+        with open(err_path, "wb") as err_handle:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-m", "hilbert_lab.safety.worker", in_path, out_path],
+                stdin=subprocess.DEVNULL, stdout=err_handle, stderr=subprocess.STDOUT,
+                env=child_env, start_new_session=True,
+            )
+            try:
+                returncode = proc.wait(timeout=timeout_s)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                returncode, timed_out = proc.returncode, True
+            except BaseException:
+                _kill_group(proc)
+                raise
+        duration = time.perf_counter() - start
+        with open(err_path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - _STDERR_TAIL_CHARS))
+            stderr_tail = handle.read().decode("utf-8", errors="replace")
+        payload: dict[str, Any] | None = None
+        if os.path.exists(out_path):
+            try:
+                with open(out_path) as handle:
+                    payload = json.load(handle)
+            except (OSError, ValueError):
+                payload = None
+    if timed_out:
+        return IsolatedOutcome("timeout", error=f"timed out after {timeout_s:g} s (process group killed)",
+                               returncode=returncode, duration_s=duration, stderr_tail=stderr_tail)
+    if payload is not None and payload.get("status") in ("ok", "error", "oom"):
+        return IsolatedOutcome(payload["status"], result=payload.get("result") or {},
+                               error=payload.get("error", ""), returncode=returncode,
+                               duration_s=duration, stderr_tail=stderr_tail)
+    if returncode is not None and returncode < 0:
+        name = _signal_name(-returncode)
+        hint = " (often the kernel's out-of-memory killer)" if -returncode == signal.SIGKILL else ""
+        return IsolatedOutcome("signal", error=f"killed by {name}{hint}", returncode=returncode,
+                               duration_s=duration, stderr_tail=stderr_tail)
+    return IsolatedOutcome("crash", error=f"exited with code {returncode} without a result",
+                           returncode=returncode, duration_s=duration, stderr_tail=stderr_tail)

@@ -1,0 +1,155 @@
+"""SafeBenchmarkRunner: failures are records, results are append-only, resume and Ctrl-C keep results."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hilbert_lab.bench import SafeBenchmarkRunner, case_id, expand_matrix, normalize_case, read_results
+from hilbert_lab.safety import SafetyConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _cases():
+    return expand_matrix({"kind": "selftest"}, cases=[
+        {"behavior": "ok", "value": 1},
+        {"behavior": "raise"},
+        {"behavior": "sleep", "seconds": 60},   # exceeds the 3 s timeout
+        {"behavior": "signal"},                  # SIGKILLs itself
+        {"behavior": "oom"},
+        {"behavior": "ok", "value": 2},
+    ])
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("runner") / "results.jsonl"
+    runner = SafeBenchmarkRunner(str(path), config=SafetyConfig(case_timeout_s=3), progress=False)
+    start = time.perf_counter()
+    summary = runner.run(_cases())
+    return path, summary, time.perf_counter() - start
+
+
+def test_failures_are_recorded_and_the_run_goes_on(first_run):
+    path, summary, elapsed = first_run
+    records, malformed = read_results(str(path))
+    assert malformed == 0
+    assert [r["status"] for r in records] == ["ok", "error", "timeout", "signal", "oom", "ok"]
+    assert [r["result"].get("value") for r in records if r["status"] == "ok"] == [1, 2]
+    by_status = {r["status"]: r for r in records}
+    assert "raised on purpose" in by_status["error"]["error"]
+    assert "SIGKILL" in by_status["signal"]["error"]
+    assert "timed out after 3" in by_status["timeout"]["error"]
+    assert 3 <= by_status["timeout"]["duration_s"] < 30  # killed, not waited for
+    assert elapsed < 60
+    assert (summary.completed, summary.failed, summary.skipped, summary.interrupted) == (6, 4, 0, False)
+
+
+def test_records_carry_exact_parameters_and_environment(first_run):
+    path, _, _ = first_run
+    records, _ = read_results(str(path))
+    cases = _cases()
+    for record, case in zip(records, cases):
+        assert record["params"] == case
+        assert record["case_id"] == case_id(case)
+        env = record["env"]
+        assert env["packages"]["python"] and env["packages"]["hilbert-lab"] == "0.1.0"
+        assert set(env["git"]) == {"commit", "dirty"}
+        assert env["device"]["device"] == "cpu" and env["cpu"]["logical_cores"] >= 1
+    assert len({r["run_id"] for r in records}) == 1
+
+
+def test_resume_skips_finished_cases_and_never_rewrites(first_run, tmp_path):
+    path, _, _ = first_run
+    copy = tmp_path / "results.jsonl"
+    copy.write_bytes(path.read_bytes())
+    before = copy.read_bytes()
+    summary = SafeBenchmarkRunner(str(copy), config=SafetyConfig(case_timeout_s=3), progress=False).run(_cases())
+    assert (summary.completed, summary.skipped) == (0, 6)
+    assert copy.read_bytes() == before
+    # one new case: only it runs, and the old bytes stay a prefix of the file
+    summary = SafeBenchmarkRunner(str(copy), progress=False).run(
+        _cases() + [normalize_case({"kind": "selftest", "value": 3})])
+    assert (summary.completed, summary.skipped) == (1, 6)
+    after = copy.read_bytes()
+    assert after.startswith(before) and after.count(b"\n") == before.count(b"\n") + 1
+
+
+def test_retry_failed_reruns_only_failed_cases(tmp_path):
+    path = tmp_path / "r.jsonl"
+    cases = expand_matrix({"kind": "selftest"}, {"behavior": ["ok", "raise"]})
+    SafeBenchmarkRunner(str(path), progress=False).run(cases)
+    summary = SafeBenchmarkRunner(str(path), progress=False, retry_failed=True).run(cases)
+    assert (summary.completed, summary.skipped) == (1, 1)
+    assert [r["params"]["behavior"] for r in read_results(str(path))[0]] == ["ok", "raise", "raise"]
+
+
+def test_torn_last_line_is_kept_apart_from_new_records(tmp_path):
+    path = tmp_path / "r.jsonl"
+    cases = expand_matrix({"kind": "selftest"}, {"value": [1, 2]})
+    SafeBenchmarkRunner(str(path), progress=False).run(cases[:1])
+    with open(path, "a") as handle:
+        handle.write('{"case_id": "torn", "sta')  # a run killed mid-write
+    summary = SafeBenchmarkRunner(str(path), progress=False).run(cases)
+    records, malformed = read_results(str(path))
+    assert malformed == 1 and summary.completed == 1
+    assert [r["params"]["value"] for r in records] == [1, 2]
+
+
+def test_a_file_that_is_not_a_results_file_is_refused(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("important notes\n")
+    with pytest.raises(ValueError, match="not a hilbert_lab results file"):
+        SafeBenchmarkRunner(str(path), progress=False)
+    assert path.read_text() == "important notes\n"
+    with pytest.raises(ValueError, match="does not exist"):
+        SafeBenchmarkRunner(str(tmp_path / "missing" / "r.jsonl"), progress=False)
+
+
+def test_case_whose_estimate_does_not_fit_is_refused_without_running(tmp_path):
+    path = tmp_path / "r.jsonl"
+    huge = {"kind": "selftest", "seq_len": 1 << 20, "bytes_per_token": 1 << 40}  # 1 EiB
+    summary = SafeBenchmarkRunner(str(path), progress=False).run([huge])
+    (record,) = read_results(str(path))[0]
+    assert record["status"] == "refused" and record["result"] == {} and "needs" in record["error"]
+    assert summary.failed == 1
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_keeps_finished_results_and_resume_knows_what_is_left(tmp_path, stop_signal):
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("base: {kind: selftest}\ncases:\n  - {value: 1}\n  - {behavior: sleep, seconds: 120, value: 2}\n"
+                      "  - {value: 3}\n")
+    out = tmp_path / "r.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "hilbert_lab.cli", "bench", "--matrix", str(matrix), "--out",
+                             str(out), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
+        time.sleep(0.2)
+    time.sleep(1.0)  # the sleeping case is running now
+    proc.send_signal(stop_signal)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stdout
+    records, malformed = read_results(str(out))
+    assert malformed == 0 and [r["params"]["value"] for r in records] == [1]
+    from hilbert_lab.bench import load_matrix_file
+
+    pending, skipped = SafeBenchmarkRunner(str(out), progress=False).pending(load_matrix_file(str(matrix)))
+    assert skipped == 1 and [c["value"] for c in pending] == [2, 3]
+
+
+def test_two_runs_cannot_write_one_file_at_once(tmp_path):
+    import fcntl
+
+    path = tmp_path / "r.jsonl"
+    with open(path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(ValueError, match="another run"):
+            SafeBenchmarkRunner(str(path), progress=False).run([{"kind": "selftest"}])

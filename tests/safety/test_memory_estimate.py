@@ -1,0 +1,159 @@
+"""estimate_memory: agrees with measured CPU peaks (fresh subprocesses) within 20%, and behaves sensibly."""
+from __future__ import annotations
+
+import pytest
+
+from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env
+from hilbert_lab.safety import MemoryConfig, estimate_memory, run_isolated
+from hilbert_lab.safety.measure import reset_cpu_peak
+
+MEASURED_CASES = [
+    # manual, LSE merge of 2 branches, several score chunks
+    {"backend": "manual", "seq_len": 8192, "segment_lengths": [512, 1024], "dilation_rates": [1, 2],
+     "num_heads": 4, "head_dim": 32},
+    # manual float64, causal, ragged N with B=2 (block reads are copies)
+    {"backend": "manual", "seq_len": 3000, "batch_size": 2, "segment_lengths": [256, 512], "dilation_rates": [1, 2],
+     "num_heads": 4, "head_dim": 32, "dtype": "float64", "causal": True},
+    # sdpa (CPU flash kernel), 3 branches, Hilbert layout
+    {"backend": "sdpa", "seq_len": 8192, "segment_lengths": [1024, 2048, 4096], "dilation_rates": [1, 2, 4],
+     "num_heads": 8, "head_dim": 64, "ordering": "hilbert"},
+    # sdpa, two undilated branches: the merge runs while a full-size block output is still alive
+    {"backend": "sdpa", "seq_len": 8192, "segment_lengths": [1024, 4096], "dilation_rates": [1, 1],
+     "num_heads": 8, "head_dim": 64},
+    # sdpa, head_groups (no merge), ragged N
+    {"backend": "sdpa", "seq_len": 6000, "batch_size": 2, "segment_lengths": [512, 1024, 2048],
+     "dilation_rates": [1, 2, 4], "num_heads": 6, "head_dim": 64, "mode": "head_groups"},
+]
+
+
+@pytest.mark.skipif(not reset_cpu_peak(), reason="needs /proc/self/clear_refs to measure a CPU peak")
+@pytest.mark.parametrize("params", MEASURED_CASES, ids=lambda p: f"{p['backend']}-N{p['seq_len']}")
+def test_estimate_within_20_percent_of_measured_cpu_peak(params):
+    case = normalize_case({"kind": "memory", "threads": 1, **params})
+    outcome = run_isolated(CASE_TARGET, case, timeout_s=600, env=worker_env(case))
+    assert outcome.ok, (outcome.status, outcome.error, outcome.stderr_tail)
+    result = outcome.result
+    estimate = estimate_memory(MemoryConfig.from_case(case))
+    assert result["estimated_forward_bytes"] == estimate.forward_bytes  # the worker used the same model
+    for measured, estimated in ((result["forward_peak_bytes"], estimate.forward_bytes),
+                                (result["forward_backward_peak_bytes"], estimate.forward_backward_bytes)):
+        assert measured > 8 << 20, "case too small to measure"
+        assert 0.8 <= estimated / measured <= 1.2, (estimated, measured)
+
+
+def _estimate(**fields):
+    base = dict(seq_len=1 << 16, num_heads=8, head_dim=64, segment_lengths=(2048, 4096), dilation_rates=(1, 2),
+                backend="sdpa")
+    base.update(fields)
+    return estimate_memory(MemoryConfig(**base))
+
+
+def test_estimate_scales_linearly_in_sequence_length_for_fixed_segments():
+    small, large = _estimate(seq_len=1 << 16), _estimate(seq_len=1 << 18)
+    assert large.forward_bytes == 4 * small.forward_bytes
+    assert large.forward_backward_bytes == 4 * small.forward_backward_bytes
+    assert large.inputs_bytes == 4 * small.inputs_bytes == 4 * 3 * (1 << 16) * 8 * 64 * 4
+
+
+def test_merge_free_head_groups_and_fused_kernels_need_less():
+    longnet, head_groups = _estimate(mode="longnet"), _estimate(mode="head_groups")
+    assert head_groups.forward_bytes < longnet.forward_bytes
+    fused, eager = _estimate(backend="sdpa"), _estimate(backend="manual")
+    assert fused.forward_bytes <= eager.forward_bytes  # both may be bounded by the LSE merge
+    assert fused.forward_backward_bytes < eager.forward_backward_bytes
+    assert _estimate(dtype="bfloat16").inputs_bytes * 2 == _estimate(dtype="float32").inputs_bytes
+    training = _estimate()
+    assert training.forward_backward_bytes > training.forward_bytes
+    assert training.total_forward_backward_bytes == training.inputs_bytes + training.forward_backward_bytes
+
+
+def test_ring_per_rank_estimate_shrinks_with_world_size():
+    full = _estimate(seq_len=1 << 18)
+    per_rank = _estimate(seq_len=1 << 18, world_size=8)
+    assert per_rank.per_rank and per_rank.inputs_bytes * 8 == full.inputs_bytes
+    assert per_rank.forward_backward_bytes < full.forward_backward_bytes
+
+
+@pytest.mark.parametrize("fields, name", [
+    ({"dtype": "int8"}, "dtype"), ({"backend": "magic"}, "backend"), ({"mode": "sparse"}, "mode"),
+    ({"seq_len": 0}, "seq_len"), ({"world_size": 3}, "world_size"), ({"head_dim": -1}, "head_dim"),
+    ({"segment_lengths": (4,), "dilation_rates": (8,)}, "dilation_rates"),
+])
+def test_estimate_rejects_bad_configs_naming_the_field(fields, name):
+    with pytest.raises(ValueError, match=name):
+        _estimate(**fields)
+
+
+@pytest.mark.parametrize("seq_len, batch, heads, segments, dilations, mode", [
+    (3000, 2, 4, (256, 512), (1, 2), "longnet"), (6000, 2, 6, (512, 1024, 2048), (1, 2, 4), "head_groups"),
+    (100, 1, 5, (64, 256), (2, 3), "longnet"), (77, 3, 7, (8, 16, 32), (1, 2, 4), "head_groups"),
+])
+def test_estimator_blocks_match_the_pattern_groups(seq_len, batch, heads, segments, dilations, mode):
+    """The estimator derives blocks from head offsets (O(H)); they must be the engine's groups split into runs."""
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.safety.estimate import _blocks
+
+    config = MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=heads, segment_lengths=segments,
+                          dilation_rates=dilations, mode=mode)
+    expected = []
+    for group in DilatedPattern.create(segments, dilations, mode=mode).groups(seq_len, heads):
+        full = seq_len // group.segment_length
+        rows = group.index[:full] if full else group.index[:0]
+        if full:
+            expected.append((batch * full, int(rows.shape[1]), len(group.heads)))
+        if seq_len % group.segment_length:
+            ragged = int((group.index[-1] >= 0).sum())
+            if ragged:
+                expected.append((batch, ragged, len(group.heads)))
+    blocks, _ = _blocks(config, seq_len)
+    assert sorted((b.batch, b.length, b.heads) for b in blocks) == sorted(expected)
+
+
+def test_estimate_of_a_billion_tokens_is_cheap():
+    """No O(N) index tensors: estimating N = 2^30 must not allocate gigabytes (it would OOM the runner)."""
+    from hilbert_lab.safety.measure import PeakMeter
+
+    with PeakMeter("cpu") as meter:
+        estimate = _estimate(seq_len=1 << 30, backend="manual")
+    assert meter.peak_bytes < 64 << 20
+    assert estimate.inputs_bytes == 3 * (1 << 30) * 8 * 64 * 4
+
+
+@pytest.mark.skipif(not reset_cpu_peak(), reason="needs /proc/self/clear_refs to measure a CPU peak")
+def test_ring_per_rank_estimate_matches_two_gloo_ranks(tmp_path):
+    """benchmarks/validate_memory.py --ring 2 on the case whose second branch spans both ranks."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = tmp_path / "ring.json"
+    proc = subprocess.run([sys.executable, os.path.join(repo, "benchmarks", "validate_memory.py"), "--ring", "2",
+                           "--cases", "1", "--timeout", "300", "--out", str(out)],
+                          cwd=repo, capture_output=True, text=True, timeout=600)
+    assert out.exists(), proc.stderr[-2000:]
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["status"] == "ok", row["error"]
+    assert row["params"]["world_size"] == 2 and row["params"]["segment_lengths"][1] > row["params"]["seq_len"] // 2
+    assert 0.8 <= row["ratio_forward"] <= 1.2 and 0.8 <= row["ratio_forward_backward"] <= 1.2, row
+
+
+def test_ring_estimate_rejects_segments_that_do_not_tile_shards():
+    with pytest.raises(ValueError, match="segment_lengths"):
+        _estimate(seq_len=1 << 16, world_size=4, segment_lengths=(3072,), dilation_rates=(1,))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", ["sdpa", "manual"])
+def test_estimate_within_20_percent_of_cuda_max_memory_allocated(backend):
+    """GPU variant: torch.cuda.max_memory_allocated over the inputs, in a fresh subprocess."""
+    case = normalize_case({"kind": "memory", "backend": backend, "device": "cuda", "dtype": "bfloat16",
+                           "seq_len": 16384, "batch_size": 2, "num_heads": 8, "head_dim": 64,
+                           "segment_lengths": [2048, 4096], "dilation_rates": [1, 2]})
+    outcome = run_isolated(CASE_TARGET, case, timeout_s=600, env=worker_env(case))
+    assert outcome.ok, (outcome.status, outcome.error, outcome.stderr_tail)
+    estimate = estimate_memory(MemoryConfig.from_case(case))
+    assert 0.8 <= estimate.forward_bytes / outcome.result["forward_peak_bytes"] <= 1.2
+    assert 0.8 <= estimate.forward_backward_bytes / outcome.result["forward_backward_peak_bytes"] <= 1.2

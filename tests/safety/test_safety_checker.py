@@ -1,0 +1,89 @@
+"""SafetyConfig validation, MemorySafetyChecker decisions and the CPU peak meter."""
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch
+
+from hilbert_lab.safety import MemoryInfo, MemorySafetyChecker, SafetyConfig, format_bytes, query_memory
+from hilbert_lab.safety.measure import PeakMeter, reset_cpu_peak
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_memory_fraction", 0.0), ("max_memory_fraction", 1.5), ("min_free_bytes", -1),
+    ("estimate_margin", 0.9), ("max_seq_len", 0), ("case_timeout_s", 0), ("max_case_seconds", float("inf")),
+])
+def test_safety_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SafetyConfig(**{field: value})
+
+
+def _info(free_mib: int, total_mib: int) -> MemoryInfo:
+    return MemoryInfo("cpu", free_mib * MIB, total_mib * MIB, ("test",))
+
+
+def test_check_memory_available_applies_margin_min_free_and_fraction():
+    config = SafetyConfig(max_memory_fraction=0.5, min_free_bytes=100 * MIB, estimate_margin=1.25)
+    checker = MemorySafetyChecker(config, "cpu")
+    # 400 MiB * 1.25 = 500 MiB <= 1000 - 100 free and <= 0.5 * 2000 total
+    ok, reason = checker.check_memory_available(400 * MIB, _info(1000, 2000))
+    assert ok and reason.startswith("fits")
+    # 800 MiB * 1.25 = 1000 MiB > 900 MiB usable free
+    ok, reason = checker.check_memory_available(800 * MIB, _info(1000, 4000))
+    assert not ok and "must stay free" in reason and format_bytes(1000 * MIB) in reason
+    # fits in free memory but over the fraction of the total
+    ok, reason = checker.check_memory_available(900 * MIB, _info(3000, 2000))
+    assert not ok and "max_memory_fraction" in reason
+    # boundary: exactly the usable free memory fits
+    ok, _ = checker.check_memory_available(int(900 * MIB / 1.25), _info(1000, 4000))
+    assert ok
+
+
+@pytest.mark.parametrize("bad", [-1, "10", None, True])
+def test_check_memory_available_rejects_bad_required_bytes(bad):
+    with pytest.raises(ValueError, match="required_bytes"):
+        MemorySafetyChecker().check_memory_available(bad, _info(1000, 2000))
+
+
+def test_query_memory_cpu_matches_psutil():
+    info = query_memory("cpu")
+    virtual = psutil.virtual_memory()
+    assert info.total_bytes == virtual.total
+    assert 0 < info.free_bytes <= info.total_bytes
+    assert abs(info.free_bytes - virtual.available) < 0.1 * virtual.total
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "tpu:0"])
+def test_bad_device_names_are_rejected(device):
+    with pytest.raises(ValueError, match="device"):
+        MemorySafetyChecker(device=device)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without CUDA")
+def test_cuda_query_without_cuda_says_so():
+    with pytest.raises(ValueError, match="not available"):
+        query_memory("cuda:0")
+
+
+@pytest.mark.skipif(not reset_cpu_peak(), reason="kernel does not allow resetting the peak RSS (/proc/self/clear_refs)")
+def test_cpu_peak_meter_sees_a_freed_64_mib_tensor():
+    with PeakMeter("cpu") as meter:
+        tensor = torch.ones(16 * MIB, dtype=torch.float32)  # 64 MiB, touched
+        del tensor
+    assert 60 * MIB <= meter.peak_bytes <= 96 * MIB
+    with PeakMeter("cpu") as idle:
+        pass
+    assert idle.peak_bytes < 8 * MIB
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_peak_meter_and_query_see_an_allocation():
+    info = query_memory("cuda:0")
+    assert 0 < info.free_bytes <= info.total_bytes
+    with PeakMeter("cuda:0") as meter:
+        tensor = torch.ones(16 * MIB, dtype=torch.float32, device="cuda:0")
+        del tensor
+    assert 64 * MIB <= meter.peak_bytes <= 66 * MIB

@@ -1,0 +1,161 @@
+"""`hilbert-lab` CLI: commands run, help has examples, bad input exits 2 with one line."""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+from hilbert_lab.cli import main
+from hilbert_lab.safety import MemoryConfig, estimate_memory
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_info_lists_backends_and_auto_choice_per_dtype(capsys):
+    code, out, _ = run_cli(capsys, "info", "--json")
+    assert code == 0
+    info = json.loads(out)
+    cpu = info["devices"]["cpu"]
+    assert {"manual", "reference"} <= set(cpu["backends"])
+    assert set(cpu["auto"]) == {"float32", "float64", "float16", "bfloat16"}
+    assert all(choice in cpu["backends"] for choice in cpu["auto"].values())
+    assert info["cpu"]["logical_cores"] >= 1 and info["ram_total_bytes"] > 0
+    code, out, _ = run_cli(capsys, "info")
+    assert code == 0 and "cpu auto picks: float32 -> " in out
+
+
+def test_estimate_json_matches_the_library(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--seq-len", "4096,8192", "--backend", "manual", "--num-heads", "4",
+                           "--head-dim", "32", "--segment-lengths", "512,1024", "--dilation-rates", "1,2", "--json")
+    assert code == 0
+    rows = json.loads(out)
+    for row, seq_len in zip(rows, (4096, 8192)):
+        expected = estimate_memory(MemoryConfig(seq_len=seq_len, backend="manual", num_heads=4, head_dim=32,
+                                                segment_lengths=(512, 1024), dilation_rates=(1, 2)))
+        assert row["forward_backward_bytes"] == expected.forward_backward_bytes
+        assert row["fits"] is True
+    code, out, _ = run_cli(capsys, "estimate", "--seq-len", "4096", "--backend", "manual")
+    assert code == 0 and "4096" in out and "manual" in out
+
+
+def test_estimate_reports_a_config_that_cannot_fit(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--seq-len", str(1 << 30), "--backend", "manual", "--json")
+    assert code == 0
+    (row,) = json.loads(out)
+    assert row["fits"] is False and "needs" in row["fit_reason"]
+
+
+def test_curve_csv_is_a_unit_step_traversal_of_the_grid(capsys, tmp_path):
+    out = tmp_path / "h.csv"
+    code, stdout, _ = run_cli(capsys, "curve", "--kind", "hilbert", "--width", "16", "--height", "8", "--out", str(out))
+    assert code == 0 and "128 points" in stdout
+    table = np.loadtxt(out, delimiter=",", skiprows=1, dtype=np.int64)
+    assert out.read_text().splitlines()[0] == "index,x,y"
+    assert np.array_equal(table[:, 0], np.arange(128))
+    cells = {(x, y) for x, y in table[:, 1:]}
+    assert cells == {(x, y) for x in range(16) for y in range(8)}
+    assert np.all(np.abs(np.diff(table[:, 1:], axis=0)).sum(axis=1) == 1)  # 16x8 gilbert: unit steps only
+    code, _, _ = run_cli(capsys, "curve", "--kind", "snake", "--width", "3", "--height", "2", "--depth", "2",
+                         "--out", str(tmp_path / "s.csv"))
+    table = np.loadtxt(tmp_path / "s.csv", delimiter=",", skiprows=1, dtype=np.int64)
+    assert code == 0 and table.shape == (12, 4) and len({tuple(r) for r in table[:, 1:]}) == 12
+
+
+def test_curve_png_is_a_valid_image_of_the_right_size(capsys, tmp_path):
+    out = tmp_path / "h.png"
+    code, _, _ = run_cli(capsys, "curve", "--width", "8", "--height", "4", "--cell", "5", "--out", str(out))
+    assert code == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert (width, height) == (40, 20)
+    idat_length = struct.unpack(">I", data[33:37])[0]
+    raw = np.frombuffer(zlib.decompress(data[41:41 + idat_length]), dtype=np.uint8).reshape(20, 1 + 40 * 3)
+    pixels = raw[:, 1:].reshape(20, 40, 3)
+    drawn = (pixels != 255).any(axis=2)
+    assert drawn[2, 2] and drawn.sum() >= 31 * 5  # every cell centre on the path, 31 steps of 5 px
+
+
+def test_bench_with_selftest_cases_records_failures_and_resumes(capsys, tmp_path):
+    out = tmp_path / "r.jsonl"
+    code, stdout, _ = run_cli(capsys, "bench", "--selftest", "ok,raise", "--out", str(out), "--quiet")
+    assert code == 1 and "1 failed" in stdout and "failed [error]" in stdout
+    assert [json.loads(line)["status"] for line in out.read_text().splitlines()] == ["ok", "error"]
+    code, stdout, _ = run_cli(capsys, "bench", "--selftest", "ok,raise", "--out", str(out), "--quiet")
+    assert code == 0 and "2 already finished" in stdout and len(out.read_text().splitlines()) == 2
+    code, stdout, _ = run_cli(capsys, "bench", "--selftest", "ok", "--out", str(tmp_path / "ok.jsonl"), "--quiet")
+    assert code == 0
+
+
+def test_bench_dry_run_counts_the_matrix(capsys, tmp_path):
+    code, stdout, _ = run_cli(capsys, "bench", "--seq-len", "256,512", "--backend", "manual,sdpa", "--mode",
+                              "longnet,head_groups", "--segment-lengths", "64,128", "--dilation-rates", "1,2",
+                              "--out", str(tmp_path / "r.jsonl"), "--dry-run")
+    assert code == 0 and stdout.startswith("8 cases: 8 to run, 0 already finished")
+
+
+@pytest.mark.parametrize("command", ["info", "bench", "probe", "estimate", "curve"])
+def test_every_command_has_help_with_examples(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "examples:" in capsys.readouterr().out
+
+
+def _bad_inputs(tmp_path):
+    malformed = tmp_path / "bad.yaml"
+    malformed.write_text("base: {kind: attention\n")
+    unknown_key = tmp_path / "keys.toml"
+    unknown_key.write_text("[bases]\nkind = 'attention'\n")
+    out = str(tmp_path / "r.jsonl")
+    return [
+        (["estimate", "--seq-len", "1024", "--backend", "magic"], "--backend"),
+        (["estimate", "--seq-len", "1024", "--mode", "sparse"], "--mode"),
+        (["estimate", "--seq-len", "1024", "--dtype", "int8"], "--dtype"),
+        (["estimate", "--seq-len", "abc"], "--seq-len"),
+        (["estimate", "--seq-len", "0"], "--seq-len"),
+        (["estimate", "--seq-len", "1024", "--segment-lengths", "4", "--dilation-rates", "8"], "dilation"),
+        (["estimate", "--seq-len", "1024", "--num-heads", "0"], "--num-heads"),
+        (["bench", "--seq-len", "1024", "--backend", "nope", "--out", out], "--backend"),
+        (["bench", "--matrix", str(malformed), "--out", out], "malformed"),
+        (["bench", "--matrix", str(unknown_key), "--out", out], "unknown key"),
+        (["bench", "--matrix", str(tmp_path / "missing.yaml"), "--out", out], "does not exist"),
+        (["bench", "--seq-len", "1024", "--out", "/proc/hilbert_lab/r.jsonl"], "--out"),
+        (["bench", "--selftest", "ok", "--out", str(tmp_path)], "directory"),
+        (["bench", "--out", out], "--seq-len"),
+        (["probe", "--backend", "manual,sdpa"], "--backend"),
+        (["probe", "--start-len", "0", "--quiet"], "start_len"),
+        (["curve", "--width", "4", "--height", "4", "--out", str(tmp_path / "c.svg")], ".csv or .png"),
+        (["curve", "--width", "0", "--height", "4", "--out", str(tmp_path / "c.csv")], "--width"),
+        (["curve", "--width", "4", "--height", "4", "--depth", "2", "--out", str(tmp_path / "c.png")], "2D"),
+        (["curve", "--kind", "peano", "--width", "4", "--height", "4", "--out", str(tmp_path / "c.csv")], "--kind"),
+        (["frobnicate"], "invalid choice"),
+    ]
+
+
+def test_bad_input_exits_2_with_one_line_and_no_traceback(capsys, tmp_path):
+    for argv, needle in _bad_inputs(tmp_path):
+        code, out, err = run_cli(capsys, *argv)
+        assert code == 2, (argv, out, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, (argv, err)
+
+
+def test_debug_flag_shows_the_traceback_and_module_entry_point(tmp_path):
+    with pytest.raises(ValueError, match="dilation"):
+        main(["--debug", "estimate", "--seq-len", "64", "--segment-lengths", "4", "--dilation-rates", "8"])
+    proc = subprocess.run([sys.executable, "-m", "hilbert_lab.cli", "estimate", "--seq-len", "64", "--dtype", "int8"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--dtype" in proc.stderr
