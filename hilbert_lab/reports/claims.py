@@ -1,0 +1,485 @@
+"""The predecessor's claims (shared/claims.md) reproduced with exact semantics: claimed vs measured, verdict.
+
+Every experiment here computes real dilated attention through the engine; an ordering only permutes
+tokens in memory (per segment, after dilation), so the attention output is the same and any speed or
+memory difference comes from layout alone. Timing claims tied to a GPU the machine at hand does not
+have are measured on what is here and reported as "not reproducible here", with the measurement.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+VERDICTS = ("confirmed", "refuted", "not reproducible here")
+CLAIM_ROW_COLUMNS = ("claim", "aspect", "configuration", "claimed", "measured", "verdict", "why")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Where claims.md may sit: shared/ beside the clone (CI) or inside it.
+CLAIMS_LOCATIONS = (REPO_ROOT.parent / "shared" / "claims.md", REPO_ROOT / "shared" / "claims.md")
+
+# The claim ids this module reproduces; a claims.md row with another id is reported as not covered.
+KNOWN_CLAIMS = tuple(f"C{index}" for index in range(1, 13))
+
+
+def find_claims_file(path: str | Path | None = None) -> Path | None:
+    """`path` when given, else the first existing CLAIMS_LOCATIONS entry (None when none exists)."""
+    if path:
+        candidate = Path(path)
+        if not candidate.exists():
+            raise ValueError(f"claims_file must name an existing file, got {str(path)!r}")
+        return candidate
+    return next((candidate for candidate in CLAIMS_LOCATIONS if candidate.exists()), None)
+
+
+def parse_claims(text: str) -> list[dict[str, str]]:
+    """Rows of the markdown claims table: id, claim, configuration, hardware (in file order)."""
+    claims = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and re.fullmatch(r"C\d+", cells[0]):
+            claims.append({"id": cells[0], "claim": cells[1], "configuration": cells[2], "hardware": cells[3]})
+    return claims
+
+
+def _row(claim: str, aspect: str, configuration: str, claimed: Any, measured: Any, verdict: str, why: str) -> dict:
+    assert verdict in VERDICTS, verdict
+    return {"claim": claim, "aspect": aspect, "configuration": configuration, "claimed": str(claimed),
+            "measured": str(measured), "verdict": verdict, "why": why}
+
+
+# ---------------------------------------------------------------------------------------------------
+# measurement helpers
+
+def make_inputs(seq_len: int, *, batch_size: int = 1, num_heads: int = 8, head_dim: int = 64,
+                dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0):
+    """q, k, v (B, N, H, D) from a seeded generator."""
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(batch_size, seq_len, num_heads, head_dim, generator=generator).to(device=device, dtype=dtype)
+                 for _ in range(3))
+
+
+def time_call(function: Callable[[], Any], *, repeats: int, warmup: int = 1, device: str = "cpu") -> list[float]:
+    """Wall times in ms of `repeats` calls after `warmup` calls (CUDA synchronized around each)."""
+    samples = []
+    for index in range(warmup + repeats):
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            function()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        if index >= warmup:
+            samples.append((time.perf_counter() - start) * 1e3)
+    return samples
+
+
+def ratio_with_bounds(baseline_ms: Sequence[float], candidate_ms: Sequence[float]) -> tuple[float, float, float]:
+    """(median speedup, lowest, highest) of candidate over baseline: the bounds pair the extremes."""
+    return (statistics.median(baseline_ms) / statistics.median(candidate_ms),
+            min(baseline_ms) / max(candidate_ms), max(baseline_ms) / min(candidate_ms))
+
+
+def timing_verdict(claimed: float, low: float, high: float, *, claimed_on_gpu: bool, device: str) -> str:
+    """Confirmed when the claimed ratio lies inside the measured [low, high]; a GPU claim on a CPU is
+    not reproducible here (the measured CPU ratio is still reported)."""
+    if claimed_on_gpu and not device.startswith("cuda"):
+        return "not reproducible here"
+    return "confirmed" if low <= claimed <= high else "refuted"
+
+
+def _engine(q, k, v, segment_lengths, dilation_rates, *, ordering=None, backend="auto"):
+    from hilbert_lab.attention.engine import dilated_attention
+
+    return dilated_attention(q, k, v, segment_lengths=list(segment_lengths), dilation_rates=list(dilation_rates),
+                             ordering=ordering, backend=backend)
+
+
+def _clip_pattern(seq_len: int, segment_lengths: Sequence[int], dilation_rates: Sequence[int]):
+    """Keep branches whose segment fits the sequence (at least one)."""
+    kept = [(w, r) for w, r in zip(segment_lengths, dilation_rates) if w <= seq_len] or [(seq_len, 1)]
+    return [w for w, _ in kept], [r for _, r in kept]
+
+
+def ordering_speedup(seq_len: int, segment_lengths: Sequence[int], dilation_rates: Sequence[int], *,
+                     ordering: str = "hilbert", repeats: int = 3, device: str = "cpu", num_heads: int = 8,
+                     head_dim: int = 64, batch_size: int = 1, backend: str = "auto") -> dict[str, float]:
+    """Identity vs `ordering` layout on the same inputs: speedup (median, bounds), ms, tokens/s, max |diff|."""
+    q, k, v = make_inputs(seq_len, batch_size=batch_size, num_heads=num_heads, head_dim=head_dim, device=device)
+    with torch.no_grad():
+        difference = float((_engine(q, k, v, segment_lengths, dilation_rates, backend=backend)
+                            - _engine(q, k, v, segment_lengths, dilation_rates, ordering=ordering, backend=backend))
+                           .abs().max())
+    identity = time_call(lambda: _engine(q, k, v, segment_lengths, dilation_rates, backend=backend),
+                         repeats=repeats, device=device)
+    ordered = time_call(lambda: _engine(q, k, v, segment_lengths, dilation_rates, ordering=ordering, backend=backend),
+                        repeats=repeats, device=device)
+    speedup, low, high = ratio_with_bounds(identity, ordered)
+    return {"identity_ms": statistics.median(identity), "ordered_ms": statistics.median(ordered),
+            "speedup": speedup, "speedup_low": low, "speedup_high": high,
+            "identity_tokens_per_s": batch_size * seq_len / (statistics.median(identity) / 1e3),
+            "ordered_tokens_per_s": batch_size * seq_len / (statistics.median(ordered) / 1e3),
+            "max_abs_output_difference": difference}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the claims
+
+def claim_c1_c2(*, seq_lens: Sequence[int], repeats: int, device: str) -> tuple[list[dict], dict]:
+    """C1 (ordering speedup at 1K-8K) and C2 (Hilbert tokens/s) from one set of measurements."""
+    claimed_speedup = {1024: 0.99, 2048: 0.97, 4096: 0.60, 8192: 1.66}
+    claimed_tps = {1024: 304e3, 2048: 289e3, 4096: 46e3, 8192: 52e3}
+    segments, dilations = (512, 1024, 2048), (1, 2, 4)
+    rows, measured = [], {}
+    for seq_len in sorted(set(claimed_speedup) - set(seq_lens)):
+        rows.append(_row("C1", f"Hilbert speedup at {seq_len}", "-", f"{claimed_speedup[seq_len]:.2f}x", "not run",
+                         "not reproducible here", f"{seq_len} tokens is above this run's max_tokens"))
+    for seq_len in seq_lens:
+        lengths, rates = _clip_pattern(seq_len, segments, dilations)
+        result = ordering_speedup(seq_len, lengths, rates, repeats=repeats, device=device)
+        measured[seq_len] = result
+        config = f"N={seq_len}, w={lengths}, r={rates}, B=1, H=8, D=64, fp32, {device}"
+        if seq_len in claimed_speedup:
+            claimed = claimed_speedup[seq_len]
+            rows.append(_row("C1", f"Hilbert speedup at {seq_len}", config, f"{claimed:.2f}x",
+                             f"{result['speedup']:.2f}x [{result['speedup_low']:.2f}, {result['speedup_high']:.2f}], "
+                             f"max |out diff| {result['max_abs_output_difference']:.1e}",
+                             timing_verdict(claimed, result["speedup_low"], result["speedup_high"],
+                                            claimed_on_gpu=True, device=device),
+                             "exact per-segment Hilbert layout (permutation after dilation: identical outputs); "
+                             "GTX 1080 not available. The claim's own 4K time (202.53 ms) is 10x its 2K time for an "
+                             "O(N) pattern, and 0.60x -> 1.66x between 4K and 8K, both signs of noise or unequal work."))
+            claimed_tokens = claimed_tps[seq_len]
+            rows.append(_row("C2", f"Hilbert tokens/s at {seq_len}", config, f"{claimed_tokens:,.0f}",
+                             f"{result['ordered_tokens_per_s']:,.0f}",
+                             "not reproducible here" if not device.startswith("cuda") else
+                             ("confirmed" if abs(result["ordered_tokens_per_s"] / claimed_tokens - 1) < 0.25 else "refuted"),
+                             "absolute throughput is hardware-bound (claimed on a GTX 1080); C2 is C1's times "
+                             "restated (1024/9.79 ms is not 304K, so the two claims disagree with each other)"))
+    return rows, measured
+
+
+def claim_c3(*, repeats: int, device: str, max_tokens: int) -> list[dict]:
+    """C3: 'up to 7.95x' from a Triton Hilbert kernel at L=4096, dilation 64."""
+    rows = []
+    for seq_len, rate, claimed in ((4096, 64, 7.95), (1024, 1, 1.03), (2048, 2, 1.03)):
+        if seq_len > max_tokens:
+            rows.append(_row("C3", f"L={seq_len}, dilation {rate}", "-", f"{claimed:.2f}x", "not run",
+                             "not reproducible here", f"L={seq_len} is above this run's max_tokens={max_tokens}"))
+            continue
+        result = ordering_speedup(seq_len, [seq_len], [rate], repeats=repeats, device=device)
+        rows.append(_row("C3", f"L={seq_len}, dilation {rate}", f"one branch w={seq_len}, r={rate}, fp32, {device}",
+                         f"{claimed:.2f}x",
+                         f"{result['speedup']:.2f}x [{result['speedup_low']:.2f}, {result['speedup_high']:.2f}]",
+                         timing_verdict(claimed, result["speedup_low"], result["speedup_high"], claimed_on_gpu=True,
+                                        device=device),
+                         "the predecessor's Triton 'Hilbert' kernel had no proper softmax, so its 7.95x timed a "
+                         "different computation; here the exact engine with a Hilbert layout (identical output, "
+                         f"max |diff| {result['max_abs_output_difference']:.1e}) is timed on what is available"))
+    return rows
+
+
+def claim_c4_c5_cache(progress: bool = False) -> list[dict]:
+    """C4 / C5 cache-traffic parts: hilbert_lab.locality.evaluate_claims (LRU simulation)."""
+    from hilbert_lab.locality import evaluate_claims
+
+    frame = evaluate_claims(progress=progress)
+    rows = []
+    for record in frame.to_dict(orient="records"):
+        verdict = record["verdict"] if record["verdict"] in VERDICTS else (
+            "confirmed" if str(record["verdict"]).startswith("confirmed") else
+            "refuted" if str(record["verdict"]).startswith("refuted") else "not reproducible here")
+        measured = record["measured"]
+        measured_text = f"{measured:.1f}%" if isinstance(measured, float) and np.isfinite(measured) else str(measured)
+        rows.append(_row(record["claim"], f"cache: {record['metric']}", record["configuration"],
+                         f"{record['claimed']}%", measured_text, verdict, record["why"]))
+    return rows
+
+
+def claim_c5_time(*, repeats: int, device: str, max_tokens: int) -> list[dict]:
+    """C5 timing part: ring attention needs several processes/GPUs; the single-device analog is measured."""
+    claimed = {8192: (2, 1.33), 16384: (4, 1.37), 32768: (8, 1.43), 65536: (16, 1.54)}
+    rows = []
+    for seq_len, (rate, ratio) in claimed.items():
+        if seq_len > max_tokens:
+            rows.append(_row("C5", f"ring time {seq_len}/dil {rate}", "-", f"{ratio:.2f}x", "not run",
+                             "not reproducible here",
+                             f"{seq_len} tokens is above this run's max_tokens={max_tokens}; ring timing needs several GPUs"))
+            continue
+        segment = min(4096, seq_len)
+        result = ordering_speedup(seq_len, [segment], [rate], repeats=repeats, device=device)
+        rows.append(_row("C5", f"ring time {seq_len}/dil {rate}",
+                         f"single device analog: w={segment}, r={rate}, fp32, {device}", f"{ratio:.2f}x",
+                         f"{result['speedup']:.2f}x [{result['speedup_low']:.2f}, {result['speedup_high']:.2f}]",
+                         "not reproducible here",
+                         "ring attention over several GPUs is not available here; the single-device kernel that "
+                         "each ring step runs shows the layout effect a ring could inherit"))
+    return rows
+
+
+def claim_c6(*, results_dir: Path, device: str, max_tokens: int, progress: bool) -> list[dict]:
+    """C6: Hilbert ordering lowers peak memory 15-30%. Measured peak of one forward+backward, isolated."""
+    from hilbert_lab.reports.benchmark import run_benchmark
+    from hilbert_lab.bench import expand_matrix
+
+    seq_len = min(8192, max_tokens)
+    cases = expand_matrix({"kind": "memory", "seq_len": seq_len, "segment_lengths": [1024, 2048],
+                           "dilation_rates": [1, 2], "num_heads": 8, "head_dim": 64, "device": device,
+                           "dtype": "float32", "warmup": 1},
+                          {"ordering": [None, "hilbert"]})
+    records = run_benchmark(cases, results_dir / "claims_memory.jsonl", progress=progress)
+    peaks = {(record["params"]["ordering"] or "identity"): record.get("result", {}).get("forward_backward_peak_bytes")
+             for record in records if record["status"] == "ok"}
+    if len(peaks) < 2 or not all(peaks.values()):
+        return [_row("C6", "peak memory", f"N={seq_len}", "15-30% lower", f"failed: {[r['error'] for r in records]}",
+                     "not reproducible here", "the isolated memory measurement failed")]
+    reduction = 100.0 * (1 - peaks["hilbert"] / peaks["identity"])
+    return [_row("C6", "peak memory, forward+backward", f"N={seq_len}, w=[1024, 2048], r=[1, 2], H=8, D=64, fp32, "
+                 f"{device}, isolated process", "15-30% lower (8.2 -> 6.9 GB at 100K, ring)",
+                 f"{reduction:.1f}% lower ({peaks['identity'] / 2**20:.0f} -> {peaks['hilbert'] / 2**20:.0f} MiB)",
+                 "confirmed" if 15 - 5 <= reduction else "refuted",
+                 "a layout permutation keeps every tensor the same size (plus an index), so it cannot save "
+                 "15-30%; the 100K ring figure needs GPUs, the mechanism is measured here")]
+
+
+def claim_c7(*, repeats: int, device: str, max_tokens: int) -> list[dict]:
+    """C7: tokens/s of Hilbert vs standard on six configurations."""
+    configurations = (
+        ("8K single segment", 8192, [8192], [1], 1.09),
+        ("8K multi-segment", 8192, [2048, 4096, 8192], [1, 2, 4], 1.56),
+        ("16K no dilation", 16384, [4096], [1], 1.12),
+        ("16K dilation 2", 16384, [4096], [2], 2.66),
+        ("32K no dilation", 32768, [4096], [1], 1.03),
+        ("32K multi-dilation", 32768, [4096, 8192, 16384], [1, 2, 4], 0.97),
+    )
+    rows = []
+    for name, seq_len, lengths, rates, claimed in configurations:
+        if seq_len > max_tokens:
+            rows.append(_row("C7", name, f"N={seq_len}", f"{claimed:.2f}x", "not run", "not reproducible here",
+                             f"above this run's max_tokens={max_tokens} (CPU time budget)"))
+            continue
+        result = ordering_speedup(seq_len, lengths, rates, repeats=repeats, device=device, num_heads=8, head_dim=64)
+        rows.append(_row("C7", name, f"N={seq_len}, w={lengths}, r={rates}, fp32, {device}", f"{claimed:.2f}x",
+                         f"{result['speedup']:.2f}x [{result['speedup_low']:.2f}, {result['speedup_high']:.2f}] "
+                         f"({result['identity_tokens_per_s']:,.0f} -> {result['ordered_tokens_per_s']:,.0f} tok/s)",
+                         timing_verdict(claimed, result["speedup_low"], result["speedup_high"], claimed_on_gpu=True,
+                                        device=device),
+                         "same attention in both layouts (outputs agree to "
+                         f"{result['max_abs_output_difference']:.1e}); claimed on a GTX 1080"))
+    return rows
+
+
+def dilation_mask_sparsity(seq_len: int, segment_length: int, dilation_rate: int, num_heads: int) -> float:
+    """Share of the dense (H, N, N) score matrix the dilated mask removes."""
+    from hilbert_lab.attention.pattern import DilatedPattern
+
+    mask = DilatedPattern.create([segment_length], [dilation_rate]).dense_mask(seq_len, num_heads)
+    return 1.0 - float(mask.double().mean())
+
+
+def claim_c8(*, repeats: int, device: str, max_tokens: int) -> list[dict]:
+    """C8: SDPA with a dense dilation mask vs manual attention; accuracy; 43.8% sparsity at w=128, r=2."""
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.attention.reference import reference_attention
+
+    rows = []
+    pattern = DilatedPattern.create([128], [2])
+    sparsities = {n: dilation_mask_sparsity(n, 128, 2, 8) for n in (256, 1024, 4096) if n <= max_tokens}
+    within_segment = 1.0 - (64 * 64) / (128 * 128)
+    rows.append(_row("C8", "sparsity at w=128, r=2", "8 heads", "43.8%",
+                     ", ".join(f"N={n}: {100 * s:.1f}%" for n, s in sparsities.items())
+                     + f"; within one segment {100 * within_segment:.1f}%",
+                     "refuted" if all(abs(100 * s - 43.8) > 1 for s in sparsities.values())
+                     and abs(100 * within_segment - 43.8) > 1 else "confirmed",
+                     "exact count of the masked-out share of the score matrix; no definition of the "
+                     "pattern gives 43.8%"))
+    dense_limit = 4096 if device.startswith("cuda") else 1024  # dense (2, 8, N, N) scores: 4096 is 1 GiB fp32
+    for seq_len in (256, 1024, 4096):
+        if seq_len > min(max_tokens, dense_limit):
+            rows.append(_row("C8", f"SDPA-with-mask speedup over manual, N={seq_len}", "-", "39x", "not run",
+                             "not reproducible here", f"dense N x N scores above {min(max_tokens, dense_limit)} "
+                             "tokens do not fit this run's memory budget"))
+            continue
+        q, k, v = make_inputs(seq_len, batch_size=2, num_heads=8, head_dim=64, device=device)
+        mask = pattern.dense_mask(seq_len, 8).to(device)  # (H, N, N)
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+
+        def sdpa_masked():
+            return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)
+
+        def manual_masked():
+            scores = (qt @ kt.transpose(-1, -2)) * 64 ** -0.5
+            return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ vt
+
+        sdpa_ms = time_call(sdpa_masked, repeats=repeats, device=device)
+        manual_ms = time_call(manual_masked, repeats=repeats, device=device)
+        speedup, low, high = ratio_with_bounds(manual_ms, sdpa_ms)
+        with torch.no_grad():
+            expected, _ = reference_attention(q[:1].cpu(), k[:1].cpu(), v[:1].cpu(), pattern) if seq_len <= 1024 else (None, None)
+            error = (float((sdpa_masked()[:1].transpose(1, 2).cpu().double() - expected).abs().max())
+                     if expected is not None else float("nan"))
+        rows.append(_row("C8", f"SDPA-with-mask speedup over manual, N={seq_len}", f"B=2, H=8, D=64, fp32, {device}",
+                         "39x (39.22 ms vs 1.00 ms)", f"{speedup:.2f}x [{low:.2f}, {high:.2f}]",
+                         timing_verdict(39.0, low, high, claimed_on_gpu=True, device=device),
+                         "both compute the same dense masked attention (O(N^2) work, most of it masked); "
+                         "the claimed 39x came from a GTX 1080"))
+        if np.isfinite(error):
+            rows.append(_row("C8", f"accuracy of SDPA with the mask, N={seq_len}", "fp32 vs float64 reference",
+                             "no accuracy loss", f"max |error| {error:.1e}",
+                             "confirmed" if error < 1e-4 else "refuted",
+                             "masked SDPA computes exact attention up to fp32 rounding"))
+    return rows
+
+
+def claim_c9(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict]:
+    """C9: automatic backend selection improves throughput by 20-40%."""
+    from hilbert_lab.viz.backends import time_backends
+
+    from hilbert_lab.attention.selection import candidate_backends, rule_backend
+
+    seq_len = min(4096, max_tokens)
+    table = time_backends(device=device, seq_len=seq_len, num_heads=8, head_dim=64,
+                          segment_lengths=[seq_len // 4, seq_len // 2], dilation_rates=[1, 2], repeats=repeats,
+                          backends=candidate_backends(torch.device(device), torch.float32))
+    table = table[table["error"] == ""]
+
+    auto = rule_backend(torch.device(device), torch.float32)
+    times = dict(zip(table["backend"], table["median_ms"]))
+    measured = ", ".join(f"{name} {ms:.1f} ms" for name, ms in times.items())
+    best = min(times, key=times.get)
+    gain_vs_manual = times["manual"] / times[auto] if "manual" in times and auto in times else float("nan")
+    return [_row("C9", "auto vs fixed backends",
+                 f"N={seq_len}, w=[{seq_len // 4}, {seq_len // 2}], r=[1, 2], H=8, D=64, fp32, {device}",
+                 "+20-40% throughput", f"auto={auto}; {measured}; auto/manual {gain_vs_manual:.2f}x; best {best}",
+                 "not reproducible here",
+                 "the claim names no baseline (its 'manual' backend was one of the choices), so no number can "
+                 "confirm it; here auto picks by rule and is compared with every backend")]
+
+
+def claim_c10() -> list[dict]:
+    """C10: ring attention O(n/p) memory per device, 'billions of tokens'. Estimated (safety.estimate_memory)."""
+    from hilbert_lab.safety.estimate import MemoryConfig, estimate_memory
+
+    base = dict(seq_len=1 << 20, num_heads=8, head_dim=64, segment_lengths=(4096,), dilation_rates=(1,),
+                dtype="float16", device="cuda", backend="sdpa")
+    per_rank = {p: estimate_memory(MemoryConfig(**base, world_size=p)) for p in (1, 2, 4, 8)}
+    totals = {p: estimate.total_forward_bytes for p, estimate in per_rank.items()}
+    scaling = ", ".join(f"p={p}: {bytes_ / 2**30:.2f} GiB" for p, bytes_ in totals.items())
+    halving = all(totals[p] <= 0.6 * totals[q] for p, q in ((4, 2), (8, 4)))  # p=1 has no ring buffers
+    billion = estimate_memory(MemoryConfig(**{**base, "seq_len": 1 << 30}, world_size=8)).total_forward_bytes
+    gpus_needed = int(np.ceil(8 * billion / (141e9)))
+    return [
+        _row("C10", "O(n/p) memory per device", "1M tokens, H=8, D=64, fp16, forward, model estimate",
+             "O(n/p)", scaling, "confirmed" if halving else "refuted",
+             "per-rank memory from hilbert_lab.safety.estimate_memory's ring model (an estimate, not a "
+             "multi-GPU measurement): from p=2 on each doubling of p halves it; p=1 runs no ring buffers"),
+        _row("C10", "billions of tokens", "2^30 tokens on 8 ranks, fp16, forward",
+             "supports billions of tokens", f"{billion / 2**30:.0f} GiB per rank on 8 ranks",
+             "not reproducible here",
+             f"possible in principle with about {gpus_needed} GPUs of 141 GB (per-rank memory falls as 1/p), "
+             "far beyond any machine here; nothing was run at that length"),
+    ]
+
+
+def claim_c11() -> list[dict]:
+    """C11: memory pool and xFormers factors."""
+    from hilbert_lab.attention.backends import unavailable_reason
+
+    reason = unavailable_reason("xformers", "cuda" if torch.cuda.is_available() else "cpu", torch.float16)
+    return [_row("C11", "memory pool / xFormers", "Hilbert + DilatedAttention", "0.98x small, pays off at 100K+; "
+                 "xFormers 1.08x", "no memory pool in hilbert_lab (PyTorch's caching allocator); "
+                 f"xformers: {reason or 'available'}", "not reproducible here",
+                 "hilbert_lab has no custom memory pool to compare, and xformers is not installed here")]
+
+
+def claim_c12(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict]:
+    """C12: Flash-style fused attention 5-10x over the manual backend (on modern GPUs)."""
+    from hilbert_lab.viz.backends import time_backends
+
+    fused = "sdpa_flash" if device.startswith("cuda") else "sdpa"
+    seq_len = min(4096, max_tokens)
+    table = time_backends(device=device, seq_len=seq_len, num_heads=8, head_dim=64, segment_lengths=[seq_len // 2],
+                          dilation_rates=[1], backends=["manual", fused],
+                          dtype="float16" if device.startswith("cuda") else "float32", repeats=repeats)
+    ok = table[table["error"] == ""].set_index("backend")
+    if len(ok) < 2:
+        return [_row("C12", "flash vs manual", "-", "5-10x", f"failed: {list(table['error'])}",
+                     "not reproducible here", "a backend failed to run")]
+    speedup = ok.loc["manual", "median_ms"] / ok.loc[fused, "median_ms"]
+    return [_row("C12", f"{fused} vs manual", f"N={seq_len}, w={seq_len // 2}, H=8, D=64, {device}", "5-10x",
+                 f"{speedup:.2f}x",
+                 ("confirmed" if 5 <= speedup <= 10 else "refuted") if device.startswith("cuda")
+                 else "not reproducible here",
+                 "the claim is about modern GPUs; on a CPU the fused SDPA path is measured against manual instead")]
+
+
+def evaluate_all(*, device: str = "cpu", repeats: int = 3, max_tokens: int = 8192, results_dir: str | Path = ".",
+                 claims_file: str | Path | None = None, progress: bool = True) -> tuple[Any, dict]:
+    """Run every experiment; (DataFrame of CLAIM_ROW_COLUMNS, extra measurements). Every claim of
+    claims.md gets at least one row (a claim id no experiment covers gets a 'not reproducible here' row)."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    results_dir = Path(results_dir)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    seq_lens = [n for n in (1024, 2048, 4096, 8192) if n <= max_tokens]
+    steps: list[tuple[str, Callable[[], list[dict]]]] = []
+    extra: dict[str, Any] = {}
+
+    def c1_c2() -> list[dict]:
+        rows, measured = claim_c1_c2(seq_lens=seq_lens, repeats=repeats, device=device)
+        extra["c1_measurements"] = measured
+        return rows
+
+    steps = [
+        ("C1/C2", c1_c2),
+        ("C3", lambda: claim_c3(repeats=repeats, device=device, max_tokens=max_tokens)),
+        ("C4/C5 cache", lambda: claim_c4_c5_cache(progress=False)),
+        ("C5 time", lambda: claim_c5_time(repeats=repeats, device=device, max_tokens=max_tokens)),
+        ("C6", lambda: claim_c6(results_dir=results_dir, device=device, max_tokens=max_tokens, progress=False)),
+        ("C7", lambda: claim_c7(repeats=repeats, device=device, max_tokens=max_tokens)),
+        ("C8", lambda: claim_c8(repeats=repeats, device=device, max_tokens=max_tokens)),
+        ("C9", lambda: claim_c9(repeats=repeats, device=device, max_tokens=max_tokens)),
+        ("C10", claim_c10),
+        ("C11", claim_c11),
+        ("C12", lambda: claim_c12(repeats=repeats, device=device, max_tokens=max_tokens)),
+    ]
+    rows: list[dict] = []
+    for name, step in tqdm(steps, desc="claims", disable=not progress):
+        try:
+            rows += step()
+        except Exception as error:  # one broken experiment must not hide the others
+            rows.append(_row(name.split("/")[0].split()[0], "experiment failed", "-", "-",
+                             f"{type(error).__name__}: {error}"[:300], "not reproducible here",
+                             "the experiment raised; see the notebook for the traceback-free message"))
+    path = find_claims_file(claims_file)
+    listed = parse_claims(path.read_text(encoding="utf-8")) if path else []
+    extra["claims_file"] = str(path) if path else None
+    extra["claims_listed"] = listed
+    covered = {row["claim"] for row in rows}
+    for claim in listed:
+        if claim["id"] not in covered:
+            rows.append(_row(claim["id"], "not covered", claim["configuration"], claim["claim"], "-",
+                             "not reproducible here", "no experiment for this claim id in hilbert_lab.reports.claims"))
+    order = {f"C{index}": index for index in range(1, 100)}
+    frame = pd.DataFrame(rows, columns=list(CLAIM_ROW_COLUMNS))
+    frame = frame.sort_values("claim", key=lambda column: column.map(lambda c: order.get(c, 99)), kind="stable")
+    return frame.reset_index(drop=True), extra
+
+
+def claim_summary(frame: Any, listed: list[dict[str, str]]) -> Any:
+    """One row per claim: text from claims.md, verdicts of its rows (counts)."""
+    import pandas as pd
+
+    texts = {claim["id"]: claim["claim"] for claim in listed}
+    rows = []
+    for claim, group in frame.groupby("claim", sort=False):
+        counts = group["verdict"].value_counts()
+        rows.append({"claim": claim, "text": texts.get(claim, ""),
+                     **{verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}})
+    return pd.DataFrame(rows)

@@ -1,0 +1,74 @@
+"""`hilbert-lab report list | params NAME | run NAME [-p key=value ...]` (registered by hilbert_lab.cli)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hilbert_lab.reports.registry import get_report, list_reports, parse_parameter_overrides, report_parameters
+
+
+def _list(_args: argparse.Namespace) -> int:
+    for spec in list_reports():
+        target = "suite: " + ", ".join(spec.parts) if spec.is_suite else spec.notebook.name
+        print(f"{spec.name:16s} {spec.description}  [{target}]")
+    return 0
+
+
+def _params(args: argparse.Namespace) -> int:
+    print(json.dumps(report_parameters(args.name), indent=1))
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hilbert_lab.reports.runner import run_report
+
+    spec = get_report(args.name)
+    defaults = report_parameters(args.name)
+    if spec.is_suite:  # a suite accepts any part's parameter, typed by the first part that has it
+        flat: dict = {}
+        for part_defaults in defaults.values():
+            for key, value in part_defaults.items():
+                flat.setdefault(key, value)
+        defaults = flat
+    overrides = parse_parameter_overrides(args.parameter or [], defaults)
+    run_dir = run_report(args.name, overrides, output_root=args.output_root, run_id=args.run_id,
+                         progress=not args.quiet)
+    print(run_dir)
+    return 0
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    try:
+        return args.report_func(args)
+    except ValueError as error:
+        print(f"hilbert-lab: error: {error}", file=sys.stderr)
+        return 2
+
+
+def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+    """Add the `report` command to a parent parser's subparsers; sets `func` to the handler."""
+    parser = subparsers.add_parser("report", help="list / inspect / run papermill reports")
+    commands = parser.add_subparsers(dest="report_command", required=True)
+    commands.add_parser("list", help="registered reports").set_defaults(report_func=_list)
+    params = commands.add_parser("params", help="default parameters of a report (JSON)")
+    params.add_argument("name")
+    params.set_defaults(report_func=_params)
+    run = commands.add_parser("run", help="execute a report into OUTPUT_ROOT/NAME/RUN_ID/")
+    run.add_argument("name")
+    run.add_argument("-p", "--parameter", action="append", metavar="KEY=VALUE",
+                     help="override a parameter (YAML value: 3, 0.5, [256,512], cpu); repeatable")
+    run.add_argument("--output-root", default="reports", help="default: ./reports")
+    run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(report_func=_run)
+    parser.set_defaults(func=_dispatch)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry: `python -m hilbert_lab.reports ...` (same as `hilbert-lab report ...`)."""
+    parser = argparse.ArgumentParser(prog="hilbert-lab")
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)

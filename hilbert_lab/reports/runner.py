@@ -1,0 +1,96 @@
+"""Papermill runner: execute a registered report into reports/<name>/<run-id>/ and export it."""
+from __future__ import annotations
+
+import json
+import secrets
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hilbert_lab.reports.environment import collect_environment, git_revision
+from hilbert_lab.reports.export import export_html
+from hilbert_lab.reports.recorder import to_jsonable
+from hilbert_lab.reports.registry import ReportSpec, get_report, report_parameters
+
+
+def new_run_id() -> str:
+    """UTC timestamp + short git commit + 4 random hex digits, e.g. 20261122T054500Z-cc37417-a1b2."""
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    commit = (git_revision().get("commit") or "nogit")[:7]
+    return f"{stamp}-{commit}-{secrets.token_hex(2)}"
+
+
+def _check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(f"parameters {unknown} are not parameters of report {name!r}; allowed: {sorted(defaults)}")
+
+
+def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *, progress: bool,
+             kernel_name: str | None, execution_timeout_s: int | None) -> dict[str, Any]:
+    """Run one notebook report into `run_dir`; returns its metrics.json content."""
+    import papermill
+
+    assert spec.notebook is not None
+    defaults = report_parameters(spec.name)
+    _check_overrides(spec.name, defaults, overrides)
+    parameters = {**defaults, **overrides}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if "output_dir" in parameters:
+        parameters["output_dir"] = str(run_dir.resolve())
+    (run_dir / "env.json").write_text(
+        json.dumps(to_jsonable(collect_environment({"report": spec.name, **parameters})), indent=1), encoding="utf-8"
+    )
+    executed = run_dir / f"{spec.name}.ipynb"
+    try:
+        papermill.execute_notebook(
+            str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
+            progress_bar=progress, kernel_name=kernel_name, execution_timeout=execution_timeout_s,
+            report_mode=False,
+        )
+    finally:
+        if executed.exists():  # a failed run still gets its HTML, with the traceback in it
+            export_html(executed, run_dir / f"{spec.name}.html")
+    metrics_path = run_dir / "metrics.json"
+    return json.loads(metrics_path.read_text(encoding="utf-8")) if metrics_path.exists() else {}
+
+
+def _suite_index(name: str, parts: tuple[str, ...]) -> str:
+    links = "\n".join(f'<li><a href="{part}/{part}.html">{part}</a></li>' for part in parts)
+    return f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>" \
+           f"<body><h1>hilbert_lab report suite: {name}</h1><ul>{links}</ul></body></html>"
+
+
+def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_root: str | Path = "reports",
+               run_id: str | None = None, progress: bool = True, kernel_name: str | None = None,
+               execution_timeout_s: int | None = None) -> Path:
+    """Execute report `name` with `parameters` overriding its defaults; returns the run directory.
+
+    The run directory `output_root/name/run_id/` holds NAME.ipynb (executed), NAME.html (self-contained,
+    plotly.js inlined), metrics.json and env.json. A suite puts each part in a sub-directory and writes
+    index.html plus metrics.json / env.json merging its parts; a suite's overrides apply to every part
+    that has the parameter.
+    """
+    spec = get_report(name)
+    overrides = dict(parameters or {})
+    run_dir = Path(output_root) / name / (run_id or new_run_id())
+    if not spec.is_suite:
+        execute_report(spec, overrides, run_dir, progress=progress, kernel_name=kernel_name,
+                 execution_timeout_s=execution_timeout_s)
+        return run_dir
+    defaults = report_parameters(name)
+    known = set().union(*(set(part_defaults) for part_defaults in defaults.values()))
+    _check_overrides(name, dict.fromkeys(known), overrides)
+    merged: dict[str, Any] = {"report": name, "parts": {}}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    for part in spec.parts:
+        part_overrides = {key: value for key, value in overrides.items() if key in defaults[part]}
+        merged["parts"][part] = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
+                                         kernel_name=kernel_name, execution_timeout_s=execution_timeout_s)
+    (run_dir / "metrics.json").write_text(json.dumps(merged, indent=1), encoding="utf-8")
+    (run_dir / "env.json").write_text(
+        json.dumps(to_jsonable(collect_environment({"report": name, "overrides": overrides})), indent=1),
+        encoding="utf-8",
+    )
+    (run_dir / "index.html").write_text(_suite_index(name, spec.parts), encoding="utf-8")
+    return run_dir

@@ -1,0 +1,181 @@
+"""Attention-pattern figures: per-branch / per-head masks, multiplicity, token coverage, tile density."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from hilbert_lab.attention.pattern import DilatedPattern
+
+MAX_DENSE_TOKENS = 1024  # dense (H, N, N) masks above this are too big to draw
+
+
+def _check_seq_len(seq_len: int) -> int:
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)) or not 1 <= seq_len <= MAX_DENSE_TOKENS:
+        raise ValueError(f"seq_len must be an integer in [1, {MAX_DENSE_TOKENS}] for dense figures, got {seq_len!r}")
+    return int(seq_len)
+
+
+def branch_masks(pattern: DilatedPattern, seq_len: int, num_heads: int) -> np.ndarray:
+    """bool (num_branches, H, N, N): where query n attends key m through each branch alone."""
+    seq_len = _check_seq_len(seq_len)
+    masks = np.zeros((pattern.num_branches, num_heads, seq_len, seq_len), dtype=bool)
+    position = np.arange(seq_len)
+    for group in pattern.groups(seq_len, num_heads):
+        width, rate = group.segment_length, group.dilation_rate
+        selected = (position % width) % rate == group.offset
+        allowed = selected[:, None] & selected[None, :] & ((position // width)[:, None] == (position // width)[None, :])
+        if pattern.causal:
+            allowed &= position[None, :] <= position[:, None]
+        masks[group.branch, list(group.heads)] |= allowed
+    return masks
+
+
+def token_coverage(pattern: DilatedPattern, seq_len: int, num_heads: int) -> dict[str, np.ndarray]:
+    """Per head and token: keys each query attends (H, N), times each key is attended (H, N).
+
+    A query with 0 keys gets no attention output at all (the predecessor's patterns skipped tokens
+    this way); `covered_share` (H,) is the share of queries with at least one key.
+    """
+    multiplicity = pattern.multiplicity(_check_seq_len(seq_len), num_heads).numpy()
+    allowed = multiplicity > 0
+    keys_per_query = allowed.sum(axis=2)
+    return {"keys_per_query": keys_per_query, "queries_per_key": allowed.sum(axis=1),
+            "covered_share": (keys_per_query > 0).mean(axis=1)}
+
+
+def _heatmap_grid(mats: Sequence[np.ndarray], titles: Sequence[str], title: str, colorscale: str = "Blues",
+                  zmax: float | None = None) -> Any:
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    columns = min(4, len(mats))
+    rows = -(-len(mats) // columns)
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=list(titles), horizontal_spacing=0.04,
+                        vertical_spacing=0.08)
+    for index, (mat, name) in enumerate(zip(mats, titles)):
+        fig.add_trace(go.Heatmap(z=np.asarray(mat, dtype=np.int64), colorscale=colorscale, zmin=0, zmax=zmax,
+                                 showscale=index == 0, name=name,
+                                 hovertemplate="query %{y}, key %{x}: %{z}<extra>" + name + "</extra>"),
+                      row=index // columns + 1, col=index % columns + 1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(title=title, height=280 * rows + 80)
+    return fig
+
+
+def branch_mask_figure(pattern: DilatedPattern, seq_len: int, num_heads: int, head: int = 0) -> Any:
+    """One heatmap per branch: which keys (x) each query (y) of `head` attends through that branch."""
+    if not 0 <= head < num_heads:
+        raise ValueError(f"head must be in [0, {num_heads - 1}], got {head}")
+    masks = branch_masks(pattern, seq_len, num_heads)[:, head]
+    titles = [f"branch {b}: w={pattern.segment_lengths[b]}, r={pattern.dilation_rates[b]}" for b in range(len(masks))]
+    return _heatmap_grid(masks, titles, f"per-branch masks, head {head} (N={seq_len}, mode={pattern.mode})", zmax=1)
+
+
+def head_mask_figure(pattern: DilatedPattern, seq_len: int, num_heads: int) -> Any:
+    """One heatmap per head: the merged mask (any branch) of that head."""
+    mask = pattern.dense_mask(_check_seq_len(seq_len), num_heads).numpy()
+    return _heatmap_grid(list(mask), [f"head {h}" for h in range(num_heads)],
+                         f"per-head merged masks (N={seq_len}, mode={pattern.mode}, causal={pattern.causal})", zmax=1)
+
+
+def multiplicity_figure(pattern: DilatedPattern, seq_len: int, num_heads: int, head: int = 0) -> Any:
+    """Heatmap of how many branches let each query attend each key (the softmax weight factor)."""
+    if not 0 <= head < num_heads:
+        raise ValueError(f"head must be in [0, {num_heads - 1}], got {head}")
+    multiplicity = pattern.multiplicity(_check_seq_len(seq_len), num_heads)[head].numpy()
+    return _heatmap_grid([multiplicity], [f"head {head}"], f"multiplicity (max {int(multiplicity.max())})",
+                         colorscale="Viridis", zmax=max(1, int(multiplicity.max())))
+
+
+def coverage_figure(pattern: DilatedPattern, seq_len: int, num_heads: int) -> Any:
+    """Heatmap heads x tokens of keys attended per query; title gives each head's covered share."""
+    import plotly.graph_objects as go
+
+    coverage = token_coverage(pattern, seq_len, num_heads)
+    shares = ", ".join(f"{share:.0%}" for share in coverage["covered_share"])
+    fig = go.Figure(go.Heatmap(z=coverage["keys_per_query"], colorscale="Viridis", name="keys per query",
+                               hovertemplate="head %{y}, query %{x}: %{z} keys<extra></extra>"))
+    fig.update_layout(title=f"token coverage: keys per query (queries covered per head: {shares})",
+                      xaxis_title="query position", yaxis_title="head", height=300)
+    return fig
+
+
+def layout_permutation(pattern: DilatedPattern, seq_len: int, ordering: str) -> np.ndarray:
+    """Token layout a kernel would store for `ordering`: within segments of the shortest branch.
+
+    ordering: identity / hilbert / morton / snake / dilation_major (see locality.segment_layout);
+    dilation_major uses the shortest branch's dilation rate. Returns perm (N,): layout slot -> position.
+    """
+    from hilbert_lab.locality import segment_layout
+
+    branch = int(np.argmin([pattern.effective_segment(b, seq_len) for b in range(pattern.num_branches)]))
+    segment = pattern.effective_segment(branch, seq_len)
+    return segment_layout(seq_len, segment, ordering, dilation_rate=pattern.dilation_rates[branch])[0]
+
+
+def tile_density_table(pattern: DilatedPattern, seq_len: int, num_heads: int, block_size: int,
+                       orderings: Sequence[str]) -> Any:
+    """pandas DataFrame (ordering, head, nonempty_share, mean_density, nonempty_blocks, total_blocks):
+    the block x block tiles a block-sparse kernel must visit for each head's mask in each layout.
+
+    Attention is permutation-equivariant, so every ordering computes the same outputs; only the
+    tile structure (work skipped by a block-sparse kernel) differs. An unsupported ordering (e.g.
+    morton on a non-power-of-two segment) gives NaN values and the reason in `note`.
+    """
+    import pandas as pd
+
+    from hilbert_lab.locality import mask_tile_density
+
+    mask = pattern.dense_mask(_check_seq_len(seq_len), num_heads).numpy()
+    rows = []
+    for ordering in orderings:
+        try:
+            perm = layout_permutation(pattern, seq_len, ordering)
+        except ValueError as error:
+            rows.append({"ordering": ordering, "head": -1, "nonempty_share": np.nan, "mean_density": np.nan,
+                         "nonempty_blocks": np.nan, "total_blocks": np.nan, "note": str(error)})
+            continue
+        for head in range(num_heads):
+            summary = mask_tile_density(mask[head][np.ix_(perm, perm)], block_size)
+            rows.append({"ordering": ordering, "head": head, **summary, "note": ""})
+    return pd.DataFrame(rows)
+
+
+def tile_density_figure(table: Any, block_size: int) -> Any:
+    """Bars: share of non-empty tiles per ordering (mean over heads)."""
+    import plotly.graph_objects as go
+
+    summary = table[table["head"] >= 0].groupby("ordering", sort=False)[["nonempty_share", "mean_density"]].mean()
+    fig = go.Figure([
+        go.Bar(name="non-empty tiles (share)", x=list(summary.index), y=summary["nonempty_share"].tolist()),
+        go.Bar(name="fill of non-empty tiles", x=list(summary.index), y=summary["mean_density"].tolist()),
+    ])
+    fig.update_layout(barmode="group", title=f"{block_size}x{block_size} tile structure by ordering (mean over heads)",
+                      yaxis_title="share", height=350)
+    return fig
+
+
+def reference_check(pattern: DilatedPattern, seq_len: int, num_heads: int, head_dim: int = 16,
+                    backend: str = "auto", seed: int = 0) -> dict[str, Any]:
+    """Run the engine at float64 against the dense reference: max |out| and |LSE| errors, backend used."""
+    from hilbert_lab.attention.engine import dilated_attention
+    from hilbert_lab.attention.reference import reference_attention
+
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, _check_seq_len(seq_len), num_heads, head_dim, dtype=torch.float64, generator=generator)
+               for _ in range(3))
+    expected_out, expected_lse = reference_attention(q, k, v, pattern)
+    out, lse = dilated_attention(q, k, v, segment_lengths=list(pattern.segment_lengths),
+                                 dilation_rates=list(pattern.dilation_rates), causal=pattern.causal,
+                                 mode=pattern.mode, backend=backend, return_lse=True)
+    finite = torch.isfinite(expected_lse)
+    lse_matches_empty = bool(torch.equal(torch.isfinite(lse.to(torch.float64)), finite))
+    return {
+        "backend": backend,
+        "max_abs_out_error": float((out.to(torch.float64) - expected_out).abs().max()),
+        "max_abs_lse_error": float((lse.to(torch.float64)[finite] - expected_lse[finite]).abs().max())
+        if finite.any() else 0.0,
+        "empty_rows_agree": lse_matches_empty,
+    }

@@ -1,0 +1,106 @@
+"""Attention-pattern explorer panel: segments, dilations, mode, causal, ordering -> masks and tile density."""
+from __future__ import annotations
+
+import html
+
+from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+
+MAX_EXPLORER_TOKENS = 256
+MAX_EXPLORER_HEADS = 8
+BLOCK_SIZES = (4, 8, 16, 32, 64)
+ORDERING_CHOICES = ("identity", "hilbert", "morton", "snake", "dilation_major")
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    """'16, 32' -> [16, 32]; ValueError naming `name` when an entry is not a positive integer."""
+    parts = [part for part in str(text).replace(";", ",").replace(" ", ",").split(",") if part]
+    try:
+        values = [int(part) for part in parts]
+    except ValueError:
+        raise ValueError(f"{name} must be a comma-separated list of positive integers, got {text!r}") from None
+    if not values or any(value < 1 for value in values):
+        raise ValueError(f"{name} must be a comma-separated list of positive integers, got {text!r}")
+    return values
+
+
+def attention_explorer(segment_lengths: str = "8,16", dilation_rates: str = "1,2", mode: str = "longnet",
+                       causal: bool = False, seq_len: int = 32, num_heads: int = 2, block_size: int = 8) -> Panel:
+    """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`."""
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
+
+    from hilbert_lab.attention.pattern import MODES, DilatedPattern
+    from hilbert_lab.viz import attention as figures_module
+
+    controls = {
+        "segment_lengths": widgets.Text(value=segment_lengths, description="segments", continuous_update=False),
+        "dilation_rates": widgets.Text(value=dilation_rates, description="dilations", continuous_update=False),
+        "mode": widgets.Dropdown(options=list(MODES), value=mode, description="mode"),
+        "causal": widgets.Checkbox(value=causal, description="causal"),
+        "seq_len": widgets.IntText(value=seq_len, description="tokens"),
+        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=MAX_EXPLORER_HEADS, description="heads"),
+        "head": widgets.IntSlider(value=0, min=0, max=MAX_EXPLORER_HEADS - 1, description="head shown"),
+        "block_size": widgets.Dropdown(options=list(BLOCK_SIZES), value=block_size, description="tile"),
+        "orderings": widgets.SelectMultiple(options=list(ORDERING_CHOICES), value=list(ORDERING_CHOICES),
+                                            description="orderings", rows=5),
+    }
+    compare_button = widgets.Button(description="compare with reference", button_style="info")
+    message = widgets.HTML()
+    check_html = widgets.HTML()
+    figures = {name: go.FigureWidget() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
+    state: dict = {}
+
+    def current_pattern(notes: list[str]):
+        lengths = parse_int_list(controls["segment_lengths"].value, "segment_lengths")
+        rates = parse_int_list(controls["dilation_rates"].value, "dilation_rates")
+        pattern = DilatedPattern.create(lengths, rates, mode=controls["mode"].value, causal=controls["causal"].value)
+        tokens = clamp(controls["seq_len"].value, 2, MAX_EXPLORER_TOKENS, "tokens", notes)
+        heads = controls["num_heads"].value
+        head = clamp(controls["head"].value, 0, heads - 1, "head shown", notes)
+        return pattern, tokens, heads, head
+
+    def refresh() -> None:
+        notes: list[str] = []
+        pattern, tokens, heads, head = current_pattern(notes)
+        block = controls["block_size"].value
+        replace_figure(figures["branches"], figures_module.branch_mask_figure(pattern, tokens, heads, head))
+        replace_figure(figures["heads"], figures_module.head_mask_figure(pattern, tokens, heads))
+        replace_figure(figures["multiplicity"], figures_module.multiplicity_figure(pattern, tokens, heads, head))
+        replace_figure(figures["coverage"], figures_module.coverage_figure(pattern, tokens, heads))
+        table = figures_module.tile_density_table(pattern, tokens, heads, block, controls["orderings"].value)
+        replace_figure(figures["tiles"], figures_module.tile_density_figure(table, block))
+        notes += [f"ordering {row.ordering}: {row.note}" for row in table.itertuples() if row.note]
+        state.update(pattern=pattern, seq_len=tokens, num_heads=heads, tile_table=table)
+        check_html.value = ""
+        show_message(message, notes)
+
+    def compare(_button=None) -> None:
+        notes: list[str] = []
+        try:
+            pattern, tokens, heads, _head = current_pattern(notes)
+            result = figures_module.reference_check(pattern, tokens, heads)
+        except ImportError as error:
+            check_html.value = f"<i>engine not available: {html.escape(str(error))}</i>"
+            return
+        except Exception as error:
+            show_message(message, [f"{type(error).__name__}: {error}"], error=True)
+            return
+        state["reference_check"] = result
+        ok = result["max_abs_out_error"] < 1e-10 and result["max_abs_lse_error"] < 1e-10 and result["empty_rows_agree"]
+        check_html.value = (f"<b>{'matches' if ok else 'DIFFERS FROM'} the float64 reference</b>: "
+                            + ", ".join(f"{key}={value}" for key, value in result.items()))
+
+    observer = guarded(refresh, message)
+    for control in controls.values():
+        control.observe(observer, names="value")
+    compare_button.on_click(compare)
+    layout = widgets.VBox([
+        widgets.HBox([controls["segment_lengths"], controls["dilation_rates"], controls["mode"], controls["causal"]]),
+        widgets.HBox([controls["seq_len"], controls["num_heads"], controls["head"], controls["block_size"]]),
+        widgets.HBox([controls["orderings"], compare_button, check_html]),
+        message,
+        figures["branches"], figures["heads"], figures["multiplicity"], figures["coverage"], figures["tiles"],
+    ])
+    observer()
+    state.update(compare=compare, check_html=check_html)
+    return Panel(widget=layout, figures=figures, controls=controls, message=message, refresh=refresh, state=state)

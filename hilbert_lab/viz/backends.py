@@ -1,0 +1,192 @@
+"""Backend dashboard: hardware info, what `auto` picks and why, a quick live timing of the backends."""
+from __future__ import annotations
+
+import html
+import statistics
+import time
+from typing import Any, Sequence
+
+import torch
+
+from hilbert_lab.viz.panels import Panel, clamp, show_message
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+REFERENCE_MAX_TOKENS = 2048  # the float64 dense oracle is O(N^2) memory; not timed beyond this
+MAX_DASHBOARD_TOKENS = {"cpu": 16384, "cuda": 1 << 20}
+
+
+def hardware_summary(device: str = "cpu") -> dict[str, Any]:
+    """torch version and threads, CPU model and cores, CUDA device description (selection.get_gpu_info)."""
+    from hilbert_lab.attention.selection import get_gpu_info
+    from hilbert_lab.bench.env import cpu_description
+
+    return {"torch": torch.__version__, "torch_threads": torch.get_num_threads(), "cpu": cpu_description(),
+            "gpu": get_gpu_info(device if str(device).startswith("cuda") else None)}
+
+
+def backend_availability(device: str = "cpu", dtype: str = "float32") -> Any:
+    """pandas DataFrame (backend, available, reason) over every known backend on (device, dtype)."""
+    import pandas as pd
+
+    from hilbert_lab.attention.backends import BACKENDS, unavailable_reason
+
+    rows = []
+    for name in BACKENDS:
+        reason = unavailable_reason(name, device, DTYPES[dtype])
+        rows.append({"backend": name, "available": reason is None, "reason": reason or ""})
+    return pd.DataFrame(rows)
+
+
+def explain_auto_choice(device: str = "cpu", dtype: str = "float32") -> dict[str, Any]:
+    """What backend="auto" resolves to on (device, dtype) by the selection rules, and why."""
+    from hilbert_lab.attention.selection import candidate_backends, rule_backend
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    torch_device = torch.device(device)
+    chosen = rule_backend(torch_device, DTYPES[dtype])
+    if torch_device.type == "cpu":
+        why = ("on the CPU the rules pick sdpa for floating dtypes (one fused softmax(QK^T)V kernel per block) "
+               "and manual otherwise")
+    else:
+        major, minor = torch.cuda.get_device_capability(torch_device)
+        why = (f"CUDA compute capability {major}.{minor}: flash for fp16/bf16 on sm80+ when flash-attn is "
+               f"installed, otherwise sdpa")
+    return {"device": device, "dtype": dtype, "auto": chosen, "why": why,
+            "candidates_timed_by_benchmark_selection": candidate_backends(torch_device, DTYPES[dtype])}
+
+
+def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int = 1024, num_heads: int = 4,
+                  head_dim: int = 32, segment_lengths: Sequence[int] = (256, 512), dilation_rates: Sequence[int] = (1, 2),
+                  backends: Sequence[str] | None = None, repeats: int = 3, warmup: int = 1, seed: int = 0,
+                  progress: bool = False) -> Any:
+    """Forward time of each available backend on one (1, N, H, D) input: DataFrame with median / min / max ms,
+    tokens/s and max |out - out of the first backend| (every backend must compute the same attention).
+
+    A backend that raises gets its error in `error` and NaN times.
+    """
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    from hilbert_lab.attention.backends import available_backends
+    from hilbert_lab.attention.engine import dilated_attention
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(backends) if backends is not None else available_backends(device, DTYPES[dtype])
+    if seq_len > REFERENCE_MAX_TOKENS:
+        names = [name for name in names if name != "reference"]
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, seq_len, num_heads, head_dim, generator=generator).to(device=device, dtype=DTYPES[dtype])
+               for _ in range(3))
+    rows, baseline = [], None
+    for name in tqdm(names, desc="backends", disable=not progress):
+        samples: list[float] = []
+        try:
+            with torch.no_grad():
+                for index in range(warmup + repeats):
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize(device)
+                    start = time.perf_counter()
+                    out = dilated_attention(q, k, v, segment_lengths=list(segment_lengths),
+                                            dilation_rates=list(dilation_rates), backend=name)
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize(device)
+                    if index >= warmup:
+                        samples.append((time.perf_counter() - start) * 1e3)
+            out = out.to(torch.float64)
+            baseline = out if baseline is None else baseline
+            rows.append({"backend": name, "median_ms": statistics.median(samples), "min_ms": min(samples),
+                         "max_ms": max(samples), "tokens_per_s": seq_len / (statistics.median(samples) / 1e3),
+                         "max_abs_diff_vs_first": float((out - baseline).abs().max()), "error": ""})
+        except Exception as error:  # shown in the table, never raised into the dashboard
+            rows.append({"backend": name, "median_ms": float("nan"), "min_ms": float("nan"), "max_ms": float("nan"),
+                         "tokens_per_s": float("nan"), "max_abs_diff_vs_first": float("nan"),
+                         "error": f"{type(error).__name__}: {error}"[:200]})
+    return pd.DataFrame(rows)
+
+
+def timing_figure(table: Any, title: str = "forward time per backend") -> Any:
+    """Bars of median ms per backend with min..max error bars."""
+    import plotly.graph_objects as go
+
+    ok = table[table["error"] == ""]
+    fig = go.Figure(go.Bar(x=list(ok["backend"]), y=list(ok["median_ms"]), name="median ms",
+                           error_y=dict(type="data", symmetric=False, array=list(ok["max_ms"] - ok["median_ms"]),
+                                        arrayminus=list(ok["median_ms"] - ok["min_ms"]))))
+    fig.update_layout(title=title, yaxis_title="ms (median, bars: min..max)", height=350)
+    return fig
+
+
+def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int = 1024, num_heads: int = 4,
+                      head_dim: int = 32, segment_lengths: str = "256,512", dilation_rates: str = "1,2",
+                      repeats: int = 3) -> Panel:
+    """Build the dashboard: info HTML, availability table, auto choice, and a 'time backends' button."""
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
+
+    from hilbert_lab.viz.attention_explorer import parse_int_list
+    from hilbert_lab.viz.panels import replace_figure
+
+    devices = ["cpu"] + [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    controls = {
+        "device": widgets.Dropdown(options=devices, value=device if device in devices else "cpu", description="device"),
+        "dtype": widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype"),
+        "seq_len": widgets.IntText(value=seq_len, description="tokens"),
+        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=32, description="heads"),
+        "head_dim": widgets.Dropdown(options=[16, 32, 64, 128], value=head_dim, description="head dim"),
+        "segment_lengths": widgets.Text(value=segment_lengths, description="segments"),
+        "dilation_rates": widgets.Text(value=dilation_rates, description="dilations"),
+        "repeats": widgets.IntSlider(value=repeats, min=1, max=20, description="repeats"),
+    }
+    run_button = widgets.Button(description="time backends", button_style="primary")
+    message, info_html, table_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
+    figure = go.FigureWidget()
+    state: dict = {}
+
+    def describe(*_args: Any) -> None:
+        try:
+            choice = explain_auto_choice(controls["device"].value, controls["dtype"].value)
+            availability = backend_availability(controls["device"].value, controls["dtype"].value)
+            hardware = hardware_summary(controls["device"].value)
+        except Exception as error:
+            show_message(message, [f"{type(error).__name__}: {error}"], error=True)
+            return
+        state.update(choice=choice, availability=availability, hardware=hardware)
+        info_html.value = (f"<b>hardware</b>: {html.escape(str(hardware))}<br><b>auto picks "
+                           f"{html.escape(choice['auto'])}</b>: {html.escape(choice['why'])}<br>"
+                           + availability.to_html(index=False))
+
+    def run(_button: Any = None) -> None:
+        notes: list[str] = []
+        try:
+            chosen_device = controls["device"].value
+            tokens = clamp(controls["seq_len"].value, 16, MAX_DASHBOARD_TOKENS[chosen_device.split(":")[0]],
+                           "tokens", notes)
+            table = time_backends(device=chosen_device, dtype=controls["dtype"].value, seq_len=tokens,
+                                  num_heads=controls["num_heads"].value, head_dim=controls["head_dim"].value,
+                                  segment_lengths=parse_int_list(controls["segment_lengths"].value, "segment_lengths"),
+                                  dilation_rates=parse_int_list(controls["dilation_rates"].value, "dilation_rates"),
+                                  repeats=controls["repeats"].value)
+        except Exception as error:
+            show_message(message, [f"{type(error).__name__}: {error}"], error=True)
+            return
+        state["timings"] = table
+        replace_figure(figure, timing_figure(table, f"forward time, {tokens} tokens, {controls['dtype'].value}"))
+        table_html.value = table.to_html(index=False, float_format=lambda value: f"{value:.4g}")
+        show_message(message, notes)
+
+    controls["device"].observe(describe, names="value")
+    controls["dtype"].observe(describe, names="value")
+    run_button.on_click(run)
+    layout = widgets.VBox([
+        info_html,
+        widgets.HBox([controls["device"], controls["dtype"], controls["seq_len"], controls["num_heads"]]),
+        widgets.HBox([controls["head_dim"], controls["segment_lengths"], controls["dilation_rates"], controls["repeats"]]),
+        run_button, message, figure, table_html,
+    ])
+    describe()
+    return Panel(widget=layout, figures={"timing": figure}, controls=controls, message=message, refresh=run,
+                 state=state)

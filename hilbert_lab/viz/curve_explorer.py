@@ -1,0 +1,90 @@
+"""Curve explorer panel: family, 2D/3D, order or width/height/depth, colouring, animation, live metrics."""
+from __future__ import annotations
+
+import html
+
+from hilbert_lab.viz.curves import (
+    CURVE_FAMILIES,
+    CURVE_LABELS,
+    ORDER_FAMILIES,
+    curve_coordinates,
+    curve_figure,
+    traversal_metrics,
+)
+from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+
+MAX_ORDER = {2: 7, 3: 4}  # 16384 cells in 2D, 4096 in 3D: what a browser redraws smoothly
+MAX_SIDE = {2: 128, 3: 16}
+
+
+def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width: int = 12, height: int = 8,
+                   depth: int = 4) -> Panel:
+    """Build the curve explorer; `panel.figures['curve']` is the FigureWidget it redraws."""
+    import ipywidgets as widgets
+    import plotly.graph_objects as go
+
+    if family not in CURVE_FAMILIES:
+        raise ValueError(f"family must be one of {CURVE_FAMILIES}, got {family!r}")
+    controls = {
+        "family": widgets.Dropdown(options=[(CURVE_LABELS[name], name) for name in CURVE_FAMILIES],
+                                   value=family, description="curve"),
+        "ndim": widgets.ToggleButtons(options=[("2D", 2), ("3D", 3)], value=ndim, description="dims"),
+        "order": widgets.IntSlider(value=order, min=1, max=MAX_ORDER[2], description="order",
+                                   continuous_update=False),
+        "width": widgets.IntText(value=width, description="width"),
+        "height": widgets.IntText(value=height, description="height"),
+        "depth": widgets.IntText(value=depth, description="depth"),
+        "color_by_index": widgets.Checkbox(value=True, description="colour by index"),
+        "drawn_percent": widgets.IntSlider(value=100, min=1, max=100, description="drawn %",
+                                           continuous_update=True),
+    }
+    play = widgets.Play(value=100, min=1, max=100, step=5, interval=150, description="animate")
+    widgets.jslink((play, "value"), (controls["drawn_percent"], "value"))
+    controls["play"] = play
+    message = widgets.HTML()
+    metrics_html = widgets.HTML()
+    figure = go.FigureWidget()
+    state: dict = {}
+
+    def refresh() -> None:
+        notes: list[str] = []
+        dims = controls["ndim"].value
+        chosen = controls["family"].value
+        kwargs: dict = {"ndim": dims}
+        if chosen in ORDER_FAMILIES:
+            kwargs["order"] = clamp(controls["order"].value, 1, MAX_ORDER[dims], "order", notes)
+            size_text = f"side {2 ** kwargs['order']}"
+        else:
+            for name in ("width", "height") + (("depth",) if dims == 3 else ()):
+                kwargs[name] = clamp(controls[name].value, 1, MAX_SIDE[dims], name, notes)
+            if kwargs["width"] * kwargs["height"] * kwargs.get("depth", 1) < 2:
+                notes.append("a traversal needs at least 2 cells; width raised to 2")
+                kwargs["width"] = 2
+            size_text = " x ".join(str(kwargs[name]) for name in ("width", "height", "depth") if name in kwargs)
+        coords = curve_coordinates(chosen, **kwargs)
+        visible = max(1, round(coords.shape[0] * controls["drawn_percent"].value / 100))
+        plain = curve_figure(coords, title=f"{CURVE_LABELS[chosen]}, {dims}D, {size_text}, {coords.shape[0]} cells",
+                             color_by_index=controls["color_by_index"].value, visible_cells=visible)
+        replace_figure(figure, plain)
+        metrics = traversal_metrics(coords)
+        state.update(coords=coords, metrics=metrics, parameters=kwargs | {"family": chosen})
+        rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{value:.3f}</td></tr>" for name, value in metrics.items())
+        metrics_html.value = f"<b>locality</b><table>{rows}</table>"
+        show_message(message, notes)
+
+    observer = guarded(refresh, message)
+    for name, control in controls.items():
+        if name != "play":
+            control.observe(observer, names="value")
+    size_box = widgets.HBox([controls["width"], controls["height"], controls["depth"]])
+    layout = widgets.VBox([
+        widgets.HBox([controls["family"], controls["ndim"]]),
+        widgets.HBox([controls["order"], controls["color_by_index"]]),
+        size_box,
+        widgets.HBox([play, controls["drawn_percent"]]),
+        message,
+        widgets.HBox([figure, metrics_html]),
+    ])
+    observer()
+    return Panel(widget=layout, figures={"curve": figure}, controls=controls, message=message, refresh=refresh,
+                 state=state)

@@ -1,0 +1,158 @@
+"""Curve traversals as coordinates, their locality metrics, and plotly figures of them."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+CURVE_FAMILIES = ("hilbert", "gilbert", "morton", "snake", "rowmajor")
+CURVE_LABELS = {
+    "hilbert": "Hilbert (order n, side 2^n)",
+    "gilbert": "generalized Hilbert (any width x height)",
+    "morton": "Morton / Z-order (side 2^n)",
+    "snake": "snake (boustrophedon)",
+    "rowmajor": "row-major",
+}
+ORDER_FAMILIES = ("hilbert", "morton")  # sized by order (side 2^order); the others by width/height/depth
+
+
+def _flat_to_coords(flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Row-major flat indices of a (H, W) / (T, H, W) grid -> (N, ndim) coords (x, y[, z])."""
+    unravelled = np.unravel_index(np.asarray(flat, dtype=np.int64), shape)
+    return np.stack(unravelled[::-1], axis=-1).astype(np.int64)
+
+
+def curve_coordinates(family: str, *, order: int | None = None, width: int | None = None,
+                      height: int | None = None, depth: int | None = None, ndim: int = 2) -> np.ndarray:
+    """Cells of a 2D/3D grid in traversal order: (N, ndim) int64 coordinates (x, y[, z]).
+
+    `hilbert` / `morton` take `order` (a cube of side 2**order); `gilbert`, `snake`, `rowmajor` take
+    width/height (and depth for ndim=3).
+    """
+    from hilbert_lab import curves
+
+    if family not in CURVE_FAMILIES:
+        raise ValueError(f"family must be one of {CURVE_FAMILIES}, got {family!r}")
+    if ndim not in (2, 3):
+        raise ValueError(f"ndim must be 2 or 3, got {ndim!r}")
+    if family in ORDER_FAMILIES:
+        if order is None or not 1 <= int(order) <= (10 if ndim == 2 else 6):
+            raise ValueError(f"order must be in [1, {10 if ndim == 2 else 6}] for {family}, got {order!r}")
+        side = 2 ** int(order)
+        index = np.arange(side ** ndim, dtype=np.int64)
+        coords = np.asarray(curves.decode(index, int(order), ndim, curve=family), dtype=np.int64)
+        return coords.reshape(-1, ndim)
+    sizes = {"width": width, "height": height} | ({"depth": depth} if ndim == 3 else {})
+    for name, value in sizes.items():
+        if value is None or int(value) < 1:
+            raise ValueError(f"{name} must be an integer >= 1 for {family}, got {value!r}")
+    if family == "gilbert":
+        if ndim == 2:
+            return np.asarray(curves.gilbert(int(width), int(height)), dtype=np.int64)
+        return np.asarray(curves.gilbert3d(int(width), int(height), int(depth)), dtype=np.int64)
+    shape = (int(height), int(width)) if ndim == 2 else (int(depth), int(height), int(width))
+    perm, _inverse = curves.grid_permutation(shape, family)
+    return _flat_to_coords(perm, shape)
+
+
+def traversal_metrics(coords: np.ndarray, window: int = 16) -> dict[str, float]:
+    """Locality of a traversal (N, ndim): step lengths and how compact runs of `window` cells are.
+
+    mean_step / max_step: Euclidean distance between consecutive cells (1 for a continuous curve);
+    unit_step_fraction: share of steps to a face neighbour; window_spread: mean over non-overlapping
+    runs of `window` cells of (largest bounding-box side) / window**(1/ndim), 1 for a perfect cube-like
+    run, window**(1-1/ndim) for a straight line.
+    """
+    coords = np.asarray(coords, dtype=np.float64)
+    if coords.ndim != 2 or coords.shape[0] < 2:
+        raise ValueError(f"coords must be (N>=2, ndim), got shape {coords.shape}")
+    if window < 2:
+        raise ValueError(f"window must be >= 2, got {window}")
+    steps = np.diff(coords, axis=0)
+    euclid = np.sqrt((steps ** 2).sum(axis=1))
+    manhattan = np.abs(steps).sum(axis=1)
+    count, ndim = coords.shape
+    usable = (count // window) * window
+    if usable:
+        runs = coords[:usable].reshape(-1, window, ndim)
+        extent = (runs.max(axis=1) - runs.min(axis=1) + 1).max(axis=1)
+        spread = float(extent.mean() / window ** (1.0 / ndim))
+    else:
+        spread = float("nan")
+    return {
+        "cells": float(count),
+        "mean_step": float(euclid.mean()),
+        "max_step": float(euclid.max()),
+        "unit_step_fraction": float((manhattan == 1).mean()),
+        "window_spread": spread,
+    }
+
+
+def curve_figure(coords: np.ndarray, *, title: str = "", color_by_index: bool = True,
+                 visible_cells: int | None = None) -> Any:
+    """Plain plotly figure of a traversal: a line through the cells, markers coloured by index.
+
+    `visible_cells` draws only the first that many cells (one animation step).
+    """
+    import plotly.graph_objects as go
+
+    coords = np.asarray(coords)
+    count = coords.shape[0] if visible_cells is None else max(1, min(int(visible_cells), coords.shape[0]))
+    shown = coords[:count]
+    index = np.arange(count)
+    marker = dict(size=4 if coords.shape[0] > 1024 else 6, color=index if color_by_index else "#1f77b4",
+                  colorscale="Viridis", showscale=color_by_index,
+                  colorbar=dict(title="index") if color_by_index else None)
+    if coords.shape[1] == 2:
+        trace = go.Scatter(x=shown[:, 0], y=shown[:, 1], mode="lines+markers", marker=marker,
+                           line=dict(color="rgba(80,80,80,0.6)", width=1.5), text=index, name="traversal",
+                           hovertemplate="index %{text}<br>x %{x}, y %{y}<extra></extra>")
+        fig = go.Figure(trace)
+        fig.update_yaxes(scaleanchor="x", scaleratio=1, autorange="reversed")
+    else:
+        trace = go.Scatter3d(x=shown[:, 0], y=shown[:, 1], z=shown[:, 2], mode="lines+markers",
+                             marker=dict(marker, size=3), line=dict(color="rgba(80,80,80,0.6)", width=2),
+                             text=index, name="traversal")
+        fig = go.Figure(trace)
+    fig.update_layout(title=title, height=520, margin=dict(l=30, r=30, t=50, b=30))
+    return fig
+
+
+def curve_animation_figure(coords: np.ndarray, *, title: str = "", frames: int = 16) -> Any:
+    """Figure with a play button and slider that draws the traversal in `frames` steps (2D or 3D)."""
+    import plotly.graph_objects as go
+
+    if frames < 2:
+        raise ValueError(f"frames must be >= 2, got {frames}")
+    coords = np.asarray(coords)
+    total = coords.shape[0]
+    stops = np.unique(np.linspace(1, total, num=min(frames, total)).round().astype(int))
+    fig = curve_figure(coords, title=title, visible_cells=int(stops[0]))
+    full = curve_figure(coords)
+    fig.update_layout(xaxis=full.layout.xaxis, yaxis=full.layout.yaxis)  # fixed axes while drawing
+    if coords.shape[1] == 2:
+        pad = 0.5
+        fig.update_xaxes(range=[coords[:, 0].min() - pad, coords[:, 0].max() + pad], autorange=False)
+        fig.update_yaxes(range=[coords[:, 1].max() + pad, coords[:, 1].min() - pad], autorange=False)
+    fig.frames = [go.Frame(data=curve_figure(coords, visible_cells=int(stop)).data, name=str(stop)) for stop in stops]
+    fig.update_layout(
+        updatemenus=[dict(type="buttons", showactive=False, x=0.0, y=-0.08, xanchor="left",
+                          buttons=[dict(label="play", method="animate",
+                                        args=[None, dict(frame=dict(duration=120, redraw=True), fromcurrent=True)])])],
+        sliders=[dict(active=0, currentvalue=dict(prefix="cells drawn: "), x=0.1, len=0.9,
+                      steps=[dict(label=str(stop), method="animate",
+                                  args=[[str(stop)], dict(mode="immediate", frame=dict(duration=0, redraw=True))])
+                             for stop in stops])],
+    )
+    return fig
+
+
+def metrics_figure(metrics_by_family: dict[str, dict[str, float]]) -> Any:
+    """Grouped bars: each traversal metric per curve family (lower is better except unit_step_fraction)."""
+    import plotly.graph_objects as go
+
+    names = ["mean_step", "max_step", "unit_step_fraction", "window_spread"]
+    fig = go.Figure([go.Bar(name=family, x=names, y=[values[name] for name in names])
+                     for family, values in metrics_by_family.items()])
+    fig.update_layout(barmode="group", title="traversal locality by curve", height=400)
+    return fig

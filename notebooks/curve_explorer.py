@@ -1,0 +1,61 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Curve explorer
+# Space-filling curves over 2D/3D grids: Hilbert (order n), generalized Hilbert (any width x height),
+# Morton, snake and row-major. Pick a curve and a size, colour the cells by their index, animate the
+# traversal with the play button, and read the locality metrics (step lengths, compactness of runs of
+# 16 cells) live. Out-of-range sizes are clamped with a visible note.
+
+# %% tags=["parameters"]
+family = "hilbert"
+ndim = 2
+order = 3
+width = 12
+height = 8
+depth = 4
+
+# %%
+from hilbert_lab.viz.curve_explorer import curve_explorer
+
+panel = curve_explorer(family=family, ndim=ndim, order=order, width=width, height=height, depth=depth)
+panel.widget
+
+# %% [markdown]
+# ## All curves side by side
+# Locality metrics of every family on the same 16 x 16 grid (Hilbert/Morton: order 4).
+
+# %%
+import pandas as pd
+
+from hilbert_lab.viz.curves import CURVE_FAMILIES, ORDER_FAMILIES, curve_coordinates, metrics_figure, traversal_metrics
+
+side_order = 4
+metrics_by_family = {
+    name: traversal_metrics(
+        curve_coordinates(name, order=side_order) if name in ORDER_FAMILIES
+        else curve_coordinates(name, width=2**side_order, height=2**side_order)
+    )
+    for name in CURVE_FAMILIES
+}
+display(pd.DataFrame(metrics_by_family).T.round(3))
+metrics_figure(metrics_by_family)
+
+# %% [markdown]
+# ## Animated traversal (plain figure: press play)
+
+# %%
+from hilbert_lab.viz.curves import curve_animation_figure
+
+curve_animation_figure(curve_coordinates("gilbert", width=width, height=height), title=f"generalized Hilbert {width} x {height}")

@@ -1,0 +1,78 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Benchmark report
+# Backends x sequence lengths x modes x orderings, each case in its own process through
+# `hilbert_lab.bench.SafeBenchmarkRunner` (append-only results, memory checks, timeouts). Reported per case:
+# median / min / max wall time over `repeats`, tokens/s, useful TFLOP/s (4 * B * D FLOPs per query-key pair
+# the dilated pattern computes, summed over branches and heads: no padding, no masked work) and peak
+# memory above the inputs (CUDA: max_memory_allocated; CPU: peak RSS of the isolated process).
+
+# %% tags=["parameters"]
+device = "cpu"
+dtype = "float32"
+seq_lens = [1024, 2048, 4096, 8192]
+modes = ["longnet", "head_groups"]
+orderings = ["identity", "hilbert", "morton"]
+backends = ["auto", "manual"]
+segment_lengths = [512, 1024]
+dilation_rates = [1, 2]
+batch_size = 1
+num_heads = 8
+head_dim = 64
+repeats = 5
+warmup = 1
+case_timeout_s = 300.0
+save_png = True
+output_dir = "."
+
+# %%
+from pathlib import Path
+
+from hilbert_lab.reports.benchmark import benchmark_cases, results_table, run_benchmark, scaling_figure
+from hilbert_lab.reports.recorder import ReportRecorder
+
+parameters = dict(device=device, dtype=dtype, seq_lens=seq_lens, modes=modes, orderings=orderings, backends=backends,
+                  segment_lengths=segment_lengths, dilation_rates=dilation_rates, batch_size=batch_size,
+                  num_heads=num_heads, head_dim=head_dim, repeats=repeats, warmup=warmup)
+recorder = ReportRecorder(output_dir, "benchmark", {**parameters, "case_timeout_s": case_timeout_s, "save_png": save_png},
+                          png=save_png)
+cases = benchmark_cases(**parameters)
+recorder.metric("cases", len(cases))
+
+# %%
+records = run_benchmark(cases, Path(output_dir) / "bench_results.jsonl", case_timeout_s=case_timeout_s)
+table = results_table(records)
+recorder.metric("cases ok", int((table["status"] == "ok").sum()), note=f"of {len(table)}")
+recorder.table("results", table.round(4), caption="every case (times in ms; NaN where a case did not finish)")
+
+# %% [markdown]
+# ## Scaling
+
+# %%
+ok = table[table["status"] == "ok"]
+recorder.figure("time_scaling", scaling_figure(ok, "median_ms", "median forward time vs tokens"), png=True)
+recorder.figure("tflops_scaling", scaling_figure(ok, "useful_tflops", "useful TFLOP/s vs tokens"), png=True)
+if ok["peak_mib"].notna().any():
+    recorder.figure("memory_scaling", scaling_figure(ok, "peak_mib", "peak memory above inputs (MiB) vs tokens"))
+
+# %% [markdown]
+# ## Orderings against identity (same attention, different layout)
+
+# %%
+from hilbert_lab.reports.benchmark import ordering_speedups
+
+recorder.table("ordering_speedups", ordering_speedups(table).round(4),
+               caption="median identity time / median ordered time")
+recorder.save();

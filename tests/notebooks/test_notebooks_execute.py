@@ -1,0 +1,86 @@
+"""Every notebook executes top to bottom on the CPU with small parameters (papermill)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import nbformat
+import pytest
+
+papermill = pytest.importorskip("papermill", reason="papermill (notebooks extra) executes the notebooks")
+
+from hilbert_lab.reports.export import html_has_inline_plotly  # noqa: E402
+from hilbert_lab.reports.runner import run_report  # noqa: E402
+
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+
+INTERACTIVE = {
+    "curve_explorer": {"family": "gilbert", "width": 6, "height": 5},
+    "locality_explorer": {"size": 8, "box_or_segment": 3, "max_cache_lines": 32},
+    "attention_explorer": {"seq_len": 16, "segment_lengths": "4,8", "dilation_rates": "1,2"},
+    "backend_dashboard": {"seq_len": 64, "num_heads": 2, "head_dim": 16, "segment_lengths": "16,32", "repeats": 1},
+}
+
+SMALL_REPORTS = {
+    "benchmark": {"seq_lens": [128, 256], "modes": ["longnet"], "orderings": ["identity", "hilbert"],
+                  "backends": ["auto"], "segment_lengths": [64, 128], "dilation_rates": [1, 2], "num_heads": 2,
+                  "head_dim": 16, "repeats": 2, "warmup": 1, "case_timeout_s": 120.0, "save_png": False},
+    "locality": {"grid_shapes": [[8, 8]], "box_sizes": [2], "segment_lengths": [16], "dilated_configs": [[256, 64, 2]],
+                 "tile_size": 16, "cache_lines": [8, 32]},
+    "claims": {"max_tokens": 1024, "repeats": 1, "save_png": False},
+}
+
+
+def _outputs(notebook) -> list:
+    return [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(INTERACTIVE))
+def test_interactive_notebook_executes(name, tmp_path):
+    executed = tmp_path / f"{name}.ipynb"
+    papermill.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(executed), parameters=INTERACTIVE[name],
+                               cwd=str(tmp_path), progress_bar=False, execution_timeout=300)
+    notebook = nbformat.read(executed, as_version=4)
+    outputs = _outputs(notebook)
+    assert not [o for o in outputs if o.output_type == "error"]
+    widget_views = [o for o in outputs if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert widget_views, f"{name} shows no widget"
+    assert "papermill" in notebook.metadata and notebook.metadata.papermill["parameters"] == INTERACTIVE[name]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMALL_REPORTS))
+def test_report_notebook_executes_with_artifacts(name, tmp_path):
+    run_dir = run_report(name, SMALL_REPORTS[name], output_root=tmp_path, run_id="t", progress=False,
+                         execution_timeout_s=600)
+    assert run_dir == tmp_path / name / "t"
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    env = json.loads((run_dir / "env.json").read_text())
+    html = (run_dir / f"{name}.html").read_text()
+    # plotly escapes "/" (as \u002f) inside its <script> JSON
+    unescaped = html.replace("\\u002f", "/").replace("\\/", "/")
+    assert metrics["report"] == name
+    for key, value in SMALL_REPORTS[name].items():
+        assert env["parameters"][key] == value and metrics["parameters"][key] == value
+    assert html_has_inline_plotly(html)
+    assert metrics["figures"], "a report without figures"
+    for figure in metrics["figures"].values():  # each recorded figure's traces are in the page
+        for trace in figure["traces"]:
+            if trace:
+                assert json.dumps(trace)[1:-1] in unescaped, trace
+    assert metrics["tables"], "a report without tables"
+    if name == "benchmark":
+        rows = metrics["tables"]["results"]["rows"]
+        assert len(rows) == 2 * 2 and all(row["status"] == "ok" for row in rows)
+        assert all(row["min_ms"] <= row["median_ms"] <= row["max_ms"] for row in rows)
+        speedups = metrics["tables"]["ordering_speedups"]["rows"]
+        assert len(speedups) == 2 and all(row["speedup_vs_identity"] > 0 for row in speedups)
+    if name == "claims":
+        rows = metrics["tables"]["claims"]["rows"]
+        assert {row["claim"] for row in rows} >= {f"C{index}" for index in range(1, 13)}
+        assert all(row["verdict"] in ("confirmed", "refuted", "not reproducible here") for row in rows)
+        assert all(row["why"] for row in rows)
+    if name == "locality":
+        rows = metrics["tables"]["compare_orderings"]["rows"]
+        assert {row["ordering"] for row in rows} >= {"rowmajor", "hilbert", "identity"}

@@ -1,0 +1,136 @@
+"""Report registry, parameter parsing, the `report` CLI and suite layout (without running notebooks)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from hilbert_lab.reports import registry
+from hilbert_lab.reports.cli import register_cli
+from hilbert_lab.reports.registry import (
+    get_report,
+    list_reports,
+    notebook_parameters,
+    parse_parameter_overrides,
+    report_parameters,
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hilbert-lab")
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_every_report_notebook_exists_and_has_output_dir():
+    for spec in list_reports():
+        if spec.is_suite:
+            assert all(part in registry.REPORTS for part in spec.parts)
+            continue
+        assert spec.notebook.exists(), spec.notebook
+        parameters = report_parameters(spec.name)
+        assert "output_dir" in parameters
+        assert set(spec.overrides) <= set(notebook_parameters(spec.notebook)), spec.name
+
+
+def test_default_suite_runs_the_cpu_reports():
+    spec = get_report("default")
+    assert spec.parts == ("benchmark-small", "locality", "claims-small")
+    assert report_parameters("default")["benchmark-small"]["device"] == "cpu"
+
+
+def test_issue_parameters_present():
+    benchmark = report_parameters("benchmark")
+    for name in ("device", "dtype", "seq_lens", "segment_lengths", "dilation_rates", "orderings", "repeats",
+                 "modes", "backends"):
+        assert name in benchmark, name
+
+
+def test_unknown_report_names_the_known_ones():
+    with pytest.raises(ValueError, match=r"report name must be one of .*'claims'"):
+        get_report("clams")
+
+
+def test_parse_overrides_types():
+    defaults = {"repeats": 3, "scale": 1.5, "seq_lens": [1, 2], "device": "cpu", "causal": False}
+    parsed = parse_parameter_overrides(["repeats=5", "scale=2", "seq_lens=[256, 512]", "device=cuda",
+                                        "causal=true"], defaults)
+    assert parsed == {"repeats": 5, "scale": 2.0, "seq_lens": [256, 512], "device": "cuda", "causal": True}
+    assert isinstance(parsed["scale"], float)
+    assert parse_parameter_overrides(["seq_lens=1024"], defaults) == {"seq_lens": [1024]}
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("repeats", "key=value"),
+    ("repeat=3", r"not one of \['causal', 'device', 'repeats', 'scale', 'seq_lens'\]"),
+    ("repeats=many", "repeats must be of type int"),
+    ("causal=3", "causal must be true or false"),
+    ("seq_lens=[1, 2", "cannot parse"),
+])
+def test_parse_overrides_refuses(assignment, message):
+    defaults = {"repeats": 3, "scale": 1.5, "seq_lens": [1, 2], "device": "cpu", "causal": False}
+    with pytest.raises(ValueError, match=message):
+        parse_parameter_overrides([assignment], defaults)
+
+
+def test_cli_list_and_params(capsys):
+    args = _parser().parse_args(["report", "list"])
+    assert args.func(args) == 0
+    listed = capsys.readouterr().out
+    assert all(spec.name in listed for spec in list_reports())
+    args = _parser().parse_args(["report", "params", "claims"])
+    assert args.func(args) == 0
+    assert json.loads(capsys.readouterr().out) == report_parameters("claims")
+
+
+def test_cli_run_passes_typed_overrides(monkeypatch, tmp_path, capsys):
+    calls = {}
+
+    def fake_run(name, parameters, **kwargs):
+        calls.update(name=name, parameters=parameters, **kwargs)
+        return tmp_path / "run"
+
+    monkeypatch.setattr("hilbert_lab.reports.runner.run_report", fake_run)
+    args = _parser().parse_args(["report", "run", "benchmark", "-p", "repeats=2", "-p", "seq_lens=[128,256]",
+                                 "--output-root", str(tmp_path), "--run-id", "r1", "--quiet"])
+    assert args.func(args) == 0
+    assert calls["parameters"] == {"repeats": 2, "seq_lens": [128, 256]}
+    assert calls["run_id"] == "r1" and calls["output_root"] == str(tmp_path) and calls["progress"] is False
+    assert capsys.readouterr().out.strip() == str(tmp_path / "run")
+    # a bad parameter is an error message and exit status 2, not a traceback
+    args = _parser().parse_args(["report", "run", "benchmark", "-p", "repeats=lots"])
+    assert args.func(args) == 2
+    assert "repeats must be of type int" in capsys.readouterr().err
+
+
+def test_suite_layout_and_merged_metrics(monkeypatch, tmp_path):
+    from hilbert_lab.reports import runner
+
+    seen = []
+
+    def fake_execute(spec, overrides, run_dir, **kwargs):
+        seen.append((spec.name, overrides))
+        run_dir.mkdir(parents=True)
+        return {"report": spec.name, "metrics": {"x": {"value": len(seen)}}}
+
+    monkeypatch.setattr(runner, "execute_report", fake_execute)
+    run_dir = runner.run_report("default", {"device": "cpu", "repeats": 2}, output_root=tmp_path, run_id="rid",
+                                progress=False)
+    assert run_dir == tmp_path / "default" / "rid"
+    # each part gets only the overrides it has (locality has neither device nor repeats)
+    assert seen == [("benchmark-small", {"device": "cpu", "repeats": 2}), ("locality", {}),
+                    ("claims-small", {"device": "cpu", "repeats": 2})]
+    merged = json.loads((run_dir / "metrics.json").read_text())
+    assert [merged["parts"][name]["metrics"]["x"]["value"] for name in get_report("default").parts] == [1, 2, 3]
+    assert json.loads((run_dir / "env.json").read_text())["parameters"]["overrides"] == {"device": "cpu", "repeats": 2}
+    assert 'href="locality/locality.html"' in (run_dir / "index.html").read_text()
+    with pytest.raises(ValueError, match="not parameters of report 'default'"):
+        runner.run_report("default", {"nonsense": 1}, output_root=tmp_path, progress=False)
+
+
+def test_run_id_is_unique_and_sortable():
+    from hilbert_lab.reports.runner import new_run_id
+
+    first, second = new_run_id(), new_run_id()
+    assert first != second and first[:8].isdigit() and first[8] == "T"

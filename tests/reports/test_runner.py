@@ -1,0 +1,86 @@
+"""Papermill runner + export: a tiny report notebook executes into a run directory with every artifact."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from hilbert_lab.reports.export import html_has_inline_plotly
+from hilbert_lab.reports.registry import ReportSpec
+from hilbert_lab.reports.runner import execute_report
+
+pytest.importorskip("papermill", reason="papermill (notebooks extra) runs the reports")
+
+TINY_SOURCE = [
+    ("parameters", "scale = 2.0\nlabels = ['a', 'b', 'c']\noutput_dir = '.'"),
+    ("", "import pandas as pd\nimport plotly.graph_objects as go\n"
+         "from hilbert_lab.reports.recorder import ReportRecorder\n"
+         "recorder = ReportRecorder(output_dir, 'tiny', {'scale': scale, 'labels': labels})"),
+    ("", "values = [scale * 1.25, scale * 3.5, scale * 7.75]\n"
+         "recorder.table('values', pd.DataFrame({'label': labels, 'value': values}))\n"
+         "recorder.metric('total', sum(values), unit='units')\n"
+         "recorder.figure('bars', go.Figure(go.Bar(x=labels, y=values, name='tiny-bars')))"),
+]
+
+
+def _tiny_report(tmp_path: Path, fail: bool = False) -> ReportSpec:
+    notebook = nbformat.v4.new_notebook()
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    for tag, source in TINY_SOURCE + ([("", "raise RuntimeError('deliberate failure 4321')")] if fail else []):
+        cell = nbformat.v4.new_code_cell(source)
+        if tag:
+            cell.metadata["tags"] = [tag]
+        notebook.cells.append(cell)
+    path = tmp_path / "tiny.ipynb"
+    nbformat.write(notebook, path)
+    return ReportSpec("tiny", "test report", path)
+
+
+def test_report_run_writes_every_artifact(tmp_path, monkeypatch):
+    spec = _tiny_report(tmp_path)
+    monkeypatch.setattr("hilbert_lab.reports.runner.report_parameters",
+                        lambda name: {"scale": 2.0, "labels": ["a", "b", "c"], "output_dir": "."})
+    run_dir = tmp_path / "out" / "tiny" / "run1"
+    metrics = execute_report(spec, {"scale": 4.0}, run_dir, progress=False, kernel_name=None,
+                             execution_timeout_s=300)
+    # metrics.json: the overridden parameter took effect and every shown number is there
+    assert metrics["parameters"]["scale"] == 4.0
+    assert [row["value"] for row in metrics["tables"]["values"]["rows"]] == [5.0, 14.0, 31.0]
+    assert metrics["metrics"]["total"]["value"] == pytest.approx(50.0)
+    assert metrics["figures"]["bars"]["traces"] == ["tiny-bars"]
+    # env.json: versions, git, cpu, device and the effective parameters
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["parameters"]["scale"] == 4.0 and env["parameters"]["output_dir"] == str(run_dir.resolve())
+    assert env["packages"]["torch"] and env["packages"]["papermill"]
+    assert env["cpu"]["logical_cores"] >= 1 and env["device"]["device"]
+    # executed notebook + HTML with plotly.js inlined and the figure's data
+    executed = nbformat.read(run_dir / "tiny.ipynb", as_version=4)
+    assert any(cell.get("outputs") for cell in executed.cells)
+    html = (run_dir / "tiny.html").read_text()
+    assert html_has_inline_plotly(html)
+    assert "tiny-bars" in html and re.search(r"5\.0,\s*14\.0,\s*31\.0", html)
+    assert not re.search(r'<script[^>]+src="https?://', html), "the page must not load scripts from the network"
+
+
+def test_failed_report_still_exports_html(tmp_path, monkeypatch):
+    import papermill
+
+    spec = _tiny_report(tmp_path, fail=True)
+    monkeypatch.setattr("hilbert_lab.reports.runner.report_parameters",
+                        lambda name: {"scale": 2.0, "labels": ["a", "b", "c"], "output_dir": "."})
+    run_dir = tmp_path / "failed"
+    with pytest.raises(papermill.PapermillExecutionError, match="deliberate failure 4321"):
+        execute_report(spec, {}, run_dir, progress=False, kernel_name=None, execution_timeout_s=300)
+    assert "deliberate failure 4321" in (run_dir / "tiny.html").read_text()
+    assert json.loads((run_dir / "metrics.json").read_text())["metrics"]["total"]["value"] == pytest.approx(25.0)
+
+
+def test_unknown_override_is_refused(tmp_path, monkeypatch):
+    spec = _tiny_report(tmp_path)
+    monkeypatch.setattr("hilbert_lab.reports.runner.report_parameters", lambda name: {"scale": 2.0})
+    with pytest.raises(ValueError, match=r"not parameters of report 'tiny'.*scale"):
+        execute_report(spec, {"scael": 3.0}, tmp_path / "x", progress=False, kernel_name=None,
+                       execution_timeout_s=60)
