@@ -14,7 +14,8 @@ All figures are bytes *above the inputs* q, k, v (and above the caller's upstrea
 inputs are reported separately as inputs_bytes. Ring attention per rank: see `_ring_estimate`.
 Measured on the CPU (benchmarks/validate_memory.py, reports/results/memory_estimate_*cpu.json):
 engine 0.94-1.11x of the measured peak over 13 cases; ring (2 gloo ranks, 6 cases) 0.94-1.08x.
-GPU numbers come from the same script with --device cuda (the CUDA terms are not yet measured).
+GPU numbers come from the same script with --device cuda (H100, bf16, sdpa/flash: reports/results/
+memory_estimate_gpu_h100.json); the CUDA backward terms are in _cuda_fused_backward_work.
 """
 from __future__ import annotations
 
@@ -197,14 +198,37 @@ def _fused_block(block: _Block, config: MemoryConfig, backend: str, backward: bo
 
     With an LSE gradient (ring attention merges LSEs under autograd) the SDPA adapter runs a second
     fused backward on (e_0, -grad_lse * e_0, 0): three block-sized inputs, three more outputs and
-    one sum alive at once (7 blocks, measured). On CUDA the backward also keeps a float32 dQ
-    accumulator of the block's size (flash/efficient kernels; not yet checked on a GPU here).
+    one sum alive at once (7 blocks, measured). On CUDA see _cuda_fused_backward_work.
     """
     if not backward:
         return 0
     size = block.batch * block.heads * block.length * config.head_dim
     extra = 7 * size * DTYPE_BYTES[config.dtype] if grad_lse else 0
-    return extra + (0 if config.device == "cpu" else size * 4)
+    if config.device == "cpu":
+        return extra
+    return extra + _cuda_fused_backward_work(block, config, backend)
+
+
+def _cuda_fused_backward_work(block: _Block, config: MemoryConfig, backend: str) -> int:
+    """CUDA working bytes of one block's fused backward beyond its three gradient outputs.
+
+    The SDPA adapter (backends/sdpa.py, _fused_backward) calls .contiguous() on grad_out, q, k, v
+    and out in (B*S, h, L, D) layout; the engine hands it strided block views, so these are 5 copies
+    in the input dtype. The aten flash backward then transposes to (B, L, h, D) and copies grad_out
+    and out once more (2 copies), and the flash kernel allocates a float32 dQ accumulator
+    (B, L_rounded, h, D) and softmax_d (B, h, L_rounded), L_rounded = L rounded up to 128.
+    Other fused backends: only the float32 dQ accumulator.
+    """
+    size = block.batch * block.heads * block.length * config.head_dim
+    element = DTYPE_BYTES[config.dtype]
+    if not backend.startswith("sdpa"):
+        return size * 4
+    rounded = -(-block.length // 128) * 128
+    accumulator = block.batch * block.heads * rounded * config.head_dim * 4
+    softmax_d = block.batch * block.heads * rounded * 4
+    adapter_copies = 5 * size * element
+    aten_copies = 2 * size * element if backend in ("sdpa", "sdpa_flash") else 0
+    return adapter_copies + aten_copies + accumulator + softmax_d
 
 
 def _ring_estimate(config: MemoryConfig, backend: str) -> MemoryEstimate:

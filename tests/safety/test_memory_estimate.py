@@ -157,3 +157,36 @@ def test_estimate_within_20_percent_of_cuda_max_memory_allocated(backend):
     estimate = estimate_memory(MemoryConfig.from_case(case))
     assert 0.8 <= estimate.forward_bytes / outcome.result["forward_peak_bytes"] <= 1.2
     assert 0.8 <= estimate.forward_backward_bytes / outcome.result["forward_backward_peak_bytes"] <= 1.2
+
+
+def test_cuda_sdpa_flash_backward_terms_match_hand_computation():
+    """The CUDA-only backward terms (reports/results/memory_estimate_gpu_h100.json, longnet row N=16384).
+
+    Largest backward block: branch 0 (w=2048, r=1, all 12 heads), 2 * 8 segments -> size = B*N*H*D = T.
+    CUDA flash backward of that block: 5 adapter .contiguous() copies (dO, q, k, v, out) + 2 aten
+    copies (dO, out) in bf16, a float32 dQ accumulator (T * 4) and softmax_d (16 * 12 * 2048 * 4),
+    on top of the 3 bf16 gradient outputs and the block's float32 LSE (the CPU kernel takes strided
+    inputs and keeps no such buffers).
+    """
+    from hilbert_lab.safety.estimate import _Block, _cuda_fused_backward_work
+
+    fields = dict(seq_len=16384, batch_size=2, num_heads=12, head_dim=64, segment_lengths=(2048, 4096, 8192),
+                  dilation_rates=(1, 2, 4), mode="longnet", dtype="bfloat16", backend="sdpa")
+    tokens = 2 * 16384 * 12 * 64
+    block_rows = 16 * 12 * 2048  # (B * segments, h, L) of the block
+    cuda_work = 7 * tokens * 2 + tokens * 4 + block_rows * 4
+    cuda = estimate_memory(MemoryConfig(device="cuda", **fields))
+    cpu = estimate_memory(MemoryConfig(device="cpu", **fields))
+    block_io = 3 * tokens * 2 + block_rows * 4
+    assert cpu.forward_backward_bytes < cuda.forward_backward_bytes  # no copies/accumulators on the CPU
+    assert cuda.breakdown["forward_backward"]["largest_block"] == block_io + cuda_work
+    kept, accumulators = tokens * 2 + 2 * 12 * 16384 * 4, 3 * tokens * 4
+    assert cuda.forward_backward_bytes == kept + accumulators + block_io + cuda_work == 961_019_904
+    assert 0.8 <= cuda.forward_backward_bytes / 1_013_455_872 <= 1.2  # measured on the H100
+
+    # ragged length: the kernel's buffers are rounded up to 128 rows
+    block = _Block(batch=3, length=1000, heads=4, copied=False)
+    config = MemoryConfig(seq_len=3000, device="cuda", dtype="float16", head_dim=64, backend="sdpa")
+    size = 3 * 1000 * 4 * 64
+    assert _cuda_fused_backward_work(block, config, "sdpa") == 7 * size * 2 + 3 * 4 * 1024 * (64 + 1) * 4
+    assert _cuda_fused_backward_work(block, config, "flex") == size * 4
