@@ -58,7 +58,10 @@ def _to_bhld(*tensors):
 
 def _make_forward(kernel: str):
     def forward(q, k, v, *, causal, scale, key_padding_mask=None):
-        if kernel == "math" or (key_padding_mask is not None and q.device.type == "cuda"):
+        # The fused CUDA kernels take fp16/bf16 (flash, cuDNN) or up to fp32 (efficient): float64 and
+        # padded blocks on CUDA take the exact eager path.
+        on_cuda = q.device.type == "cuda"
+        if kernel == "math" or (on_cuda and (key_padding_mask is not None or q.dtype == torch.float64)):
             return manual.dense_forward(q, k, v, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
         qh, kh, vh = _to_bhld(q, k, v)
         if q.device.type == "cpu":

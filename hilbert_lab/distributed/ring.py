@@ -1,0 +1,537 @@
+"""Ring dilated attention: each rank's shard of exactly the single-process engine's output.
+
+Sharding: q, k, v are this rank's (B, N/P, H, D) shard of a length-N sequence split over the P ranks
+of a ring (the ranks of `group`, or consecutive blocks of `ring_size` of them), in the
+"contiguous" layout (rank i holds [i*N/P, (i+1)*N/P)) or "zigzag" (see sharding.py).
+
+Per branch i (effective segment w = min(segment_lengths[i], N), shard length n = N/P):
+- local branch (contiguous: n % w == 0; zigzag: (n/2) % w == 0): every segment lies inside one
+  shard; the engine runs them on the shard as a sequence of its own; no communication at all.
+- ring branch (contiguous: w % n == 0, the w/n consecutive ranks of a segment form a sub-ring;
+  zigzag: only w == N, all ranks): each rank packs only its *selected* (dilated) keys and values of
+  the branch's heads into one buffer; the buffers travel around the sub-ring (non-causal: to every
+  other member; causal contiguous: only forward along the chain, since later keys are masked),
+  double-buffered so the transfer of step t overlaps the compute of step t-1. Partial results
+  merge by the guarded LSE rule. Backward (`_RingBranch`): the same packets travel again carrying
+  float32 (float64 for float64 inputs) dK/dV accumulators; the last holder sends them back to the
+  owner. Per-rank memory stays O(N/P): at most two packets of remote dilated K/V are held.
+Branch results (out, lse) merge with `merge_lse`, as in the engine. Anything else -> ValueError
+naming the constraint.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from hilbert_lab.attention.backends.base import Backend, lse_dtype
+from hilbert_lab.attention.engine import Plan, _cached_plan, _run, dilated_attention
+from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
+from hilbert_lab.attention.merge import merge_lse
+from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.distributed.comm import RingComm, pack, packed_size, unpack
+from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible, shard_positions
+
+
+@dataclass(frozen=True)
+class _GroupSpec:
+    """Heads of one branch that share a dilation offset."""
+
+    offset: int
+    heads: slice
+
+
+@dataclass(frozen=True)
+class _BranchPlan:
+    """How one branch is computed on this rank (local, or on a sub-ring of `members`)."""
+
+    branch: int
+    segment_length: int  # effective: min(w, N)
+    dilation_rate: int
+    groups: tuple[_GroupSpec, ...]
+    members: tuple[int, ...]  # ring indices sharing this rank's segment(s); (me,) when local
+    local: bool
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """Geometry of the sharded sequence: ring size P, this rank's index, N and the layout."""
+
+    ring_size: int
+    index: int
+    seq_len: int
+    layout: str
+
+    @property
+    def shard_len(self) -> int:
+        return self.seq_len // self.ring_size
+
+    def positions(self, member: int) -> torch.Tensor:
+        return shard_positions(member, self.ring_size, self.seq_len, self.layout)
+
+    def runs(self, member: int) -> list[tuple[int, slice]]:
+        """(chunk id, storage slice) of the member's contiguous runs; chunk ids order positions."""
+        n = self.shard_len
+        if self.layout == "contiguous":
+            return [(member, slice(0, n))]
+        c = n // 2
+        return [(member, slice(0, c)), (2 * self.ring_size - 1 - member, slice(c, n))]
+
+
+def _group_specs(pattern: DilatedPattern, branch: int, num_heads: int) -> tuple[_GroupSpec, ...]:
+    offsets = pattern.head_offsets(num_heads)[branch]
+    specs = []
+    for offset in sorted(set(int(o) for o in offsets[offsets >= 0])):
+        heads = [int(h) for h in (offsets == offset).nonzero()[0]]
+        step = heads[1] - heads[0] if len(heads) > 1 else 1
+        if heads != list(range(heads[0], heads[-1] + 1, step)):
+            raise AssertionError(f"heads of a group must be an arithmetic progression, got {heads}")
+        specs.append(_GroupSpec(offset, slice(heads[0], heads[-1] + 1, step)))
+    return tuple(specs)
+
+
+def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int) -> list[_BranchPlan]:
+    """Per branch: local or ring, its sub-ring; ValueError naming the violated constraint."""
+    n, N, P = geometry.shard_len, geometry.seq_len, geometry.ring_size
+    plans = []
+    for b, (w_raw, r) in enumerate(zip(pattern.segment_lengths, pattern.dilation_rates)):
+        w = min(w_raw, N)
+        groups = _group_specs(pattern, b, num_heads)
+        me = geometry.index
+        if geometry.layout == "contiguous":
+            if n % w == 0:
+                plans.append(_BranchPlan(b, w, r, groups, (me,), True))
+                continue
+            if w % n != 0:
+                raise ValueError(
+                    f"segment_lengths[{b}] = {w_raw}: with {P} ranks holding {n} tokens each (N = {N}), "
+                    f"every segment length must divide the shard length {n}, be a multiple of it, or "
+                    f"be >= N (constraint: {n} % w == 0 or w % {n} == 0)"
+                )
+            per_segment = w // n
+            first = (me // per_segment) * per_segment
+            last = min(first + per_segment, P)
+            plans.append(_BranchPlan(b, w, r, groups, tuple(range(first, last)), False))
+        else:
+            chunk = n // 2
+            if chunk % w == 0:
+                plans.append(_BranchPlan(b, w, r, groups, (me,), True))
+            elif w == N:
+                plans.append(_BranchPlan(b, w, r, groups, tuple(range(P)), False))
+            else:
+                raise ValueError(
+                    f"segment_lengths[{b}] = {w_raw}: the zigzag layout with {P} ranks (chunks of "
+                    f"{chunk} tokens, N = {N}) needs every segment length to divide the chunk length "
+                    f"{chunk} or be >= N (use layout='contiguous' for segments spanning a few ranks)"
+                )
+    return plans
+
+
+def _selected(positions: torch.Tensor, w: int, r: int, offset: int) -> torch.Tensor:
+    """Storage indices whose positions are selected by (w, r, offset)."""
+    return ((positions % w) % r == offset).nonzero().flatten()
+
+
+@functools.lru_cache(maxsize=4096)
+def _parts(geometry: RingLayout, member: int, segment_length: int, dilation_rate: int, offset: int, causal: bool,
+           device: torch.device) -> tuple[tuple[int, torch.Tensor], ...]:
+    """((chunk id, selected storage indices), ...) of the member; one part unless causal zigzag. Cached."""
+    positions = geometry.positions(member)
+    runs = geometry.runs(member)
+    if not causal:
+        runs = [(runs[0][0], slice(0, geometry.shard_len))]
+    parts = []
+    for chunk_id, run in runs:
+        idx = _selected(positions[run], segment_length, dilation_rate, offset) + run.start
+        parts.append((chunk_id, idx.to(device)))
+    return tuple(parts)
+
+
+def _routes(members: int, chain: bool) -> list[list[int]]:
+    """holders[j]: the members that hold origin j's packet, in hop order (j first)."""
+    if chain:  # causal, contiguous: keys only matter to later members
+        return [list(range(j, members)) for j in range(members)]
+    return [[(j + s) % members for s in range(members)] for j in range(members)]
+
+
+class _BranchContext:
+    """Everything a rank needs to run one ring branch: selections, bundles, packets, schedule.
+
+    A bundle is a set of the branch's head groups whose selected token counts agree on every
+    member (the usual case: all of them); their tokens are stacked along the head axis so that one
+    backend call serves the whole bundle (heads are independent in attention).
+    """
+
+    def __init__(self, q, plan: _BranchPlan, geometry: RingLayout, causal: bool, comm: RingComm):
+        self.plan, self.geometry, self.causal, self.comm = plan, geometry, causal, comm
+        self.me = plan.members.index(geometry.index)
+        self.m = len(plan.members)
+        self.holders = _routes(self.m, causal and geometry.layout == "contiguous")
+        self.batch, self.head_dim = q.shape[0], q.shape[3]
+        self.dtype, self.device = q.dtype, q.device
+        self.acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        # parts[j][g]: [(chunk id, selected storage indices)] of member j for group g
+        self.parts = [[_parts(geometry, plan.members[j], plan.segment_length, plan.dilation_rate, g.offset, causal,
+                              q.device) for g in plan.groups] for j in range(self.m)]
+        bundles: dict[tuple, list[int]] = {}
+        for g in range(len(plan.groups)):
+            key = tuple(idx.numel() for j in range(self.m) for _, idx in self.parts[j][g])
+            bundles.setdefault(key, []).append(g)
+        self.bundles = list(bundles.values())
+        self._bytes: dict[tuple[int, torch.dtype], int] = {}
+
+    def heads(self, g: int) -> int:
+        s = self.plan.groups[g].heads
+        return len(range(s.start, s.stop, s.step))
+
+    def head_spans(self, bundle: list[int]) -> list[tuple[int, slice, slice]]:
+        """[(group, its heads in the (B, N, H, D) tensors, its heads in the stacked bundle)]."""
+        spans, start = [], 0
+        for g in bundle:
+            spans.append((g, self.plan.groups[g].heads, slice(start, start + self.heads(g))))
+            start += self.heads(g)
+        return spans
+
+    def chunks(self, member: int, bundle: list[int]) -> list[tuple[int, int]]:
+        """[(chunk id, selected count)] per part of the member (the same for all groups of a bundle)."""
+        return [(chunk_id, idx.numel()) for chunk_id, idx in self.parts[member][bundle[0]]]
+
+    def gather(self, x: torch.Tensor, bundle: list[int], part: int, member: int | None = None) -> torch.Tensor:
+        """x (B, n, H, D) -> the bundle's selected rows of a part, heads stacked: (B, L, h_bundle, D)."""
+        parts = self.parts[self.me if member is None else member]
+        return torch.cat([x[:, parts[g][part][1], heads] for g, heads, _ in self.head_spans(bundle)], dim=2)
+
+    def gather_lse(self, lse: torch.Tensor, bundle: list[int], part: int) -> torch.Tensor:
+        """lse (B, H, n) -> (B, h_bundle, L) for this rank's part."""
+        return torch.cat([lse[:, heads, self.parts[self.me][g][part][1]] for g, heads, _ in self.head_spans(bundle)],
+                         dim=1)
+
+    def scatter(self, dst: torch.Tensor, value: torch.Tensor, bundle: list[int], part: int,
+                member: int | None = None, add: bool = False) -> None:
+        """Write (or add) a stacked (B, L, h_bundle, D) block into dst (B, n, H, D)."""
+        parts = self.parts[self.me if member is None else member]
+        for g, heads, stacked in self.head_spans(bundle):
+            piece = value[:, :, stacked].to(dst.dtype)
+            if add:
+                dst[:, parts[g][part][1], heads] += piece
+            else:
+                dst[:, parts[g][part][1], heads] = piece
+
+    def specs(self, origin: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        specs = []
+        for bundle in self.bundles:
+            h = sum(self.heads(g) for g in bundle)
+            for _, count in self.chunks(origin, bundle):
+                shape = (self.batch, count, h, self.head_dim)
+                specs += [(shape, dtype), (shape, dtype)]
+        return specs
+
+    def pack_kv(self, k, v) -> torch.Tensor:
+        tensors = []
+        for bundle in self.bundles:
+            for part in range(len(self.chunks(self.me, bundle))):
+                tensors += [self.gather(k, bundle, part), self.gather(v, bundle, part)]
+        return pack(tensors)
+
+    def split(self, tensors: list[torch.Tensor], origin: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Unpacked flat [k, v, k, v, ...] -> per bundle, per part of the origin: (k, v)."""
+        out, i = [], 0
+        for bundle in self.bundles:
+            out.append([(tensors[i + 2 * p], tensors[i + 2 * p + 1]) for p in range(len(self.chunks(origin, bundle)))])
+            i += 2 * len(out[-1])
+        return out
+
+    def blocks(self, origin: int):
+        """(bundle index, q part, k part, diagonal) of the blocks that attend; masked ones skipped."""
+        for b, bundle in enumerate(self.bundles):
+            for qi, (q_chunk, q_count) in enumerate(self.chunks(self.me, bundle)):
+                for ki, (k_chunk, k_count) in enumerate(self.chunks(origin, bundle)):
+                    if q_count == 0 or k_count == 0 or (self.causal and k_chunk > q_chunk):
+                        continue
+                    yield b, qi, ki, self.causal and k_chunk == q_chunk
+
+    def step_ops(self, t: int, backward: bool):
+        """This rank's (sends, recvs) at step t as lists of (peer member, origin, kind).
+
+        kind: "kv" (first hop), "kv+acc" (later hops, backward only), "acc" (backward return hop).
+        """
+        sends, recvs = [], []
+        for j, holders in enumerate(self.holders):
+            if self.packet_bytes(j, self.dtype) == 0:
+                continue
+            if t < len(holders):
+                kind = "kv+acc" if backward and t >= 2 else "kv"
+                if holders[t - 1] == self.me:
+                    sends.append((holders[t], j, kind))
+                if holders[t] == self.me:
+                    recvs.append((holders[t - 1], j, kind))
+            elif backward and t == len(holders) and len(holders) > 1:
+                if holders[-1] == self.me:
+                    sends.append((j, j, "acc"))
+                if j == self.me:
+                    recvs.append((holders[-1], j, "acc"))
+        return sends, recvs
+
+    def packet_bytes(self, origin: int, dtype: torch.dtype) -> int:
+        if (origin, dtype) not in self._bytes:
+            self._bytes[(origin, dtype)] = packed_size(self.specs(origin, dtype))
+        return self._bytes[(origin, dtype)]
+
+    def num_steps(self, backward: bool) -> int:
+        longest = max(len(h) for h in self.holders)
+        return longest if backward else longest - 1
+
+
+def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float, label: str):
+    """(out (B, n, H, D) input dtype, lse (B, H, n), aux per block) of one ring branch."""
+    B, n, H = q.shape[0], q.shape[1], q.shape[2]
+    acc_lse_dtype = lse_dtype(q.dtype)
+    state: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+    auxes = {}
+    kv_specs = [ctx.specs(j, q.dtype) for j in range(ctx.m)]
+
+    def compute(origin: int, packet: torch.Tensor) -> None:
+        kv = ctx.split(unpack(packet, kv_specs[origin]), origin)
+        for b, qi, ki, diagonal in ctx.blocks(origin):
+            k_blk, v_blk = kv[b][ki]
+            o, lse, aux = backend.forward(ctx.gather(q, ctx.bundles[b], qi), k_blk, v_blk, causal=diagonal, scale=scale)
+            auxes[(b, qi, origin, ki)] = aux
+            o = o.to(acc_lse_dtype)
+            if (b, qi) in state:
+                o, lse = merge_lse([state[(b, qi)][0], o], [state[(b, qi)][1], lse])
+            state[(b, qi)] = (o, lse)
+
+    own = ctx.pack_kv(k, v)
+    held = {ctx.me: own}
+    pending = [(ctx.me, own)]
+    for t in range(1, ctx.num_steps(False) + 1):
+        sends, recvs = ctx.step_ops(t, backward=False)
+        buffers = {j: torch.empty(ctx.packet_bytes(j, q.dtype), dtype=torch.uint8, device=q.device)
+                   for _, j, _ in recvs}
+        handle = ctx.comm.exchange(
+            [(ctx.comm.global_rank(ctx.plan.members[peer]), held[j]) for peer, j, _ in sends],
+            [(ctx.comm.global_rank(ctx.plan.members[peer]), buffers[j]) for peer, j, _ in recvs],
+            label=label,
+        )
+        for origin, packet in pending:  # overlaps the transfer above
+            compute(origin, packet)
+        handle.wait()
+        held = dict(buffers)
+        pending = list(buffers.items())
+    for origin, packet in pending:
+        compute(origin, packet)
+
+    out = torch.zeros(B, n, H, q.shape[3], dtype=q.dtype, device=q.device)
+    lse = torch.full((B, H, n), float("-inf"), dtype=acc_lse_dtype, device=q.device)
+    for (b, qi), (o, l) in state.items():
+        bundle = ctx.bundles[b]
+        ctx.scatter(out, o, bundle, qi)
+        ctx.scatter(lse.transpose(1, 2), l.transpose(1, 2), bundle, qi)
+    return out, lse, auxes
+
+
+def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse, auxes,
+                     backend: Backend, scale: float, label: str):
+    """(dq, dk, dv) of one ring branch for its merged (out, lse)."""
+    acc = ctx.acc_dtype
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    kv_specs = [ctx.specs(j, q.dtype) for j in range(ctx.m)]
+    acc_specs = [ctx.specs(j, acc) for j in range(ctx.m)]
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+
+    def compute(origin: int, packet: torch.Tensor, dkv: list[torch.Tensor]) -> None:
+        kv = ctx.split(unpack(packet, kv_specs[origin]), origin)
+        grads = ctx.split(dkv, origin)
+        for b, qi, ki, diagonal in ctx.blocks(origin):
+            bundle = ctx.bundles[b]
+            k_blk, v_blk = kv[b][ki]
+            dk_acc, dv_acc = grads[b][ki]
+            dl = None if grad_lse is None else ctx.gather_lse(grad_lse, bundle, qi)
+            dq_blk, dk_blk, dv_blk = backend.backward(
+                ctx.gather(grad_out, bundle, qi), dl, ctx.gather(q, bundle, qi), k_blk, v_blk,
+                ctx.gather(out, bundle, qi), ctx.gather_lse(lse, bundle, qi), auxes.get((b, qi, origin, ki)),
+                causal=diagonal, scale=scale,
+            )
+            ctx.scatter(dq, dq_blk, bundle, qi, add=True)
+            dk_acc += dk_blk.to(acc)
+            dv_acc += dv_blk.to(acc)
+
+    own = ctx.pack_kv(k, v)
+    own_grads = [torch.zeros(shape, dtype=acc, device=q.device) for shape, _ in acc_specs[ctx.me]]
+    held: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {ctx.me: (own, None)}
+    compute(ctx.me, own, own_grads)
+    for t in range(1, ctx.num_steps(True) + 1):
+        sends, recvs = ctx.step_ops(t, backward=True)
+        send_list, recv_list, received = [], [], []
+        for peer, j, kind in sends:
+            packet, dkv = held.pop(j)
+            payload = {"kv": lambda: packet, "kv+acc": lambda: torch.cat([packet, dkv]), "acc": lambda: dkv}[kind]()
+            send_list.append((ctx.comm.global_rank(ctx.plan.members[peer]), payload))
+        for peer, j, kind in recvs:
+            kv_size, acc_size = ctx.packet_bytes(j, q.dtype), ctx.packet_bytes(j, acc)
+            size = {"kv": kv_size, "acc": acc_size, "kv+acc": kv_size + acc_size}[kind]
+            buffer = torch.empty(size, dtype=torch.uint8, device=q.device)
+            recv_list.append((ctx.comm.global_rank(ctx.plan.members[peer]), buffer))
+            received.append((j, kind, buffer, kv_size))
+        ctx.comm.exchange(send_list, recv_list, label=label).wait()
+        for j, kind, buffer, kv_size in received:
+            if kind == "acc":  # our own dK/dV contributions from the other members, home again
+                for mine, arrived in zip(own_grads, unpack(buffer, acc_specs[j])):
+                    mine += arrived
+                continue
+            packet = buffer[:kv_size]
+            if kind == "kv":
+                dkv_buffer = torch.zeros(ctx.packet_bytes(j, acc), dtype=torch.uint8, device=q.device)
+            else:
+                dkv_buffer = buffer[kv_size:].clone()
+            compute(j, packet, unpack(dkv_buffer, acc_specs[j]))  # accumulates into dkv_buffer's views
+            held[j] = (packet, dkv_buffer)
+
+    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    for bundle, parts in zip(ctx.bundles, ctx.split(own_grads, ctx.me)):
+        for part, (dk_part, dv_part) in enumerate(parts):
+            ctx.scatter(dk, dk_part, bundle, part, add=True)
+            ctx.scatter(dv, dv_part, bundle, part, add=True)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingBranch(torch.autograd.Function):
+    """One ring branch: (q, k, v) shards -> (out, lse) of the branch; exact ring backward."""
+
+    @staticmethod
+    def forward(autograd_ctx, q, k, v, branch_ctx, backend, scale):
+        label = f"forward/branch{branch_ctx.plan.branch}"
+        out, lse, auxes = _forward_branch(branch_ctx, q, k, v, backend, scale, label)
+        autograd_ctx.save_for_backward(q, k, v, out, lse)
+        autograd_ctx.branch_ctx, autograd_ctx.backend, autograd_ctx.scale = branch_ctx, backend, scale
+        autograd_ctx.auxes = auxes
+        autograd_ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(autograd_ctx, grad_out, grad_lse):
+        q, k, v, out, lse = autograd_ctx.saved_tensors
+        branch_ctx = autograd_ctx.branch_ctx
+        label = f"backward/branch{branch_ctx.plan.branch}"
+        dq, dk, dv = _backward_branch(branch_ctx, q, k, v, out, lse, grad_out, grad_lse, autograd_ctx.auxes,
+                                      autograd_ctx.backend, autograd_ctx.scale, label)
+        return dq, dk, dv, None, None, None
+
+
+def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], backend: Backend, scale: float):
+    """Merged (out, lse) of the branches whose segments lie inside this shard: the engine itself.
+
+    The shard is a sequence of its own for them: each of its runs starts at a multiple of their
+    segment length, so the engine's plan on n tokens, restricted to these branches, is exact.
+    """
+    n, num_heads = q.shape[1], q.shape[2]
+    # The other branches become stand-ins (segment n, dilation 1) whose blocks are dropped: same
+    # branch count and head membership, and no dilation larger than the shard reaches the planner.
+    stand_in = DilatedPattern.create(
+        [w if b in branches else n for b, w in enumerate(pattern.segment_lengths)],
+        [r if b in branches else 1 for b, r in enumerate(pattern.dilation_rates)],
+        mode=pattern.mode, causal=pattern.causal,
+    )
+    full = _cached_plan(stand_in, n, num_heads, None, n)
+    plan = Plan(tuple(b for b in full.blocks if b.branch in set(branches)), full.num_branches, full.merge)
+    return _run(plan, backend, q, k, v, scale, pattern.causal, 0.0)
+
+
+def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = ()) -> Backend:
+    """The engine's block backend for q ("auto" as in the engine); it must have a block backward."""
+    adapter = engine_resolve_backend(backend, q, segment_lengths)
+    if adapter.backward is None:
+        raise ValueError(f"backend {adapter.name!r} has no block backward; ring attention needs one (e.g. 'manual', 'sdpa')")
+    return adapter
+
+
+def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list[int]:
+    """Global ranks of this process's ring: consecutive blocks of `ring_size` ranks of `group`."""
+    world = [dist.get_global_rank(group, r) if group is not None else r for r in range(dist.get_world_size(group))]
+    size = len(world) if ring_size is None else ring_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or len(world) % size:
+        raise ValueError(f"ring_size must be None or a positive divisor of the group size {len(world)}, got {ring_size!r}")
+    me = world.index(dist.get_rank())
+    first = (me // size) * size
+    return world[first : first + size]
+
+
+def _check_equal_shards(q: torch.Tensor, group: dist.ProcessGroup | None) -> None:
+    """ValueError on every rank unless all ranks of `group` hold shards of the same shape."""
+    shape = torch.tensor(list(q.shape), dtype=torch.int64)
+    both = torch.cat([shape, -shape]).to(q.device)
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    largest, smallest = both[:4].tolist(), (-both[4:]).tolist()
+    if largest != smallest:
+        raise ValueError(
+            f"all ranks must hold equal shards (B, N/P, H, D): the sequence length N must be divisible by the "
+            f"number of ranks P; shard shapes range from {tuple(smallest)} to {tuple(largest)}"
+        )
+
+
+def ring_dilated_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    segment_lengths: Sequence[int],
+    dilation_rates: Sequence[int],
+    causal: bool = False,
+    mode: str = "longnet",
+    group: dist.ProcessGroup | None = None,
+    ring_size: int | None = None,
+    layout: str = "contiguous",
+    backend: str | Backend = "auto",
+    scale: float | None = None,
+    return_lse: bool = False,
+    check_shapes: bool = True,
+):
+    """This rank's shard of the single-process engine's dilated attention over the whole sequence.
+
+    q, k, v: (B, N/P, H, D) shards (layout "contiguous" or "zigzag") of a length-N sequence over the
+    P ranks of this ring (`group`'s ranks, split into consecutive rings of `ring_size`). Returns
+    out (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact gradients.
+    Every rank of the ring must call it with the same arguments and shard shapes; check_shapes
+    (one small all-reduce over `group`) turns unequal shards into a ValueError on every rank
+    instead of a hang.
+    """
+    pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4D tensor (B, N/P, H, D), got {getattr(t, 'shape', type(t))}")
+    if q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v must share a shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    members = ring_members(group, ring_size)
+    P = len(members)
+    B, n, H, D = q.shape
+    geometry = RingLayout(P, members.index(dist.get_rank()), n * P, layout)
+    check_divisible(geometry.seq_len, P, layout)
+    scale = D**-0.5 if scale is None else float(scale)
+    if check_shapes and P > 1:
+        _check_equal_shards(q, group)
+    if P == 1:  # one rank holds the whole sequence: exactly the local engine
+        return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
+                                 causal=causal, mode=mode, backend=backend, scale=scale, return_lse=return_lse)
+    adapter = resolve_backend(backend, q, pattern.segment_lengths)
+    plans = plan_branches(pattern, geometry, H)
+    comm = RingComm(members, group)
+    outs, lses = [], []
+    local = [plan.branch for plan in plans if plan.local]
+    if local:
+        o, l = _local_branches(q, k, v, pattern, local, adapter, scale)
+        outs.append(o)
+        lses.append(l)
+    for plan in plans:
+        if not plan.local:
+            o, l = _RingBranch.apply(q, k, v, _BranchContext(q, plan, geometry, causal, comm), adapter, scale)
+            outs.append(o)
+            lses.append(l)
+    out, lse = merge_lse(outs, lses)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,128 @@
+"""Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
+
+The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
+start-up. Pure (single-process) tests cover sharding, packing and the branch planner.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
+from hilbert_lab.distributed import comm  # noqa: E402
+from hilbert_lab.distributed.ring import RingLayout, plan_branches  # noqa: E402
+from hilbert_lab.distributed.sharding import (  # noqa: E402
+    check_divisible, shard, shard_positions, unshard, zigzag_shard, zigzag_unshard,
+)
+from ring_worlds import run_world  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available in this torch build")
+
+ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_message_counts",
+              "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm"]
+
+
+def test_world_of_one_is_the_engine(tmp_path):
+    run_world(1, tmp_path, ["check_world_one_is_engine", "check_constraints_raise"])
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_world_matches_engine(tmp_path, world_size):
+    run_world(world_size, tmp_path, ALL_CHECKS)
+
+
+def test_world_of_four_matches_engine_and_sub_rings(tmp_path):
+    run_world(4, tmp_path, ALL_CHECKS + ["check_sub_rings"])
+
+
+@pytest.mark.slow
+def test_world_of_eight_smoke(tmp_path):
+    run_world(8, tmp_path, ["check_eight_ranks"], timeout_s=240)
+
+
+def test_harness_reports_a_deadlock(tmp_path):
+    with pytest.raises(TimeoutError, match="deadlock"):
+        run_world(2, tmp_path, ["check_deadlock_on_purpose"], timeout_s=12)
+
+
+def test_contiguous_shard_round_trip():
+    x = torch.arange(2 * 12 * 3).reshape(2, 12, 3)
+    parts = [shard(x, rank, 4) for rank in range(4)]
+    assert torch.equal(parts[1], x[:, 3:6])
+    assert torch.equal(unshard(parts), x)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_zigzag_round_trip_and_positions(world_size):
+    seq_len = 4 * world_size
+    x = torch.randn(2, seq_len, 3)
+    parts = [zigzag_shard(x, rank, world_size) for rank in range(world_size)]
+    assert torch.equal(zigzag_unshard(parts), x)
+    for rank, part in enumerate(parts):
+        assert torch.equal(part, x[:, shard_positions(rank, world_size, seq_len, "zigzag")])
+    # every position held exactly once; rank 0 holds the first and the last chunk
+    held = torch.cat([shard_positions(r, world_size, seq_len, "zigzag") for r in range(world_size)])
+    assert torch.equal(held.sort().values, torch.arange(seq_len))
+    assert shard_positions(0, world_size, seq_len, "zigzag")[-1] == seq_len - 1
+
+
+def test_uneven_shards_raise_naming_the_constraint():
+    with pytest.raises(ValueError, match=r"must be divisible by the number of ranks = 4 \(equal shards"):
+        shard(torch.zeros(1, 10, 2), 0, 4)
+    with pytest.raises(ValueError, match=r"2 x the number of ranks \(zigzag chunks\) = 6"):
+        zigzag_shard(torch.zeros(1, 9, 2), 0, 3)
+    with pytest.raises(ValueError, match="rank must be an integer in"):
+        shard(torch.zeros(1, 8, 2), 4, 4)
+    with pytest.raises(ValueError, match="layout must be one of"):
+        check_divisible(8, 2, "striped")
+
+
+def test_planner_local_and_spanning_branches():
+    pattern = DilatedPattern.create([4, 8, 16, 64, 32], [1, 2, 2, 4, 8])
+    plans = plan_branches(pattern, RingLayout(ring_size=4, index=2, seq_len=32, layout="contiguous"), num_heads=8)
+    # shard length 8: w=4, 8 local; w=16 -> ranks {2, 3}; w=64 and 32 (= N) -> all ranks
+    assert [p.local for p in plans] == [True, True, False, False, False]
+    assert [p.members for p in plans] == [(2,), (2,), (2, 3), (0, 1, 2, 3), (0, 1, 2, 3)]
+    assert [p.segment_length for p in plans] == [4, 8, 16, 32, 32]
+    # head offsets follow the pattern: dilation 8 over 8 heads -> one head per offset
+    assert [g.offset for g in plans[4].groups] == list(range(8))
+    odd = plan_branches(DilatedPattern.create([16], [1]), RingLayout(3, 2, 24, "contiguous"), num_heads=2)
+    assert odd[0].members == (2,) and not odd[0].local  # last segment [16, 24) lies on rank 2 alone
+
+
+def test_planner_rejects_misaligned_segments():
+    geometry = RingLayout(ring_size=4, index=0, seq_len=48, layout="contiguous")  # shard length 12
+    with pytest.raises(ValueError, match=r"segment_lengths\[1\] = 8: .*divide the shard length 12"):
+        plan_branches(DilatedPattern.create([4, 8], [1, 1]), geometry, num_heads=2)
+    with pytest.raises(ValueError, match=r"segment_lengths\[0\] = 18"):
+        plan_branches(DilatedPattern.create([18], [1]), geometry, num_heads=2)
+    zigzag = RingLayout(ring_size=4, index=0, seq_len=48, layout="zigzag")  # chunks of 6
+    with pytest.raises(ValueError, match="zigzag layout"):
+        plan_branches(DilatedPattern.create([12], [1]), zigzag, num_heads=2)
+
+
+def test_pack_unpack_round_trip_mixed_dtypes():
+    tensors = [torch.randn(3, 5).to(torch.bfloat16), torch.randn(2, 3, dtype=torch.float64),
+               torch.randn(7), torch.zeros(0, 4)]
+    specs = [(tuple(t.shape), t.dtype) for t in tensors]
+    buffer = comm.pack(tensors)
+    assert buffer.dtype == torch.uint8 and buffer.numel() == comm.packed_size(specs)
+    for original, restored in zip(tensors, comm.unpack(buffer, specs)):
+        assert restored.dtype == original.dtype and torch.equal(restored, original)
+    with pytest.raises(ValueError, match="bytes but the specs describe"):
+        comm.unpack(buffer[:-8], specs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
+                    reason="needs 2 CUDA GPUs and NCCL")
+def test_two_gpus_nccl(tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    run_world(2, tmp_path, ["check_nccl_gpus"], timeout_s=300, backend="nccl")
