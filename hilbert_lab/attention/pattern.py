@@ -178,7 +178,7 @@ def _groups(pattern: DilatedPattern, seq_len: int, num_heads: int) -> list[Group
         num_segments = -(-seq_len // w)
         for offset in sorted(set(offsets[offsets >= 0].tolist())):
             heads = tuple(int(h) for h in np.nonzero(offsets == offset)[0])
-            local = torch.arange(offset, w, r, dtype=torch.int64)
+            local = torch.arange(offset, max(w, offset), r, dtype=torch.int64)  # empty when offset >= w
             index = torch.arange(num_segments, dtype=torch.int64)[:, None] * w + local[None, :]
             index = torch.where(index < seq_len, index, torch.full_like(index, -1))
             groups.append(Group(branch, int(offset), heads, index, w, r))

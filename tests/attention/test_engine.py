@@ -18,6 +18,7 @@ CASES = {  # name: (segment_lengths, dilation_rates, seq_len, num_heads)
     "ragged_heads5": ([4, 8, 16], [1, 2, 4], 13, 5),
     "w_gt_n_empty_rows": ([32], [3], 10, 2),
     "ragged_heads7": ([3, 6], [1, 3], 11, 7),
+    "n_below_dilation": ([2, 32], [1, 8], 4, 8),  # offsets >= N select nothing in the second branch
 }
 ORDERING_CASE = {"ordering_24": ([8, 16], [1, 2], 24, 4)}  # layout blocks of 16 + a ragged 8
 GRAD_BACKENDS = ["reference", "manual", "sdpa", "sdpa_math"]
