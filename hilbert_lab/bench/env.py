@@ -13,10 +13,10 @@ _PACKAGES = ("hilbert-lab", "torch", "numpy", "numba", "triton", "flash-attn", "
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def package_versions() -> dict[str, str | None]:
+def package_versions(names: tuple[str, ...] = _PACKAGES) -> dict[str, str | None]:
     """Installed version of each package that can change a result (None when not installed)."""
     versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in _PACKAGES:
+    for name in names:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hilbert_lab.attention.modules import MultiheadDilatedAttention
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import LAYOUTS
@@ -65,8 +66,12 @@ class RingDilatedAttention(nn.Module):
                 f"mode={p.mode!r}, causal={p.causal}, ring_size={self.ring_size}, layout={self.layout!r}")
 
 
-class RingMultiheadDilatedAttention(nn.Module):
-    """Multi-head ring dilated attention with q/k/v/out projections: x shard (B, N/P, E) -> (B, N/P, E)."""
+class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
+    """Multi-head ring dilated attention: x shard (B, N/P, E) -> (B, N/P, E).
+
+    The projections, their initialisation and forward are MultiheadDilatedAttention's (so a single-process
+    state_dict loads directly); only the inner attention is the ring.
+    """
 
     def __init__(
         self,
@@ -85,32 +90,7 @@ class RingMultiheadDilatedAttention(nn.Module):
         device=None,
         dtype=None,
     ) -> None:
-        super().__init__()
-        for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
-        self.embed_dim, self.num_heads, self.head_dim = int(embed_dim), int(num_heads), int(embed_dim) // int(num_heads)
-        factory = {"device": device, "dtype": dtype}
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, bias=bias, causal=causal, mode=mode,
+                         backend=backend, device=device, dtype=dtype)
         self.attention = RingDilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode,
                                               backend=backend, group=group, ring_size=ring_size, layout=layout)
-        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
-            nn.init.xavier_uniform_(proj.weight)
-            if proj.bias is not None:
-                nn.init.zeros_(proj.bias)
-
-    def forward(self, query: torch.Tensor, key: Optional[torch.Tensor] = None, value: Optional[torch.Tensor] = None,
-                *, causal: Optional[bool] = None) -> torch.Tensor:
-        """query shard (B, N/P, E) (key/value default to query) -> (B, N/P, E)."""
-        key = query if key is None else key
-        value = key if value is None else value
-        if query.dim() != 3 or query.shape[-1] != self.embed_dim:
-            raise ValueError(f"query must be (B, N/P, {self.embed_dim}), got {tuple(query.shape)}")
-        split = lambda x: x.unflatten(-1, (self.num_heads, self.head_dim))  # noqa: E731
-        out = self.attention(split(self.q_proj(query)), split(self.k_proj(key)), split(self.v_proj(value)), causal=causal)
-        return self.out_proj(out.flatten(-2))

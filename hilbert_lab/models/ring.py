@@ -31,7 +31,7 @@ def use_ring_attention(model: nn.Module, *, group=None, ring_size: int | None = 
 
     for block in _blocks(model):
         local = block.attention
-        if not isinstance(local, MultiheadDilatedAttention):
+        if isinstance(local, RingMultiheadDilatedAttention):
             continue  # already a ring layer
         inner = local.attention
         if inner.dropout > 0:
@@ -54,9 +54,11 @@ def use_ring_attention(model: nn.Module, *, group=None, ring_size: int | None = 
 def use_local_attention(model: nn.Module) -> nn.Module:
     """Undo ``use_ring_attention``: local MultiheadDilatedAttention layers with the ring layers'
     current parameters (in place; returns ``model``)."""
+    from hilbert_lab.distributed import RingMultiheadDilatedAttention
+
     for block in _blocks(model):
         ring = block.attention
-        if isinstance(ring, MultiheadDilatedAttention):
+        if not isinstance(ring, RingMultiheadDilatedAttention):
             continue
         inner = ring.attention
         weight = ring.q_proj.weight
