@@ -30,7 +30,7 @@ def test_gpu_backend_matches_reference_in_bf16(backend, mode, causal):
     dtype = torch.bfloat16
     reason = unavailable_reason(backend, "cuda", dtype)
     if reason is not None:
-        pytest.skip(f"{backend} unavailable: {reason}")
+        pytest.skip("backend unavailable on this machine: " + f"{backend}: {reason}")
     segment_lengths, dilation_rates = [16, 32, 64], [1, 2, 4]
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 80, 6, 64, device="cuda", dtype=dtype, generator=gen).requires_grad_(True) for _ in range(3))
@@ -52,7 +52,7 @@ def test_gpu_backend_matches_reference_in_bf16(backend, mode, causal):
 def test_gpu_float32_is_close_to_reference(backend):
     reason = unavailable_reason(backend, "cuda", torch.float32)
     if reason is not None:
-        pytest.skip(f"{backend} unavailable: {reason}")
+        pytest.skip("backend unavailable on this machine: " + f"{backend}: {reason}")
     gen = torch.Generator(device="cuda").manual_seed(1)
     q, k, v = (torch.randn(1, 50, 4, 32, device="cuda", generator=gen).requires_grad_(True) for _ in range(3))
     pattern = DilatedPattern.create([16, 32], [1, 2], causal=True)

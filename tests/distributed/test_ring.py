@@ -22,8 +22,9 @@ from hilbert_lab.distributed.sharding import (  # noqa: E402
 )
 from ring_worlds import run_world  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="torch.distributed with gloo is not available in this torch build")
+NO_GLOO = not dist.is_available() or not dist.is_gloo_available()
+NO_TWO_GPUS = not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available()
+pytestmark = pytest.mark.skipif(NO_GLOO, reason="torch.distributed with gloo is not available in this torch build")
 
 ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_message_counts",
               "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm"]
@@ -121,8 +122,7 @@ def test_pack_unpack_round_trip_mixed_dtypes():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available(),
-                    reason="needs 2 CUDA GPUs and NCCL")
+@pytest.mark.skipif(NO_TWO_GPUS, reason="needs 2 CUDA GPUs and NCCL")
 def test_two_gpus_nccl(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     run_world(2, tmp_path, ["check_nccl_gpus"], timeout_s=300, backend="nccl")
