@@ -206,14 +206,93 @@ def profile_kernels(run, iters: int = 3, top: int = 8) -> list[dict]:
     return rows[:top]
 
 
+FWD_VARIANTS = [  # (BLOCK_M, BLOCK_N, warps, stages, tma)
+    (128, 64, 4, 4, False), (128, 64, 8, 2, False), (128, 64, 8, 3, False), (128, 64, 8, 4, False),
+    (128, 128, 8, 2, False), (128, 128, 8, 3, False), (256, 32, 8, 3, False), (128, 32, 8, 4, False),
+    (256, 64, 8, 3, False), (128, 64, 8, 2, True), (128, 64, 8, 3, True), (128, 64, 4, 3, True),
+]
+
+
+def forward_variants(q, k, v) -> list[dict]:
+    """Forward launch configurations (two interleaved rounds: the spread is the noise), each checked
+    against the default's output; then, for the default, the diagnostic kernels that show where the
+    time goes (exp2 replaced by a multiply-add; the whole softmax removed)."""
+    rows = []
+    with torch.no_grad():
+        for mode in ("head_groups", "longnet"):
+            pattern = DilatedPattern.create(SEGMENTS, DILATIONS, mode=mode)
+            reference = fused(q, k, v, pattern).float()
+            configs = FWD_VARIANTS if mode == "head_groups" else FWD_VARIANTS[:4] + FWD_VARIANTS[-3:]
+            for round_index in range(2):
+                for bm, bn, warps, stages, tma in configs:
+                    triton_dilated.CONFIG_OVERRIDES.update(fwd=(bm, bn, warps, stages), fwd_tma=tma)
+                    row = {"mode": mode, "round": round_index, "fwd_config": [bm, bn, warps, stages], "tma": tma}
+                    try:
+                        if round_index == 0:
+                            row["rel_diff_vs_default"] = rel(fused(q, k, v, pattern), reference)
+                        row["fwd_ms"] = bench(lambda: fused(q, k, v, pattern))
+                    except Exception as exc:  # noqa: BLE001
+                        row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                    rows.append(row)
+                    print("fwd variant", json.dumps(row), flush=True)
+            triton_dilated.CONFIG_OVERRIDES.clear()
+            for diag in (1, 2):
+                triton_dilated.CONFIG_OVERRIDES["fwd_diag"] = diag
+                rows.append({"mode": mode, "diagnostic": {1: "exp2 -> multiply-add", 2: "no softmax"}[diag],
+                             "fwd_ms": bench(lambda: fused(q, k, v, pattern))})
+                print("fwd diagnostic", json.dumps(rows[-1]), flush=True)
+            triton_dilated.CONFIG_OVERRIDES.clear()
+    return rows
+
+
+def auto_selection_check() -> list[dict]:
+    """Engine backends "triton", "sdpa" and "auto" over mode x N x (inference, training), bf16, B=1:
+    what auto picks, and its time against the faster of the two."""
+    from hilbert_lab.attention.engine import dilated_attention
+    from hilbert_lab.attention.selection import select_backend
+
+    rows = []
+    for n in (8192, 32768, 131072, 524288):
+        q, k, v = make_inputs(1, n)
+        grad = torch.randn_like(q)
+        for mode in ("head_groups", "longnet"):
+            for training in (False, True):
+                row = {"seq_len": n, "mode": mode, "training": training,
+                       "auto_picks": select_backend(q.device, q.dtype, shape=tuple(q.shape), segment_lengths=SEGMENTS,
+                                                    dilation_rates=DILATIONS, mode=mode, requires_grad=training)}
+                for backend in ("triton", "sdpa", "auto"):
+                    def call(backend=backend):
+                        return dilated_attention(q, k, v, segment_lengths=SEGMENTS, dilation_rates=DILATIONS, mode=mode,
+                                                 backend=backend)
+                    if training:
+                        def step(call=call):
+                            for t in (q, k, v):
+                                t.grad = None
+                            call().backward(grad)
+                        row[f"{backend}_ms"] = bench(step, rep_ms=60)
+                    else:
+                        with torch.no_grad():
+                            row[f"{backend}_ms"] = bench(call, rep_ms=60)
+                best = min(row["triton_ms"], row["sdpa_ms"])
+                row["auto_vs_best"] = row["auto_ms"] / best
+                rows.append(row)
+                print("auto", json.dumps(row), flush=True)
+        q = k = v = grad = None
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default="reports/results/gpu_attention.json")
     parser.add_argument("--quick", action="store_true", help="skip the variants and the long-sequence sweep")
+    parser.add_argument("--parts", default="variants,auto,sweep",
+                        help="comma-separated extras after the headline: variants, auto, sweep (default: all)")
     parser.add_argument("--max-log2-n", type=int, default=20)
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    result = {"benchmark": "gpu_attention", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **device_info()}
+    result = {"benchmark": "gpu_attention", "command": "python " + " ".join(sys.argv),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **device_info()}
     ceiling = matmul_ceiling()
     bandwidth = copy_bandwidth()
     result["ceilings"] = {"bf16_matmul_tflops": ceiling / 1e12, "copy_bytes_per_s": bandwidth}
@@ -266,19 +345,14 @@ def main() -> None:
     headline["head_groups_causal"]["fused_fwd_bwd_ms"] = bench(fwd_bwd(fused, q, k, v, causal_pattern, grad))
     result["headline"] = headline
 
-    if not args.quick:
+    parts = set() if args.quick else {p for p in args.parts.split(",") if p}
+    if parts - {"variants", "auto", "sweep"}:
+        parser.error(f"--parts must name variants, auto or sweep; got {args.parts!r}")
+    if "variants" in parts:
+        result["variants"] = forward_variants(q, k, v)
         variants = []
         pattern = DilatedPattern.create(SEGMENTS, DILATIONS, mode="head_groups")
-        fwd_configs = [(128, 64, 4, 3), (128, 32, 4, 4), (128, 128, 4, 3), (128, 64, 4, 4), (64, 64, 4, 3)]
-        for cfg in fwd_configs + fwd_configs:  # two rounds, interleaved: the spread is the noise
-            triton_dilated.CONFIG_OVERRIDES["fwd"] = cfg
-            try:
-                with torch.no_grad():
-                    variants.append({"fwd_config": cfg, "fwd_ms": bench(lambda: fused(q, k, v, pattern))})
-            except Exception as exc:  # noqa: BLE001
-                variants.append({"fwd_config": cfg, "error": str(exc)[:200]})
-        triton_dilated.CONFIG_OVERRIDES.pop("fwd", None)
-        bwd_configs = [(32, 128, 128, 32, 4, 3), (32, 64, 64, 32, 4, 3), (64, 128, 128, 32, 8, 3), (32, 128, 64, 64, 4, 3)]
+        bwd_configs = [(32, 128, 128, 32, 4, 3), (32, 128, 64, 64, 4, 3), (64, 64, 128, 64, 8, 2), (32, 128, 128, 64, 8, 2)]
         for cfg in bwd_configs + bwd_configs:
             triton_dilated.CONFIG_OVERRIDES["bwd"] = cfg
             try:
@@ -286,14 +360,16 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001
                 variants.append({"bwd_config": cfg, "error": str(exc)[:200]})
         triton_dilated.CONFIG_OVERRIDES.pop("bwd", None)
-        result["variants"] = variants
-        print("variants", json.dumps(variants), flush=True)
+        result["variants"] += variants
+        print("bwd variants", json.dumps(variants), flush=True)
+    if "auto" in parts:
+        result["auto_selection"] = auto_selection_check()
 
     q = k = v = grad = None  # free the headline inputs before the sweep
     torch.cuda.empty_cache()
     sweep = []
-    lengths = [1 << p for p in range(13, args.max_log2_n + 1, 2)] if not args.quick else [8192]
-    if not args.quick and (1 << args.max_log2_n) not in lengths:
+    lengths = [1 << p for p in range(13, args.max_log2_n + 1, 2)] if "sweep" in parts else []
+    if "sweep" in parts and (1 << args.max_log2_n) not in lengths:
         lengths.append(1 << args.max_log2_n)
     for n in lengths:
         q, k, v = make_inputs(1, n)

@@ -89,21 +89,7 @@ def main() -> None:
         rows.append(row)
         return row
 
-    for curve in ("hilbert", "morton"):
-        enc = bench(lambda: cuda_curves.encode(coords, order, curve, out=index, validate=False))
-        dec = bench(lambda: cuda_curves.decode(index, order, 2, curve, out=back, validate=False))
-        add(f"hilbert_lab {curve} encode 2D (int32 AoS -> int32)", enc, 12 * n)
-        add(f"hilbert_lab {curve} decode 2D (int32 -> int32 AoS)", dec, 12 * n)
-    for method in ("table", "bitscan"):
-        enc = bench(lambda: cuda_curves.encode(coords, order, "hilbert", out=index, validate=False, method=method))
-        dec = bench(lambda: cuda_curves.decode(index, order, 2, "hilbert", out=back, validate=False, method=method))
-        add(f"hilbert_lab hilbert encode 2D, {method} variant", enc, 12 * n)
-        add(f"hilbert_lab hilbert decode 2D, {method} variant", dec, 12 * n)
-    enc_checked = bench(lambda: cuda_curves.encode(coords, order, "hilbert", out=index, validate=True))
-    add("hilbert_lab hilbert encode 2D with range check", enc_checked, 20 * n)
-    add("memory floor (12 B/point at copy bandwidth)", floor_ms, 12 * n)
-
-    try:
+    def time_hilbertsfc():
         import hilbertsfc.torch as hsfc
 
         x = coords[:, 0].contiguous()
@@ -112,9 +98,49 @@ def main() -> None:
         hsfc.hilbert_encode_2d(x, y, nbits=order, out=h_out)
         ox, oy = torch.empty_like(x), torch.empty_like(y)
         hsfc.hilbert_decode_2d(h_out, nbits=order, out_x=ox, out_y=oy)
+        assert torch.equal(h_out, index), "hilbertsfc and hilbert_lab disagree on the Hilbert index"
         assert torch.equal(ox, x) and torch.equal(oy, y), "hilbertsfc round trip failed"
-        ref_enc = bench(lambda: hsfc.hilbert_encode_2d(x, y, nbits=order, out=h_out))
-        ref_dec = bench(lambda: hsfc.hilbert_decode_2d(h_out, nbits=order, out_x=ox, out_y=oy))
+        return (bench(lambda: hsfc.hilbert_encode_2d(x, y, nbits=order, out=h_out)),
+                bench(lambda: hsfc.hilbert_decode_2d(h_out, nbits=order, out_x=ox, out_y=oy)))
+
+    try:
+        anchor_rounds = [time_hilbertsfc()]
+    except ImportError as exc:
+        anchor_rounds = []
+        rows.append({"name": "hilbertsfc", "skipped": f"not importable: {exc}"})
+
+    # Launch-configuration sweep (items = vectors per thread, threads per block, points per vector),
+    # both 2D Hilbert methods, two interleaved rounds: the spread between rounds is the noise.
+    configs = [(4, 256, 2), (2, 256, 2), (8, 256, 2), (4, 128, 2), (1, 256, 4), (2, 256, 4), (4, 256, 4),
+               (8, 256, 4), (4, 128, 4)]
+    sweep = []
+    for round_index in range(2):
+        for items, threads, points in configs:
+            cuda_curves.set_launch_config(items, threads, points, points)
+            for method in ("table", "bitscan"):
+                enc = bench(lambda: cuda_curves.encode(coords, order, "hilbert", out=index, validate=False, method=method))
+                dec = bench(lambda: cuda_curves.decode(index, order, 2, "hilbert", out=back, validate=False, method=method))
+                sweep.append({"round": round_index, "items": items, "threads": threads, "points": points,
+                              "method": method, "encode_ms": enc, "decode_ms": dec})
+        if anchor_rounds:
+            anchor_rounds.append(time_hilbertsfc())
+    cuda_curves.set_launch_config()  # the defaults
+    assert torch.equal(cuda_curves.encode(coords, order, "hilbert", validate=False), index.long())
+
+    for curve in ("hilbert", "morton"):
+        enc = bench(lambda: cuda_curves.encode(coords, order, curve, out=index, validate=False))
+        dec = bench(lambda: cuda_curves.decode(index, order, 2, curve, out=back, validate=False))
+        add(f"hilbert_lab {curve} encode 2D (int32 AoS -> int32), defaults", enc, 12 * n)
+        add(f"hilbert_lab {curve} decode 2D (int32 -> int32 AoS), defaults", dec, 12 * n)
+    cuda_curves.encode(coords, order, "hilbert", out=index, validate=False)
+    enc_checked = bench(lambda: cuda_curves.encode(coords, order, "hilbert", out=index, validate=True))
+    add("hilbert_lab hilbert encode 2D with range check", enc_checked, 20 * n)
+    add("memory floor (12 B/point at copy bandwidth)", floor_ms, 12 * n)
+    if anchor_rounds:
+        import statistics
+
+        ref_enc = statistics.median(r[0] for r in anchor_rounds)
+        ref_dec = statistics.median(r[1] for r in anchor_rounds)
         add("hilbertsfc 0.5.1 triton encode 2D (int32 SoA -> int32)", ref_enc, 12 * n)
         add("hilbertsfc 0.5.1 triton decode 2D (int32 -> int32 SoA)", ref_dec, 12 * n)
         for row in rows:
@@ -122,8 +148,9 @@ def main() -> None:
                 row["speed_vs_anchor"] = ref_enc / row["ms"]
             if row["name"].startswith("hilbert_lab hilbert decode 2D"):
                 row["speed_vs_anchor"] = ref_dec / row["ms"]
-    except ImportError as exc:
-        rows.append({"name": "hilbertsfc", "skipped": f"not importable: {exc}"})
+        for entry in sweep:
+            entry["encode_vs_hilbertsfc"] = ref_enc / entry["encode_ms"]
+            entry["decode_vs_hilbertsfc"] = ref_dec / entry["decode_ms"]
 
     coords3 = torch.randint(0, 1 << 10, (n, 3), device="cuda", dtype=torch.int32, generator=gen)
     idx3 = torch.empty(n, device="cuda", dtype=torch.int32)
@@ -150,8 +177,10 @@ def main() -> None:
         if "points_per_s" in row and "permutation" in row["name"] or row["name"].startswith(("torch.index_select", "plain copy")):
             row.pop("points_per_s", None)
 
-    result = {"benchmark": "gpu_curves", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **device_info(),
-              "points": n, "order": order, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows}
+    result = {"benchmark": "gpu_curves", "command": "python " + " ".join(sys.argv),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **device_info(),
+              "points": n, "order": order, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows,
+              "hilbertsfc_rounds_ms": anchor_rounds, "launch_sweep": sweep}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(f"{'kernel':62s} {'ms':>8s} {'Gpts/s':>8s} {'GB/s':>8s} {'%copy':>6s} {'vs anchor':>9s}")
@@ -163,6 +192,12 @@ def main() -> None:
         anchor = f"{row['speed_vs_anchor']:9.2f}x" if "speed_vs_anchor" in row else ""
         print(f"{row['name']:62s} {row['ms']:8.4f} {pts} {row['bytes_per_s'] / 1e9:8.0f} "
               f"{100 * row['fraction_of_copy_bw']:5.0f}% {anchor}")
+    print(f"{'sweep (items, threads, points, method)':44s} {'enc ms':>8s} {'dec ms':>8s} {'enc/hsfc':>8s} {'dec/hsfc':>8s}")
+    for entry in sweep:
+        print(f"{str((entry['items'], entry['threads'], entry['points'], entry['method'])):44s} {entry['encode_ms']:8.4f} "
+              f"{entry['decode_ms']:8.4f} {entry.get('encode_vs_hilbertsfc', float('nan')):8.3f} "
+              f"{entry.get('decode_vs_hilbertsfc', float('nan')):8.3f}")
+    print(f"hilbertsfc rounds (enc, dec ms): {anchor_rounds}")
     print(f"copy bandwidth {bandwidth / 1e9:.0f} GB/s; written {args.out}")
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hilbert_lab.models.train import PRESETS, TrainConfig, train
+from hilbert_lab.models.train import PRESETS, TrainConfig, _curriculum, train
 
 
 def _environment(device: str) -> dict:
@@ -41,16 +41,28 @@ def _environment(device: str) -> dict:
         return {"error": repr(error), "torch": torch.__version__}
 
 
+def _resolved_backend(values: dict) -> str:
+    """What the model's attention layers run: the configured backend, or what "auto" picks for training."""
+    if values.get("backend", "auto") != "auto":
+        return values["backend"]
+    from hilbert_lab.attention.selection import select_backend
+
+    dtype = torch.bfloat16 if values.get("autocast") == "bfloat16" else getattr(torch, values.get("dtype", "float32"))
+    device = values["device"] if torch.cuda.is_available() or values["device"] == "cpu" else "cpu"
+    return select_backend(device, dtype, mode=values.get("mode", "longnet"), requires_grad=True,
+                          whole_pattern=not values.get("ring", False))
+
+
 def _base_config(args) -> dict:
     values = dict(PRESETS[args.preset])
     if args.small:  # CPU smoke sizes
         values.update(seq_len=256, context_length=192, num_pairs=4, num_queries=2, num_keys=16, num_values=16,
                       segment_lengths=[32, 64, 256], dilation_rates=[1, 2, 4], dim=32, depth=2, num_heads=4,
-                      batch_size=2, autocast="none", device="cpu", warmup_steps=2)
+                      batch_size=2, autocast="none", device="cpu", warmup_steps=2, curriculum=[[64, 2]])
     if args.seq_len is not None:  # keep the question a quarter of the sequence away from every pair
         values["context_length"] = args.seq_len - args.seq_len // 4
     for name in ("seq_len", "dim", "depth", "num_heads", "batch_size", "lr", "num_pairs", "num_queries",
-                 "segment_lengths", "dilation_rates", "backend", "autocast", "seed"):
+                 "segment_lengths", "dilation_rates", "backend", "autocast", "seed", "rotary_base", "curriculum"):
         value = getattr(args, name)
         if value is not None:
             values[name] = value
@@ -60,7 +72,7 @@ def _base_config(args) -> dict:
 
 def throughput(values: dict, checkpointing: bool, steps: int, window: int) -> dict:
     """tokens/s (mean over the logged windows after the first) and peak memory of `steps` training steps."""
-    config = TrainConfig(**{**values, "steps": steps, "log_every": window, "eval_every": 10**9,
+    config = TrainConfig(**{**values, "steps": steps, "curriculum": [], "log_every": window, "eval_every": 10**9,
                             "checkpoint_every": 10**9, "gradient_checkpointing": checkpointing})
     on_cuda = torch.device(config.device).type == "cuda"
     if on_cuda:
@@ -107,10 +119,12 @@ def main() -> int:
     parser.add_argument("--quiet", action="store_true")
     for name, kind in (("seq_len", int), ("dim", int), ("depth", int), ("num_heads", int), ("batch_size", int),
                        ("lr", float), ("num_pairs", int), ("num_queries", int), ("backend", str),
-                       ("autocast", str), ("seed", int)):
+                       ("autocast", str), ("seed", int), ("rotary_base", float)):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
     parser.add_argument("--segment-lengths", type=int, nargs="+", default=None)
     parser.add_argument("--dilation-rates", type=int, nargs="+", default=None)
+    parser.add_argument("--curriculum", type=_curriculum, default=None,
+                        help="SEQ_LEN:UNTIL_STEP pairs, e.g. 1024:800,4096:1000 ('' for none)")
     args = parser.parse_args()
 
     values = _base_config(args)
@@ -132,7 +146,7 @@ def main() -> int:
         return 2
 
     report: dict = {"command": " ".join(sys.argv), "world_size": world_size, "environment": _environment(values["device"]),
-                    "config": values}
+                    "config": values, "attention_backend": _resolved_backend(values)}
 
     def save() -> None:
         if rank == 0:
@@ -161,6 +175,7 @@ def main() -> int:
         start = time.perf_counter()
         result = train(config, run_dir, resume=args.resume)
         report["training"] = {
+            "config": config.to_dict(),  # the run's effective configuration (after --steps / --eval-every)
             "run_dir": str(run_dir), "wall_s": time.perf_counter() - start, "final_eval": result.final_eval,
             "chance_accuracy": config.task().chance_accuracy, "chance_loss": config.task().chance_loss,
             "history": result.history,

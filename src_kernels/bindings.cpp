@@ -11,6 +11,7 @@ int hl_curve_encode(const void* coords, void* out, int64_t n, int ndim, int orde
                     int out_is_int64, int method, void* stream_ptr);
 int hl_curve_decode(const void* index, void* coords, int64_t n, int ndim, int order, int curve, int index_is_int64,
                     int coords_are_int64, int method, void* stream_ptr);
+int hl_curve_launch_config(int items, int threads, int encode_points, int decode_points);
 int hl_permute_rows(const void* x, void* out, int64_t batch, int64_t seq_len, int64_t row_bytes, const int64_t* perm,
                     int64_t segment_length, const int64_t* tail_perm, void* stream_ptr);
 
@@ -39,6 +40,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     check(hl_curve_decode(ptr<const void>(index), ptr<void>(coords), n, ndim, order, curve, i64, c64, method,
                           ptr<void>(stream)),
           "curve_decode");
+  });
+  m.def("curve_launch_config", [](int items, int threads, int encode_points, int decode_points) {
+    if (hl_curve_launch_config(items, threads, encode_points, decode_points) != 0)
+      throw std::invalid_argument("curve_launch_config: items must be 1, 2, 4 or 8, threads a multiple of 32 in "
+                                  "[32, 512], points 2 or 4");
   });
   m.def("permute_rows", [](int64_t x, int64_t out, int64_t batch, int64_t seq_len, int64_t row_bytes, int64_t perm,
                            int64_t segment_length, int64_t tail_perm, int64_t stream) {

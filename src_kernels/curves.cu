@@ -14,51 +14,12 @@ constexpr int kThreads = 256;
 constexpr int kHilbert = 0;
 constexpr int kMorton = 1;
 
-template <typename T>
-__device__ __forceinline__ T load_nc(const T* p) { return __ldg(p); }
-
-// Vectorised 2D kernels (int32 in and out): the unit is a pair of points, coords as one int4 and
-// indices as one int2. Each thread takes pairs base + lane and base + 32 + lane of a 64-pair warp
-// chunk, so every load and store instruction of a warp covers one contiguous span.
-#define HL_PAIR_LOOP(...)                                                                   \
-  const int lane = threadIdx.x & 31;                                                        \
-  const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;                \
-  const int64_t num_warps = ((int64_t)gridDim.x * blockDim.x) >> 5;                          \
-  for (int64_t base = warp * 64; base < npairs; base += num_warps * 64) {                   \
-    const int64_t p0 = base + lane, p1 = base + 32 + lane;                                   \
-    if (p0 < npairs) { const int64_t p = p0; __VA_ARGS__ }                                   \
-    if (p1 < npairs) { const int64_t p = p1; __VA_ARGS__ }                                   \
-  }
-
-template <int CURVE>
-__global__ void encode2d_i32x4(const int4* __restrict__ coords, int2* __restrict__ out, int64_t npairs, uint32_t order) {
-  HL_PAIR_LOOP({
-    int4 a = load_nc(coords + p);
-    if (CURVE == kHilbert)
-      out[p] = make_int2((int)hl::hilbert2d_xy_to_index(order, (uint32_t)a.x, (uint32_t)a.y),
-                         (int)hl::hilbert2d_xy_to_index(order, (uint32_t)a.z, (uint32_t)a.w));
-    else
-      out[p] = make_int2((int)hl::morton2d_encode16((uint32_t)a.x, (uint32_t)a.y),
-                         (int)hl::morton2d_encode16((uint32_t)a.z, (uint32_t)a.w));
-  })
-}
-
-template <int CURVE>
-__global__ void decode2d_i32x4(const int2* __restrict__ index, int4* __restrict__ coords, int64_t npairs, uint32_t order) {
-  HL_PAIR_LOOP({
-    int2 h = load_nc(index + p);
-    uint32_t x0, y0, x1, y1;
-    if (CURVE == kHilbert) {
-      hl::hilbert2d_index_to_xy(order, (uint32_t)h.x, &x0, &y0);
-      hl::hilbert2d_index_to_xy(order, (uint32_t)h.y, &x1, &y1);
-    } else {
-      hl::morton2d_decode16((uint32_t)h.x, &x0, &y0);
-      hl::morton2d_decode16((uint32_t)h.y, &x1, &y1);
-    }
-    coords[p] = make_int4((int)x0, (int)y0, (int)x1, (int)y1);
-  })
-}
-
+// Vectorised 2D kernels (int32 in and out). The unit is a pair of points: coordinates as one int4
+// (x0, y0, x1, y1), indices as one int2 (or two pairs: Quad below). Each thread takes ITEMS units,
+// block-strided so that every load and store instruction of a warp covers one contiguous span, and
+// issues all its loads before any arithmetic, then loads the state-machine table into shared memory
+// while they are in flight. An Op maps one In vector to one Out vector; kTable says whether it reads
+// the shared table.
 template <int LEVELS>
 __device__ __forceinline__ uint32_t encode_lut(const uint16_t* lut, uint32_t order, uint32_t x, uint32_t y) {
   x <<= 16 - order;
@@ -88,32 +49,159 @@ __device__ __forceinline__ int2 decode_lut(const uint16_t* lut, uint32_t order, 
   return make_int2((int)(cx >> (4 * LEVELS - order)), (int)(cy >> (4 * LEVELS - order)));
 }
 
-// 2D Hilbert, order <= 15, int32 -> int32, pairs of points as above, 4-bit state machine in shared memory.
 template <int LEVELS>
-__global__ void hilbert_encode2d_lut_x4(const int4* __restrict__ coords, int2* __restrict__ out, int64_t npairs,
-                                        uint32_t order, const uint16_t* __restrict__ table) {
-  __shared__ uint16_t lut[1024];
-  for (int i = threadIdx.x; i < 1024; i += blockDim.x) lut[i] = table[i];
-  __syncthreads();
-  HL_PAIR_LOOP({
-    int4 a = load_nc(coords + p);
-    out[p] = make_int2((int)encode_lut<LEVELS>(lut, order, (uint32_t)a.x, (uint32_t)a.y),
-                       (int)encode_lut<LEVELS>(lut, order, (uint32_t)a.z, (uint32_t)a.w));
-  })
-}
+struct HilbertEncodeTable {
+  using In = int4;
+  using Out = int2;
+  static constexpr bool kTable = true;
+  static __device__ __forceinline__ Out apply(In a, const uint16_t* lut, uint32_t order) {
+    return make_int2((int)encode_lut<LEVELS>(lut, order, (uint32_t)a.x, (uint32_t)a.y),
+                     (int)encode_lut<LEVELS>(lut, order, (uint32_t)a.z, (uint32_t)a.w));
+  }
+};
 
 template <int LEVELS>
-__global__ void hilbert_decode2d_lut_x4(const int2* __restrict__ index, int4* __restrict__ coords, int64_t npairs,
-                                        uint32_t order, const uint16_t* __restrict__ table) {
-  __shared__ uint16_t lut[1024];
-  for (int i = threadIdx.x; i < 1024; i += blockDim.x) lut[i] = table[i];
-  __syncthreads();
-  HL_PAIR_LOOP({
-    int2 h = load_nc(index + p);
+struct HilbertDecodeTable {
+  using In = int2;
+  using Out = int4;
+  static constexpr bool kTable = true;
+  static __device__ __forceinline__ Out apply(In h, const uint16_t* lut, uint32_t order) {
     int2 a = decode_lut<LEVELS>(lut, order, (uint32_t)h.x);
     int2 b = decode_lut<LEVELS>(lut, order, (uint32_t)h.y);
-    coords[p] = make_int4(a.x, a.y, b.x, b.y);
-  })
+    return make_int4(a.x, a.y, b.x, b.y);
+  }
+};
+
+template <int CURVE>
+struct Encode2d {  // branch-free forms: Hilbert prefix scan ("bitscan") or Morton interleave
+  using In = int4;
+  using Out = int2;
+  static constexpr bool kTable = false;
+  static __device__ __forceinline__ Out apply(In a, const uint16_t*, uint32_t order) {
+    if (CURVE == kHilbert)
+      return make_int2((int)hl::hilbert2d_xy_to_index(order, (uint32_t)a.x, (uint32_t)a.y),
+                       (int)hl::hilbert2d_xy_to_index(order, (uint32_t)a.z, (uint32_t)a.w));
+    return make_int2((int)hl::morton2d_encode16((uint32_t)a.x, (uint32_t)a.y),
+                     (int)hl::morton2d_encode16((uint32_t)a.z, (uint32_t)a.w));
+  }
+};
+
+template <int CURVE>
+struct Decode2d {
+  using In = int2;
+  using Out = int4;
+  static constexpr bool kTable = false;
+  static __device__ __forceinline__ Out apply(In h, const uint16_t*, uint32_t order) {
+    uint32_t x0, y0, x1, y1;
+    if (CURVE == kHilbert) {
+      hl::hilbert2d_index_to_xy(order, (uint32_t)h.x, &x0, &y0);
+      hl::hilbert2d_index_to_xy(order, (uint32_t)h.y, &x1, &y1);
+    } else {
+      hl::morton2d_decode16((uint32_t)h.x, &x0, &y0);
+      hl::morton2d_decode16((uint32_t)h.y, &x1, &y1);
+    }
+    return make_int4((int)x0, (int)y0, (int)x1, (int)y1);
+  }
+};
+
+// Two vectors side by side: a thread maps 4 points at a time (2 pairs), so encode stores one 16-byte
+// index vector and decode loads one.
+template <class V>
+struct alignas(2 * sizeof(V)) Twice {
+  V a, b;
+};
+
+__device__ __forceinline__ int2 load_vec(const int2* p) { return __ldg(p); }
+__device__ __forceinline__ int4 load_vec(const int4* p) { return __ldg(p); }
+__device__ __forceinline__ Twice<int2> load_vec(const Twice<int2>* p) {
+  const int4 v = __ldg(reinterpret_cast<const int4*>(p));
+  return {make_int2(v.x, v.y), make_int2(v.z, v.w)};
+}
+__device__ __forceinline__ Twice<int4> load_vec(const Twice<int4>* p) {
+  const int4* q = reinterpret_cast<const int4*>(p);
+  return {__ldg(q), __ldg(q + 1)};
+}
+__device__ __forceinline__ void store_vec(int2* p, int2 v) { *p = v; }
+__device__ __forceinline__ void store_vec(int4* p, int4 v) { *p = v; }
+__device__ __forceinline__ void store_vec(Twice<int2>* p, Twice<int2> v) {
+  *reinterpret_cast<int4*>(p) = make_int4(v.a.x, v.a.y, v.b.x, v.b.y);
+}
+__device__ __forceinline__ void store_vec(Twice<int4>* p, Twice<int4> v) {
+  int4* q = reinterpret_cast<int4*>(p);
+  q[0] = v.a;
+  q[1] = v.b;
+}
+
+template <class Op>
+struct Quad {  // Op on two consecutive pairs
+  using In = Twice<typename Op::In>;
+  using Out = Twice<typename Op::Out>;
+  static constexpr bool kTable = Op::kTable;
+  static __device__ __forceinline__ Out apply(In v, const uint16_t* lut, uint32_t order) {
+    return {Op::apply(v.a, lut, order), Op::apply(v.b, lut, order)};
+  }
+};
+
+template <class Op, int ITEMS>
+__global__ void __launch_bounds__(512) map_pairs(const typename Op::In* __restrict__ in, typename Op::Out* __restrict__ out,
+                                                 int64_t count, uint32_t order, const uint16_t* __restrict__ table) {
+  __shared__ __align__(16) uint16_t lut[Op::kTable ? 1024 : 8];
+  const int64_t base = (int64_t)blockIdx.x * blockDim.x * ITEMS + threadIdx.x;
+  typename Op::In v[ITEMS];
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t p = base + (int64_t)k * blockDim.x;
+    if (p < count) v[k] = load_vec(in + p);
+  }
+  if (Op::kTable) {  // 2 KiB table, 16 bytes per thread, while the loads above are in flight
+    for (int i = threadIdx.x; i < 128; i += blockDim.x)
+      reinterpret_cast<uint4*>(lut)[i] = __ldg(reinterpret_cast<const uint4*>(table) + i);
+    __syncthreads();
+  }
+#pragma unroll
+  for (int k = 0; k < ITEMS; ++k) {
+    const int64_t p = base + (int64_t)k * blockDim.x;
+    if (p < count) store_vec(out + p, Op::apply(v[k], lut, order));
+  }
+}
+
+// Launch configuration of map_pairs (benchmarks may change it through hl_curve_launch_config):
+// vectors per thread, threads per block, and points per vector (2: pairs, 4: two pairs) to encode and
+// to decode. Defaults: the fastest measured on an H100 (reports/results/gpu_curves.json, launch_sweep):
+// encode stores 16-byte index vectors (4 points), decode stays on pairs (its 4-point form writes 32
+// bytes per thread per vector and ran 7-15% slower).
+int g_items = 4;
+int g_threads = 256;
+int g_encode_points = 4;
+int g_decode_points = 2;
+
+template <class Op, int ITEMS>
+void launch_as(const void* in, void* out, int64_t count, uint32_t order, const uint16_t* table, cudaStream_t s) {
+  const int64_t per_block = (int64_t)g_threads * ITEMS;
+  const int64_t blocks = (count + per_block - 1) / per_block;
+  map_pairs<Op, ITEMS><<<(unsigned)blocks, g_threads, 0, s>>>(
+      static_cast<const typename Op::In*>(in), static_cast<typename Op::Out*>(out), count, order, table);
+}
+
+template <class Op>
+void launch_items(const void* in, void* out, int64_t count, uint32_t order, const uint16_t* table, cudaStream_t s) {
+  switch (g_items) {
+    case 1: launch_as<Op, 1>(in, out, count, order, table, s); break;
+    case 2: launch_as<Op, 2>(in, out, count, order, table, s); break;
+    case 8: launch_as<Op, 8>(in, out, count, order, table, s); break;
+    default: launch_as<Op, 4>(in, out, count, order, table, s); break;
+  }
+}
+
+// npairs pairs of points; four points per vector when configured and the pair count and the
+// pointers allow it (16-byte aligned), else two.
+template <class Op>
+void launch_pairs(const void* in, void* out, int64_t npairs, uint32_t order, const uint16_t* table, cudaStream_t s) {
+  const int points = sizeof(typename Op::In) > sizeof(typename Op::Out) ? g_encode_points : g_decode_points;
+  const bool quads = points == 4 && npairs % 2 == 0 && reinterpret_cast<uintptr_t>(in) % 16 == 0 &&
+                     reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (quads) launch_items<Quad<Op>>(in, out, npairs / 2, order, table, s);
+  else launch_items<Op>(in, out, npairs, order, table, s);
 }
 
 // Any supported case, one point per thread.
@@ -217,28 +305,14 @@ const uint16_t* hilbert2d_device_table(bool decode) {
   return tables[dev][decode ? 1 : 0];
 }
 
-int lut_grid(int64_t work) {
-  int dev = 0, sms = 132;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  int64_t blocks = (work + kThreads - 1) / kThreads;
-  int64_t cap = (int64_t)sms * 8;  // persistent-ish: the table is loaded once per block
-  return (int)(blocks < 1 ? 1 : (blocks > cap ? cap : blocks));
-}
-
 bool launch_hilbert2d_lut(bool decode, const void* in, void* out, int64_t npairs, uint32_t order, cudaStream_t s) {
   const uint16_t* table = hilbert2d_device_table(decode);
   if (table == nullptr) return false;
   const int levels = (int)(order + 3) / 4;
-  const int grid = lut_grid((npairs + 1) / 2);
-#define HL_LUT_CASE(L)                                                                                          \
-  case L:                                                                                                     \
-    if (decode)                                                                                               \
-      hilbert_decode2d_lut_x4<L><<<grid, kThreads, 0, s>>>(static_cast<const int2*>(in), static_cast<int4*>(out), \
-                                                           npairs, order, table);                              \
-    else                                                                                                      \
-      hilbert_encode2d_lut_x4<L><<<grid, kThreads, 0, s>>>(static_cast<const int4*>(in), static_cast<int2*>(out), \
-                                                           npairs, order, table);                              \
+#define HL_LUT_CASE(L)                                                                     \
+  case L:                                                                                \
+    if (decode) launch_pairs<HilbertDecodeTable<L>>(in, out, npairs, order, table, s);   \
+    else launch_pairs<HilbertEncodeTable<L>>(in, out, npairs, order, table, s);          \
     return true;
   switch (levels) {
     HL_LUT_CASE(1)
@@ -267,11 +341,8 @@ int hl_curve_encode(const void* coords, void* out, int64_t n, int ndim, int orde
     const int64_t npairs = n / 2;
     if (curve == kHilbert && method == 0 && launch_hilbert2d_lut(false, coords, out, npairs, (uint32_t)order, s))
       return (int)cudaGetLastError();
-    const int grid = grid_for((npairs + 1) / 2);
-    if (curve == kHilbert)
-      encode2d_i32x4<kHilbert><<<grid, kThreads, 0, s>>>(static_cast<const int4*>(coords), static_cast<int2*>(out), npairs, (uint32_t)order);
-    else
-      encode2d_i32x4<kMorton><<<grid, kThreads, 0, s>>>(static_cast<const int4*>(coords), static_cast<int2*>(out), npairs, (uint32_t)order);
+    if (curve == kHilbert) launch_pairs<Encode2d<kHilbert>>(coords, out, npairs, (uint32_t)order, nullptr, s);
+    else launch_pairs<Encode2d<kMorton>>(coords, out, npairs, (uint32_t)order, nullptr, s);
   } else if (ndim == 2 && curve == kHilbert) {
     dispatch_encode<2, kHilbert>(coords, out, n, order, c64, i64, s);
   } else if (ndim == 2 && curve == kMorton) {
@@ -297,11 +368,8 @@ int hl_curve_decode(const void* index, void* coords, int64_t n, int ndim, int or
     const int64_t npairs = n / 2;
     if (curve == kHilbert && method == 0 && launch_hilbert2d_lut(true, index, coords, npairs, (uint32_t)order, s))
       return (int)cudaGetLastError();
-    const int grid = grid_for((npairs + 1) / 2);
-    if (curve == kHilbert)
-      decode2d_i32x4<kHilbert><<<grid, kThreads, 0, s>>>(static_cast<const int2*>(index), static_cast<int4*>(coords), npairs, (uint32_t)order);
-    else
-      decode2d_i32x4<kMorton><<<grid, kThreads, 0, s>>>(static_cast<const int2*>(index), static_cast<int4*>(coords), npairs, (uint32_t)order);
+    if (curve == kHilbert) launch_pairs<Decode2d<kHilbert>>(index, coords, npairs, (uint32_t)order, nullptr, s);
+    else launch_pairs<Decode2d<kMorton>>(index, coords, npairs, (uint32_t)order, nullptr, s);
   } else if (ndim == 2 && curve == kHilbert) {
     dispatch_decode<2, kHilbert>(index, coords, n, order, i64, c64, s);
   } else if (ndim == 2 && curve == kMorton) {
@@ -314,4 +382,18 @@ int hl_curve_decode(const void* index, void* coords, int64_t n, int ndim, int or
     return -1;
   }
   return (int)cudaGetLastError();
+}
+
+// Launch configuration of the vectorised 2D kernels: items (vectors per thread: 1, 2, 4, 8), threads
+// per block (32..512, a multiple of 32), points per vector to encode and to decode (2 or 4). Returns 0,
+// or -1 (unchanged) for values outside those sets.
+int hl_curve_launch_config(int items, int threads, int encode_points, int decode_points) {
+  if (!(items == 1 || items == 2 || items == 4 || items == 8) || threads < 32 || threads > 512 || threads % 32 ||
+      !(encode_points == 2 || encode_points == 4) || !(decode_points == 2 || decode_points == 4))
+    return -1;
+  g_items = items;
+  g_threads = threads;
+  g_encode_points = encode_points;
+  g_decode_points = decode_points;
+  return 0;
 }

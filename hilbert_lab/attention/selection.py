@@ -5,8 +5,13 @@ Rules of `select_backend` (first match wins):
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
    efficient kernel; flash needs fp16/bf16) and no flash-attn. Pascal: use float32.
-3. CUDA, fp16/bf16 on Ampere or newer: "flash" when flash-attn is installed, else "sdpa"
-   (flash kernel). "triton"/"flex" are opt-in or chosen by timing.
+3. CUDA, fp16/bf16 on Hopper or newer (compute capability >= 9.0) with Triton, for a whole
+   pattern: the fused kernel "triton". It was measured against the engine's "sdpa" on an H100
+   (auto_selection in reports/results/gpu_attention.json: both modes, N = 8K to 512K, inference
+   and training) and won every case, by 1.2x to 13x. Dense-block callers (the ring's local steps,
+   whole_pattern=False) skip this rule.
+4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
+   "triton"/"flex" are opt-in there or chosen by timing.
 With benchmark_backends=True the candidates that can run are timed once per
 (device name, dtype, shape, segment_lengths) key and the fastest is cached in memory and in a JSON
 file ($HILBERT_LAB_CACHE_DIR or ~/.cache/hilbert_lab, file backend_selection.json).
@@ -78,20 +83,44 @@ def cache_path() -> Path:
     return Path(root) / "backend_selection.json"
 
 
-def rule_backend(device: torch.device | str, dtype: torch.dtype) -> str:
-    """The backend the documented rules pick for (device, dtype) without timing."""
-    return _rule_backend(torch.device(device), dtype)
+def rule_backend(device: torch.device | str, dtype: torch.dtype, *, mode: str = "longnet",
+                 seq_len: Optional[int] = None, requires_grad: bool = False, whole_pattern: bool = True) -> str:
+    """The backend the documented rules pick for (device, dtype, mode, N, training) without timing.
+
+    whole_pattern=False: the caller runs dense blocks (the ring's local steps), so rule 3 (the fused
+    whole-pattern kernel) does not apply."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return rule_for(device.type, None, dtype)
+    capability, triton_ok, flash_ok = _cuda_facts(device, dtype)
+    return rule_for("cuda", capability, dtype, mode=mode, seq_len=seq_len, requires_grad=requires_grad,
+                    triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok)
 
 
 @functools.lru_cache(maxsize=64)
-def _rule_backend(device: torch.device, dtype: torch.dtype) -> str:
-    if device.type == "cpu":
+def _cuda_facts(device: torch.device, dtype: torch.dtype) -> tuple[tuple[int, int], bool, bool]:
+    """(compute capability, triton runnable, flash runnable): cached, since a failed import of an
+    optional package costs a file-system search on every call."""
+    return (torch.cuda.get_device_capability(device), unavailable_reason("triton", device, dtype) is None,
+            unavailable_reason("flash", device, dtype) is None)
+
+
+def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, mode: str = "longnet",
+             seq_len: Optional[int] = None, requires_grad: bool = False, triton_ok: bool = False,
+             flash_ok: bool = False) -> str:
+    """The module's rules as a pure function of the facts they read (testable without a GPU).
+
+    mode, seq_len and requires_grad are part of the question; the measured H100 rule does not need
+    them (the fused kernel won in every mode, length and direction), timing-based selection does."""
+    if device_type == "cpu":
         return "sdpa" if dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) else "manual"
-    if device.type != "cuda":
+    if device_type != "cuda" or capability is None:
         return "manual"
-    major = torch.cuda.get_device_capability(device)[0]
-    if dtype in (torch.float16, torch.bfloat16) and major >= 8:
-        return "flash" if unavailable_reason("flash", device, dtype) is None else "sdpa"
+    half = dtype in (torch.float16, torch.bfloat16)
+    if half and capability[0] >= 9 and triton_ok:
+        return "triton"
+    if half and capability[0] >= 8:
+        return "flash" if flash_ok else "sdpa"
     return "sdpa"
 
 
@@ -110,30 +139,35 @@ def select_backend(
     segment_lengths: Sequence[int] = (),
     *,
     dilation_rates: Optional[Sequence[int]] = None,
+    mode: str = "longnet",
+    requires_grad: bool = False,
+    whole_pattern: bool = True,
     benchmark_backends: bool = False,
     use_file_cache: bool = True,
 ) -> str:
-    """Backend name for (device, dtype[, shape (B, N, H, D)]) by the module's rules or by timing.
+    """Backend name for (device, dtype[, shape (B, N, H, D)], mode, training) by the rules or by timing.
 
     benchmark_backends=True (needs shape and segment_lengths) times each candidate once per key
     (forward, median of 3 after a warm-up) and caches the winner in memory and in `cache_path()`.
     """
     device = torch.device(device)
     if not benchmark_backends:
-        return rule_backend(device, dtype)
+        seq_len = int(shape[1]) if shape is not None and len(shape) == 4 else None
+        return rule_backend(device, dtype, mode=mode, seq_len=seq_len, requires_grad=requires_grad,
+                            whole_pattern=whole_pattern)
     if shape is None or len(shape) != 4 or not segment_lengths:
         raise ValueError("benchmark_backends=True needs shape=(B, N, H, D) and segment_lengths")
     rates = tuple(dilation_rates) if dilation_rates is not None else tuple(1 for _ in segment_lengths)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    key = f"{name}|{dtype}|{tuple(shape)}|{tuple(segment_lengths)}|{rates}"
+    key = f"{name}|{dtype}|{tuple(shape)}|{tuple(segment_lengths)}|{rates}|{mode}"
     if key in _MEMORY_CACHE:
         return _MEMORY_CACHE[key]
     stored = _read_cache() if use_file_cache else {}
     if key in stored and unavailable_reason(stored[key], device, dtype) is None:
         _MEMORY_CACHE[key] = stored[key]
         return stored[key]
-    timings = time_backends(device, dtype, tuple(shape), tuple(segment_lengths), rates)
-    best = min(timings, key=timings.get) if timings else rule_backend(device, dtype)
+    timings = time_backends(device, dtype, tuple(shape), tuple(segment_lengths), rates, mode=mode)
+    best = min(timings, key=timings.get) if timings else rule_backend(device, dtype, mode=mode, seq_len=shape[1])
     _MEMORY_CACHE[key] = best
     if use_file_cache:
         stored[key] = best
@@ -141,7 +175,8 @@ def select_backend(
     return best
 
 
-def time_backends(device, dtype, shape, segment_lengths, dilation_rates, repeats: int = 3) -> dict[str, float]:
+def time_backends(device, dtype, shape, segment_lengths, dilation_rates, repeats: int = 3, *,
+                  mode: str = "longnet") -> dict[str, float]:
     """Median forward seconds per runnable candidate (failing candidates are left out)."""
     from hilbert_lab.attention.engine import dilated_attention
 
@@ -155,7 +190,7 @@ def time_backends(device, dtype, shape, segment_lengths, dilation_rates, repeats
                 start = time.perf_counter()
                 with torch.no_grad():
                     dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                      backend=backend)
+                                      mode=mode, backend=backend)
                 _sync(device)
                 if i:
                     samples.append(time.perf_counter() - start)

@@ -444,7 +444,7 @@ def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], b
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = ()) -> Backend:
     """The engine's block backend for q ("auto" as in the engine); it must have a block backward."""
-    adapter = engine_resolve_backend(backend, q, segment_lengths)
+    adapter = engine_resolve_backend(backend, q, segment_lengths, whole_pattern=False)
     if adapter.backward is None:
         raise ValueError(f"backend {adapter.name!r} has no block backward; ring attention needs one (e.g. 'manual', 'sdpa')")
     return adapter

@@ -37,9 +37,9 @@ def _stream() -> int:
 
 
 METHODS = {"table": 0, "bitscan": 1}
-# "auto": the faster form measured on an H100 (reports/results/gpu_curves.json): table to encode,
-# bitscan to decode.
-AUTO_METHOD = {"encode": "table", "decode": "bitscan"}
+# "auto": the faster form measured on an H100 (reports/results/gpu_curves.json, launch_sweep): the
+# table for both directions (the prefix-scan encode is 30% slower, its decode within 2%).
+AUTO_METHOD = {"encode": "table", "decode": "table"}
 
 
 def _method_id(method: str, direction: str) -> int:
@@ -118,6 +118,21 @@ def decode(index: torch.Tensor, order: int, ndim: int, curve: str = "hilbert", *
     ext.curve_decode(index.data_ptr(), out.data_ptr(), index.numel(), ndim, order, curve_id,
                      index.dtype == torch.int64, out.dtype == torch.int64, method_id, _stream())
     return out
+
+
+def set_launch_config(items: int = 4, threads: int = 256, encode_points: int = 4, decode_points: int = 2) -> None:
+    """Launch configuration of the vectorised 2D int32 kernels (a benchmarking knob; the defaults are
+    the fastest measured on an H100, reports/results/gpu_curves.json): ``items`` vectors per thread
+    (1, 2, 4 or 8), ``threads`` per block (a multiple of 32 in [32, 512]), points per vector to encode
+    and to decode (2, or 4: 16-byte index vectors). Results never depend on it."""
+    if items not in (1, 2, 4, 8):
+        raise ValueError(f"items must be one of (1, 2, 4, 8), got {items!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 32 <= threads <= 512 or threads % 32:
+        raise ValueError(f"threads must be a multiple of 32 in [32, 512], got {threads!r}")
+    for name, value in (("encode_points", encode_points), ("decode_points", decode_points)):
+        if value not in (2, 4):
+            raise ValueError(f"{name} must be 2 or 4, got {value!r}")
+    load_extension().curve_launch_config(int(items), int(threads), int(encode_points), int(decode_points))
 
 
 def _perm_tensor(perm, length: int, name: str, device: torch.device, validate: bool) -> torch.Tensor:

@@ -100,6 +100,53 @@ if HAVE_TRITON:
         else:
             return rows_ok[:, None] & (offs_d < HEAD_DIM)[None, :]
 
+    @triton.jit
+    def _load_rows(base, rows64, stride_row, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+        """(rows, BLOCK_D) tile of rows that are all in range: no row mask, so loads stay unmasked vectors."""
+        ptrs = base + rows64[:, None] * stride_row + offs_d[None, :]
+        if HEAD_DIM == BLOCK_D:
+            return tl.load(ptrs)
+        else:
+            return tl.load(ptrs, mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
+
+    @triton.jit
+    def _softmax_step(q, k, v, m_i, l_i, acc, mask, qk_scale, MASKED: tl.constexpr, IEEE: tl.constexpr,
+                      DIAG: tl.constexpr):
+        """One key block of the online softmax: scores q k^T, running max m_i / sum l_i (log2
+        domain), acc += P V. mask (rows, keys) applies only when MASKED. DIAG (benchmarks only;
+        the result is then not attention): 1 replaces exp2 by a multiply-add, 2 skips the whole
+        softmax (the matrix products and loads alone)."""
+        if IEEE:
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            qk = tl.dot(q, tl.trans(k))
+        if DIAG == 2:
+            p = qk
+            alpha = m_i
+            m_new = m_i
+        else:
+            if MASKED:
+                qk = tl.where(mask, qk, float("-inf"))
+            # scale folded into one FMA per score (the scaled scores are never stored)
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
+            if MASKED:
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            else:
+                m_safe = m_new
+            if DIAG == 1:
+                p = qk * qk_scale - m_safe[:, None]
+                alpha = m_i - m_safe
+            else:
+                p = tl.math.exp2(qk * qk_scale - m_safe[:, None])
+                alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        if IEEE:
+            acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc += tl.dot(p.to(v.dtype), v)
+        return m_new, l_i, acc
+
     @triton.jit(do_not_specialize=_NO_SPECIALIZE)
     def _fwd_kernel(
         Q, K, V, Out, Lse,
@@ -111,7 +158,7 @@ if HAVE_TRITON:
         N, H, qk_scale, tiles_per_stream,
         NUM_BRANCHES, R, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-        IEEE: tl.constexpr,
+        IEEE: tl.constexpr, USE_TMA: tl.constexpr, DIAG: tl.constexpr,
     ):
         pid_m = tl.program_id(0)
         pid_bh = tl.program_id(1)
@@ -145,6 +192,13 @@ if HAVE_TRITON:
                 p_max = tl.max(tl.where(row_sel, pos, -1), axis=0)
                 s_lo = p_min // w
                 s_hi = p_max // w
+                if USE_TMA:
+                    # The branch's keys of this head as a 2D view: row j = position o + r * j.
+                    n_rows = (N - o + r - 1) // r
+                    k_desc = tl.make_tensor_descriptor(k_base + o * stride_kn, shape=[n_rows, HEAD_DIM],
+                                                       strides=[r * stride_kn, 1], block_shape=[BLOCK_N, BLOCK_D])
+                    v_desc = tl.make_tensor_descriptor(v_base + o * stride_vn, shape=[n_rows, HEAD_DIM],
+                                                       strides=[r * stride_vn, 1], block_shape=[BLOCK_N, BLOCK_D])
                 for s in range(s_lo, s_hi + 1):
                     seg_start = s * w
                     seg_len = tl.minimum(w, N - seg_start)
@@ -162,28 +216,18 @@ if HAVE_TRITON:
                         if CAUSAL:
                             n_full = tl.minimum(n_keys, tl.maximum((seg_p_min - seg_start - o) // r + 1, 0))
                         n_full = (n_full // BLOCK_N) * BLOCK_N
-                    for kb in range(0, n_full, BLOCK_N):
-                        j = kb + tl.arange(0, BLOCK_N)
-                        kpos = (seg_start + o + r * j).to(tl.int64)
-                        k = tl.load(k_base + kpos[:, None] * stride_kn + offs_d[None, :],
-                                    mask=_mask2(j < n_keys, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
-                        v = tl.load(v_base + kpos[:, None] * stride_vn + offs_d[None, :],
-                                    mask=_mask2(j < n_keys, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
-                        if IEEE:
-                            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-                        else:
-                            qk = tl.dot(q, tl.trans(k))
-                        # scale folded into one FMA per score (the scaled scores are never stored)
-                        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
-                        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-                        alpha = tl.math.exp2(m_i - m_new)
-                        l_i = l_i * alpha + tl.sum(p, axis=1)
-                        acc = acc * alpha[:, None]
-                        if IEEE:
-                            acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                        else:
-                            acc += tl.dot(p.to(v.dtype), v)
-                        m_i = m_new
+                    if USE_TMA and (seg_start % r == 0):
+                        row0 = seg_start // r
+                        for kb in range(0, n_full, BLOCK_N):
+                            k = k_desc.load([row0 + kb, 0])
+                            v = v_desc.load([row0 + kb, 0])
+                            m_i, l_i, acc = _softmax_step(q, k, v, m_i, l_i, acc, row_in, qk_scale, False, IEEE, DIAG)
+                    else:
+                        for kb in range(0, n_full, BLOCK_N):
+                            kpos = (seg_start + o + r * (kb + tl.arange(0, BLOCK_N))).to(tl.int64)
+                            k = _load_rows(k_base, kpos, stride_kn, offs_d, HEAD_DIM, BLOCK_D)
+                            v = _load_rows(v_base, kpos, stride_vn, offs_d, HEAD_DIM, BLOCK_D)
+                            m_i, l_i, acc = _softmax_step(q, k, v, m_i, l_i, acc, row_in, qk_scale, False, IEEE, DIAG)
                     for kb in range(n_full, n_iter, BLOCK_N):
                         j = kb + tl.arange(0, BLOCK_N)
                         k_valid = j < n_keys
@@ -193,25 +237,10 @@ if HAVE_TRITON:
                                     mask=_mask2(k_valid, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
                         v = tl.load(v_base + kpos64[:, None] * stride_vn + offs_d[None, :],
                                     mask=_mask2(k_valid, offs_d, HEAD_DIM, BLOCK_D), other=0.0)
-                        if IEEE:
-                            qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-                        else:
-                            qk = tl.dot(q, tl.trans(k))
                         mask = row_in[:, None] & k_valid[None, :]
                         if CAUSAL:
                             mask = mask & (kpos[None, :] <= pos[:, None])
-                        qk = tl.where(mask, qk, float("-inf"))
-                        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * qk_scale)
-                        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                        p = tl.math.exp2(qk * qk_scale - m_safe[:, None])
-                        alpha = tl.math.exp2(m_i - m_safe)
-                        l_i = l_i * alpha + tl.sum(p, axis=1)
-                        acc = acc * alpha[:, None]
-                        if IEEE:
-                            acc += tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                        else:
-                            acc += tl.dot(p.to(v.dtype), v)
-                        m_i = m_new
+                        m_i, l_i, acc = _softmax_step(q, k, v, m_i, l_i, acc, mask, qk_scale, True, IEEE, DIAG)
 
         has_keys = l_i > 0.0
         l_safe = tl.where(has_keys, l_i, 1.0)
@@ -506,8 +535,36 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_len
 
 
 # Launch-configuration overrides for benchmarking variants: {"fwd": (BLOCK_M, BLOCK_N, warps, stages),
-# "bwd": (dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, warps, stages)}.
-CONFIG_OVERRIDES: dict[str, tuple[int, ...]] = {}
+# "bwd": (dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, warps, stages), "fwd_tma": bool (Hopper
+# bulk tensor copies for the forward's full key blocks), "fwd_diag": 0 | 1 | 2 (benchmarks only, the
+# result is then not attention: 1 = exp2 replaced by a multiply-add, 2 = no softmax at all)}.
+CONFIG_OVERRIDES: dict[str, object] = {}
+# Whether the forward reads full key blocks with the tensor-memory accelerator where it can.
+USE_TMA_DEFAULT = False
+
+
+def _tma_eligible(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Device-side tensor descriptors need sm_90+, a power-of-2 head dim of >= 16 bytes, and 16-byte
+    aligned base pointers and row strides (every dilated row stride is then aligned too)."""
+    if _interpreting() or k.device.type != "cuda" or torch.cuda.get_device_capability(k.device)[0] < 9:
+        return False
+    if not hasattr(tl, "make_tensor_descriptor"):
+        return False
+    head_dim, size = k.shape[-1], k.element_size()
+    if head_dim & (head_dim - 1) or head_dim * size < 16:
+        return False
+    return all(t.data_ptr() % 16 == 0 and all(st * size % 16 == 0 for st in t.stride()[:3]) for t in (k, v))
+
+
+_TMA_ALLOCATOR_SET = False
+
+
+def _ensure_tma_allocator() -> None:
+    """Device-side descriptors live in a global scratch buffer that Triton asks the allocator for."""
+    global _TMA_ALLOCATOR_SET
+    if not _TMA_ALLOCATOR_SET:
+        triton.set_allocator(lambda size, alignment, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+        _TMA_ALLOCATOR_SET = True
 
 
 def _check_scale(scale: float | None, head_dim: int) -> float:
@@ -592,6 +649,9 @@ def dilated_attention_forward(
     block_m, block_n, num_warps, num_stages = _fwd_config(head_dim, q.dtype)
     tiles_per_stream, num_tiles = _grid_tiles(seq_len, stride, block_m)
     block_d = max(16, triton.next_power_of_2(head_dim))
+    use_tma = bool(CONFIG_OVERRIDES.get("fwd_tma", USE_TMA_DEFAULT)) and _tma_eligible(k, v)
+    if use_tma:
+        _ensure_tma_allocator()
     _fwd_kernel[(num_tiles, batch * num_heads)](
         q, k, v, out, lse, seg, dil, off,
         q.stride(0), q.stride(1), q.stride(2),
@@ -601,7 +661,8 @@ def dilated_attention_forward(
         seq_len, num_heads, scale * _LOG2E, tiles_per_stream, len(segment_lengths), stride,
         HEAD_DIM=head_dim, CAUSAL=bool(causal),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        IEEE=(q.dtype == torch.float32 and not allow_tf32),
+        IEEE=(q.dtype == torch.float32 and not allow_tf32), USE_TMA=use_tma,
+        DIAG=int(CONFIG_OVERRIDES.get("fwd_diag", 0)),
         num_warps=num_warps, num_stages=num_stages,
     )
     return out, lse

@@ -44,6 +44,9 @@ class TrainConfig:
 
     # task (see hilbert_lab.models.tasks.RetrievalTask)
     seq_len: int = 128
+    # Length curriculum: [[seq_len, until_step], ...] trains steps [previous until_step, until_step) on
+    # that shorter length (same task proportions), then config.seq_len; evaluation is always at seq_len.
+    curriculum: list[list[int]] = field(default_factory=list)
     num_pairs: int = 1
     num_queries: int = 1
     num_keys: int = 8
@@ -62,6 +65,7 @@ class TrainConfig:
     ordering: str | None = None
     backend: str = "auto"
     rotary: bool = True
+    rotary_base: float = 10000.0
     # optimisation
     steps: int = 200
     batch_size: int = 16
@@ -107,12 +111,37 @@ class TrainConfig:
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be None or > 0, got {self.grad_clip}")
         self.task()  # validates the task fields
+        self.curriculum = [[int(v) for v in phase] for phase in self.curriculum]
+        previous_length, previous_step = 0, 0
+        for index, phase in enumerate(self.curriculum):
+            if len(phase) != 2:
+                raise ValueError(f"curriculum[{index}] must be [seq_len, until_step], got {phase!r}")
+            length, until = phase
+            if not previous_length < length < self.seq_len or not previous_step < until <= self.steps:
+                raise ValueError(
+                    f"curriculum must list [seq_len, until_step] pairs with seq_len increasing and < seq_len="
+                    f"{self.seq_len} and until_step increasing and <= steps={self.steps}; got {self.curriculum!r}")
+            self.task(step=until - 1)  # the shorter task must be valid too
+            previous_length, previous_step = length, until
 
-    def task(self) -> RetrievalTask:
+    def seq_len_at(self, step: int) -> int:
+        """Training sequence length at (0-based) ``step``: the curriculum's phase, else seq_len."""
+        for length, until in self.curriculum:
+            if step < until:
+                return length
+        return self.seq_len
+
+    def task(self, step: int | None = None) -> RetrievalTask:
+        """The task at the full length, or at training ``step``'s curriculum length (the context
+        keeps the same fraction of the sequence)."""
+        length = self.seq_len if step is None else self.seq_len_at(step)
+        context = self.context_length
+        if context is not None and length != self.seq_len:
+            context = max(2 * self.num_pairs, min(length - 2 * self.num_queries, context * length // self.seq_len))
         return RetrievalTask(
-            seq_len=self.seq_len, num_pairs=self.num_pairs, num_queries=self.num_queries,
+            seq_len=length, num_pairs=self.num_pairs, num_queries=self.num_queries,
             num_keys=self.num_keys, num_values=self.num_values, num_filler=self.num_filler,
-            context_length=self.context_length,
+            context_length=context,
         )
 
     def model_kwargs(self) -> dict[str, Any]:
@@ -120,7 +149,8 @@ class TrainConfig:
             vocab_size=self.task().vocab_size, dim=self.dim, depth=self.depth, num_heads=self.num_heads,
             segment_lengths=self.segment_lengths, dilation_rates=self.dilation_rates, max_seq_len=self.seq_len,
             mlp_ratio=self.mlp_ratio, dropout=self.dropout, mode=self.mode, ordering=self.ordering,
-            backend=self.backend, rotary=self.rotary, gradient_checkpointing=self.gradient_checkpointing,
+            backend=self.backend, rotary=self.rotary, rotary_base=self.rotary_base,
+            gradient_checkpointing=self.gradient_checkpointing,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -170,8 +200,9 @@ def _autocast(config: TrainConfig):
     return torch.autocast(device_type=device_type, dtype=getattr(torch, config.autocast))
 
 
-def _sequence_positions(config: TrainConfig) -> torch.Tensor | None:
-    """This rank's original positions when the sequence is sharded over ranks (config.ring), else None."""
+def _sequence_positions(config: TrainConfig, seq_len: int | None = None) -> torch.Tensor | None:
+    """This rank's original positions of a seq_len sequence (default config.seq_len) sharded over the
+    ranks (config.ring), else None."""
     if not config.ring:
         return None
     import torch.distributed as dist
@@ -180,7 +211,8 @@ def _sequence_positions(config: TrainConfig) -> torch.Tensor | None:
         raise ValueError("ring=True needs an initialised torch.distributed process group (e.g. run under torchrun)")
     from hilbert_lab.distributed import shard_positions
 
-    return shard_positions(dist.get_rank(), dist.get_world_size(), config.seq_len, config.ring_layout)
+    length = config.seq_len if seq_len is None else seq_len
+    return shard_positions(dist.get_rank(), dist.get_world_size(), length, config.ring_layout)
 
 
 def _is_main_rank() -> bool:
@@ -323,6 +355,30 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def read_training_report(path: str | os.PathLike) -> dict[str, Any]:
+    """A training report JSON (benchmarks/train_gpu.py --out): command, config, training.history, ...
+
+    ``training.history`` holds the records of read_log(); ValueError naming ``path`` when the file is
+    missing, not JSON, or has no such list of records (each a dict with kind and step).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"path must name a training report JSON file, got {str(path)!r}")
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"training report {str(path)!r} is not JSON: {error}") from None
+    training = report.get("training") if isinstance(report, dict) else None
+    history = training.get("history") if isinstance(training, dict) else None
+    if not isinstance(history, list) or not all(
+        isinstance(record, dict) and "kind" in record and "step" in record for record in history
+    ):
+        raise ValueError(
+            f"training report {str(path)!r} has no training.history (a list of log records with kind and step)"
+        )
+    return report
+
+
 def _log(record: dict[str, Any], history: list[dict[str, Any]], log_path: Path | None) -> None:
     history.append(record)
     if log_path is not None:
@@ -355,7 +411,8 @@ def train(
         raise ValueError(f"stop_at must be None or in [0, steps={config.steps}], got {stop_at}")
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt)")
-    positions = _sequence_positions(config)
+    positions = {length: _sequence_positions(config, length)
+                 for length in {config.seq_len, *(phase[0] for phase in config.curriculum)}}
     main_rank = _is_main_rank()
     out_path = Path(out_dir) if out_dir is not None else None
     checkpoint_path = out_path / CHECKPOINT_NAME if out_path is not None else None
@@ -414,10 +471,9 @@ def train(
 
     model.train()
     answers_per_batch = config.batch_size * task.num_queries
-    tokens_per_batch = config.batch_size * config.seq_len
     on_cuda = torch.device(config.device).type == "cuda"
     last_eval: dict[str, float] = {}
-    window_start, window_steps = time.perf_counter(), 0
+    window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
     bar = tqdm(total=config.steps, initial=start_step, disable=not (config.progress and main_rank),
                desc="train", unit="step")
     try:
@@ -425,8 +481,10 @@ def train(
             lr = learning_rate(config, step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            tokens, targets = make_batch(task, config.batch_size, seed=config.seed, split="train", step=step)
-            loss_sum, hits, _ = _batch_loss(runner, tokens, targets, positions, config)
+            length = config.seq_len_at(step)
+            tokens, targets = make_batch(config.task(step), config.batch_size, seed=config.seed, split="train",
+                                         step=step)
+            loss_sum, hits, _ = _batch_loss(runner, tokens, targets, positions[length], config)
             optimizer.zero_grad(set_to_none=True)
             (loss_sum / answers_per_batch).backward()
             if config.ring:
@@ -440,6 +498,7 @@ def train(
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
             optimizer.step()
             window_steps += 1
+            window_tokens += config.batch_size * length
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
                 loss_total, hits_total = _all_reduce_sum([float(loss_sum.detach()), float(hits)], config)
@@ -447,19 +506,19 @@ def train(
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - window_start
                 record = {
-                    "kind": "train", "step": done, "loss": loss_total / answers_per_batch,
+                    "kind": "train", "step": done, "seq_len": length, "loss": loss_total / answers_per_batch,
                     "accuracy": hits_total / answers_per_batch, "lr": lr, "grad_norm": grad_norm,
-                    "tokens_per_s": window_steps * tokens_per_batch / elapsed,
+                    "tokens_per_s": window_tokens / elapsed,
                 }
                 if on_cuda:
                     record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(config.device)
                 _log(record, history, log_path)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.2f}")
-                window_start, window_steps = time.perf_counter(), 0
+                window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
             if done % config.eval_every == 0 or done == config.steps:
                 last_eval = evaluate(runner, config)
                 _log({"kind": "eval", "step": done, **last_eval}, history, log_path)
-                window_start, window_steps = time.perf_counter(), 0
+                window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
             if done % config.checkpoint_every == 0 or done == end_step:
                 save(done)
             bar.update(1)
@@ -484,19 +543,34 @@ PRESETS: dict[str, dict[str, Any]] = {
                      checkpoint_every=50),
     # Needle retrieval over 32K tokens on one GPU (bf16 autocast): the pair lies >= 8K tokens before the
     # question, beyond the 2048- and 8192-token segments; the last segment spans the sequence densely.
+    # Two things were needed (reports/results/train_gpu_h100*.json): rotary_base 1e6 (with the usual
+    # 10000 and head dim 32 the slowest rotary frequency turns a full circle over ~35K tokens, so no
+    # q/k channel can match content across 8K-32K tokens; a CPU exploration at the same ratio, N=1024,
+    # head dim 16, stayed at chance with base 367 and learned with base 56000) and a length curriculum
+    # (from scratch at 32K the needle holds ~1/32768 of the initial attention and 1000 steps stayed at
+    # chance; learned at 1K, the retrieval carries over to 32K within a few hundred steps).
     "gpu-32k": dict(seq_len=32768, context_length=32768 - 8192, num_keys=16, num_values=64,
                     segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 1], dim=256, depth=4,
-                    num_heads=8, steps=1500, batch_size=8, lr=1e-3, warmup_steps=50, autocast="bfloat16",
-                    device="cuda", eval_every=250, eval_batches=8, checkpoint_every=250, log_every=25),
+                    num_heads=8, rotary_base=1e6, curriculum=[[1024, 1200], [4096, 1500], [16384, 1700]],
+                    steps=2400, batch_size=8, lr=1e-3, warmup_steps=50, autocast="bfloat16", device="cuda",
+                    eval_every=100, eval_batches=8, checkpoint_every=200, log_every=25),
     # The same task with LongNet's geometric dilation on the spanning segment (1/16 of the keys per
     # head): long-range information must be relayed through the local branches over two layers or
     # more. Not verified to learn (on CPU analogues it learned far more slowly than "gpu-32k").
     "gpu-32k-dilated": dict(seq_len=32768, context_length=32768 - 8192, num_keys=16, num_values=64,
                             segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 16], dim=256, depth=4,
-                            num_heads=8, steps=1500, batch_size=8, lr=1e-3, warmup_steps=50,
-                            autocast="bfloat16", device="cuda", eval_every=250, eval_batches=8,
-                            checkpoint_every=250, log_every=25),
+                            num_heads=8, rotary_base=1e6, steps=1000, batch_size=8, lr=1e-3, warmup_steps=50,
+                            autocast="bfloat16", device="cuda", eval_every=200, eval_batches=8,
+                            checkpoint_every=200, log_every=25),
 }
+
+
+def _curriculum(text: str) -> list[list[int]]:
+    """'1024:800,4096:1000' -> [[1024, 800], [4096, 1000]] (seq_len:until_step pairs)."""
+    try:
+        return [[int(part.split(":")[0]), int(part.split(":")[1])] for part in text.split(",") if part.strip()]
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"expected seq_len:until_step pairs like 1024:800,4096:1000, got {text!r}") from None
 
 
 def _int_list(text: str) -> list[int]:
@@ -507,7 +581,7 @@ def _int_list(text: str) -> list[int]:
 
 
 _OVERRIDES = (
-    ("seq_len", int), ("context_length", int), ("num_pairs", int), ("num_queries", int), ("num_keys", int), ("num_values", int),
+    ("seq_len", int), ("curriculum", _curriculum), ("rotary_base", float), ("context_length", int), ("num_pairs", int), ("num_queries", int), ("num_keys", int), ("num_values", int),
     ("dim", int), ("depth", int), ("num_heads", int), ("segment_lengths", _int_list),
     ("dilation_rates", _int_list), ("mode", str), ("ordering", str), ("backend", str), ("steps", int),
     ("batch_size", int), ("lr", float), ("seed", int), ("dtype", str), ("autocast", str), ("device", str),
@@ -572,6 +646,7 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
                         "--context-length is given)",
              "context_length": "the key-value pairs lie in positions [0, CONTEXT_LENGTH)",
              "segment_lengths": "comma-separated, e.g. 8,16,64", "dilation_rates": "comma-separated, e.g. 1,2,1",
+             "curriculum": "shorter lengths first: SEQ_LEN:UNTIL_STEP pairs, e.g. 1024:800,4096:1000",
              "dtype": "float32 | float64 | bfloat16", "autocast": "none | bfloat16 | float16"}
     for name, kind in _OVERRIDES:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,

@@ -76,9 +76,14 @@ REPORTS: dict[str, ReportSpec] = {
             overrides=_SMALL_CLAIMS,
         ),
         ReportSpec(
+            "training",
+            "LongNet training runs (reports/results/train_*.json): loss/accuracy curves, final evals, ring vs 1 GPU",
+            REPORT_NOTEBOOK_DIR / "training_report.ipynb",
+        ),
+        ReportSpec(
             "default",
-            "the CPU reports end to end (benchmark-small, locality, claims-small): what `make report` runs",
-            parts=("benchmark-small", "locality", "claims-small"),
+            "the CPU reports end to end (benchmark-small, locality, claims-small, training): what `make report` runs",
+            parts=("benchmark-small", "locality", "claims-small", "training"),
         ),
     )
 }

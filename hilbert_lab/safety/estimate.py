@@ -120,7 +120,8 @@ def _resolve_backend(config: MemoryConfig) -> str:
     if config.device == "cpu" or torch.cuda.is_available():
         from hilbert_lab.attention.selection import rule_backend
 
-        return rule_backend(config.device, getattr(torch, config.dtype))
+        return rule_backend(config.device, getattr(torch, config.dtype), mode=config.mode, seq_len=config.seq_len,
+                            whole_pattern=config.world_size == 1)
     # a CUDA estimate on a machine without CUDA: the rule for Ampere and newer without flash-attn
     return "sdpa"
 
@@ -336,10 +337,27 @@ def estimate_memory(config: MemoryConfig | dict[str, Any]) -> MemoryEstimate:
     backend = _resolve_backend(config)
     if config.world_size > 1:
         return _ring_estimate(config, backend)
+    if backend == "triton" and config.device != "cpu":
+        return _whole_pattern_estimate(config)
     blocks, partials = _blocks(config, config.seq_len)
     forward, forward_backward, breakdown = _engine_peaks(config, backend, config.seq_len, blocks, partials)
     return MemoryEstimate(forward, forward_backward, 3 * _tokens(config, config.seq_len) * DTYPE_BYTES[config.dtype],
                           backend, False, breakdown)
+
+
+def _whole_pattern_estimate(config: MemoryConfig) -> MemoryEstimate:
+    """The fused Triton kernel (kernels/triton_dilated.py) reads the whole pattern in place: no block
+    copies, no partial results, no merge, and orderings need no permutation. Forward: out (input
+    dtype) and lse (float32). Backward: out and lse kept, the float32 row correction delta (B, H, N)
+    and dq, dk, dv in the input dtype."""
+    element = DTYPE_BYTES[config.dtype]
+    tokens = _tokens(config, config.seq_len)
+    rows = config.batch_size * config.num_heads * config.seq_len
+    forward = tokens * element + rows * 4
+    forward_backward = forward + rows * 4 + 3 * tokens * element
+    return MemoryEstimate(forward, forward_backward, 3 * tokens * element, "triton", False,
+                          {"forward": {"out_lse": forward},
+                           "forward_backward": {"kept_out_lse": forward, "delta": rows * 4, "gradients": 3 * tokens * element}})
 
 
 def _tokens(config: MemoryConfig, seq_len: int) -> int:

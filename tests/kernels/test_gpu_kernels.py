@@ -47,6 +47,37 @@ def test_cuda_encode_decode_match_cpu(curve, ndim, order, count, dtype, method):
     assert public.is_cuda and torch.equal(public.cpu(), expected)
 
 
+@pytest.mark.parametrize("items,threads,points", [(1, 32, 2), (2, 128, 4), (4, 256, 2), (4, 256, 4), (8, 512, 4),
+                                                  (8, 96, 2)])
+def test_cuda_launch_configs_give_the_same_indices(items, threads, points):
+    """Every launch configuration of the vectorised 2D kernels covers every point exactly once,
+    with ragged tails (counts that no block size divides), for all four 2D methods/curves."""
+    from hilbert_lab import curves
+    from hilbert_lab.kernels import cuda_curves
+
+    gen = torch.Generator().manual_seed(items * 1000 + threads + points)
+    count = 4 * (items * threads * 3 + 17)  # whole quads, not a multiple of a block's work
+    coords = torch.randint(0, 2**12, (count, 2), generator=gen, dtype=torch.int64)
+    try:
+        cuda_curves.set_launch_config(items, threads, points, points)
+        for curve, method in (("hilbert", "table"), ("hilbert", "bitscan"), ("morton", "table")):
+            expected = torch.as_tensor(curves.encode(coords.numpy(), 12, curve=curve))
+            out = torch.full((count,), -1, dtype=torch.int32, device="cuda")
+            cuda_curves.encode(coords.to("cuda", torch.int32), 12, curve, out=out, method=method)
+            assert torch.equal(out.cpu().long(), expected), (curve, method)
+            back = torch.full((count, 2), -1, dtype=torch.int32, device="cuda")
+            cuda_curves.decode(out, 12, 2, curve, out=back, method=method)
+            assert torch.equal(back.cpu().long(), coords), (curve, method)
+    finally:
+        cuda_curves.set_launch_config()
+    with pytest.raises(ValueError, match="items must be one of"):
+        cuda_curves.set_launch_config(items=3)
+    with pytest.raises(ValueError, match="threads must be a multiple of 32"):
+        cuda_curves.set_launch_config(threads=100)
+    with pytest.raises(ValueError, match="encode_points must be 2 or 4"):
+        cuda_curves.set_launch_config(encode_points=8)
+
+
 def test_cuda_curve_bad_input():
     from hilbert_lab.kernels import cuda_curves
 
@@ -136,6 +167,28 @@ def test_fused_kernel_matches_float64_reference(case, dtype):
     assert result["lse"] <= (2e-2 if dtype != torch.float32 else 1e-3), result
     for name in ("dq", "dk", "dv"):
         assert result[name] <= GRAD_TOLERANCE[dtype], (name, result)
+
+
+TMA_CASES = [c for c in BENCH_LIKE + RANDOM_CASES if c[3] in (16, 32, 64, 128)][:10]
+
+
+@pytest.mark.parametrize("case", TMA_CASES, ids=[_case_id((c, torch.bfloat16)) for c in TMA_CASES])
+def test_fused_forward_with_bulk_tensor_copies_matches_float64(case):
+    """The forward's optional TMA path (device-side tensor descriptors for full key blocks, used when
+    CONFIG_OVERRIDES["fwd_tma"] is set) computes the same attention, on shapes with ragged segments."""
+    from _attention_cases import run_case
+
+    from hilbert_lab.kernels import triton_dilated
+
+    assert triton_dilated._tma_eligible(*(torch.zeros(1, 8, 2, case[3], device="cuda", dtype=torch.bfloat16)
+                                           for _ in range(2)))
+    triton_dilated.CONFIG_OVERRIDES["fwd_tma"] = True
+    try:
+        result = run_case(case, "cuda", torch.bfloat16, seed=zlib.crc32(str(case).encode()) % 1000)
+    finally:
+        triton_dilated.CONFIG_OVERRIDES.pop("fwd_tma", None)
+    assert result["finite"] and result["neg_inf_rows_match"] and result["no_keys_rows_zero"], result
+    assert result["out"] <= TOLERANCE[torch.bfloat16] and result["lse"] <= 2e-2, result
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -87,8 +87,12 @@ def test_kernels_compile_for_sm90_without_a_gpu():
 
     pointers = {name: "*bf16" for name in ("Q", "K", "V", "Out", "dO", "dK", "dV", "dQ")}
     pointers.update({"Lse": "*fp32", "Delta": "*fp32", "Seg": "*i32", "Dil": "*i32", "Off": "*i32"})
-    for kernel, block_m, block_n in ((td._fwd_kernel, 128, 64), (td._bwd_dkdv_kernel, 32, 128), (td._bwd_dq_kernel, 128, 32)):
-        consts = {"CAUSAL": True, "BLOCK_D": 64, "HEAD_DIM": 64, "IEEE": False, "BLOCK_M": block_m, "BLOCK_N": block_n}
+    fwd_tma = {"USE_TMA": True, "DIAG": 0}
+    variants = ((td._fwd_kernel, 128, 64, {"USE_TMA": False, "DIAG": 0}), (td._fwd_kernel, 128, 64, fwd_tma),
+                (td._bwd_dkdv_kernel, 32, 128, {}), (td._bwd_dq_kernel, 128, 32, {}))
+    for kernel, block_m, block_n, extra in variants:
+        consts = {"CAUSAL": True, "BLOCK_D": 64, "HEAD_DIM": 64, "IEEE": False, "BLOCK_M": block_m, "BLOCK_N": block_n,
+                  **extra}
         signature = {name: ("constexpr" if name in consts else pointers.get(name, "fp32" if name.endswith("scale") else "i32"))
                      for name in kernel.arg_names}
         divisible = {(kernel.arg_names.index(n),): [["tt.divisibility", 16]] for n in kernel.arg_names
@@ -99,3 +103,5 @@ def test_kernels_compile_for_sm90_without_a_gpu():
         ptx = compiled.asm["ptx"]
         assert "wgmma.mma_async" in ptx, kernel.__name__
         assert "cp.async" in ptx, kernel.__name__
+        if extra.get("USE_TMA"):  # full key blocks through the tensor-memory accelerator
+            assert "cp.async.bulk.tensor" in ptx, kernel.__name__

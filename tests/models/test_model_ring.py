@@ -42,13 +42,15 @@ def _rank_checks(rank: int, world_size: int) -> None:
         use_local_attention(model)
         torch.testing.assert_close(model(tokens), full, atol=1e-12, rtol=0)  # switched back, same weights
 
+    # a length curriculum too: steps 0-1 on 32-token sequences (16 per rank), then 64
     config = dict(seq_len=64, segment_lengths=[8, 16, 64], dilation_rates=[1, 2, 4], dim=32, depth=2, num_heads=4,
                   steps=4, batch_size=4, dtype="float64", backend="manual", log_every=1, eval_every=2,
-                  eval_batches=1, progress=False)
+                  eval_batches=1, progress=False, curriculum=[[32, 2]])
     single = train(TrainConfig(**config))
     sharded = train(TrainConfig(ring=True, **config))
+    assert [r.get("seq_len") for r in single.history if r["kind"] == "train"] == [32, 32, 64, 64]
     for a, b in zip(single.history, sharded.history):
-        assert (a["kind"], a["step"]) == (b["kind"], b["step"])
+        assert (a["kind"], a["step"], a.get("seq_len")) == (b["kind"], b["step"], b.get("seq_len"))
         assert abs(a["loss"] - b["loss"]) < 1e-10, (a, b)
     for (name, p), q in zip(single.model.named_parameters(), sharded.model.parameters()):
         torch.testing.assert_close(q, p, atol=1e-10, rtol=0, msg=name)

@@ -142,6 +142,41 @@ def test_training_checkpoint_survives_a_crash_during_the_next_save(tmp_path, mon
     assert [r["step"] for r in _train_records(finished.history)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_length_curriculum_trains_short_first_and_resumes_exactly(tmp_path):
+    """Steps before each until_step run on that phase's shorter sequences (same task proportions);
+    evaluation stays at the full length; an interrupted curriculum resumes on the same curve."""
+    config = TrainConfig(steps=6, curriculum=[[16, 2], [24, 4]], context_length=24, **TINY)
+    assert [config.seq_len_at(step) for step in range(6)] == [16, 16, 24, 24, 32, 32]
+    short = config.task(step=0)
+    assert (short.seq_len, short.resolved_context_length) == (16, 12)  # 24/32 of the sequence, as at full length
+    assert config.task().seq_len == 32 and config.task(step=5).seq_len == 32
+    whole = train(config, tmp_path / "whole")
+    records = _train_records(whole.history)
+    assert [(r["step"], r["seq_len"]) for r in records] == [(1, 16), (2, 16), (3, 24), (4, 24), (5, 32), (6, 32)]
+    tokens = [r["tokens_per_s"] for r in records]
+    assert all(t > 0 for t in tokens)
+    train(config, tmp_path / "split", stop_at=3)
+    resumed = train(config, tmp_path / "split", resume=True)
+    assert [(r["kind"], r["step"], r["loss"]) for r in resumed.history] == [
+        (r["kind"], r["step"], r["loss"]) for r in whole.history]
+    # the curriculum defines the loss curve: resuming with another one is refused
+    with pytest.raises(ValueError, match="curriculum: checkpoint"):
+        train(TrainConfig(steps=6, curriculum=[[16, 3]], context_length=24, **TINY), tmp_path / "split", resume=True)
+
+
+@pytest.mark.parametrize("curriculum,match", [
+    ([[16]], r"curriculum\[0\] must be \[seq_len, until_step\]"),
+    ([[32, 2]], "seq_len increasing and < seq_len=32"),
+    ([[24, 2], [16, 4]], "seq_len increasing"),
+    ([[16, 3], [24, 2]], "until_step increasing"),
+    ([[16, 9]], "<= steps=6"),
+    ([[2, 2]], "context_length|seq_len"),  # too short to hold the pair and the question
+])
+def test_bad_curriculum_is_refused(curriculum, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(steps=6, curriculum=curriculum, **TINY)
+
+
 def test_bad_configuration_is_refused():
     with pytest.raises(ValueError, match="optimizer"):
         TrainConfig(optimizer="lion")
@@ -188,3 +223,12 @@ def test_cli_trains_resumes_and_reports_bad_input(tmp_path, capsys):
     assert _cli(["train", "--out", str(tmp_path / "c"), "--config", str(config_file), "--quiet"]) == 2
     assert "num_values" in capsys.readouterr().err
     assert math.isfinite(printed["final_eval"]["loss"])
+    # a curriculum on the command line (SEQ_LEN:UNTIL_STEP pairs) and its bad forms
+    assert _cli(["train", "--out", str(tmp_path / "cur"), "--steps", "3", "--curriculum", "16:2", "--log-every", "1",
+                 *flags]) == 0
+    assert [r["seq_len"] for r in read_log(tmp_path / "cur") if r["kind"] == "train"] == [16, 16, 32]
+    with pytest.raises(SystemExit):
+        _cli(["train", "--out", str(tmp_path / "x"), "--curriculum", "16-2", *flags])
+    assert "seq_len:until_step" in capsys.readouterr().err
+    assert _cli(["train", "--out", str(tmp_path / "y"), "--steps", "3", "--curriculum", "64:2", *flags]) == 2
+    assert "curriculum" in capsys.readouterr().err

@@ -20,7 +20,7 @@ def _cells(notebook) -> list[tuple[str, str, tuple[str, ...]]]:
 def test_notebooks_exist():
     names = {path.stem for path in NOTEBOOKS}
     expected = {"curve_explorer", "locality_explorer", "attention_explorer", "backend_dashboard",
-                "benchmark_report", "locality_report", "claims_report"}
+                "benchmark_report", "locality_report", "claims_report", "training_report"}
     assert expected <= names, f"missing notebooks: {sorted(expected - names)}"
 
 

@@ -28,6 +28,7 @@ SMALL_REPORTS = {
     "locality": {"grid_shapes": [[8, 8]], "box_sizes": [2], "segment_lengths": [16], "dilated_configs": [[256, 64, 2]],
                  "tile_size": 16, "cache_lines": [8, 32]},
     "claims": {"max_tokens": 1024, "repeats": 1, "save_png": False},
+    "training": {"cpu_train_steps": 20},
 }
 
 
@@ -84,3 +85,18 @@ def test_report_notebook_executes_with_artifacts(name, tmp_path):
     if name == "locality":
         rows = metrics["tables"]["compare_orderings"]["rows"]
         assert {row["ordering"] for row in rows} >= {"rowmajor", "hilbert", "identity"}
+    if name == "training":
+        rows = {row["run"]: row for row in metrics["tables"]["final_evals"]["rows"]}
+        committed = {label for group in metrics["parameters"]["runs"].values() for label in group}
+        assert set(rows) == committed | {"CPU cpu-tiny live"}  # one row per run, the live CPU run included
+        assert len(metrics["tables"]["final_evals"]["rows"]) == len(committed) + 1
+        assert rows["H100 32K curriculum"]["final_accuracy"] > 0.9
+        assert rows["H100 no curriculum"]["final_accuracy"] < 0.1  # stays at chance without the curriculum
+        assert rows["CPU cpu-tiny live"]["steps"] == 20 and 0 <= rows["CPU cpu-tiny live"]["final_accuracy"] <= 1
+        assert all(abs(row["chance_accuracy"] - 1 / 64) < 1e-12 for label, row in rows.items() if label in committed)
+        (ring,) = metrics["tables"]["ring_comparison"]["rows"]
+        assert ring["against"] == "H200 1 GPU" and ring["recomputed_points"] == ring["points"] > 0
+        assert ring["recomputed_max_rel_loss_difference"] < 1e-3
+        assert {row["gradient_checkpointing"] for row in metrics["tables"]["throughput"]["rows"]} == {False, True}
+        live_figures = [figure for key, figure in metrics["figures"].items() if key.startswith("loss_live_CPU")]
+        assert len(live_figures) == 1 and "CPU cpu-tiny live eval" in live_figures[0]["traces"]

@@ -1,0 +1,136 @@
+"""Plotly figures of training runs: loss/accuracy curves with curriculum phases, throughput bars."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = [
+    "METRICS",
+    "curriculum_phases",
+    "throughput_bars",
+    "training_curves",
+]
+
+METRICS = ("loss", "accuracy")
+# plotly's default qualitative palette, so each run keeps one colour across its traces and phase marks
+_COLORS = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880",
+           "#FF97FF", "#FECB52")
+
+Phase = tuple[int, int, int]  # (start_step, end_step, seq_len)
+
+
+def _tokens(seq_len: int) -> str:
+    """1024 -> '1K', 32768 -> '32K', 64 -> '64'."""
+    return f"{seq_len // 1024}K" if seq_len >= 1024 and seq_len % 1024 == 0 else str(seq_len)
+
+
+def curriculum_phases(records: Sequence[Mapping[str, Any]]) -> list[Phase]:
+    """(start_step, end_step, seq_len) of each run of consecutive train records with one seq_len.
+
+    A phase starts where the previous one's last logged step is (0 for the first) and ends at its own
+    last logged step. Records without seq_len (runs logged before curricula) give no phases.
+    """
+    phases: list[Phase] = []
+    for record in records:
+        if record.get("kind") != "train" or record.get("seq_len") is None:
+            continue
+        step, length = int(record["step"]), int(record["seq_len"])
+        if phases and phases[-1][2] == length:
+            phases[-1] = (phases[-1][0], step, length)
+        else:
+            phases.append((phases[-1][1] if phases else 0, step, length))
+    return phases
+
+
+def training_curves(
+    runs: Mapping[str, Sequence[Mapping[str, Any]]],
+    metric: str = "loss",
+    chance: float | None = None,
+    *,
+    phases: Mapping[str, Sequence[Phase]] | None = None,
+    title: str | None = None,
+):
+    """`metric` ("loss" or "accuracy") against step for each run's log records (kind "train"/"eval").
+
+    Per run, in one colour: trace "<run> train" (thin line, omitted without train records) and trace
+    "<run> eval" (markers + line, omitted without eval records). `chance` draws a dashed horizontal
+    line. A run with two or more curriculum phases (`phases[run]`, else curriculum_phases(records)) gets
+    a dotted vertical line at each phase boundary and an annotation (name "phase") naming each phase's
+    training length at its start step.
+    """
+    import plotly.graph_objects as go
+
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
+    figure = go.Figure()
+    phase_rows = 0
+    for index, (label, records) in enumerate(runs.items()):
+        color = _COLORS[index % len(_COLORS)]
+        for kind, style in (("train", dict(mode="lines", line={"color": color, "width": 1}, opacity=0.55)),
+                            ("eval", dict(mode="lines+markers", line={"color": color, "width": 2},
+                                          marker={"color": color, "size": 7}))):
+            points = [r for r in records if r.get("kind") == kind and r.get(metric) is not None]
+            if not points:
+                continue
+            lengths = [r.get("seq_len") for r in points]
+            figure.add_trace(go.Scatter(
+                x=[int(r["step"]) for r in points], y=[float(r[metric]) for r in points], name=f"{label} {kind}",
+                legendgroup=label, customdata=lengths if kind == "train" else None,
+                hovertemplate=(f"{label} {kind}<br>step %{{x}}<br>{metric} %{{y:.4g}}"
+                               + ("<br>seq_len %{customdata}" if kind == "train" else "") + "<extra></extra>"),
+                **style,
+            ))
+        run_phases = list(phases[label]) if phases is not None and label in phases else curriculum_phases(records)
+        if len(run_phases) < 2:
+            continue
+        label_y = 1.0 - 0.06 * phase_rows
+        phase_rows += 1
+        for number, (start, _end, length) in enumerate(run_phases):
+            if number > 0:
+                figure.add_vline(x=start, line={"color": color, "width": 1, "dash": "dot"})
+            figure.add_annotation(x=start, y=label_y, xref="x", yref="paper", yanchor="top", xanchor="left",
+                                  text=_tokens(length), showarrow=False, font={"color": color, "size": 11},
+                                  name="phase", hovertext=f"{label}: trains at {length} tokens from step {start}")
+    if chance is not None:
+        figure.add_hline(y=chance, line={"color": "gray", "dash": "dash", "width": 1},
+                         annotation_text=f"chance {chance:.3g}", annotation_position="bottom right")
+    figure.update_layout(
+        title=title or f"{metric} vs step (train: thin lines, eval at full length: markers)",
+        xaxis_title="step", yaxis_title=metric, legend={"groupclick": "togglegroup"},
+    )
+    if metric == "accuracy":
+        figure.update_yaxes(range=[-0.02, 1.02])
+    return figure
+
+
+def throughput_bars(rows: Sequence[Mapping[str, Any]], *, title: str = "training throughput and peak memory"):
+    """Bars of tokens/s (left) and peak memory in GiB (right) per run, with/without gradient checkpointing.
+
+    `rows` need keys run, gradient_checkpointing, tokens_per_s, peak_memory_gib. Traces come in pairs
+    per checkpointing setting (tokens/s, then memory), named "with/without gradient checkpointing".
+    """
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    if not rows:
+        raise ValueError("rows must hold at least one throughput row")
+    needed = ("run", "gradient_checkpointing", "tokens_per_s", "peak_memory_gib")
+    for row in rows:
+        missing = [key for key in needed if key not in row]
+        if missing:
+            raise ValueError(f"throughput rows need keys {needed}; a row lacks {missing}: {dict(row)!r}")
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("tokens/s", "peak memory (GiB)"))
+    for checkpointing, color in ((False, _COLORS[0]), (True, _COLORS[1])):
+        chosen = [row for row in rows if bool(row["gradient_checkpointing"]) is checkpointing]
+        if not chosen:
+            continue
+        name = ("with" if checkpointing else "without") + " gradient checkpointing"
+        runs = [str(row["run"]) for row in chosen]
+        figure.add_trace(go.Bar(x=runs, y=[float(row["tokens_per_s"]) for row in chosen], name=name,
+                                legendgroup=name, marker_color=color), row=1, col=1)
+        figure.add_trace(go.Bar(x=runs, y=[float(row["peak_memory_gib"]) for row in chosen], name=name,
+                                legendgroup=name, marker_color=color, showlegend=False), row=1, col=2)
+    figure.update_layout(title=title, barmode="group")
+    figure.update_yaxes(title_text="tokens/s", row=1, col=1)
+    figure.update_yaxes(title_text="GiB", row=1, col=2)
+    return figure
