@@ -259,7 +259,7 @@ def auto_selection_check() -> list[dict]:
             for training in (False, True):
                 row = {"seq_len": n, "mode": mode, "training": training,
                        "auto_picks": select_backend(q.device, q.dtype, shape=tuple(q.shape), segment_lengths=SEGMENTS,
-                                                    dilation_rates=DILATIONS, mode=mode, requires_grad=training)}
+                                                    dilation_rates=DILATIONS, mode=mode)}
                 for backend in ("triton", "sdpa", "auto"):
                     def call(backend=backend):
                         return dilated_attention(q, k, v, segment_lengths=SEGMENTS, dilation_rates=DILATIONS, mode=mode,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from hilbert_lab.models.train import PRESETS, TrainConfig, _curriculum, train
+from hilbert_lab.models.train import PRESETS, TrainConfig, parse_curriculum, train
 
 
 def _environment(device: str) -> dict:
@@ -49,8 +49,7 @@ def _resolved_backend(values: dict) -> str:
 
     dtype = torch.bfloat16 if values.get("autocast") == "bfloat16" else getattr(torch, values.get("dtype", "float32"))
     device = values["device"] if torch.cuda.is_available() or values["device"] == "cpu" else "cpu"
-    return select_backend(device, dtype, mode=values.get("mode", "longnet"), requires_grad=True,
-                          whole_pattern=not values.get("ring", False))
+    return select_backend(device, dtype, mode=values.get("mode", "longnet"), whole_pattern=not values.get("ring", False))
 
 
 def _base_config(args) -> dict:
@@ -123,7 +122,7 @@ def main() -> int:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None)
     parser.add_argument("--segment-lengths", type=int, nargs="+", default=None)
     parser.add_argument("--dilation-rates", type=int, nargs="+", default=None)
-    parser.add_argument("--curriculum", type=_curriculum, default=None,
+    parser.add_argument("--curriculum", type=parse_curriculum, default=None,
                         help="SEQ_LEN:UNTIL_STEP pairs, e.g. 1024:800,4096:1000 ('' for none)")
     args = parser.parse_args()
 

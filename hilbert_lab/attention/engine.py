@@ -166,7 +166,7 @@ def _validate_inputs(q, k, v) -> None:
 
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = (), *,
-                    mode: str = "longnet", requires_grad: bool = False, whole_pattern: bool = True) -> Backend:
+                    mode: str = "longnet", whole_pattern: bool = True) -> Backend:
     """The adapter for `backend` ("auto" asks selection.select_backend), checked to run on q.
     whole_pattern=False: the caller runs dense blocks only (auto then never picks the fused kernel)."""
     if isinstance(backend, Backend):
@@ -175,7 +175,7 @@ def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Se
         from hilbert_lab.attention.selection import select_backend
 
         chosen = get_backend(select_backend(q.device, q.dtype, shape=tuple(q.shape), segment_lengths=tuple(segment_lengths),
-                                            mode=mode, requires_grad=requires_grad, whole_pattern=whole_pattern))
+                                            mode=mode, whole_pattern=whole_pattern))
     else:
         chosen = get_backend(backend)
     reason = chosen.unavailable_reason(q.device, q.dtype)
@@ -236,8 +236,7 @@ def dilated_attention(
         raise ValueError(f"scale must be None or a positive float, got {scale!r}")
     if not isinstance(return_lse, bool):
         raise ValueError(f"return_lse must be True or False, got {return_lse!r}")
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    chosen = resolve_backend(backend, q, pattern.segment_lengths, mode=pattern.mode, requires_grad=needs_grad)
+    chosen = resolve_backend(backend, q, pattern.segment_lengths, mode=pattern.mode)
     batch, seq_len, num_heads, head_dim = q.shape
     scale = head_dim**-0.5 if scale is None else float(scale)
     block = min(max(pattern.segment_lengths), seq_len)

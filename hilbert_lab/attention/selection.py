@@ -83,9 +83,8 @@ def cache_path() -> Path:
     return Path(root) / "backend_selection.json"
 
 
-def rule_backend(device: torch.device | str, dtype: torch.dtype, *, mode: str = "longnet",
-                 seq_len: Optional[int] = None, requires_grad: bool = False, whole_pattern: bool = True) -> str:
-    """The backend the documented rules pick for (device, dtype, mode, N, training) without timing.
+def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_pattern: bool = True) -> str:
+    """The backend the documented rules pick for (device, dtype) without timing.
 
     whole_pattern=False: the caller runs dense blocks (the ring's local steps), so rule 3 (the fused
     whole-pattern kernel) does not apply."""
@@ -93,8 +92,7 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, mode: str = 
     if device.type != "cuda":
         return rule_for(device.type, None, dtype)
     capability, triton_ok, flash_ok = _cuda_facts(device, dtype)
-    return rule_for("cuda", capability, dtype, mode=mode, seq_len=seq_len, requires_grad=requires_grad,
-                    triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok)
+    return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok)
 
 
 @functools.lru_cache(maxsize=64)
@@ -105,13 +103,10 @@ def _cuda_facts(device: torch.device, dtype: torch.dtype) -> tuple[tuple[int, in
             unavailable_reason("flash", device, dtype) is None)
 
 
-def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, mode: str = "longnet",
-             seq_len: Optional[int] = None, requires_grad: bool = False, triton_ok: bool = False,
+def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool = False,
              flash_ok: bool = False) -> str:
-    """The module's rules as a pure function of the facts they read (testable without a GPU).
-
-    mode, seq_len and requires_grad are part of the question; the measured H100 rule does not need
-    them (the fused kernel won in every mode, length and direction), timing-based selection does."""
+    """The module's rules as a pure function of the facts they read (testable without a GPU). No rule
+    needs the mode, N or training: the fused kernel won in every mode, length and direction measured."""
     if device_type == "cpu":
         return "sdpa" if dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) else "manual"
     if device_type != "cuda" or capability is None:
@@ -140,21 +135,20 @@ def select_backend(
     *,
     dilation_rates: Optional[Sequence[int]] = None,
     mode: str = "longnet",
-    requires_grad: bool = False,
     whole_pattern: bool = True,
     benchmark_backends: bool = False,
     use_file_cache: bool = True,
 ) -> str:
-    """Backend name for (device, dtype[, shape (B, N, H, D)], mode, training) by the rules or by timing.
+    """Backend name for (device, dtype[, shape (B, N, H, D)]) by the rules or by timing.
+
+    mode ("longnet" / "head_groups") is what timing runs and part of its cache key.
 
     benchmark_backends=True (needs shape and segment_lengths) times each candidate once per key
     (forward, median of 3 after a warm-up) and caches the winner in memory and in `cache_path()`.
     """
     device = torch.device(device)
     if not benchmark_backends:
-        seq_len = int(shape[1]) if shape is not None and len(shape) == 4 else None
-        return rule_backend(device, dtype, mode=mode, seq_len=seq_len, requires_grad=requires_grad,
-                            whole_pattern=whole_pattern)
+        return rule_backend(device, dtype, whole_pattern=whole_pattern)
     if shape is None or len(shape) != 4 or not segment_lengths:
         raise ValueError("benchmark_backends=True needs shape=(B, N, H, D) and segment_lengths")
     rates = tuple(dilation_rates) if dilation_rates is not None else tuple(1 for _ in segment_lengths)
@@ -167,7 +161,7 @@ def select_backend(
         _MEMORY_CACHE[key] = stored[key]
         return stored[key]
     timings = time_backends(device, dtype, tuple(shape), tuple(segment_lengths), rates, mode=mode)
-    best = min(timings, key=timings.get) if timings else rule_backend(device, dtype, mode=mode, seq_len=shape[1])
+    best = min(timings, key=timings.get) if timings else rule_backend(device, dtype, whole_pattern=whole_pattern)
     _MEMORY_CACHE[key] = best
     if use_file_cache:
         stored[key] = best

@@ -565,7 +565,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _curriculum(text: str) -> list[list[int]]:
+def parse_curriculum(text: str) -> list[list[int]]:
     """'1024:800,4096:1000' -> [[1024, 800], [4096, 1000]] (seq_len:until_step pairs)."""
     try:
         return [[int(part.split(":")[0]), int(part.split(":")[1])] for part in text.split(",") if part.strip()]
@@ -581,7 +581,7 @@ def _int_list(text: str) -> list[int]:
 
 
 _OVERRIDES = (
-    ("seq_len", int), ("curriculum", _curriculum), ("rotary_base", float), ("context_length", int), ("num_pairs", int), ("num_queries", int), ("num_keys", int), ("num_values", int),
+    ("seq_len", int), ("curriculum", parse_curriculum), ("rotary_base", float), ("context_length", int), ("num_pairs", int), ("num_queries", int), ("num_keys", int), ("num_values", int),
     ("dim", int), ("depth", int), ("num_heads", int), ("segment_lengths", _int_list),
     ("dilation_rates", _int_list), ("mode", str), ("ordering", str), ("backend", str), ("steps", int),
     ("batch_size", int), ("lr", float), ("seed", int), ("dtype", str), ("autocast", str), ("device", str),

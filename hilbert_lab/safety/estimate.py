@@ -120,8 +120,7 @@ def _resolve_backend(config: MemoryConfig) -> str:
     if config.device == "cpu" or torch.cuda.is_available():
         from hilbert_lab.attention.selection import rule_backend
 
-        return rule_backend(config.device, getattr(torch, config.dtype), mode=config.mode, seq_len=config.seq_len,
-                            whole_pattern=config.world_size == 1)
+        return rule_backend(config.device, getattr(torch, config.dtype), whole_pattern=config.world_size == 1)
     # a CUDA estimate on a machine without CUDA: the rule for Ampere and newer without flash-attn
     return "sdpa"
 

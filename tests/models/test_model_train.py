@@ -153,8 +153,6 @@ def test_length_curriculum_trains_short_first_and_resumes_exactly(tmp_path):
     whole = train(config, tmp_path / "whole")
     records = _train_records(whole.history)
     assert [(r["step"], r["seq_len"]) for r in records] == [(1, 16), (2, 16), (3, 24), (4, 24), (5, 32), (6, 32)]
-    tokens = [r["tokens_per_s"] for r in records]
-    assert all(t > 0 for t in tokens)
     train(config, tmp_path / "split", stop_at=3)
     resumed = train(config, tmp_path / "split", resume=True)
     assert [(r["kind"], r["step"], r["loss"]) for r in resumed.history] == [
