@@ -205,7 +205,7 @@ def cpu_training_report(steps: int, preset: str = "cpu-tiny") -> dict[str, Any]:
     if torch.device(config.device).type != "cpu":
         raise ValueError(f"preset {preset!r} is not a CPU preset (device {config.device!r})")
     backend = config.backend if config.backend != "auto" else select_backend(
-        config.device, DTYPES[config.dtype], mode=config.mode, requires_grad=True)
+        config.device, DTYPES[config.dtype], mode=config.mode)
     start = time.perf_counter()
     result = train(config)
     task = config.task()
