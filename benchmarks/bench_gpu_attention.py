@@ -1,413 +1,251 @@
-"""Fused Triton dilated attention vs its anchors, each measured in the same run (H100 targets).
+"""Dilated attention on one GPU against the strongest simple compositions, all in one run.
 
-Anchors (bf16, B=2, N=32768, H=12, D=64, segments [2048, 4096, 8192], dilations [1, 2, 4]):
-- "sdpa_pregathered": the SDPA cuDNN kernels alone on pre-gathered contiguous blocks (forward);
-- "gather_sdpa_scatter": gather + SDPA + scatter composed with autograd (forward+backward);
-- "longnet_composition": per-branch gather + SDPA (flash, with LSE) + LSE merge with autograd.
-  Its merge weights carry no gradient (flash's LSE output is not differentiable): the well-known
-  shortcut, cheaper and less exact than the fused kernel's exact gradients.
-Also: launch-configuration variants of the fused kernel, per-kernel profiler timings, achieved
-TFLOP/s of useful work against a measured bf16 matmul ceiling, and a sweep over sequence length
-(8K to 1M) x mode x backend with time, TFLOP/s and peak memory. Writes JSON (device, driver,
-torch, triton versions). Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--quick]
+For each cell (mode x causal x N x D x direction) it times, in the same process:
+- ours: `backend="auto"` and each executor it can pick ("sdpa": the kernel on in-place strided
+  blocks, exact backward with the merged out/LSE; "triton": the fused kernel);
+- anchors (hilbert_lab.bench.anchors, fastest SDPA kernel of this GPU each): the kernel-only floor on
+  pre-gathered blocks, the strided-view composition (head_groups) and the torchscale-style
+  composition (both modes; its merge weights carry no gradient);
+and checks each output against the torchscale-style composition (relative error) before timing.
+Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).
+Also: the headline shape (bf16, B=2, N=32768, H=12, D=64, w [2048, 4096, 8192], r [1, 2, 4]) and
+the longest causal LongNet fwd+bwd that runs (B=1, H=12, D=64, w [2048, 8192, 32768, 131072],
+r [1, 2, 4, 8]). Writes JSON with the environment.
+
+Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,longest] [--quick]
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hilbert_lab.attention.backends import triton as triton_backend  # noqa: E402
-from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
-from hilbert_lab.kernels import triton_dilated  # noqa: E402
+from hilbert_lab.attention import DilatedPattern, dilated_attention  # noqa: E402
+from hilbert_lab.attention.selection import select_backend  # noqa: E402
+from hilbert_lab.bench import anchors  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.flops import attention_flops  # noqa: E402
+from hilbert_lab.bench.timing import time_function  # noqa: E402
 
-SEGMENTS = [2048, 4096, 8192]
-DILATIONS = [1, 2, 4]
-
-
-def bench(fn, warmup_ms: int = 25, rep_ms: int = 150) -> float:
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
+LONGEST = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8])
+DEV = torch.device("cuda")
 
 
-def device_info() -> dict:
-    import triton
-
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    return {"device": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__,
-            "triton": triton.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version()}
-
-
-def useful_pairs(pattern: DilatedPattern, seq_len: int, num_heads: int) -> int:
-    """Query-key pairs the pattern asks for (summed over heads and branches; batch 1)."""
-    pairs = 0
-    for g in pattern.groups(seq_len, num_heads):
-        counts = (g.index >= 0).sum(dim=1).tolist()
-        per = sum(c * (c + 1) // 2 if pattern.causal else c * c for c in counts)
-        pairs += per * len(g.heads)
-    return pairs
-
-
-def matmul_ceiling() -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = bench(lambda: a @ b)
-    return 2 * 8192**3 / (ms * 1e-3)
-
-
-def copy_bandwidth() -> float:
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / (bench(lambda: dst.copy_(src)) * 1e-3)
-
-
-# ------------------------------------------------------------------ anchors
-
-def _gather(x: torch.Tensor, g) -> torch.Tensor:
-    """(B, N, H, D) -> contiguous (B * S, L, Hg, D) block of group g (full segments only)."""
-    idx = g.index.reshape(-1).to(x.device)
-    block = x.index_select(1, idx)[:, :, g.head_slice]
-    return block.reshape(x.shape[0] * g.index.shape[0], g.index.shape[1], len(g.heads), x.shape[3])
-
-
-def pregathered_blocks(q, k, v, pattern):
-    groups = pattern.groups(q.shape[1], q.shape[2])
-    assert all(bool((g.index >= 0).all()) for g in groups), "benchmark shapes use full segments"
-    return [tuple(_gather(t, g).contiguous().transpose(1, 2).detach() for t in (q, k, v)) for g in groups]
-
-
-def sdpa_blocks_forward(blocks, causal: bool):
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        return [F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal) for qb, kb, vb in blocks]
-
-
-def _scatter_heads(parts, head_lists, num_heads):
-    """Concatenate per-group (B, N, Hg, ...) parts along heads and restore head order."""
-    order = [h for heads in head_lists for h in heads]
-    inverse = torch.empty(num_heads, dtype=torch.long)
-    inverse[torch.tensor(order)] = torch.arange(num_heads)
-    return torch.cat(parts, dim=2).index_select(2, inverse.to(parts[0].device))
-
-
-def _strided(x: torch.Tensor, g) -> torch.Tensor:
-    """Strided view (B, S, L, Hg, D) of group g's tokens (full segments, r | w): no index kernels."""
-    w, r = g.segment_length, g.dilation_rate
-    return x.view(x.shape[0], x.shape[1] // w, w, x.shape[2], x.shape[3])[:, :, g.offset::r, g.head_slice]
-
-
-def gather_sdpa_scatter(q, k, v, pattern):
-    """head_groups composition with autograd: strided gather (one copy per tensor), SDPA (cuDNN /
-    flash as torch picks), scatter into a zero output through a strided view."""
-    batch, seq_len, num_heads, head_dim = q.shape
-    out = torch.zeros_like(q)
-    for g in pattern.groups(seq_len, num_heads):
-        if seq_len % g.segment_length or g.segment_length % g.dilation_rate:
-            raise ValueError("the composition anchor needs full segments divisible by their dilation")
-        blocks = [_strided(t, g) for t in (q, k, v)]
-        s_count, length, hg = blocks[0].shape[1], blocks[0].shape[2], blocks[0].shape[3]
-        qb, kb, vb = (b.reshape(batch * s_count, length, hg, head_dim).transpose(1, 2) for b in blocks)
-        ob = F.scaled_dot_product_attention(qb, kb, vb, is_causal=pattern.causal)
-        _strided(out, g).copy_(ob.transpose(1, 2).reshape(batch, s_count, length, hg, head_dim))
-    return out
-
-
-def sdpa_kernels_fwd_bwd(blocks, grads):
-    """The SDPA kernels alone, forward + backward, on pre-gathered blocks (no gather, no scatter)."""
-    for qb, kb, vb in blocks:
-        for t in (qb, kb, vb):
-            t.grad = None
-    outs = sdpa_blocks_forward(blocks, False)
-    torch.autograd.backward(outs, grads)
-
-
-def longnet_composition(q, k, v, pattern):
-    """Per-branch strided gather + flash SDPA with LSE + LSE merge (autograd; the merge weights
-    carry no gradient because flash's LSE output is not differentiable)."""
-    batch, seq_len, num_heads, head_dim = q.shape
-    outs, lses = [], []
-    for branch in range(pattern.num_branches):
-        out_b = torch.zeros_like(q)
-        lse_b = torch.full((batch, seq_len, num_heads), float("-inf"), device=q.device)
-        for g in pattern.groups(seq_len, num_heads):
-            if g.branch != branch:
-                continue
-            blocks = [_strided(t, g) for t in (q, k, v)]
-            s_count, length, hg = blocks[0].shape[1], blocks[0].shape[2], blocks[0].shape[3]
-            qb, kb, vb = (b.reshape(batch * s_count, length, hg, head_dim).transpose(1, 2) for b in blocks)
-            res = torch.ops.aten._scaled_dot_product_flash_attention(qb, kb, vb, 0.0, pattern.causal)
-            ob, lb = res[0], res[1]  # (B*S, Hg, L, D), (B*S, Hg, L)
-            _strided(out_b, g).copy_(ob.transpose(1, 2).reshape(batch, s_count, length, hg, head_dim))
-            _strided(lse_b[..., None], g)[..., 0].copy_(lb.transpose(1, 2).reshape(batch, s_count, length, hg))
-        outs.append(out_b)
-        lses.append(lse_b)
-    stacked = torch.stack(lses)  # (k, B, N, H)
-    total = torch.logsumexp(stacked, dim=0)
-    total_safe = torch.where(torch.isfinite(total), total, torch.zeros_like(total))
-    weights = torch.exp(stacked - total_safe)
-    return sum(o * w[..., None].to(o.dtype) for o, w in zip(outs, weights))
-
-
-def fused(q, k, v, pattern):
-    return triton_backend.dilated_attention(q, k, v, pattern)[0]
-
-
-def engine_sdpa(q, k, v, pattern):
-    from hilbert_lab.attention.engine import dilated_attention
-
-    return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
-                             causal=pattern.causal, mode=pattern.mode, backend="sdpa")
-
-
-def fwd_bwd(fn, q, k, v, pattern, grad):
-    def run():
-        for t in (q, k, v):
-            t.grad = None
-        fn(q, k, v, pattern).backward(grad)
-    return run
-
-
-def make_inputs(batch, seq_len, heads=12, head_dim=64, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    return [torch.randn(batch, seq_len, heads, head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
-            .requires_grad_(True) for _ in range(3)]
+def inputs(batch, seq_len, heads, head_dim, seed=0, requires_grad=False):
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    return [torch.randn(batch, seq_len, heads, head_dim, device=DEV, dtype=torch.bfloat16, generator=gen)
+            .requires_grad_(requires_grad) for _ in range(3)]
 
 
 def rel(a, b) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def profile_kernels(run, iters: int = 3, top: int = 8) -> list[dict]:
-    from torch.profiler import ProfilerActivity, profile
-
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            run()
-        torch.cuda.synchronize()
-    rows = []
-    for evt in prof.key_averages():
-        t = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0)
-        if t > 0:
-            rows.append({"kernel": evt.key[:90], "ms_per_iter": t / 1e3 / iters, "calls_per_iter": evt.count / iters})
-    rows.sort(key=lambda r: -r["ms_per_iter"])
-    return rows[:top]
-
-
-FWD_VARIANTS = [  # (BLOCK_M, BLOCK_N, warps, stages, tma)
-    (128, 64, 4, 4, False), (128, 64, 8, 2, False), (128, 64, 8, 3, False), (128, 64, 8, 4, False),
-    (128, 128, 8, 2, False), (128, 128, 8, 3, False), (256, 32, 8, 3, False), (128, 32, 8, 4, False),
-    (256, 64, 8, 3, False), (128, 64, 8, 2, True), (128, 64, 8, 3, True), (128, 64, 4, 3, True),
-]
-
-
-def forward_variants(q, k, v) -> list[dict]:
-    """Forward launch configurations (two interleaved rounds: the spread is the noise), each checked
-    against the default's output; then, for the default, the diagnostic kernels that show where the
-    time goes (exp2 replaced by a multiply-add; the whole softmax removed)."""
-    rows = []
+def run_variants(pattern, q, k, v, direction, scale, repeats):
+    """{variant: Timing dict} for ours and the anchors; errors against the torchscale-style output."""
+    training = direction == "fwd+bwd"
+    grad = torch.randn_like(q)
+    kernels = ["cudnn", "flash"]
+    ours = {"auto": lambda q, k, v: dilated_attention(q, k, v, mode=pattern.mode, causal=pattern.causal, backend="auto",
+                                                      segment_lengths=pattern.segment_lengths,
+                                                      dilation_rates=pattern.dilation_rates, scale=scale)}
+    for name in ("sdpa", "triton"):
+        ours[name] = (lambda name: lambda q, k, v: dilated_attention(
+            q, k, v, mode=pattern.mode, causal=pattern.causal, backend=name, segment_lengths=pattern.segment_lengths,
+            dilation_rates=pattern.dilation_rates, scale=scale))(name)
+    anchor_fns = {}
+    for kern in kernels:
+        anchor_fns[f"torchscale[{kern}]"] = (lambda kern: lambda q, k, v: anchors.torchscale_composition(
+            q, k, v, pattern, scale=scale, kernel=kern))(kern)
+        if pattern.mode == "head_groups" or len(pattern.segment_lengths) == 1:
+            anchor_fns[f"strided[{kern}]"] = (lambda kern: lambda q, k, v: anchors.strided_composition(
+                q, k, v, pattern, scale=scale, kernel=kern))(kern)
+    results, errors = {}, {}
     with torch.no_grad():
-        for mode in ("head_groups", "longnet"):
-            pattern = DilatedPattern.create(SEGMENTS, DILATIONS, mode=mode)
-            reference = fused(q, k, v, pattern).float()
-            configs = FWD_VARIANTS if mode == "head_groups" else FWD_VARIANTS[:4] + FWD_VARIANTS[-3:]
-            for round_index in range(2):
-                for bm, bn, warps, stages, tma in configs:
-                    triton_dilated.CONFIG_OVERRIDES.update(fwd=(bm, bn, warps, stages), fwd_tma=tma)
-                    row = {"mode": mode, "round": round_index, "fwd_config": [bm, bn, warps, stages], "tma": tma}
-                    try:
-                        if round_index == 0:
-                            row["rel_diff_vs_default"] = rel(fused(q, k, v, pattern), reference)
-                        row["fwd_ms"] = bench(lambda: fused(q, k, v, pattern))
-                    except Exception as exc:  # noqa: BLE001
-                        row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-                    rows.append(row)
-                    print("fwd variant", json.dumps(row), flush=True)
-            triton_dilated.CONFIG_OVERRIDES.clear()
-            for diag in (1, 2):
-                triton_dilated.CONFIG_OVERRIDES["fwd_diag"] = diag
-                rows.append({"mode": mode, "diagnostic": {1: "exp2 -> multiply-add", 2: "no softmax"}[diag],
-                             "fwd_ms": bench(lambda: fused(q, k, v, pattern))})
-                print("fwd diagnostic", json.dumps(rows[-1]), flush=True)
-            triton_dilated.CONFIG_OVERRIDES.clear()
-    return rows
+        reference = anchors.torchscale_composition(q, k, v, pattern, scale=scale, kernel="cudnn")
+    for name, fn in {**ours, **anchor_fns}.items():
+        try:
+            with torch.no_grad():
+                errors[name] = rel(fn(q, k, v), reference)
+            if training:
+                leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+
+                def step(fn=fn, leaves=leaves):
+                    out = fn(*leaves)
+                    torch.autograd.backward(out, grad)
+                    for t in leaves:
+                        t.grad = None
+            else:
+                def step(fn=fn):
+                    with torch.no_grad():
+                        fn(q, k, v)
+            results[name] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
+        except Exception as error:  # an anchor kernel that does not run this shape is left out, with why
+            results[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    blocks = anchors.gather_blocks(q.detach(), k.detach(), v.detach(), pattern)
+    for kern in kernels:
+        try:
+            if training:
+                leaves = [[t.detach().requires_grad_(True) for t in blk] for blk in blocks]
+                grads = [torch.randn_like(blk[0]) for blk in blocks]
+
+                def step(kern=kern, leaves=leaves, grads=grads):
+                    outs = anchors.kernel_floor(leaves, causal=pattern.causal, scale=scale, kernel=kern)
+                    torch.autograd.backward(outs, grads)
+                    for blk in leaves:
+                        for t in blk:
+                            t.grad = None
+            else:
+                def step(kern=kern):
+                    with torch.no_grad():
+                        anchors.kernel_floor(blocks, causal=pattern.causal, scale=scale, kernel=kern)
+            results[f"floor[{kern}]"] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
+        except Exception as error:
+            results[f"floor[{kern}]"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    del blocks
+    return results, errors
 
 
-def auto_selection_check() -> list[dict]:
-    """Engine backends "triton", "sdpa" and "auto" over mode x N x (inference, training), bf16, B=1:
-    what auto picks, and its time against the faster of the two."""
-    from hilbert_lab.attention.engine import dilated_attention
-    from hilbert_lab.attention.selection import select_backend
+def best(results, prefix):
+    times = {k: v["median"] for k, v in results.items() if k.startswith(prefix) and "median" in v}
+    return (min(times, key=times.get), min(times.values())) if times else (None, None)
 
-    rows = []
-    for n in (8192, 32768, 131072, 524288):
-        q, k, v = make_inputs(1, n)
-        grad = torch.randn_like(q)
-        for mode in ("head_groups", "longnet"):
-            for training in (False, True):
-                row = {"seq_len": n, "mode": mode, "training": training,
-                       "auto_picks": select_backend(q.device, q.dtype, shape=tuple(q.shape), segment_lengths=SEGMENTS,
-                                                    dilation_rates=DILATIONS, mode=mode)}
-                for backend in ("triton", "sdpa", "auto"):
-                    def call(backend=backend):
-                        return dilated_attention(q, k, v, segment_lengths=SEGMENTS, dilation_rates=DILATIONS, mode=mode,
-                                                 backend=backend)
-                    if training:
-                        def step(call=call):
-                            for t in (q, k, v):
-                                t.grad = None
-                            call().backward(grad)
-                        row[f"{backend}_ms"] = bench(step, rep_ms=60)
-                    else:
-                        with torch.no_grad():
-                            row[f"{backend}_ms"] = bench(call, rep_ms=60)
-                best = min(row["triton_ms"], row["sdpa_ms"])
-                row["auto_vs_best"] = row["auto_ms"] / best
-                rows.append(row)
-                print("auto", json.dumps(row), flush=True)
-        q = k = v = grad = None
-        torch.cuda.empty_cache()
-    return rows
+
+def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repeats):
+    pattern = DilatedPattern.create(config["segment_lengths"], config["dilation_rates"], mode=mode, causal=causal)
+    q, k, v = inputs(batch, seq_len, heads, head_dim)
+    scale = head_dim**-0.5
+    results, errors = run_variants(pattern, q, k, v, direction, scale, repeats)
+    picked = select_backend(DEV, torch.bfloat16, shape=tuple(q.shape), segment_lengths=pattern.segment_lengths,
+                            mode=mode, causal=causal, training=direction == "fwd+bwd")
+    floor_name, floor = best(results, "floor[")
+    strided_name, strided = best(results, "strided[")
+    ts_name, ts = best(results, "torchscale[")
+    auto = results.get("auto", {}).get("median")
+    flops = attention_flops(pattern, batch, seq_len, heads, head_dim, backward=direction == "fwd+bwd")
+    row = dict(mode=mode, causal=causal, seq_len=seq_len, head_dim=head_dim, direction=direction, batch=batch,
+               heads=heads, auto_picks=picked, auto_ms=auto, floor=floor_name, floor_ms=floor,
+               strided=strided_name, strided_ms=strided, torchscale=ts_name, torchscale_ms=ts,
+               sdpa_ms=results.get("sdpa", {}).get("median"), triton_ms=results.get("triton", {}).get("median"),
+               auto_over_floor=auto / floor if auto and floor else None,
+               strided_over_auto=strided / auto if auto and strided else None,
+               torchscale_over_auto=ts / auto if auto and ts else None,
+               auto_tflops=flops / (auto * 1e-3) / 1e12 if auto else None,
+               rel_error_vs_torchscale=errors, timings=results)
+    del q, k, v
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def fmt(row):
+    f = lambda x: "   -  " if x is None else f"{x:6.3f}"  # noqa: E731
+    return (f"{row['mode']:11s} c={int(row['causal'])} N={row['seq_len']:>7d} D={row['head_dim']:>3d} {row['direction']:7s} "
+            f"auto={f(row['auto_ms'])}({row['auto_picks'][:6]}) sdpa={f(row['sdpa_ms'])} triton={f(row['triton_ms'])} "
+            f"floor={f(row['floor_ms'])} strided={f(row['strided_ms'])} ts={f(row['torchscale_ms'])} "
+            f"auto/floor={f(row['auto_over_floor'])} ts/auto={f(row['torchscale_over_auto'])} "
+            f"strided/auto={f(row['strided_over_auto'])}")
+
+
+def longest(max_tokens: int, start: int, backend: str = "auto") -> dict:
+    """Doubling then bisection (in steps of the largest segment) of causal LongNet fwd+bwd on `backend`."""
+    step = LONGEST["segment_lengths"][-1]
+    pattern = DilatedPattern.create(**LONGEST, mode="longnet", causal=True)
+
+    def fits(n):
+        try:
+            q, k, v = inputs(1, n, 12, 64, requires_grad=True)
+            torch.cuda.reset_peak_memory_stats()
+            out = dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths,
+                                    dilation_rates=pattern.dilation_rates, causal=True, backend=backend)
+            out.backward(torch.randn_like(out))
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() / 2**30
+            ok = bool(torch.isfinite(q.grad).all())
+            del q, k, v, out
+            return ok, peak
+        except torch.OutOfMemoryError:
+            return False, None
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    tried, good, bad = [], None, None
+    n = start
+    while n <= max_tokens:
+        ok, peak = fits(n)
+        tried.append(dict(tokens=n, ok=ok, peak_gib=peak))
+        print(f"  longest[{backend}]: {n} tokens -> {'ok' if ok else 'OOM'} {peak}", flush=True)
+        if not ok:
+            bad = n
+            break
+        good = n
+        n *= 2
+    if good and bad:
+        lo, hi = good, bad
+        while hi - lo > step:
+            mid = (lo + hi) // 2 // step * step
+            ok, peak = fits(mid)
+            tried.append(dict(tokens=mid, ok=ok, peak_gib=peak))
+            print(f"  longest[{backend}]: {mid} tokens -> {'ok' if ok else 'OOM'} {peak}", flush=True)
+            lo, hi = (mid, hi) if ok else (lo, mid)
+        good = lo
+    return dict(backend=backend, config=LONGEST, batch=1, heads=12, head_dim=64, causal=True, longest_tokens=good,
+                tried=tried)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="reports/results/gpu_attention.json")
-    parser.add_argument("--quick", action="store_true", help="skip the variants and the long-sequence sweep")
-    parser.add_argument("--parts", default="variants,auto,sweep",
-                        help="comma-separated extras after the headline: variants, auto, sweep (default: all)")
-    parser.add_argument("--max-log2-n", type=int, default=20)
+    parser.add_argument("--parts", default="headline,sweep,longest")
+    parser.add_argument("--seq-lens", default="8192,32768,131072,524288")
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--longest-start", type=int, default=4 * 1048576)
+    parser.add_argument("--longest-max", type=int, default=8 * 1048576)
+    parser.add_argument("--longest-backends", default="auto")
+    parser.add_argument("--quick", action="store_true", help="headline only, fewer repeats")
     args = parser.parse_args()
-    torch.backends.cuda.matmul.allow_tf32 = False
-    result = {"benchmark": "gpu_attention", "command": "python " + " ".join(sys.argv),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **device_info()}
-    ceiling = matmul_ceiling()
-    bandwidth = copy_bandwidth()
-    result["ceilings"] = {"bf16_matmul_tflops": ceiling / 1e12, "copy_bytes_per_s": bandwidth}
-    print(f"ceilings: bf16 matmul {ceiling / 1e12:.0f} TFLOP/s, copy {bandwidth / 1e9:.0f} GB/s", flush=True)
-
-    batch, seq_len, heads, head_dim = 2, 32768, 12, 64
-    q, k, v = make_inputs(batch, seq_len, heads, head_dim)
-    grad = torch.randn_like(q)
-    headline = {}
-    for mode in ("head_groups", "longnet"):
-        pattern = DilatedPattern.create(SEGMENTS, DILATIONS, mode=mode)
-        flops_fwd = 4 * head_dim * useful_pairs(pattern, seq_len, heads) * batch
-        with torch.no_grad():
-            out_fused = fused(q, k, v, pattern)
-            out_comp = (gather_sdpa_scatter if mode == "head_groups" else longnet_composition)(q, k, v, pattern)
-        entry = {"fwd_gflop": flops_fwd / 1e9, "fused_vs_composition_rel_diff": rel(out_fused, out_comp)}
-        with torch.no_grad():
-            entry["fused_fwd_ms"] = bench(lambda: fused(q, k, v, pattern))
-        entry["fused_fwd_bwd_ms"] = bench(fwd_bwd(fused, q, k, v, pattern, grad))
-        if mode == "head_groups":
-            blocks = pregathered_blocks(q.detach(), k.detach(), v.detach(), pattern)
-            entry["sdpa_pregathered_fwd_ms"] = bench(lambda: sdpa_blocks_forward(blocks, False))
-            grad_blocks = [torch.randn_like(b[0]) for b in blocks]
-            for b in blocks:
-                for t in b:
-                    t.requires_grad_(True)
-            entry["sdpa_pregathered_fwd_bwd_ms"] = bench(lambda: sdpa_kernels_fwd_bwd(blocks, grad_blocks))
-            entry["profile_sdpa_pregathered_fwd_bwd"] = profile_kernels(lambda: sdpa_kernels_fwd_bwd(blocks, grad_blocks))
-            entry["composition_fwd_bwd_ms"] = bench(fwd_bwd(gather_sdpa_scatter, q, k, v, pattern, grad))
-            entry["target_fwd_ratio"] = entry["fused_fwd_ms"] / entry["sdpa_pregathered_fwd_ms"]
-            entry["target_fwd_bwd_speedup"] = entry["composition_fwd_bwd_ms"] / entry["fused_fwd_bwd_ms"]
-            blocks = None
-        else:
-            entry["composition_fwd_bwd_ms"] = bench(fwd_bwd(longnet_composition, q, k, v, pattern, grad))
-            entry["target_fwd_bwd_speedup"] = entry["composition_fwd_bwd_ms"] / entry["fused_fwd_bwd_ms"]
-        try:
-            entry["engine_sdpa_fwd_bwd_ms"] = bench(fwd_bwd(engine_sdpa, q, k, v, pattern, grad))
-        except Exception as exc:  # noqa: BLE001 (the engine may not be there yet)
-            entry["engine_sdpa"] = f"not run: {type(exc).__name__}: {str(exc)[:120]}"
-        entry["fused_fwd_tflops"] = flops_fwd / (entry["fused_fwd_ms"] * 1e-3) / 1e12
-        entry["fused_fwd_bwd_tflops"] = 3.5 * flops_fwd / (entry["fused_fwd_bwd_ms"] * 1e-3) / 1e12
-        entry["profile_fused_fwd_bwd"] = profile_kernels(fwd_bwd(fused, q, k, v, pattern, grad))
-        comp = gather_sdpa_scatter if mode == "head_groups" else longnet_composition
-        entry["profile_composition_fwd_bwd"] = profile_kernels(fwd_bwd(comp, q, k, v, pattern, grad))
-        headline[mode] = entry
-        print(mode, json.dumps({k2: v2 for k2, v2 in entry.items() if not k2.startswith("profile")}), flush=True)
-    causal_pattern = DilatedPattern.create(SEGMENTS, DILATIONS, mode="head_groups", causal=True)
-    with torch.no_grad():
-        headline["head_groups_causal"] = {"fused_fwd_ms": bench(lambda: fused(q, k, v, causal_pattern))}
-    headline["head_groups_causal"]["fused_fwd_bwd_ms"] = bench(fwd_bwd(fused, q, k, v, causal_pattern, grad))
-    result["headline"] = headline
-
-    parts = set() if args.quick else {p for p in args.parts.split(",") if p}
-    if parts - {"variants", "auto", "sweep"}:
-        parser.error(f"--parts must name variants, auto or sweep; got {args.parts!r}")
-    if "variants" in parts:
-        result["variants"] = forward_variants(q, k, v)
-        variants = []
-        pattern = DilatedPattern.create(SEGMENTS, DILATIONS, mode="head_groups")
-        bwd_configs = [(32, 128, 128, 32, 4, 3), (32, 128, 64, 64, 4, 3), (64, 64, 128, 64, 8, 2), (32, 128, 128, 64, 8, 2)]
-        for cfg in bwd_configs + bwd_configs:
-            triton_dilated.CONFIG_OVERRIDES["bwd"] = cfg
-            try:
-                variants.append({"bwd_config": cfg, "fwd_bwd_ms": bench(fwd_bwd(fused, q, k, v, pattern, grad))})
-            except Exception as exc:  # noqa: BLE001
-                variants.append({"bwd_config": cfg, "error": str(exc)[:200]})
-        triton_dilated.CONFIG_OVERRIDES.pop("bwd", None)
-        result["variants"] += variants
-        print("bwd variants", json.dumps(variants), flush=True)
-    if "auto" in parts:
-        result["auto_selection"] = auto_selection_check()
-
-    q = k = v = grad = None  # free the headline inputs before the sweep
-    torch.cuda.empty_cache()
-    sweep = []
-    lengths = [1 << p for p in range(13, args.max_log2_n + 1, 2)] if "sweep" in parts else []
-    if "sweep" in parts and (1 << args.max_log2_n) not in lengths:
-        lengths.append(1 << args.max_log2_n)
-    for n in lengths:
-        q, k, v = make_inputs(1, n)
-        grad = torch.randn_like(q)
+    parts = set(args.parts.split(","))
+    if args.quick:
+        parts, args.repeats = {"headline"}, 7
+    began = time.time()
+    result = dict(env=collect_environment(), command=" ".join(sys.argv), headline=[], sweep=[])
+    print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
+    if "headline" in parts:
         for mode in ("head_groups", "longnet"):
-            pattern = DilatedPattern.create(SEGMENTS, DILATIONS, mode=mode)
-            flops = 4 * 64 * useful_pairs(pattern, n, 12)
-            comp = gather_sdpa_scatter if mode == "head_groups" else longnet_composition
-            for name, fn in (("triton_fused", fused), ("gather_sdpa", comp)):
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                with torch.no_grad():
-                    fwd_ms = bench(lambda: fn(q, k, v, pattern), rep_ms=60)
-                step = fwd_bwd(fn, q, k, v, pattern, grad)
-                both_ms = bench(step, rep_ms=60)
-                peak = torch.cuda.max_memory_allocated() - base
-                row = {"seq_len": n, "mode": mode, "backend": name, "fwd_ms": fwd_ms, "fwd_bwd_ms": both_ms,
-                       "fwd_tflops": flops / (fwd_ms * 1e-3) / 1e12, "fwd_bwd_tflops": 3.5 * flops / (both_ms * 1e-3) / 1e12,
-                       "peak_extra_mib": peak / 2**20}
-                sweep.append(row)
-                print(json.dumps(row), flush=True)
-        q = k = v = grad = None
-        torch.cuda.empty_cache()
-    result["sweep"] = sweep
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-
-    print("\n== headline (bf16, B=2, N=32768, H=12, D=64, segments [2048,4096,8192], dilations [1,2,4]) ==")
-    hg, ln = headline["head_groups"], headline["longnet"]
-    print(f"head_groups fwd: fused {hg['fused_fwd_ms']:.3f} ms vs SDPA cuDNN pre-gathered {hg['sdpa_pregathered_fwd_ms']:.3f} ms"
-          f" -> ratio {hg['target_fwd_ratio']:.2f} (target <= 1.05); {hg['fused_fwd_tflops']:.0f} TFLOP/s")
-    print(f"head_groups fwd+bwd: fused {hg['fused_fwd_bwd_ms']:.3f} ms vs gather+SDPA+scatter {hg['composition_fwd_bwd_ms']:.3f} ms"
-          f" -> {hg['target_fwd_bwd_speedup']:.2f}x (target >= 2); SDPA kernels alone fwd+bwd on pre-gathered blocks "
-          f"{hg['sdpa_pregathered_fwd_bwd_ms']:.3f} ms; engine sdpa {hg.get('engine_sdpa_fwd_bwd_ms', float('nan')):.3f} ms")
-    print(f"longnet fwd+bwd: fused {ln['fused_fwd_bwd_ms']:.3f} ms vs per-branch composition {ln['composition_fwd_bwd_ms']:.3f} ms"
-          f" -> {ln['target_fwd_bwd_speedup']:.2f}x (target >= 1.5); engine sdpa {ln.get('engine_sdpa_fwd_bwd_ms', float('nan')):.3f} ms")
-    print(f"rel diff fused vs composition: head_groups {hg['fused_vs_composition_rel_diff']:.2e}, longnet {ln['fused_vs_composition_rel_diff']:.2e}")
-    print(f"written {args.out}")
+            for causal in (False, True):
+                for direction in ("fwd", "fwd+bwd"):
+                    row = cell(mode, causal, 32768, 64, direction, 2, 12, HEADLINE, args.repeats)
+                    result["headline"].append(row)
+                    print(fmt(row), flush=True)
+    if "sweep" in parts:
+        for seq_len in (int(s) for s in args.seq_lens.split(",")):
+            for head_dim in (int(d) for d in args.head_dims.split(",")):
+                for mode in ("head_groups", "longnet"):
+                    for causal in (False, True):
+                        for direction in ("fwd", "fwd+bwd"):
+                            batch = 2 if seq_len <= 131072 else 1
+                            row = cell(mode, causal, seq_len, head_dim, direction, batch, 12, HEADLINE,
+                                       max(5, args.repeats // (2 if seq_len > 131072 else 1)))
+                            row.pop("timings")
+                            result["sweep"].append(row)
+                            print(fmt(row), flush=True)
+    if "longest" in parts:
+        result["longest"] = [longest(args.longest_max, args.longest_start, name) for name in args.longest_backends.split(",")]
+    result["seconds"] = time.time() - began
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str))
+    print(f"wrote {out} in {result['seconds']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from hilbert_lab.attention.backends import BACKENDS, BackendUnavailableError, available_backends, get_backend
-from hilbert_lab.attention.engine import dilated_attention, layout_permutation
+from hilbert_lab.attention.engine import dilated_attention, execute_plan
+from hilbert_lab.attention.plan import Block, Plan, build_plan, cached_plan, is_selected, layout_permutation
 from hilbert_lab.attention.grid import deserialize_grid, serialize_grid
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.modules import DilatedAttention, MultiheadDilatedAttention
@@ -11,8 +12,8 @@ from hilbert_lab.attention.reference import reference_attention
 from hilbert_lab.attention.selection import get_gpu_info, recommended_dtype, select_backend
 
 __all__ = [
-    "BACKENDS", "BackendUnavailableError", "DilatedAttention", "DilatedPattern", "Group", "MODES",
-    "MultiheadDilatedAttention", "available_backends", "deserialize_grid", "dilated_attention", "get_backend",
-    "get_gpu_info", "layout_permutation", "merge_lse", "recommended_dtype", "reference_attention", "select_backend",
-    "serialize_grid",
+    "BACKENDS", "BackendUnavailableError", "Block", "DilatedAttention", "DilatedPattern", "Group", "MODES",
+    "MultiheadDilatedAttention", "Plan", "available_backends", "build_plan", "cached_plan", "deserialize_grid",
+    "dilated_attention", "execute_plan", "get_backend", "get_gpu_info", "is_selected", "layout_permutation",
+    "merge_lse", "recommended_dtype", "reference_attention", "select_backend", "serialize_grid",
 ]

@@ -12,9 +12,7 @@ exactly its share of dQ, dK, dV (gradients through the merge weights included); 
 """
 from __future__ import annotations
 
-import functools
 import numbers
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -22,131 +20,12 @@ import torch
 from hilbert_lab.attention.backends import Backend, get_backend
 from hilbert_lab.attention.backends.base import lse_dtype
 from hilbert_lab.attention.backends.manual import dense_attention_eager
+from hilbert_lab.attention.inplace import inplace_attention, inplace_kernel
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan, layout_permutation
+from hilbert_lab.curves import ORDERINGS
 
-IDENTITY_ORDERINGS = (None, "identity")
-_CONTRACT_ORDERINGS = ("identity", "hilbert", "morton", "snake")
-
-
-@dataclass(frozen=True)
-class Block:
-    """Segments [start, start + count * seg) of one (branch, offset) group, read as (B * count, L, h, ...).
-
-    Token j of segment s is original position start + s * seg + offset + j * step. With a layout
-    permutation, `index` (count * L,) holds the layout slots of those tokens instead.
-    """
-
-    branch: int
-    heads: slice
-    start: int
-    count: int
-    seg: int
-    offset: int
-    step: int
-    length: int
-    index: Optional[torch.Tensor] = None
-
-    def read(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, N, H, *rest) -> (B * count, L, h, *rest) (a view when possible)."""
-        if self.index is not None:
-            picked = x.index_select(1, self.index)[:, :, self.heads]
-            return picked.unflatten(1, (self.count, self.length)).flatten(0, 1)
-        return self._view(x).flatten(0, 1)
-
-    def write(self, dst: torch.Tensor, value: torch.Tensor, accumulate: bool = False) -> None:
-        """Store (or add) `value` (B * count, L, h, *rest) into dst (B, N, H, *rest) in place."""
-        value = value.unflatten(0, (dst.shape[0], self.count))
-        if self.index is not None:
-            value = value.flatten(1, 2).to(dst.dtype)
-            if accumulate:
-                dst[:, self.index, self.heads] += value
-            else:
-                dst[:, self.index, self.heads] = value
-            return
-        view = self._view(dst)
-        if accumulate:
-            view.add_(value.to(dst.dtype))
-        else:
-            view.copy_(value)
-
-    def _view(self, x: torch.Tensor) -> torch.Tensor:
-        part = x[:, self.start : self.start + self.count * self.seg].unflatten(1, (self.count, self.seg))
-        return part[:, :, self.offset :: self.step][:, :, :, self.heads]
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Blocks of a (pattern, seq_len, num_heads, layout) and whether branches must be merged."""
-
-    blocks: tuple[Block, ...]
-    num_branches: int
-    merge: bool
-
-
-def _plan(pattern: DilatedPattern, seq_len: int, num_heads: int, inverse: Optional[torch.Tensor]) -> Plan:
-    blocks = []
-    branches_per_head = [0] * num_heads
-    for group in pattern.groups(seq_len, num_heads):
-        for h in group.heads:
-            branches_per_head[h] += 1
-        seg, step, offset = group.segment_length, group.dilation_rate, group.offset
-        full = seq_len // seg
-        parts = [(0, full, seg)] if full else []
-        if seq_len - full * seg:
-            parts.append((full * seg, 1, seq_len - full * seg))
-        for start, count, length in parts:
-            selected = len(range(offset, length, step))
-            if selected == 0:
-                continue
-            index = None
-            if inverse is not None:
-                local = torch.arange(offset, length, step, device=inverse.device)
-                segments = torch.arange(count, device=inverse.device)
-                positions = (start + segments[:, None] * length + local[None, :]).reshape(-1)
-                index = inverse[positions]
-            blocks.append(Block(group.branch, group.head_slice, start, count, length, offset, step, selected, index))
-    return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1)
-
-
-@torch.compiler.disable  # planning is Python/numpy work: keep it out of compiled graphs
-@functools.lru_cache(maxsize=128)
-def _cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, ordering: Optional[str], block: int,
-                 device: str = "cpu") -> Plan:
-    inverse = None
-    if ordering not in IDENTITY_ORDERINGS:
-        inverse = layout_permutation(seq_len, block, ordering)[1].to(device)
-    return _plan(pattern, seq_len, num_heads, inverse)
-
-
-@torch.compiler.disable
-@functools.lru_cache(maxsize=64)
-def layout_permutation(seq_len: int, block: int, ordering: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(perm, inverse) LongTensors (N,): `ordering` applied inside each block of `block` tokens.
-
-    x_layout = x[:, perm], x = x_layout[:, inverse]; a shorter last block gets its own permutation
-    (hilbert_lab.curves.segment_permutation).
-    """
-    from hilbert_lab.curves import segment_permutation
-
-    perm = torch.empty(seq_len, dtype=torch.int64)
-    for start in range(0, seq_len, block):
-        length = min(block, seq_len - start)
-        local, _ = segment_permutation(length, ordering)
-        perm[start : start + length] = torch.tensor(local, dtype=torch.int64) + start
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(seq_len, dtype=torch.int64)
-    if not torch.equal(torch.sort(perm).values, torch.arange(seq_len)):
-        raise ValueError(f"segment_permutation({block}, {ordering!r}) did not return a permutation")
-    return perm, inverse
-
-
-def _orderings() -> tuple[str, ...]:
-    try:
-        from hilbert_lab.curves import ORDERINGS
-    except ImportError:
-        return _CONTRACT_ORDERINGS
-    return tuple(ORDERINGS)
 
 
 def _validate_inputs(q, k, v) -> None:
@@ -166,7 +45,8 @@ def _validate_inputs(q, k, v) -> None:
 
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = (), *,
-                    mode: str = "longnet", whole_pattern: bool = True) -> Backend:
+                    mode: str = "longnet", causal: bool = False, training: bool = False,
+                    whole_pattern: bool = True) -> Backend:
     """The adapter for `backend` ("auto" asks selection.select_backend), checked to run on q.
     whole_pattern=False: the caller runs dense blocks only (auto then never picks the fused kernel)."""
     if isinstance(backend, Backend):
@@ -175,7 +55,8 @@ def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Se
         from hilbert_lab.attention.selection import select_backend
 
         chosen = get_backend(select_backend(q.device, q.dtype, shape=tuple(q.shape), segment_lengths=tuple(segment_lengths),
-                                            mode=mode, whole_pattern=whole_pattern))
+                                            mode=mode, causal=causal, training=training,
+                                            whole_pattern=whole_pattern))
     else:
         chosen = get_backend(backend)
     reason = chosen.unavailable_reason(q.device, q.dtype)
@@ -225,7 +106,7 @@ def dilated_attention(
                                      dropout_p=dropout_p, return_lse=return_lse, hilbert_pattern=hilbert_pattern)
     _validate_inputs(q, k, v)
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
-    allowed = _orderings()
+    allowed = tuple(ORDERINGS)
     if ordering not in IDENTITY_ORDERINGS and ordering not in allowed:
         raise ValueError(f"ordering must be None or one of {allowed}, got {ordering!r}")
     if not isinstance(hilbert_pattern, bool):
@@ -236,7 +117,9 @@ def dilated_attention(
         raise ValueError(f"scale must be None or a positive float, got {scale!r}")
     if not isinstance(return_lse, bool):
         raise ValueError(f"return_lse must be True or False, got {return_lse!r}")
-    chosen = resolve_backend(backend, q, pattern.segment_lengths, mode=pattern.mode)
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    chosen = resolve_backend(backend, q, pattern.segment_lengths, mode=pattern.mode, causal=pattern.causal,
+                             training=training)
     batch, seq_len, num_heads, head_dim = q.shape
     scale = head_dim**-0.5 if scale is None else float(scale)
     block = min(max(pattern.segment_lengths), seq_len)
@@ -255,16 +138,26 @@ def dilated_attention(
         # hilbert_pattern: selection on layout positions (plain plan on the permuted tensors);
         # ordering: selection on original positions, read through the layout (plan with index).
         layout = ordering if permuted and not hilbert_pattern else None
-        plan = _cached_plan(pattern, seq_len, num_heads, layout, block, str(q.device))
-        out, lse = _run(plan, chosen, q, k, v, scale, causal, float(dropout_p))
+        plan = cached_plan(pattern, seq_len, num_heads, layout, str(q.device))
+        out, lse = execute_plan(plan, chosen, q, k, v, scale, causal, float(dropout_p),
+                                need_lse=return_lse or training or permuted)
     if permuted:
         out, lse = out.index_select(1, inverse), lse.index_select(2, inverse)
     return (out, lse) if return_lse else out
 
 
-def _run(plan: Plan, backend: Backend, q, k, v, scale: float, causal: bool, dropout_p: float):
+def execute_plan(plan: Plan, backend: Backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                 causal: bool, dropout_p: float = 0.0, need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run every block of `plan` on `backend` (dense-block adapter) and merge: (out (B, N, H, D), lse (B, H, N)).
+
+    Differentiable; exact gradients through the merge (see the module docstring). need_lse=False (no
+    gradient, LSE not wanted) lets the in-place executor skip the LSE where no merge needs it; the
+    returned lse is then meaningless."""
     if dropout_p > 0.0 or backend.backward is None:
         return _forward_autograd(plan, backend, q, k, v, scale, causal, dropout_p)
+    kernel = inplace_kernel(backend.name, q) if backend.name.startswith("sdpa") else None
+    if kernel is not None and all(blk.index is None for blk in plan.blocks):
+        return inplace_attention(plan, kernel, q, k, v, scale, causal, backend, need_lse=need_lse)
     return _DilatedFunction.apply(q, k, v, plan, backend, scale, causal)
 
 
@@ -314,19 +207,29 @@ class _DilatedFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-        grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v)]
-        lse_t = lse.transpose(1, 2)
-        glse_t = None if grad_lse is None else grad_lse.transpose(1, 2)
-        for blk, aux in zip(ctx.plan.blocks, ctx.auxes):
-            block_grad_lse = None if glse_t is None else blk.read(glse_t).transpose(1, 2)
-            shares = ctx.backend.backward(
-                blk.read(grad_out), block_grad_lse, blk.read(q), blk.read(k), blk.read(v), blk.read(out),
-                blk.read(lse_t).transpose(1, 2), aux, causal=ctx.causal, scale=ctx.scale,
-            )
-            for total, share in zip(grads, shares):
-                blk.write(total, share, accumulate=True)
-        dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+        dq, dk, dv = backward_blocks(ctx.plan, ctx.backend, grad_out, grad_lse, q, k, v, out, lse, ctx.scale,
+                                     ctx.causal, ctx.auxes)
         return dq, dk, dv, None, None, None, None
+
+
+def backward_blocks(plan: Plan, backend: Backend, grad_out, grad_lse, q, k, v, out, lse, scale: float, causal: bool,
+                    auxes=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exact (dq, dk, dv) of a plan's merged (out, lse): each block's backward with the merged out and LSE.
+    auxes: the backend's per-block forward state (None: the backend recomputes what it needs)."""
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    # Blocks that share a (position, head) (merged branches) accumulate in the LSE precision; otherwise
+    # every block owns its gradient entries and writes them in the input dtype.
+    acc = lse_dtype(q.dtype) if plan.merge else q.dtype
+    grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v)]
+    lse_t = lse.transpose(1, 2)
+    glse_t = None if grad_lse is None else grad_lse.transpose(1, 2)
+    for i, blk in enumerate(plan.blocks):
+        block_grad_lse = None if glse_t is None else blk.read(glse_t).transpose(1, 2)
+        shares = backend.backward(
+            blk.read(grad_out), block_grad_lse, blk.read(q), blk.read(k), blk.read(v), blk.read(out),
+            blk.read(lse_t).transpose(1, 2), None if auxes is None else auxes[i], causal=causal, scale=scale,
+        )
+        for total, share in zip(grads, shares):
+            blk.write(total, share, accumulate=plan.merge)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))

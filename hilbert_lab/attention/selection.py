@@ -6,9 +6,20 @@ Rules of `select_backend` (first match wins):
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
    efficient kernel; flash needs fp16/bf16) and no flash-attn. Pascal: use float32.
 3. CUDA, fp16/bf16 on Hopper or newer (compute capability >= 9.0) with Triton, for a whole
-   pattern: the fused kernel "triton". It was measured against the engine's "sdpa" on an H100
-   (auto_selection in reports/results/gpu_attention.json: both modes, N = 8K to 512K, inference
-   and training) and won every case, by 1.2x to 13x. Dense-block callers (the ring's local steps,
+   pattern: "sdpa" (cuDNN reading the plan's blocks in place, exact backward with the merged
+   output and LSE) for N >= 32768, and for training with head dim > 64 at any N; else the fused
+   kernel "triton". Measured on an H100 (bf16, w [2048, 4096, 8192], r [1, 2, 4], both modes,
+   causal or not, D 64 and 128, forward and forward+backward; `benchmarks/bench_gpu_attention.py`,
+   reports/results/gpu_attention.json, medians of do_bench):
+   - N = 8K: the fused kernel wins every cell (e.g. head_groups fwd 0.22 vs 0.43 ms): 4-7 cuDNN
+     calls per pattern cost more host time than the GPU work they launch;
+   - N >= 32K, D = 64: in-place cuDNN wins or ties every cell (head_groups fwd+bwd 2.79 vs 3.29 ms
+     at 32K, 21.1 vs 26.0 ms at 512K; longnet fwd+bwd 8.64 vs 8.84 ms at 32K, 67.4 vs 70.8 at 512K);
+   - D = 128, forward+backward: the fused kernel's backward is 2.6-3.8x slower than cuDNN's
+     (longnet 32K: 14.7 vs 40.1 ms), so training takes "sdpa" at every N.
+   When the in-place executor's buffers (per-branch outputs, float32 gradient accumulators for
+   merged branches) would not fit in free GPU memory, the fused kernel (no such buffers) runs
+   instead: the longest-sequence runs need it. Dense-block callers (the ring's local steps,
    whole_pattern=False) skip this rule.
 4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
    "triton"/"flex" are opt-in there or chosen by timing.
@@ -83,16 +94,41 @@ def cache_path() -> Path:
     return Path(root) / "backend_selection.json"
 
 
-def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_pattern: bool = True) -> str:
+def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_pattern: bool = True,
+                 shape: Optional[Sequence[int]] = None, merged_branches: int = 0, training: bool = False) -> str:
     """The backend the documented rules pick for (device, dtype) without timing.
 
-    whole_pattern=False: the caller runs dense blocks (the ring's local steps), so rule 3 (the fused
-    whole-pattern kernel) does not apply."""
+    shape: (B, N, H, D) when known (rule 3 reads N, D and whether the in-place buffers fit);
+    merged_branches: branches whose results are merged (longnet mode), 0 when none are;
+    whole_pattern=False: the caller runs dense blocks (the ring's local steps), so rule 3 does not apply."""
     device = torch.device(device)
     if device.type != "cuda":
         return rule_for(device.type, None, dtype)
     capability, triton_ok, flash_ok = _cuda_facts(device, dtype)
-    return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok)
+    seq_len = head_dim = None
+    fits = True
+    if shape is not None and len(shape) == 4:
+        seq_len, head_dim = int(shape[1]), int(shape[3])
+        fits = _inplace_fits(device, shape, dtype, merged_branches, training)
+    return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok,
+                    seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits)
+
+
+def _inplace_fits(device: torch.device, shape: Sequence[int], dtype: torch.dtype, merged_branches: int,
+                  training: bool) -> bool:
+    """Whether the in-place executor's extra buffers fit in free GPU memory (only asked for large inputs:
+    the query costs a device call)."""
+    size = 1
+    for extent in shape:
+        size *= int(extent)
+    tensor = size * torch.empty((), dtype=dtype).element_size()
+    extra = (merged_branches + 1) * tensor  # per-branch outputs + the merged output
+    if training:
+        extra += (6 if merged_branches else 3) * tensor + 2 * tensor  # gradient buffers + packed out / grad
+    if extra < 2**30:
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return extra < 0.9 * free
 
 
 @functools.lru_cache(maxsize=64)
@@ -103,16 +139,25 @@ def _cuda_facts(device: torch.device, dtype: torch.dtype) -> tuple[tuple[int, in
             unavailable_reason("flash", device, dtype) is None)
 
 
+INPLACE_MIN_SEQ_LEN = 32768  # rule 3: from here on in-place cuDNN beats the fused kernel (H100 sweep)
+
+
 def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool = False,
-             flash_ok: bool = False) -> str:
-    """The module's rules as a pure function of the facts they read (testable without a GPU). No rule
-    needs the mode, N or training: the fused kernel won in every mode, length and direction measured."""
+             flash_ok: bool = False, seq_len: Optional[int] = None, head_dim: Optional[int] = None,
+             training: bool = False, inplace_fits: bool = True) -> str:
+    """The module's rules as a pure function of the facts they read (testable without a GPU)."""
     if device_type == "cpu":
         return "sdpa" if dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) else "manual"
     if device_type != "cuda" or capability is None:
         return "manual"
     half = dtype in (torch.float16, torch.bfloat16)
     if half and capability[0] >= 9 and triton_ok:
+        if not inplace_fits:
+            return "triton"
+        if training and head_dim is not None and head_dim > 64:
+            return "sdpa"
+        if seq_len is not None and seq_len >= INPLACE_MIN_SEQ_LEN:
+            return "sdpa"
         return "triton"
     if half and capability[0] >= 8:
         return "flash" if flash_ok else "sdpa"
@@ -135,33 +180,38 @@ def select_backend(
     *,
     dilation_rates: Optional[Sequence[int]] = None,
     mode: str = "longnet",
+    causal: bool = False,
+    training: bool = False,
     whole_pattern: bool = True,
     benchmark_backends: bool = False,
     use_file_cache: bool = True,
 ) -> str:
     """Backend name for (device, dtype[, shape (B, N, H, D)]) by the rules or by timing.
 
-    mode ("longnet" / "head_groups") is what timing runs and part of its cache key.
+    Rules: shape (B, N, H, D), training and the merged branches (mode "longnet" with several
+    segment lengths) feed rule 3. Timing: mode and causal are what it runs and part of its cache key.
 
     benchmark_backends=True (needs shape and segment_lengths) times each candidate once per key
     (forward, median of 3 after a warm-up) and caches the winner in memory and in `cache_path()`.
     """
     device = torch.device(device)
     if not benchmark_backends:
-        return rule_backend(device, dtype, whole_pattern=whole_pattern)
+        merged = len(segment_lengths) if mode == "longnet" and len(segment_lengths) > 1 else 0
+        return rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape, merged_branches=merged,
+                            training=training)
     if shape is None or len(shape) != 4 or not segment_lengths:
         raise ValueError("benchmark_backends=True needs shape=(B, N, H, D) and segment_lengths")
     rates = tuple(dilation_rates) if dilation_rates is not None else tuple(1 for _ in segment_lengths)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    key = f"{name}|{dtype}|{tuple(shape)}|{tuple(segment_lengths)}|{rates}|{mode}"
+    key = f"{name}|{dtype}|{tuple(shape)}|{tuple(segment_lengths)}|{rates}|{mode}|{causal}"
     if key in _MEMORY_CACHE:
         return _MEMORY_CACHE[key]
     stored = _read_cache() if use_file_cache else {}
     if key in stored and unavailable_reason(stored[key], device, dtype) is None:
         _MEMORY_CACHE[key] = stored[key]
         return stored[key]
-    timings = time_backends(device, dtype, tuple(shape), tuple(segment_lengths), rates, mode=mode)
-    best = min(timings, key=timings.get) if timings else rule_backend(device, dtype, whole_pattern=whole_pattern)
+    timings = time_backends(device, dtype, tuple(shape), tuple(segment_lengths), rates, mode=mode, causal=causal)
+    best = min(timings, key=timings.get) if timings else rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape)
     _MEMORY_CACHE[key] = best
     if use_file_cache:
         stored[key] = best
@@ -170,7 +220,7 @@ def select_backend(
 
 
 def time_backends(device, dtype, shape, segment_lengths, dilation_rates, repeats: int = 3, *,
-                  mode: str = "longnet") -> dict[str, float]:
+                  mode: str = "longnet", causal: bool = False) -> dict[str, float]:
     """Median forward seconds per runnable candidate (failing candidates are left out)."""
     from hilbert_lab.attention.engine import dilated_attention
 
@@ -184,7 +234,7 @@ def time_backends(device, dtype, shape, segment_lengths, dilation_rates, repeats
                 start = time.perf_counter()
                 with torch.no_grad():
                     dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                      mode=mode, backend=backend)
+                                      mode=mode, causal=causal, backend=backend)
                 _sync(device)
                 if i:
                     samples.append(time.perf_counter() - start)

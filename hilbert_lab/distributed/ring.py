@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from hilbert_lab.attention.backends.base import Backend, lse_dtype
-from hilbert_lab.attention.engine import Plan, _cached_plan, _run, dilated_attention
+from hilbert_lab.attention.engine import dilated_attention, execute_plan
+from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern
@@ -437,9 +438,9 @@ def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], b
         [r if b in branches else 1 for b, r in enumerate(pattern.dilation_rates)],
         mode=pattern.mode, causal=pattern.causal,
     )
-    full = _cached_plan(stand_in, n, num_heads, None, n)
+    full = cached_plan(stand_in, n, num_heads)
     plan = Plan(tuple(b for b in full.blocks if b.branch in set(branches)), full.num_branches, full.merge)
-    return _run(plan, backend, q, k, v, scale, pattern.causal, 0.0)
+    return execute_plan(plan, backend, q, k, v, scale, pattern.causal, 0.0)
 
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = ()) -> Backend:

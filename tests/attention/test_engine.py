@@ -191,13 +191,14 @@ def test_cuda_sdpa_call_conventions_on_meta_tensors():
     engine's arguments: their meta kernels check the schema, argument order, dtypes and the LSE
     layouts (padded for efficient, (B, H, L, 1) for cuDNN). Values are checked in test_gpu.py."""
     from hilbert_lab.attention.backends import sdpa
-    from hilbert_lab.attention.engine import _cached_plan, _DilatedFunction
+    from hilbert_lab.attention.engine import _DilatedFunction
+    from hilbert_lab.attention.plan import cached_plan
 
     for kernel in ("flash", "efficient", "cudnn"):
         backend = sdpa.make_backend(kernel)
         for mode in ("longnet", "head_groups"):
             pattern = DilatedPattern.create([16, 32, 64], [1, 2, 4], mode=mode, causal=True)
-            plan = _cached_plan(pattern, 80, 6, None, 64, "cpu")
+            plan = cached_plan(pattern, 80, 6)
             q, k, v = (torch.empty(2, 80, 6, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
             out, lse = _DilatedFunction.apply(q, k, v, plan, backend, 0.125, True)

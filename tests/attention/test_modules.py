@@ -127,7 +127,13 @@ def test_rule_picks_the_fused_kernel_where_it_was_measured_to_win():
     hopper, ampere = (9, 0), (8, 0)
     rule = functools.partial(selection.rule_for, "cuda", triton_ok=True)
     for dtype in (torch.bfloat16, torch.float16):
-        assert rule(hopper, dtype) == "triton"
+        assert rule(hopper, dtype) == "triton"  # N unknown: the fused kernel
+        assert rule(hopper, dtype, seq_len=8192, head_dim=64) == "triton"
+        assert rule(hopper, dtype, seq_len=32768, head_dim=64) == "sdpa"  # in-place cuDNN from 32K on
+        assert rule(hopper, dtype, seq_len=8192, head_dim=64, training=True) == "triton"
+        assert rule(hopper, dtype, seq_len=8192, head_dim=128, training=True) == "sdpa"  # slow fused D=128 backward
+        assert rule(hopper, dtype, seq_len=8192, head_dim=128) == "triton"
+        assert rule(hopper, dtype, seq_len=1 << 22, head_dim=64, training=True, inplace_fits=False) == "triton"
     assert rule((10, 0), torch.bfloat16) == "triton"  # newer than Hopper
     assert rule(hopper, torch.float32) == "sdpa"  # fp32: the efficient kernel
     assert rule(ampere, torch.bfloat16) == "sdpa"  # not measured there: opt-in

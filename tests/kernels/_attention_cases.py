@@ -26,6 +26,7 @@ INTERPRET_CASES = [
     (1, 24, 2, 16, [24], [1], "longnet", True),
     (1, 64, 2, 16, [32, 64], [1, 2], "longnet", False),  # tiles that take the unmasked fast paths
     (1, 64, 2, 16, [64], [1], "head_groups", True),
+    (1, 29, 4, 16, [8, 1 << 40], [1, 4], "longnet", True),  # "the whole sequence": clipped to N, no int32 overflow
 ]
 
 

@@ -61,9 +61,15 @@ def dilated_attention(
         raise RuntimeError(f"backend 'triton' cannot run here: {reason}")
     offsets = head_offsets_tensor(pattern, q.shape[2], q.device)
     return triton_dilated.fused_dilated_attention(
-        q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+        q, k, v, segment_lengths=_kernel_segments(pattern, q.shape[1]), dilation_rates=pattern.dilation_rates,
         head_offsets=offsets, causal=pattern.causal, scale=scale, allow_tf32=allow_tf32,
     )
+
+
+def _kernel_segments(pattern: DilatedPattern, seq_len: int) -> tuple[int, ...]:
+    """Segment lengths for the kernel's int32 arithmetic: a segment longer than the sequence (such as
+    1 << 40, "the whole sequence") selects the same tokens as one of max(N, r) tokens."""
+    return tuple(w if w <= seq_len else max(seq_len, r) for w, r in zip(pattern.segment_lengths, pattern.dilation_rates))
 
 
 def _dense_args(q: torch.Tensor, key_padding_mask: Optional[torch.Tensor]) -> dict:

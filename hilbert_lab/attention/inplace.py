@@ -1,0 +1,254 @@
+"""In-place SDPA executor: the plan's blocks read as strided views by cuDNN / flash kernels (no gather).
+
+Each block of the plan is one kernel call on (B * count, h, L, D) views of q, k, v in their own
+(B, N, H, D) memory; the kernel's output is written into the output's view, its LSE into a
+(B, N, H) buffer. Branches that share (position, head) pairs (longnet mode) are merged by LSE.
+Backward calls each block's fused backward with the *merged* output and LSE (exact gradients,
+through the merge weights too); blocks that own their entries write gradients in place, merged
+ones accumulate in float32. Used by the engine for the "sdpa" backends on CUDA with fp16/bf16.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from hilbert_lab.attention.merge import merge_lse
+from hilbert_lab.attention.plan import Block, Plan
+from hilbert_lab.kernels import triton_merge
+
+aten = torch.ops.aten
+KERNELS = ("cudnn", "flash")
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """Blocks run by one set of kernel calls: one block, or G blocks of one branch with consecutive
+    offsets o0 + g and heads h0 + g * head_shift + i * head_step (i < heads), read as one view whose
+    "head" axis walks the G offsets together (address step: one position plus head_shift heads)."""
+
+    blocks: tuple[Block, ...]
+    head_shift: int = 0
+
+    @property
+    def branch(self) -> int:
+        return self.blocks[0].branch
+
+
+_CACHE: dict[tuple, tuple] = {}  # (id(plan), ...) -> (plan, value): the plan is kept so its id stays its own
+
+
+def _cached(key: tuple, plan: Plan, compute):
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    if len(_CACHE) > 512:
+        _CACHE.clear()
+    value = compute()
+    _CACHE[key] = (plan, value)
+    return value
+
+
+def plan_units(plan: Plan) -> tuple[_Unit, ...]:
+    """The plan's blocks grouped into units (fewer kernel calls where offsets fold into one view)."""
+    return _cached((id(plan), "units"), plan, lambda: _units(plan))
+
+
+def _units(plan: Plan) -> tuple[_Unit, ...]:
+    groups: dict[tuple, list[Block]] = {}
+    for blk in plan.blocks:
+        if blk.index is not None:
+            return tuple(_Unit((b,)) for b in plan.blocks)
+        key = (blk.branch, blk.start, blk.count, blk.seg, blk.step, blk.length, blk.num_heads, blk.heads.step or 1)
+        groups.setdefault(key, []).append(blk)
+    units = []
+    for members in groups.values():
+        members.sort(key=lambda b: b.offset)
+        shifts = {b.heads.start - a.heads.start for a, b in zip(members, members[1:])}
+        consecutive = all(b.offset == a.offset + 1 for a, b in zip(members, members[1:]))
+        if len(members) > 1 and consecutive and len(shifts) == 1 and members[0].num_heads < len(members):
+            units.append(_Unit(tuple(members), shifts.pop()))
+        else:
+            units.extend(_Unit((b,)) for b in members)
+    return tuple(units)
+
+
+def _pieces(unit: _Unit, shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[tuple, ...]:
+    """((size, stride, storage offset delta), ...): the unit as (Bc, heads, L, *rest) views of a tensor of
+    `shape` / `stride` (B, N, H, *rest); the batch folds with the segments where the strides allow."""
+    first = unit.blocks[0]
+    s_b, s_n, s_h, *rest = stride
+    base = (first.start + first.offset) * s_n + first.heads.start * s_h
+    head_step = (first.heads.step or 1) * s_h
+    if len(unit.blocks) == 1:  # heads of one block on the head axis
+        calls = [((first.num_heads,), (head_step,), 0)]
+    else:  # the G offsets on the head axis, one call per head of a block
+        calls = [((len(unit.blocks),), (s_n + unit.head_shift * s_h,), i * head_step) for i in range(first.num_heads)]
+    tail_size, tail_stride = tuple(shape[3:]), tuple(rest)
+    batch = shape[0]
+    fold = batch == 1 or first.count == 1 or s_b == first.count * first.seg * s_n
+    pieces = []
+    for heads, heads_stride, shift in calls:
+        size = heads + (first.length,) + tail_size
+        inner = heads_stride + (first.step * s_n,) + tail_stride
+        if fold:
+            outer = first.seg * s_n if first.count > 1 else s_b
+            pieces.append(((batch * first.count,) + size, (outer,) + inner, base + shift))
+        else:
+            pieces.extend(((first.count,) + size, (first.seg * s_n,) + inner, base + shift + b * s_b)
+                          for b in range(batch))
+    return tuple(pieces)
+
+
+def _geometry(plan: Plan, x: torch.Tensor) -> tuple[tuple[tuple, ...], ...]:
+    """Per unit of the plan, the pieces of x (cached per plan, shape and strides)."""
+    shape, stride = tuple(x.shape), x.stride()
+    return _cached((id(plan), shape, stride), plan, lambda: tuple(_pieces(u, shape, stride) for u in plan_units(plan)))
+
+
+def _views(unit: _Unit, x: torch.Tensor) -> list[torch.Tensor]:
+    return [x.as_strided(size, stride, x.storage_offset() + delta)
+            for size, stride, delta in _pieces(unit, tuple(x.shape), tuple(x.stride()))]
+
+
+def _plan_views(plan: Plan, tensors: list[torch.Tensor]) -> list[list[tuple[torch.Tensor, ...]]]:
+    """Per unit, per piece, one view of each tensor. The first tensor is a fresh contiguous buffer; any
+    other that splits differently (its batch does not fold like the buffer's) is read from a copy."""
+    geometries = [_geometry(plan, t) for t in tensors]
+    result = []
+    for i in range(len(geometries[0])):
+        count = len(geometries[0][i])
+        per_tensor = []
+        for t, geometry in zip(tensors, geometries):
+            pieces = geometry[i]
+            if len(pieces) != count:
+                t = t.contiguous()
+                pieces = _geometry(plan, t)[i]
+            offset = t.storage_offset()
+            per_tensor.append([t.as_strided(size, stride, offset + delta) for size, stride, delta in pieces])
+        result.append(list(zip(*per_tensor)))
+    return result
+
+
+def _forward_kernel(kernel: str, q, k, v, causal: bool, scale: float, need_lse: bool = True):
+    if kernel == "cudnn":
+        out, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, need_lse, 0.0, causal, False, scale=scale)
+        return out, (lse.view(lse.shape[:3]) if need_lse else None), (cq, ck, mq, mk, seed, offset)
+    out, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, causal, False, scale=scale)
+    return out, lse, (cq, ck, mq, mk, seed, offset)
+
+
+def _backward_kernel(kernel: str, grad_out, q, k, v, out, lse, aux, causal: bool, scale: float):
+    cq, ck, mq, mk, seed, offset = aux
+    if kernel == "cudnn":
+        return aten._scaled_dot_product_cudnn_attention_backward(
+            grad_out, q, k, v, out, lse.unsqueeze(-1), seed, offset, None, cq, ck, mq, mk, 0.0, causal, scale=scale)
+    return aten._scaled_dot_product_flash_attention_backward(
+        grad_out, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale)
+
+
+def _run_forward(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, need_lse: bool = True):
+    batch, seq_len, num_heads, _ = q.shape
+    parts = plan.num_branches if plan.merge else 1
+    fused_merge = plan.merge and triton_merge.HAVE_TRITON
+    # Merged branches: every entry a branch does not compute keeps lse -inf and is never read by the
+    # fused merge, so its output buffer needs no zeros; in place, unselected rows must read 0.
+    outs = (torch.empty if fused_merge else torch.zeros)((parts, *q.shape), dtype=q.dtype, device=q.device)
+    lse_shape = (parts, batch, seq_len, num_heads) if need_lse or plan.merge else (parts, 1, 1, 1)
+    lses = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    if lse_shape[1] == 1:  # not wanted: one broadcast row stands in for the (B, N, H) buffer
+        lses = lses.expand(parts, batch, seq_len, num_heads)
+    auxes = []
+    views = _plan_views(plan, [outs[0], lses[0], q, k, v])
+    for unit, unit_views in zip(plan_units(plan), views):
+        slot = unit.branch if plan.merge else 0
+        unit_aux = []
+        for ov, lv, qv, kv, vv in unit_views:
+            if slot:
+                ov, lv = outs[slot].as_strided(ov.shape, ov.stride(), ov.storage_offset() + slot * outs[0].numel()), \
+                    lses[slot].as_strided(lv.shape, lv.stride(), lv.storage_offset() + slot * lses[0].numel())
+            out_b, lse_b, aux = _forward_kernel(kernel, qv, kv, vv, causal, scale, need_lse or plan.merge)
+            ov.copy_(out_b)
+            if lse_b is not None:
+                lv.copy_(lse_b)
+            unit_aux.append(aux)
+        auxes.append(unit_aux)
+    if not plan.merge:
+        return outs[0], lses[0].transpose(1, 2), auxes
+    if fused_merge:
+        out = torch.empty_like(q)
+        lse = torch.empty((batch, seq_len, num_heads), dtype=torch.float32, device=q.device)
+        triton_merge.merge_partials(outs.view(parts, -1, q.shape[-1]), lses.view(parts, -1), out.view(-1, q.shape[-1]),
+                                    lse.view(-1))
+        return out, lse.transpose(1, 2), auxes
+    out, lse = merge_lse(list(outs), [t.transpose(1, 2) for t in lses])
+    return out.to(q.dtype), lse, auxes
+
+
+class _InPlaceFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, plan: Plan, kernel: str, scale: float, causal: bool, fallback, need_lse: bool):
+        out, lse, auxes = _run_forward(plan, kernel, q, k, v, scale, causal, need_lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.plan, ctx.kernel, ctx.scale, ctx.causal, ctx.auxes, ctx.fallback = plan, kernel, scale, causal, auxes, fallback
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        q, k, v, out, lse = ctx.saved_tensors
+        plan = ctx.plan
+        if grad_lse is not None:  # the LSE's own gradient share: the generic block path computes it
+            from hilbert_lab.attention.engine import backward_blocks
+
+            dq, dk, dv = backward_blocks(plan, ctx.fallback, grad_out, grad_lse, q, k, v, out, lse, ctx.scale, ctx.causal)
+            return dq, dk, dv, None, None, None, None, None, None
+        if grad_out is None:
+            return None, None, None, None, None, None, None, None, None
+        acc = torch.float32 if plan.merge else q.dtype
+        grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v)]
+        # The kernels read q, k, v in place; they want out and grad_out in one dense layout and the LSE
+        # contiguous, so those (small, per block) are packed.
+        lse_bnh = lse.transpose(1, 2).contiguous()
+        out, grad_out = out.contiguous(), grad_out.contiguous()
+        all_views = _plan_views(plan, [grads[0], grads[1], grads[2], out, grad_out, lse_bnh, q, k, v])
+        for views, unit_aux in zip(all_views, ctx.auxes):
+            for (dqv, dkv, dvv, ov, gv, lv, qv, kv, vv), aux in zip(views, unit_aux, strict=True):
+                shares = _backward_kernel(ctx.kernel, gv.contiguous(), qv, kv, vv, ov.contiguous(), lv.contiguous(),
+                                          aux, ctx.causal, ctx.scale)
+                for total, share in zip((dqv, dkv, dvv), shares):
+                    if plan.merge:
+                        total.add_(share)
+                    else:
+                        total.copy_(share)
+        dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def inplace_kernel(name: str, q: torch.Tensor) -> Optional[str]:
+    """The in-place kernel for SDPA backend `name` on q, or None when this executor does not apply
+    (CPU, fp32/fp64, head dims the kernels do not take, kernels other than cuDNN / flash)."""
+    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] % 8:
+        return None
+    major = torch.cuda.get_device_capability(q.device)[0]
+    if name == "sdpa":
+        name = "sdpa_cudnn" if major >= 9 and q.shape[-1] <= 128 and torch.backends.cudnn.is_available() else "sdpa_flash"
+    kernel = name.removeprefix("sdpa_")
+    if kernel not in KERNELS or major < 8 or q.shape[-1] > (128 if kernel == "cudnn" else 256):
+        return None
+    return kernel
+
+
+def inplace_attention(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, fallback, *,
+                      need_lse: bool = True):
+    """(out (B, N, H, D), lse (B, H, N)) of `plan` with the in-place kernel; differentiable.
+    `fallback` (a dense-block Backend) computes the LSE-gradient share when the LSE itself gets one.
+    need_lse=False (inference without the LSE): the kernels skip it where no merge needs it."""
+    if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+        out, lse, _ = _run_forward(plan, kernel, q, k, v, scale, causal, need_lse)  # no graph to record
+        return out, lse
+    return _InPlaceFunction.apply(q, k, v, plan, kernel, scale, causal, fallback, need_lse)

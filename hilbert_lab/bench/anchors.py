@@ -1,0 +1,96 @@
+"""The strongest simple compositions a skilled user would write, timed beside the engine.
+
+All read the plan's blocks as strided views of (B, N, H, D) (no index_select gathers):
+- `kernel_floor`: the SDPA kernel alone on pre-gathered contiguous blocks, one batched call per
+  block length (`gather_blocks` prepares them outside the timed region);
+- `strided_composition`: per block a strided view, one SDPA call, the result written back into
+  the output view; no LSE and no merge (head_groups / single-branch patterns);
+- `torchscale_composition`: per block a strided view, the cuDNN/flash kernel with its LSE, written
+  into per-branch buffers, merged with weights computed under no_grad (microsoft/torchscale's
+  LongNet recipe: cheaper, and its gradients skip the merge weights).
+`kernel` picks the SDPA kernel ("cudnn", "flash", "efficient", "math"); benchmarks time each that
+runs and keep the fastest, so the anchor is the GPU's best.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.plan import Plan, cached_plan
+
+_KERNELS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+aten = torch.ops.aten
+
+
+def _plan(pattern: DilatedPattern, q: torch.Tensor) -> Plan:
+    return cached_plan(pattern, q.shape[1], q.shape[2])
+
+
+def gather_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern) -> list[tuple]:
+    """Contiguous (batch, 1, L, D) q, k, v per distinct block length L: every block's heads folded into
+    the batch, as the kernel floor's input (built once, outside any timing)."""
+    by_length: dict[int, list] = {}
+    for blk in _plan(pattern, q).blocks:
+        parts = [blk.read(t).permute(0, 2, 1, 3).reshape(-1, 1, blk.length, t.shape[3]) for t in (q, k, v)]
+        by_length.setdefault(blk.length, []).append(parts)
+    return [tuple(torch.cat([p[i] for p in parts]).contiguous() for i in range(3)) for parts in by_length.values()]
+
+
+def kernel_floor(blocks: list[tuple], *, causal: bool, scale: float, kernel: str = "cudnn") -> list[torch.Tensor]:
+    """One SDPA call per pre-gathered block length: the kernel's own time for the pattern's work."""
+    with sdpa_kernel(_KERNELS[kernel]):
+        return [F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale) for q, k, v in blocks]
+
+
+def strided_composition(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *,
+                        scale: float, kernel: str = "cudnn") -> torch.Tensor:
+    """Blocks as strided views, SDPA per block, written back into the output's view (no merge)."""
+    plan = _plan(pattern, q)
+    if plan.merge:
+        raise ValueError("strided_composition has no merge: use torchscale_composition for overlapping branches")
+    out = torch.zeros_like(q)
+    with sdpa_kernel(_KERNELS[kernel]):
+        for blk in plan.blocks:
+            qb, kb, vb = (blk.read(t).transpose(1, 2) for t in (q, k, v))
+            res = F.scaled_dot_product_attention(qb, kb, vb, is_causal=pattern.causal, scale=scale)
+            blk.view(out).copy_(res.transpose(1, 2).unflatten(0, (q.shape[0], blk.count)))
+    return out
+
+
+def _attention_with_lse(q, k, v, causal: bool, scale: float, kernel: str):
+    if kernel == "cudnn":
+        out, lse = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)[:2]
+        return out, lse.squeeze(-1)
+    if kernel == "flash":
+        out, lse = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
+        return out, lse
+    out, lse = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)[:2]
+    return out, lse[:, :, : q.shape[2]]
+
+
+def torchscale_composition(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *,
+                           scale: float, kernel: str = "cudnn") -> torch.Tensor:
+    """Per branch: strided block views, kernel with LSE, scatter; merge weights under no_grad."""
+    plan = _plan(pattern, q)
+    batch, seq_len, num_heads, _ = q.shape
+    outs = [torch.zeros_like(q) for _ in range(plan.num_branches)]
+    lses = [torch.full((batch, seq_len, num_heads), float("-inf"), device=q.device) for _ in range(plan.num_branches)]
+    for blk in plan.blocks:
+        qb, kb, vb = (blk.read(t).transpose(1, 2) for t in (q, k, v))
+        res, lse = _attention_with_lse(qb, kb, vb, pattern.causal, scale, kernel)
+        blk.view(outs[blk.branch]).copy_(res.transpose(1, 2).unflatten(0, (batch, blk.count)))
+        blk.view(lses[blk.branch]).copy_(lse.detach().transpose(1, 2).unflatten(0, (batch, blk.count)))
+    if len(outs) == 1:
+        return outs[0]
+    with torch.no_grad():
+        stacked = torch.stack(lses)
+        peak = stacked.amax(0)
+        weights = torch.exp(stacked - torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak)))
+        weights = weights / weights.sum(0).clamp_min(torch.finfo(weights.dtype).tiny)
+    out = outs[0] * weights[0].unsqueeze(-1).to(q.dtype)
+    for part, weight in zip(outs[1:], weights[1:]):
+        out = out + part * weight.unsqueeze(-1).to(q.dtype)
+    return out

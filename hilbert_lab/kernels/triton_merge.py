@@ -1,0 +1,65 @@
+"""One-pass LSE merge of P partial attention results (Triton), max-subtracted and sum-normalised.
+
+`merge_partials(outs, lses, out, lse)`: outs (P, R, D) (any float dtype; entries whose LSE is -inf
+are never read into the result, so they may hold garbage), lses (P, R) float32 ->
+out (R, D) = sum_p w_p outs_p / sum_p w_p with w_p = exp(lse_p - max_p lse_p), and
+lse (R,) = max + log(sum_p w_p); rows with every lse_p = -inf give out 0 and lse -inf. Plain
+tensors in, nothing from hilbert_lab imported.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _merge_kernel(outs_ptr, lses_ptr, out_ptr, lse_ptr, rows, dim, P: tl.constexpr, BLOCK_R: tl.constexpr,
+                      BLOCK_D: tl.constexpr):
+        pid = tl.program_id(0)
+        r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.arange(0, BLOCK_D)
+        rmask = r < rows
+        mask = rmask[:, None] & (c[None, :] < dim)
+        peak = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+        for p in tl.static_range(P):
+            peak = tl.maximum(peak, tl.load(lses_ptr + p * rows + r, mask=rmask, other=float("-inf")))
+        peak = tl.where(peak == float("-inf"), 0.0, peak)
+        total = tl.zeros((BLOCK_R,), tl.float32)
+        acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
+        offsets = r.to(tl.int64)[:, None] * dim + c[None, :]
+        for p in tl.static_range(P):
+            w = tl.exp(tl.load(lses_ptr + p * rows + r, mask=rmask, other=float("-inf")) - peak)
+            total += w
+            x = tl.load(outs_ptr + (p * rows).to(tl.int64) * dim + offsets, mask=mask & (w[:, None] > 0), other=0.0).to(tl.float32)
+            acc += w[:, None] * x
+        positive = total > 0
+        acc = acc / tl.where(positive, total, 1.0)[:, None]
+        tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(lse_ptr + r, tl.where(positive, peak + tl.log(tl.where(positive, total, 1.0)), float("-inf")),
+                 mask=rmask)
+
+
+def merge_partials(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Write the merge of outs (P, R, D) / lses (P, R) float32 into out (R, D) and lse (R,) (all contiguous)."""
+    if not HAVE_TRITON:
+        raise RuntimeError("merge_partials needs the 'triton' package")
+    parts, rows, dim = outs.shape
+    if lses.shape != (parts, rows) or out.shape != (rows, dim) or lse.shape != (rows,):
+        raise ValueError(f"shapes must be outs (P, R, D), lses (P, R), out (R, D), lse (R,); got {tuple(outs.shape)}, "
+                         f"{tuple(lses.shape)}, {tuple(out.shape)}, {tuple(lse.shape)}")
+    if not all(t.is_contiguous() for t in (outs, lses, out, lse)) or lses.dtype != torch.float32 or lse.dtype != torch.float32:
+        raise ValueError("outs, lses, out, lse must be contiguous, lses and lse float32")
+    block_d = triton.next_power_of_2(dim)
+    block_r = max(1, min(128, 4096 // block_d))
+    _merge_kernel[(triton.cdiv(rows, block_r),)](outs, lses, out, lse, rows, dim, P=parts, BLOCK_R=block_r,
+                                                  BLOCK_D=block_d, num_warps=4)

@@ -1,0 +1,53 @@
+"""The measurement kit: timing summaries, useful FLOPs from the plan, anchors against the oracle."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hilbert_lab.attention import DilatedPattern, dilated_attention
+from hilbert_lab.bench import anchors
+from hilbert_lab.bench.flops import attention_flops, useful_pairs
+from hilbert_lab.bench.timing import summarize, time_function, time_interleaved
+
+
+def test_summarize_orders_and_picks_percentiles():
+    timing = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (timing.median, timing.low, timing.high) == (3.0, 1.0, 5.0)
+    with pytest.raises(ValueError, match="samples_ms"):
+        summarize([])
+
+
+def test_time_function_counts_calls_and_rejects_bad_counts():
+    calls = []
+    timing = time_function(lambda: calls.append(1), warmup=2, repeats=5)
+    assert len(calls) == 7 and len(timing.samples) == 5 and timing.median >= 0
+    with pytest.raises(ValueError, match="repeats"):
+        time_function(lambda: None, repeats=0)
+    order = []
+    result = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=0, rounds=3)
+    assert order == ["a", "b"] * 3 and set(result) == {"a", "b"}
+
+
+def test_useful_pairs_count_the_pattern_by_brute_force():
+    pattern = DilatedPattern.create([8, 16], [1, 2], mode="longnet", causal=True)
+    mask = pattern.multiplicity(40, 3)  # (H, N, N): branch pairs per query/key
+    assert useful_pairs(pattern, 40, 3) == int(mask.sum())
+    assert attention_flops(pattern, 2, 40, 3, 16) == 4 * 16 * 2 * int(mask.sum())
+    assert attention_flops(pattern, 2, 40, 3, 16, backward=True) == int(3.5 * 4 * 16 * 2 * int(mask.sum()))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_anchors_compute_the_pattern(causal):
+    """The strided-view composition (head_groups) and the torchscale-style composition (longnet, weights
+    under no_grad) compute the same outputs as the float64 oracle (forward)."""
+    q, k, v = (torch.randn(2, 40, 6, 8, dtype=torch.float64) for _ in range(3))
+    kw = dict(segment_lengths=[8, 16], dilation_rates=[1, 2], causal=causal)
+    head_groups = DilatedPattern.create(kw["segment_lengths"], kw["dilation_rates"], mode="head_groups", causal=causal)
+    expected = dilated_attention(q, k, v, mode="head_groups", backend="reference", **kw)
+    got = anchors.strided_composition(q, k, v, head_groups, scale=8**-0.5, kernel="math")
+    assert (got - expected).abs().max() < 1e-12
+    blocks = anchors.gather_blocks(q, k, v, head_groups)
+    assert sum(b[0].shape[0] * b[0].shape[2] for b in blocks) == 2 * sum(
+        blk.count * blk.length * blk.num_heads for blk in anchors._plan(head_groups, q).blocks)
+    with pytest.raises(ValueError, match="no merge"):
+        anchors.strided_composition(q, k, v, DilatedPattern.create([8, 16], [1, 2]), scale=0.3)
