@@ -9,10 +9,11 @@ from hilbert_lab.attention.modules import DilatedAttention, MultiheadDilatedAtte
 from hilbert_lab.attention.pattern import MODES, DilatedPattern, Group
 from hilbert_lab.attention.reference import reference_attention
 from hilbert_lab.attention.selection import get_gpu_info, recommended_dtype, select_backend
+from hilbert_lab.attention.validation import validate_attention_inputs
 
 __all__ = [
     "BACKENDS", "BackendUnavailableError", "DilatedAttention", "DilatedPattern", "Group", "MODES",
     "MultiheadDilatedAttention", "available_backends", "deserialize_grid", "dilated_attention", "get_backend",
     "get_gpu_info", "layout_permutation", "merge_lse", "recommended_dtype", "reference_attention", "select_backend",
-    "serialize_grid",
+    "serialize_grid", "validate_attention_inputs",
 ]
