@@ -115,7 +115,8 @@ def wait_bounded(works: Sequence[tuple[object, str]], timeout_s: float, context:
                 remaining = max(deadline - time.monotonic(), 1e-3)
                 work.wait(timeout=datetime.timedelta(seconds=remaining))
         except Exception as exc:  # torch raises RuntimeError for both timeouts and closed connections
-            pending = ", ".join(w for _, w in works[index:])
+            later = [w for _, w in works[index + 1 :]]
+            pending = works[index][1] + (f" (then: {', '.join(later)})" if later else "")
             message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if time.monotonic() >= deadline or "timed out" in message.lower():
                 raise RingTimeoutError(
