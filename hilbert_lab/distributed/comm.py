@@ -7,9 +7,11 @@ operations go through one `batch_isend_irecv`; on gloo (where batched calls can 
 plain isend/irecv pairs. Every send is counted, globally and per label, in `STATS`.
 
 Every wait is bounded: a step whose operations do not complete within the ring's `timeout_s`
-(default `HILBERT_LAB_RING_TIMEOUT_S` or 120 s; inf: only the process group's own timeout) raises
-`RingTimeoutError`, and one that fails (a peer closed its connection) `RingCommError`, both naming
-this rank, the label (e.g. "forward/branch1"), the step and the peers waited for.
+(default `HILBERT_LAB_RING_TIMEOUT_S` or 120 s) raises `RingTimeoutError`, and one that fails (a
+peer closed its connection) `RingCommError`, both naming this rank, the label (e.g.
+"forward/branch1"), the step and the peers waited for. A bounded wait blocks the CPU until the
+step's transfers are done (on NCCL too); timeout_s=inf restores plain `work.wait()` (on NCCL: the
+stream waits, not the CPU) with only the process group's own timeout.
 """
 from __future__ import annotations
 

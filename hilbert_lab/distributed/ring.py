@@ -485,6 +485,15 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
 
 
+@functools.lru_cache(maxsize=256)
+def _fields_row(values: tuple[str, ...]) -> list[int]:
+    """Per field value: its digest, then its text (cached: a model calls with few configurations)."""
+    row = []
+    for text in values:
+        row += [_digest(text)] + _text_row(text, _VALUE_BYTES)
+    return row
+
+
 def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
     backend = str(dist.get_backend(group))
     if "nccl" in backend and "gloo" not in backend:
@@ -503,8 +512,7 @@ def _agree_on_configuration(fields: dict[str, str], error: Exception | None, gro
     """
     words = _VALUE_BYTES // 8
     row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
-    for name in _CONFIG_FIELDS:
-        row += [_digest(fields[name])] + _text_row(fields[name], _VALUE_BYTES)
+    row += _fields_row(tuple(fields[name] for name in _CONFIG_FIELDS))
     device = _collective_device(group)
     mine = torch.tensor(row, dtype=torch.int64, device=device)
     world = dist.get_world_size(group)
@@ -603,15 +611,15 @@ def ring_dilated_attention(
         if P > 1:
             adapter = resolve_backend(backend, q, pattern.segment_lengths)
             plans = plan_branches(pattern, geometry, q.shape[2])
-    except ValueError as exc:
+    except (ValueError, TypeError) as exc:
         error = exc
     ring = len(members) if members is not None else dist.get_world_size(group)
     if check_config is not False and ring > 1:
         fields = {
-            "segment_lengths": _name(pattern.segment_lengths if pattern else segment_lengths),
-            "dilation_rates": _name(pattern.dilation_rates if pattern else dilation_rates),
-            "mode": _name(pattern.mode if pattern else mode),
-            "causal": _name(pattern.causal if pattern else causal),
+            "segment_lengths": _name(pattern.segment_lengths if pattern is not None else segment_lengths),
+            "dilation_rates": _name(pattern.dilation_rates if pattern is not None else dilation_rates),
+            "mode": _name(pattern.mode if pattern is not None else mode),
+            "causal": _name(pattern.causal if pattern is not None else causal),
             "dtype": str(getattr(q, "dtype", type(q).__name__)),
             "scale": _name(resolved_scale),
             "shard shape": str(tuple(q.shape)) if isinstance(q, torch.Tensor) else type(q).__name__,
