@@ -17,6 +17,11 @@ Per branch i (effective segment w = min(segment_lengths[i], N), shard length n =
   owner. Per-rank memory stays O(N/P): at most two packets of remote dilated K/V are held.
 Branch results (out, lse) merge with `merge_lse`, as in the engine. Anything else -> ValueError
 naming the constraint.
+
+Safety: inputs are checked by the engine's `validate_attention_inputs` on every rank count; before
+any data moves, one all_gather of a fixed-size row per rank (a digest and the text of each field of
+the configuration) makes every rank raise when the ranks disagree or one rejected its inputs; every
+wait of the ring is bounded (comm.RingComm, `timeout_s`).
 """
 from __future__ import annotations
 
