@@ -25,7 +25,8 @@ def test_bad_scale_is_rejected_by_the_check_and_the_engine(scale):
 def test_returns_the_scale_to_use():
     q, k, v = _qkv()
     assert validate_attention_inputs(q, k, v) == 4 ** -0.5
-    assert validate_attention_inputs(q, k, v, scale=2) == 2.0 and isinstance(validate_attention_inputs(q, k, v, scale=2), float)
+    scale = validate_attention_inputs(q, k, v, scale=2)
+    assert scale == 2.0 and isinstance(scale, float)
 
 
 @pytest.mark.parametrize("make, needle", [

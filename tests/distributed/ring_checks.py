@@ -240,7 +240,7 @@ def check_configuration_agreement(rank, world):
 
 @check
 def check_inputs_validated(rank, world):
-    """Bad inputs raise ValueError on every rank count (int64, bad scale, empty shards), also when only one rank has them."""
+    """Bad inputs (int64, bad scale, empty shards) raise ValueError on every rank count, also on one rank only."""
     n = 4
     seq_len = n * world
     x = torch.randn(1, n, 2, 2, dtype=torch.float64)

@@ -110,7 +110,8 @@ def test_only_stale_case_folders_are_cleaned(tmp_path):
         sleeper.kill()
         sleeper.wait()
     assert removed == [str(tmp_path / names["stale"])]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([n for k, n in names.items() if k != "stale"] + [new.name])
+    kept = [name for key, name in names.items() if key != "stale"] + [new.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
 
 
 def test_the_runner_cleans_stale_case_folders(tmp_path, monkeypatch):
