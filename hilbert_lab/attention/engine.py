@@ -12,7 +12,6 @@ exactly its share of dQ, dK, dV (gradients through the merge weights included); 
 """
 from __future__ import annotations
 
-import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -24,24 +23,8 @@ from hilbert_lab.attention.inplace import inplace_attention, inplace_kernel
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan, layout_permutation
+from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.curves import ORDERINGS
-
-
-
-def _validate_inputs(q, k, v) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4D tensor (B, N, H, D), got {getattr(t, 'shape', type(t))}")
-        if not t.is_floating_point():
-            raise ValueError(f"{name} must have a floating dtype (float16, bfloat16, float32, float64), got {t.dtype}")
-    if not (q.shape == k.shape == v.shape):
-        raise ValueError(f"q, k, v must have the same shape (B, N, H, D), got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
-    if min(q.shape) == 0:
-        raise ValueError(f"q, k, v must be non-empty, got shape {tuple(q.shape)}")
 
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = (), *,
@@ -104,17 +87,13 @@ def dilated_attention(
             return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                      causal=causal, mode=mode, backend=backend, ordering=ordering, scale=scale,
                                      dropout_p=dropout_p, return_lse=return_lse, hilbert_pattern=hilbert_pattern)
-    _validate_inputs(q, k, v)
+    validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p)
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
     allowed = tuple(ORDERINGS)
     if ordering not in IDENTITY_ORDERINGS and ordering not in allowed:
         raise ValueError(f"ordering must be None or one of {allowed}, got {ordering!r}")
     if not isinstance(hilbert_pattern, bool):
         raise ValueError(f"hilbert_pattern must be True or False, got {hilbert_pattern!r}")
-    if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not scale > 0):
-        raise ValueError(f"scale must be None or a positive float, got {scale!r}")
     if not isinstance(return_lse, bool):
         raise ValueError(f"return_lse must be True or False, got {return_lse!r}")
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)

@@ -5,6 +5,7 @@ import datetime as _dt
 import fcntl
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -13,7 +14,7 @@ from hilbert_lab.bench.cases import CASE_TARGET, case_id, estimate_case_bytes, n
 from hilbert_lab.bench.env import collect_environment
 from hilbert_lab.safety.checker import MemorySafetyChecker
 from hilbert_lab.safety.config import SafetyConfig
-from hilbert_lab.safety.isolate import run_isolated
+from hilbert_lab.safety.isolate import clean_stale_case_dirs, run_isolated
 
 SCHEMA_VERSION = 1
 FAILED_STATUSES = ("error", "oom", "timeout", "signal", "crash", "refused")
@@ -41,12 +42,21 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def read_results(path: str) -> tuple[list[dict[str, Any]], int]:
-    """(records, number of malformed lines) of a results file; a torn last line counts as malformed."""
+_RECORD_START = '{"case_id": '  # every record line starts so (json.dumps with sort_keys)
+
+
+def _is_torn_record(line: str) -> bool:
+    """A line that does not parse but is the start of a record line: a write cut short by a killed run."""
+    text = line.strip()
+    return bool(text) and (text.startswith(_RECORD_START) or _RECORD_START.startswith(text))
+
+
+def _scan_results(path: str) -> tuple[list[dict[str, Any]], int, int]:
+    """(records, foreign lines, torn record lines) of a results file."""
     records: list[dict[str, Any]] = []
-    malformed = 0
+    foreign = torn = 0
     if not os.path.exists(path):
-        return records, 0
+        return records, 0, 0
     with open(path, encoding="utf-8", errors="replace") as handle:
         for line in handle:
             if not line.strip():
@@ -54,13 +64,22 @@ def read_results(path: str) -> tuple[list[dict[str, Any]], int]:
             try:
                 record = json.loads(line)
             except ValueError:
-                malformed += 1
+                if _is_torn_record(line):
+                    torn += 1
+                else:
+                    foreign += 1
                 continue
             if isinstance(record, dict) and "case_id" in record and "status" in record:
                 records.append(record)
             else:
-                malformed += 1
-    return records, malformed
+                foreign += 1
+    return records, foreign, torn
+
+
+def read_results(path: str) -> tuple[list[dict[str, Any]], int]:
+    """(records, number of malformed lines) of a results file; a torn line counts as malformed."""
+    records, foreign, torn = _scan_results(path)
+    return records, foreign + torn
 
 
 class SafeBenchmarkRunner:
@@ -71,8 +90,10 @@ class SafeBenchmarkRunner:
     - Before a case runs, its estimated peak is checked against free memory (status "refused" if it
       does not fit; check_memory=False turns this off).
     - One JSON line per case is appended to results_path and flushed (fsync) as soon as the case ends,
-      with the exact parameters and an environment block. The file is only ever appended to; a file
-      that is not a results file is refused; an exclusive lock stops two runs writing at once.
+      with the exact parameters and an environment block. The file is only ever appended to; a line
+      torn by a killed run is ended and skipped (even when it is the only line); a file that is not a
+      results file is refused; an exclusive lock stops two runs writing at once.
+    - Case folders left in the temp directory by a killed run (SIGKILL) are removed at the next run.
     - Re-running skips cases whose id already has a record (failed ones too, unless retry_failed).
     - Ctrl-C kills the running case (not recorded, so a resume runs it) and returns with interrupted=True.
     """
@@ -98,8 +119,8 @@ class SafeBenchmarkRunner:
         if os.path.exists(self.results_path):
             if not os.access(self.results_path, os.W_OK):
                 raise ValueError(f"results_path {self.results_path!r} is not writable")
-            records, malformed = read_results(self.results_path)
-            if malformed and not records:
+            records, foreign, _torn = _scan_results(self.results_path)  # torn lines are skipped on resume
+            if foreign and not records:
                 raise ValueError(f"results_path {self.results_path!r} exists and is not a hilbert_lab results "
                                  f"file; refusing to append to it (choose another path)")
         elif not os.access(directory, os.W_OK):
@@ -176,6 +197,7 @@ class SafeBenchmarkRunner:
         pending, skipped = self.pending(cases)
         summary = RunSummary(self.results_path, total=len(pending) + skipped, skipped=skipped)
         run_id = uuid.uuid4().hex[:12]
+        clean_stale_case_dirs(before=time.time())
         with open(self.results_path, "a+", encoding="utf-8") as handle:
             try:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)

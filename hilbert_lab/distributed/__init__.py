@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from hilbert_lab.distributed import comm
-from hilbert_lab.distributed.comm import STATS, CommStats, RingComm, reset_stats
+from hilbert_lab.distributed.comm import STATS, CommStats, RingComm, RingCommError, RingTimeoutError, reset_stats
 from hilbert_lab.distributed.modules import RingDilatedAttention, RingMultiheadDilatedAttention
 from hilbert_lab.distributed.ring import plan_branches, ring_dilated_attention
 from hilbert_lab.distributed.sharding import (
@@ -10,7 +10,8 @@ from hilbert_lab.distributed.sharding import (
 )
 
 __all__ = [
-    "CommStats", "LAYOUTS", "RingComm", "RingDilatedAttention", "RingMultiheadDilatedAttention", "STATS",
+    "CommStats", "LAYOUTS", "RingComm", "RingCommError", "RingDilatedAttention", "RingMultiheadDilatedAttention",
+    "RingTimeoutError", "STATS",
     "all_gather_sequence", "check_divisible", "comm", "plan_branches", "reset_stats", "ring_dilated_attention",
     "shard", "shard_positions", "unshard", "zigzag_shard", "zigzag_unshard",
 ]

@@ -5,9 +5,21 @@ receive of one pipeline step at once and returns a handle to wait on, so the cal
 the previous buffer while this step's buffers travel (double buffering). On NCCL the step's
 operations go through one `batch_isend_irecv`; on gloo (where batched calls can hang) through
 plain isend/irecv pairs. Every send is counted, globally and per label, in `STATS`.
+
+Every wait is bounded: a step whose operations do not complete within the ring's `timeout_s`
+(default `HILBERT_LAB_RING_TIMEOUT_S` or 120 s) raises `RingTimeoutError`, and one that fails (a
+peer closed its connection) `RingCommError`, both naming this rank, the label (e.g.
+"forward/branch1"), the step and the peers waited for. A bounded wait blocks the CPU until the
+step's transfers are done (on NCCL too); timeout_s=inf restores plain `work.wait()` (on NCCL: the
+stream waits, not the CPU) with only the process group's own timeout.
 """
 from __future__ import annotations
 
+import datetime
+import math
+import numbers
+import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -57,17 +69,80 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-class _Handle:
-    """Pending operations of one exchange; `wait()` blocks until all completed."""
+TIMEOUT_ENV = "HILBERT_LAB_RING_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 120.0
 
-    def __init__(self, works: list) -> None:
+
+class RingCommError(RuntimeError):
+    """A ring operation failed (a peer crashed or closed its connection); names the rank, label and step.
+
+    The process group is not usable afterwards: destroy it and start again.
+    """
+
+
+class RingTimeoutError(RingCommError, TimeoutError):
+    """A ring operation did not complete within the ring's timeout (a peer stalled or stopped)."""
+
+
+def resolve_timeout(timeout_s: float | None = None) -> float:
+    """Seconds a ring operation may wait: timeout_s, else $HILBERT_LAB_RING_TIMEOUT_S, else 120 (inf: no bound)."""
+    source = "timeout_s"
+    if timeout_s is None:
+        text = os.environ.get(TIMEOUT_ENV, "").strip()
+        if not text:
+            return DEFAULT_TIMEOUT_S
+        source = f"${TIMEOUT_ENV}"
+        try:
+            timeout_s = float(text)
+        except ValueError:
+            raise ValueError(f"{source} must be a number of seconds > 0 (or inf), got {text!r}") from None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real) or not timeout_s > 0:
+        raise ValueError(f"{source} must be a number of seconds > 0 (or inf for no ring timeout), got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def wait_bounded(works: Sequence[tuple[object, str]], timeout_s: float, context: str) -> None:
+    """Wait for every (work, what it does) within timeout_s seconds in all, or raise naming what is missing.
+
+    context: who waits and where (e.g. "rank 1: forward/branch0 step 2"); what: e.g. "receive from rank 0".
+    """
+    deadline = time.monotonic() + timeout_s
+    for index, (work, what) in enumerate(works):
+        if work is None:
+            continue
+        try:
+            if math.isinf(timeout_s):
+                work.wait()
+            else:
+                remaining = max(deadline - time.monotonic(), 1e-3)
+                work.wait(timeout=datetime.timedelta(seconds=remaining))
+        except Exception as exc:  # torch raises RuntimeError for both timeouts and closed connections
+            later = [w for _, w in works[index + 1 :]]
+            pending = works[index][1] + (f" (then: {', '.join(later)})" if later else "")
+            message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if time.monotonic() >= deadline or "timed out" in message.lower():
+                raise RingTimeoutError(
+                    f"{context}: no progress within {timeout_s:g} s waiting to {pending}; a rank of the ring has "
+                    f"stalled, stopped or is not running the same call (raise the bound with timeout_s= or "
+                    f"${TIMEOUT_ENV}); the process group is not usable after this error"
+                ) from exc
+            raise RingCommError(
+                f"{context}: failed waiting to {pending} ({message}); a rank of the ring has probably crashed "
+                f"or raised; the process group is not usable after this error"
+            ) from exc
+
+
+class _Handle:
+    """Pending operations of one exchange; `wait()` blocks until all completed, at most timeout_s seconds."""
+
+    def __init__(self, works: list[tuple[object, str]], timeout_s: float = math.inf, context: str = "") -> None:
         self._works = works
+        self._timeout_s = timeout_s
+        self._context = context
 
     def wait(self) -> None:
-        for work in self._works:
-            if work is not None:
-                work.wait()
-        self._works = []
+        works, self._works = self._works, []
+        wait_bounded(works, self._timeout_s, self._context)
 
 
 _WARMED_GROUPS: set[int] = set()
@@ -77,13 +152,16 @@ class RingComm:
     """Ring of global `ranks` (default: all ranks of `group`, in group order) with send counters.
 
     Messages go through `group` (default: the world) addressed by global rank. `index` is this
-    process's position in the ring (None when it is not a member).
+    process's position in the ring (None when it is not a member). Every wait is bounded by
+    `timeout_s` (see `resolve_timeout`): RingTimeoutError / RingCommError name rank, label and step.
     """
 
-    def __init__(self, ranks: Sequence[int] | None = None, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, ranks: Sequence[int] | None = None, group: dist.ProcessGroup | None = None, *,
+                 timeout_s: float | None = None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("RingComm needs torch.distributed to be initialised (dist.init_process_group)")
         self.group = group
+        self.timeout_s = resolve_timeout(timeout_s)
         if ranks is None:
             ranks = [dist.get_global_rank(group, r) if group is not None else r
                      for r in range(dist.get_world_size(group))]
@@ -91,13 +169,15 @@ class RingComm:
         if len(set(self.ranks)) != len(self.ranks) or not self.ranks:
             raise ValueError(f"ranks must be a non-empty list of distinct global ranks, got {list(ranks)}")
         self.stats = CommStats()  # this communicator's sends (STATS counts every communicator's)
-        me = dist.get_rank()
-        self.index = self.ranks.index(me) if me in self.ranks else None
+        self.rank = dist.get_rank()
+        self.index = self.ranks.index(self.rank) if self.rank in self.ranks else None
         self.size = len(self.ranks)
         self.nccl = "nccl" in str(dist.get_backend(group))
         if self.nccl and id(group) not in _WARMED_GROUPS:
             # batch_isend_irecv on NCCL needs the communicator to exist on every rank first.
-            dist.barrier(group=group)
+            work = dist.barrier(group=group, async_op=True)
+            wait_bounded([(work, "pass the barrier that sets up the group's communicator")], self.timeout_s,
+                         self.context("set-up", None))
             _WARMED_GROUPS.add(id(group))
 
     @property
@@ -112,15 +192,22 @@ class RingComm:
         """Global rank of ring member `member` (taken modulo the ring size)."""
         return self.ranks[member % self.size]
 
+    def context(self, label: str, step: int | None) -> str:
+        """"rank R (member i of ring [...]): label step t", the prefix of this ring's errors."""
+        where = f"{label or 'exchange'}" + ("" if step is None else f" step {step}")
+        return f"rank {self.rank} (member {self.index} of the ring of ranks {self.ranks}): {where}"
+
     def exchange(
         self,
         sends: Sequence[tuple[int, torch.Tensor]] = (),
         recvs: Sequence[tuple[int, torch.Tensor]] = (),
         label: str = "",
+        step: int | None = None,
     ) -> _Handle:
         """Post sends [(global dst, tensor)] and receives [(global src, buffer)]; returns a handle.
 
-        Tensors must be contiguous; receive buffers are filled in place once `wait()` returns.
+        Tensors must be contiguous; receive buffers are filled in place once `wait()` returns. The
+        handle's wait raises RingTimeoutError after timeout_s seconds without completion.
         """
         for _, tensor in list(sends) + list(recvs):
             if not tensor.is_contiguous():
@@ -130,20 +217,31 @@ class RingComm:
         for _, tensor in sends:
             STATS.record(label, tensor_bytes(tensor))
             self.stats.record(label, tensor_bytes(tensor))
-        if self.nccl and all(t.is_cuda for _, t in list(sends) + list(recvs)):
-            ops = [dist.P2POp(dist.isend, t, peer, group=self.group) for peer, t in sends]
-            ops += [dist.P2POp(dist.irecv, t, peer, group=self.group) for peer, t in recvs]
-            return _Handle(dist.batch_isend_irecv(ops))
-        works = [dist.irecv(t, src=peer, group=self.group) for peer, t in recvs]
-        works += [dist.isend(t, dst=peer, group=self.group) for peer, t in sends]
-        return _Handle(works)
+        context = self.context(label, step)
+        described = [f"send to rank {peer}" for peer, _ in sends] + [f"receive from rank {peer}" for peer, _ in recvs]
+        try:
+            if self.nccl and all(t.is_cuda for _, t in list(sends) + list(recvs)):
+                ops = [dist.P2POp(dist.isend, t, peer, group=self.group) for peer, t in sends]
+                ops += [dist.P2POp(dist.irecv, t, peer, group=self.group) for peer, t in recvs]
+                works = dist.batch_isend_irecv(ops)
+                if len(works) != len(ops):  # coalesced: one work for the whole step
+                    described = [" and ".join(described)] * len(works)
+            else:
+                described = described[len(sends):] + described[:len(sends)]
+                works = [dist.irecv(t, src=peer, group=self.group) for peer, t in recvs]
+                works += [dist.isend(t, dst=peer, group=self.group) for peer, t in sends]
+        except RuntimeError as exc:  # a connection already closed by an earlier failure
+            raise RingCommError(f"{context}: could not post the step's operations ({str(exc).splitlines()[0]}); "
+                                f"a rank of the ring has failed before; the process group is not usable") from exc
+        return _Handle(list(zip(works, described)), self.timeout_s, context)
 
-    def send_recv(self, send: torch.Tensor | None, recv: torch.Tensor | None, label: str = "") -> _Handle:
+    def send_recv(self, send: torch.Tensor | None, recv: torch.Tensor | None, label: str = "",
+                  step: int | None = None) -> _Handle:
         """One ring step: send `send` to the next member and receive `recv` from the previous one."""
         return self.exchange(
             [] if send is None else [(self.next_rank, send)],
             [] if recv is None else [(self.prev_rank, recv)],
-            label,
+            label, step,
         )
 
 

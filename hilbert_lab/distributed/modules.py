@@ -15,6 +15,7 @@ from torch import nn
 
 from hilbert_lab.attention.modules import MultiheadDilatedAttention
 from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.distributed.comm import resolve_timeout
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import LAYOUTS
 
@@ -23,7 +24,8 @@ class RingDilatedAttention(nn.Module):
     """Ring dilated attention on shards q, k, v (B, N/P, H, D) -> (B, N/P, H, D).
 
     ring_size=None: one ring over all ranks of `group` (default: the world); otherwise consecutive
-    rings of ring_size ranks (it must divide the group size), each holding one sequence.
+    rings of ring_size ranks (it must divide the group size), each holding one sequence. timeout_s
+    bounds every wait of the ring (None: $HILBERT_LAB_RING_TIMEOUT_S or 120 s).
     """
 
     def __init__(
@@ -38,6 +40,7 @@ class RingDilatedAttention(nn.Module):
         group: Optional[dist.ProcessGroup] = None,
         ring_size: Optional[int] = None,
         layout: str = "contiguous",
+        timeout_s: Optional[float] = None,
     ) -> None:
         super().__init__()
         self.pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
@@ -46,7 +49,9 @@ class RingDilatedAttention(nn.Module):
             raise ValueError(f"ring_size must be None (the group size) or a positive integer, got {ring_size!r}")
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        self.backend, self.scale, self.group, self.layout = backend, scale, group, layout
+        if timeout_s is not None:
+            resolve_timeout(timeout_s)
+        self.backend, self.scale, self.group, self.layout, self.timeout_s = backend, scale, group, layout, timeout_s
         self.ring_size = None if ring_size is None else int(ring_size)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Optional[bool] = None,
@@ -57,7 +62,7 @@ class RingDilatedAttention(nn.Module):
             q, k, v, segment_lengths=p.segment_lengths, dilation_rates=p.dilation_rates,
             causal=p.causal if causal is None else causal, mode=p.mode, group=self.group,
             ring_size=self.ring_size, layout=self.layout, backend=self.backend, scale=self.scale,
-            return_lse=return_lse,
+            return_lse=return_lse, timeout_s=self.timeout_s,
         )
 
     def extra_repr(self) -> str:
@@ -87,10 +92,12 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
         group: Optional[dist.ProcessGroup] = None,
         ring_size: Optional[int] = None,
         layout: str = "contiguous",
+        timeout_s: Optional[float] = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, bias=bias, causal=causal, mode=mode,
                          backend=backend, device=device, dtype=dtype)
         self.attention = RingDilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode,
-                                              backend=backend, group=group, ring_size=ring_size, layout=layout)
+                                              backend=backend, group=group, ring_size=ring_size, layout=layout,
+                                              timeout_s=timeout_s)

@@ -17,10 +17,16 @@ Per branch i (effective segment w = min(segment_lengths[i], N), shard length n =
   owner. Per-rank memory stays O(N/P): at most two packets of remote dilated K/V are held.
 Branch results (out, lse) merge with `merge_lse`, as in the engine. Anything else -> ValueError
 naming the constraint.
+
+Safety: inputs are checked by the engine's `validate_attention_inputs` on every rank count; before
+any data moves, one all_gather of a fixed-size row per rank (a digest and the text of each field of
+the configuration) makes every rank raise when the ranks disagree or one rejected its inputs; every
+wait of the ring is bounded (comm.RingComm, `timeout_s`).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,7 +39,10 @@ from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.distributed.comm import RingComm, pack, packed_size, unpack
+from hilbert_lab.attention.validation import validate_attention_inputs
+from hilbert_lab.distributed.comm import (
+    DEFAULT_TIMEOUT_S, RingComm, pack, packed_size, resolve_timeout, unpack, wait_bounded,
+)
 from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible, shard_positions
 
 
@@ -315,7 +324,7 @@ def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float
         handle = ctx.comm.exchange(
             [(ctx.comm.global_rank(ctx.plan.members[peer]), held[j]) for peer, j, _ in sends],
             [(ctx.comm.global_rank(ctx.plan.members[peer]), buffers[j]) for peer, j, _ in recvs],
-            label=label,
+            label=label, step=t,
         )
         for origin, packet in pending:  # overlaps the transfer above
             compute(origin, packet)
@@ -378,7 +387,7 @@ def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse,
             buffer = torch.empty(size, dtype=torch.uint8, device=q.device)
             recv_list.append((ctx.comm.global_rank(ctx.plan.members[peer]), buffer))
             received.append((j, kind, buffer, kv_size))
-        ctx.comm.exchange(send_list, recv_list, label=label).wait()
+        ctx.comm.exchange(send_list, recv_list, label=label, step=t).wait()
         for j, kind, buffer, kv_size in received:
             if kind == "acc":  # our own dK/dV contributions from the other members, home again
                 for mine, arrived in zip(own_grads, unpack(buffer, acc_specs[j])):
@@ -462,17 +471,99 @@ def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list
     return world[first : first + size]
 
 
-def _check_equal_shards(q: torch.Tensor, group: dist.ProcessGroup | None) -> None:
-    """ValueError on every rank unless all ranks of `group` hold shards of the same shape."""
-    shape = torch.tensor(list(q.shape), dtype=torch.int64)
-    both = torch.cat([shape, -shape]).to(q.device)
-    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-    largest, smallest = both[:4].tolist(), (-both[4:]).tolist()
-    if largest != smallest:
-        raise ValueError(
-            f"all ranks must hold equal shards (B, N/P, H, D): the sequence length N must be divisible by the "
-            f"number of ranks P; shard shapes range from {tuple(smallest)} to {tuple(largest)}"
-        )
+_CONFIG_FIELDS = ("segment_lengths", "dilation_rates", "mode", "causal", "dtype", "scale", "shard shape", "layout",
+                  "ring size", "backend")
+_VALUE_BYTES = 64  # each field's value travels as text (truncated) so that the error can show every rank's
+_ERROR_BYTES = 512  # the first bytes of a rank's own input error
+
+
+def _text_row(text: str, size: int) -> list[int]:
+    """`text` as UTF-8, cut or zero-padded to `size` bytes, as size/8 int64 values."""
+    raw = text.encode("utf-8")[:size].ljust(size, b"\0")
+    return torch.frombuffer(bytearray(raw), dtype=torch.int64).tolist()
+
+
+def _row_text(values: torch.Tensor) -> str:
+    return values.cpu().contiguous().numpy().tobytes().rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _fields_row(values: tuple[str, ...]) -> list[int]:
+    """Per field value: its digest, then its text (cached: a model calls with few configurations)."""
+    row = []
+    for text in values:
+        row += [_digest(text)] + _text_row(text, _VALUE_BYTES)
+    return row
+
+
+def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and "gloo" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _agree_on_configuration(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
+                            timeout_s: float) -> None:
+    """Raise on every rank of `group` unless all ranks hold equal `fields` and none rejected its inputs.
+
+    One all_gather of a fixed-size int64 row per rank: an error flag and the error's text, then per
+    field a digest and the value's text. A rank that rejected its inputs raises its own error, the
+    others a ValueError naming it; unequal fields give every rank the same ValueError naming the
+    fields and which ranks hold which value. Bounded by timeout_s (RingTimeoutError).
+    """
+    words = _VALUE_BYTES // 8
+    row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
+    row += _fields_row(tuple(fields[name] for name in _CONFIG_FIELDS))
+    device = _collective_device(group)
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
+    world = dist.get_world_size(group)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    work = dist.all_gather(rows, mine, group=group, async_op=True)
+    ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
+    wait_bounded([(work, f"gather the configuration of the ranks {ranks}")], timeout_s,
+                 f"rank {dist.get_rank()}: ring configuration check")
+    table = torch.stack(rows).cpu()
+    rejected = [r for r, line in zip(ranks, table) if line[0] != 0]
+    if rejected:
+        if error is not None:
+            raise error
+        first = table[ranks.index(rejected[0])]
+        others = f" (and ranks {rejected[1:]})" if len(rejected) > 1 else ""
+        raise ValueError(f"rank {rejected[0]}{others} of the ring rejected its inputs, so every rank stops: "
+                         f"{_row_text(first[1 : 1 + _ERROR_BYTES // 8])}")
+    base = 1 + _ERROR_BYTES // 8
+    problems = []
+    for index, name in enumerate(_CONFIG_FIELDS):
+        start = base + index * (1 + words)
+        holders: dict[int, list[int]] = {}
+        for r, line in zip(ranks, table):
+            holders.setdefault(int(line[start]), []).append(r)
+        if len(holders) > 1:
+            values = []
+            for members in holders.values():
+                text = _row_text(table[ranks.index(members[0])][start + 1 : start + 1 + words])
+                values.append(f"rank{'s' if len(members) > 1 else ''} {', '.join(map(str, members))}: {text}")
+            hint = (" (all ranks must hold equal shards: the sequence length N must be divisible by the number of "
+                    "ranks P)") if name == "shard shape" else ""
+            problems.append(f"{name}{hint}: " + "; ".join(values))
+    if problems:
+        raise ValueError("the ranks of the ring disagree on their configuration (every rank must call "
+                         "ring_dilated_attention with the same arguments, dtype and shard shape): "
+                         + " | ".join(problems))
+
+
+def _name(value) -> str:
+    """Text of an argument for the configuration check, the same on every rank for equal arguments."""
+    if isinstance(value, (list, tuple)):
+        return repr(tuple(value))
+    if isinstance(value, Backend):
+        return value.name
+    return repr(value)
 
 
 def ring_dilated_attention(
@@ -490,48 +581,75 @@ def ring_dilated_attention(
     backend: str | Backend = "auto",
     scale: float | None = None,
     return_lse: bool = False,
-    check_shapes: bool = True,
+    check_config: bool = True,
+    timeout_s: float | None = None,
 ):
     """This rank's shard of the single-process engine's dilated attention over the whole sequence.
 
     q, k, v: (B, N/P, H, D) shards (layout "contiguous" or "zigzag") of a length-N sequence over the
     P ranks of this ring (`group`'s ranks, split into consecutive rings of `ring_size`). Returns
     out (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact gradients.
-    Every rank of the ring must call it with the same arguments and shard shapes; check_shapes
-    (one small all-reduce over `group`) turns unequal shards into a ValueError on every rank
-    instead of a hang.
+
+    Every rank of the ring must call it with the same arguments and equal shards. check_config
+    (one small all_gather over `group` before any data moves) makes every rank raise a ValueError
+    when the ranks disagree (pattern, dtype, scale, shard shape, layout, ring size, backend) or
+    when one rank's inputs are invalid, instead of a wrong result or a hang. timeout_s bounds every
+    wait of the ring (default $HILBERT_LAB_RING_TIMEOUT_S or 120 s; inf: none): a rank that stalls
+    or dies makes the others raise RingTimeoutError / RingCommError naming rank, branch and step.
     """
-    pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4D tensor (B, N/P, H, D), got {getattr(t, 'shape', type(t))}")
-    if q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v must share a shape, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    members = ring_members(group, ring_size)
-    P = len(members)
-    B, n, H, D = q.shape
-    geometry = RingLayout(P, members.index(dist.get_rank()), n * P, layout)
-    check_divisible(geometry.seq_len, P, layout)
-    scale = D**-0.5 if scale is None else float(scale)
-    if check_shapes and P > 1:
-        _check_equal_shards(q, group)
-    if P == 1:  # one rank holds the whole sequence: exactly the local engine
+    error: Exception | None = None
+    members: list[int] | None = None
+    pattern = adapter = None
+    plans: list[_BranchPlan] = []
+    resolved_scale, timeout = scale, DEFAULT_TIMEOUT_S
+    try:
+        timeout = resolve_timeout(timeout_s)
+        members = ring_members(group, ring_size)
+        pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        resolved_scale = validate_attention_inputs(q, k, v, scale=scale, shape="(B, N/P, H, D)")
+        if not isinstance(check_config, bool):
+            raise ValueError(f"check_config must be True or False, got {check_config!r}")
+        P = len(members)
+        geometry = RingLayout(P, members.index(dist.get_rank()), q.shape[1] * P, layout)
+        check_divisible(geometry.seq_len, P, layout)
+        if P > 1:
+            adapter = resolve_backend(backend, q, pattern.segment_lengths)
+            plans = plan_branches(pattern, geometry, q.shape[2])
+    except (ValueError, TypeError) as exc:
+        error = exc
+    ring = len(members) if members is not None else dist.get_world_size(group)
+    if check_config is not False and ring > 1:
+        fields = {
+            "segment_lengths": _name(pattern.segment_lengths if pattern is not None else segment_lengths),
+            "dilation_rates": _name(pattern.dilation_rates if pattern is not None else dilation_rates),
+            "mode": _name(pattern.mode if pattern is not None else mode),
+            "causal": _name(pattern.causal if pattern is not None else causal),
+            "dtype": str(getattr(q, "dtype", type(q).__name__)),
+            "scale": _name(resolved_scale),
+            "shard shape": str(tuple(q.shape)) if isinstance(q, torch.Tensor) else type(q).__name__,
+            "layout": _name(layout),
+            "ring size": str(ring),
+            "backend": (f"{adapter.name} on {q.device.type}" if adapter is not None else _name(backend)),
+        }
+        _agree_on_configuration(fields, error, group, timeout)
+    if error is not None:
+        raise error
+    if len(members) == 1:  # one rank holds the whole sequence: exactly the local engine
         return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                 causal=causal, mode=mode, backend=backend, scale=scale, return_lse=return_lse)
-    adapter = resolve_backend(backend, q, pattern.segment_lengths)
-    plans = plan_branches(pattern, geometry, H)
-    comm = RingComm(members, group)
+                                 causal=causal, mode=mode, backend=backend, scale=resolved_scale,
+                                 return_lse=return_lse)
+    comm = RingComm(members, group, timeout_s=timeout)
     outs, lses = [], []
     local = [plan.branch for plan in plans if plan.local]
     if local:
-        o, l = _local_branches(q, k, v, pattern, local, adapter, scale)
+        o, l = _local_branches(q, k, v, pattern, local, adapter, resolved_scale)
         outs.append(o)
         lses.append(l)
     for plan in plans:
         if not plan.local:
-            o, l = _RingBranch.apply(q, k, v, _BranchContext(q, plan, geometry, causal, comm), adapter, scale)
+            o, l = _RingBranch.apply(q, k, v, _BranchContext(q, plan, geometry, causal, comm), adapter, resolved_scale)
             outs.append(o)
             lses.append(l)
     out, lse = merge_lse(outs, lses)

@@ -1,9 +1,13 @@
 """Run one case function in a fresh subprocess with a timeout; every way it can die becomes a record."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,6 +55,56 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+_CASE_DIR_PREFIX = "hilbert_lab_case_"
+
+
+def _host_tag() -> str:
+    """8 hex digits of the host name: case folders of other hosts (a shared /tmp) are never judged here."""
+    return hashlib.blake2b(socket.gethostname().encode(), digest_size=4).hexdigest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def clean_stale_case_dirs(*, before: float | None = None, tmpdir: str | None = None) -> list[str]:
+    """Remove case folders left by runners that were killed (SIGKILL): returns the paths removed.
+
+    A folder hilbert_lab_case_<pid>_<host tag>_* in `tmpdir` (default: tempfile.gettempdir()) is
+    stale when it belongs to this host and this user, its pid is no longer running, and it was
+    last modified before `before` (a time.time() value, default now: the start of this run).
+    """
+    directory = tmpdir or tempfile.gettempdir()
+    cutoff = time.time() if before is None else before
+    pattern = re.compile(rf"{_CASE_DIR_PREFIX}(\d+)_{_host_tag()}_")
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        pid = int(match.group(1))
+        if info.st_uid != os.getuid() or info.st_mtime >= cutoff or pid == os.getpid() or _pid_alive(pid):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        if not os.path.exists(entry.path):
+            removed.append(entry.path)
+    return removed
+
+
 def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
                  env: dict[str, str] | None = None, python: str | None = None) -> IsolatedOutcome:
     """Call `target` ('package.module:function') with `params` in a new Python process.
@@ -68,7 +122,8 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
     child_env = dict(os.environ)
     child_env.update(env or {})
     child_env["HILBERT_LAB_PARENT_PID"] = str(os.getpid())
-    with tempfile.TemporaryDirectory(prefix="hilbert_lab_case_") as workdir:
+    # The folder name carries this process's pid: if it is SIGKILLed, clean_stale_case_dirs removes it later.
+    with tempfile.TemporaryDirectory(prefix=f"{_CASE_DIR_PREFIX}{os.getpid()}_{_host_tag()}_") as workdir:
         in_path = os.path.join(workdir, "in.json")
         out_path = os.path.join(workdir, "out.json")
         err_path = os.path.join(workdir, "stderr.txt")

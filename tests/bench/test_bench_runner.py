@@ -102,7 +102,25 @@ def test_torn_last_line_is_kept_apart_from_new_records(tmp_path):
     assert [r["params"]["value"] for r in records] == [1, 2]
 
 
+@pytest.mark.parametrize("torn", ['{"case_id": "0123abcd", "sta', '{"case_id": "0123abcd", "sta\n', '{"ca'],
+                         ids=["torn", "torn-then-ended", "few-bytes"])
+def test_a_file_whose_only_line_is_torn_is_resumed(tmp_path, torn):
+    path = tmp_path / "r.jsonl"
+    path.write_text(torn)  # the first record of a run killed mid-write (and maybe of the next, killed at once)
+    summary = SafeBenchmarkRunner(str(path), progress=False).run(expand_matrix({"kind": "selftest"}, {"value": [1]}))
+    records, malformed = read_results(str(path))
+    assert summary.completed == 1 and malformed == 1 and [r["params"]["value"] for r in records] == [1]
+    assert path.read_text().startswith(torn)  # appended to, never rewritten
+
+
 def test_a_file_that_is_not_a_results_file_is_refused(tmp_path):
+    for text in ("notes without a newline", '{"title": "my data"}\n', "{not json"):
+        other = tmp_path / "other.txt"
+        other.write_text(text)
+        with pytest.raises(ValueError, match="not a hilbert_lab results file"):
+            SafeBenchmarkRunner(str(other), progress=False)
+        assert other.read_text() == text
+
     path = tmp_path / "notes.txt"
     path.write_text("important notes\n")
     with pytest.raises(ValueError, match="not a hilbert_lab results file"):

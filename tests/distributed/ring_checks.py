@@ -173,7 +173,9 @@ def check_constraints_raise(rank, world):
         try:
             ring_dilated_attention(uneven, uneven, uneven, segment_lengths=[2], dilation_rates=[1])
         except ValueError as error:
-            assert "N must be divisible by the" in str(error) and "(1, 6, 2, 2) to (1, 8, 2, 2)" in str(error), error
+            message = str(error)
+            assert "N must be divisible by the" in message and "rank 0: (1, 8, 2, 2)" in message, error
+            assert f"rank{'s' if world > 2 else ''} {', '.join(map(str, range(1, world)))}: (1, 6, 2, 2)" in message
         else:
             raise AssertionError("unequal shards did not raise ValueError")
     for kwargs, needle in bad:
@@ -183,6 +185,90 @@ def check_constraints_raise(rank, world):
             assert needle in str(error), f"{kwargs}: message {error!s} does not name {needle!r}"
         else:
             raise AssertionError(f"{kwargs} did not raise ValueError")
+
+
+def _raises_everywhere(call, *needles):
+    """call() raises ValueError on this rank with every needle in it, and the message is the same on all ranks."""
+    try:
+        call()
+    except ValueError as error:
+        message = str(error)
+    else:
+        raise AssertionError(f"no ValueError; expected one naming {needles}")
+    for needle in needles:
+        assert needle in message, f"{needle!r} not in {message!r}"
+    messages = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, message)
+    assert len(set(messages)) == 1, f"ranks raised different messages: {messages}"
+    return message
+
+
+@check
+def check_configuration_agreement(rank, world):
+    """Ranks that disagree on any part of the configuration all raise the same ValueError before data moves."""
+    n = 6
+    seq_len = n * world
+    q, k, v, _ = _full_inputs(11, 1, seq_len, 2, 4)
+    pos = shard_positions(rank, world, seq_len)
+    local = [t[:, pos] for t in (q, k, v)]
+    base = dict(segment_lengths=[3, seq_len], dilation_rates=[1, 2], causal=False)
+    last = world - 1
+    others = ", ".join(map(str, range(1, world)))
+    ranks_word = "ranks" if world > 2 else "rank"
+    # dtype: rank 0 float64, the others float32 (this used to give a wrong result on one rank, an abort on the other)
+    mixed = [t if rank == 0 else t.float() for t in local]
+    _raises_everywhere(lambda: ring_dilated_attention(*mixed, **base), "disagree", "dtype",
+                       "rank 0: torch.float64", f"{ranks_word} {others}: torch.float32")
+    rates = dict(base, dilation_rates=[1, 3] if rank == last else [1, 2])
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **rates), "dilation_rates", f"rank {last}: (1, 3)")
+    scaled = dict(base, scale=0.25 if rank == 0 else None)  # the others: D**-0.5 = 0.5
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **scaled), "scale", "rank 0: 0.25", "0.5")
+    flipped = dict(base, causal=rank == 0)
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **flipped), "causal", "rank 0: True")
+    laid = dict(base, layout="zigzag" if rank == last else "contiguous")
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **laid), "layout", f"rank {last}: 'zigzag'")
+    moded = dict(base, mode="head_groups" if rank == 0 else "longnet")
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **moded), "mode", "rank 0: 'head_groups'")
+    backends = dict(base, backend="manual" if rank == 0 else "sdpa")
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **backends), "backend", "rank 0: manual on cpu")
+    if world == 4:
+        sized = dict(base, segment_lengths=[3, 2 * n], ring_size=2 if rank == 0 else None)
+        _raises_everywhere(lambda: ring_dilated_attention(*local, **sized), "ring size", "rank 0: 2")
+    # nothing moved: the group still works, exactly
+    compare(rank, world, seq_len, base["segment_lengths"], base["dilation_rates"], "longnet", False, heads=2, dim=4)
+
+
+@check
+def check_inputs_validated(rank, world):
+    """Bad inputs (int64, bad scale, empty shards) raise ValueError on every rank count, also on one rank only."""
+    n = 4
+    seq_len = n * world
+    x = torch.randn(1, n, 2, 2, dtype=torch.float64)
+    args = dict(segment_lengths=[2, seq_len], dilation_rates=[1, 2])
+    _raises_everywhere(lambda: ring_dilated_attention(x.long(), x.long(), x.long(), **args), "floating dtype")
+    for scale in (-1.0, 0.0, float("inf"), float("nan")):
+        _raises_everywhere(lambda: ring_dilated_attention(x, x, x, scale=scale, **args), "scale must be", "finite")
+    empty = x[:, :0]
+    _raises_everywhere(lambda: ring_dilated_attention(empty, empty, empty, **args), "non-empty")
+    if world > 1:  # only one rank is wrong: it raises its own error, every other rank one naming it
+        last = world - 1
+        bad = x.long() if rank == last else x
+        try:
+            ring_dilated_attention(bad, bad, bad, **args)
+        except ValueError as error:
+            assert "floating dtype" in str(error), error
+            if rank != last:
+                assert f"rank {last} of the ring rejected its inputs" in str(error), error
+        else:
+            raise AssertionError("int64 inputs on one rank did not raise")
+        lonely = empty if rank == 0 else x
+        try:
+            ring_dilated_attention(lonely, lonely, lonely, **args)
+        except ValueError as error:
+            assert "non-empty" in str(error) and (rank == 0 or "rank 0 of the ring rejected" in str(error)), error
+        else:
+            raise AssertionError("an empty shard on rank 0 did not raise")
+    compare(rank, world, seq_len, args["segment_lengths"], args["dilation_rates"], "longnet", True, heads=2, dim=2)
 
 
 @check

@@ -27,11 +27,12 @@ NO_TWO_GPUS = not torch.cuda.is_available() or torch.cuda.device_count() < 2 or 
 pytestmark = pytest.mark.skipif(NO_GLOO, reason="torch.distributed with gloo is not available in this torch build")
 
 ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_message_counts",
-              "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm"]
+              "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm",
+              "check_configuration_agreement", "check_inputs_validated"]
 
 
 def test_world_of_one_is_the_engine(tmp_path):
-    run_world(1, tmp_path, ["check_world_one_is_engine", "check_constraints_raise"])
+    run_world(1, tmp_path, ["check_world_one_is_engine", "check_constraints_raise", "check_inputs_validated"])
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -13,6 +13,7 @@ import torch
 from hilbert_lab.bench import SafeBenchmarkRunner, read_results
 from hilbert_lab.bench.cases import CASE_TARGET
 from hilbert_lab.safety import run_isolated
+from hilbert_lab.safety.isolate import clean_stale_case_dirs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -57,7 +58,9 @@ def test_case_dies_with_a_killed_runner(tmp_path):
         "    time.sleep(120)\n"
         "    return {}\n")
     pid_file = tmp_path / "pid"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]), TMPDIR=str(temp))
     parent = subprocess.Popen([sys.executable, "-c", "from hilbert_lab.safety import run_isolated; "
                                f"run_isolated('pid_case:run', {{'path': {str(pid_file)!r}}}, timeout_s=300)"], env=env)
     deadline = time.time() + 120
@@ -71,6 +74,59 @@ def test_case_dies_with_a_killed_runner(tmp_path):
     while time.time() < deadline and _state(child) not in (None, "Z"):
         time.sleep(0.1)
     assert _state(child) in (None, "Z"), "the case outlived its runner"
+    # its case folder is left behind, named by the runner's pid; the next run removes it
+    (left,) = [p for p in temp.iterdir() if p.name.startswith(f"hilbert_lab_case_{parent.pid}_")]
+    assert clean_stale_case_dirs(tmpdir=str(temp)) == [str(left)] and not left.exists()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_only_stale_case_folders_are_cleaned(tmp_path):
+    from hilbert_lab.safety.isolate import _host_tag
+
+    tag, dead = _host_tag(), _dead_pid()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        names = {
+            "stale": f"hilbert_lab_case_{dead}_{tag}_abc",  # owner gone, older than the run: removed
+            "mine": f"hilbert_lab_case_{os.getpid()}_{tag}_abc",  # this process: kept
+            "alive": f"hilbert_lab_case_{sleeper.pid}_{tag}_abc",  # a running owner: kept
+            "other_host": f"hilbert_lab_case_{dead}_00000000_abc" if tag != "00000000" else "x",
+            "no_pid": "hilbert_lab_case_abc123",  # an old-style name: nothing says whose it is
+            "unrelated": f"something_{dead}_{tag}_abc",
+        }
+        for name in names.values():
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "in.json").write_text("{}")
+            os.utime(tmp_path / name, (time.time() - 3600, time.time() - 3600))
+        new = tmp_path / f"hilbert_lab_case_{dead}_{tag}_new"  # modified after the run started: kept
+        new.mkdir()
+        removed = clean_stale_case_dirs(before=time.time() - 60, tmpdir=str(tmp_path))
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert removed == [str(tmp_path / names["stale"])]
+    kept = [name for key, name in names.items() if key != "stale"] + [new.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+
+
+def test_the_runner_cleans_stale_case_folders(tmp_path, monkeypatch):
+    import tempfile
+
+    from hilbert_lab.safety.isolate import _host_tag
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    stale = temp / f"hilbert_lab_case_{_dead_pid()}_{_host_tag()}_x"
+    stale.mkdir()
+    os.utime(stale, (time.time() - 10, time.time() - 10))
+    SafeBenchmarkRunner(str(tmp_path / "r.jsonl"), progress=False).run([{"kind": "selftest"}])
+    assert not stale.exists() and list(temp.iterdir()) == []  # the case's own folder is gone too
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the record of a CUDA case on a machine without CUDA")
