@@ -135,11 +135,11 @@ def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str 
     absolute = os.path.abspath(os.path.expanduser(str(path)))
     if folder:
         if os.path.exists(absolute) and not os.path.isdir(absolute):
-            raise ValueError(f"{flag} {path!r} is a file; give a folder")
+            raise ValueError(f"{flag} {path!r} is a file; give a directory")
         directory = absolute
     else:
         if os.path.isdir(absolute):
-            raise ValueError(f"{flag} {path!r} is a folder; give a file path")
+            raise ValueError(f"{flag} {path!r} is a directory; give a file path")
         if os.path.exists(absolute) and existing == "refuse":
             raise ValueError(f"{flag} {path!r} already exists and results are never overwritten; "
                              "remove it or choose another path")
@@ -148,7 +148,7 @@ def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str 
     while not os.path.exists(ancestor):
         ancestor = os.path.dirname(ancestor)
     if not os.path.isdir(ancestor):
-        raise ValueError(f"{flag} {path!r}: {ancestor!r} is a file, not a folder")
+        raise ValueError(f"{flag} {path!r}: {ancestor!r} is a file, not a directory")
     try:
         os.makedirs(directory, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):

@@ -136,7 +136,7 @@ def _bad_inputs(tmp_path):
         (["bench", "--selftest", "ok", "--out", str(tmp_path)], "directory"),
         (["bench", "--out", out], "--seq-len"),
         (["probe", "--backend", "manual,sdpa"], "--backend"),
-        (["probe", "--start-len", "0", "--quiet"], "start_len"),
+        (["probe", "--start-len", "0", "--quiet"], "--start-len"),
         (["curve", "--width", "4", "--height", "4", "--out", str(tmp_path / "c.svg")], ".csv or .png"),
         (["curve", "--width", "0", "--height", "4", "--out", str(tmp_path / "c.csv")], "--width"),
         (["curve", "--width", "4", "--height", "4", "--depth", "2", "--out", str(tmp_path / "c.png")], "2D"),
