@@ -175,9 +175,11 @@ def _info(args: argparse.Namespace) -> int:
 def _bench_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     from hilbert_lab.bench.matrix import expand_matrix, load_matrix_file
 
-    if args.selftest:
+    if args.selftest is not None:
+        if args.matrix is not None or args.seq_len:
+            raise CliError("--selftest excludes --matrix and --seq-len")
         return expand_matrix({"kind": "selftest", "seconds": 0.0}, {"behavior": args.selftest, "value": [0]})
-    if args.matrix:
+    if args.matrix is not None:
         if args.seq_len:
             raise CliError("--matrix and --seq-len exclude each other: put seq_len in the matrix file")
         return load_matrix_file(args.matrix)
@@ -229,14 +231,14 @@ def _probe(args: argparse.Namespace) -> int:
     from hilbert_lab.bench.progressive import ProgressiveTester
 
     _validate_pattern(args, [args.start_len])
-    json_out = arguments.prepare_output(args.json_out, "--json-out") if args.json_out else None
+    json_out = arguments.prepare_output(args.json_out, "--json-out") if args.json_out is not None else None
     base = _base_case(args)
     base.update({"pass": args.pass_, "warmup": 1, "repeats": 1})
     tester = ProgressiveTester(base, config=_safety_config(args), start_len=args.start_len,
                                multiple_of=args.multiple_of, bisect_steps=args.bisect_steps, progress=not args.quiet)
     report = tester.run()
     print(report.line())
-    if json_out:
+    if json_out is not None:
         from hilbert_lab.bench.env import collect_environment
 
         payload = {**report.to_dict(), "base_case": base, "environment": collect_environment(args.device)}

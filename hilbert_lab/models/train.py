@@ -595,11 +595,17 @@ _OVERRIDES = (
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Preset, then a JSON config file, then explicit flags (later wins)."""
     values: dict[str, Any] = dict(PRESETS[args.preset])
-    if args.config:
+    if args.config is not None:
         try:
-            values.update(json.loads(Path(args.config).read_text()))
-        except (OSError, json.JSONDecodeError) as error:
+            loaded = json.loads(Path(args.config).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise ValueError(f"--config must be a readable JSON object file: {error}") from None
+        known = {f.name for f in dataclasses.fields(TrainConfig)}
+        if not isinstance(loaded, dict) or set(loaded) - known:
+            raise ValueError(f"--config {args.config!r} must hold a JSON object of TrainConfig fields; unknown: "
+                             f"{sorted(set(loaded) - known) if isinstance(loaded, dict) else type(loaded).__name__}; "
+                             f"allowed: {sorted(known)}")
+        values.update(loaded)
     for name, _ in _OVERRIDES:
         value = getattr(args, name, None)
         if value is not None:

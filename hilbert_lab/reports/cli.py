@@ -48,6 +48,8 @@ def _run(args: argparse.Namespace) -> int:
                 flat.setdefault(key, value)
         defaults = flat
     overrides = parse_parameter_overrides(args.parameter or [], defaults)
+    if args.run_id is not None and (args.run_id in ("", ".", "..") or "/" in args.run_id or "\\" in args.run_id):
+        raise ValueError(f"--run-id must be a plain folder name (no '/'), got {args.run_id!r}")
     output_root = prepare_output(args.output_root, "--output-root", folder=True)
     if args.run_id is not None and (Path(output_root) / args.name / args.run_id).exists():
         raise ValueError(f"--run-id {args.run_id!r} already exists under {output_root}/{args.name} and results are "
