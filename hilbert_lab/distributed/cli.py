@@ -142,8 +142,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def register_cli(subparsers) -> argparse.ArgumentParser:
     """Add the `ring` command to the `hilbert-lab` parser (run it under torchrun for several ranks)."""
-    parser = subparsers.add_parser("ring", help="ring attention: self-check vs the engine, then tokens/s per rank",
-                                   description=__doc__.split("\n")[0])
+    parser = subparsers.add_parser(
+        "ring", help="ring attention: self-check vs the engine, then tokens/s per rank",
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  hilbert-lab ring --check-only                                   # one process\n"
+               "  torchrun --nproc_per_node=4 -m hilbert_lab.cli ring --seq-len 65536 --segment-lengths 2048,8192 "
+               "--dilation-rates 1,2\n\nlists are comma-separated; every option is checked before the process "
+               "group starts")
     add_arguments(parser)
     parser.set_defaults(func=run)
     return parser
