@@ -13,6 +13,7 @@ import re
 from typing import Callable, Sequence
 
 DEVICE_SYNTAX = "cpu | cuda | cuda:N"
+MAX_SEQ_LEN = 1 << 40  # a bound for parsing only; the memory estimate refuses sizes no device holds
 
 
 def _bounds(minimum: float | None, maximum: float | None) -> str:

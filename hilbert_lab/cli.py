@@ -14,7 +14,7 @@ import textwrap
 from typing import Any, Sequence
 
 from hilbert_lab import arguments
-from hilbert_lab.arguments import OUTPUT_RULE, available_device, choice_list, int_list, integer, number
+from hilbert_lab.arguments import MAX_SEQ_LEN, OUTPUT_RULE, available_device, choice_list, int_list, integer, number
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 MODES = ("longnet", "head_groups")
@@ -22,7 +22,6 @@ PASSES = ("forward", "forward_backward")
 CURVE_KINDS = ("hilbert", "morton", "snake", "rowmajor")
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
-MAX_SEQ_LEN = 1 << 40  # a bound for parsing only; the memory estimate refuses sizes nothing holds
 MAX_SECONDS = 7 * 24 * 3600.0
 
 

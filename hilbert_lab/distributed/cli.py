@@ -26,13 +26,12 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hilbert_lab.arguments import int_list, integer
+from hilbert_lab.arguments import MAX_SEQ_LEN, int_list, integer
 from hilbert_lab.distributed import comm
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import shard_positions
 
 CHECK_ATOL = 1e-10
-MAX_SEQ_LEN = 1 << 40
 
 
 def init_distributed(timeout_s: float = 300.0) -> torch.device:
