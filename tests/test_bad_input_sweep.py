@@ -95,7 +95,8 @@ CLI_ARGUMENTS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
         ("--selftest", _choice_values("ok")), ("--seq-len", ["256"]), ("--matrix", ["{tmp}/good.yaml"]),
     ]),
     "bench --matrix": (["bench", "--matrix", "{tmp}/good.yaml", "--out", "{tmp}/matrix.jsonl", "--dry-run"], [
-        ("--matrix", ["", "{tmp}/missing.yaml", "{tmp}/bad.yaml", "{tmp}", "{tmp}/keys.toml", "{tmp}/list.yaml"]),
+        ("--matrix", ["", "{tmp}/missing.yaml", "{tmp}/bad.yaml", "{tmp}", "{tmp}/keys.toml", "{tmp}/list.yaml",
+                      "{tmp}/zero.yaml", "{tmp}/heads.yaml", "{tmp}/backend.yaml", "{tmp}/device.yaml"]),
     ]),
     "probe": (PROBE_BASE, _shape_arguments(True, False) + [
         ("--start-len", _int_values(1, None)), ("--multiple-of", _int_values(1, 1 << 20)),
@@ -212,6 +213,10 @@ def sweep_dir(tmp_path_factory) -> str:
     (root / "list_config.json").write_text("[1, 2]")
     (root / "keys.toml").write_text("[bases]\nkind = 'attention'\n")
     (root / "list.yaml").write_text("- 1\n- 2\n")
+    case = "base: {{kind: attention, segment_lengths: [64], dilation_rates: [1], {}}}\nmatrix: {{seq_len: [{}]}}\n"
+    for name, field, seq_len in (("zero", "num_heads: 2", "0"), ("heads", "num_heads: -1", "256"),
+                                 ("backend", "backend: bogus", "256"), ("device", "device: tpu", "256")):
+        (root / f"{name}.yaml").write_text(case.format(field, seq_len))
     for extension in (".csv", ".json", ".jsonl"):
         (root / f"existing{extension}").write_text("results\n")
     (root / "reports" / "benchmark-small" / "taken").mkdir(parents=True)
