@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
+import tempfile
 from typing import Callable, Sequence
 
 DEVICE_SYNTAX = "cpu | cuda | cuda:N"
@@ -117,7 +119,8 @@ def available_device(text: str) -> str:
 
 OUTPUT_RULE = ("outputs: missing folders on an output path are created; a path that cannot be written is "
                "refused (exit 2); results are never overwritten (bench appends to its file and resumes, "
-               "train continues a run folder only with --resume, curve and probe refuse an existing file)")
+               "train continues a run folder only with --resume, curve and probe refuse an existing file, "
+               "each report run gets a new folder)")
 
 
 def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str = "refuse") -> str:
@@ -126,9 +129,6 @@ def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str 
     folder: the path is a folder (else a file). existing: "refuse" an existing file, or "keep" it
     (the caller appends to it, or decides itself). Raises ValueError naming `flag` otherwise.
     """
-    import os
-    import tempfile
-
     if existing not in ("refuse", "keep"):
         raise ValueError(f"existing must be 'refuse' or 'keep', got {existing!r}")
     if not str(path).strip():
