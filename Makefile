@@ -8,7 +8,9 @@ HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU := torch==2.13.0
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: setup test test-fast report browser clean-venv
+CORE_VENV ?= build/core-venv
+
+.PHONY: setup test test-fast test-core-install report browser clean-venv
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
@@ -22,7 +24,11 @@ setup: $(VENV)/.installed
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
-test: setup browser
+# The core package alone (no extras) in a fresh venv: every subcommand's --help and a small run of each.
+test-core-install:
+	TORCH_SPEC="$(TORCH_CPU)" .ci/core_install_check $(CORE_VENV)
+
+test: setup browser test-core-install
 	$(PY) -m pytest -q
 
 test-fast: setup
@@ -32,4 +38,4 @@ report: setup
 	$(PY) -m hilbert_lab.cli report run default
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CORE_VENV)

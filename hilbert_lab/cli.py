@@ -1,16 +1,20 @@
-"""`hilbert-lab` command line: info, bench, probe, estimate, curve (+ report, train, ring when present).
+"""`hilbert-lab` command line: info, bench, probe, estimate, curve, report, train, ring.
 
-Bad input exits with code 2 and one line on stderr (a traceback only with --debug).
+Bad input exits with code 2 and one line on stderr (a traceback only with --debug). Lists are
+comma-separated; output paths follow hilbert_lab.arguments.OUTPUT_RULE.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import signal
 import sys
+import textwrap
 from typing import Any, Sequence
+
+from hilbert_lab import arguments
+from hilbert_lab.arguments import MAX_SEQ_LEN, OUTPUT_RULE, available_device, choice_list, int_list, integer, number
 
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 MODES = ("longnet", "head_groups")
@@ -18,10 +22,7 @@ PASSES = ("forward", "forward_backward")
 CURVE_KINDS = ("hilbert", "morton", "snake", "rowmajor")
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
-# Commands other packages add: (command, module, what to say when it is missing).
-DELEGATED = (("report", "hilbert_lab.reports.cli", "the reports package"),
-             ("train", "hilbert_lab.models.train", "the models package"),
-             ("ring", "hilbert_lab.distributed.cli", "the distributed package's CLI"))
+MAX_SECONDS = 7 * 24 * 3600.0
 
 
 class CliError(ValueError):
@@ -41,47 +42,15 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
 
 # ---------------------------------------------------------------- argument helpers
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in str(text).replace(" ", "").split(",") if part]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
-def _choice_list(allowed: Sequence[str]):
-    def parse(text: str) -> list[str]:
-        values = [part for part in str(text).replace(" ", "").split(",") if part]
-        bad = [v for v in values if v not in allowed]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"unknown value(s) {bad or [text]}; allowed: {', '.join(allowed)}")
-        return values
-    return parse
-
-
 def _ordering_list(text: str) -> list[str | None]:
     allowed = ("none",) + _orderings()
-    return [None if v in ("none", "identity") else v for v in _choice_list(allowed + ("identity",))(text)]
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
+    return [None if v in ("none", "identity") else v for v in choice_list(allowed)(text)]
 
 
 def _orderings() -> tuple[str, ...]:
-    try:
-        from hilbert_lab.curves import ORDERINGS
-        return tuple(ORDERINGS)
-    except ImportError:
-        return ("identity", "hilbert", "morton", "snake")
+    from hilbert_lab.curves import ORDERINGS
+
+    return tuple(ORDERINGS)
 
 
 def _backends() -> tuple[str, ...]:
@@ -90,34 +59,25 @@ def _backends() -> tuple[str, ...]:
     return known_backends()
 
 
-def _check_output_path(path: str, what: str = "--out") -> str:
-    """Absolute path whose directory exists and is writable (CliError otherwise)."""
-    absolute = os.path.abspath(path)
-    directory = os.path.dirname(absolute)
-    if os.path.isdir(absolute):
-        raise CliError(f"{what} {path!r} is a directory; give a file path")
-    if not os.path.isdir(directory):
-        raise CliError(f"{what} {path!r}: directory {directory!r} does not exist")
-    if not os.access(directory, os.W_OK) or (os.path.exists(absolute) and not os.access(absolute, os.W_OK)):
-        raise CliError(f"{what} {path!r} is not writable")
-    return absolute
-
-
-def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool) -> None:
-    """Shape/pattern flags shared by bench, probe and estimate (sweep: comma lists allowed)."""
+def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, run: bool = True) -> None:
+    """Shape/pattern flags shared by bench, probe and estimate (sweep: lists allowed; run: the device
+    must exist here)."""
     many = "comma-separated list; " if sweep else ""
-    parser.add_argument("--backend", type=_choice_list(_backends()), default=["manual"] if sweep else ["auto"],
+    parser.add_argument("--backend", type=choice_list(_backends()), default=["manual"] if sweep else ["auto"],
                         help=f"{many}one of: {', '.join(_backends())}")
-    parser.add_argument("--mode", type=_choice_list(MODES), default=["longnet"], help=f"{many}{' | '.join(MODES)}")
-    parser.add_argument("--dtype", type=_choice_list(DTYPES), default=["float32"], help=f"{many}{' | '.join(DTYPES)}")
+    parser.add_argument("--mode", type=choice_list(MODES), default=["longnet"], help=f"{many}{' | '.join(MODES)}")
+    parser.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"], help=f"{many}{' | '.join(DTYPES)}")
     parser.add_argument("--ordering", type=_ordering_list, default=[None],
                         help=f"{many}none | {' | '.join(o for o in _orderings() if o != 'identity')}")
-    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--num-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=32)
-    parser.add_argument("--segment-lengths", type=_int_list, default=[256, 512], help="e.g. 2048,4096,8192")
-    parser.add_argument("--dilation-rates", type=_int_list, default=[1, 2], help="e.g. 1,2,4")
+    device_help = f"{arguments.DEVICE_SYNTAX} (default: cpu)" + ("" if run else "; need not exist here")
+    parser.add_argument("--device", type=available_device if run else arguments.device, default="cpu",
+                        help=device_help)
+    parser.add_argument("--batch-size", type=integer(1), default=1)
+    parser.add_argument("--num-heads", type=integer(1), default=4)
+    parser.add_argument("--head-dim", type=integer(1), default=32)
+    parser.add_argument("--segment-lengths", type=int_list(), default=[256, 512],
+                        help="comma-separated, e.g. 2048,4096,8192")
+    parser.add_argument("--dilation-rates", type=int_list(), default=[1, 2], help="comma-separated, e.g. 1,2,4")
     parser.add_argument("--causal", action="store_true")
 
 
@@ -135,13 +95,19 @@ def _base_case(args: argparse.Namespace, kind: str = "attention") -> dict[str, A
             "dilation_rates": args.dilation_rates, "causal": args.causal}
 
 
-def _validate_pattern(args: argparse.Namespace) -> None:
+def _validate_pattern(args: argparse.Namespace, seq_lens: Sequence[int] = ()) -> None:
+    """The pattern, and the sizes (B, N, H, D) for each sequence length, as the memory estimate checks them."""
     from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.safety import MemoryConfig
 
-    DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode=args.mode[0], causal=args.causal)
-    for name in ("batch_size", "num_heads", "head_dim"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for mode in args.mode:
+        DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode=mode, causal=args.causal)
+    for seq_len in seq_lens:
+        for dtype in args.dtype:
+            MemoryConfig(seq_len=seq_len, batch_size=args.batch_size, num_heads=args.num_heads,
+                         head_dim=args.head_dim, segment_lengths=tuple(args.segment_lengths),
+                         dilation_rates=tuple(args.dilation_rates), dtype=dtype,
+                         world_size=getattr(args, "world_size", 1))
 
 
 def _safety_config(args: argparse.Namespace):
@@ -164,6 +130,8 @@ def _safety_config(args: argparse.Namespace):
 def _info(args: argparse.Namespace) -> int:
     import torch
 
+    from hilbert_lab.attention.backends import available_backends
+    from hilbert_lab.attention.selection import get_gpu_info, rule_backend
     from hilbert_lab.bench.env import cpu_description, package_versions
     from hilbert_lab.safety import query_memory
 
@@ -171,20 +139,13 @@ def _info(args: argparse.Namespace) -> int:
     info: dict[str, Any] = {"cpu": cpu_description(), "ram_total_bytes": memory.total_bytes,
                             "ram_available_bytes": memory.free_bytes, "packages": package_versions(),
                             "cuda_available": torch.cuda.is_available(), "devices": {}}
-    try:
-        from hilbert_lab.attention.backends import available_backends
-        from hilbert_lab.attention.selection import get_gpu_info, rule_backend
-    except ImportError as error:
-        info["attention"] = f"not importable: {error}"
-        available_backends = rule_backend = get_gpu_info = None  # type: ignore[assignment]
     devices = ["cpu"] + ([f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else [])
     for device in devices:
         entry: dict[str, Any] = {}
-        if device.startswith("cuda") and get_gpu_info is not None:
+        if device.startswith("cuda"):
             entry["gpu"] = get_gpu_info(int(device.split(":")[1]))
-        if available_backends is not None:
-            entry["backends"] = available_backends(device)
-            entry["auto"] = {dtype: rule_backend(device, getattr(torch, dtype)) for dtype in DTYPES}
+        entry["backends"] = available_backends(device)
+        entry["auto"] = {dtype: rule_backend(device, getattr(torch, dtype)) for dtype in DTYPES}
         info["devices"][device] = entry
     if args.json:
         print(json.dumps(info, indent=1, default=str))
@@ -197,17 +158,14 @@ def _info(args: argparse.Namespace) -> int:
     print("packages: " + ", ".join(f"{k} {v}" for k, v in info["packages"].items() if v))
     if not torch.cuda.is_available():
         print("CUDA: not available")
-    if "attention" in info:
-        print(f"attention: {info['attention']}")
     for device, entry in info["devices"].items():
         gpu = entry.get("gpu")
         if gpu:
             print(f"{device}: {gpu['name']} ({gpu['architecture']}, compute capability "
                   f"{'.'.join(map(str, gpu['compute_capability']))}, {gpu['memory_gb']:.1f} GiB, "
                   f"bf16 {'yes' if gpu['supports_bf16'] else 'no'})")
-        if "backends" in entry:
-            print(f"{device} backends: {', '.join(entry['backends'])}")
-            print(f"{device} auto picks: " + ", ".join(f"{d} -> {b}" for d, b in entry["auto"].items()))
+        print(f"{device} backends: {', '.join(entry['backends'])}")
+        print(f"{device} auto picks: " + ", ".join(f"{d} -> {b}" for d, b in entry["auto"].items()))
     return 0
 
 
@@ -216,15 +174,17 @@ def _info(args: argparse.Namespace) -> int:
 def _bench_cases(args: argparse.Namespace) -> list[dict[str, Any]]:
     from hilbert_lab.bench.matrix import expand_matrix, load_matrix_file
 
-    if args.selftest:
+    if args.selftest is not None:
+        if args.matrix is not None or args.seq_len:
+            raise CliError("--selftest excludes --matrix and --seq-len")
         return expand_matrix({"kind": "selftest", "seconds": 0.0}, {"behavior": args.selftest, "value": [0]})
-    if args.matrix:
+    if args.matrix is not None:
         if args.seq_len:
             raise CliError("--matrix and --seq-len exclude each other: put seq_len in the matrix file")
         return load_matrix_file(args.matrix)
     if not args.seq_len:
         raise CliError("bench needs --seq-len (or --matrix FILE, or --selftest)")
-    _validate_pattern(args)
+    _validate_pattern(args, args.seq_len)
     base = {"kind": "attention", "device": args.device, "batch_size": args.batch_size, "num_heads": args.num_heads,
             "head_dim": args.head_dim, "segment_lengths": args.segment_lengths, "dilation_rates": args.dilation_rates,
             "causal": args.causal, "pass": args.pass_, "warmup": args.warmup, "repeats": args.repeats}
@@ -242,8 +202,8 @@ def _raise_interrupt(signum, frame):
 def _bench(args: argparse.Namespace) -> int:
     from hilbert_lab.bench.runner import SafeBenchmarkRunner
 
-    out = _check_output_path(args.out)
     cases = _bench_cases(args)
+    out = arguments.prepare_output(args.out, "--out", existing="keep")
     runner = SafeBenchmarkRunner(out, config=_safety_config(args), progress=not args.quiet,
                                  retry_failed=args.retry_failed, check_memory=not args.no_memory_check)
     if args.dry_run:
@@ -269,15 +229,15 @@ def _bench(args: argparse.Namespace) -> int:
 def _probe(args: argparse.Namespace) -> int:
     from hilbert_lab.bench.progressive import ProgressiveTester
 
-    _validate_pattern(args)
-    json_out = _check_output_path(args.json_out, "--json-out") if args.json_out else None
+    _validate_pattern(args, [args.start_len])
+    json_out = arguments.prepare_output(args.json_out, "--json-out") if args.json_out is not None else None
     base = _base_case(args)
     base.update({"pass": args.pass_, "warmup": 1, "repeats": 1})
     tester = ProgressiveTester(base, config=_safety_config(args), start_len=args.start_len,
                                multiple_of=args.multiple_of, bisect_steps=args.bisect_steps, progress=not args.quiet)
     report = tester.run()
     print(report.line())
-    if json_out:
+    if json_out is not None:
         from hilbert_lab.bench.env import collect_environment
 
         payload = {**report.to_dict(), "base_case": base, "environment": collect_environment(args.device)}
@@ -291,7 +251,7 @@ def _probe(args: argparse.Namespace) -> int:
 def _estimate(args: argparse.Namespace) -> int:
     from hilbert_lab.safety import MemoryConfig, MemorySafetyChecker, estimate_memory, format_bytes
 
-    _validate_pattern(args)
+    _validate_pattern(args, args.seq_len)
     base = _base_case(args)
     base.pop("kind")
     rows = []
@@ -379,31 +339,24 @@ def render_curve(coords, cell: int):
 def _curve(args: argparse.Namespace) -> int:
     import numpy as np
 
-    out = _check_output_path(args.out)
-    extension = os.path.splitext(out)[1].lower()
+    extension = os.path.splitext(args.out)[1].lower()
     if extension not in (".csv", ".png"):
         raise CliError(f"--out must end in .csv or .png, got {args.out!r}")
-    for name in ("width", "height"):
-        if getattr(args, name) < 1:
-            raise CliError(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if args.depth is not None and args.depth < 1:
-        raise CliError(f"--depth must be >= 1, got {args.depth}")
     cells = args.width * args.height * (args.depth or 1)
     if cells > 1 << 24:
         raise CliError(f"--width x --height x --depth must be <= {1 << 24} cells, got {cells}")
-    if args.cell < 1 or args.cell > 64:
-        raise CliError(f"--cell must be in 1..64 pixels, got {args.cell}")
+    if extension == ".png" and args.depth is not None:
+        raise CliError("--out .png draws 2D curves only; drop --depth or write .csv")
+    pixels = args.width * args.height * args.cell * args.cell
+    if extension == ".png" and pixels > 1 << 26:
+        raise CliError(f"the PNG would have {pixels} pixels (> {1 << 26}); lower --cell or the grid size")
+    out = arguments.prepare_output(args.out, "--out")
     coords = curve_coordinates(args.kind, args.width, args.height, args.depth)
     if extension == ".csv":
         header = "index,x,y" + (",z" if args.depth is not None else "")
         table = np.concatenate([np.arange(len(coords))[:, None], coords], axis=1)
         np.savetxt(out, table, fmt="%d", delimiter=",", header=header, comments="")
     else:
-        if args.depth is not None:
-            raise CliError("--out .png draws 2D curves only; drop --depth or write .csv")
-        pixels = args.width * args.height * args.cell * args.cell
-        if pixels > 1 << 26:
-            raise CliError(f"the PNG would have {pixels} pixels (> {1 << 26}); lower --cell or the grid size")
         write_png(out, render_curve(coords, args.cell))
     print(f"wrote {len(coords)} points ({args.kind}, {args.width}x{args.height}"
           f"{'x' + str(args.depth) if args.depth else ''}) to {out}")
@@ -418,12 +371,18 @@ def _command(subparsers, name: str, help_text: str, examples: str) -> argparse.A
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full `hilbert-lab` parser (delegated commands included when their packages import)."""
+    """The full `hilbert-lab` parser (report, train and ring are registered by their packages)."""
+    from hilbert_lab.distributed.cli import register_cli as register_ring
+    from hilbert_lab.models.train import register_cli as register_train
+    from hilbert_lab.reports.cli import register_cli as register_report
+
     parser = _Parser(prog="hilbert-lab", formatter_class=_formatter,
                      description="hilbert_lab: dilated attention with space-filling-curve orderings.",
                      epilog="examples:\n  hilbert-lab info\n  hilbert-lab estimate --seq-len 65536 --backend sdpa\n"
                             "  hilbert-lab bench --seq-len 2048,4096 --backend manual,sdpa --out results.jsonl\n"
-                            "  hilbert-lab <command> --help")
+                            "  hilbert-lab <command> --help\n\n"
+                            "lists are comma-separated (--segment-lengths 2048,4096); bad input exits 2 with one line\n"
+                            + textwrap.fill(OUTPUT_RULE, 100))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -441,18 +400,19 @@ def build_parser() -> argparse.ArgumentParser:
                      "  base: {kind: attention, num_heads: 8, head_dim: 64, segment_lengths: [2048, 4096],\n"
                      "         dilation_rates: [1, 2], device: cuda, dtype: bfloat16}\n"
                      "  matrix: {backend: [sdpa, flex], seq_len: [32768, 65536], mode: [longnet, head_groups]}")
-    bench.add_argument("--out", required=True, help="results file (JSON lines; only ever appended to)")
+    bench.add_argument("--out", required=True, help="results file (JSON lines; only ever appended to; missing "
+                       "folders are created)")
     bench.add_argument("--matrix", help="YAML/TOML matrix file (instead of the flags below)")
-    bench.add_argument("--selftest", type=_choice_list(("ok", "raise", "sleep", "signal", "oom", "exit")),
+    bench.add_argument("--selftest", type=choice_list(("ok", "raise", "sleep", "signal", "oom", "exit")),
                        help="run built-in self-test cases (checks the runner without the engine)")
-    bench.add_argument("--seq-len", type=_int_list, help="comma-separated sequence lengths")
+    bench.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), help="comma-separated sequence lengths")
     _add_attention_arguments(bench, sweep=True)
     bench.add_argument("--pass", dest="pass_", choices=PASSES, default="forward")
-    bench.add_argument("--warmup", type=int, default=1)
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--threads", type=int, default=None, help="torch threads per case (default: torch's)")
-    bench.add_argument("--timeout", type=_positive_float, default=None, help="seconds per case (default 600)")
-    bench.add_argument("--max-seq-len", type=int, default=None)
+    bench.add_argument("--warmup", type=integer(0, 1000), default=1, help="untimed runs per case, 0..1000")
+    bench.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed runs per case, 1..1000")
+    bench.add_argument("--threads", type=integer(1, 1024), default=None, help="torch threads per case (default: torch's)")
+    bench.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help="seconds per case (default 600)")
+    bench.add_argument("--max-seq-len", type=integer(1, MAX_SEQ_LEN), default=None)
     bench.add_argument("--retry-failed", action="store_true", help="re-run cases recorded as failed")
     bench.add_argument("--no-memory-check", action="store_true", help="run cases even when the estimate does not fit")
     bench.add_argument("--dry-run", action="store_true", help="only count cases to run / already finished")
@@ -465,14 +425,15 @@ def build_parser() -> argparse.ArgumentParser:
                      "--json-out probe.json")
     _add_attention_arguments(probe, sweep=False)
     probe.add_argument("--pass", dest="pass_", choices=PASSES, default="forward")
-    probe.add_argument("--start-len", type=int, default=1024)
-    probe.add_argument("--multiple-of", type=int, default=256, help="bisection granularity (default 256)")
-    probe.add_argument("--bisect-steps", type=int, default=3)
-    probe.add_argument("--max-seq-len", type=int, default=None, help="upper limit (default 4194304)")
-    probe.add_argument("--max-case-seconds", type=_positive_float, default=None, help="slowest allowed run (default 60)")
-    probe.add_argument("--max-memory-fraction", type=float, default=None)
-    probe.add_argument("--timeout", type=_positive_float, default=None, help="seconds per run (default 600)")
-    probe.add_argument("--json-out", help="write the report as JSON here")
+    probe.add_argument("--start-len", type=integer(1, MAX_SEQ_LEN), default=1024)
+    probe.add_argument("--multiple-of", type=integer(1, 1 << 20), default=256, help="bisection granularity (default 256)")
+    probe.add_argument("--bisect-steps", type=integer(0, 30), default=3)
+    probe.add_argument("--max-seq-len", type=integer(1, MAX_SEQ_LEN), default=None, help="upper limit (default 4194304)")
+    probe.add_argument("--max-case-seconds", type=number(0, MAX_SECONDS), default=None,
+                       help="slowest allowed run (default 60)")
+    probe.add_argument("--max-memory-fraction", type=number(0, 1), default=None, help="in (0, 1]")
+    probe.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help="seconds per run (default 600)")
+    probe.add_argument("--json-out", help="write the report as JSON here (a new file; missing folders are created)")
     probe.add_argument("--quiet", action="store_true")
     probe.set_defaults(func=_probe)
 
@@ -481,10 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "  hilbert-lab estimate --seq-len 1048576 --device cuda --dtype bfloat16 --backend flash "
                         "--num-heads 12 --head-dim 64 --segment-lengths 2048,4096,8192 --dilation-rates 1,2,4\n"
                         "  hilbert-lab estimate --seq-len 262144 --world-size 8 --json")
-    estimate.add_argument("--seq-len", type=_int_list, required=True, help="comma-separated sequence lengths")
-    _add_attention_arguments(estimate, sweep=False)
+    estimate.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), required=True,
+                          help="comma-separated sequence lengths")
+    _add_attention_arguments(estimate, sweep=False, run=False)
     estimate.add_argument("--pass", dest="pass_", choices=PASSES, default="forward_backward")
-    estimate.add_argument("--world-size", type=int, default=1, help="ring attention: estimate per rank")
+    estimate.add_argument("--world-size", type=integer(1, 1 << 20), default=1, help="ring attention: estimate per rank")
     estimate.add_argument("--json", action="store_true")
     estimate.set_defaults(func=_estimate)
 
@@ -494,38 +456,27 @@ def build_parser() -> argparse.ArgumentParser:
                      "  hilbert-lab curve --kind snake --width 8 --height 8 --depth 4 --out snake3d.csv")
     curve.add_argument("--kind", choices=CURVE_KINDS, default="hilbert",
                        help="hilbert (generalized, any size) | morton | snake | rowmajor")
-    curve.add_argument("--width", type=int, required=True)
-    curve.add_argument("--height", type=int, required=True)
-    curve.add_argument("--depth", type=int, default=None, help="3D grid (CSV only)")
-    curve.add_argument("--cell", type=int, default=16, help="PNG pixels per grid cell (default 16)")
-    curve.add_argument("--out", required=True, help="file ending in .csv or .png")
+    curve.add_argument("--width", type=integer(1, 1 << 24), required=True)
+    curve.add_argument("--height", type=integer(1, 1 << 24), required=True)
+    curve.add_argument("--depth", type=integer(1, 1 << 24), default=None, help="3D grid (CSV only)")
+    curve.add_argument("--cell", type=integer(1, 64), default=16, help="PNG pixels per grid cell, 1..64 (default 16)")
+    curve.add_argument("--out", required=True,
+                       help="a new file ending in .csv or .png (missing folders are created)")
     curve.set_defaults(func=_curve)
 
-    for name, module_name, what in DELEGATED:
-        try:
-            module = importlib.import_module(module_name)
-            register = getattr(module, "register_cli")
-        except Exception as error:  # a missing or broken package must not take the other commands down
-            missing = subparsers.add_parser(name, help=f"(unavailable: {what} is not installed)")
-            missing.set_defaults(func=_unavailable(name, f"{what} ({module_name}) is not available: {error}"))
-            continue
-        register(subparsers)
+    register_report(subparsers)
+    register_train(subparsers)
+    register_ring(subparsers)
     return parser
-
-
-def _unavailable(name: str, message: str):
-    def handler(_args: argparse.Namespace) -> int:
-        raise CliError(f"hilbert-lab {name}: {message}")
-    return handler
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hilbert-lab` console script; returns the exit code."""
-    arguments = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in arguments
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     try:
         parser = build_parser()
-        args = parser.parse_args(arguments)
+        args = parser.parse_args(argv)
         if getattr(args, "func", None) is None:
             parser.print_help()
             return EXIT_BAD_INPUT

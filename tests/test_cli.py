@@ -106,7 +106,7 @@ def test_bench_dry_run_counts_the_matrix(capsys, tmp_path):
     assert code == 0 and stdout.startswith("8 cases: 8 to run, 0 already finished")
 
 
-@pytest.mark.parametrize("command", ["info", "bench", "probe", "estimate", "curve"])
+@pytest.mark.parametrize("command", ["info", "bench", "probe", "estimate", "curve", "train", "ring"])
 def test_every_command_has_help_with_examples(capsys, command):
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])
@@ -136,7 +136,7 @@ def _bad_inputs(tmp_path):
         (["bench", "--selftest", "ok", "--out", str(tmp_path)], "directory"),
         (["bench", "--out", out], "--seq-len"),
         (["probe", "--backend", "manual,sdpa"], "--backend"),
-        (["probe", "--start-len", "0", "--quiet"], "start_len"),
+        (["probe", "--start-len", "0", "--quiet"], "--start-len"),
         (["curve", "--width", "4", "--height", "4", "--out", str(tmp_path / "c.svg")], ".csv or .png"),
         (["curve", "--width", "0", "--height", "4", "--out", str(tmp_path / "c.csv")], "--width"),
         (["curve", "--width", "4", "--height", "4", "--depth", "2", "--out", str(tmp_path / "c.png")], "2D"),
@@ -159,3 +159,75 @@ def test_debug_flag_shows_the_traceback_and_module_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "hilbert_lab.cli", "estimate", "--seq-len", "64", "--dtype", "int8"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "--dtype" in proc.stderr
+
+
+def test_top_level_help_states_the_list_syntax_and_the_output_rule(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "comma-separated" in text and "results are never overwritten" in text
+    for command in ("info", "bench", "probe", "estimate", "curve", "report", "train", "ring"):
+        assert command in text
+
+
+def test_outputs_create_missing_folders_and_never_overwrite(capsys, tmp_path):
+    out = tmp_path / "new" / "deeper" / "c.csv"
+    code, _, _ = run_cli(capsys, "curve", "--width", "4", "--height", "4", "--out", str(out))
+    assert code == 0 and out.read_text().splitlines()[0] == "index,x,y"
+    before = out.read_text()
+    code, _, err = run_cli(capsys, "curve", "--kind", "snake", "--width", "4", "--height", "4", "--out", str(out))
+    assert code == 2 and "--out" in err and "already exists" in err and out.read_text() == before
+    results = tmp_path / "runs" / "b.jsonl"  # bench appends to its file (and resumes) instead
+    code, stdout, _ = run_cli(capsys, "bench", "--selftest", "ok", "--out", str(results), "--quiet")
+    assert code == 0 and len(results.read_text().splitlines()) == 1
+    code, stdout, _ = run_cli(capsys, "bench", "--selftest", "ok", "--out", str(results), "--quiet")
+    assert code == 0 and "1 already finished" in stdout and len(results.read_text().splitlines()) == 1
+    code, _, err = run_cli(capsys, "curve", "--width", "4", "--height", "4", "--out", str(results / "c.csv"))
+    assert code == 2 and "--out" in err and "not a directory" in err
+
+
+def test_bad_values_are_refused_before_any_output_is_created(capsys, tmp_path):
+    code, _, _ = run_cli(capsys, "curve", "--width", "4", "--height", "0", "--out", str(tmp_path / "a" / "c.csv"))
+    code2, _, _ = run_cli(capsys, "bench", "--seq-len", "256", "--segment-lengths", "8", "--dilation-rates", "16",
+                          "--out", str(tmp_path / "b" / "r.jsonl"), "--dry-run")
+    assert code == code2 == 2 and list(tmp_path.iterdir()) == []
+
+
+def test_ring_lists_are_comma_separated_and_checked_before_the_process_group(capsys):
+    from hilbert_lab.cli import build_parser
+    from hilbert_lab.distributed.cli import validate_arguments
+
+    args = build_parser().parse_args(["ring", "--segment-lengths", "2048, 4096", "--dilation-rates", "1,2"])
+    assert args.segment_lengths == [2048, 4096] and args.dilation_rates == [1, 2] and args.seq_len is None
+    for argv in (["--seq-len", "0"], ["--segment-lengths", "0", "--check-only"], ["--iters", "0"],
+                 ["--segment-lengths", "2048,4096", "--dilation-rates", "1"]):
+        code, out, err = run_cli(capsys, "ring", *argv)
+        assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (argv, out, err)  # no self-check ran
+    args = build_parser().parse_args(["ring", "--seq-len", "1000"])
+    with pytest.raises(ValueError, match="--seq-len must be a multiple of the world size 16"):
+        validate_arguments(args, world_size=16)
+
+
+def test_estimate_accepts_a_gpu_device_it_only_describes(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--seq-len", "4096", "--device", "cuda", "--dtype", "bfloat16",
+                           "--backend", "sdpa", "--json")
+    (row,) = json.loads(out)
+    assert code == 0 and row["backend"] == "sdpa" and row["inputs_bytes"] == 3 * 4096 * 4 * 32 * 2
+
+
+def test_estimate_refuses_sizes_no_device_holds_at_once():
+    from hilbert_lab.safety.estimate import MAX_INPUT_BYTES
+
+    with pytest.raises(ValueError, match="num_heads must be <= 65536"):
+        MemoryConfig(seq_len=1024, num_heads=10**12)
+    with pytest.raises(ValueError, match="more than any device holds"):
+        MemoryConfig(seq_len=MAX_INPUT_BYTES // (3 * 8 * 64 * 4) + 1, num_heads=8, head_dim=64)
+    MemoryConfig(seq_len=MAX_INPUT_BYTES // (3 * 8 * 64 * 4), num_heads=8, head_dim=64)  # the limit itself is fine
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks a machine without CUDA")
+def test_train_refuses_cuda_on_a_cpu_build_including_presets(capsys, tmp_path):
+    for argv in (["--device", "cuda"], ["--preset", "gpu-32k"]):
+        code, _, err = run_cli(capsys, "train", "--out", str(tmp_path / "run"), *argv)
+        assert code == 2 and "CUDA is not available" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()

@@ -2,13 +2,15 @@
 
     torchrun --nproc_per_node=4 -m hilbert_lab.examples.ring                      # gloo on CPU
     torchrun --nproc_per_node=2 -m hilbert_lab.examples.ring --seq-len 262144     # NCCL on GPUs
+    torchrun --nproc_per_node=2 -m hilbert_lab.examples.ring --segment-lengths 2048,8192 --dilation-rates 1,2
     torchrun --nproc_per_node=2 -m hilbert_lab.cli ring --check-only               # the same via the CLI
     python -m hilbert_lab.examples.ring                                           # one process
 
 Step 1 (small sizes, float64): every rank compares its output and q/k/v gradients (random upstream
 gradient) with the engine run on the whole sequence, for both modes, causal and not; any
 difference above 1e-10 fails (exit code 1). Step 2 (large): forward+backward of ring attention on
-this rank's shard; rank 0 prints tokens/s and peak memory per rank.
+this rank's shard; rank 0 prints tokens/s and peak memory per rank. Lists are comma-separated
+(--segment-lengths 2048,8192); every option is checked before the process group starts.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
+from hilbert_lab.arguments import MAX_SEQ_LEN, int_list, integer
 from hilbert_lab.distributed import comm
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import shard_positions
@@ -119,24 +122,33 @@ def time_forward_backward(
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The example's options (shared by `python -m hilbert_lab.examples.ring` and `hilbert-lab ring`)."""
-    parser.add_argument("--seq-len", type=int, default=None, help="total tokens N (default: 2048 per rank on CPU, 65536 on GPU)")
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--segment-lengths", type=int, nargs="+", default=[2048, 8192, 32768, 131072])
-    parser.add_argument("--dilation-rates", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--seq-len", type=integer(1, MAX_SEQ_LEN), default=None,
+                        help="total tokens N, a multiple of the world size (default: 2048 per rank on CPU, 65536 on GPU)")
+    parser.add_argument("--heads", type=integer(1, 4096), default=8)
+    parser.add_argument("--head-dim", type=integer(1, 1024), default=64)
+    parser.add_argument("--segment-lengths", type=int_list(1, MAX_SEQ_LEN), default=[2048, 8192, 32768, 131072],
+                        help="comma-separated (default 2048,8192,32768,131072)")
+    parser.add_argument("--dilation-rates", type=int_list(1, MAX_SEQ_LEN), default=[1, 2, 4, 8],
+                        help="comma-separated (default 1,2,4,8)")
     parser.add_argument("--mode", choices=("longnet", "head_groups"), default="longnet")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                         help="default: bfloat16 on GPU, float32 on CPU")
-    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--iters", type=integer(1, 1000), default=3, help="timed iterations, 1..1000 (default 3)")
     parser.add_argument("--check-only", action="store_true", help="run the self-check and stop")
     return parser
 
 
 def register_cli(subparsers) -> argparse.ArgumentParser:
     """Add the `ring` command to the `hilbert-lab` parser (run it under torchrun for several ranks)."""
-    parser = subparsers.add_parser("ring", help="ring attention: self-check vs the engine, then tokens/s per rank",
-                                   description=__doc__.split("\n")[0])
+    parser = subparsers.add_parser(
+        "ring", help="ring attention: self-check vs the engine, then tokens/s per rank",
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+               "  hilbert-lab ring --check-only                                   # one process\n"
+               "  torchrun --nproc_per_node=4 -m hilbert_lab.cli ring --seq-len 65536 --segment-lengths 2048,8192 "
+               "--dilation-rates 1,2\n\nlists are comma-separated; every option is checked before the process "
+               "group starts")
     add_arguments(parser)
     parser.set_defaults(func=run)
     return parser
@@ -148,8 +160,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(add_arguments(parser).parse_args(argv))
 
 
+def validate_arguments(args: argparse.Namespace, world_size: int | None = None) -> None:
+    """ValueError naming the option for a pattern or size the timed run cannot use (checked before
+    the process group starts; world_size defaults to torchrun's WORLD_SIZE, else 1)."""
+    from hilbert_lab.attention.pattern import DilatedPattern
+
+    world = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+    try:
+        DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode=args.mode, causal=args.causal)
+    except ValueError as error:
+        raise ValueError(f"--segment-lengths/--dilation-rates: {error}") from None
+    if args.seq_len is not None and args.seq_len % world:
+        raise ValueError(f"--seq-len must be a multiple of the world size {world}, got {args.seq_len}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Self-check, then (unless --check-only) time forward+backward; returns the exit code."""
+    validate_arguments(args)
     device = init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     try:
@@ -162,11 +189,17 @@ def run(args: argparse.Namespace) -> int:
             return 1
         if args.check_only:
             return 0
-        seq_len = args.seq_len or world * (65536 if device.type == "cuda" else 2048)
+        seq_len = args.seq_len if args.seq_len is not None else world * (65536 if device.type == "cuda" else 2048)
         dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
-        stats = time_forward_backward(
-            seq_len, device, heads=args.heads, head_dim=args.head_dim, segment_lengths=args.segment_lengths,
-            dilation_rates=args.dilation_rates, causal=args.causal, mode=args.mode, dtype=dtype, iters=args.iters)
+        try:
+            stats = time_forward_backward(
+                seq_len, device, heads=args.heads, head_dim=args.head_dim, segment_lengths=args.segment_lengths,
+                dilation_rates=args.dilation_rates, causal=args.causal, mode=args.mode, dtype=dtype, iters=args.iters)
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not isinstance(error, torch.OutOfMemoryError) and "allocate" not in str(error):
+                raise
+            raise ValueError(f"--seq-len {seq_len} (--heads {args.heads}, --head-dim {args.head_dim}) does not fit "
+                             f"in this rank's memory: {str(error).splitlines()[0]}") from None
         gathered = [None] * world
         dist.all_gather_object(gathered, stats)
         if rank == 0:

@@ -26,9 +26,16 @@ def _check_rank(rank: int, world_size: int) -> None:
         raise ValueError(f"rank must be an integer in [0, {world_size}), got {rank!r}")
 
 
+def _check_dim(x: torch.Tensor, dim: int) -> None:
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim must be an integer in [{-x.dim()}, {x.dim()}) for a {x.dim()}D tensor, got {dim!r}")
+
+
 def check_divisible(seq_len: int, world_size: int, layout: str = "contiguous") -> int:
     """Shard length N/P; ValueError naming the constraint when N is not divisible (2P for zigzag)."""
     _check_layout(layout)
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
     parts = world_size if layout == "contiguous" else 2 * world_size
     if seq_len % parts != 0:
         what = "the number of ranks" if layout == "contiguous" else "2 x the number of ranks (zigzag chunks)"
@@ -53,6 +60,7 @@ def shard_positions(rank: int, world_size: int, seq_len: int, layout: str = "con
 def shard(x: torch.Tensor, rank: int, world_size: int, *, dim: int = 1) -> torch.Tensor:
     """The contiguous shard of the full sequence `x` (sequence along `dim`) held by `rank`."""
     _check_rank(rank, world_size)
+    _check_dim(x, dim)
     n = check_divisible(x.shape[dim], world_size, "contiguous")
     return x.narrow(dim, rank * n, n)
 
@@ -67,6 +75,7 @@ def unshard(parts: Sequence[torch.Tensor], *, dim: int = 1) -> torch.Tensor:
 def zigzag_shard(x: torch.Tensor, rank: int, world_size: int, *, dim: int = 1) -> torch.Tensor:
     """Rank's zigzag shard: chunks rank and 2P-1-rank of 2P equal chunks of `x` along `dim`."""
     _check_rank(rank, world_size)
+    _check_dim(x, dim)
     check_divisible(x.shape[dim], world_size, "zigzag")
     chunks = x.chunk(2 * world_size, dim=dim)
     return torch.cat([chunks[rank], chunks[2 * world_size - 1 - rank]], dim=dim)

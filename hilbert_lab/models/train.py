@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from hilbert_lab import arguments
+
 from .blocks import LongNetLM
 from .tasks import IGNORE_INDEX, RetrievalTask, make_batch
 
@@ -573,30 +575,38 @@ def parse_curriculum(text: str) -> list[list[int]]:
         raise argparse.ArgumentTypeError(f"expected seq_len:until_step pairs like 1024:800,4096:1000, got {text!r}") from None
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
+_MAX_LEN = 1 << 24
 _OVERRIDES = (
-    ("seq_len", int), ("curriculum", parse_curriculum), ("rotary_base", float), ("context_length", int), ("num_pairs", int), ("num_queries", int), ("num_keys", int), ("num_values", int),
-    ("dim", int), ("depth", int), ("num_heads", int), ("segment_lengths", _int_list),
-    ("dilation_rates", _int_list), ("mode", str), ("ordering", str), ("backend", str), ("steps", int),
-    ("batch_size", int), ("lr", float), ("seed", int), ("dtype", str), ("autocast", str), ("device", str),
-    ("eval_every", int), ("checkpoint_every", int), ("log_every", int),
+    ("seq_len", arguments.integer(2, _MAX_LEN)), ("curriculum", parse_curriculum),
+    ("rotary_base", arguments.number(1.0, 1e12)), ("context_length", arguments.integer(2, _MAX_LEN)),
+    ("num_pairs", arguments.integer(1, _MAX_LEN)), ("num_queries", arguments.integer(1, _MAX_LEN)),
+    ("num_keys", arguments.integer(1, 1 << 20)), ("num_values", arguments.integer(1, 1 << 20)),
+    ("dim", arguments.integer(1, 1 << 16)), ("depth", arguments.integer(1, 1024)),
+    ("num_heads", arguments.integer(1, 4096)), ("segment_lengths", arguments.int_list(1, _MAX_LEN)),
+    ("dilation_rates", arguments.int_list(1, _MAX_LEN)), ("mode", arguments.choice(("longnet", "head_groups"))),
+    ("ordering", str), ("backend", str),
+    ("steps", arguments.integer(1, 10 ** 9)), ("batch_size", arguments.integer(1, 1 << 16)),
+    ("lr", arguments.number(0.0, 1e3)), ("seed", arguments.integer(0, 2 ** 63 - 1)),
+    ("dtype", arguments.choice(tuple(DTYPES))), ("autocast", arguments.choice(AUTOCAST_DTYPES)),
+    ("device", arguments.available_device), ("eval_every", arguments.integer(1, 10 ** 9)),
+    ("checkpoint_every", arguments.integer(1, 10 ** 9)), ("log_every", arguments.integer(1, 10 ** 9)),
 )
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Preset, then a JSON config file, then explicit flags (later wins)."""
     values: dict[str, Any] = dict(PRESETS[args.preset])
-    if args.config:
+    if args.config is not None:
         try:
-            values.update(json.loads(Path(args.config).read_text()))
-        except (OSError, json.JSONDecodeError) as error:
+            loaded = json.loads(Path(args.config).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
             raise ValueError(f"--config must be a readable JSON object file: {error}") from None
+        known = {f.name for f in dataclasses.fields(TrainConfig)}
+        if not isinstance(loaded, dict) or set(loaded) - known:
+            raise ValueError(f"--config {args.config!r} must hold a JSON object of TrainConfig fields; unknown: "
+                             f"{sorted(set(loaded) - known) if isinstance(loaded, dict) else type(loaded).__name__}; "
+                             f"allowed: {sorted(known)}")
+        values.update(loaded)
     for name, _ in _OVERRIDES:
         value = getattr(args, name, None)
         if value is not None:
@@ -609,15 +619,20 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["compile"] = True
     if args.quiet:
         values["progress"] = False
+    try:
+        arguments.available_device(str(values.get("device", "cpu")))
+    except argparse.ArgumentTypeError as error:
+        raise ValueError(f"device: {error}") from None
     return TrainConfig.from_dict(values)
 
 
 def _run_cli(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
-        result = train(config, args.out, resume=args.resume)
+        out = arguments.prepare_output(args.out, "--out", folder=True)
+        result = train(config, out, resume=args.resume)
     except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print("hilbert-lab train: error: " + " ".join(str(error).split()), file=sys.stderr)
         return 2
     print(json.dumps({"out": str(result.out_dir), "final_eval": result.final_eval}))
     return 0
@@ -640,7 +655,8 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-tiny", help="default: cpu-tiny")
     parser.add_argument("--config", help="JSON file with TrainConfig fields (applied after the preset)")
-    parser.add_argument("--out", required=True, help="run folder: log.jsonl, checkpoint.pt, summary.json")
+    parser.add_argument("--out", required=True, help="run folder: log.jsonl, checkpoint.pt, summary.json (created if "
+                        "missing; a folder holding a checkpoint is continued only with --resume)")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     notes = {"seq_len": "tokens per sample (the pairs then lie in its first three quarters unless "
                         "--context-length is given)",

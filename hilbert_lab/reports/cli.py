@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
+from hilbert_lab.arguments import prepare_output
 from hilbert_lab.reports.registry import get_report, list_reports, parse_parameter_overrides, report_parameters
 
 
@@ -20,7 +23,20 @@ def _params(args: argparse.Namespace) -> int:
     return 0
 
 
+# Running a report needs the `notebooks` extra; listing and inspecting reports do not.
+NOTEBOOK_MODULES = ("papermill", "nbformat", "nbclient", "nbconvert", "ipykernel", "plotly", "pandas")
+NOTEBOOKS_EXTRA = 'pip install "hilbert-lab[notebooks]"'
+
+
+def missing_notebook_modules() -> list[str]:
+    """The modules of the `notebooks` extra that this environment lacks."""
+    return [name for name in NOTEBOOK_MODULES if importlib.util.find_spec(name) is None]
+
+
 def _run(args: argparse.Namespace) -> int:
+    missing = missing_notebook_modules()
+    if missing:
+        raise ValueError(f"report run needs the notebooks extra (missing: {', '.join(missing)}): {NOTEBOOKS_EXTRA}")
     from hilbert_lab.reports.runner import run_report
 
     spec = get_report(args.name)
@@ -32,6 +48,12 @@ def _run(args: argparse.Namespace) -> int:
                 flat.setdefault(key, value)
         defaults = flat
     overrides = parse_parameter_overrides(args.parameter or [], defaults)
+    if args.run_id is not None and (args.run_id in ("", ".", "..") or "/" in args.run_id or "\\" in args.run_id):
+        raise ValueError(f"--run-id must be a plain folder name (no '/'), got {args.run_id!r}")
+    output_root = prepare_output(args.output_root, "--output-root", folder=True)
+    if args.run_id is not None and (Path(output_root) / args.name / args.run_id).exists():
+        raise ValueError(f"--run-id {args.run_id!r} already exists under {output_root}/{args.name} and results are "
+                         "never overwritten; choose another run id")
     run_dir = run_report(args.name, overrides, output_root=args.output_root, run_id=args.run_id,
                          progress=not args.quiet)
     print(run_dir)
@@ -42,7 +64,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         return args.report_func(args)
     except ValueError as error:
-        print(f"hilbert-lab: error: {error}", file=sys.stderr)
+        print("hilbert-lab report: error: " + " ".join(str(error).split()), file=sys.stderr)
+        return 2
+    except FileNotFoundError as error:  # a wheel install has no notebooks/ folder
+        print(f"hilbert-lab report: error: report notebook not found ({error.filename}); reports run from a "
+              f"source checkout: pip install -e \".[notebooks]\"", file=sys.stderr)
         return 2
 
 
@@ -58,7 +84,8 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     run.add_argument("name")
     run.add_argument("-p", "--parameter", action="append", metavar="KEY=VALUE",
                      help="override a parameter (YAML value: 3, 0.5, [256,512], cpu); repeatable")
-    run.add_argument("--output-root", default="reports", help="default: ./reports")
+    run.add_argument("--output-root", default="reports",
+                     help="default: ./reports (created if missing; every run writes a new RUN_ID folder)")
     run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(report_func=_run)

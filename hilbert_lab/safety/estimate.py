@@ -19,6 +19,7 @@ memory_estimate_gpu_h100.json); the CUDA backward terms are in _cuda_fused_backw
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -26,6 +27,10 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
 FUSED_BACKENDS = ("sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "flash", "xformers", "triton")
 EAGER_BACKENDS = ("manual", "reference", "sdpa_math")
 MODES = ("longnet", "head_groups")
+# Sizes no device or host holds are refused at once (the estimate walks heads one by one, so a
+# head count in the billions would exhaust memory before any answer).
+MAX_INPUT_BYTES = 1 << 50  # q, k, v together: 1 PiB
+MAX_NUM_HEADS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -54,15 +59,25 @@ class MemoryConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.num_heads > MAX_NUM_HEADS:
+            raise ValueError(f"num_heads must be <= {MAX_NUM_HEADS}, got {self.num_heads}")
         object.__setattr__(self, "segment_lengths", tuple(self.segment_lengths))
         object.__setattr__(self, "dilation_rates", tuple(self.dilation_rates))
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}; got {self.dtype!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:<index>', got {self.device!r}")
         known = ("auto",) + EAGER_BACKENDS + FUSED_BACKENDS
         if self.backend not in known:
             raise ValueError(f"backend must be one of {', '.join(known)}; got {self.backend!r}")
+        inputs = 3 * self.batch_size * self.seq_len * self.num_heads * self.head_dim * DTYPE_BYTES[self.dtype]
+        if inputs > MAX_INPUT_BYTES:
+            raise ValueError(
+                f"q, k, v of batch_size={self.batch_size}, seq_len={self.seq_len}, num_heads={self.num_heads}, "
+                f"head_dim={self.head_dim} ({self.dtype}) would take {inputs} bytes, more than any device holds "
+                f"(limit {MAX_INPUT_BYTES}); lower one of them")
         if self.world_size > 1 and self.seq_len % self.world_size:
             raise ValueError(f"seq_len must be divisible by world_size ({self.world_size}) for ring attention, "
                              f"got {self.seq_len}")

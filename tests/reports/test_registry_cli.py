@@ -135,3 +135,28 @@ def test_run_id_is_unique_and_sortable():
 
     first, second = new_run_id(), new_run_id()
     assert first != second and first[:8].isdigit() and first[8] == "T"
+
+
+def test_report_run_without_the_notebooks_extra_names_it(capsys, monkeypatch, tmp_path):
+    import importlib.util
+
+    from hilbert_lab.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "papermill" else real(name, *a))
+    code = main(["report", "run", "default", "--output-root", str(tmp_path / "reports")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert 'pip install "hilbert-lab[notebooks]"' in err and "papermill" in err
+    assert not (tmp_path / "reports").exists()
+    assert main(["report", "list"]) == 0 and "default" in capsys.readouterr().out  # listing needs no extra
+
+
+def test_report_run_never_overwrites_a_run(capsys, tmp_path):
+    from hilbert_lab.cli import main
+
+    (tmp_path / "benchmark-small" / "taken").mkdir(parents=True)
+    code = main(["report", "run", "benchmark-small", "--output-root", str(tmp_path), "--run-id", "taken"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--run-id" in err and "never overwritten" in err
+    assert list((tmp_path / "benchmark-small" / "taken").iterdir()) == []

@@ -1,0 +1,161 @@
+"""argparse value types shared by every `hilbert-lab` command: one list syntax, bounds, devices.
+
+Lists are comma-separated (`--segment-lengths 2048,4096`; spaces around the commas are accepted).
+A bad value raises argparse.ArgumentTypeError, which argparse reports as
+"argument --flag: <message>" (exit code 2, one line under `hilbert-lab`). Imports nothing from
+hilbert_lab, so any command module can use it.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import tempfile
+from typing import Callable, Sequence
+
+DEVICE_SYNTAX = "cpu | cuda | cuda:N"
+MAX_SEQ_LEN = 1 << 40  # a bound for parsing only; the memory estimate refuses sizes no device holds
+
+
+def _bounds(minimum: float | None, maximum: float | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"in {minimum}..{maximum}"
+    return f">= {minimum}" if minimum is not None else f"<= {maximum}"
+
+
+def integer(minimum: int | None = 1, maximum: int | None = None) -> Callable[[str], int]:
+    """Type for one integer in [minimum, maximum] (None: unbounded on that side)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer {_bounds(minimum, maximum)}, got {text!r}") from None
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected an integer {_bounds(minimum, maximum)}, got {text!r}")
+        return value
+    return parse
+
+
+def number(minimum: float = 0.0, maximum: float | None = None, *, open_minimum: bool = True) -> Callable[[str], float]:
+    """Type for one finite number > minimum (>= with open_minimum=False), <= maximum."""
+    low = f"> {minimum:g}" if open_minimum else f">= {minimum:g}"
+    allowed = low + (f" and <= {maximum:g}" if maximum is not None else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = float(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a finite number {allowed}, got {text!r}") from None
+        too_low = value <= minimum if open_minimum else value < minimum
+        if not math.isfinite(value) or too_low or (maximum is not None and value > maximum):
+            raise argparse.ArgumentTypeError(f"expected a finite number {allowed}, got {text!r}")
+        return value
+    return parse
+
+
+def _items(text: str) -> list[str]:
+    return [part.strip() for part in str(text).split(",") if part.strip()]
+
+
+def int_list(minimum: int = 1, maximum: int | None = None) -> Callable[[str], list[int]]:
+    """Type for a comma-separated list of integers in [minimum, maximum], at least one."""
+    allowed = f"comma-separated integers {_bounds(minimum, maximum)}, e.g. 2048,4096"
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(part) for part in _items(text)]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
+        if not values or any(v < minimum or (maximum is not None and v > maximum) for v in values):
+            raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
+        return values
+    return parse
+
+
+def choice_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """Type for a comma-separated list of names from `allowed`, at least one."""
+    def parse(text: str) -> list[str]:
+        values = _items(text)
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"unknown value(s) {bad or [text]}; allowed: {', '.join(allowed)}")
+        return values
+    return parse
+
+
+def choice(allowed: Sequence[str]) -> Callable[[str], str]:
+    """Type for one name from `allowed`."""
+    def parse(text: str) -> str:
+        value = str(text).strip()
+        if value not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown value {text!r}; allowed: {', '.join(allowed)}")
+        return value
+    return parse
+
+
+def device(text: str) -> str:
+    """Type for a device name: cpu, cuda or cuda:N (not checked against this machine)."""
+    value = str(text).strip()
+    if value == "cpu" or re.fullmatch(r"cuda(:\d+)?", value):
+        return value
+    raise argparse.ArgumentTypeError(f"expected {DEVICE_SYNTAX}, got {text!r}")
+
+
+def available_device(text: str) -> str:
+    """Type for a device that this machine has: cpu, or cuda[:N] with CUDA present and N < device count."""
+    value = device(text)
+    if value == "cpu":
+        return value
+    import torch
+
+    if not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{value!r}: CUDA is not available here (torch {torch.__version__}); use cpu")
+    index = int(value.split(":")[1]) if ":" in value else 0
+    if index >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(f"{value!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return value
+
+
+OUTPUT_RULE = ("outputs: missing folders on an output path are created; a path that cannot be written is "
+               "refused (exit 2); results are never overwritten (bench appends to its file and resumes, "
+               "train continues a run folder only with --resume, curve and probe refuse an existing file, "
+               "each report run gets a new folder)")
+
+
+def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str = "refuse") -> str:
+    """Absolute output path after applying OUTPUT_RULE: its folders exist and are writable.
+
+    folder: the path is a folder (else a file). existing: "refuse" an existing file, or "keep" it
+    (the caller appends to it, or decides itself). Raises ValueError naming `flag` otherwise.
+    """
+    if existing not in ("refuse", "keep"):
+        raise ValueError(f"existing must be 'refuse' or 'keep', got {existing!r}")
+    if not str(path).strip():
+        raise ValueError(f"{flag} must be a path, got {path!r}")
+    absolute = os.path.abspath(os.path.expanduser(str(path)))
+    if folder:
+        if os.path.exists(absolute) and not os.path.isdir(absolute):
+            raise ValueError(f"{flag} {path!r} is a file; give a directory")
+        directory = absolute
+    else:
+        if os.path.isdir(absolute):
+            raise ValueError(f"{flag} {path!r} is a directory; give a file path")
+        if os.path.exists(absolute) and existing == "refuse":
+            raise ValueError(f"{flag} {path!r} already exists and results are never overwritten; "
+                             "remove it or choose another path")
+        directory = os.path.dirname(absolute)
+    ancestor = directory
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ValueError(f"{flag} {path!r}: {ancestor!r} is a file, not a directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as error:
+        raise ValueError(f"{flag} {path!r} is not writable: {error.strerror or error}") from None
+    if not folder and os.path.exists(absolute) and not os.access(absolute, os.W_OK):
+        raise ValueError(f"{flag} {path!r} is not writable")
+    return absolute

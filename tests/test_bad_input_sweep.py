@@ -1,0 +1,448 @@
+"""Generated bad-input sweep over the CLI and the public API: no tracebacks, no silent substitutions, no hangs.
+
+CLI: every subcommand's numeric, list, choice, device and path arguments get zero, negative, huge,
+non-numeric, empty and wrong values; each case calls `hilbert_lab.cli.main` in-process and must exit 2
+with exactly one line on stderr that names the argument. API: the public functions get the same kinds
+of values and must raise ValueError (TypeError where Python itself would) naming the argument.
+Each case has a 30 s limit; the whole sweep takes well under two minutes on a 2-core CPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import torch
+
+from hilbert_lab.cli import main
+from hilbert_lab.reports.cli import missing_notebook_modules
+
+pytestmark = pytest.mark.timeout(30)
+
+HUGE = str(10**30)
+CUDA = torch.cuda.is_available()
+OTHER_BRANCH = "fixed on another branch"
+
+
+# ---------------------------------------------------------------- CLI case generation
+
+def _int_values(low: int | None, high: int | None) -> list[str]:
+    values = ["abc", "", "1.5", "nan", HUGE, "-" + HUGE]
+    if low is not None:
+        values += [str(low - 1), str(low - 256)]
+    if high is not None:
+        values.append(str(high + 1))
+    return values
+
+
+def _list_values(low: int = 1) -> list[str]:
+    return [str(low - 1), f"{low},{low - 1}", "-1", "", ",", "a,b", "1.5", f"{low},x", HUGE, "1;2"]
+
+
+def _float_values(low_open: bool = True) -> list[str]:
+    return ["abc", "", "nan", "inf", "-inf", "-1", "1e400"] + (["0"] if low_open else [])
+
+
+def _choice_values(first: str | None = None) -> list[str]:
+    return ["bogus", "", "NONE"] + ([f"{first},bogus"] if first else [])
+
+
+def _device_values(runs_here: bool) -> list[str]:
+    values = ["tpu", "", "cuda:x", "gpu", "cuda:-1", "cpu:0"]
+    if runs_here:
+        values += ["cuda:99"] if CUDA else ["cuda", "cuda:0"]
+    return values
+
+
+def _out_values(extension: str, refuses_existing: bool) -> list[str]:
+    values = [f"/proc/hilbert_lab_sweep/x{extension}", f"/proc/x{extension}", "{tmp}", f"{{file}}/x{extension}", ""]
+    return values + (["{file}"] if refuses_existing and extension == ".txt" else []) + (
+        ["{existing}" + extension] if refuses_existing else [])
+
+
+# command -> (valid base argv, [(flag, bad values)]); a bad value replaces the flag's value in the base
+# (or is appended). Bases never do real work, so a value that slipped through would still be quick.
+BENCH_BASE = ["bench", "--seq-len", "256", "--segment-lengths", "64,128", "--dilation-rates", "1,2",
+              "--out", "{tmp}/bench.jsonl", "--dry-run", "--quiet"]
+PROBE_BASE = ["probe", "--quiet", "--start-len", "64", "--max-seq-len", "128", "--segment-lengths", "32,64",
+              "--dilation-rates", "1,2", "--max-case-seconds", "5", "--timeout", "30"]
+ESTIMATE_BASE = ["estimate", "--seq-len", "1024", "--json"]
+CURVE_BASE = ["curve", "--width", "4", "--height", "4", "--out", "{tmp}/curve_{n}.csv"]
+RING_BASE = ["ring", "--check-only"]
+TRAIN_BASE = ["train", "--out", "{tmp}/train_{n}", "--steps", "1", "--quiet"]
+
+
+def _shape_arguments(run_here: bool, sweep: bool) -> list[tuple[str, list[str]]]:
+    choices = (lambda first: _choice_values(first)) if sweep else (lambda first: _choice_values(None))
+    return [
+        ("--batch-size", _int_values(1, None)), ("--num-heads", _int_values(1, None)),
+        ("--head-dim", _int_values(1, None)), ("--segment-lengths", _list_values()),
+        ("--dilation-rates", _list_values()), ("--backend", choices("manual")), ("--mode", choices("longnet")),
+        ("--dtype", choices("float32")), ("--ordering", choices("none")), ("--device", _device_values(run_here)),
+    ]
+
+
+CLI_ARGUMENTS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
+    "bench": (BENCH_BASE, _shape_arguments(True, True) + [
+        ("--seq-len", _list_values()), ("--warmup", _int_values(0, 1000)), ("--repeats", _int_values(1, 1000)),
+        ("--threads", _int_values(1, 1024)), ("--max-seq-len", _int_values(1, None)), ("--timeout", _float_values()),
+        ("--pass", _choice_values()), ("--out", _out_values(".jsonl", False)),
+    ]),
+    "bench --selftest": (["bench", "--selftest", "ok", "--out", "{tmp}/selftest.jsonl", "--dry-run"], [
+        ("--selftest", _choice_values("ok")), ("--seq-len", ["256"]), ("--matrix", ["{tmp}/good.yaml"]),
+    ]),
+    "bench --matrix": (["bench", "--matrix", "{tmp}/good.yaml", "--out", "{tmp}/matrix.jsonl", "--dry-run"], [
+        ("--matrix", ["", "{tmp}/missing.yaml", "{tmp}/bad.yaml", "{tmp}", "{tmp}/keys.toml", "{tmp}/list.yaml",
+                      "{tmp}/zero.yaml", "{tmp}/heads.yaml", "{tmp}/backend.yaml", "{tmp}/device.yaml"]),
+    ]),
+    "probe": (PROBE_BASE, _shape_arguments(True, False) + [
+        ("--start-len", _int_values(1, None)), ("--multiple-of", _int_values(1, 1 << 20)),
+        ("--bisect-steps", _int_values(0, 30)), ("--max-seq-len", _int_values(1, None)),
+        ("--max-case-seconds", _float_values()), ("--max-memory-fraction", _float_values() + ["1.5"]),
+        ("--timeout", _float_values()), ("--pass", _choice_values()), ("--json-out", _out_values(".json", True)),
+    ]),
+    "estimate": (ESTIMATE_BASE, _shape_arguments(False, False) + [
+        ("--seq-len", _list_values()), ("--world-size", _int_values(1, 1 << 20)), ("--pass", _choice_values()),
+    ]),
+    "curve": (CURVE_BASE, [
+        ("--width", _int_values(1, 1 << 24)), ("--height", _int_values(1, 1 << 24)),
+        ("--depth", _int_values(1, 1 << 24)), ("--cell", _int_values(1, 64)), ("--kind", _choice_values()),
+        ("--out", _out_values(".csv", True) + ["{tmp}/c.svg", "{tmp}/c"]),
+    ]),
+    "ring": (RING_BASE, [
+        ("--seq-len", _int_values(1, None)), ("--heads", _int_values(1, 4096)), ("--head-dim", _int_values(1, 1024)),
+        ("--segment-lengths", _list_values()), ("--dilation-rates", _list_values()),
+        ("--iters", _int_values(1, 1000)), ("--mode", _choice_values()), ("--dtype", _choice_values()),
+    ]),
+    "train": (TRAIN_BASE, [
+        ("--seq-len", _int_values(2, 1 << 24)), ("--context-length", _int_values(2, 1 << 24)),
+        ("--num-pairs", _int_values(1, None)), ("--num-queries", _int_values(1, None)),
+        ("--num-keys", _int_values(1, None)), ("--num-values", _int_values(1, None)),
+        ("--dim", _int_values(1, 1 << 16)), ("--depth", _int_values(1, 1024)), ("--num-heads", _int_values(1, 4096)),
+        ("--segment-lengths", _list_values()), ("--dilation-rates", _list_values()),
+        ("--steps", _int_values(1, 10**9)), ("--batch-size", _int_values(1, 1 << 16)),
+        ("--lr", _float_values()), ("--rotary-base", _float_values()), ("--seed", _int_values(0, 2**63 - 1)),
+        ("--eval-every", _int_values(1, 10**9)), ("--checkpoint-every", _int_values(1, 10**9)),
+        ("--log-every", _int_values(1, 10**9)), ("--curriculum", ["abc", "16", "16:x", "0:1", "8:0", "1024:1"]),
+        ("--dtype", _choice_values()), ("--autocast", _choice_values()), ("--mode", _choice_values()),
+        ("--backend", ["bogus", ""]), ("--ordering", ["bogus"]), ("--preset", _choice_values()),
+        ("--device", _device_values(True)), ("--out", ["/proc/hilbert_lab_sweep/run", "{file}", "{file}/run"]),
+        ("--config", ["", "{tmp}/missing.json", "{file}", "{tmp}/bad_config.json", "{tmp}/unknown_config.json",
+                      "{tmp}/list_config.json", "{tmp}"]),
+    ]),
+}
+
+# Combinations that are bad together (each value alone is fine), and misuse of the commands.
+CLI_EXTRA: list[tuple[list[str], str]] = [
+    (ESTIMATE_BASE + ["--segment-lengths", "4", "--dilation-rates", "8"], "dilation"),
+    (ESTIMATE_BASE + ["--segment-lengths", "4,8", "--dilation-rates", "1"], "dilation_rates"),
+    (["estimate", "--seq-len", "1000", "--world-size", "3"], "world_size"),
+    (["estimate", "--seq-len", str(1 << 40), "--num-heads", "65536"], "num_heads"),
+    (["estimate", "--seq-len", "1024", "--num-heads", "1000000000000"], "num_heads"),
+    (["estimate", "--seq-len", "1024", "--backend", "manual,sdpa"], "--backend"),
+    (["estimate"], "--seq-len"),
+    (["estimate", "--seq-len", "64", "--bogus"], "--bogus"),
+    (BENCH_BASE + ["--segment-lengths", "64", "--dilation-rates", "128"], "dilation"),
+    (BENCH_BASE + ["--seq-len", str(1 << 40), "--num-heads", "4096"], "seq_len"),
+    (["bench", "--out", "{tmp}/b.jsonl"], "--seq-len"),
+    (["bench", "--seq-len", "256"], "--out"),
+    (["bench", "--matrix", "{tmp}/missing.yaml", "--out", "{tmp}/b.jsonl"], "does not exist"),
+    (["bench", "--matrix", "{tmp}/bad.yaml", "--out", "{tmp}/b.jsonl"], "malformed"),
+    (["bench", "--matrix", "{tmp}/good.yaml", "--seq-len", "256", "--out", "{tmp}/b.jsonl"], "--matrix"),
+    (PROBE_BASE + ["--backend", "manual,sdpa"], "--backend"),
+    (PROBE_BASE + ["--segment-lengths", "32,64", "--dilation-rates", "1"], "dilation_rates"),
+    (["curve", "--width", "4", "--height", "4", "--depth", "2", "--out", "{tmp}/c.png"], "2D"),
+    (["curve", "--width", "16777216", "--height", "2", "--out", "{tmp}/big.csv"], "--width"),
+    (["curve", "--width", "4096", "--height", "4096", "--cell", "64", "--out", "{tmp}/big.png"], "--cell"),
+    (["curve", "--width", "4", "--out", "{tmp}/c.csv"], "--height"),
+    (RING_BASE + ["--segment-lengths", "2048,4096", "--dilation-rates", "1"], "dilation_rates"),
+    (RING_BASE + ["--segment-lengths", "4", "--dilation-rates", "8"], "dilation"),
+    (RING_BASE + ["--segment-lengths", "2048", "4096"], "4096"),
+    (TRAIN_BASE + ["--segment-lengths", "8,16", "--dilation-rates", "1"], "dilation_rates"),
+    (TRAIN_BASE + ["--preset", "gpu-32k"] if not CUDA else TRAIN_BASE + ["--device", "cuda:99"], "device"),
+    (["train"], "--out"),
+    (["report"], "report"),
+    (["report", "list", "extra"], "extra"),
+    (["report", "params", "nope"], "report name"),
+    (["report", "run", "nope"], "report name"),
+    (["report", "run", "benchmark-small", "-p", "nokey=1"], "nokey"),
+    (["report", "run", "benchmark-small", "-p", "repeats=abc"], "repeats"),
+    (["report", "run", "benchmark-small", "-p", "novalue"], "novalue"),
+    (["report", "run", "benchmark-small", "--output-root", "/proc/hilbert_lab_sweep"], "--output-root"),
+    (["report", "run", "benchmark-small", "--output-root", "{file}"], "--output-root"),
+    (["report", "run", "benchmark-small", "--output-root", "{tmp}/reports", "--run-id", "taken"], "--run-id"),
+    (["report", "run", "benchmark-small", "--output-root", "{tmp}/reports", "--run-id", ""], "--run-id"),
+    (["report", "run", "benchmark-small", "--output-root", "{tmp}/reports", "--run-id", "../up"], "--run-id"),
+    (["info", "--bogus"], "--bogus"),
+    (["frobnicate"], "invalid choice"),
+]
+
+
+def _replace(base: list[str], flag: str, value: str) -> list[str]:
+    argv = list(base)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    return argv
+
+
+def _cli_cases() -> list[Any]:
+    cases = []
+    for command, (base, flags) in CLI_ARGUMENTS.items():
+        for flag, values in flags:
+            for value in values:
+                argv = _replace(base, flag, value)
+                cases.append(pytest.param(argv, flag, id=f"{command.split()[0]} {flag} {value!r}"[:90]))
+    for argv, needle in CLI_EXTRA:
+        cases.append(pytest.param(argv, needle, id=" ".join(argv)[:90]))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("sweep")
+    (root / "a_file").write_text("not a directory\n")
+    (root / "bad.yaml").write_text("base: {kind: attention\n")
+    (root / "good.yaml").write_text("base: {kind: selftest, seconds: 0}\nmatrix: {behavior: [ok]}\n")
+    (root / "bad_config.json").write_text("{not json")
+    (root / "unknown_config.json").write_text('{"bogus_field": 1}')
+    (root / "list_config.json").write_text("[1, 2]")
+    (root / "keys.toml").write_text("[bases]\nkind = 'attention'\n")
+    (root / "list.yaml").write_text("- 1\n- 2\n")
+    case = "base: {{kind: attention, segment_lengths: [64], dilation_rates: [1], {}}}\nmatrix: {{seq_len: [{}]}}\n"
+    for name, field, seq_len in (("zero", "num_heads: 2", "0"), ("heads", "num_heads: -1", "256"),
+                                 ("backend", "backend: bogus", "256"), ("device", "device: tpu", "256")):
+        (root / f"{name}.yaml").write_text(case.format(field, seq_len))
+    for extension in (".csv", ".json", ".jsonl"):
+        (root / f"existing{extension}").write_text("results\n")
+    (root / "reports" / "benchmark-small" / "taken").mkdir(parents=True)
+    return str(root)
+
+
+def _fill(argv: list[str], root: str, index: int) -> list[str]:
+    return [a.replace("{tmp}", root).replace("{file}", f"{root}/a_file").replace("{existing}", f"{root}/existing")
+            .replace("{n}", str(index)) for a in argv]
+
+
+def _run_cli(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # argparse's own exits (e.g. --help) would land here
+            code = exit_.code if isinstance(exit_.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
+
+
+_counter = iter(range(10**9))
+
+
+def _names(flag: str) -> tuple[str, ...]:
+    bare = flag.lstrip("-")
+    return (flag, bare, bare.replace("-", "_"))
+
+
+@pytest.mark.parametrize("argv, needle", _cli_cases())
+def test_cli_bad_value_exits_2_with_one_line_naming_it(argv, needle, sweep_dir):
+    argv = _fill(argv, sweep_dir, next(_counter))
+    if argv[:2] == ["report", "run"] and missing_notebook_modules():
+        needle = "hilbert-lab[notebooks]"  # without the extra, every report run is refused first
+    code, out, err = _run_cli(argv)
+    lines = err.strip().splitlines()
+    assert code == 2, (argv, code, out[-500:], err[-2000:])
+    assert "Traceback" not in err and len(lines) == 1, (argv, err)
+    assert any(name in lines[0] for name in _names(needle)), (argv, lines[0])
+
+
+def test_sweep_is_several_hundred_cases():
+    assert len(_cli_cases()) + len(_api_cases()) >= 400
+
+
+# ---------------------------------------------------------------- API cases
+
+def _qkv(shape=(1, 16, 2, 4), dtype=torch.float32):
+    gen = torch.Generator().manual_seed(0)
+    return tuple(torch.randn(*shape, generator=gen, dtype=dtype) for _ in range(3))
+
+
+def _attention(**overrides):
+    q, k, v = overrides.pop("qkv", None) or _qkv()
+    arguments = {"segment_lengths": [8, 16], "dilation_rates": [1, 2], "backend": "manual", **overrides}
+    return lambda: __import__("hilbert_lab.attention.engine", fromlist=["x"]).dilated_attention(q, k, v, **arguments)
+
+
+def _pattern(*args, **kwargs):
+    from hilbert_lab.attention.pattern import DilatedPattern
+
+    return lambda: DilatedPattern.create(*args, **kwargs)
+
+
+def _module(**overrides):
+    from hilbert_lab.attention.modules import MultiheadDilatedAttention
+
+    arguments = {"embed_dim": 8, "num_heads": 2, "segment_lengths": [8, 16], "dilation_rates": [1, 2], **overrides}
+    return lambda: MultiheadDilatedAttention(**arguments)
+
+
+def _permutation(length, ordering="hilbert"):
+    from hilbert_lab.curves import segment_permutation
+
+    return lambda: segment_permutation(length, ordering)
+
+
+def _encode(coords, order, **kwargs):
+    from hilbert_lab.curves import encode
+
+    return lambda: encode(coords, order, **kwargs)
+
+
+def _decode(index, order, ndim, **kwargs):
+    from hilbert_lab.curves import decode
+
+    return lambda: decode(index, order, ndim, **kwargs)
+
+
+def _estimate(**overrides):
+    from hilbert_lab.safety import MemoryConfig, estimate_memory
+
+    fields = {"seq_len": 1024, "num_heads": 4, "head_dim": 32, "segment_lengths": (256, 512),
+              "dilation_rates": (1, 2), **overrides}
+    return lambda: estimate_memory(MemoryConfig(**fields))
+
+
+def _shard(rank, world_size, length=16, **kwargs):
+    from hilbert_lab.distributed.sharding import shard
+
+    return lambda: shard(torch.zeros(1, length, 2, 4), rank, world_size, **kwargs)
+
+
+def _positions(rank, world_size, seq_len, layout="contiguous"):
+    from hilbert_lab.distributed.sharding import shard_positions
+
+    return lambda: shard_positions(rank, world_size, seq_len, layout)
+
+
+BAD_INTS: list[Any] = [0, -1, -2**40, 1.5, "8", None, True, float("nan")]
+BAD_LISTS: list[Any] = [[], [0], [-4], [1.5], ["8"], [None], "abc", None, [True]]
+
+
+def _api_cases() -> list[Any]:
+    cases: list[tuple[str, Callable[[], Any], str, str | None]] = []
+
+    def add(name, thunk, needle, xfail=None):
+        cases.append((name, thunk, needle, xfail))
+
+    for name in ("segment_lengths", "dilation_rates"):
+        for value in BAD_LISTS:
+            add(f"dilated_attention {name}={value!r}", _attention(**{name: value}), name)
+            other = "dilation_rates" if name == "segment_lengths" else "segment_lengths"
+            add(f"DilatedPattern.create {name}={value!r}",
+                _pattern(**{name: value, other: [8]}), name)
+    add("dilated_attention lengths differ", _attention(segment_lengths=[8, 16], dilation_rates=[1]), "dilation_rates")
+    add("dilated_attention dilation > segment", _attention(segment_lengths=[4], dilation_rates=[8]), "dilation")
+    add("dilated_attention dilation 2**60", _attention(segment_lengths=[8, 2**61], dilation_rates=[1, 2**60]),
+        "dilation", OTHER_BRANCH)
+    for value in ("sparse", "", None, 1):
+        add(f"dilated_attention mode={value!r}", _attention(mode=value), "mode")
+        add(f"DilatedPattern.create mode={value!r}", _pattern([8], [1], mode=value), "mode")
+    for value in ("yes", 1, None):
+        add(f"dilated_attention causal={value!r}", _attention(causal=value), "causal")
+        add(f"DilatedPattern.create causal={value!r}", _pattern([8], [1], causal=value), "causal")
+    for value in ("nope", "", None):
+        add(f"dilated_attention backend={value!r}", _attention(backend=value), "backend")
+    for value in ("nope", "", 3):
+        add(f"dilated_attention ordering={value!r}", _attention(ordering=value), "ordering")
+    for value in (0.0, -1.0, "1", True):
+        add(f"dilated_attention scale={value!r}", _attention(scale=value), "scale")
+    for value in (float("inf"), float("nan")):
+        add(f"dilated_attention scale={value!r}", _attention(scale=value), "scale", OTHER_BRANCH)
+    for value in (-0.1, 1.0, 1.5, float("nan"), "0.1"):
+        add(f"dilated_attention dropout_p={value!r}", _attention(dropout_p=value), "dropout_p")
+    for value in ("yes", 1, None):
+        add(f"dilated_attention return_lse={value!r}", _attention(return_lse=value), "return_lse")
+        add(f"dilated_attention hilbert_pattern={value!r}", _attention(hilbert_pattern=value), "hilbert_pattern")
+    q, k, v = _qkv()
+    for label, qkv in (("3D q", (q[0], k, v)), ("int q", (q.long(), k.long(), v.long())),
+                       ("shapes differ", (q, k[:, :8], v)), ("dtypes differ", (q, k.double(), v)),
+                       ("empty", (q[:, :0], k[:, :0], v[:, :0])), ("not tensors", ([1.0], k, v))):
+        add(f"dilated_attention {label}", _attention(qkv=qkv), "q")
+
+    for name in ("embed_dim", "num_heads"):
+        for value in (0, -1, 1.5, None, "8", True):
+            add(f"MultiheadDilatedAttention {name}={value!r}", _module(**{name: value}), name, OTHER_BRANCH)
+    add("MultiheadDilatedAttention embed_dim % num_heads", _module(embed_dim=6, num_heads=4), "num_heads", OTHER_BRANCH)
+    for name in ("segment_lengths", "dilation_rates"):
+        for value in ([], [0], None, "abc"):
+            add(f"MultiheadDilatedAttention {name}={value!r}", _module(**{name: value}), name, OTHER_BRANCH)
+    for value in (-0.5, 1.0, "0.1"):
+        add(f"MultiheadDilatedAttention dropout={value!r}", _module(dropout=value), "dropout", OTHER_BRANCH)
+    for value in ("nope", ""):
+        for name in ("mode", "backend", "ordering"):
+            add(f"MultiheadDilatedAttention {name}={value!r}", _module(**{name: value}), name, OTHER_BRANCH)
+
+    for value in BAD_INTS:
+        add(f"segment_permutation length={value!r}", _permutation(value), "length")
+    for value in ("bogus", "", None, "rowmajor"):
+        add(f"segment_permutation ordering={value!r}", _permutation(16, value), "ordering")
+    for value in (2**40, 2**61 - 1):
+        add(f"segment_permutation length={value}", _permutation(value), "length", OTHER_BRANCH)
+
+    coords = np.array([[0, 1], [2, 3]])
+    for value in BAD_INTS + [64, 40]:
+        add(f"encode order={value!r}", _encode(coords, value), "order")
+        add(f"decode order={value!r}", _decode(np.array([0, 1]), value, 2), "order")
+    for value in BAD_INTS:
+        add(f"decode ndim={value!r}", _decode(np.array([0, 1]), 2, value), "ndim")
+    for value in ("peano", "", None):
+        add(f"encode curve={value!r}", _encode(coords, 2, curve=value), "curve")
+        add(f"decode curve={value!r}", _decode(np.array([0, 1]), 2, 2, curve=value), "curve")
+    for label, bad in (("negative", np.array([[-1, 0]])), ("too large", np.array([[4, 0]])),
+                       ("float", np.array([[0.5, 1.0]])), ("torch negative", torch.tensor([[-1, 0]]))):
+        add(f"encode coords {label}", _encode(bad, 2), "coords")
+    for label, bad in (("negative", np.array([-1])), ("too large", np.array([16])), ("float", np.array([0.5]))):
+        add(f"decode index {label}", _decode(bad, 2, 2), "index")
+
+    for name in ("seq_len", "batch_size", "num_heads", "head_dim", "world_size"):
+        for value in (0, -1, 1.5, "8", None, True):
+            add(f"estimate_memory {name}={value!r}", _estimate(**{name: value}), name)
+    add("estimate_memory num_heads=10**12", _estimate(num_heads=10**12), "num_heads")
+    add("estimate_memory seq_len=2**60", _estimate(seq_len=2**60), "seq_len")
+    add("estimate_memory head_dim=2**40", _estimate(head_dim=2**40), "head_dim")
+    add("estimate_memory world_size=3", _estimate(world_size=3), "world_size")
+    for name, values in (("dtype", ("int8", "", None)), ("mode", ("sparse", None)), ("backend", ("magic", "")),
+                         ("device", ("tpu", "", "cuda:x", None))):
+        for value in values:
+            add(f"estimate_memory {name}={value!r}", _estimate(**{name: value}), name)
+    for name in ("segment_lengths", "dilation_rates"):
+        for value in ((), (0,), (-4,), (1.5,)):
+            other = "dilation_rates" if name == "segment_lengths" else "segment_lengths"
+            add(f"estimate_memory {name}={value!r}", _estimate(**{name: value, other: (1,) * max(len(value), 1)}), name)
+
+    for rank, world, needle in ((-1, 2, "rank"), (2, 2, "rank"), (0, 0, "world_size"), (0, -1, "world_size"),
+                                (1.5, 2, "rank"), (0, 3, "divisible"), ("0", 2, "rank"), (0, 2.0, "world_size")):
+        add(f"shard rank={rank!r} world_size={world!r}", _shard(rank, world), needle)
+        add(f"shard_positions rank={rank!r} world_size={world!r}", _positions(rank, world, 16), needle)
+    for seq_len in (0, -16, 1.5, None):
+        add(f"shard_positions seq_len={seq_len}", _positions(0, 2, seq_len), "seq_len")
+    add("shard_positions seq_len=15", _positions(0, 2, 15), "divisible")
+    add("shard_positions zigzag odd", _positions(0, 2, 6, "zigzag"), "divisible")
+    add("zigzag_shard dim out of range", lambda: __import__("hilbert_lab.distributed.sharding", fromlist=["x"])
+        .zigzag_shard(torch.zeros(1, 8), 0, 2, dim=2), "dim")
+    add("shard_positions layout=bogus", _positions(0, 2, 16, "bogus"), "layout")
+    add("shard dim out of range", _shard(0, 2, dim=7), "dim")
+
+    # Cases fixed on other branches may still hang here (segment_permutation(2**61 - 1)): a short limit.
+    return [pytest.param(thunk, needle, id=name[:90],
+                         marks=[pytest.mark.xfail(strict=False, reason=xfail), pytest.mark.timeout(5)] if xfail else [])
+            for name, thunk, needle, xfail in cases]
+
+
+@pytest.mark.parametrize("call, needle", _api_cases())
+def test_api_bad_value_raises_naming_the_argument(call, needle):
+    with pytest.raises((ValueError, TypeError)) as error:
+        call()
+    assert needle in str(error.value), str(error.value)
