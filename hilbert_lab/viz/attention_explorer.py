@@ -23,28 +23,38 @@ def parse_int_list(text: str, name: str) -> list[int]:
     return values
 
 
-def attention_explorer(segment_lengths: str = "8,16", dilation_rates: str = "1,2", mode: str = "longnet",
-                       causal: bool = False, seq_len: int = 32, num_heads: int = 2, block_size: int = 8) -> Panel:
-    """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`."""
+def attention_explorer(segment_lengths: str = "16,32", dilation_rates: str = "2,4", mode: str = "longnet",
+                       causal: bool = False, seq_len: int = 64, num_heads: int = 2, block_size: int = 4) -> Panel:
+    """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`.
+
+    The defaults dilate the shortest branch, so the orderings differ in the tiles they leave empty
+    (dilation_major packs each dilated group into full tiles).
+    """
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
     from hilbert_lab.attention.pattern import MODES, DilatedPattern
     from hilbert_lab.viz import attention as figures_module
 
+    labelled = {"style": {"description_width": "initial"}}  # descriptions shown in full, never cut off
     controls = {
-        "segment_lengths": widgets.Text(value=segment_lengths, description="segments", continuous_update=False),
-        "dilation_rates": widgets.Text(value=dilation_rates, description="dilations", continuous_update=False),
-        "mode": widgets.Dropdown(options=list(MODES), value=mode, description="mode"),
-        "causal": widgets.Checkbox(value=causal, description="causal"),
-        "seq_len": widgets.IntText(value=seq_len, description="tokens"),
-        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=MAX_EXPLORER_HEADS, description="heads"),
-        "head": widgets.IntSlider(value=0, min=0, max=MAX_EXPLORER_HEADS - 1, description="head shown"),
-        "block_size": widgets.Dropdown(options=list(BLOCK_SIZES), value=block_size, description="tile"),
+        "segment_lengths": widgets.Text(value=segment_lengths, description="segment lengths",
+                                        continuous_update=False, **labelled),
+        "dilation_rates": widgets.Text(value=dilation_rates, description="dilation rates", continuous_update=False,
+                                       **labelled),
+        "mode": widgets.Dropdown(options=list(MODES), value=mode, description="mode", **labelled),
+        "causal": widgets.Checkbox(value=causal, description="causal", **labelled),
+        "seq_len": widgets.IntText(value=seq_len, description="tokens", **labelled),
+        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=MAX_EXPLORER_HEADS, description="heads",
+                                       **labelled),
+        "head": widgets.IntSlider(value=0, min=0, max=MAX_EXPLORER_HEADS - 1, description="head shown", **labelled),
+        "block_size": widgets.Dropdown(options=list(BLOCK_SIZES), value=block_size, description="tile (tokens)",
+                                       **labelled),
         "orderings": widgets.SelectMultiple(options=list(ORDERING_CHOICES), value=list(ORDERING_CHOICES),
-                                            description="orderings", rows=5),
+                                            description="orderings", rows=5, **labelled),
     }
-    compare_button = widgets.Button(description="compare with reference", button_style="info")
+    compare_button = widgets.Button(description="compare with reference", button_style="info",
+                                    layout={"width": "auto"})
     message = widgets.HTML()
     check_html = widgets.HTML()
     figures = {name: go.FigureWidget() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
