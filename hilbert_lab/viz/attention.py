@@ -59,11 +59,9 @@ def _heatmap_grid(mats: Sequence[np.ndarray], titles: Sequence[str], title: str,
                                  showscale=index == 0, name=name,
                                  hovertemplate="query %{y}, key %{x}: %{z}<extra>" + name + "</extra>"),
                       row=index // columns + 1, col=index % columns + 1)
-    fig.update_xaxes(title_text="key position (token)", constrain="domain")
-    fig.update_yaxes(autorange="reversed", title_text="query position (token)", constrain="domain")
-    for index in range(len(mats)):  # square cells: one token is as wide as it is tall
-        suffix = "" if index == 0 else str(index + 1)
-        fig.layout[f"yaxis{suffix}"].scaleanchor = f"x{suffix}"
+    fig.update_xaxes(title_text="key position (token)")
+    fig.update_yaxes(autorange="reversed", title_text="query position (token)")
+    # about 260 x 260 px per panel: square masks without tying the axes together
     fig.update_layout(title=title, height=300 * rows + 90, width=300 * columns + 140)
     return fig
 

@@ -54,7 +54,7 @@ def attention_explorer(segment_lengths: str = "16,32", dilation_rates: str = "2,
                                             description="orderings", rows=5, **labelled),
     }
     compare_button = widgets.Button(description="compare with reference", button_style="info",
-                                    layout={"width": "auto"})
+                                    layout={"width": "auto", "min_width": "200px"})
     message = widgets.HTML()
     check_html = widgets.HTML()
     figures = {name: go.FigureWidget() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}

@@ -100,10 +100,11 @@ KERNEL_IDLE = """() => {
     && widget.sessionContext.session.kernel;
   return kernel && kernel.status === 'idle';
 }"""
-# every plotly plot in the outputs: its title, and per trace the name and the x / y / z values
+# every plotly plot in the outputs: its title, and per trace the name and the x / y / z values (as drawn:
+# _fullData holds decoded arrays where data may hold plotly's base64 form)
 PLOTS = """() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot')).map(plot => ({
   title: plot.layout && plot.layout.title ? (plot.layout.title.text || '') : '',
-  traces: (plot.data || []).map(trace => ({name: trace.name || '', x: trace.x ? Array.from(trace.x) : [],
+  traces: (plot._fullData || []).map(trace => ({name: trace.name || '', x: trace.x ? Array.from(trace.x) : [],
     y: trace.y ? Array.from(trace.y) : [], z: trace.z ? Array.from(trace.z).map(row => Array.from(row)) : []}))
 }))"""
 
@@ -121,7 +122,10 @@ def _wait_for_plot(page, title_part: str, check=lambda plot: True, timeout_s: fl
             return plot
         if time.monotonic() > deadline:
             titles = [plot["title"] for plot in page.evaluate(PLOTS)]
-            pytest.fail(f"no plot titled {title_part!r} in the expected state; plots: {titles}")
+            messages = page.locator(".jp-OutputArea .widget-html").all_inner_texts()
+            pytest.fail(f"no plot titled {title_part!r} in the expected state; plots: {titles}; "
+                        f"panel messages: {[text for text in messages if text.strip()]}; "
+                        f"browser errors: {getattr(page, 'errors', [])[-5:]}")
         time.sleep(0.5)
 
 
@@ -186,6 +190,9 @@ def test_explorer_notebook_in_jupyterlab(name, browser, jupyter_lab):
     # tall enough that every output is laid out and visible in the screenshots
     page = browser.new_page(viewport={"width": 1500, "height": 4200})
     page.set_default_timeout(120_000)
+    page.errors = []  # shown when a redraw does not come
+    page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
     page.goto(f"{base}/lab/tree/{name}.ipynb?token={token}")
     page.wait_for_function("() => window.jupyterapp && document.querySelector('.jp-Notebook')")
     # JupyterLab may ask which kernel to start: accept its (only) proposal, python3 of this venv
