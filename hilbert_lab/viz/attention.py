@@ -61,8 +61,8 @@ def _heatmap_grid(mats: Sequence[np.ndarray], titles: Sequence[str], title: str,
                       row=index // columns + 1, col=index % columns + 1)
     fig.update_xaxes(title_text="key position (token)")
     fig.update_yaxes(autorange="reversed", title_text="query position (token)")
-    # about 260 x 260 px per panel: square masks without tying the axes together
-    fig.update_layout(title=title, height=300 * rows + 90, width=300 * columns + 140)
+    # about 200 x 200 px of plot per panel: square masks without tying the axes together
+    fig.update_layout(title=title, height=270 * rows + 100, width=230 * columns + 130)
     return fig
 
 

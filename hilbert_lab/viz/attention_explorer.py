@@ -23,12 +23,12 @@ def parse_int_list(text: str, name: str) -> list[int]:
     return values
 
 
-def attention_explorer(segment_lengths: str = "16,32", dilation_rates: str = "2,4", mode: str = "longnet",
+def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,4", mode: str = "longnet",
                        causal: bool = False, seq_len: int = 64, num_heads: int = 2, block_size: int = 4) -> Panel:
     """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`.
 
-    The defaults dilate the shortest branch, so the orderings differ in the tiles they leave empty
-    (dilation_major packs each dilated group into full tiles).
+    At the defaults every query has keys and the orderings differ: Hilbert / Morton lay each
+    16-token segment on a 4x4 square, so the long branch's every-4th tokens (a column) share tiles.
     """
     import ipywidgets as widgets
     import plotly.graph_objects as go

@@ -29,7 +29,8 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
     controls = {
         "family": widgets.Dropdown(options=[(CURVE_LABELS[name], name) for name in CURVE_FAMILIES],
                                    value=family, description="curve", layout={"width": "max-content"}, **labelled),
-        "ndim": widgets.ToggleButtons(options=[("2D", 2), ("3D", 3)], value=ndim, description="dims", **labelled),
+        "ndim": widgets.ToggleButtons(options=[("2D", 2), ("3D", 3)], value=ndim, description="dims",
+                                      style={"description_width": "initial", "button_width": "60px"}),
         "order": widgets.IntSlider(value=order, min=1, max=MAX_ORDER[2], description="order",
                                    continuous_update=False, **labelled),
         "width": widgets.IntText(value=width, description="width", **labelled),

@@ -94,7 +94,7 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, ki
                                                                                  "segment")
     fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
-    fig.update_layout(title=title, height=380, width=260 * len(names) + 160, showlegend=False)
+    fig.update_layout(title=title, height=380, width=min(1000, 220 * len(names) + 150), showlegend=False)
     return fig
 
 

@@ -116,7 +116,10 @@ def test_attention_explorer_defaults_show_orderings_differ():
     table = panel.state["tile_table"]
     shares = table[table["head"] >= 0].groupby("ordering")["nonempty_share"].mean()
     assert set(shares.index) == {"identity", "hilbert", "morton", "snake", "dilation_major"}
-    assert shares["dilation_major"] < shares["hilbert"] < shares["identity"]
+    assert shares["hilbert"] == shares["morton"] < 0.5 < shares["identity"] == shares["dilation_major"] == 1.0
+    assert panel.state["pattern"].segment_lengths == (16, 64)
+    coverage = attention_viz.token_coverage(panel.state["pattern"], 64, 2)
+    assert coverage["covered_share"].tolist() == [1.0, 1.0]  # every query has keys at the defaults
     assert "same for every ordering" not in panel.figures["tiles"].layout.title.text
     bars = panel.figures["tiles"].data[0]
     assert list(bars.y) == [shares[ordering] for ordering in bars.x]
