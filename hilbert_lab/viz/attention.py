@@ -52,15 +52,16 @@ def _heatmap_grid(mats: Sequence[np.ndarray], titles: Sequence[str], title: str,
 
     columns = min(4, len(mats))
     rows = -(-len(mats) // columns)
-    fig = make_subplots(rows=rows, cols=columns, subplot_titles=list(titles), horizontal_spacing=0.04,
-                        vertical_spacing=0.08)
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=list(titles), horizontal_spacing=0.05,
+                        vertical_spacing=0.1)
     for index, (mat, name) in enumerate(zip(mats, titles)):
         fig.add_trace(go.Heatmap(z=np.asarray(mat, dtype=np.int64), colorscale=colorscale, zmin=0, zmax=zmax,
                                  showscale=index == 0, name=name,
                                  hovertemplate="query %{y}, key %{x}: %{z}<extra>" + name + "</extra>"),
                       row=index // columns + 1, col=index % columns + 1)
     fig.update_xaxes(title_text="key position (token)")
-    fig.update_yaxes(autorange="reversed", title_text="query position (token)")
+    fig.update_yaxes(autorange="reversed")
+    fig.update_yaxes(title_text="query position (token)", col=1)
     # about 200 x 200 px of plot per panel: square masks without tying the axes together
     fig.update_layout(title=title, height=270 * rows + 100, width=230 * columns + 130)
     return fig

@@ -57,6 +57,7 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
                                     layout={"width": "auto", "min_width": "200px"})
     message = widgets.HTML()
     check_html = widgets.HTML()
+    table_html = widgets.HTML()
     figures = {name: go.FigureWidget() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
     state: dict = {}
 
@@ -80,6 +81,12 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
         table = figures_module.tile_density_table(pattern, tokens, heads, block, controls["orderings"].value)
         replace_figure(figures["tiles"], figures_module.tile_density_figure(table, block))
         notes += [f"ordering {row.ordering}: {row.note}" for row in table.itertuples() if row.note]
+        summary = table[table["head"] >= 0].groupby("ordering", sort=False)[
+            ["nonempty_share", "mean_density", "nonempty_blocks", "total_blocks"]].mean()
+        summary.columns = ["non-empty tiles (share, lower is better)", "fill of non-empty tiles (higher is better)",
+                           "non-empty tiles", "tiles"]
+        table_html.value = (f"<b>{block}x{block} tiles by ordering, mean over heads</b>"
+                            + summary.to_html(border=0, float_format=lambda value: f"{value:.4g}"))
         state.update(pattern=pattern, seq_len=tokens, num_heads=heads, tile_table=table)
         check_html.value = ""
         show_message(message, notes)
@@ -110,6 +117,7 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
         widgets.HBox([controls["orderings"], compare_button, check_html]),
         message,
         figures["branches"], figures["heads"], figures["multiplicity"], figures["coverage"], figures["tiles"],
+        table_html,
     ])
     observer()
     state.update(compare=compare, check_html=check_html)

@@ -1,6 +1,8 @@
 """Locality and attention-pattern explorers and their figure builders, driven headlessly."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -102,13 +104,12 @@ def test_attention_explorer_callbacks():
 
 def test_mask_figures_name_query_and_key_axes():
     pattern = DilatedPattern.create([4, 8], [1, 2])
-    for figure in (attention_viz.branch_mask_figure(pattern, 16, 2), attention_viz.head_mask_figure(pattern, 16, 2),
+    for figure in (attention_viz.branch_mask_figure(pattern, 16, 2), attention_viz.head_mask_figure(pattern, 16, 6),
                    attention_viz.multiplicity_figure(pattern, 16, 2)):
-        subplots = sum(1 for trace in figure.data)
-        for index in range(subplots):
+        for index in range(len(figure.data)):  # 4 panels a row; the query title on the first of each row
             suffix = "" if index == 0 else str(index + 1)
             assert "key" in figure.layout[f"xaxis{suffix}"].title.text
-            assert "query" in figure.layout[f"yaxis{suffix}"].title.text
+            assert ("query" in (figure.layout[f"yaxis{suffix}"].title.text or "")) == (index % 4 == 0)
 
 
 def test_attention_explorer_defaults_show_orderings_differ():
@@ -123,6 +124,18 @@ def test_attention_explorer_defaults_show_orderings_differ():
     assert "same for every ordering" not in panel.figures["tiles"].layout.title.text
     bars = panel.figures["tiles"].data[0]
     assert list(bars.y) == [shares[ordering] for ordering in bars.x]
+    table_widget = panel.widget.children[-1]  # the numbers under the bars follow the controls
+
+    def shown_shares() -> list[float]:  # first column of the table under the bars
+        rows = re.findall(r"<th>(\w+)</th>\s*<td>([0-9.]+)</td>", table_widget.value)
+        return [float(value) for _ordering, value in rows]
+
+    assert shown_shares() == pytest.approx([shares[ordering] for ordering in bars.x], abs=1e-4)
+    panel.controls["causal"].value = True
+    table = panel.state["tile_table"]
+    causal = table[table["head"] >= 0].groupby("ordering", sort=False)["nonempty_share"].mean()
+    assert causal["identity"] < 1.0
+    assert shown_shares() == pytest.approx(causal.tolist(), abs=1e-4)
 
 
 def test_tile_figure_says_when_every_ordering_is_the_same():
