@@ -12,8 +12,6 @@ MAX_GRID_SIDE = 64
 MAX_SEQUENCE_TOKENS = 8192
 LINE_SIZES = (32, 64, 128, 256)
 KIND_DEFAULTS = {"grid": (16, 4), "sequence": (1024, 256)}  # (side or tokens, box or segment)
-
-
 CACHE_LINE_CHOICES = tuple(2 ** power for power in range(2, 15))  # 4 .. 16384 lines, one slider step per doubling
 
 
