@@ -52,15 +52,18 @@ def _heatmap_grid(mats: Sequence[np.ndarray], titles: Sequence[str], title: str,
 
     columns = min(4, len(mats))
     rows = -(-len(mats) // columns)
-    fig = make_subplots(rows=rows, cols=columns, subplot_titles=list(titles), horizontal_spacing=0.04,
-                        vertical_spacing=0.08)
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=list(titles), horizontal_spacing=0.05,
+                        vertical_spacing=0.1)
     for index, (mat, name) in enumerate(zip(mats, titles)):
         fig.add_trace(go.Heatmap(z=np.asarray(mat, dtype=np.int64), colorscale=colorscale, zmin=0, zmax=zmax,
                                  showscale=index == 0, name=name,
                                  hovertemplate="query %{y}, key %{x}: %{z}<extra>" + name + "</extra>"),
                       row=index // columns + 1, col=index % columns + 1)
+    fig.update_xaxes(title_text="key position (token)")
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=title, height=280 * rows + 80)
+    fig.update_yaxes(title_text="query position (token)", col=1)
+    # about 200 x 200 px of plot per panel: square masks without tying the axes together
+    fig.update_layout(title=title, height=270 * rows + 100, width=230 * columns + 130)
     return fig
 
 
@@ -96,9 +99,10 @@ def coverage_figure(pattern: DilatedPattern, seq_len: int, num_heads: int) -> An
     coverage = token_coverage(pattern, seq_len, num_heads)
     shares = ", ".join(f"{share:.0%}" for share in coverage["covered_share"])
     fig = go.Figure(go.Heatmap(z=coverage["keys_per_query"], colorscale="Viridis", name="keys per query",
+                               colorbar={"title": "keys"},
                                hovertemplate="head %{y}, query %{x}: %{z} keys<extra></extra>"))
     fig.update_layout(title=f"token coverage: keys per query (queries covered per head: {shares})",
-                      xaxis_title="query position", yaxis_title="head", height=300)
+                      xaxis_title="query position (token)", yaxis_title="head", yaxis_dtick=1, height=300)
     return fig
 
 
@@ -144,16 +148,27 @@ def tile_density_table(pattern: DilatedPattern, seq_len: int, num_heads: int, bl
 
 
 def tile_density_figure(table: Any, block_size: int) -> Any:
-    """Bars: share of non-empty tiles per ordering (mean over heads)."""
+    """Bars: share of non-empty tiles and fill of the non-empty tiles per ordering (mean over heads).
+
+    When every ordering gives the same values the title says so and why (the orderings then only
+    permute tokens inside tiles the mask fills the same way).
+    """
     import plotly.graph_objects as go
 
     summary = table[table["head"] >= 0].groupby("ordering", sort=False)[["nonempty_share", "mean_density"]].mean()
     fig = go.Figure([
-        go.Bar(name="non-empty tiles (share)", x=list(summary.index), y=summary["nonempty_share"].tolist()),
-        go.Bar(name="fill of non-empty tiles", x=list(summary.index), y=summary["mean_density"].tolist()),
+        go.Bar(name="non-empty tiles (share of all tiles, lower is better)", x=list(summary.index),
+               y=summary["nonempty_share"].tolist()),
+        go.Bar(name="fill of non-empty tiles (share, higher is better)", x=list(summary.index),
+               y=summary["mean_density"].tolist()),
     ])
-    fig.update_layout(barmode="group", title=f"{block_size}x{block_size} tile structure by ordering (mean over heads)",
-                      yaxis_title="share", height=350)
+    title = f"{block_size}x{block_size} tile structure by ordering (mean over heads)"
+    if len(summary) > 1 and (summary.nunique() == 1).all():
+        title += ("<br><sub>the same for every ordering here: the layouts only reorder tokens within segments of the "
+                  "shortest branch, which these tiles see alike; try larger segments, a dilation > 1 on the "
+                  "shortest branch, or smaller tiles</sub>")
+    fig.update_layout(barmode="group", title=title, xaxis_title="token ordering", yaxis_title="share (0 to 1)",
+                      yaxis_range=[0, 1.05], height=380, legend={"orientation": "h", "y": -0.25})
     return fig
 
 

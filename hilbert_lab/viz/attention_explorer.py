@@ -23,30 +23,41 @@ def parse_int_list(text: str, name: str) -> list[int]:
     return values
 
 
-def attention_explorer(segment_lengths: str = "8,16", dilation_rates: str = "1,2", mode: str = "longnet",
-                       causal: bool = False, seq_len: int = 32, num_heads: int = 2, block_size: int = 8) -> Panel:
-    """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`."""
+def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,4", mode: str = "longnet",
+                       causal: bool = False, seq_len: int = 64, num_heads: int = 2, block_size: int = 4) -> Panel:
+    """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`.
+
+    At the defaults every query has keys and the orderings differ: Hilbert / Morton lay each
+    16-token segment on a 4x4 square, so the long branch's every-4th tokens (a column) share tiles.
+    """
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
     from hilbert_lab.attention.pattern import MODES, DilatedPattern
     from hilbert_lab.viz import attention as figures_module
 
+    labelled = {"style": {"description_width": "initial"}}  # descriptions shown in full, never cut off
     controls = {
-        "segment_lengths": widgets.Text(value=segment_lengths, description="segments", continuous_update=False),
-        "dilation_rates": widgets.Text(value=dilation_rates, description="dilations", continuous_update=False),
-        "mode": widgets.Dropdown(options=list(MODES), value=mode, description="mode"),
-        "causal": widgets.Checkbox(value=causal, description="causal"),
-        "seq_len": widgets.IntText(value=seq_len, description="tokens"),
-        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=MAX_EXPLORER_HEADS, description="heads"),
-        "head": widgets.IntSlider(value=0, min=0, max=MAX_EXPLORER_HEADS - 1, description="head shown"),
-        "block_size": widgets.Dropdown(options=list(BLOCK_SIZES), value=block_size, description="tile"),
+        "segment_lengths": widgets.Text(value=segment_lengths, description="segment lengths",
+                                        continuous_update=False, **labelled),
+        "dilation_rates": widgets.Text(value=dilation_rates, description="dilation rates", continuous_update=False,
+                                       **labelled),
+        "mode": widgets.Dropdown(options=list(MODES), value=mode, description="mode", **labelled),
+        "causal": widgets.Checkbox(value=causal, description="causal", **labelled),
+        "seq_len": widgets.IntText(value=seq_len, description="tokens", **labelled),
+        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=MAX_EXPLORER_HEADS, description="heads",
+                                       **labelled),
+        "head": widgets.IntSlider(value=0, min=0, max=MAX_EXPLORER_HEADS - 1, description="head shown", **labelled),
+        "block_size": widgets.Dropdown(options=list(BLOCK_SIZES), value=block_size, description="tile (tokens)",
+                                       **labelled),
         "orderings": widgets.SelectMultiple(options=list(ORDERING_CHOICES), value=list(ORDERING_CHOICES),
-                                            description="orderings", rows=5),
+                                            description="orderings", rows=5, **labelled),
     }
-    compare_button = widgets.Button(description="compare with reference", button_style="info")
+    compare_button = widgets.Button(description="compare with reference", button_style="info",
+                                    layout={"width": "auto", "min_width": "200px"})
     message = widgets.HTML()
     check_html = widgets.HTML()
+    table_html = widgets.HTML()
     figures = {name: go.FigureWidget() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
     state: dict = {}
 
@@ -70,6 +81,12 @@ def attention_explorer(segment_lengths: str = "8,16", dilation_rates: str = "1,2
         table = figures_module.tile_density_table(pattern, tokens, heads, block, controls["orderings"].value)
         replace_figure(figures["tiles"], figures_module.tile_density_figure(table, block))
         notes += [f"ordering {row.ordering}: {row.note}" for row in table.itertuples() if row.note]
+        summary = table[table["head"] >= 0].groupby("ordering", sort=False)[
+            ["nonempty_share", "mean_density", "nonempty_blocks", "total_blocks"]].mean()
+        summary.columns = ["non-empty tiles (share, lower is better)", "fill of non-empty tiles (higher is better)",
+                           "non-empty tiles", "tiles"]
+        table_html.value = (f"<b>{block}x{block} tiles by ordering, mean over heads</b>"
+                            + summary.to_html(border=0, float_format=lambda value: f"{value:.4g}"))
         state.update(pattern=pattern, seq_len=tokens, num_heads=heads, tile_table=table)
         check_html.value = ""
         show_message(message, notes)
@@ -100,6 +117,7 @@ def attention_explorer(segment_lengths: str = "8,16", dilation_rates: str = "1,2
         widgets.HBox([controls["orderings"], compare_button, check_html]),
         message,
         figures["branches"], figures["heads"], figures["multiplicity"], figures["coverage"], figures["tiles"],
+        table_html,
     ])
     observer()
     state.update(compare=compare, check_html=check_html)

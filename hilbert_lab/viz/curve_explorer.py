@@ -25,18 +25,20 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
 
     if family not in CURVE_FAMILIES:
         raise ValueError(f"family must be one of {CURVE_FAMILIES}, got {family!r}")
+    labelled = {"style": {"description_width": "initial"}}  # descriptions shown in full, never cut off
     controls = {
         "family": widgets.Dropdown(options=[(CURVE_LABELS[name], name) for name in CURVE_FAMILIES],
-                                   value=family, description="curve"),
-        "ndim": widgets.ToggleButtons(options=[("2D", 2), ("3D", 3)], value=ndim, description="dims"),
+                                   value=family, description="curve", layout={"width": "max-content"}, **labelled),
+        "ndim": widgets.ToggleButtons(options=[("2D", 2), ("3D", 3)], value=ndim, description="dims",
+                                      style={"description_width": "initial", "button_width": "60px"}),
         "order": widgets.IntSlider(value=order, min=1, max=MAX_ORDER[2], description="order",
-                                   continuous_update=False),
-        "width": widgets.IntText(value=width, description="width"),
-        "height": widgets.IntText(value=height, description="height"),
-        "depth": widgets.IntText(value=depth, description="depth"),
-        "color_by_index": widgets.Checkbox(value=True, description="colour by index"),
+                                   continuous_update=False, **labelled),
+        "width": widgets.IntText(value=width, description="width", **labelled),
+        "height": widgets.IntText(value=height, description="height", **labelled),
+        "depth": widgets.IntText(value=depth, description="depth", **labelled),
+        "color_by_index": widgets.Checkbox(value=True, description="colour by index", **labelled),
         "drawn_percent": widgets.IntSlider(value=100, min=1, max=100, description="drawn %",
-                                           continuous_update=True),
+                                           continuous_update=True, **labelled),
     }
     play = widgets.Play(value=100, min=1, max=100, step=5, interval=150, description="animate")
     widgets.jslink((play, "value"), (controls["drawn_percent"], "value"))
@@ -50,8 +52,13 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
         notes: list[str] = []
         dims = controls["ndim"].value
         chosen = controls["family"].value
+        # only the size controls that shape this curve are active
+        sized_by_order = chosen in ORDER_FAMILIES
+        controls["order"].disabled = not sized_by_order
+        controls["width"].disabled = controls["height"].disabled = sized_by_order
+        controls["depth"].disabled = sized_by_order or dims == 2
         kwargs: dict = {"ndim": dims}
-        if chosen in ORDER_FAMILIES:
+        if sized_by_order:
             kwargs["order"] = clamp(controls["order"].value, 1, MAX_ORDER[dims], "order", notes)
             size_text = f"side {2 ** kwargs['order']}"
         else:

@@ -97,24 +97,32 @@ def curve_figure(coords: np.ndarray, *, title: str = "", color_by_index: bool = 
     import plotly.graph_objects as go
 
     coords = np.asarray(coords)
-    count = coords.shape[0] if visible_cells is None else max(1, min(int(visible_cells), coords.shape[0]))
+    total = coords.shape[0]
+    count = total if visible_cells is None else max(1, min(int(visible_cells), total))
     shown = coords[:count]
     index = np.arange(count)
-    marker = dict(size=4 if coords.shape[0] > 1024 else 6, color=index if color_by_index else "#1f77b4",
-                  colorscale="Viridis", showscale=color_by_index,
-                  colorbar=dict(title="index") if color_by_index else None)
+    # the colour scale spans the whole traversal, so a partly drawn curve keeps its colours and colour bar
+    marker = dict(size=4 if total > 1024 else 6, color=index if color_by_index else "#1f77b4",
+                  colorscale="Viridis", showscale=color_by_index, cmin=0, cmax=max(1, total - 1),
+                  colorbar=dict(title="index in traversal") if color_by_index else None)
     if coords.shape[1] == 2:
         trace = go.Scatter(x=shown[:, 0], y=shown[:, 1], mode="lines+markers", marker=marker,
                            line=dict(color="rgba(80,80,80,0.6)", width=1.5), text=index, name="traversal",
                            hovertemplate="index %{text}<br>x %{x}, y %{y}<extra></extra>")
         fig = go.Figure(trace)
-        fig.update_yaxes(scaleanchor="x", scaleratio=1, autorange="reversed")
+        # whole cells are shown: half a cell of margin around the outermost cell centres
+        pad = 0.5
+        fig.update_xaxes(title="x (column)", range=[coords[:, 0].min() - pad, coords[:, 0].max() + pad],
+                         constrain="domain")
+        fig.update_yaxes(title="y (row, downwards)", range=[coords[:, 1].max() + pad, coords[:, 1].min() - pad],
+                         scaleanchor="x", scaleratio=1, constrain="domain")
     else:
         trace = go.Scatter3d(x=shown[:, 0], y=shown[:, 1], z=shown[:, 2], mode="lines+markers",
                              marker=dict(marker, size=3), line=dict(color="rgba(80,80,80,0.6)", width=2),
                              text=index, name="traversal")
         fig = go.Figure(trace)
-    fig.update_layout(title=title, height=520, margin=dict(l=30, r=30, t=50, b=30))
+        fig.update_scenes(xaxis_title="x", yaxis_title="y", zaxis_title="z", aspectmode="data")
+    fig.update_layout(title=title, height=520, margin=dict(l=50, r=30, t=50, b=40))
     return fig
 
 
@@ -127,19 +135,15 @@ def curve_animation_figure(coords: np.ndarray, *, title: str = "", frames: int =
     coords = np.asarray(coords)
     total = coords.shape[0]
     stops = np.unique(np.linspace(1, total, num=min(frames, total)).round().astype(int))
-    fig = curve_figure(coords, title=title, visible_cells=int(stops[0]))
-    full = curve_figure(coords)
-    fig.update_layout(xaxis=full.layout.xaxis, yaxis=full.layout.yaxis)  # fixed axes while drawing
-    if coords.shape[1] == 2:
-        pad = 0.5
-        fig.update_xaxes(range=[coords[:, 0].min() - pad, coords[:, 0].max() + pad], autorange=False)
-        fig.update_yaxes(range=[coords[:, 1].max() + pad, coords[:, 1].min() - pad], autorange=False)
+    # shown in full until played: the axes, colours and colour bar are those of the whole traversal
+    fig = curve_figure(coords, title=title)
     fig.frames = [go.Frame(data=curve_figure(coords, visible_cells=int(stop)).data, name=str(stop)) for stop in stops]
     fig.update_layout(
         updatemenus=[dict(type="buttons", showactive=False, x=0.0, y=-0.08, xanchor="left",
                           buttons=[dict(label="play", method="animate",
-                                        args=[None, dict(frame=dict(duration=120, redraw=True), fromcurrent=True)])])],
-        sliders=[dict(active=0, currentvalue=dict(prefix="cells drawn: "), x=0.1, len=0.9,
+                                        args=[None, dict(frame=dict(duration=120, redraw=True), fromcurrent=False,
+                                                         mode="immediate")])])],
+        sliders=[dict(active=len(stops) - 1, currentvalue=dict(prefix="cells drawn: "), x=0.1, len=0.9,
                       steps=[dict(label=str(stop), method="animate",
                                   args=[[str(stop)], dict(mode="immediate", frame=dict(duration=0, redraw=True))])
                              for stop in stops])],
@@ -147,12 +151,27 @@ def curve_animation_figure(coords: np.ndarray, *, title: str = "", frames: int =
     return fig
 
 
-def metrics_figure(metrics_by_family: dict[str, dict[str, float]]) -> Any:
-    """Grouped bars: each traversal metric per curve family (lower is better except unit_step_fraction)."""
-    import plotly.graph_objects as go
+TRAVERSAL_METRIC_LABELS = {
+    "mean_step": "mean step (cells, lower is better)",
+    "max_step": "largest step (cells, lower is better)",
+    "unit_step_fraction": "steps to a neighbour (share, higher is better)",
+    "window_spread": "spread of runs (1 = compact block, lower is better)",
+}
 
-    names = ["mean_step", "max_step", "unit_step_fraction", "window_spread"]
-    fig = go.Figure([go.Bar(name=family, x=names, y=[values[name] for name in names])
-                     for family, values in metrics_by_family.items()])
-    fig.update_layout(barmode="group", title="traversal locality by curve", height=400)
+
+def metrics_figure(metrics_by_family: dict[str, dict[str, float]]) -> Any:
+    """One panel per traversal metric (its unit and better direction on the y axis), one bar per curve family."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    names = list(TRAVERSAL_METRIC_LABELS)
+    fig = make_subplots(rows=1, cols=len(names), horizontal_spacing=0.09)
+    families = list(metrics_by_family)
+    for column, name in enumerate(names, start=1):
+        fig.add_trace(go.Bar(x=families, y=[metrics_by_family[family][name] for family in families], name=name,
+                             marker_color="#4c78a8", showlegend=False,
+                             hovertemplate="%{x}: %{y:.3f}<extra>" + name + "</extra>"), row=1, col=column)
+        fig.update_yaxes(title_text=TRAVERSAL_METRIC_LABELS[name], title_font_size=11, row=1, col=column)
+    fig.update_xaxes(title_text="curve", tickangle=-40)
+    fig.update_layout(title="traversal locality by curve", height=430, margin=dict(l=60, r=20, t=50, b=90))
     return fig

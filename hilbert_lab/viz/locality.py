@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 __all__ = [
+    "METRIC_LABELS",
     "access_order_heatmap",
     "claims_figure",
     "metric_bars",
@@ -31,7 +32,7 @@ def access_order_heatmap(index_grid, *, title: str = "sequence index of each gri
         rows, columns = np.unravel_index(order, index_grid.shape)
         figure.add_trace(go.Scatter(x=columns, y=rows, mode="lines", line={"color": "white", "width": 1},
                                     name="path", hoverinfo="skip"))
-    figure.update_layout(title=title, xaxis_title="column", yaxis_title="row",
+    figure.update_layout(title=title, xaxis_title="column (cells)", yaxis_title="row (cells)",
                          yaxis={"autorange": "reversed", "scaleanchor": "x"})
     return figure
 
@@ -48,14 +49,17 @@ def miss_curve_figure(
 
     capacities = np.asarray(capacities)
     figure = go.Figure()
-    for ordering, misses in misses_by_ordering.items():
+    dashes = ("solid", "dash", "dot", "dashdot", "longdash")  # orderings with equal misses stay distinguishable
+    for number, (ordering, misses) in enumerate(misses_by_ordering.items()):
         misses = np.asarray(misses, dtype=float)
         if misses.shape != capacities.shape:
             raise ValueError(f"misses_by_ordering[{ordering!r}] must have {capacities.size} values, got {misses.size}")
         figure.add_trace(go.Scatter(x=capacities, y=misses / accesses if accesses else misses,
-                                    mode="lines+markers", name=ordering))
-    figure.update_layout(title=title, xaxis_title="capacity (lines)", xaxis_type="log",
-                         yaxis_title="miss ratio" if accesses else "misses")
+                                    mode="lines+markers", name=ordering,
+                                    line={"dash": dashes[number % len(dashes)]}))
+    figure.update_layout(title=title, xaxis_title="LRU cache capacity (lines, log scale)", xaxis_type="log",
+                         yaxis_title="miss ratio (misses per access, lower is better)" if accesses
+                         else "LRU misses (lines loaded, lower is better)", legend_title_text="ordering")
     return figure
 
 
@@ -72,11 +76,35 @@ def miss_curves_from_table(frame, configuration: str, *, title: str | None = Non
     return miss_curve_figure(capacities, misses, title=title or f"LRU misses: {configuration}")
 
 
-def metric_bars(frame, metric: str, *, parameter: int | None = None, title: str | None = None):
-    """Grouped bars of one metric from a compare_orderings table: x = ordering, one bar group per configuration.
+# metric -> (axis title with unit and direction, what its `parameter` column means)
+METRIC_LABELS = {
+    "step_mean": ("mean step between consecutive tokens (cells, lower is better)", None),
+    "step_max": ("largest step between consecutive tokens (cells, lower is better)", None),
+    "stretch_max": ("worst-case stretch (cells² per slot, lower is better)", None),
+    "compactness_aligned": ("neighbour pairs in one segment, aligned (share, higher is better)", "segment"),
+    "compactness_shifted": ("neighbour pairs in one segment, shifted (share, higher is better)", "segment"),
+    "clustering_mean": ("mean clustering number (runs per box, lower is better)", "box"),
+    "clustering_max": ("largest clustering number (runs per box, lower is better)", "box"),
+    "lines_per_box_mean": ("cache lines per box (lines, lower is better)", "box"),
+    "tiles_per_box_mean": ("tiles per box (tiles, lower is better)", "box"),
+    "tile_nonempty_share": ("non-empty tiles (share of all tiles, lower is better)", "tile"),
+    "tile_mean_density": ("fill of non-empty tiles (share, higher is better)", "tile"),
+    "misses": ("LRU misses (lines loaded, lower is better)", "capacity"),
+    "line_accesses": ("cache-line accesses (lines)", None),
+    "distinct_lines": ("distinct cache lines (lines)", None),
+    "rows_needed": ("K/V rows needed (rows)", None),
+    "rows_loaded": ("K/V rows loaded (rows, lower is better)", None),
+}
 
-    Use metric="tile_mean_density" / "tile_nonempty_share" for density bars.
+
+def metric_bars(frame, metric: str, *, parameter: int | None = None, title: str | None = None):
+    """Grouped bars of one metric from a compare_orderings table: x = ordering, one bar per (configuration, parameter).
+
+    Without `parameter`, every parameter value (box side, tile size, ...) gets its own bar series, so
+    values of different parameters are never stacked into one bar. Use metric="tile_mean_density" /
+    "tile_nonempty_share" for density bars.
     """
+    import pandas as pd
     import plotly.graph_objects as go
 
     rows = frame[frame["metric"] == metric]
@@ -84,12 +112,17 @@ def metric_bars(frame, metric: str, *, parameter: int | None = None, title: str 
         rows = rows[rows["parameter"] == parameter]
     if rows.empty:
         raise ValueError(f"metric must name a metric present in the table, got {metric!r} (parameter={parameter})")
+    label, parameter_name = METRIC_LABELS.get(metric, (metric.replace("_", " "), "parameter"))
+    parameter_name = parameter_name or "parameter"
     figure = go.Figure()
-    for configuration, group in rows.groupby("configuration", sort=False):
-        figure.add_trace(go.Bar(x=list(group["ordering"]), y=list(group["value"]), name=configuration))
-    suffix = "" if parameter is None else f" ({parameter})"
-    figure.update_layout(title=title or f"{metric}{suffix}", barmode="group", xaxis_title="ordering",
-                         yaxis_title=metric)
+    for (configuration, value), group in rows.groupby(["configuration", "parameter"], sort=False, dropna=False):
+        if group["ordering"].duplicated().any():
+            raise ValueError(f"frame has several {metric!r} rows per ordering for {configuration!r}")
+        name = configuration if pd.isna(value) else f"{configuration}, {parameter_name} {int(value)}"
+        figure.add_trace(go.Bar(x=list(group["ordering"]), y=list(group["value"]), name=name))
+    suffix = "" if parameter is None else f" ({parameter_name} {parameter})"
+    figure.update_layout(title=title or f"{label.split(' (')[0]} by ordering{suffix}", barmode="group",
+                         xaxis_title="token ordering", yaxis_title=label, legend_title_text="configuration")
     return figure
 
 
@@ -106,5 +139,6 @@ def claims_figure(claims, *, title: str = "claimed vs measured reduction (%)"):
                             hovertext=list(rows["configuration"])))
     figure.add_trace(go.Scatter(x=labels, y=low, mode="markers", name="claimed (low)", marker={"symbol": "line-ew-open", "size": 18}))
     figure.add_trace(go.Scatter(x=labels, y=high, mode="markers", name="claimed (high)", marker={"symbol": "line-ew-open", "size": 18}))
-    figure.update_layout(title=title, yaxis_title="% fewer with Hilbert (negative = more)")
+    figure.update_layout(title=title, xaxis_title="claim: metric",
+                          yaxis_title="reduction with Hilbert (% fewer, higher is better; negative = more)")
     return figure

@@ -1,6 +1,7 @@
 """Locality explorer: ordering x grid/sequence size x query box/segment x cache -> heatmaps and miss curves."""
 from __future__ import annotations
 
+import html
 from typing import Any, Sequence
 
 import numpy as np
@@ -11,6 +12,7 @@ MAX_GRID_SIDE = 64
 MAX_SEQUENCE_TOKENS = 8192
 LINE_SIZES = (32, 64, 128, 256)
 KIND_DEFAULTS = {"grid": (16, 4), "sequence": (1024, 256)}  # (side or tokens, box or segment)
+CACHE_LINE_CHOICES = tuple(2 ** power for power in range(2, 15))  # 4 .. 16384 lines, one slider step per doubling
 
 
 def capacity_points(max_lines: int) -> list[int]:
@@ -60,8 +62,18 @@ def locality_study(kind: str, *, size: int, box_or_segment: int, dilation_rate: 
     return results
 
 
-def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str) -> Any:
-    """Access-order heatmaps of all orderings side by side (built from viz.locality.access_order_heatmap)."""
+def misses_table(study: dict[str, Any]) -> Any:
+    """pandas DataFrame of a locality_study's LRU misses: one row per capacity (lines), one column per ordering."""
+    import pandas as pd
+
+    return pd.DataFrame(study["misses"], index=pd.Index(study["capacities"], name="capacity (lines)"))
+
+
+def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, kind: str = "grid") -> Any:
+    """Access-order heatmaps of all orderings side by side (built from viz.locality.access_order_heatmap).
+
+    kind="grid": x = column, y = row of the grid; kind="sequence": x = position in segment, y = segment.
+    """
     from plotly.subplots import make_subplots
 
     from hilbert_lab.viz.locality import access_order_heatmap
@@ -76,36 +88,52 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str) -> An
                 trace.showscale = column == 1
             fig.add_trace(trace, row=1, col=column)
         fig.update_yaxes(autorange="reversed", row=1, col=column)
-    fig.update_layout(title=title, height=360, showlegend=False)
+    x_title, y_title = ("column (cells)", "row (cells)") if kind == "grid" else ("position in segment (tokens)",
+                                                                                 "segment")
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title, row=1, col=1)
+    fig.update_layout(title=title, height=380, width=min(1000, 220 * len(names) + 150), showlegend=False)
     return fig
 
 
 def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 4, dilation_rate: int = 2,
                       max_cache_lines: int = 256, line_bytes: int = 128) -> Panel:
-    """Build the locality explorer; figures 'heatmaps' and 'misses' are FigureWidgets."""
+    """Build the locality explorer; figures 'heatmaps' and 'misses' are FigureWidgets, under them the misses table.
+
+    max_cache_lines: the largest LRU capacity of the miss curves, one of CACHE_LINE_CHOICES (powers of two).
+    """
     import ipywidgets as widgets
     import plotly.graph_objects as go
 
     from hilbert_lab.viz.locality import miss_curve_figure
 
+    if max_cache_lines not in CACHE_LINE_CHOICES:
+        raise ValueError(f"max_cache_lines must be one of {CACHE_LINE_CHOICES}, got {max_cache_lines!r}")
+    labelled = {"style": {"description_width": "initial"}}  # descriptions shown in full, never cut off
     controls = {
         "kind": widgets.ToggleButtons(options=[("2D grid, window attention", "grid"),
                                                ("1D sequence, dilated attention", "sequence")],
-                                      value=kind, description="study"),
-        "size": widgets.IntText(value=size, description="side / tokens"),
-        "box_or_segment": widgets.IntText(value=box_or_segment, description="box / segment"),
-        "dilation_rate": widgets.IntSlider(value=dilation_rate, min=1, max=16, description="dilation"),
-        "max_cache_lines": widgets.IntSlider(value=max_cache_lines, min=4, max=1 << 14, step=4,
-                                             description="cache lines", continuous_update=False),
-        "line_bytes": widgets.Dropdown(options=list(LINE_SIZES), value=line_bytes, description="line bytes"),
+                                      value=kind, description="study",
+                                      style={"description_width": "initial", "button_width": "auto"}),
+        "size": widgets.IntText(value=size, description="side / tokens", **labelled),
+        "box_or_segment": widgets.IntText(value=box_or_segment, description="box / segment", **labelled),
+        "dilation_rate": widgets.IntSlider(value=dilation_rate, min=1, max=16, description="dilation",
+                                           continuous_update=False, **labelled),
+        "max_cache_lines": widgets.SelectionSlider(options=list(CACHE_LINE_CHOICES), value=max_cache_lines,
+                                                   description="largest cache (lines)", continuous_update=False,
+                                                   **labelled),
+        "line_bytes": widgets.Dropdown(options=list(LINE_SIZES), value=line_bytes, description="line bytes",
+                                       **labelled),
     }
     message = widgets.HTML()
+    table_html = widgets.HTML()
     figures = {"heatmaps": go.FigureWidget(), "misses": go.FigureWidget()}
     state: dict = {}
 
     def refresh() -> None:
         notes: list[str] = []
         chosen = controls["kind"].value
+        controls["dilation_rate"].disabled = chosen == "grid"  # window attention on a grid has no dilation
         if chosen == "grid":
             size_value = clamp(controls["size"].value, 2, MAX_GRID_SIDE, "side", notes)
             box = clamp(controls["box_or_segment"].value, 1, size_value, "box", notes)
@@ -123,10 +151,14 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
         notes += [f"{name}: {reason}" for name, reason in study["unsupported"].items()]
         label = (f"{size_value}x{size_value} grid, window {box}" if chosen == "grid"
                  else f"{size_value} tokens, segment {box}, dilation {rate}")
-        replace_figure(figures["heatmaps"], access_heatmaps_figure(study["index_grids"], f"access order: {label}"))
+        replace_figure(figures["heatmaps"], access_heatmaps_figure(study["index_grids"], f"access order: {label}",
+                                                                   kind=chosen))
         replace_figure(figures["misses"], miss_curve_figure(study["capacities"], study["misses"],
                                                            title=f"LRU misses of the K/V line trace: {label}"))
-        state.update(study=study, label=label)
+        table = misses_table(study)
+        table_html.value = (f"<b>LRU misses at each capacity: {html.escape(label)}</b> (lower is better)"
+                            + table.to_html(border=0))
+        state.update(study=study, label=label, misses_table=table)
         show_message(message, notes)
 
     observer = guarded(refresh, message)
@@ -151,7 +183,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
         controls["kind"],
         widgets.HBox([controls["size"], controls["box_or_segment"], controls["dilation_rate"]]),
         widgets.HBox([controls["max_cache_lines"], controls["line_bytes"]]),
-        message, figures["heatmaps"], figures["misses"],
+        message, figures["heatmaps"], figures["misses"], table_html,
     ])
     observer()
     return Panel(widget=layout, figures=figures, controls=controls, message=message, refresh=refresh, state=state)

@@ -46,12 +46,19 @@ def show_message(message_widget: Any, notes: list[str], *, error: bool = False) 
 
 
 def replace_figure(target: Any, source: Any) -> None:
-    """Make FigureWidget `target` show plain figure `source` (traces and layout) in one update."""
+    """Make FigureWidget `target` show plain figure `source` (traces and layout).
+
+    The layout goes over as whole top-level entries (never `xaxis2` together with `xaxis2.anchor`,
+    which plotly.js refuses), after clearing the entries that `source` no longer has.
+    """
+    layout = source.layout.to_plotly_json()
     with target.batch_update():
         target.data = []
-        target.layout = {}
         target.add_traces(list(source.data))
-        target.update_layout(source.layout.to_plotly_json())
+    stale = [key for key in target.layout.to_plotly_json() if key not in layout]
+    if stale:
+        target.plotly_relayout({key: None for key in stale})
+    target.layout = layout
 
 
 def guarded(refresh: Callable[[], None], message_widget: Any) -> Callable[..., None]:

@@ -13,6 +13,7 @@ from hilbert_lab.viz.curves import (  # noqa: E402
     curve_animation_figure,
     curve_coordinates,
     curve_figure,
+    metrics_figure,
     traversal_metrics,
 )
 
@@ -125,3 +126,60 @@ def test_explorer_shows_errors_instead_of_raising(monkeypatch):
                         lambda *args, **kwargs: (_ for _ in ()).throw(RuntimeError("boom 77")))
     panel.controls["order"].value = 3  # must not raise
     assert "boom 77" in panel.message.value
+
+
+def test_2d_figure_shows_every_column_and_row_whole():
+    coords = curve_coordinates("gilbert", width=12, height=8)
+    for figure in (curve_figure(coords), curve_figure(coords, visible_cells=3), curve_animation_figure(coords)):
+        # fixed ranges half a cell beyond the outer cells, kept by shrinking the plot area (not the range)
+        assert list(figure.layout.xaxis.range) == [-0.5, 11.5] and list(figure.layout.yaxis.range) == [7.5, -0.5]
+        assert figure.layout.xaxis.constrain == figure.layout.yaxis.constrain == "domain"
+        assert figure.layout.yaxis.scaleanchor == "x"
+        assert figure.layout.xaxis.title.text and figure.layout.yaxis.title.text
+
+
+def test_animation_starts_in_full_with_the_colour_scale_of_the_whole_traversal():
+    coords = curve_coordinates("gilbert", width=12, height=8)
+    fig = curve_animation_figure(coords, frames=6)
+    assert len(fig.data[0].x) == 96  # drawn in full until played
+    assert fig.layout.sliders[0].active == len(fig.frames) - 1
+    for trace in [fig.data[0]] + [frame.data[0] for frame in fig.frames]:
+        assert (trace.marker.cmin, trace.marker.cmax) == (0, 95)  # never a -0.4..0.4 bar for one cell
+    play = fig.layout.updatemenus[0].buttons[0]
+    assert play.args[0] is None and play.args[1]["fromcurrent"] is False  # play draws from the first cell
+
+
+def test_explorer_disables_size_controls_without_effect():
+    panel = curve_explorer(family="hilbert", order=2)
+    disabled = {name: control.disabled for name, control in panel.controls.items() if name != "play"}
+    assert disabled == {"family": False, "ndim": False, "order": False, "width": True, "height": True, "depth": True,
+                        "color_by_index": False, "drawn_percent": False}
+    panel.controls["family"].value = "gilbert"
+    assert panel.controls["order"].disabled and not panel.controls["width"].disabled
+    assert panel.controls["depth"].disabled  # 2D
+    panel.controls["ndim"].value = 3
+    assert not panel.controls["depth"].disabled
+    panel.controls["family"].value = "morton"
+    assert [panel.controls[name].disabled for name in ("order", "width", "height", "depth")] == [False, True, True,
+                                                                                                True]
+
+
+def test_explorer_labels_are_not_cut_off():
+    panel = curve_explorer()
+    for name, control in panel.controls.items():
+        if name != "play":
+            assert control.style.description_width == "initial", name
+
+
+def test_metrics_figure_one_panel_per_metric_with_unit_and_direction():
+    metrics = {family: traversal_metrics(curve_coordinates(family, order=3) if family in ("hilbert", "morton")
+                                         else curve_coordinates(family, width=8, height=8))
+               for family in CURVE_FAMILIES}
+    fig = metrics_figure(metrics)
+    names = ["mean_step", "max_step", "unit_step_fraction", "window_spread"]
+    assert [trace.name for trace in fig.data] == names
+    for trace, axis in zip(fig.data, ("yaxis", "yaxis2", "yaxis3", "yaxis4")):
+        assert list(trace.x) == list(CURVE_FAMILIES)
+        assert list(trace.y) == [metrics[family][trace.name] for family in CURVE_FAMILIES]
+        title = fig.layout[axis].title.text
+        assert "better" in title and "(" in title and trace.name not in title

@@ -1,6 +1,8 @@
 """Locality and attention-pattern explorers and their figure builders, driven headlessly."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -11,7 +13,12 @@ pytest.importorskip("ipywidgets", reason="ipywidgets (notebooks extra) builds th
 from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
 from hilbert_lab.viz import attention as attention_viz  # noqa: E402
 from hilbert_lab.viz.attention_explorer import attention_explorer, parse_int_list  # noqa: E402
-from hilbert_lab.viz.locality_explorer import capacity_points, locality_explorer, locality_study  # noqa: E402
+from hilbert_lab.viz.locality_explorer import (  # noqa: E402
+    CACHE_LINE_CHOICES,
+    capacity_points,
+    locality_explorer,
+    locality_study,
+)
 
 
 def _z(figure, index=0) -> np.ndarray:
@@ -95,6 +102,60 @@ def test_attention_explorer_callbacks():
     assert _z(panel.figures["heads"]).shape == (256, 256)
 
 
+def test_mask_figures_name_query_and_key_axes():
+    pattern = DilatedPattern.create([4, 8], [1, 2])
+    for figure in (attention_viz.branch_mask_figure(pattern, 16, 2), attention_viz.head_mask_figure(pattern, 16, 6),
+                   attention_viz.multiplicity_figure(pattern, 16, 2)):
+        for index in range(len(figure.data)):  # 4 panels a row; the query title on the first of each row
+            suffix = "" if index == 0 else str(index + 1)
+            assert "key" in figure.layout[f"xaxis{suffix}"].title.text
+            assert ("query" in (figure.layout[f"yaxis{suffix}"].title.text or "")) == (index % 4 == 0)
+
+
+def test_attention_explorer_defaults_show_orderings_differ():
+    panel = attention_explorer()
+    table = panel.state["tile_table"]
+    shares = table[table["head"] >= 0].groupby("ordering")["nonempty_share"].mean()
+    assert set(shares.index) == {"identity", "hilbert", "morton", "snake", "dilation_major"}
+    assert shares["hilbert"] == shares["morton"] < 0.5 < shares["identity"] == shares["dilation_major"] == 1.0
+    assert panel.state["pattern"].segment_lengths == (16, 64)
+    coverage = attention_viz.token_coverage(panel.state["pattern"], 64, 2)
+    assert coverage["covered_share"].tolist() == [1.0, 1.0]  # every query has keys at the defaults
+    assert "same for every ordering" not in panel.figures["tiles"].layout.title.text
+    bars = panel.figures["tiles"].data[0]
+    assert list(bars.y) == [shares[ordering] for ordering in bars.x]
+    table_widget = panel.widget.children[-1]  # the numbers under the bars follow the controls
+
+    def shown_shares() -> list[float]:  # first column of the table under the bars
+        rows = re.findall(r"<th>(\w+)</th>\s*<td>([0-9.]+)</td>", table_widget.value)
+        return [float(value) for _ordering, value in rows]
+
+    assert shown_shares() == pytest.approx([shares[ordering] for ordering in bars.x], abs=1e-4)
+    panel.controls["causal"].value = True
+    table = panel.state["tile_table"]
+    causal = table[table["head"] >= 0].groupby("ordering", sort=False)["nonempty_share"].mean()
+    assert causal["identity"] < 1.0
+    assert shown_shares() == pytest.approx(causal.tolist(), abs=1e-4)
+
+
+def test_tile_figure_says_when_every_ordering_is_the_same():
+    # shortest branch w=8, r=1 and 8x8 tiles: every layout permutes tokens inside one tile
+    pattern = DilatedPattern.create([8, 16], [1, 2])
+    table = attention_viz.tile_density_table(pattern, 32, 2, 8, ["identity", "hilbert", "dilation_major"])
+    figure = attention_viz.tile_density_figure(table, 8)
+    assert table.groupby("ordering")["nonempty_share"].mean().nunique() == 1
+    assert "same for every ordering" in figure.layout.title.text
+    assert "better" in figure.data[0].name and "better" in figure.data[1].name
+
+
+def test_explorer_labels_are_not_cut_off():
+    for panel in (attention_explorer(seq_len=16, segment_lengths="4,8"), locality_explorer(size=8)):
+        for name, control in panel.controls.items():
+            assert control.style.description_width == "initial", name
+    kind = locality_explorer(size=8).controls["kind"]
+    assert kind.style.button_width == "auto"  # "1D sequence, dilated attention" in full
+
+
 def test_attention_explorer_reference_check():
     pytest.importorskip("hilbert_lab.attention.engine", reason="the engine has not landed")
     panel = attention_explorer(segment_lengths="4,8", dilation_rates="1,2", seq_len=16, num_heads=2)
@@ -141,3 +202,67 @@ def test_locality_explorer_callbacks():
     panel.controls["box_or_segment"].value = 300  # does not divide 1024
     assert "segment must divide" in panel.message.value
     assert panel.state["study"]["index_grids"]["identity"].shape[1] == 256
+
+
+def test_locality_dilation_only_active_for_sequences():
+    panel = locality_explorer(kind="grid", size=8, box_or_segment=2, max_cache_lines=16)
+    assert panel.controls["dilation_rate"].disabled
+    panel.controls["kind"].value = "sequence"
+    assert not panel.controls["dilation_rate"].disabled
+    panel.controls["kind"].value = "grid"
+    assert panel.controls["dilation_rate"].disabled
+
+
+def test_locality_cache_slider_steps_by_doubling():
+    panel = locality_explorer(size=8, max_cache_lines=64)
+    slider = panel.controls["max_cache_lines"]
+    assert list(slider.options) == list(CACHE_LINE_CHOICES) == [2 ** power for power in range(2, 15)]
+    slider.value = 1024
+    assert panel.state["study"]["capacities"] == capacity_points(1024)
+    with pytest.raises(ValueError, match="max_cache_lines"):
+        locality_explorer(size=8, max_cache_lines=100)
+
+
+def test_locality_misses_table_follows_the_controls():
+    panel = locality_explorer(kind="grid", size=16, box_or_segment=3, max_cache_lines=64)
+    table_widget = panel.widget.children[-1]
+    first = panel.state["misses_table"]
+    panel.controls["box_or_segment"].value = 5
+    table = panel.state["misses_table"]
+    study = panel.state["study"]
+    assert not table.equals(first)
+    assert list(table.index) == study["capacities"]
+    for ordering, misses in study["misses"].items():
+        assert table[ordering].tolist() == misses
+        assert all(f"<td>{value}</td>" in table_widget.value for value in misses)
+    assert "window 5" in table_widget.value
+
+
+def test_replace_figure_sends_whole_layout_entries():
+    """plotly.js refuses a relayout holding `xaxis2` and `xaxis2.anchor` together (the redraw is then lost)."""
+    import plotly.graph_objects as go
+
+    from hilbert_lab.viz.panels import replace_figure
+
+    widget = go.FigureWidget()
+    sent: list[dict] = []
+    for method, position in (("_send_update_msg", 1), ("_send_relayout_msg", 0)):
+        original = getattr(widget, method)
+
+        def capture(*args, _original=original, _position=position, **kwargs):
+            sent.append(dict(args[_position]))
+            return _original(*args, **kwargs)
+
+        setattr(widget, method, capture)
+    pattern = DilatedPattern.create([4, 8], [1, 2])
+    figures = [attention_viz.head_mask_figure(pattern, 16, 4), attention_viz.head_mask_figure(pattern, 16, 2),
+               attention_viz.coverage_figure(pattern, 16, 2)]
+    for figure in figures:
+        sent.clear()
+        replace_figure(widget, figure)
+        for relayout in sent:
+            keys = set(relayout)
+            assert not [key for key in keys if any(key.startswith(other + ".") for other in keys)], sorted(keys)
+        assert widget.layout.to_plotly_json() == figure.layout.to_plotly_json()  # stale subplots gone
+        assert [trace.name for trace in widget.data] == [trace.name for trace in figure.data]
+        assert all(np.array_equal(shown.z, drawn.z) for shown, drawn in zip(widget.data, figure.data))
