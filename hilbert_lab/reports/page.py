@@ -180,7 +180,7 @@ margin:10px 0;font-size:.93em}.conclusion{font-weight:600;margin:.3em 0 .6em}
 .table-wrap{overflow-x:auto;margin:.4em 0 1em}table{border-collapse:collapse;font-size:.88em;width:100%}
 caption{text-align:left;color:#5b6473;padding:4px 0;caption-side:top}
 th{background:#eef1f5;text-align:left;padding:5px 8px;border-bottom:2px solid #d5dae1;white-space:nowrap}
-td{padding:4px 8px;border-bottom:1px solid #eceef2;vertical-align:top}td.num{text-align:right;white-space:nowrap;
+td{padding:4px 8px;border-bottom:1px solid #eceef2;vertical-align:top;white-space:pre-line}td.num{text-align:right;white-space:nowrap;
 font-variant-numeric:tabular-nums}tr:hover td{background:#fafbfd}
 .verdict-confirmed,.verdict-faster{color:#1b7a2f;font-weight:600}.verdict-refuted{color:#b3261e;font-weight:600}
 .figure{margin:.2em 0 1.2em}.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(320px,1fr));gap:14px}

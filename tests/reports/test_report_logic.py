@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -61,10 +62,9 @@ def test_parse_claims_reads_the_table():
     assert parsed[0] == {"id": "C1", "claim": "fast", "configuration": "FP32", "hardware": "GTX 1080"}
 
 
-def test_claims_file_lists_twelve_claims_when_present():
+def test_package_carries_the_twelve_claims():
     path = claims.find_claims_file()
-    if path is None:
-        pytest.skip("shared/claims.md is not beside this checkout")
+    assert path is not None and path.parent == Path(claims.__file__).parent
     assert [claim["id"] for claim in claims.parse_claims(path.read_text())] == [f"C{i}" for i in range(1, 13)]
     with pytest.raises(ValueError, match="claims_file"):
         claims.find_claims_file("/no/such/claims.md")
@@ -72,7 +72,7 @@ def test_claims_file_lists_twelve_claims_when_present():
 
 def test_ratio_bounds_and_timing_verdicts():
     speedup, low, high = claims.ratio_with_bounds([10.0, 12.0, 14.0], [5.0, 6.0, 8.0])
-    assert (speedup, low, high) == (2.0, 10 / 8, 14 / 5)
+    assert speedup == 2.0 and 10 / 8 <= low <= 2.0 <= high <= 14 / 5  # bootstrap interval inside the extremes
     assert claims.timing_verdict(2.5, low, high, claimed_on_gpu=True, device="cpu") == "not reproducible here"
     assert claims.timing_verdict(2.5, low, high, claimed_on_gpu=True, device="cuda") == "confirmed"
     assert claims.timing_verdict(7.95, low, high, claimed_on_gpu=True, device="cuda") == "refuted"
