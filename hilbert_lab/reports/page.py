@@ -217,9 +217,10 @@ def page_html(page: Page, env: dict[str, Any], *, notebook: str | None = None, i
         parts.append(f"<p class='nav'><a href='{html.escape(index_href)}'>&larr; all reports</a></p>")
     parts.append(f"<h1>{html.escape(page.title)}</h1>")
     commit = (env.get("git") or {}).get("commit")
-    parts.append(f"<p class='meta'>{html.escape(device_label(env))} &middot; git "
-                 f"{html.escape(commit[:7] if commit else 'revision not recorded')} &middot; "
-                 f"{html.escape(str(env.get('created_utc') or ''))}</p>")
+    meta = [device_label(env), f"git {commit[:7]}" if commit else "git revision not recorded"]
+    if env.get("created_utc"):
+        meta.append(f"recorded {env['created_utc']}")
+    parts.append(f"<p class='meta'>{' &middot; '.join(html.escape(item) for item in meta)}</p>")
     bullets = "".join(f"<li>{html.escape(item)}</li>" for item in page.bullets)
     parts.append(f"<div class='summary'><p>{html.escape(page.summary)}</p>"
                  + (f"<ul>{bullets}</ul>" if bullets else "") + "</div>")
