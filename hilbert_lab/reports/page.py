@@ -38,6 +38,7 @@ class Page:
     sections: list[Section] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     bullets: list[str] = field(default_factory=list)
+    device: str = ""  # where the data was measured, when not the machine in env.json (e.g. logs of GPU runs)
 
 
 def is_missing(value: Any) -> bool:
@@ -217,7 +218,7 @@ def page_html(page: Page, env: dict[str, Any], *, notebook: str | None = None, i
         parts.append(f"<p class='nav'><a href='{html.escape(index_href)}'>&larr; all reports</a></p>")
     parts.append(f"<h1>{html.escape(page.title)}</h1>")
     commit = (env.get("git") or {}).get("commit")
-    meta = [device_label(env), f"git {commit[:7]}" if commit else "git revision not recorded"]
+    meta = [page.device or device_label(env), f"git {commit[:7]}" if commit else "git revision not recorded"]
     if env.get("created_utc"):
         meta.append(f"recorded {env['created_utc']}")
     parts.append(f"<p class='meta'>{' &middot; '.join(html.escape(item) for item in meta)}</p>")

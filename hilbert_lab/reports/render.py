@@ -87,11 +87,13 @@ def render_run(run_dir: str | Path, out_path: str | Path | None = None, *, name:
 
 
 def committed_gpu_runs(root: str | Path | None = None) -> list[Path]:
-    """Run directories under reports/<name>/<run>/ recorded on a GPU (env.json says so), sorted."""
+    """Run directories under reports/<name>/<run>/ recorded on a GPU (env.json says so; suites left out), sorted."""
     root = Path(root) if root is not None else REPO_ROOT / "reports"
     runs = []
     for metrics_path in sorted(root.glob("*/*/metrics.json")):
         env_path = metrics_path.parent / "env.json"
+        if "parts" in json.loads(metrics_path.read_text(encoding="utf-8")):  # a suite, not one report
+            continue
         if env_path.is_file() and is_gpu_env(json.loads(env_path.read_text(encoding="utf-8"))):
             runs.append(metrics_path.parent)
     return runs
@@ -110,8 +112,8 @@ def render_suite_index(suite_dir: str | Path, parts: list[str], *, title: str,
             page = build_page(metrics, env)
             render_run(part_dir, part_dir / f"{part}.html", name=part, index_href="../index.html")
             entries.append({"href": f"{part}/{part}.html", "title": page.title, "headline": page.headline,
-                            "device": device_label(env), "group": "This run (CPU)" if not is_gpu_env(env)
-                            else "This run (GPU)"})
+                            "device": page.device or device_label(env), "group": "This run (CPU)"
+                            if not is_gpu_env(env) else "This run (GPU)"})
         except Exception as error:  # one broken part must not hide the others
             entries.append({"href": f"{part}/{part}.html", "title": part, "device": "",
                             "headline": f"could not be rendered: {type(error).__name__}: {error}"[:300],

@@ -268,7 +268,10 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                        f"final accuracy {100 * row['final_accuracy']:.1f}% vs chance "
                        f"{100 * (row.get('chance_accuracy') or 0):.1f}%, loss {fmt(row.get('final_loss'))} after "
                        f"{fmt(row.get('steps'))} steps at {fmt(row.get('seq_len'))} tokens.")
-    for group in dict.fromkeys(finals["group"]) if len(finals) else []:
+    groups = list(dict.fromkeys(finals["group"])) if len(finals) and len(history) else []
+    if len(finals) and not len(history):
+        sections.append(Section("Curves", "This run recorded no history table (an older run): no curves."))
+    for group in groups:
         group_finals = finals[finals["group"] == group]
         records = history[history["group"] == group]
         runs = {label: [{k: v for k, v in record.items() if v is not None and v == v}
@@ -276,7 +279,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                 for label in group_finals["run"]}
         run_phases_ = {label: [(int(r["start_step"]), int(r["end_step"]), int(r["seq_len"]))
                                for r in phases[(phases["group"] == group) & (phases["run"] == label)]
-                               .to_dict(orient="records")] for label in runs}
+                               .to_dict(orient="records")] for label in runs} if len(phases) else None
         if not any(runs.values()):
             continue
         best = group_finals.sort_values("final_accuracy", ascending=False).iloc[0]
@@ -335,5 +338,6 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                "only). The runs were trained on GPUs and logged to JSON; this page draws their curves, final "
                "evaluations, the ring-vs-one-GPU agreement and the throughput measurements.")
     headline = bullets[0] if bullets else f"{len(finals)} training runs"
+    devices = sorted({str(device) for device in finals.get("device", []) if device}) if len(finals) else []
     return Page(title="Training: LongNet on 32K-token needle retrieval", summary=summary, headline=headline,
-                sections=sections, bullets=bullets)
+                sections=sections, bullets=bullets, device="runs trained on " + ", ".join(devices) if devices else "")
