@@ -109,27 +109,13 @@ def scaling_figure(table: Any, value: str = "median_ms", title: str | None = Non
         group = group.sort_values("seq_len")
         fig.add_trace(go.Scatter(x=group["seq_len"].tolist(), y=group[value].tolist(), mode="lines+markers",
                                  name=" / ".join(map(str, key))))
-    fig.update_layout(title=title or f"{value} vs sequence length", xaxis_title="tokens", yaxis_title=value,
+    axis = {"median_ms": "median time (ms, lower is better)", "useful_tflops": "useful TFLOP/s (higher is better)",
+            "peak_mib": "peak memory above inputs (MiB, lower is better)"}.get(value, value)
+    fig.update_layout(title=title or f"{value} vs sequence length", xaxis_title="sequence length (tokens)",
+                      yaxis_title=axis,
                       xaxis_type="log", yaxis_type="log" if value in ("median_ms", "peak_mib") else "linear",
                       height=420)
     return fig
-
-
-def ordering_speedups(table: Any) -> Any:
-    """DataFrame: for each non-identity ordering case, median identity time / its median time (same
-    backend, mode, pass and seq_len)."""
-    import pandas as pd
-
-    ok = table[table["status"] == "ok"]
-    keys = ["backend", "mode", "pass", "seq_len"]
-    baseline = ok[ok["ordering"] == "identity"].set_index(keys)["median_ms"]
-    rows = []
-    for record in ok[ok["ordering"] != "identity"].to_dict(orient="records"):
-        key = tuple(record[name] for name in keys)
-        if key in baseline.index:
-            rows.append({**{name: record[name] for name in keys}, "ordering": record["ordering"],
-                         "speedup_vs_identity": float(baseline[key] / record["median_ms"])})
-    return pd.DataFrame(rows, columns=keys + ["ordering", "speedup_vs_identity"])
 
 
 def ordering_ab(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequence[str], orderings: Sequence[str],
