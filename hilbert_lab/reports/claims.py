@@ -542,7 +542,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         detail = pd.DataFrame([{"aspect": row["aspect"], "configuration": row["configuration"],
                                 "claimed": row["claimed"], "measured": mark_bare_ratios(row["measured"]),
                                 "verdict": row["verdict"], "why": row["why"]} for row in claim_rows])
-        sections.append(Section(f"{claim}: {text}" if text else claim, conclusion,
+        sections.append(Section(f"{claim}: «{text}»" if text else claim, conclusion,
                                 text=[f"Claimed on: {hardware}."] if hardware else [],
                                 table=detail if len(detail) else None))
     summary_counts = pd.Series(list(verdicts.values())).value_counts()
@@ -562,7 +562,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
                f"{device} (max {parameters.get('max_tokens', '?'):,} tokens, {parameters.get('repeats', '?')} "
                f"repeats per timing, ratios with 95% bootstrap intervals). "
                + ", ".join(f"{int(count)} {verdict}" for verdict, count in summary_counts.items()) + ".")
-    bullets = [f"{row['claim']} ({row['verdict']}): {row['claim text']}" for row in overview]
+    bullets = [f"{row['claim']} ({row['verdict']}): «{row['claim text']}»" for row in overview]
     headline = ", ".join(f"{int(count)} {verdict}" for verdict, count in summary_counts.items()) + \
         f" of {len(order)} claims" + ("" if is_gpu_env(env) else " (CPU; GPU timing claims not reproducible here)")
     notes = [] if is_gpu_env(env) else [CPU_TIMING_NOTE]

@@ -105,16 +105,23 @@ def figure_axis_titles(fig: Any) -> list[tuple[str, str]]:
     return titles
 
 
+def text_html(text: str) -> str:
+    """Escaped text; a quotation of someone else's words written «...» becomes <q>...</q>."""
+    return html.escape(str(text)).replace("«", "<q>").replace("»", "</q>")
+
+
 def table_html(frame: Any, caption: str = "") -> str:
-    """A DataFrame as an HTML table with formatted cells (text wraps, nothing truncated)."""
+    """A DataFrame as an HTML table with formatted cells (text wraps, nothing truncated); each cell
+    carries its column name in data-col."""
     head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
+    names = [html.escape(str(column), quote=True) for column in frame.columns]
     rows = []
     for record in frame.itertuples(index=False):
         cells = []
-        for value in record:
+        for name, value in zip(names, record):
             text = fmt(value)
             numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            cells.append(f"<td class='{'num' if numeric else 'txt'}'>{html.escape(text)}</td>")
+            cells.append(f"<td class='{'num' if numeric else 'txt'}' data-col=\"{name}\">{text_html(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
     return f"<div class='table-wrap'><table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
@@ -222,16 +229,16 @@ def page_html(page: Page, env: dict[str, Any], *, notebook: str | None = None, i
     if env.get("created_utc"):
         meta.append(f"recorded {env['created_utc']}")
     parts.append(f"<p class='meta'>{' &middot; '.join(html.escape(item) for item in meta)}</p>")
-    bullets = "".join(f"<li>{html.escape(item)}</li>" for item in page.bullets)
-    parts.append(f"<div class='summary'><p>{html.escape(page.summary)}</p>"
+    bullets = "".join(f"<li>{text_html(item)}</li>" for item in page.bullets)
+    parts.append(f"<div class='summary'><p>{text_html(page.summary)}</p>"
                  + (f"<ul>{bullets}</ul>" if bullets else "") + "</div>")
     parts += [f"<p class='note'>{html.escape(note)}</p>" for note in page.notes]
     has_figure = False
     for section in page.sections:
-        parts.append(f"<h2>{html.escape(section.heading)}</h2>")
+        parts.append(f"<h2>{text_html(section.heading)}</h2>")
         if section.conclusion:
-            parts.append(f"<p class='conclusion'>{html.escape(section.conclusion)}</p>")
-        parts += [f"<p>{html.escape(paragraph)}</p>" for paragraph in section.text]
+            parts.append(f"<p class='conclusion'>{text_html(section.conclusion)}</p>")
+        parts += [f"<p>{text_html(paragraph)}</p>" for paragraph in section.text]
         if section.figure is not None:
             has_figure = True
             parts.append(f"<div class='figure'>{figure_div(section.figure)}</div>")
@@ -266,6 +273,6 @@ def index_html(title: str, intro: str, entries: Sequence[dict[str, Any]], groups
         for entry in members:
             cards.append(f"<div class='card'><h3><a href='{html.escape(entry['href'])}'>{html.escape(entry['title'])}"
                          f"</a></h3><p><span class='tag'>{html.escape(entry.get('device', ''))}</span></p>"
-                         f"<p>{html.escape(entry.get('headline', ''))}</p></div>")
+                         f"<p>{text_html(entry.get('headline', ''))}</p></div>")
         parts.append(f"<div class='cards'>{''.join(cards)}</div>")
     return html_document(title, "".join(parts), with_plotly=False)
