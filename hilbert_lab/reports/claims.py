@@ -492,13 +492,18 @@ def claim_summary(frame: Any, listed: list[dict[str, str]]) -> Any:
 # ---------------------------------------------------------------------------------------------------
 # the page (a pure function of metrics.json + env.json)
 
-_BARE_RATIO = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?x|nanx)(?!\s*\[)")
+_BARE_RATIO = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?x|nanx)(?![\w\[]|\s+\[)")
 
 
 def mark_bare_ratios(text: str) -> str:
     """Measured text with every ratio that has no interval marked as such (older runs recorded some)."""
     return _BARE_RATIO.sub(lambda match: "n/a" if match.group(1) == "nanx"
                            else f"{match.group(1)} (no interval recorded)", str(text))
+
+
+def quote_claimed_ratios(text: str) -> str:
+    """Reason text with its bare ratios (the claim's own numbers it cites) marked as quotations «...»."""
+    return _BARE_RATIO.sub(lambda match: f"«{match.group(1)}»", str(text))
 
 
 def claim_verdict(verdicts: Sequence[str]) -> str:
@@ -531,17 +536,19 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         text = texts.get(claim) or packaged.get(claim, {}).get("claim", "")
         verdict = claim_verdict([row["verdict"] for row in claim_rows]) if claim_rows else "not reproducible here"
         verdicts[claim] = verdict
-        measured = "\n".join(f"{row['aspect']}: {mark_bare_ratios(row['measured'])}" for row in claim_rows) or "not run"
-        reasons = list(dict.fromkeys(row["why"] for row in claim_rows if row.get("why")))
+        measured = "\n".join(f"{quote_claimed_ratios(row['aspect'])}: {mark_bare_ratios(row['measured'])}"
+                             for row in claim_rows) or "not run"
+        reasons = list(dict.fromkeys(quote_claimed_ratios(row["why"]) for row in claim_rows if row.get("why")))
         overview.append({"claim": claim, "claim text": text, "measured": measured, "verdict": verdict,
                          "reason": " / ".join(reasons) or "no experiment covers this claim"})
         counts = pd.Series([row["verdict"] for row in claim_rows]).value_counts()
         conclusion = (f"Verdict: {verdict} ("
                       + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS if counts.get(v, 0)) + ")")
         hardware = packaged.get(claim, {}).get("hardware", "")
-        detail = pd.DataFrame([{"aspect": row["aspect"], "configuration": row["configuration"],
+        detail = pd.DataFrame([{"aspect": quote_claimed_ratios(row["aspect"]), "configuration": row["configuration"],
                                 "claimed": row["claimed"], "measured": mark_bare_ratios(row["measured"]),
-                                "verdict": row["verdict"], "why": row["why"]} for row in claim_rows])
+                                "verdict": row["verdict"], "why": quote_claimed_ratios(row["why"])}
+                               for row in claim_rows])
         sections.append(Section(f"{claim}: «{text}»" if text else claim, conclusion,
                                 text=[f"Claimed on: {hardware}."] if hardware else [],
                                 table=detail if len(detail) else None))
