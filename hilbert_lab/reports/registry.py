@@ -43,8 +43,9 @@ _SMALL_BENCHMARK = {
     "head_dim": 32,
     "repeats": 10,
     "ab_repeats": 21,
+    "save_png": False,  # the page draws its figures from metrics.json; kaleido would start a browser per PNG
 }
-_SMALL_CLAIMS = {"device": "cpu", "max_tokens": 4096, "repeats": 5}
+_SMALL_CLAIMS = {"device": "cpu", "max_tokens": 4096, "repeats": 5, "save_png": False}
 
 REPORTS: dict[str, ReportSpec] = {
     spec.name: spec
