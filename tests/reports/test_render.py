@@ -115,3 +115,22 @@ def test_render_cli_rebuilds_a_page_and_refuses_a_bad_dir(tmp_path, capsys):
 def test_fmt_keeps_tables_short():
     assert fmt(0.123456789) == "0.123" and fmt(1234567.89) == "1,234,568" and fmt(None) == "-"
     assert fmt(float("nan")) == "-" and fmt(3) == "3" and fmt(2.0) == "2" and fmt(1.5e-7) == "1.50e-07"
+
+
+def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
+    runs = sorted((REPO / "reports" / "default").glob("*/metrics.json"))
+    if not runs:
+        pytest.skip("no committed default run")
+    suite = runs[-1].parent
+    pages = {part: build_page(*load_run(suite / part)) for part in json.loads((suite / "metrics.json").read_text())["parts"]}
+    assert set(pages) == {"benchmark-small", "locality", "claims-small", "training"}
+    for name, page in pages.items():
+        figures = [section for section in page.sections if section.figure is not None]
+        assert figures, name
+        for section in figures:
+            assert section.conclusion, (name, section.heading)
+            assert all(title for _axis, title in figure_axis_titles(section.figure)), (name, section.heading)
+    # the training curves come from the recorded history alone: one accuracy and one loss figure per group
+    curves = [s for s in pages["training"].sections if s.heading.endswith((": accuracy", ": loss"))]
+    assert len(curves) == 4 and "93.8%" in pages["training"].headline
+    assert "lower" in pages["locality"].headline or "equal" in pages["locality"].headline
