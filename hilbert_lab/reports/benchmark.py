@@ -37,13 +37,17 @@ def useful_flops(case: dict[str, Any]) -> float:
 def benchmark_cases(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequence[str],
                     orderings: Sequence[str], backends: Sequence[str], segment_lengths: Sequence[int],
                     dilation_rates: Sequence[int], batch_size: int, num_heads: int, head_dim: int, repeats: int,
-                    warmup: int, causal: bool = False, passes: Sequence[str] = ("forward",)) -> list[dict[str, Any]]:
-    """Validated bench cases: backends x seq_lens x modes x orderings x passes ("identity" -> ordering None)."""
+                    warmup: int, causal: bool = False, passes: Sequence[str] = ("forward",),
+                    threads: int | None = None) -> list[dict[str, Any]]:
+    """Validated bench cases: backends x seq_lens x modes x orderings x passes ("identity" -> ordering None).
+
+    threads pins torch's CPU threads in each case's process (CPU cases only; None leaves the default)."""
     from hilbert_lab.bench import expand_matrix
 
     base = {"kind": "attention", "device": device, "dtype": dtype, "segment_lengths": list(segment_lengths),
             "dilation_rates": list(dilation_rates), "batch_size": batch_size, "num_heads": num_heads,
-            "head_dim": head_dim, "repeats": repeats, "warmup": warmup, "causal": causal}
+            "head_dim": head_dim, "repeats": repeats, "warmup": warmup, "causal": causal,
+            "threads": threads if str(device) == "cpu" else None}
     matrix = {"backend": list(backends), "seq_len": list(seq_lens), "mode": list(modes),
               "ordering": [None if ordering == "identity" else ordering for ordering in orderings],
               "pass": list(passes)}

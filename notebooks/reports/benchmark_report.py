@@ -20,9 +20,10 @@
 # memory above the inputs (CUDA: max_memory_allocated; CPU: peak RSS of the isolated process).
 #
 # Orderings are also timed against the identity layout in one process, alternating A and B (`ab_repeats`
-# pairs, one pinned CPU thread), which is what the page's ordering verdicts use: the median ratio with its
-# 95% bootstrap interval, "no difference" when the interval contains 1. The page itself
-# (`benchmark-small.html` / `benchmark.html`) is rebuilt from metrics.json by `hilbert_lab.reports.benchmark.render`.
+# pairs, `threads` pinned CPU threads, as in the per-case runs), which the page uses for the ordering
+# verdicts: the median ratio with its 95% bootstrap interval, "no difference" when the interval
+# contains 1. The page itself (`benchmark-small.html` / `benchmark.html`) is rebuilt from metrics.json by
+# `hilbert_lab.reports.benchmark.render`.
 
 # %% tags=["parameters"]
 device = "cpu"
@@ -39,6 +40,7 @@ head_dim = 64
 repeats = 5
 warmup = 1
 ab_repeats = 21
+threads = 1
 ab_backend = "auto"
 case_timeout_s = 300.0
 save_png = True
@@ -52,7 +54,7 @@ from hilbert_lab.reports.recorder import ReportRecorder
 
 parameters = dict(device=device, dtype=dtype, seq_lens=seq_lens, modes=modes, orderings=orderings, backends=backends,
                   segment_lengths=segment_lengths, dilation_rates=dilation_rates, batch_size=batch_size,
-                  num_heads=num_heads, head_dim=head_dim, repeats=repeats, warmup=warmup)
+                  num_heads=num_heads, head_dim=head_dim, repeats=repeats, warmup=warmup, threads=threads or None)
 recorder = ReportRecorder(output_dir, "benchmark", {**parameters, "case_timeout_s": case_timeout_s, "save_png": save_png,
                                                    "ab_repeats": ab_repeats, "ab_backend": ab_backend}, png=save_png)
 cases = benchmark_cases(**parameters)
@@ -83,7 +85,8 @@ from hilbert_lab.reports.benchmark import comparisons, ordering_ab
 if ab_repeats > 0 and "identity" in orderings and len(orderings) > 1:
     ab = ordering_ab(device=device, dtype=dtype, seq_lens=seq_lens, modes=modes, orderings=orderings,
                      segment_lengths=segment_lengths, dilation_rates=dilation_rates, batch_size=batch_size,
-                     num_heads=num_heads, head_dim=head_dim, repeats=ab_repeats, backend=ab_backend)
+                     num_heads=num_heads, head_dim=head_dim, repeats=ab_repeats, backend=ab_backend,
+                     threads=threads or None)
     recorder.table("ordering_ab", ab, caption="interleaved identity / ordered times (ms) per pair", show=False)
 comparisons(recorder.data)[["backend", "mode", "seq_len", "ordering", "timing", "speedup", "speedup_low",
                             "speedup_high", "verdict"]]
