@@ -55,7 +55,11 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
             export_html(executed, html_path)
         raise
     # the page is rebuilt from metrics.json + env.json alone (as `report render` does)
-    render_run(run_dir, html_path, name=spec.name)
+    try:
+        render_run(run_dir, html_path, name=spec.name)
+    except Exception:
+        export_html(executed, html_path)  # the executed notebook still gets a page
+        raise
     metrics_path = run_dir / "metrics.json"
     return json.loads(metrics_path.read_text(encoding="utf-8")) if metrics_path.exists() else {}
 

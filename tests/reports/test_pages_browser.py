@@ -119,6 +119,8 @@ def test_every_page_offline_without_errors_with_titled_axes(suite_dir, browser):
             problems.append(f"{name}: ratios without an interval {bare[:5]}")
         if title in ("", "Notebook"):
             problems.append(f"{name}: page title {title!r}")
+        if "could not be rendered" in text:
+            problems.append(f"{name}: a report could not be rendered")
         if "<NA>" in text or "output_dir" in text:
             problems.append(f"{name}: raw notebook residue (<NA> / output_dir)")
     assert figures > 10
