@@ -533,7 +533,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     overview, sections, verdicts = [], [], {}
     for claim in order:
         claim_rows = [row for row in rows if row["claim"] == claim]
-        text = (texts.get(claim) or packaged.get(claim, {}).get("claim", "")).strip().strip('"')
+        text = (texts.get(claim) or packaged.get(claim, {}).get("claim", "")).strip().replace('"', "'")
         verdict = claim_verdict([row["verdict"] for row in claim_rows]) if claim_rows else "not reproducible here"
         verdicts[claim] = verdict
         measured = "\n".join(f"{quote_claimed_ratios(row['aspect'])}: {mark_bare_ratios(row['measured'])}"
