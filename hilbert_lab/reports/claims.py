@@ -575,6 +575,6 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     notes = [] if is_gpu_env(env) else [CPU_TIMING_NOTE]
     head = [Section("All claims at a glance", figure_conclusion, figure=fig),
             Section("Claimed vs measured, per claim", table=pd.DataFrame(overview),
-                    caption="measured values with 95% intervals; the per-claim sections below give every row")]
+                    caption="measured values with their intervals; the per-claim sections below give every row")]
     return Page(title="Claims: the predecessor's results re-measured", summary=summary, headline=headline,
                 sections=head + sections, notes=notes, bullets=bullets)
