@@ -40,7 +40,7 @@ def _best_line(frame: Any, label: str) -> str:
         if base and base not in winners and values[base]:
             text += f" vs {base} {fmt(values[base])}, {100 * (1 - values[best] / values[base]):.0f}% lower"
         elif base in winners:
-            text += f", the {base} layout itself"
+            text += f"; the {base} baseline is among the lowest"
         parts.append(text + ")")
     return f"{label}: " + "; ".join(parts) + "."
 
@@ -77,9 +77,11 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         style_axes(fig, "cache capacity (lines, log scale)", "LRU misses (lower is better)",
                    sorted(int(p) for p in rows["parameter"].unique()))
         fig.update_layout(height=380)
-        smallest = int(rows["parameter"].min())
-        at_small = rows[rows["parameter"] == smallest]
-        conclusion = _best_line(at_small, f"At {smallest} lines").replace(f"{configuration}: ", "", 1)
+        capacities = sorted(int(p) for p in rows["parameter"].unique())
+        lines = [_best_line(rows[rows["parameter"] == capacity], f"at {capacity:,} lines")
+                 .replace(f"{configuration}: ", "", 1).rstrip(".") for capacity in capacities]
+        conclusion = "; ".join(lines) + "."
+        conclusion = conclusion[0].upper() + conclusion[1:]
         sections.append(Section(f"Miss curve: {configuration}", conclusion, figure=fig))
     orderings = list(dict.fromkeys(table["ordering"]))
     summary = (f"Geometric and cache locality of {len(orderings)} token orderings ({', '.join(orderings)}) over "
