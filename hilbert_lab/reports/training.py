@@ -331,9 +331,17 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                                 f"Fastest: {top['run']} at {fmt(top['tokens_per_s'])} tokens/s "
                                 f"({'with' if top['gradient_checkpointing'] else 'without'} gradient checkpointing, "
                                 f"{fmt(top['peak_memory_gib'])} GiB peak); single measurements, no interval.",
-                                figure=fig, table=throughput))
-    sections.append(Section("Final evaluation of every run", table=finals,
-                            caption="last eval at the full sequence length; steps = last logged step"))
+                                figure=fig, table=throughput.rename(columns={
+                                    "gradient_checkpointing": "gradient checkpointing", "seq_len": "tokens",
+                                    "batch_size": "batch", "tokens_per_s": "tokens/s",
+                                    "peak_memory_gib": "peak memory (GiB)"})))
+    shown = finals.drop(columns=["group"]).rename(columns={
+        "seq_len": "tokens", "final_loss": "final loss (nats)", "final_accuracy": "final accuracy",
+        "chance_loss": "chance loss", "chance_accuracy": "chance accuracy", "wall_s": "wall time (s)",
+        "attention_backend": "attention backend", "world_size": "GPUs"})
+    sections.append(Section("Final evaluation of every run", table=shown,
+                            caption="last eval at the full sequence length; steps = last logged step; "
+                                    "accuracy as a fraction of the answers"))
     summary = (f"{len(finals)} LongNet training runs on the needle-retrieval task (the answer's loss and accuracy "
                "only). The runs were trained on GPUs and logged to JSON; this page draws their curves, final "
                "evaluations, the ring-vs-one-GPU agreement and the throughput measurements.")
