@@ -160,9 +160,14 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             "Correctness", f"{'All' if passed else 'Not all'} checks pass; largest ring vs single-GPU difference "
             f"{worst['ring_vs_single']:.1e} ({worst['tensor']}, {worst['variant']}, {int(worst['gpus'])} GPUs, "
             f"{worst['dtype']}), at the level of bf16 rounding (single vs fp32: {worst['single_vs_fp32']:.1e}).",
-            table=correctness))
+            table=correctness.rename(columns={"seq_len": "tokens", "ring_vs_single": "max |ring - 1 GPU|",
+                                              "ring_vs_fp32": "max |ring - fp32|",
+                                              "single_vs_fp32": "max |1 GPU - fp32|"})))
     if len(throughput):
-        sections.append(Section("Every throughput measurement", table=throughput))
+        sections.append(Section("Every throughput measurement", table=throughput.rename(columns={
+            "seq_len": "tokens", "seconds": "step (s)", "tokens_per_s_per_gpu": "tokens/s per GPU",
+            "tokens_per_s_total": "tokens/s (all GPUs)", "peak_memory_gib_max_rank": "peak GiB (largest rank)",
+            "bytes_sent_max_rank": "bytes sent (largest rank)"})))
     summary = (f"Ring attention (each sequence sharded over the GPUs, key/value blocks passed around the ring) on "
                f"{', '.join(str(g) for g in gpus)} GPUs: throughput and memory per GPU, the longest sequence that "
                "runs, and agreement with one GPU.")
