@@ -72,8 +72,8 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     The run directory `output_root/name/run_id/` holds NAME.ipynb (executed, with the code), NAME.html (the
     page, rebuilt from the data: plotly.js inlined, no code, no network), metrics.json and env.json. A suite
     puts each part in a sub-directory and writes index.html (each part's headline, and the committed GPU runs
-    rendered into gpu/) plus metrics.json / env.json merging its parts; a suite's overrides apply to every
-    part that has the parameter.
+    rendered into gpu/) plus metrics.json (each part's metrics and the names of its tables and figures) and
+    env.json; a suite's overrides apply to every part that has the parameter.
     """
     spec = get_report(name)
     overrides = dict(parameters or {})
@@ -89,8 +89,13 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     run_dir.mkdir(parents=True, exist_ok=True)
     for part in spec.parts:
         part_overrides = {key: value for key, value in overrides.items() if key in defaults[part]}
-        merged["parts"][part] = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
-                                         kernel_name=kernel_name, execution_timeout_s=execution_timeout_s)
+        part_metrics = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
+                                      kernel_name=kernel_name, execution_timeout_s=execution_timeout_s)
+        # the suite's file indexes its parts (their numbers; tables and figures stay in the part's own file)
+        merged["parts"][part] = {"report": part_metrics.get("report"), "parameters": part_metrics.get("parameters"),
+                                 "metrics": part_metrics.get("metrics", {}),
+                                 "tables": sorted(part_metrics.get("tables") or {}),
+                                 "figures": sorted(part_metrics.get("figures") or {})}
     (run_dir / "metrics.json").write_text(json.dumps(merged, indent=1), encoding="utf-8")
     (run_dir / "env.json").write_text(
         json.dumps(to_jsonable(collect_environment({"report": name, "overrides": overrides})), indent=1),
