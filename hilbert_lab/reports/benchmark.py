@@ -330,7 +330,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         sections.append(Section("Ordering comparisons", table=display,
                                 caption="speedup = identity time / ordered time; verdict 'no difference' when "
                                         "the interval contains 1"))
-        bullets.append(f"Orderings vs identity ({timing} timing): faster in {faster}, slower in {slower}, "
+        how = "interleaved" if timing == "interleaved" else "in separate runs"
+        bullets.append(f"Orderings vs identity (timed {how}): faster in {faster}, slower in {slower}, "
                        f"no difference in {same} of {len(table)} comparisons.")
         bullets.append(effect)
 
