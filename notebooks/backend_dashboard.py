@@ -15,8 +15,11 @@
 # # Backend dashboard
 # The hardware at hand, every attention backend with the reason when it cannot run, what
 # `backend="auto"` picks here and why, and a quick live timing of the available backends at a size
-# you choose (press "time backends"). Every timed backend must produce the same output: the table
-# shows the largest difference to the first backend.
+# you choose (press "time backends"). The backends run round-robin (every repeat runs each once, in a
+# rotating order, one pinned CPU thread) so machine noise hits them alike; the table gives each median
+# with its 95% bootstrap interval and warns when an interval is wide or two backends are within noise of
+# each other. Every timed backend must produce the same output: the table shows the largest difference
+# to the first backend. The table and figure update in place on every press.
 
 # %% tags=["parameters"]
 device = "cpu"
@@ -26,7 +29,7 @@ num_heads = 4
 head_dim = 32
 segment_lengths = "256,512"
 dilation_rates = "1,2"
-repeats = 3
+repeats = 15
 run_timing = True
 
 # %%
@@ -37,6 +40,3 @@ panel = backend_dashboard(device=device, dtype=dtype, seq_len=seq_len, num_heads
 if run_timing:
     panel.refresh()
 panel.widget
-
-# %%
-panel.state.get("timings")

@@ -1,4 +1,4 @@
-"""Parameterized papermill reports: registry, runner, HTML/metrics/env export and the `report` CLI."""
+"""Parameterized papermill reports: registry, runner, pages rebuilt from metrics/env (render) and the `report` CLI."""
 from __future__ import annotations
 
 from hilbert_lab.reports.registry import (
@@ -17,6 +17,7 @@ __all__ = [
     "list_reports",
     "parse_parameter_overrides",
     "report_parameters",
+    "render_run",
     "run_report",
     "register_cli",
 ]
@@ -27,6 +28,10 @@ def __getattr__(name: str):
         from hilbert_lab.reports.runner import run_report
 
         return run_report
+    if name == "render_run":
+        from hilbert_lab.reports.render import render_run
+
+        return render_run
     if name == "register_cli":
         from hilbert_lab.reports.cli import register_cli
 

@@ -1,4 +1,4 @@
-"""The predecessor's claims (shared/claims.md) reproduced with exact semantics: claimed vs measured, verdict.
+"""The predecessor's claims (claims.md, shipped with the package) reproduced with exact semantics: claimed vs measured, verdict.
 
 Every experiment here computes real dilated attention through the engine; an ordering only permutes
 tokens in memory (per segment, after dilation), so the attention output is the same and any speed or
@@ -19,8 +19,9 @@ import torch
 VERDICTS = ("confirmed", "refuted", "not reproducible here")
 CLAIM_ROW_COLUMNS = ("claim", "aspect", "configuration", "claimed", "measured", "verdict", "why")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Where claims.md may sit: shared/ beside the clone (CI) or inside it.
-CLAIMS_LOCATIONS = (REPO_ROOT.parent / "shared" / "claims.md", REPO_ROOT / "shared" / "claims.md")
+# The claims this module evaluates: the package's own copy (package data).
+PACKAGE_CLAIMS = Path(__file__).resolve().parent / "claims.md"
+CLAIMS_LOCATIONS = (PACKAGE_CLAIMS,)
 
 # The claim ids this module reproduces; a claims.md row with another id is reported as not covered.
 KNOWN_CLAIMS = tuple(f"C{index}" for index in range(1, 13))
@@ -63,26 +64,25 @@ def make_inputs(seq_len: int, *, batch_size: int = 1, num_heads: int = 8, head_d
                  for _ in range(3))
 
 
-def time_call(function: Callable[[], Any], *, repeats: int, warmup: int = 1, device: str = "cpu") -> list[float]:
-    """Wall times in ms of `repeats` calls after `warmup` calls (CUDA synchronized around each)."""
-    samples = []
-    for index in range(warmup + repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        with torch.no_grad():
-            function()
-        if device.startswith("cuda"):
-            torch.cuda.synchronize(device)
-        if index >= warmup:
-            samples.append((time.perf_counter() - start) * 1e3)
-    return samples
-
-
 def ratio_with_bounds(baseline_ms: Sequence[float], candidate_ms: Sequence[float]) -> tuple[float, float, float]:
-    """(median speedup, lowest, highest) of candidate over baseline: the bounds pair the extremes."""
-    return (statistics.median(baseline_ms) / statistics.median(candidate_ms),
-            min(baseline_ms) / max(candidate_ms), max(baseline_ms) / min(candidate_ms))
+    """(speedup, low, high) of candidate over baseline: median(baseline) / median(candidate) with its 95%
+    bootstrap interval (samples paired by index when both have the same length, as interleaved runs do)."""
+    from hilbert_lab.bench.stats import ratio_ci
+
+    return ratio_ci(baseline_ms, candidate_ms)
+
+
+def time_pair(baseline: Callable[[], Any], candidate: Callable[[], Any], *, repeats: int,
+              device: str = "cpu") -> tuple[list[float], list[float]]:
+    """Wall times in ms of baseline and candidate run alternately (bench.stats.interleaved_times, one CPU
+    thread pinned on the CPU so the two do not compete with other work differently)."""
+    from hilbert_lab.bench.stats import interleaved_times
+
+    cuda = device.startswith("cuda")
+    with torch.no_grad():
+        base, cand = interleaved_times(baseline, candidate, repeats=repeats, warmup=1, threads=None if cuda else 1,
+                                       synchronize=(lambda: torch.cuda.synchronize(device)) if cuda else None)
+    return base.tolist(), cand.tolist()
 
 
 def timing_verdict(claimed: float, low: float, high: float, *, claimed_on_gpu: bool, device: str) -> str:
@@ -115,10 +115,9 @@ def ordering_speedup(seq_len: int, segment_lengths: Sequence[int], dilation_rate
         difference = float((_engine(q, k, v, segment_lengths, dilation_rates, backend=backend)
                             - _engine(q, k, v, segment_lengths, dilation_rates, ordering=ordering, backend=backend))
                            .abs().max())
-    identity = time_call(lambda: _engine(q, k, v, segment_lengths, dilation_rates, backend=backend),
-                         repeats=repeats, device=device)
-    ordered = time_call(lambda: _engine(q, k, v, segment_lengths, dilation_rates, ordering=ordering, backend=backend),
-                        repeats=repeats, device=device)
+    identity, ordered = time_pair(lambda: _engine(q, k, v, segment_lengths, dilation_rates, backend=backend),
+                                  lambda: _engine(q, k, v, segment_lengths, dilation_rates, ordering=ordering,
+                                                  backend=backend), repeats=repeats, device=device)
     speedup, low, high = ratio_with_bounds(identity, ordered)
     return {"identity_ms": statistics.median(identity), "ordered_ms": statistics.median(ordered),
             "speedup": speedup, "speedup_low": low, "speedup_high": high,
@@ -316,8 +315,7 @@ def claim_c8(*, repeats: int, device: str, max_tokens: int) -> list[dict]:
             scores = (qt @ kt.transpose(-1, -2)) * 64 ** -0.5
             return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ vt
 
-        sdpa_ms = time_call(sdpa_masked, repeats=repeats, device=device)
-        manual_ms = time_call(manual_masked, repeats=repeats, device=device)
+        manual_ms, sdpa_ms = time_pair(manual_masked, sdpa_masked, repeats=repeats, device=device)
         speedup, low, high = ratio_with_bounds(manual_ms, sdpa_ms)
         with torch.no_grad():
             expected, _ = reference_attention(q[:1].cpu(), k[:1].cpu(), v[:1].cpu(), pattern) if seq_len <= 1024 else (None, None)
@@ -348,14 +346,18 @@ def claim_c9(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict]
                           backends=candidate_backends(torch.device(device), torch.float32))
     table = table[table["error"] == ""]
 
+    from hilbert_lab.bench.stats import format_ratio, ratio_ci
+
     auto = rule_backend(torch.device(device), torch.float32)
     times = dict(zip(table["backend"], table["median_ms"]))
+    samples = dict(zip(table["backend"], table["times_ms"]))
     measured = ", ".join(f"{name} {ms:.1f} ms" for name, ms in times.items())
     best = min(times, key=times.get)
-    gain_vs_manual = times["manual"] / times[auto] if "manual" in times and auto in times else float("nan")
+    gain = (f"auto over manual {format_ratio(*ratio_ci(samples['manual'], samples[auto]))}"
+            if "manual" in samples and auto in samples and auto != "manual" else "manual not timed against auto")
     return [_row("C9", "auto vs fixed backends",
                  f"N={seq_len}, w=[{seq_len // 4}, {seq_len // 2}], r=[1, 2], H=8, D=64, fp32, {device}",
-                 "+20-40% throughput", f"auto={auto}; {measured}; auto/manual {gain_vs_manual:.2f}x; best {best}",
+                 "+20-40% throughput", f"auto={auto}; {measured}; {gain}; best {best}",
                  "not reproducible here",
                  "the claim names no baseline (its 'manual' backend was one of the choices), so no number can "
                  "confirm it; here auto picks by rule and is compared with every backend")]
@@ -410,9 +412,11 @@ def claim_c12(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict
     if len(ok) < 2:
         return [_row("C12", "flash vs manual", "-", "5-10x", f"failed: {list(table['error'])}",
                      "not reproducible here", "a backend failed to run")]
-    speedup = ok.loc["manual", "median_ms"] / ok.loc[fused, "median_ms"]
+    from hilbert_lab.bench.stats import format_ratio, ratio_ci
+
+    speedup, low, high = ratio_ci(ok.loc["manual", "times_ms"], ok.loc[fused, "times_ms"])
     return [_row("C12", f"{fused} vs manual", f"N={seq_len}, w={seq_len // 2}, H=8, D=64, {device}", "5-10x",
-                 f"{speedup:.2f}x",
+                 format_ratio(speedup, low, high),
                  ("confirmed" if 5 <= speedup <= 10 else "refuted") if device.startswith("cuda")
                  else "not reproducible here",
                  "the claim is about modern GPUs; on a CPU the fused SDPA path is measured against manual instead")]
@@ -483,3 +487,94 @@ def claim_summary(frame: Any, listed: list[dict[str, str]]) -> Any:
         rows.append({"claim": claim, "text": texts.get(claim, ""),
                      **{verdict: int(counts.get(verdict, 0)) for verdict in VERDICTS}})
     return pd.DataFrame(rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the page (a pure function of metrics.json + env.json)
+
+_BARE_RATIO = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?x|nanx)(?![\w\[]|\s+\[)")
+
+
+def mark_bare_ratios(text: str) -> str:
+    """Measured text with every ratio that has no interval marked as such (older runs recorded some)."""
+    return _BARE_RATIO.sub(lambda match: "n/a" if match.group(1) == "nanx"
+                           else f"{match.group(1)} (no interval recorded)", str(text))
+
+
+def quote_claimed_ratios(text: str) -> str:
+    """Reason text with its bare ratios (the claim's own numbers it cites) marked as quotations «...»."""
+    return _BARE_RATIO.sub(lambda match: f"«{match.group(1)}»", str(text))
+
+
+def claim_verdict(verdicts: Sequence[str]) -> str:
+    """One verdict for a claim from its rows: 'confirmed' / 'refuted' when all measured rows agree,
+    'partly confirmed' when they disagree, 'not reproducible here' when no row could be measured."""
+    measured = {verdict for verdict in verdicts if verdict != "not reproducible here"}
+    if not measured:
+        return "not reproducible here"
+    return measured.pop() if len(measured) == 1 else "partly confirmed"
+
+
+def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
+    """Claims page: overview (claim text, measured values with intervals, verdict, reason) and one section
+    per claim with its rows."""
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    from hilbert_lab.reports.page import CPU_TIMING_NOTE, Page, Section, is_gpu_env, style_axes
+    from hilbert_lab.viz.claims import VERDICT_COLOURS
+
+    tables = metrics.get("tables") or {}
+    rows = list((tables.get("claims") or {}).get("rows") or [])
+    texts = {row["claim"]: row.get("text") or "" for row in (tables.get("summary") or {}).get("rows") or []}
+    packaged = {claim["id"]: claim for claim in parse_claims(PACKAGE_CLAIMS.read_text(encoding="utf-8"))}
+    order = sorted({row["claim"] for row in rows} | set(packaged), key=lambda c: int(c[1:]) if c[1:].isdigit() else 99)
+    parameters = metrics.get("parameters") or {}
+    overview, sections, verdicts = [], [], {}
+    for claim in order:
+        claim_rows = [row for row in rows if row["claim"] == claim]
+        text = (texts.get(claim) or packaged.get(claim, {}).get("claim", "")).strip().replace('"', "'")
+        verdict = claim_verdict([row["verdict"] for row in claim_rows]) if claim_rows else "not reproducible here"
+        verdicts[claim] = verdict
+        measured = "\n".join(f"{quote_claimed_ratios(row['aspect'])}: {mark_bare_ratios(row['measured'])}"
+                             for row in claim_rows) or "not run"
+        reasons = list(dict.fromkeys(quote_claimed_ratios(row["why"]) for row in claim_rows if row.get("why")))
+        overview.append({"claim": claim, "claim text": text, "measured": measured, "verdict": verdict,
+                         "reason": " / ".join(reasons) or "no experiment covers this claim"})
+        counts = pd.Series([row["verdict"] for row in claim_rows]).value_counts()
+        conclusion = (f"Verdict: {verdict} ("
+                      + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS if counts.get(v, 0)) + ")")
+        hardware = packaged.get(claim, {}).get("hardware", "")
+        detail = pd.DataFrame([{"aspect": quote_claimed_ratios(row["aspect"]), "configuration": row["configuration"],
+                                "claimed": row["claimed"], "measured": mark_bare_ratios(row["measured"]),
+                                "verdict": row["verdict"], "why": quote_claimed_ratios(row["why"])}
+                               for row in claim_rows])
+        sections.append(Section(f"{claim}: «{text}»" if text else claim, conclusion,
+                                text=[f"Claimed on: {hardware}."] if hardware else [],
+                                table=detail if len(detail) else None))
+    summary_counts = pd.Series(list(verdicts.values())).value_counts()
+    fig = go.Figure()
+    for verdict, colour in VERDICT_COLOURS.items():
+        fig.add_trace(go.Bar(name=verdict, x=order, marker_color=colour,
+                             y=[sum(1 for row in rows if row["claim"] == claim and row["verdict"] == verdict)
+                                for claim in order]))
+    style_axes(fig, "claim", "experiments (rows of the table, count)")
+    fig.update_layout(barmode="stack", title="verdict of each experiment, per claim", height=380)
+    refuted = [claim for claim, verdict in verdicts.items() if verdict == "refuted"]
+    confirmed = [claim for claim, verdict in verdicts.items() if verdict == "confirmed"]
+    figure_conclusion = (f"Confirmed: {', '.join(confirmed) or 'none'}; refuted: {', '.join(refuted) or 'none'}; "
+                         f"the rest partly confirmed or not reproducible on this hardware.")
+    device = parameters.get("device", "cpu")
+    summary = (f"Each of the predecessor's {len(order)} claims re-measured with hilbert_lab's exact attention on "
+               f"{device} (max {parameters.get('max_tokens', '?'):,} tokens, {parameters.get('repeats', '?')} "
+               f"repeats per timing, ratios with 95% bootstrap intervals). "
+               + ", ".join(f"{int(count)} {verdict}" for verdict, count in summary_counts.items()) + ".")
+    bullets = [f"{row['claim']} ({row['verdict']}): «{row['claim text']}»" for row in overview]
+    headline = ", ".join(f"{int(count)} {verdict}" for verdict, count in summary_counts.items()) + \
+        f" of {len(order)} claims" + ("" if is_gpu_env(env) else " (CPU; GPU timing claims not reproducible here)")
+    notes = [] if is_gpu_env(env) else [CPU_TIMING_NOTE]
+    head = [Section("All claims at a glance", figure_conclusion, figure=fig),
+            Section("Claimed vs measured, per claim", table=pd.DataFrame(overview),
+                    caption="measured values with their intervals; the per-claim sections below give every row")]
+    return Page(title="Claims: the predecessor's results re-measured", summary=summary, headline=headline,
+                sections=head + sections, notes=notes, bullets=bullets)

@@ -1,4 +1,4 @@
-"""`hilbert-lab report list | params NAME | run NAME [-p key=value ...]` (registered by hilbert_lab.cli)."""
+"""`hilbert-lab report list | params NAME | run NAME [-p key=value ...] | render RUN_DIR` (registered by hilbert_lab.cli)."""
 from __future__ import annotations
 
 import argparse
@@ -60,6 +60,23 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hilbert_lab.reports.render import committed_gpu_runs, load_run, render_run, render_suite_index
+
+    run_dir = Path(args.run_dir)
+    metrics, _env = load_run(run_dir)
+    if "parts" in metrics:  # a suite run: every part's page and the index (with the committed GPU runs)
+        parts = list(metrics["parts"])
+        path = render_suite_index(run_dir, parts, title=f"hilbert_lab reports ({metrics.get('report', 'suite')})",
+                                  gpu_runs=committed_gpu_runs() if metrics.get("report") == "default" else [])
+    else:
+        path = render_run(run_dir, args.out)
+    print(path)
+    return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
     try:
         return args.report_func(args)
@@ -89,6 +106,11 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(report_func=_run)
+    render = commands.add_parser("render", help="rebuild a run's HTML page from its metrics.json + env.json "
+                                              "(no re-run; a suite run: every page and index.html)")
+    render.add_argument("run_dir")
+    render.add_argument("--out", default=None, help="default: RUN_DIR/NAME.html")
+    render.set_defaults(report_func=_render)
     parser.set_defaults(func=_dispatch)
     return parser
 

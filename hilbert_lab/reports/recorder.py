@@ -79,13 +79,13 @@ class ReportRecorder:
 
             self._display(Markdown(f"**{name}**: {value} {unit}" + (f" ({note})" if note else "")))
 
-    def table(self, name: str, frame: Any, caption: str = "") -> None:
-        """Record and show a pandas DataFrame (all of its cells go to metrics.json)."""
+    def table(self, name: str, frame: Any, caption: str = "", show: bool = True) -> None:
+        """Record and show a pandas DataFrame (all of its cells go to metrics.json); show=False records only."""
         records = frame.reset_index(drop=frame.index.name is None).to_dict(orient="records")
         self.data["tables"][name] = {"caption": caption, "columns": [str(c) for c in frame.columns],
                                      "rows": to_jsonable(records)}
         self.save()
-        if self.show:
+        if self.show and show:
             from IPython.display import Markdown
 
             if caption:
@@ -93,9 +93,11 @@ class ReportRecorder:
             self._display(frame)
 
     def figure(self, name: str, fig: Any, png: bool = False) -> None:
-        """Record a plotly figure (title, trace names) and show it; `png` also writes name.png (kaleido)."""
+        """Record a plotly figure (title, trace names, the figure as plotly JSON) and show it; `png` also
+        writes name.png (kaleido)."""
         title = fig.layout.title.text if fig.layout.title is not None else None
-        entry: dict[str, Any] = {"title": title, "traces": [trace.name for trace in fig.data]}
+        entry: dict[str, Any] = {"title": title, "traces": [trace.name for trace in fig.data],
+                                 "plotly": json.loads(fig.to_json())}
         if png and self.png:
             try:
                 path = self.output_dir / f"{name}.png"

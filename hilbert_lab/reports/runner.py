@@ -11,6 +11,7 @@ from hilbert_lab.reports.environment import collect_environment, git_revision
 from hilbert_lab.reports.export import export_html
 from hilbert_lab.reports.recorder import to_jsonable
 from hilbert_lab.reports.registry import ReportSpec, get_report, report_parameters
+from hilbert_lab.reports.render import committed_gpu_runs, render_run, render_suite_index
 
 
 def new_run_id() -> str:
@@ -42,23 +43,25 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
         json.dumps(to_jsonable(collect_environment({"report": spec.name, **parameters})), indent=1), encoding="utf-8"
     )
     executed = run_dir / f"{spec.name}.ipynb"
+    html_path = run_dir / f"{spec.name}.html"
     try:
         papermill.execute_notebook(
             str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
             progress_bar=progress, kernel_name=kernel_name, execution_timeout=execution_timeout_s,
             report_mode=False,
         )
-    finally:
-        if executed.exists():  # a failed run still gets its HTML, with the traceback in it
-            export_html(executed, run_dir / f"{spec.name}.html")
+    except BaseException:
+        if executed.exists():  # a failed run still gets its HTML: the notebook, with the traceback in it
+            export_html(executed, html_path)
+        raise
+    # the page is rebuilt from metrics.json + env.json alone (as `report render` does)
+    try:
+        render_run(run_dir, html_path, name=spec.name)
+    except Exception:
+        export_html(executed, html_path)  # the executed notebook still gets a page
+        raise
     metrics_path = run_dir / "metrics.json"
     return json.loads(metrics_path.read_text(encoding="utf-8")) if metrics_path.exists() else {}
-
-
-def _suite_index(name: str, parts: tuple[str, ...]) -> str:
-    links = "\n".join(f'<li><a href="{part}/{part}.html">{part}</a></li>' for part in parts)
-    return f"<!doctype html><html><head><meta charset='utf-8'><title>{name}</title></head>" \
-           f"<body><h1>hilbert_lab report suite: {name}</h1><ul>{links}</ul></body></html>"
 
 
 def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_root: str | Path = "reports",
@@ -66,10 +69,11 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
                execution_timeout_s: int | None = None) -> Path:
     """Execute report `name` with `parameters` overriding its defaults; returns the run directory.
 
-    The run directory `output_root/name/run_id/` holds NAME.ipynb (executed), NAME.html (self-contained,
-    plotly.js inlined), metrics.json and env.json. A suite puts each part in a sub-directory and writes
-    index.html plus metrics.json / env.json merging its parts; a suite's overrides apply to every part
-    that has the parameter.
+    The run directory `output_root/name/run_id/` holds NAME.ipynb (executed, with the code), NAME.html (the
+    page, rebuilt from the data: plotly.js inlined, no code, no network), metrics.json and env.json. A suite
+    puts each part in a sub-directory and writes index.html (each part's headline, and the committed GPU runs
+    rendered into gpu/) plus metrics.json (each part's metrics and the names of its tables and figures) and
+    env.json; a suite's overrides apply to every part that has the parameter.
     """
     spec = get_report(name)
     overrides = dict(parameters or {})
@@ -85,12 +89,18 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     run_dir.mkdir(parents=True, exist_ok=True)
     for part in spec.parts:
         part_overrides = {key: value for key, value in overrides.items() if key in defaults[part]}
-        merged["parts"][part] = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
-                                         kernel_name=kernel_name, execution_timeout_s=execution_timeout_s)
+        part_metrics = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
+                                      kernel_name=kernel_name, execution_timeout_s=execution_timeout_s)
+        # the suite's file indexes its parts (their numbers; tables and figures stay in the part's own file)
+        merged["parts"][part] = {"report": part_metrics.get("report"), "parameters": part_metrics.get("parameters"),
+                                 "metrics": part_metrics.get("metrics", {}),
+                                 "tables": sorted(part_metrics.get("tables") or {}),
+                                 "figures": sorted(part_metrics.get("figures") or {})}
     (run_dir / "metrics.json").write_text(json.dumps(merged, indent=1), encoding="utf-8")
     (run_dir / "env.json").write_text(
         json.dumps(to_jsonable(collect_environment({"report": name, "overrides": overrides})), indent=1),
         encoding="utf-8",
     )
-    (run_dir / "index.html").write_text(_suite_index(name, spec.parts), encoding="utf-8")
+    render_suite_index(run_dir, list(spec.parts), title=f"hilbert_lab reports ({name})",
+                       gpu_runs=committed_gpu_runs() if name == "default" else [])
     return run_dir

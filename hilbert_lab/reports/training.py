@@ -19,6 +19,9 @@ __all__ = [
     "final_evals_table",
     "group_chance",
     "histories",
+    "history_table",
+    "phases_table",
+    "render",
     "load_runs",
     "loss_agreement",
     "resolve_repo_path",
@@ -218,3 +221,131 @@ def cpu_training_report(steps: int, preset: str = "cpu-tiny") -> dict[str, Any]:
                      "history": result.history},
         "source": "live",
     }
+
+
+def history_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
+    """Every logged point of every run (the curves' data): group, run, kind, step, seq_len, loss, accuracy."""
+    import pandas as pd
+
+    columns = ["group", "run", "kind", "step", "seq_len", "loss", "accuracy"]
+    rows = [{"group": group, "run": label, **{key: record.get(key) for key in columns[2:]}}
+            for group, reports in groups.items() for label, report in reports.items()
+            for record in report["training"]["history"]]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def phases_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
+    """The length-curriculum phases of every run (run_phases): group, run, start_step, end_step, seq_len."""
+    import pandas as pd
+
+    rows = [{"group": group, "run": label, "start_step": start, "end_step": end, "seq_len": length}
+            for group, reports in groups.items() for label, report in reports.items()
+            for start, end, length in run_phases(report)]
+    return pd.DataFrame(rows, columns=["group", "run", "start_step", "end_step", "seq_len"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# the page (a pure function of metrics.json + env.json)
+
+def _table(metrics: Mapping[str, Any], name: str):
+    import pandas as pd
+
+    entry = (metrics.get("tables") or {}).get(name) or {}
+    return pd.DataFrame(entry.get("rows") or [], columns=entry.get("columns"))
+
+
+def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
+    """Training page: final evals against chance, loss / accuracy curves per group, ring vs 1 GPU, throughput."""
+    from hilbert_lab.reports.page import Page, Section, fmt, style_axes
+    from hilbert_lab.viz.training import throughput_bars, training_curves
+
+    finals, history, phases = _table(metrics, "final_evals"), _table(metrics, "history"), _table(metrics, "phases")
+    sections, bullets = [], []
+    for row in finals.to_dict(orient="records"):
+        if row.get("final_accuracy") is None:
+            continue
+        bullets.append(f"{row['run']} ({row.get('device') or '?'} x{fmt(row.get('world_size'))}): "
+                       f"final accuracy {100 * row['final_accuracy']:.1f}% vs chance "
+                       f"{100 * (row.get('chance_accuracy') or 0):.1f}%, loss {fmt(row.get('final_loss'))} after "
+                       f"{fmt(row.get('steps'))} steps at {fmt(row.get('seq_len'))} tokens.")
+    groups = list(dict.fromkeys(finals["group"])) if len(finals) and len(history) else []
+    if len(finals) and not len(history):
+        sections.append(Section("Curves", "This run recorded no history table (an older run): no curves."))
+    for group in groups:
+        group_finals = finals[finals["group"] == group]
+        records = history[history["group"] == group]
+        runs = {label: [{k: v for k, v in record.items() if v is not None and v == v}
+                        for record in records[records["run"] == label].to_dict(orient="records")]
+                for label in group_finals["run"]}
+        run_phases_ = {label: [(int(r["start_step"]), int(r["end_step"]), int(r["seq_len"]))
+                               for r in phases[(phases["group"] == group) & (phases["run"] == label)]
+                               .to_dict(orient="records")] for label in runs} if len(phases) else None
+        if not any(runs.values()):
+            continue
+        best = group_finals.sort_values("final_accuracy", ascending=False).iloc[0]
+        chance = group_finals["chance_accuracy"].iloc[0]
+        for metric, axis in (("accuracy", "answer accuracy (fraction; higher is better)"),
+                             ("loss", "answer loss (nats; lower is better)")):
+            chances = set(group_finals[f"chance_{metric}"].dropna())
+            fig = training_curves(runs, metric, chances.pop() if len(chances) == 1 else None, phases=run_phases_,
+                                  title=f"{group}: {metric} (thin: train batches; markers: evals at full length)")
+            style_axes(fig, "training step", axis)
+            fig.update_layout(height=430)
+            if metric == "accuracy" and chance and best["final_accuracy"] < 3 * chance:
+                conclusion = (f"No run rises clearly above chance: best final accuracy "
+                              f"{100 * best['final_accuracy']:.1f}% ({best['run']}) against {100 * chance:.1f}% chance.")
+            elif metric == "accuracy":
+                conclusion = (f"{best['run']} ends highest: {100 * best['final_accuracy']:.1f}% against "
+                              f"{100 * (chance or 0):.1f}% chance; lowest: "
+                              + ", ".join(f"{r['run']} {100 * r['final_accuracy']:.1f}%"
+                                          for r in group_finals.sort_values("final_accuracy").head(1)
+                                          .to_dict(orient="records")) + ".")
+            else:
+                low = group_finals.sort_values("final_loss").iloc[0]
+                conclusion = (f"Lowest final eval loss: {low['run']} ({fmt(low['final_loss'])} nats; chance "
+                              f"{fmt(group_finals['chance_loss'].iloc[0])}).")
+            sections.append(Section(f"{group}: {metric}", conclusion, figure=fig))
+    comparison = _table(metrics, "ring_comparison")
+    if len(comparison):
+        lines = []
+        for row in comparison.to_dict(orient="records"):
+            value = row.get("recomputed_max_rel_loss_difference")
+            value = value if value is not None and value == value else row.get("max_rel_loss_difference")
+            lines.append(f"{row['run']} vs {row['against']}: largest relative loss difference "
+                         f"{100 * float(value):.2f}% over {fmt(row.get('recomputed_points') or row.get('points'))} "
+                         f"logged points")
+        sections.append(Section("Ring attention against one GPU", "; ".join(lines) + ".", table=comparison.rename(
+            columns={"max_abs_loss_difference": "max abs loss diff", "max_rel_loss_difference": "max rel loss diff",
+                     "recomputed_points": "points (recomputed)",
+                     "recomputed_max_rel_loss_difference": "max rel loss diff (recomputed)"})))
+        bullets += lines
+    throughput = _table(metrics, "throughput")
+    if len(throughput):
+        fig = throughput_bars(throughput.to_dict(orient="records"))
+        fig.update_xaxes(title_text="run")
+        fig.update_yaxes(title_text="tokens/s (higher is better)", row=1, col=1)
+        fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=2)
+        fig.update_layout(template="plotly_white", height=420)
+        top = throughput.sort_values("tokens_per_s", ascending=False).iloc[0]
+        sections.append(Section("Training throughput and memory",
+                                f"Fastest: {top['run']} at {fmt(top['tokens_per_s'])} tokens/s "
+                                f"({'with' if top['gradient_checkpointing'] else 'without'} gradient checkpointing, "
+                                f"{fmt(top['peak_memory_gib'])} GiB peak); single measurements, no interval.",
+                                figure=fig, table=throughput.rename(columns={
+                                    "gradient_checkpointing": "gradient checkpointing", "seq_len": "tokens",
+                                    "batch_size": "batch", "tokens_per_s": "tokens/s",
+                                    "peak_memory_gib": "peak memory (GiB)"})))
+    shown = finals.drop(columns=["group"]).rename(columns={
+        "seq_len": "tokens", "final_loss": "final loss (nats)", "final_accuracy": "final accuracy",
+        "chance_loss": "chance loss", "chance_accuracy": "chance accuracy", "wall_s": "wall time (s)",
+        "attention_backend": "attention backend", "world_size": "GPUs"})
+    sections.append(Section("Final evaluation of every run", table=shown,
+                            caption="last eval at the full sequence length; steps = last logged step; "
+                                    "accuracy as a fraction of the answers"))
+    summary = (f"{len(finals)} LongNet training runs on the needle-retrieval task (the answer's loss and accuracy "
+               "only). The runs were trained on GPUs and logged to JSON; this page draws their curves, final "
+               "evaluations, the ring-vs-one-GPU agreement and the throughput measurements.")
+    headline = bullets[0] if bullets else f"{len(finals)} training runs"
+    devices = sorted({str(device) for device in finals.get("device", []) if device}) if len(finals) else []
+    return Page(title="Training: LongNet on 32K-token needle retrieval", summary=summary, headline=headline,
+                sections=sections, bullets=bullets, device="runs trained on " + ", ".join(devices) if devices else "")

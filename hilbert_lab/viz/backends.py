@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import html
-import statistics
 import time
 from typing import Any, Sequence
 
@@ -22,6 +21,43 @@ def hardware_summary(device: str = "cpu") -> dict[str, Any]:
 
     return {"torch": torch.__version__, "torch_threads": torch.get_num_threads(), "cpu": cpu_description(),
             "gpu": get_gpu_info(device if str(device).startswith("cuda") else None)}
+
+
+def hardware_html(hardware: dict[str, Any]) -> str:
+    """hardware_summary as a small two-column HTML table (GPU fields flattened)."""
+    rows = [("torch", hardware.get("torch")), ("torch CPU threads", hardware.get("torch_threads"))]
+    cpu = hardware.get("cpu") or {}
+    rows.append(("CPU", f"{cpu.get('model', '-')} ({cpu.get('usable_cores', cpu.get('logical_cores', '-'))} usable cores)"))
+    gpu = hardware.get("gpu")
+    if isinstance(gpu, dict):
+        rows += [(f"GPU {key}", value) for key, value in gpu.items() if value not in (None, "", [], {})]
+    elif gpu:
+        rows.append(("GPU", gpu))
+    else:
+        rows.append(("GPU", "none"))
+    cells = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(str(name))}</th>"
+                    f"<td>{html.escape(str(value))}</td></tr>" for name, value in rows)
+    return f"<table>{cells}</table>"
+
+
+def timing_display(table: Any) -> Any:
+    """The timing table as shown: median with its 95% interval, tokens/s, interval width, agreement."""
+    import pandas as pd
+
+    def interval(row: Any) -> str:
+        if row.error:
+            return "-"
+        return f"{row.median_ms:.3g} [{row.low_ms:.3g}, {row.high_ms:.3g}]"
+
+    return pd.DataFrame({
+        "backend": table["backend"],
+        "median ms [95%]": [interval(row) for row in table.itertuples()],
+        "repeats": [len(times) for times in table["times_ms"]],
+        "tokens/s": [f"{value:,.0f}" if value == value else "-" for value in table["tokens_per_s"]],
+        "interval width (x)": [f"{value:.2f}" if value == value else "-" for value in table["spread"]],
+        "max |diff| vs first": [f"{value:.1e}" if value == value else "-" for value in table["max_abs_diff_vs_first"]],
+        "error": table["error"],
+    })
 
 
 def backend_availability(device: str = "cpu", dtype: str = "float32") -> Any:
@@ -58,18 +94,22 @@ def explain_auto_choice(device: str = "cpu", dtype: str = "float32") -> dict[str
 
 def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int = 1024, num_heads: int = 4,
                   head_dim: int = 32, segment_lengths: Sequence[int] = (256, 512), dilation_rates: Sequence[int] = (1, 2),
-                  backends: Sequence[str] | None = None, repeats: int = 3, warmup: int = 1, seed: int = 0,
-                  progress: bool = False) -> Any:
-    """Forward time of each available backend on one (1, N, H, D) input: DataFrame with median / min / max ms,
-    tokens/s and max |out - out of the first backend| (every backend must compute the same attention).
+                  backends: Sequence[str] | None = None, repeats: int = 15, warmup: int = 1, seed: int = 0,
+                  threads: int | None = 1, progress: bool = False) -> Any:
+    """Forward time of each available backend on one (1, N, H, D) input, the backends run round-robin
+    (each repeat runs every backend once, the order rotating) so drift hits all of them alike.
 
-    A backend that raises gets its error in `error` and NaN times.
+    DataFrame per backend: median_ms with its 95% bootstrap interval (low_ms, high_ms), min / max ms,
+    times_ms (every repeat), tokens/s, spread (high_ms / low_ms), max |out - out of the first backend|
+    (every backend must compute the same attention) and error (a backend that raises gets NaN times).
+    `threads` pins torch's CPU threads while timing (None leaves them).
     """
     import pandas as pd
     from tqdm.auto import tqdm
 
     from hilbert_lab.attention.backends import available_backends
     from hilbert_lab.attention.engine import dilated_attention
+    from hilbert_lab.bench.stats import bootstrap_median_ci
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -81,48 +121,89 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     generator = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(1, seq_len, num_heads, head_dim, generator=generator).to(device=device, dtype=DTYPES[dtype])
                for _ in range(3))
-    rows, baseline = [], None
-    for name in tqdm(names, desc="backends", disable=not progress):
-        samples: list[float] = []
-        try:
-            with torch.no_grad():
-                for index in range(warmup + repeats):
-                    if device.startswith("cuda"):
-                        torch.cuda.synchronize(device)
-                    start = time.perf_counter()
-                    out = dilated_attention(q, k, v, segment_lengths=list(segment_lengths),
-                                            dilation_rates=list(dilation_rates), backend=name)
-                    if device.startswith("cuda"):
-                        torch.cuda.synchronize(device)
-                    if index >= warmup:
-                        samples.append((time.perf_counter() - start) * 1e3)
-            out = out.to(torch.float64)
-            baseline = out if baseline is None else baseline
-            rows.append({"backend": name, "median_ms": statistics.median(samples), "min_ms": min(samples),
-                         "max_ms": max(samples), "tokens_per_s": seq_len / (statistics.median(samples) / 1e3),
-                         "max_abs_diff_vs_first": float((out - baseline).abs().max()), "error": ""})
-        except Exception as error:  # shown in the table, never raised into the dashboard
-            rows.append({"backend": name, "median_ms": float("nan"), "min_ms": float("nan"), "max_ms": float("nan"),
-                         "tokens_per_s": float("nan"), "max_abs_diff_vs_first": float("nan"),
-                         "error": f"{type(error).__name__}: {error}"[:200]})
+    cuda = device.startswith("cuda")
+
+    def call(name: str) -> torch.Tensor:
+        with torch.no_grad():
+            return dilated_attention(q, k, v, segment_lengths=list(segment_lengths),
+                                     dilation_rates=list(dilation_rates), backend=name)
+
+    def timed(name: str) -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        call(name)
+        if cuda:
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
+
+    previous_threads = torch.get_num_threads()
+    if threads is not None and not cuda:
+        torch.set_num_threads(int(threads))
+    errors: dict[str, str] = {}
+    outputs: dict[str, torch.Tensor] = {}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for name in names:  # warmup + the output check; a backend that raises is left out of the timing
+            try:
+                for _ in range(max(warmup, 1)):
+                    out = call(name)
+                outputs[name] = out.to(torch.float64)
+            except Exception as error:  # shown in the table, never raised into the dashboard
+                errors[name] = f"{type(error).__name__}: {error}"[:200]
+        running = [name for name in names if name not in errors]
+        for index in tqdm(range(repeats), desc="repeats", disable=not progress):
+            shift = index % max(len(running), 1)
+            for name in running[shift:] + running[:shift]:
+                samples[name].append(timed(name))
+    finally:
+        torch.set_num_threads(previous_threads)
+    baseline = next(iter(outputs.values()), None)
+    rows = []
+    for name in names:
+        if name in errors:
+            rows.append({"backend": name, "median_ms": float("nan"), "low_ms": float("nan"), "high_ms": float("nan"),
+                         "min_ms": float("nan"), "max_ms": float("nan"), "times_ms": [], "tokens_per_s": float("nan"),
+                         "spread": float("nan"), "max_abs_diff_vs_first": float("nan"), "error": errors[name]})
+            continue
+        median, low, high = bootstrap_median_ci(samples[name])
+        rows.append({"backend": name, "median_ms": median, "low_ms": low, "high_ms": high,
+                     "min_ms": min(samples[name]), "max_ms": max(samples[name]), "times_ms": samples[name],
+                     "tokens_per_s": seq_len / (median / 1e3), "spread": high / low if low > 0 else float("nan"),
+                     "max_abs_diff_vs_first": float((outputs[name] - baseline).abs().max()), "error": ""})
     return pd.DataFrame(rows)
 
 
+def timing_warnings(table: Any, max_spread: float = 1.25) -> list[str]:
+    """Lines warning where a backend's 95% interval is wider than `max_spread` (high / low), and where two
+    backends' intervals overlap (their order is within noise)."""
+    ok = table[table["error"] == ""].sort_values("median_ms")
+    notes = [f"{row.backend}: 95% interval {row.low_ms:.3g}-{row.high_ms:.3g} ms ({row.spread:.2f}x wide, "
+             f"{len(row.times_ms)} repeats): noisy, add repeats" for row in ok.itertuples() if row.spread > max_spread]
+    records = list(ok.itertuples())
+    for first, second in zip(records, records[1:]):
+        if second.low_ms <= first.high_ms:
+            notes.append(f"{first.backend} and {second.backend} are within noise of each other "
+                         f"(intervals overlap)")
+    return notes
+
+
 def timing_figure(table: Any, title: str = "forward time per backend") -> Any:
-    """Bars of median ms per backend with min..max error bars."""
+    """Bars of median ms per backend with its 95% bootstrap interval as error bars."""
     import plotly.graph_objects as go
 
     ok = table[table["error"] == ""]
     fig = go.Figure(go.Bar(x=list(ok["backend"]), y=list(ok["median_ms"]), name="median ms",
-                           error_y=dict(type="data", symmetric=False, array=list(ok["max_ms"] - ok["median_ms"]),
-                                        arrayminus=list(ok["median_ms"] - ok["min_ms"]))))
-    fig.update_layout(title=title, yaxis_title="ms (median, bars: min..max)", height=350)
+                           error_y=dict(type="data", symmetric=False, array=list(ok["high_ms"] - ok["median_ms"]),
+                                        arrayminus=list(ok["median_ms"] - ok["low_ms"]))))
+    fig.update_layout(title=title, xaxis_title="backend",
+                      yaxis_title="forward time (ms, median; bars: 95% interval; lower is better)", height=350)
     return fig
 
 
 def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int = 1024, num_heads: int = 4,
                       head_dim: int = 32, segment_lengths: str = "256,512", dilation_rates: str = "1,2",
-                      repeats: int = 3) -> Panel:
+                      repeats: int = 15) -> Panel:
     """Build the dashboard: info HTML, availability table, auto choice, and a 'time backends' button."""
     import ipywidgets as widgets
     import plotly.graph_objects as go
@@ -139,7 +220,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
         "head_dim": widgets.Dropdown(options=[16, 32, 64, 128], value=head_dim, description="head dim"),
         "segment_lengths": widgets.Text(value=segment_lengths, description="segments"),
         "dilation_rates": widgets.Text(value=dilation_rates, description="dilations"),
-        "repeats": widgets.IntSlider(value=repeats, min=1, max=20, description="repeats"),
+        "repeats": widgets.IntSlider(value=repeats, min=1, max=60, description="repeats"),
     }
     run_button = widgets.Button(description="time backends", button_style="primary")
     message, info_html, table_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
@@ -155,7 +236,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
             show_message(message, [f"{type(error).__name__}: {error}"], error=True)
             return
         state.update(choice=choice, availability=availability, hardware=hardware)
-        info_html.value = (f"<b>hardware</b>: {html.escape(str(hardware))}<br><b>auto picks "
+        info_html.value = (f"<b>hardware</b>{hardware_html(hardware)}<br><b>auto picks "
                            f"{html.escape(choice['auto'])}</b>: {html.escape(choice['why'])}<br>"
                            + availability.to_html(index=False))
 
@@ -175,7 +256,11 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
             return
         state["timings"] = table
         replace_figure(figure, timing_figure(table, f"forward time, {tokens} tokens, {controls['dtype'].value}"))
-        table_html.value = table.to_html(index=False, float_format=lambda value: f"{value:.4g}")
+        table_html.value = timing_display(table).to_html(index=False)
+        notes += timing_warnings(table)
+        if not chosen_device.startswith("cuda"):
+            notes.append("CPU timings on a shared machine are indicative only (backends run round-robin, "
+                         "one pinned thread)")
         show_message(message, notes)
 
     controls["device"].observe(describe, names="value")

@@ -16,5 +16,5 @@ def claims_verdict_figure(summary: Any) -> Any:
     fig = go.Figure([go.Bar(name=verdict, x=list(summary["claim"]), y=list(summary[verdict]), marker_color=colour)
                      for verdict, colour in VERDICT_COLOURS.items() if verdict in summary])
     fig.update_layout(barmode="stack", title="verdicts per claim (rows of the claimed-vs-measured table)",
-                      yaxis_title="rows", height=380)
+                      xaxis_title="claim", yaxis_title="experiments (rows, count)", height=380)
     return fig

@@ -18,6 +18,12 @@
 # median / min / max wall time over `repeats`, tokens/s, useful TFLOP/s (4 * B * D FLOPs per query-key pair
 # the dilated pattern computes, summed over branches and heads: no padding, no masked work) and peak
 # memory above the inputs (CUDA: max_memory_allocated; CPU: peak RSS of the isolated process).
+#
+# Orderings are also timed against the identity layout in one process, alternating A and B (`ab_repeats`
+# pairs, `threads` pinned CPU threads, as in the per-case runs), which the page uses for the ordering
+# verdicts: the median ratio with its 95% bootstrap interval, "no difference" when the interval
+# contains 1. The page itself (`benchmark-small.html` / `benchmark.html`) is rebuilt from metrics.json by
+# `hilbert_lab.reports.benchmark.render`.
 
 # %% tags=["parameters"]
 device = "cpu"
@@ -33,6 +39,9 @@ num_heads = 8
 head_dim = 64
 repeats = 5
 warmup = 1
+ab_repeats = 21
+threads = 1
+ab_backend = "auto"
 case_timeout_s = 300.0
 save_png = True
 output_dir = "."
@@ -45,9 +54,9 @@ from hilbert_lab.reports.recorder import ReportRecorder
 
 parameters = dict(device=device, dtype=dtype, seq_lens=seq_lens, modes=modes, orderings=orderings, backends=backends,
                   segment_lengths=segment_lengths, dilation_rates=dilation_rates, batch_size=batch_size,
-                  num_heads=num_heads, head_dim=head_dim, repeats=repeats, warmup=warmup)
-recorder = ReportRecorder(output_dir, "benchmark", {**parameters, "case_timeout_s": case_timeout_s, "save_png": save_png},
-                          png=save_png)
+                  num_heads=num_heads, head_dim=head_dim, repeats=repeats, warmup=warmup, threads=threads or None)
+recorder = ReportRecorder(output_dir, "benchmark", {**parameters, "case_timeout_s": case_timeout_s, "save_png": save_png,
+                                                   "ab_repeats": ab_repeats, "ab_backend": ab_backend}, png=save_png)
 cases = benchmark_cases(**parameters)
 recorder.metric("cases", len(cases))
 
@@ -55,13 +64,13 @@ recorder.metric("cases", len(cases))
 records = run_benchmark(cases, Path(output_dir) / "bench_results.jsonl", case_timeout_s=case_timeout_s)
 table = results_table(records)
 recorder.metric("cases ok", int((table["status"] == "ok").sum()), note=f"of {len(table)}")
-recorder.table("results", table.round(4), caption="every case (times in ms; NaN where a case did not finish)")
+recorder.table("results", table, caption="every case (times in ms; NaN where a case did not finish)")
 
 # %% [markdown]
 # ## Scaling
 
 # %%
-ok = table[table["status"] == "ok"]
+ok = table[table["status"] == "ok"].drop(columns=["times_ms"])
 recorder.figure("time_scaling", scaling_figure(ok, "median_ms", "median forward time vs tokens"), png=True)
 recorder.figure("tflops_scaling", scaling_figure(ok, "useful_tflops", "useful TFLOP/s vs tokens"), png=True)
 if ok["peak_mib"].notna().any():
@@ -71,8 +80,13 @@ if ok["peak_mib"].notna().any():
 # ## Orderings against identity (same attention, different layout)
 
 # %%
-from hilbert_lab.reports.benchmark import ordering_speedups
+from hilbert_lab.reports.benchmark import comparisons, ordering_ab
 
-recorder.table("ordering_speedups", ordering_speedups(table).round(4),
-               caption="median identity time / median ordered time")
-recorder.save();
+if ab_repeats > 0 and "identity" in orderings and len(orderings) > 1:
+    ab = ordering_ab(device=device, dtype=dtype, seq_lens=seq_lens, modes=modes, orderings=orderings,
+                     segment_lengths=segment_lengths, dilation_rates=dilation_rates, batch_size=batch_size,
+                     num_heads=num_heads, head_dim=head_dim, repeats=ab_repeats, backend=ab_backend,
+                     threads=threads or None)
+    recorder.table("ordering_ab", ab, caption="interleaved identity / ordered times (ms) per pair", show=False)
+comparisons(recorder.data)[["backend", "mode", "seq_len", "ordering", "timing", "speedup", "speedup_low",
+                            "speedup_high", "verdict"]]

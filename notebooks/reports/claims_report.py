@@ -13,23 +13,25 @@
 
 # %% [markdown]
 # # Claims report
-# Each claim of the predecessor (`shared/claims.md`) is reproduced as closely as hilbert_lab's exact
+# Each claim of the predecessor (`hilbert_lab/reports/claims.md`, shipped with the package) is reproduced as closely as hilbert_lab's exact
 # semantics allow and printed as claimed vs measured with a verdict: **confirmed**, **refuted** or **not
 # reproducible here** (with why). Orderings are exact layout permutations applied after dilation, so
 # they never change which token attends to which; speed or memory differences can only come from
 # layout. Timing claims made on a GPU that is not here are measured on the hardware at hand (the
-# measurement is shown) and marked not reproducible here. Speedups carry bounds
-# [min baseline / max candidate, max baseline / min candidate] over the repeats.
+# measurement is shown) and marked not reproducible here. Speedups are medians of interleaved runs
+# (baseline and candidate alternate, one pinned CPU thread) with 95% bootstrap intervals.
 
 # %% tags=["parameters"]
 device = "cpu"
-repeats = 3
+repeats = 7
 max_tokens = 8192
 claims_file = ""
 save_png = True
 output_dir = "."
 
 # %%
+from pathlib import Path
+
 import pandas as pd
 
 from hilbert_lab.reports.claims import claim_summary, evaluate_all
@@ -41,7 +43,7 @@ recorder = ReportRecorder(output_dir, "claims", dict(device=device, repeats=repe
                                                      claims_file=claims_file, save_png=save_png), png=save_png)
 frame, extra = evaluate_all(device=device, repeats=repeats, max_tokens=max_tokens, results_dir=output_dir,
                             claims_file=claims_file or None)
-recorder.metric("claims file", extra["claims_file"] or "not found (claims from the experiments only)")
+recorder.metric("claims file", Path(extra["claims_file"]).name if extra["claims_file"] else "not found")
 
 # %% [markdown]
 # ## Verdicts per claim

@@ -46,7 +46,9 @@ from hilbert_lab.reports.training import (
     final_evals_table,
     group_chance,
     histories,
+    history_table,
     load_runs,
+    phases_table,
     ring_comparison_table,
     run_phases,
     throughput_table,
@@ -61,6 +63,9 @@ if cpu_train_steps > 0:
 finals = final_evals_table(groups)
 recorder.table("final_evals", finals,
                caption="last eval of each run (at the full sequence length) against chance; steps = last logged step")
+# the curves' data, so that the page can be rebuilt from metrics.json alone
+recorder.table("history", history_table(groups), caption="every logged point", show=False)
+recorder.table("phases", phases_table(groups), caption="length-curriculum phases", show=False)
 
 # %% [markdown]
 # ## Loss and accuracy curves

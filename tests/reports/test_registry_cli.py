@@ -125,7 +125,10 @@ def test_suite_layout_and_merged_metrics(monkeypatch, tmp_path):
     merged = json.loads((run_dir / "metrics.json").read_text())
     assert [merged["parts"][name]["metrics"]["x"]["value"] for name in get_report("default").parts] == [1, 2, 3, 4]
     assert json.loads((run_dir / "env.json").read_text())["parameters"]["overrides"] == {"device": "cpu", "repeats": 2}
-    assert 'href="locality/locality.html"' in (run_dir / "index.html").read_text()
+    index = (run_dir / "index.html").read_text()
+    assert "href='locality/locality.html'" in index
+    # the committed GPU runs are rendered from their data and linked
+    assert "href='gpu/benchmark-h200-gpu.html'" in index and (run_dir / "gpu" / "benchmark-h200-gpu.html").exists()
     with pytest.raises(ValueError, match="not parameters of report 'default'"):
         runner.run_report("default", {"nonsense": 1}, output_root=tmp_path, progress=False)
 

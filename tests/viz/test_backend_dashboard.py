@@ -37,6 +37,10 @@ def test_timing_table_backends_agree():
     assert (table["error"] == "").all()
     assert (table["max_abs_diff_vs_first"] < 1e-10).all()  # float64: all backends compute the same attention
     assert (table["min_ms"] <= table["median_ms"]).all() and (table["median_ms"] <= table["max_ms"]).all()
+    assert (table["low_ms"] <= table["median_ms"]).all() and (table["median_ms"] <= table["high_ms"]).all()
+    assert all(len(times) == 2 for times in table["times_ms"])
+    assert all(math.isclose(row.median_ms, sorted(row.times_ms)[0] / 2 + sorted(row.times_ms)[1] / 2)
+               for row in table.itertuples())
     assert all(math.isclose(row.tokens_per_s, 64 / (row.median_ms / 1e3)) for row in table.itertuples())
 
 
@@ -58,3 +62,30 @@ def test_dashboard_button_times_and_draws():
     panel.controls["segment_lengths"].value = "16,abc"
     panel.refresh()  # refused with a visible message
     assert "segment_lengths" in panel.message.value
+
+
+def test_timing_warnings_flag_wide_and_overlapping_intervals():
+    import pandas as pd
+
+    from hilbert_lab.viz.backends import timing_display, timing_warnings
+
+    table = pd.DataFrame([
+        {"backend": "a", "median_ms": 2.0, "low_ms": 1.9, "high_ms": 26.0, "times_ms": [1.9, 2.0, 26.0],
+         "spread": 26.0 / 1.9, "tokens_per_s": 1.0, "max_abs_diff_vs_first": 0.0, "error": ""},
+        {"backend": "b", "median_ms": 3.0, "low_ms": 2.9, "high_ms": 3.1, "times_ms": [2.9, 3.0, 3.1],
+         "spread": 3.1 / 2.9, "tokens_per_s": 1.0, "max_abs_diff_vs_first": 0.0, "error": ""},
+        {"backend": "c", "median_ms": 9.0, "low_ms": 8.9, "high_ms": 9.1, "times_ms": [8.9, 9.0, 9.1],
+         "spread": 9.1 / 8.9, "tokens_per_s": 1.0, "max_abs_diff_vs_first": 0.0, "error": ""},
+    ])
+    notes = timing_warnings(table)
+    assert any(note.startswith("a:") and "noisy" in note for note in notes)
+    assert any("a and b are within noise" in note for note in notes)
+    assert not any("b and c" in note for note in notes)
+    assert timing_display(table)["median ms [95%]"].tolist()[1] == "3 [2.9, 3.1]"
+
+
+def test_hardware_table_is_html_not_a_dict():
+    from hilbert_lab.viz.backends import hardware_html, hardware_summary
+
+    text = hardware_html(hardware_summary("cpu"))
+    assert text.startswith("<table>") and "torch CPU threads" in text and "{" not in text

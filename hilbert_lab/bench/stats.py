@@ -1,0 +1,173 @@
+"""Timing statistics: bootstrap medians, ratio intervals, verdicts and an interleaved A/B timer.
+
+Every timing comparison the reports print goes through `compare` (or `ratio_ci` + `verdict`): a ratio
+is never shown without its 95% interval, and an interval that contains 1 reads "no difference".
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+VERDICTS = ("A faster", "B faster", "no difference")
+
+
+def _as_samples(samples: Sequence[float], name: str) -> np.ndarray:
+    array = np.asarray(samples, dtype=np.float64).ravel()
+    array = array[np.isfinite(array)]
+    if array.size == 0:
+        raise ValueError(f"{name} must hold at least one finite sample, got {list(samples)!r}")
+    return array
+
+
+def _check_confidence(confidence: float) -> None:
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+
+
+def bootstrap_median_ci(samples: Sequence[float], confidence: float = CONFIDENCE,
+                        resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the sample median and its percentile-bootstrap `confidence` interval.
+
+    samples: (n,) finite values (NaN/inf dropped). One sample gives a zero-width interval.
+    """
+    _check_confidence(confidence)
+    values = _as_samples(samples, "samples")
+    median = float(np.median(values))
+    if values.size == 1:
+        return median, median, median
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, values.size, size=(resamples, values.size))
+    medians = np.median(values[picks], axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(medians, [alpha, 1.0 - alpha])
+    return median, float(min(low, median)), float(max(high, median))
+
+
+def ratio_ci(a_samples: Sequence[float], b_samples: Sequence[float], confidence: float = CONFIDENCE,
+             resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, paired: bool | None = None
+             ) -> tuple[float, float, float]:
+    """(ratio, low, high) with ratio = median(a) / median(b) and its bootstrap `confidence` interval.
+
+    a_samples: (n,), b_samples: (m,), e.g. times of A and B. Paired samples (interleaved runs, n == m;
+    the default when the lengths match) are resampled by pair, so drift shared by both cancels;
+    otherwise each side is resampled on its own.
+    """
+    _check_confidence(confidence)
+    a_all = np.asarray(a_samples, dtype=np.float64).ravel()
+    b_all = np.asarray(b_samples, dtype=np.float64).ravel()
+    if paired is None:
+        paired = a_all.size == b_all.size
+    if paired:
+        if a_all.size != b_all.size:
+            raise ValueError(f"paired samples must have equal lengths, got {a_all.size} and {b_all.size}")
+        keep = np.isfinite(a_all) & np.isfinite(b_all)
+        a, b = _as_samples(a_all[keep], "a_samples"), _as_samples(b_all[keep], "b_samples")
+    else:
+        a, b = _as_samples(a_all, "a_samples"), _as_samples(b_all, "b_samples")
+    if np.median(b) <= 0 or np.any(b <= 0):
+        raise ValueError("b_samples must be positive to form a ratio")
+    ratio = float(np.median(a) / np.median(b))
+    if a.size == 1 and b.size == 1:
+        return ratio, ratio, ratio
+    rng = np.random.default_rng(seed)
+    picks_a = rng.integers(0, a.size, size=(resamples, a.size))
+    picks_b = picks_a if paired else rng.integers(0, b.size, size=(resamples, b.size))
+    ratios = np.median(a[picks_a], axis=1) / np.median(b[picks_b], axis=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(ratios, [alpha, 1.0 - alpha])
+    return ratio, float(min(low, ratio)), float(max(high, ratio))
+
+
+def verdict(ratio: float, low: float, high: float, min_effect: float = 0.0) -> str:
+    """"A faster" / "B faster" / "no difference" for a time ratio A/B and its interval [low, high].
+
+    The interval containing 1 (or an effect smaller than `min_effect`, e.g. 0.05 for 5%) is "no difference".
+    """
+    values = np.asarray([ratio, low, high], dtype=np.float64)
+    if not np.all(np.isfinite(values)):
+        return "no difference"
+    if min_effect < 0:
+        raise ValueError(f"min_effect must be >= 0, got {min_effect!r}")
+    if abs(ratio - 1.0) < min_effect:
+        return "no difference"
+    if high < 1.0:
+        return "A faster"
+    if low > 1.0:
+        return "B faster"
+    return "no difference"
+
+
+def format_ratio(ratio: float, low: float, high: float, digits: int = 2) -> str:
+    """'1.23x [1.10, 1.41]' (never a ratio without its interval)."""
+    if not np.all(np.isfinite([ratio, low, high])):
+        return "n/a"
+    return f"{ratio:.{digits}f}x [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def compare(a_samples: Sequence[float], b_samples: Sequence[float], a_name: str = "A", b_name: str = "B",
+            *, confidence: float = CONFIDENCE, min_effect: float = 0.0, seed: int = 0) -> dict[str, Any]:
+    """Medians with intervals, speedup of A over B (= time B / time A) with interval, and the verdict.
+
+    Returns {a_median, a_low, a_high, b_median, ..., speedup, speedup_low, speedup_high, verdict, text},
+    verdict naming the faster side ("<a_name> faster", "<b_name> faster") or "no difference".
+    """
+    a_median, a_low, a_high = bootstrap_median_ci(a_samples, confidence, seed=seed)
+    b_median, b_low, b_high = bootstrap_median_ci(b_samples, confidence, seed=seed)
+    speedup, low, high = ratio_ci(b_samples, a_samples, confidence, seed=seed)
+    # speedup = time B / time A: above 1 means A is faster.
+    label = verdict(1.0 / speedup, 1.0 / high, 1.0 / low, min_effect)
+    named = {"A faster": f"{a_name} faster", "B faster": f"{b_name} faster"}.get(label, label)
+    return {"a_median": a_median, "a_low": a_low, "a_high": a_high, "b_median": b_median, "b_low": b_low,
+            "b_high": b_high, "speedup": speedup, "speedup_low": low, "speedup_high": high,
+            "samples": int(min(np.size(a_samples), np.size(b_samples))), "verdict": named,
+            "text": f"{a_name} vs {b_name}: {format_ratio(speedup, low, high)} ({named})"}
+
+
+def interleaved_times(fn_a: Callable[[], Any], fn_b: Callable[[], Any], repeats: int = 15, warmup: int = 1,
+                      threads: int | None = 1, synchronize: Callable[[], None] | None = None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Wall times in ms of fn_a and fn_b run alternately (A B, B A, A B, ...): two (repeats,) arrays.
+
+    Alternating the order spreads drift and cache warmth over both. `threads` pins torch's intra-op
+    threads for the run (restored after; None leaves them); `synchronize` (e.g. torch.cuda.synchronize)
+    runs before each clock read.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {warmup}")
+    import torch
+
+    previous = torch.get_num_threads()
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {threads}")
+        torch.set_num_threads(int(threads))
+    sync = synchronize or (lambda: None)
+
+    def timed(fn: Callable[[], Any]) -> float:
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        return (time.perf_counter() - start) * 1e3
+
+    try:
+        for _ in range(warmup):
+            fn_a()
+            fn_b()
+        a_times, b_times = np.empty(repeats), np.empty(repeats)
+        for index in range(repeats):
+            if index % 2 == 0:
+                a_times[index] = timed(fn_a)
+                b_times[index] = timed(fn_b)
+            else:
+                b_times[index] = timed(fn_b)
+                a_times[index] = timed(fn_a)
+    finally:
+        torch.set_num_threads(previous)
+    return a_times, b_times

@@ -1,0 +1,94 @@
+"""Bootstrap intervals, ratio intervals, verdicts and the interleaved timer."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hilbert_lab.bench.stats import (bootstrap_median_ci, compare, format_ratio, interleaved_times, ratio_ci,
+                                     verdict)
+
+
+def _loop_bootstrap(values, resamples, seed, confidence=0.95):
+    """Float64 reference: the same resampling written as a plain loop."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(values), size=(resamples, len(values)))
+    medians = [float(np.median([values[i] for i in row])) for row in picks]
+    alpha = (1 - confidence) / 2
+    return np.quantile(medians, [alpha, 1 - alpha])
+
+
+def test_bootstrap_matches_loop_reference_and_contains_median():
+    values = np.random.default_rng(1).lognormal(size=17)
+    median, low, high = bootstrap_median_ci(values, resamples=500, seed=3)
+    assert median == pytest.approx(np.median(values))
+    ref_low, ref_high = _loop_bootstrap(list(values), 500, 3)
+    assert low == pytest.approx(min(ref_low, median)) and high == pytest.approx(max(ref_high, median))
+    assert low <= median <= high
+
+
+def test_bootstrap_interval_covers_true_median_about_95_percent():
+    rng = np.random.default_rng(0)
+    hits = 0
+    for seed in range(200):
+        _median, low, high = bootstrap_median_ci(rng.normal(10.0, 1.0, size=31), resamples=400, seed=seed)
+        hits += low <= 10.0 <= high
+    assert 0.85 <= hits / 200 <= 1.0
+
+
+def test_bootstrap_single_sample_and_bad_input():
+    assert bootstrap_median_ci([2.5]) == (2.5, 2.5, 2.5)
+    with pytest.raises(ValueError, match="samples"):
+        bootstrap_median_ci([float("nan")])
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_median_ci([1.0, 2.0], confidence=1.5)
+
+
+def test_ratio_ci_value_and_pairing_cancels_shared_drift():
+    rng = np.random.default_rng(2)
+    drift = np.linspace(1.0, 3.0, 40)  # machine gets slower over the run, for both A and B
+    a = 2.0 * drift * (1 + 0.01 * rng.standard_normal(40))
+    b = 1.0 * drift * (1 + 0.01 * rng.standard_normal(40))
+    ratio, low, high = ratio_ci(a, b)
+    assert ratio == pytest.approx(np.median(a) / np.median(b))
+    assert low <= ratio <= high
+    _r, unpaired_low, unpaired_high = ratio_ci(a, b, paired=False)
+    assert high - low < (unpaired_high - unpaired_low) / 3
+    assert low > 1.9 and high < 2.1
+
+
+def test_ratio_ci_same_distribution_contains_one():
+    rng = np.random.default_rng(5)
+    ratio, low, high = ratio_ci(rng.lognormal(0, 0.3, 25), rng.lognormal(0, 0.3, 25))
+    assert low < 1.0 < high
+    assert verdict(ratio, low, high) == "no difference"
+
+
+def test_verdict_cases():
+    assert verdict(0.5, 0.4, 0.6) == "A faster"
+    assert verdict(2.0, 1.5, 2.5) == "B faster"
+    assert verdict(1.1, 0.9, 1.3) == "no difference"
+    assert verdict(1.02, 1.01, 1.03, min_effect=0.05) == "no difference"
+    assert verdict(float("nan"), 0.1, 0.2) == "no difference"
+
+
+def test_compare_names_the_faster_side_and_formats_interval():
+    fast, slow = [1.0, 1.1, 0.9, 1.0, 1.05] * 3, [2.0, 2.1, 1.9, 2.0, 2.05] * 3
+    result = compare(fast, slow, "hilbert", "identity")
+    assert result["verdict"] == "hilbert faster"
+    assert result["speedup"] == pytest.approx(2.0)
+    assert result["speedup_low"] <= 2.0 <= result["speedup_high"]
+    assert "[" in result["text"] and "x" in result["text"]
+    assert format_ratio(2.0, 1.5, 2.5) == "2.00x [1.50, 2.50]"
+    assert compare(slow, fast, "a", "b")["verdict"] == "b faster"
+
+
+def test_interleaved_times_alternates_and_restores_threads():
+    torch = pytest.importorskip("torch")
+    calls: list[str] = []
+    before = torch.get_num_threads()
+    a, b = interleaved_times(lambda: calls.append("a"), lambda: calls.append("b"), repeats=4, warmup=1, threads=1)
+    assert a.shape == (4,) and b.shape == (4,) and np.all(a >= 0) and np.all(b >= 0)
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="repeats"):
+        interleaved_times(lambda: None, lambda: None, repeats=0)

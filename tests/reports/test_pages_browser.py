@@ -1,0 +1,127 @@
+"""Every report page in headless Debian chromium with the network blocked: it loads, logs no console
+error, requests nothing outside file://, every plotly figure has titled axes and no ratio goes without
+its interval.
+
+The pages are the latest committed `make report` run (reports/default/<run>/) re-rendered from its
+data, with the committed GPU runs; HILBERT_REPORT_DIR=<suite run dir> checks a fresh `make report`
+output instead (as written, without re-rendering).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make browser installs it)"),
+]
+
+# JS: per plotly figure, the x/y axes whose title is empty
+UNTITLED_AXES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
+  const layout = gd._fullLayout || gd.layout || {};
+  return Object.keys(layout).filter(k => /^[xy]axis\\d*$/.test(k))
+    .filter(k => !(layout[k].title && String(layout[k].title.text || '').trim()));
+})"""
+# JS: text of the page outside quotations of claims (<q>, the claimed / claim text columns) and scripts
+OWN_TEXT = """() => {
+  const clone = document.body.cloneNode(true);
+  clone.querySelectorAll('q, script, style, .js-plotly-plot, td[data-col="claimed"], td[data-col="claim text"]')
+    .forEach(node => node.remove());
+  return clone.innerText;
+}"""
+
+
+@pytest.fixture(scope="module")
+def suite_dir(tmp_path_factory) -> Path:
+    fresh = os.environ.get("HILBERT_REPORT_DIR")
+    if fresh:
+        return Path(fresh)
+    pytest.importorskip("plotly", reason="plotly renders the pages")
+    from hilbert_lab.reports.render import render_suite_index
+
+    runs = sorted((REPO / "reports" / "default").glob("*/metrics.json"))
+    if not runs:
+        pytest.skip("no committed reports/default run to render")
+    source = runs[-1].parent
+    target = tmp_path_factory.mktemp("pages") / source.name
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("*.html", "*.ipynb"))
+    import json
+
+    parts = list(json.loads((target / "metrics.json").read_text())["parts"])
+    render_suite_index(target, parts, title="hilbert_lab reports (default)")
+    return target
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package drives chromium")
+    with sync_api.sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield instance
+        finally:
+            instance.close()
+
+
+def test_every_page_offline_without_errors_with_titled_axes(suite_dir, browser):
+    import re
+
+    pages = sorted(suite_dir.rglob("*.html"))
+    names = {page.relative_to(suite_dir).as_posix() for page in pages}
+    assert "index.html" in names and any(name.startswith("gpu/") for name in names), names
+    assert {f"{part}/{part}.html" for part in ("benchmark-small", "locality", "claims-small", "training")} <= names
+    problems: list[str] = []
+    figures = 0
+    for path in pages:
+        page = browser.new_page()
+        errors: list[str] = []
+        requests: list[str] = []
+        page.on("console", lambda message, errors=errors: errors.append(message.text)
+                if message.type == "error" else None)
+        page.on("pageerror", lambda error, errors=errors: errors.append(str(error)))
+
+        def route(route, requests=requests):
+            if route.request.url.startswith("file://"):
+                route.continue_()
+            else:
+                requests.append(route.request.url)
+                route.abort()
+
+        page.route("**/*", route)
+        page.goto(path.as_uri(), wait_until="load")
+        count = page.locator(".js-plotly-plot").count()
+        if count:
+            page.wait_for_function(f"() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= {count}",
+                                   timeout=60_000)
+        figures += count
+        name = path.relative_to(suite_dir).as_posix()
+        untitled = [axes for axes in page.evaluate(UNTITLED_AXES) if axes]
+        text = page.evaluate(OWN_TEXT)
+        bare = re.findall(r"\b\d+(?:\.\d+)?x(?![\w\[])(?!\s+\[)(?! \(no interval)", text)
+        title = page.title()
+        page.close()
+        if errors:
+            problems.append(f"{name}: console errors {errors[:3]}")
+        if requests:
+            problems.append(f"{name}: network requests {requests[:3]}")
+        if untitled:
+            problems.append(f"{name}: figures with untitled axes {untitled[:3]}")
+        if bare:
+            problems.append(f"{name}: ratios without an interval {bare[:5]}")
+        if title in ("", "Notebook"):
+            problems.append(f"{name}: page title {title!r}")
+        if "could not be rendered" in text:
+            problems.append(f"{name}: a report could not be rendered")
+        if "<NA>" in text or "output_dir" in text:
+            problems.append(f"{name}: raw notebook residue (<NA> / output_dir)")
+    assert figures > 10
+    assert not problems, "\n".join(problems)

@@ -1,0 +1,136 @@
+"""Pages rebuilt from metrics.json + env.json: verdicts, intervals, committed GPU runs, the render CLI."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
+
+from hilbert_lab.reports import benchmark, claims  # noqa: E402
+from hilbert_lab.reports.page import figure_axis_titles, fmt  # noqa: E402
+from hilbert_lab.reports.render import build_page, committed_gpu_runs, load_run, render_run  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_ENV = {"device": {"device": "cpu", "name": "test cpu"}, "cpu": {"model": "test", "usable_cores": 2},
+           "git": {"commit": "0123456789abcdef"}, "packages": {"torch": "2.x"}, "parameters": {"output_dir": "/abs"}}
+
+
+def _ab_metrics(identity, ordered):
+    rows = [{"seq_len": 512, "mode": "longnet", "backend": "auto", "ordering": "hilbert",
+             "identity_times_ms": list(identity), "ordered_times_ms": list(ordered), "max_abs_difference": 0.0}]
+    results = [{"backend": "auto", "seq_len": 512, "mode": "longnet", "ordering": name, "pass": "forward",
+                "status": "ok", "median_ms": float(np.median(times)), "times_ms": list(times), "tokens_per_s": 1.0,
+                "useful_tflops": 1.0, "peak_mib": None, "error": ""} for name, times in
+               (("identity", identity), ("hilbert", ordered))]
+    return {"report": "benchmark", "parameters": {"device": "cpu", "repeats": len(identity)},
+            "tables": {"ordering_ab": {"rows": rows}, "results": {"rows": results}}}
+
+
+def test_benchmark_page_says_no_difference_for_noise_and_names_a_real_effect():
+    rng = np.random.default_rng(0)
+    same = _ab_metrics(rng.lognormal(0, 0.3, 21), rng.lognormal(0, 0.3, 21))
+    table = benchmark.comparisons(same)
+    assert table.iloc[0].verdict == "no difference" and table.iloc[0].timing == "interleaved"
+    page = benchmark.render(same, CPU_ENV)
+    assert any("no difference in 1 of 1" in bullet for bullet in page.bullets)
+    assert any("indicative only" in note for note in page.notes)
+    faster = _ab_metrics(rng.normal(10, 0.2, 21), rng.normal(5, 0.1, 21))
+    assert benchmark.comparisons(faster).iloc[0].verdict == "hilbert faster"
+    text = " ".join(page.bullets + [section.conclusion for section in page.sections])
+    # every ratio printed comes with its interval
+    assert not re.search(r"\d\.\d+x(?! \[)", text), text
+    for section in page.sections:
+        if section.figure is not None:
+            assert all(title for _axis, title in figure_axis_titles(section.figure)), section.heading
+
+
+def test_claims_page_lists_every_claim_with_text_measured_and_verdict():
+    metrics, env = load_run(REPO / "reports" / "claims" / "h200-gpu")
+    page = claims.render(metrics, env)
+    overview = next(section.table for section in page.sections if section.heading.startswith("Claimed vs measured"))
+    assert overview["claim"].tolist() == [f"C{index}" for index in range(1, 13)]
+    assert (overview["claim text"].str.len() > 10).all() and (overview["reason"].str.len() > 0).all()
+    assert set(overview["verdict"]) <= {"confirmed", "refuted", "partly confirmed", "not reproducible here"}
+    c12 = overview.set_index("claim").loc["C12", "measured"]
+    assert "no interval recorded" in c12  # an older run's bare ratio is marked, not shown as a finding
+    assert claims.mark_bare_ratios("0.82x [0.82, 0.95]; 7.79x; auto/manual nanx") == \
+        "0.82x [0.82, 0.95]; 7.79x (no interval recorded); auto/manual n/a"
+    assert claims.claim_verdict(["refuted", "confirmed", "not reproducible here"]) == "partly confirmed"
+    assert claims.claim_verdict(["not reproducible here"]) == "not reproducible here"
+
+
+def test_committed_gpu_runs_render_offline(tmp_path):
+    runs = committed_gpu_runs()
+    names = {run.parent.name for run in runs}
+    assert {"benchmark", "claims", "ring"} <= names
+    for run in runs:
+        path = render_run(run, tmp_path / f"{run.parent.name}.html")
+        html = path.read_text()
+        assert not re.search(r"<script[^>]*\ssrc=", html) and not re.search(r"<link[^>]*href=", html), run
+        markup = re.sub(r"<script.*?</script>", "", html, flags=re.DOTALL)  # plotly.js itself names URLs
+        assert not re.search(r"""(src|href)=["']?https?://""", markup), run
+        assert "unpkg.com" not in html and "<title>Notebook</title>" not in html
+        assert "output_dir" not in html and "&lt;NA&gt;" not in html
+        page = build_page(*load_run(run))
+        assert page.headline and page.summary
+        for section in page.sections:
+            if section.figure is not None:
+                assert all(title for _axis, title in figure_axis_titles(section.figure)), (run, section.heading)
+
+
+def test_ring_converter_reads_every_gpu_count(tmp_path):
+    from hilbert_lab.reports.ring import ring_run, write_ring_run
+
+    paths = [REPO / "reports" / "results" / f"ring_{n}gpu_h200.json" for n in (1, 2, 4)]
+    metrics, env = ring_run(paths)
+    gpus = sorted({row["gpus"] for row in metrics["tables"]["throughput"]["rows"]})
+    assert gpus == [1, 2, 4] and env["device"]["device_count"] == 4
+    row = next(r for r in metrics["tables"]["throughput"]["rows"] if r["gpus"] == 2)
+    assert row["tokens_per_s_total"] == pytest.approx(2 * row["tokens_per_s_per_gpu"])
+    out = write_ring_run(paths, tmp_path / "ring")
+    assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(metrics))
+    with pytest.raises(ValueError, match="paths"):
+        ring_run([tmp_path / "missing.json"])
+
+
+def test_render_cli_rebuilds_a_page_and_refuses_a_bad_dir(tmp_path, capsys):
+    import argparse
+
+    from hilbert_lab.reports.cli import register_cli
+
+    parser = argparse.ArgumentParser(prog="hilbert-lab")
+    register_cli(parser.add_subparsers(dest="command", required=True))
+    out = tmp_path / "page.html"
+    args = parser.parse_args(["report", "render", str(REPO / "reports" / "ring" / "h200-gpu"), "--out", str(out)])
+    assert args.func(args) == 0 and out.exists() and "Ring attention" in out.read_text()
+    args = parser.parse_args(["report", "render", str(tmp_path / "nothing")])
+    assert args.func(args) == 2
+    assert "run_dir must hold metrics.json" in capsys.readouterr().err
+
+
+def test_fmt_keeps_tables_short():
+    assert fmt(0.123456789) == "0.123" and fmt(1234567.89) == "1,234,568" and fmt(None) == "-"
+    assert fmt(float("nan")) == "-" and fmt(3) == "3" and fmt(2.0) == "2" and fmt(1.5e-7) == "1.50e-07"
+
+
+def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
+    runs = sorted((REPO / "reports" / "default").glob("*/metrics.json"))
+    if not runs:
+        pytest.skip("no committed default run")
+    suite = runs[-1].parent
+    pages = {part: build_page(*load_run(suite / part)) for part in json.loads((suite / "metrics.json").read_text())["parts"]}
+    assert set(pages) == {"benchmark-small", "locality", "claims-small", "training"}
+    for name, page in pages.items():
+        figures = [section for section in page.sections if section.figure is not None]
+        assert figures, name
+        for section in figures:
+            assert section.conclusion, (name, section.heading)
+            assert all(title for _axis, title in figure_axis_titles(section.figure)), (name, section.heading)
+    # the training curves come from the recorded history alone: one accuracy and one loss figure per group
+    curves = [s for s in pages["training"].sections if s.heading.endswith((": accuracy", ": loss"))]
+    assert len(curves) == 4 and "93.8%" in pages["training"].headline
+    assert "lower" in pages["locality"].headline or "equal" in pages["locality"].headline
