@@ -115,5 +115,5 @@ def test_a_spatially_local_ordering_beats_rowmajor_when_the_window_is_one_row():
                               batch_size=16, backend="manual")
     rowmajor = train_spatial(task, config, "rowmajor", seed=0)["accuracy"]
     hilbert = train_spatial(task, config, "hilbert", seed=0)["accuracy"]
-    assert 0.70 < rowmajor < 0.83  # learned, and below what a one-row window allows
+    assert 0.60 < rowmajor < 0.83  # learned, and below what a one-row window allows
     assert hilbert > rowmajor + 0.02
