@@ -2,12 +2,13 @@
 spatial majority task (hilbert_lab.models.spatial) with every ordering and several seeds, and write
 accuracies with 95% intervals (plus the exact locality metrics of each setting) as JSON.
 
-Tasks: the 2D task on a --grid x --grid image (label = majority of the bits within --radius cells) at
+Tasks: the 2D task on a --grid x --grid image (default 48 x 48) (label = majority of the bits within --radius cells) at
 each window of --windows, and the 3D point-cloud task (--points points, majority of the --neighbours
 nearest) at --point-window. Every ordering gets the same model, steps, batches and compute.
 
-GPU (bf16 autocast, backend="auto"), about 6 minutes on one H100 with --time-budget 330:
-    python benchmarks/train_serialization.py --time-budget 330
+GPU (bf16 autocast, backend="auto"); the default --time-budget 330 fits the whole grid in about 6 minutes
+(it times a short probe, then gives every run the same number of steps, at most --steps):
+    python benchmarks/train_serialization.py
 CPU-sized run (what the report shows until a GPU run is committed), a few minutes on 2 cores:
     python benchmarks/train_serialization.py --small --out reports/results/serialization_cpu.json
 Smoke check (seconds):
@@ -123,14 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--out", default=None, help="JSON path (default reports/results/serialization_<device>.json)")
-    parser.add_argument("--small", action="store_true", help="CPU sizes: 16x16 grid, windows 16 and 64, 256 points")
+    parser.add_argument("--small", action="store_true", help="CPU sizes: 12x12 grid, windows 16 and 48, 256 points")
     parser.add_argument("--orderings", nargs="+", default=DEFAULT_ORDERINGS,
                         help="names of SERIALIZATIONS; 'a,b' alternates a and b over the blocks")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=None, help="steps per run (a cap with --time-budget)")
     parser.add_argument("--time-budget", type=float, default=None,
-                        help="seconds for the whole grid: probe the step time, then pick the steps that fit")
-    parser.add_argument("--grid", type=int, default=64)
+                        help="seconds for the whole grid: probe the step time, then pick the steps that fit "
+                             "(default 330 on CUDA, none on CPU; 0 turns it off)")
+    parser.add_argument("--grid", type=int, default=48,
+                        help="image side; off powers of two Hilbert and Morton windows differ (on 2^k sides "
+                             "windows of 4^j tokens are the same aligned squares)")
     parser.add_argument("--radius", type=float, default=2.0)
     parser.add_argument("--windows", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--points", type=int, default=4096, help="points per cloud (0: skip the 3D task)")
@@ -148,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto")
     args = parser.parse_args(argv)
     if args.small:
-        args.grid, args.radius, args.windows, args.points, args.neighbours = 16, 1.0, [16, 64], 256, 5
+        args.grid, args.radius, args.windows, args.points, args.neighbours = 12, 1.0, [16, 48], 256, 5
         args.point_window, args.dim, args.heads, args.batch_size, args.frequencies = 16, 32, 2, 16, 6
-        args.steps = 150 if args.steps is None else args.steps
+        args.steps = 100 if args.steps is None else args.steps
     if args.steps is None:
         args.steps = 400
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -163,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else REPO / "reports" / "results" / f"serialization_{slug}.json"
     tasks = build_tasks(args)
     _log(f"device {args.device} ({slug}); {len(tasks)} tasks x {len(orderings)} orderings x {len(seeds)} seeds")
-    if args.time_budget is not None:
+    if args.time_budget is None and args.device.startswith("cuda"):
+        args.time_budget = 330.0
+    if args.time_budget:
         args.steps = _probe_steps(tasks, orderings, seeds, args.time_budget, args.steps)
         tasks = build_tasks(args)
     started = time.perf_counter()
@@ -194,7 +200,15 @@ def main(argv: list[str] | None = None) -> int:
                         "summary": summary, "runs": runs})
         _log(f"{entry['name']}: " + ", ".join(f"{row['ordering']} {row['mean']:.4f} [{row['low']:.4f}, "
                                                 f"{row['high']:.4f}]" for row in summary))
-    document = {
+        _write(out, _document(slug, argv, args, started, results))  # what finished survives an interruption
+    document = _document(slug, argv, args, started, results)
+    _write(out, document)
+    _log(f"wrote {out} ({document['seconds']:.0f} s)")
+    return 0
+
+
+def _document(slug, argv, args, started, results) -> dict:
+    return {
         "benchmark": "train_serialization",
         "label": "GPU" if slug != "cpu" else "CPU",
         "device": slug,
@@ -205,10 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         "env": _environment(args.device),
         "tasks": results,
     }
+
+
+def _write(out: Path, document: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=1, default=lambda v: v.tolist() if isinstance(v, np.ndarray) else str(v)))
-    _log(f"wrote {out} ({document['seconds']:.0f} s)")
-    return 0
+    text = json.dumps(document, indent=1, default=lambda v: v.tolist() if isinstance(v, np.ndarray) else str(v))
+    out.with_suffix(".tmp").write_text(text)
+    out.with_suffix(".tmp").replace(out)
 
 
 if __name__ == "__main__":

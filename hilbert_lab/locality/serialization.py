@@ -19,7 +19,9 @@ Metrics (all exact):
 * ``unmet_adjacent``: the share of spatially adjacent pairs that meet in no branch (grids:
   face-adjacent cell pairs; points: (point, one of its 2*d nearest neighbours) pairs).
 
-All kernels are Numba; ``serialization_table`` adds the wall time of each row.
+All kernels are serial Numba: with numba's default "omp" threading layer, a parallel kernel leaves
+OpenMP threads that make later torch CPU ops in the same process ~30x slower (measured here), and
+these metrics run next to training. ``serialization_table`` adds the wall time of each row.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import numpy as np
 from hilbert_lab.curves.serialize import SERIALIZATIONS, serialize
 
 DEFAULT_KS = (4, 8, 26)
-KNN_CHUNK = 512  # points per parallel work item of the k-NN search
+KNN_CHUNK = 512  # points per work item of the k-NN search (one scratch buffer each)
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -48,14 +50,14 @@ def _meet(a, b, segments, rates, n):
     return False
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _grid_recall(shape, offsets, inverse, segments, rates):
     """Sum over tokens of met/valid neighbour shares, and the number of tokens with a neighbour."""
     depth, height, width = shape[0], shape[1], shape[2]
     n = depth * height * width
     shares = np.zeros(n, dtype=np.float64)
     counted = np.zeros(n, dtype=np.int64)
-    for cell in numba.prange(n):
+    for cell in range(n):
         z = cell // (height * width)
         y = (cell // width) % height
         x = cell % width
@@ -77,13 +79,13 @@ def _grid_recall(shape, offsets, inverse, segments, rates):
     return shares.sum(), counted.sum()
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _neighbour_recall(neighbours, inverse, segments, rates):
     """Per-token share of the listed neighbours (-1 = none) it meets: (sum of shares, tokens counted)."""
     n = neighbours.shape[0]
     shares = np.zeros(n, dtype=np.float64)
     counted = np.zeros(n, dtype=np.int64)
-    for i in numba.prange(n):
+    for i in range(n):
         met = 0
         valid = 0
         for j in range(neighbours.shape[1]):
@@ -113,7 +115,7 @@ def _pair_max(cand, count):
     return best
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _group_diameters(coords, w, r, integral):
     """Diameter of every attention group of one branch; coords (N, 3) float64 in serialized order.
 
@@ -124,7 +126,7 @@ def _group_diameters(coords, w, r, integral):
     n = coords.shape[0]
     segments = (n + w - 1) // w
     out = np.full(segments * r, -1.0)
-    for g in numba.prange(segments * r):
+    for g in range(segments * r):
         seg = g // r
         offset = g % r
         start = seg * w + offset
@@ -227,11 +229,11 @@ def _knn_point(i, points, cell, dims, cell_of, cell_start, members, best_d, best
             return
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _knn_kernel(points, k, cell, dims, cell_of, cell_start, members):
     n = points.shape[0]
     out = np.full((n, k), -1, dtype=np.int64)
-    for chunk in numba.prange((n + KNN_CHUNK - 1) // KNN_CHUNK):
+    for chunk in range((n + KNN_CHUNK - 1) // KNN_CHUNK):
         best_d = np.empty(k)
         best_i = np.empty(k, dtype=np.int64)
         for i in range(chunk * KNN_CHUNK, min(n, chunk * KNN_CHUNK + KNN_CHUNK)):
@@ -379,13 +381,13 @@ def serialization_metrics(
     return result
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _unmet_grid(shape, offsets, inverse, segments, rates):
     depth, height, width = shape[0], shape[1], shape[2]
     n = depth * height * width
     unmet = np.zeros(n, dtype=np.int64)
     pairs = np.zeros(n, dtype=np.int64)
-    for cell in numba.prange(n):
+    for cell in range(n):
         z = cell // (height * width)
         y = (cell // width) % height
         x = cell % width
@@ -401,11 +403,11 @@ def _unmet_grid(shape, offsets, inverse, segments, rates):
     return unmet.sum(), pairs.sum()
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(cache=True)
 def _count_met(neighbours, inverse, segments, rates):
     n = neighbours.shape[0]
     met = np.zeros(n, dtype=np.int64)
-    for i in numba.prange(n):
+    for i in range(n):
         for j in range(neighbours.shape[1]):
             other = neighbours[i, j]
             if other >= 0 and _meet(inverse[i], inverse[other], segments, rates, n):

@@ -117,3 +117,27 @@ def test_a_spatially_local_ordering_beats_rowmajor_when_the_window_is_one_row():
     hilbert = train_spatial(task, config, "hilbert", seed=0)["accuracy"]
     assert 0.60 < rowmajor < 0.83  # learned, and below what a one-row window allows
     assert hilbert > rowmajor + 0.02
+
+
+def test_benchmark_script_smoke(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "train_serialization.py"
+    spec = importlib.util.spec_from_file_location("train_serialization", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "serialization.json"
+    assert script.main(["--device", "cpu", "--grid", "8", "--windows", "8", "--points", "32", "--neighbours", "3",
+                        "--point-window", "8", "--dim", "8", "--heads", "2", "--frequencies", "2", "--batch-size", "2",
+                        "--eval-batches", "1", "--steps", "2", "--seeds", "2", "--orderings", "rowmajor",
+                        "hilbert,hilbert-trans", "--out", str(out)]) == 0
+    document = json.loads(out.read_text())
+    assert document["label"] == "CPU" and "env" in document
+    assert [task["name"].split()[0] for task in document["tasks"]] == ["2d", "3d"]
+    for task in document["tasks"]:
+        assert {row["ordering"] for row in task["summary"]} == {"rowmajor", "hilbert/hilbert-trans"}
+        assert all(row["n"] == 2 and row["low"] <= row["mean"] <= row["high"] for row in task["summary"])
+        assert "recall@8" in task["summary"][0]["locality"]
+        assert len(task["runs"]) == 4
