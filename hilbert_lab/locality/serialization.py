@@ -36,7 +36,6 @@ import numpy as np
 from hilbert_lab.curves.serialize import SERIALIZATIONS, serialize
 
 DEFAULT_KS = (4, 8, 26)
-KNN_CHUNK = 512  # points per work item of the k-NN search (one scratch buffer each)
 
 
 # ----------------------------------------------------------------------------------------- kernels
@@ -194,14 +193,15 @@ def _insert(best_d, best_i, d, j):
 
 
 @numba.njit(inline="always", cache=True)
-def _knn_point(i, points, cell, dims, cell_of, cell_start, members, best_d, best_i):
-    """Fill best_d / best_i (k,) with the k nearest other points of point i (squared distances)."""
+def _knn_point(q, points, cell, dims, cell_of, cell_start, members, best_d, best_i):
+    """Fill best_d / best_i (k,) with the k nearest other points of sorted point q (squared distances,
+    original indices). Points are sorted by cell, so every cell's points are contiguous in memory."""
     n = points.shape[0]
     k = best_d.shape[0]
     best_d[:] = np.inf
     best_i[:] = n
     nx, ny, nz = dims[0], dims[1], dims[2]
-    cx, cy, cz = cell_of[i, 0], cell_of[i, 1], cell_of[i, 2]
+    cx, cy, cz = cell_of[q, 0], cell_of[q, 1], cell_of[q, 2]
     for radius in range(max(nx, max(ny, nz)) + 1):
         for dz in range(-radius, radius + 1):
             z = cz + dz
@@ -217,13 +217,12 @@ def _knn_point(i, points, cell, dims, cell_of, cell_start, members, best_d, best
                         continue
                     c = (z * ny + y) * nx + x
                     for m in range(cell_start[c], cell_start[c + 1]):
-                        j = members[m]
-                        if j != i:
+                        if m != q:
                             d = 0.0
                             for a in range(3):
-                                t = points[i, a] - points[j, a]
+                                t = points[q, a] - points[m, a]
                                 d += t * t
-                            _insert(best_d, best_i, d, j)
+                            _insert(best_d, best_i, d, members[m])
         # every point outside the cells searched so far is at least radius * cell away
         if best_d[k - 1] < (radius * cell) ** 2:
             return
@@ -231,16 +230,16 @@ def _knn_point(i, points, cell, dims, cell_of, cell_start, members, best_d, best
 
 @numba.njit(cache=True)
 def _knn_kernel(points, k, cell, dims, cell_of, cell_start, members):
+    """points / cell_of sorted by cell; members[m] = original index of sorted point m."""
     n = points.shape[0]
     out = np.full((n, k), -1, dtype=np.int64)
-    for chunk in range((n + KNN_CHUNK - 1) // KNN_CHUNK):
-        best_d = np.empty(k)
-        best_i = np.empty(k, dtype=np.int64)
-        for i in range(chunk * KNN_CHUNK, min(n, chunk * KNN_CHUNK + KNN_CHUNK)):
-            _knn_point(i, points, cell, dims, cell_of, cell_start, members, best_d, best_i)
-            for j in range(k):
-                if best_i[j] < n:
-                    out[i, j] = best_i[j]
+    best_d = np.empty(k)
+    best_i = np.empty(k, dtype=np.int64)
+    for q in range(n):
+        _knn_point(q, points, cell, dims, cell_of, cell_start, members, best_d, best_i)
+        for j in range(k):
+            if best_i[j] < n:
+                out[members[q], j] = best_i[j]
     return out
 
 
@@ -284,7 +283,8 @@ def knn(points: np.ndarray, k: int) -> np.ndarray:
     members = np.argsort(flat, kind="stable").astype(np.int64)
     cell_start = np.zeros(int(np.prod(dims)) + 1, dtype=np.int64)
     np.cumsum(np.bincount(flat, minlength=int(np.prod(dims))), out=cell_start[1:])
-    return _knn_kernel(padded, int(k), cell, dims, cell_of, cell_start, members)
+    return _knn_kernel(np.ascontiguousarray(padded[members]), int(k), cell, dims,
+                       np.ascontiguousarray(cell_of[members]), cell_start, members)
 
 
 def grid_coordinates(shape: Sequence[int]) -> np.ndarray:
