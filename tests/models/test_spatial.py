@@ -141,3 +141,22 @@ def test_benchmark_script_smoke(tmp_path):
         assert all(row["n"] == 2 and row["low"] <= row["mean"] <= row["high"] for row in task["summary"])
         assert "recall@8" in task["summary"][0]["locality"]
         assert len(task["runs"]) == 4
+
+
+@pytest.mark.parametrize("grid, window, first, second, same", [
+    ((8, 8), 16, "hilbert", "morton", True),      # aligned 4x4 squares both
+    ((8, 8), 16, "rowmajor", "snake", True),      # two whole rows both
+    ((8, 8), 16, "hilbert", "hilbert-trans", True),
+    ((8, 8), 12, "rowmajor", "snake", False),     # 1.5 rows: the groups differ
+    ((6, 6), 9, "hilbert", "morton", False),
+])
+def test_only_group_membership_matters(grid, window, first, second, same):
+    """No causal mask and no sequence positions: a model depends on which tokens share a group, not on their order."""
+    bits = torch.randint(0, 2, (2, grid[0] * grid[1]))
+    coords = grid_coordinates(grid).float().expand(2, -1, 2)
+    outputs = []
+    for ordering in (first, second):
+        torch.manual_seed(0)
+        model = SpatialClassifier(2, 8, 2, 2, [window], [1], ordering, grid_shape=grid, backend="manual").double()
+        outputs.append(model(bits, coords.double()))
+    assert torch.allclose(outputs[0], outputs[1], atol=1e-12) == same
