@@ -88,8 +88,9 @@ REPORTS: dict[str, ReportSpec] = {
         ),
         ReportSpec(
             "default",
-            "the CPU reports end to end (benchmark-small, locality, claims-small, training): what `make report` runs",
-            parts=("benchmark-small", "locality", "claims-small", "training"),
+            "the CPU reports end to end (benchmark-small, locality, claims-small, training, serialization): what "
+            "`make report` runs",
+            parts=("benchmark-small", "locality", "claims-small", "training", "serialization"),
         ),
     )
 }
