@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", type=int, default=48,
                         help="image side; off powers of two Hilbert and Morton windows differ (on 2^k sides "
                              "windows of 4^j tokens are the same aligned squares)")
-    parser.add_argument("--radius", type=float, default=2.0)
+    parser.add_argument("--radius", type=float, default=1.5, help="disk radius in cells (1.5: the 3x3 square)")
     parser.add_argument("--windows", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--points", type=int, default=4096, help="points per cloud (0: skip the 3D task)")
     parser.add_argument("--neighbours", type=int, default=9)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         args.point_window, args.dim, args.heads, args.batch_size, args.frequencies = 16, 32, 2, 16, 6
         args.steps = 100 if args.steps is None else args.steps
     if args.steps is None:
-        args.steps = 400
+        args.steps = 600
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda needs a CUDA GPU (use --device cpu)")
     if args.device == "cpu":
