@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -59,3 +61,16 @@ metrics_figure(metrics_by_family)
 from hilbert_lab.viz.curves import curve_animation_figure
 
 curve_animation_figure(curve_coordinates("gilbert", width=width, height=height), title=f"generalized Hilbert {width} x {height}")
+
+# %% [markdown]
+# ## Serialized attention: the windows on the image
+# An image is serialized into a sequence by an ordering, and segment / dilated attention then groups
+# consecutive tokens. Pick the image side, the ordering, the segment length and the dilation: each colour is
+# one attention group, and the table gives the exact locality metrics (k-NN recall, group diameter, adjacent
+# pairs that never meet) next to row-major order (`hilbert_lab.locality.serialization`).
+
+# %%
+from hilbert_lab.viz.serialization import serialization_panel
+
+serialization = serialization_panel(size=32, ordering="hilbert", segment_length=64, dilation_rate=1)
+serialization.widget

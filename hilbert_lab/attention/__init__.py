@@ -9,13 +9,14 @@ from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.modules import DilatedAttention, MultiheadDilatedAttention
 from hilbert_lab.attention.pattern import MODES, DilatedPattern, Group
 from hilbert_lab.attention.reference import reference_attention
+from hilbert_lab.attention.serialized import SerializedDilatedAttention, permute_tokens, serialized_attention
 from hilbert_lab.attention.selection import get_gpu_info, recommended_dtype, select_backend
 from hilbert_lab.attention.validation import validate_attention_inputs
 
 __all__ = [
     "BACKENDS", "BackendUnavailableError", "Block", "DilatedAttention", "DilatedPattern", "Group", "MODES",
-    "MultiheadDilatedAttention", "Plan", "available_backends", "build_plan", "cached_plan", "deserialize_grid",
-    "dilated_attention", "execute_plan", "get_backend", "get_gpu_info", "is_selected", "layout_permutation",
-    "merge_lse", "recommended_dtype", "reference_attention", "select_backend", "serialize_grid",
-    "validate_attention_inputs",
+    "MultiheadDilatedAttention", "Plan", "SerializedDilatedAttention", "available_backends", "build_plan",
+    "cached_plan", "deserialize_grid", "dilated_attention", "execute_plan", "get_backend", "get_gpu_info",
+    "is_selected", "layout_permutation", "merge_lse", "permute_tokens", "recommended_dtype", "reference_attention",
+    "select_backend", "serialize_grid", "serialized_attention", "validate_attention_inputs",
 ]

@@ -7,9 +7,9 @@ import torch
 
 
 def _grid_perm(grid_shape: Sequence[int], ordering: str, device) -> tuple[torch.Tensor, torch.Tensor]:
-    from hilbert_lab.curves import grid_permutation
+    from hilbert_lab.curves import serialize
 
-    perm, inverse = grid_permutation(tuple(grid_shape), ordering)
+    perm, inverse = serialize(tuple(int(s) for s in grid_shape), ordering)
     return torch.tensor(perm, device=device), torch.tensor(inverse, device=device)
 
 
@@ -17,7 +17,8 @@ def serialize_grid(x: torch.Tensor, ordering: str = "hilbert", grid_dims: int = 
     """x (B, Hgt, Wdt, H, D) (or (B, T, Hgt, Wdt, H, D) with grid_dims=3) -> (B, N, H, D) in curve order.
 
     Token j of the sequence is grid cell perm[j] (row-major), with perm from
-    hilbert_lab.curves.grid_permutation(grid shape, ordering); contiguous segments of the
+    hilbert_lab.curves.serialize(grid shape, ordering) (any name in SERIALIZATIONS, transposed
+    variants included); contiguous segments of the
     sequence are then spatially compact for "hilbert"/"morton".
     """
     if grid_dims not in (2, 3):

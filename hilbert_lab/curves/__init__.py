@@ -10,8 +10,9 @@ from hilbert_lab.curves.orderings import (
     near_square_grid,
     segment_permutation,
 )
+from hilbert_lab.curves.serialize import SERIALIZATIONS, serialize
 
 __all__ = [
-    "CURVES", "GRID_ORDERINGS", "ORDERINGS", "decode", "encode", "gilbert", "gilbert3d",
-    "grid_permutation", "near_square_grid", "segment_permutation",
+    "CURVES", "GRID_ORDERINGS", "ORDERINGS", "SERIALIZATIONS", "decode", "encode", "gilbert", "gilbert3d",
+    "grid_permutation", "near_square_grid", "segment_permutation", "serialize",
 ]

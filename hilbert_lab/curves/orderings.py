@@ -92,6 +92,8 @@ def _cached_grid_permutation(shape: tuple[int, ...], ordering: str) -> tuple[np.
 def grid_permutation(shape: Any, ordering: str) -> tuple[np.ndarray, np.ndarray]:
     """Serialise a 2D (H, W) or 3D (T, H, W) token grid given in row-major flat order.
 
+    The grid case of ``hilbert_lab.curves.serialize`` for the four base orderings.
+
     ordering: "rowmajor" (alias "identity"), "snake" (boustrophedon; in 3D consecutive planes
     run in opposite directions so every step is a unit step), "hilbert" (gilbert curve, any size;
     x = column, y = row, z = frame), "morton" (cells sorted by Morton key of (x, y[, z]); the exact
@@ -109,7 +111,9 @@ def grid_permutation(shape: Any, ordering: str) -> tuple[np.ndarray, np.ndarray]
     if len(dims) not in (2, 3):
         raise ValueError(f"shape must be a tuple (H, W) or (T, H, W) of positive ints, got {shape!r}")
     dims = tuple(_check_positive_int(size, "shape entries") for size in dims)
-    return _cached_grid_permutation(dims, ordering)
+    from hilbert_lab.curves.serialize import serialize  # noqa: PLC0415 (serialize imports this module)
+
+    return serialize(dims, ordering)
 
 
 def segment_permutation(length: int, ordering: str) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,14 @@ from hilbert_lab.locality.metrics import (
     tile_density,
     worst_case_stretch,
 )
+from hilbert_lab.locality.serialization import (
+    clustered_points,
+    knn,
+    knn_offsets,
+    serialization_metrics,
+    serialization_table,
+    uniform_points,
+)
 from hilbert_lab.locality.traces import (
     LAYOUTS_1D,
     AttentionGroups,
@@ -42,6 +50,7 @@ __all__ = [
     "attention_trace", "blocks_touched_per_box", "box_clustering_numbers", "cache_levels", "cache_table",
     "compare_orderings", "dilated_attention_trace", "dilated_groups", "evaluate_claims", "grid_coordinates",
     "grid_layout", "lru_miss_mask", "lru_misses", "mask_tile_density", "miss_curve", "reuse_distance_histogram",
-    "reuse_distances", "segment_compactness", "segment_layout", "simulate_hierarchy", "step_distances",
+    "reuse_distances", "segment_compactness", "serialization_metrics", "serialization_table", "knn", "knn_offsets",
+    "clustered_points", "uniform_points", "segment_layout", "simulate_hierarchy", "step_distances",
     "tile_density", "window_attention_trace", "window_groups", "worst_case_stretch",
 ]

@@ -83,9 +83,16 @@ REPORTS: dict[str, ReportSpec] = {
             REPORT_NOTEBOOK_DIR / "training_report.ipynb",
         ),
         ReportSpec(
+            "serialization",
+            "serialized attention on images, videos and point clouds: exact locality per ordering and window, "
+            "trained accuracy per ordering (reports/results/serialization_*.json)",
+            REPORT_NOTEBOOK_DIR / "serialization_report.ipynb",
+        ),
+        ReportSpec(
             "default",
-            "the CPU reports end to end (benchmark-small, locality, claims-small, training): what `make report` runs",
-            parts=("benchmark-small", "locality", "claims-small", "training"),
+            "the CPU reports end to end (benchmark-small, locality, claims-small, training, serialization): what "
+            "`make report` runs",
+            parts=("benchmark-small", "locality", "claims-small", "training", "serialization"),
         ),
     )
 }
