@@ -8,6 +8,7 @@ numpy in -> numpy out; torch in -> torch out on the input's device.
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -32,6 +33,25 @@ def _check_positive_int(value: Any, name: str) -> int:
     if value < 1:
         raise ValueError(f"{name} must be a positive integer (>= 1), got {value}")
     return int(value)
+
+
+def physical_memory_bytes() -> int:
+    """This machine's physical memory in bytes (2**40 where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):  # pragma: no cover - non-POSIX hosts
+        return 1 << 40
+
+
+def _check_fits_memory(count: int, name: str, bytes_per_item: int, what: str) -> None:
+    """ValueError unless `count` items of `bytes_per_item` fit in this machine's physical memory."""
+    memory = physical_memory_bytes()
+    limit = memory // bytes_per_item
+    if count > limit:
+        raise ValueError(
+            f"{name} must be <= {limit} on this machine ({what}: about {bytes_per_item} bytes per item, "
+            f"{count * bytes_per_item / 2**30:.3g} GiB for {count}; physical memory is {memory / 2**30:.3g} GiB)"
+        )
 
 
 def _check_bits(order: int, ndim: int) -> None:
