@@ -60,3 +60,22 @@ def test_gilbert_walk_reports_a_too_small_output_instead_of_writing_past_it():
     assert kernels.gilbert2d_walk(0, 0, 3, 0, 0, 2, out) == -1
     out3 = np.zeros((7, 3), dtype=np.int64)
     assert kernels.gilbert3d_walk(np.array([2, 0, 0]), np.array([0, 2, 0]), np.array([0, 0, 2]), out3) == -1
+
+
+def test_2d_hilbert_tables_match_galtay_at_every_order():
+    """Every chunk count (1..5 lookups of 7 levels) and every top-chunk padding, corners included."""
+    from hilbertcurve.hilbertcurve import HilbertCurve
+
+    rng = np.random.default_rng(11)
+    for order in range(1, 32):
+        top = (1 << order) - 1
+        coords = np.concatenate([rng.integers(0, top + 1, size=(40, 2)),
+                                 [[0, 0], [top, 0], [0, top], [top, top], [top, top >> 1]]]).astype(np.int64)
+        curve = HilbertCurve(order, 2)
+        expected = np.array([curve.distance_from_point([int(a), int(b)]) for a, b in coords], dtype=np.int64)
+        index = np.empty(len(coords), dtype=np.int64)
+        kernels.hilbert_encode_2d_serial(coords.reshape(-1), order, index)
+        np.testing.assert_array_equal(index, expected, err_msg=f"order {order}")
+        back = np.empty(2 * len(coords), dtype=np.int64)
+        kernels.hilbert_decode_2d_serial(expected, order, back)
+        np.testing.assert_array_equal(back, coords.reshape(-1), err_msg=f"order {order}")
