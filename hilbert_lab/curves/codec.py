@@ -176,7 +176,12 @@ def _decode_numpy(index: np.ndarray, order: int, ndim: int, curve: str, out: Any
     result = target.reshape(-1, ndim)
     if flat.shape[0] == 0:
         return target
-    if ndim == 2:
+    if ndim == 2 and curve == "hilbert" and target.dtype.itemsize <= 4 and sys.byteorder == "little":
+        # one store per point: (N, 2) narrow coordinates viewed as (N,) words x | y << width
+        width = 8 * target.dtype.itemsize
+        packed = result.view(np.dtype(f"u{2 * target.dtype.itemsize}")).reshape(-1)
+        acc = _kernel("hilbert_decode_2d_packed", len(flat))(flat, order, packed, width)
+    elif ndim == 2:
         interleaved = result.reshape(-1)
         if curve == "morton":
             acc = _kernel("morton_decode_2d", len(flat))(flat, interleaved)

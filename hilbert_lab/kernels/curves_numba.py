@@ -136,8 +136,12 @@ def _hilbert2d_encode_loop(flat, out, start, chunks):
 
 
 @numba.njit(inline="always")
-def _hilbert2d_decode_loop(index, flat_out, start, chunks):
-    """Decode all indices with a fixed chunk count (a literal at each call site, so it unrolls)."""
+def _hilbert2d_decode_loop(index, flat_out, start, chunks, packed, width):
+    """Decode all indices with a fixed chunk count (a literal at each call site, so it unrolls).
+
+    packed False (a literal): flat_out (2N,) interleaved x, y; True: flat_out (N,) holds
+    x | y << width (one store per point, for (N, 2) outputs of narrow dtypes viewed as one word
+    per point)."""
     acc = np.int64(0)
     digit_mask = (1 << (2 * LUT_BITS)) - 1
     for i in range(index.shape[0]):
@@ -151,8 +155,11 @@ def _hilbert2d_decode_loop(index, flat_out, start, chunks):
             x = (x << LUT_BITS) | (entry >> (LUT_BITS + 2))
             y = (y << LUT_BITS) | ((entry >> 2) & _LUT_CHUNK_MASK)
             state = entry & 3
-        flat_out[2 * i] = x
-        flat_out[2 * i + 1] = y
+        if packed:
+            flat_out[i] = x | (y << width)
+        else:
+            flat_out[2 * i] = x
+            flat_out[2 * i + 1] = y
     return acc
 
 
@@ -176,14 +183,29 @@ def hilbert_decode_2d_serial(index, order, flat_out):
     """Serial twin of hilbert_decode_2d (same arguments and result)."""
     chunks, start = _hilbert2d_chunks(order)
     if chunks == 1:
-        return _hilbert2d_decode_loop(index, flat_out, start, 1)
+        return _hilbert2d_decode_loop(index, flat_out, start, 1, False, 0)
     if chunks == 2:
-        return _hilbert2d_decode_loop(index, flat_out, start, 2)
+        return _hilbert2d_decode_loop(index, flat_out, start, 2, False, 0)
     if chunks == 3:
-        return _hilbert2d_decode_loop(index, flat_out, start, 3)
+        return _hilbert2d_decode_loop(index, flat_out, start, 3, False, 0)
     if chunks == 4:
-        return _hilbert2d_decode_loop(index, flat_out, start, 4)
-    return _hilbert2d_decode_loop(index, flat_out, start, 5)
+        return _hilbert2d_decode_loop(index, flat_out, start, 4, False, 0)
+    return _hilbert2d_decode_loop(index, flat_out, start, 5, False, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def hilbert_decode_2d_packed_serial(index, order, packed_out, width):
+    """Serial twin of hilbert_decode_2d_packed (same arguments and result)."""
+    chunks, start = _hilbert2d_chunks(order)
+    if chunks == 1:
+        return _hilbert2d_decode_loop(index, packed_out, start, 1, True, width)
+    if chunks == 2:
+        return _hilbert2d_decode_loop(index, packed_out, start, 2, True, width)
+    if chunks == 3:
+        return _hilbert2d_decode_loop(index, packed_out, start, 3, True, width)
+    if chunks == 4:
+        return _hilbert2d_decode_loop(index, packed_out, start, 4, True, width)
+    return _hilbert2d_decode_loop(index, packed_out, start, 5, True, width)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -212,6 +234,24 @@ def hilbert_decode_2d(index, order, flat_out):
         start = block * BLOCK
         stop = min(count, start + BLOCK)
         block_or[block] = hilbert_decode_2d_serial(index[start:stop], order, flat_out[2 * start:2 * stop])
+    total = np.int64(0)
+    for block in range(blocks):
+        total |= block_or[block]
+    return total
+
+
+@numba.njit(parallel=True, cache=True)
+def hilbert_decode_2d_packed(index, order, packed_out, width):
+    """index (N,) any int dtype -> packed_out (N,) unsigned, x | y << width (order <= width <= 32,
+    width * 2 bits wide: an (N, 2) array of a width-bit dtype viewed as one word per point);
+    returns OR of indices."""
+    count = index.shape[0]
+    blocks = (count + BLOCK - 1) // BLOCK
+    block_or = np.zeros(blocks, dtype=np.int64)
+    for block in numba.prange(blocks):
+        start = block * BLOCK
+        stop = min(count, start + BLOCK)
+        block_or[block] = hilbert_decode_2d_packed_serial(index[start:stop], order, packed_out[start:stop], width)
     total = np.int64(0)
     for block in range(blocks):
         total |= block_or[block]

@@ -79,3 +79,19 @@ def test_2d_hilbert_tables_match_galtay_at_every_order():
         back = np.empty(2 * len(coords), dtype=np.int64)
         kernels.hilbert_decode_2d_serial(expected, order, back)
         np.testing.assert_array_equal(back, coords.reshape(-1), err_msg=f"order {order}")
+
+
+@pytest.mark.parametrize("order,dtype", [(5, np.uint8), (8, np.int16), (16, np.uint16), (15, np.int16), (17, np.uint32),
+                                         (31, np.int32), (31, np.uint32), (22, np.int32)])
+def test_packed_2d_decode_equals_interleaved(order, dtype):
+    rng = np.random.default_rng(order)
+    coords = rng.integers(0, 1 << order, size=(COUNT, 2), dtype=np.int64)
+    coords[:2] = [[(1 << order) - 1, 0], [(1 << order) - 1, (1 << order) - 1]]
+    index = np.empty(COUNT, dtype=np.int64)
+    kernels.hilbert_encode_2d(coords.reshape(-1), order, index)
+    width = 8 * np.dtype(dtype).itemsize
+    for name in ("hilbert_decode_2d_packed", "hilbert_decode_2d_packed_serial"):
+        out = np.full((COUNT, 2), 3, dtype=dtype)
+        acc = getattr(kernels, name)(index, order, out.view(np.dtype(f"u{2 * out.itemsize}")).reshape(-1), width)
+        np.testing.assert_array_equal(out, coords, err_msg=name)
+        assert acc == np.bitwise_or.reduce(index)
