@@ -153,7 +153,12 @@ def _encode_numpy(coords: np.ndarray, order: int, curve: str, out: Any = None, d
     result = target.reshape(-1)
     if flat.shape[0] == 0:
         return target
-    if ndim == 2:
+    if ndim == 2 and curve == "hilbert" and flat.dtype.kind == "u" and flat.dtype.itemsize <= 4 \
+            and sys.byteorder == "little":
+        # one load per point: (N, 2) unsigned coordinates viewed as (N,) words x | y << width
+        packed = flat.view(np.dtype(f"u{2 * flat.dtype.itemsize}")).reshape(-1)
+        acc = _kernel("hilbert_encode_2d_packed", len(result))(packed, order, result, 8 * flat.dtype.itemsize)
+    elif ndim == 2:
         interleaved = flat.reshape(-1)
         if curve == "morton":
             acc = _kernel("morton_encode_2d", len(result))(interleaved, result)

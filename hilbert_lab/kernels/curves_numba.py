@@ -116,12 +116,21 @@ def _hilbert2d_chunks(order):
 
 
 @numba.njit(inline="always")
-def _hilbert2d_encode_loop(flat, out, start, chunks):
-    """Encode all points with a fixed chunk count (a literal at each call site, so it unrolls)."""
+def _hilbert2d_encode_loop(flat, out, start, chunks, packed, width):
+    """Encode all points with a fixed chunk count (a literal at each call site, so it unrolls).
+
+    packed False (a literal): flat (2N,) interleaved x, y; True: flat (N,) unsigned words
+    x | y << width (one load per point: (N, 2) unsigned coordinates viewed as one word each)."""
     acc = np.int64(0)
+    low = (np.int64(1) << width) - 1
     for i in range(out.shape[0]):
-        x = np.int64(flat[2 * i])
-        y = np.int64(flat[2 * i + 1])
+        if packed:
+            word = np.int64(flat[i])
+            x = word & low
+            y = (word >> width) & low
+        else:
+            x = np.int64(flat[2 * i])
+            y = np.int64(flat[2 * i + 1])
         acc |= x | y
         state = np.int64(start)
         index = np.int64(0)
@@ -168,14 +177,29 @@ def hilbert_encode_2d_serial(flat, order, out):
     """Serial twin of hilbert_encode_2d (same arguments and result)."""
     chunks, start = _hilbert2d_chunks(order)
     if chunks == 1:
-        return _hilbert2d_encode_loop(flat, out, start, 1)
+        return _hilbert2d_encode_loop(flat, out, start, 1, False, 0)
     if chunks == 2:
-        return _hilbert2d_encode_loop(flat, out, start, 2)
+        return _hilbert2d_encode_loop(flat, out, start, 2, False, 0)
     if chunks == 3:
-        return _hilbert2d_encode_loop(flat, out, start, 3)
+        return _hilbert2d_encode_loop(flat, out, start, 3, False, 0)
     if chunks == 4:
-        return _hilbert2d_encode_loop(flat, out, start, 4)
-    return _hilbert2d_encode_loop(flat, out, start, 5)
+        return _hilbert2d_encode_loop(flat, out, start, 4, False, 0)
+    return _hilbert2d_encode_loop(flat, out, start, 5, False, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def hilbert_encode_2d_packed_serial(packed, order, out, width):
+    """Serial twin of hilbert_encode_2d_packed (same arguments and result)."""
+    chunks, start = _hilbert2d_chunks(order)
+    if chunks == 1:
+        return _hilbert2d_encode_loop(packed, out, start, 1, True, width)
+    if chunks == 2:
+        return _hilbert2d_encode_loop(packed, out, start, 2, True, width)
+    if chunks == 3:
+        return _hilbert2d_encode_loop(packed, out, start, 3, True, width)
+    if chunks == 4:
+        return _hilbert2d_encode_loop(packed, out, start, 4, True, width)
+    return _hilbert2d_encode_loop(packed, out, start, 5, True, width)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -234,6 +258,23 @@ def hilbert_decode_2d(index, order, flat_out):
         start = block * BLOCK
         stop = min(count, start + BLOCK)
         block_or[block] = hilbert_decode_2d_serial(index[start:stop], order, flat_out[2 * start:2 * stop])
+    total = np.int64(0)
+    for block in range(blocks):
+        total |= block_or[block]
+    return total
+
+
+@numba.njit(parallel=True, cache=True)
+def hilbert_encode_2d_packed(packed, order, out, width):
+    """packed (N,) unsigned words x | y << width ((N, 2) unsigned width-bit coordinates viewed as
+    one word per point, width <= 32) -> out (N,); returns OR of the coordinates."""
+    count = out.shape[0]
+    blocks = (count + BLOCK - 1) // BLOCK
+    block_or = np.zeros(blocks, dtype=np.int64)
+    for block in numba.prange(blocks):
+        start = block * BLOCK
+        stop = min(count, start + BLOCK)
+        block_or[block] = hilbert_encode_2d_packed_serial(packed[start:stop], order, out[start:stop], width)
     total = np.int64(0)
     for block in range(blocks):
         total |= block_or[block]

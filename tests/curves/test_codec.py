@@ -341,3 +341,13 @@ def test_bad_decode_out_and_32_bit_signed_limits():
     with pytest.raises(ValueError, match="32-bit"):
         encode(np.zeros((3, 2), dtype=np.int64), 16, dtype=np.int32)  # int32 holds 31 bits
     assert encode(np.zeros((3, 2), dtype=np.int64), 16, dtype=np.uint32).dtype == np.uint32
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_unsigned_narrow_coords_out_of_range_are_caught(dtype):
+    coords = np.zeros((PARALLEL_MIN_POINTS + 9, 2), dtype=dtype)
+    coords[-1, 1] = 1 << 7
+    with pytest.raises(ValueError, match=r"coords must lie in \[0, 127\]"):
+        encode(coords, 7)
+    coords[-1] = [(1 << 7) - 1, 5]
+    assert decode(encode(coords, 7), 7, 2)[-1].tolist() == [127, 5]

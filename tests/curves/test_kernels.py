@@ -95,3 +95,19 @@ def test_packed_2d_decode_equals_interleaved(order, dtype):
         acc = getattr(kernels, name)(index, order, out.view(np.dtype(f"u{2 * out.itemsize}")).reshape(-1), width)
         np.testing.assert_array_equal(out, coords, err_msg=name)
         assert acc == np.bitwise_or.reduce(index)
+
+
+@pytest.mark.parametrize("order,dtype", [(5, np.uint8), (8, np.uint8), (12, np.uint16), (16, np.uint16), (17, np.uint32),
+                                         (31, np.uint32)])
+def test_packed_2d_encode_equals_interleaved(order, dtype):
+    rng = np.random.default_rng(order)
+    coords = rng.integers(0, 1 << order, size=(COUNT, 2)).astype(dtype)
+    coords[:2] = [[(1 << order) - 1, 0], [(1 << order) - 1, (1 << order) - 1]]
+    expected = np.empty(COUNT, dtype=np.int64)
+    kernels.hilbert_encode_2d(coords.astype(np.int64).reshape(-1), order, expected)
+    packed = coords.view(np.dtype(f"u{2 * coords.itemsize}")).reshape(-1)
+    for name in ("hilbert_encode_2d_packed", "hilbert_encode_2d_packed_serial"):
+        index = np.full(COUNT, -1, dtype=np.int64)
+        acc = getattr(kernels, name)(packed, order, index, 8 * coords.itemsize)
+        np.testing.assert_array_equal(index, expected, err_msg=name)
+        assert acc == np.bitwise_or.reduce(coords.reshape(-1).astype(np.int64))
