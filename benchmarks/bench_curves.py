@@ -5,15 +5,17 @@ single- and multi-threaded (numba.set_num_threads), and reports points/s for
 
 * ``kernel``: hilbert_lab.kernels.curves_numba into preallocated outputs (int64 (N, 2) coords in,
   int64 index out; decode the reverse) -- 24 bytes moved per point;
-* ``api``: hilbert_lab.curves.encode/decode, which also allocate (and page-fault) their output;
+* ``api``: hilbert_lab.curves.encode/decode, the public calls: allocating (default index dtype
+  uint32 here, since 2 * order <= 32) and with ``out=`` into preallocated uint32 / uint16 arrays;
 * the streaming limit: a measured numpy copy moving the same number of bytes (read + write),
   split over the same number of threads;
 * hilbertsfc 0.5.1 (needs Python >= 3.12), timed in a subprocess under a Python 3.12 virtual
   environment (created with ``--create-venv``): same int64 inputs and 64-bit outputs ("matched",
   24 bytes/point), and its own preferred dtypes (uint16 coords, uint32 index; 8 bytes/point).
 
-Ours and hilbertsfc are timed alternately (copy, ours, hilbertsfc, ours, copy) and the best of all
-repeats is kept, because the machine may be shared (the JSON records the load average). Correctness is checked: both libraries' indices must be
+Ours and hilbertsfc are timed alternately (copy, ours, hilbertsfc, ours, copy) and the median of
+all repeats is reported (the best is kept beside it), because the machine may be shared (the JSON
+records the load average). Correctness is checked: both libraries' indices must be
 identical (sha256 of the int64 index array), and our decode must return the input points.
 
     .venv/bin/python benchmarks/bench_curves.py --create-venv          # full run, writes JSON
@@ -45,6 +47,9 @@ from hilbert_lab.curves import decode, encode  # noqa: E402
 from hilbert_lab.kernels import curves_numba as kernels  # noqa: E402
 
 HILBERTSFC_VERSION = "0.5.1"
+# Bytes read + written per point by each hilbertsfc case (see HILBERTSFC_SCRIPT).
+HILBERTSFC_BYTES = {"encode_matched": 24, "decode_matched": 24, "encode_native": 8, "decode_native": 8,
+                    "encode_api": 20, "decode_api": 8}
 
 HILBERTSFC_SCRIPT = r'''
 import hashlib, json, sys, time
@@ -74,7 +79,7 @@ for name, case in cases.items():
     times = []
     for _ in range(repeats):
         start = time.perf_counter(); case(); times.append(time.perf_counter() - start)
-    best[name] = min(times)
+    best[name] = times
 ok = bool(np.array_equal(out_x, x.astype(np.uint64)) and np.array_equal(out_y, y.astype(np.uint64)))
 digest = hashlib.sha256(index64.astype("<i8").tobytes()).hexdigest()
 print(json.dumps({"seconds": best, "sha256": digest, "decode_ok": ok,
@@ -82,13 +87,13 @@ print(json.dumps({"seconds": best, "sha256": digest, "decode_ok": ok,
 '''
 
 
-def best_time(function, repeats: int) -> float:
+def run_times(function, repeats: int) -> list[float]:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         function()
         times.append(time.perf_counter() - start)
-    return min(times)
+    return times
 
 
 def threaded_copy(source: np.ndarray, target: np.ndarray, threads: int, pool: ThreadPoolExecutor) -> None:
@@ -150,23 +155,30 @@ def measure_ours(coords: np.ndarray, coords16: np.ndarray, order: int, repeats: 
     flat = coords.reshape(-1)
     flat16 = coords16.reshape(-1)
     index = np.empty(count, dtype=np.int64)
+    index32 = np.empty(count, dtype=np.uint32)
     decoded = np.empty((count, 2), dtype=np.int64)
+    decoded16 = np.empty((count, 2), dtype=np.uint16)
     flat_decoded = decoded.reshape(-1)
     cases = {
         "encode_kernel": lambda: kernels.hilbert_encode_2d(flat, order, index),
         "decode_kernel": lambda: kernels.hilbert_decode_2d(index, order, flat_decoded),
         "encode_kernel_uint16_in": lambda: kernels.hilbert_encode_2d(flat16, order, index),
+        "encode_api_out": lambda: encode(coords16, order, out=index32),
+        "decode_api_out": lambda: decode(index32, order, 2, out=decoded16),
         "encode_api": lambda: encode(coords, order),
-        "decode_api": lambda: decode(index, order, 2),
+        "decode_api": lambda: decode(index32, order, 2),
+        "decode_api_uint16": lambda: decode(index32, order, 2, dtype=np.uint16),
     }
     seconds = {}
     for name, case in cases.items():
         case()
-        seconds[name] = best_time(case, repeats)
+        seconds[name] = run_times(case, repeats)
     kernels.hilbert_encode_2d(flat, order, index)
     kernels.hilbert_decode_2d(index, order, flat_decoded)
     if not np.array_equal(decoded, coords):
         raise AssertionError("decode(encode(points)) != points")
+    if not (np.array_equal(index32, index) and np.array_equal(decoded16, coords)):
+        raise AssertionError("the public API with out= disagrees with the kernels")
     return seconds, index
 
 
@@ -208,7 +220,7 @@ def main() -> None:
             for threads in thread_counts:
                 numba.set_num_threads(threads)
                 def measure_stream() -> dict:
-                    return {nbytes: best_time(lambda b=nbytes: threaded_copy(copy_bytes[b], copy_targets[b], threads,
+                    return {nbytes: run_times(lambda b=nbytes: threaded_copy(copy_bytes[b], copy_targets[b], threads,
                                                                              pool), args.repeats)
                             for nbytes in copy_bytes}
 
@@ -223,40 +235,46 @@ def main() -> None:
                         raise AssertionError("hilbertsfc and hilbert_lab disagree on the Hilbert indices")
                     progress.update()
                 ours_again, _ = measure_ours(coords, coords16, args.order, args.repeats)
-                ours = {name: min(ours_first[name], ours_again[name]) for name in ours_first}
+                ours_times = {name: ours_first[name] + ours_again[name] for name in ours_first}
+                ours = {name: float(np.median(times)) for name, times in ours_times.items()}
                 stream_again = measure_stream()
-                stream = {nbytes: min(stream_first[nbytes], stream_again[nbytes]) for nbytes in copy_bytes}
+                stream = {nbytes: float(np.median(stream_first[nbytes] + stream_again[nbytes])) for nbytes in copy_bytes}
                 progress.update()
                 stream_rate = {nbytes: args.points / seconds for nbytes, seconds in stream.items()}
-                rows = [
-                    ("hilbert_lab", "encode", "kernel, int64 in/out", ours["encode_kernel"], 24, "encode_matched"),
-                    ("hilbert_lab", "decode", "kernel, int64 in/out", ours["decode_kernel"], 24, "decode_matched"),
-                    ("hilbert_lab", "encode", "kernel, uint16 in, int64 out", ours["encode_kernel_uint16_in"], 12,
+                rows = [  # (library, operation, variant, case, bytes/point, hilbertsfc case to compare with)
+                    ("hilbert_lab", "encode", "kernel, int64 in/out", "encode_kernel", 24, "encode_matched"),
+                    ("hilbert_lab", "decode", "kernel, int64 in/out", "decode_kernel", 24, "decode_matched"),
+                    ("hilbert_lab", "encode", "kernel, uint16 in, int64 out", "encode_kernel_uint16_in", 12,
                      "encode_native"),
-                    ("hilbert_lab", "encode", "api, allocates int64 out", ours["encode_api"], 24, "encode_api"),
-                    ("hilbert_lab", "decode", "api, allocates int64 out", ours["decode_api"], 24, "decode_api"),
+                    ("hilbert_lab", "encode", "api, out=, uint16 in, uint32 out", "encode_api_out", 8, "encode_native"),
+                    ("hilbert_lab", "decode", "api, out=, uint32 in, uint16 out", "decode_api_out", 8, "decode_native"),
+                    ("hilbert_lab", "encode", "api, int64 in, allocates uint32", "encode_api", 20, "encode_api"),
+                    ("hilbert_lab", "decode", "api, uint32 in, allocates uint16", "decode_api_uint16", 8, "decode_api"),
+                    ("hilbert_lab", "decode", "api, uint32 in, allocates int64", "decode_api", 20, None),
                 ]
+                times = {("hilbert_lab", name): values for name, values in ours_times.items()}
                 if theirs:
-                    seconds = theirs["seconds"]
+                    times.update({("hilbertsfc", name): values for name, values in theirs["seconds"].items()})
                     rows += [
-                        ("hilbertsfc", "encode", "out=, int64 in, uint64 out", seconds["encode_matched"], 24, None),
-                        ("hilbertsfc", "decode", "out=, uint64 in/out", seconds["decode_matched"], 24, None),
-                        ("hilbertsfc", "encode", "out=, uint16 in, uint32 out", seconds["encode_native"], 8, None),
-                        ("hilbertsfc", "decode", "out=, uint32 in, uint16 out", seconds["decode_native"], 8, None),
-                        ("hilbertsfc", "encode", "api, int64 in, allocates uint32", seconds["encode_api"], 20, None),
-                        ("hilbertsfc", "decode", "api, uint32 in, allocates uint16", seconds["decode_api"], 8, None),
+                        ("hilbertsfc", "encode", "out=, int64 in, uint64 out", "encode_matched", 24, None),
+                        ("hilbertsfc", "decode", "out=, uint64 in/out", "decode_matched", 24, None),
+                        ("hilbertsfc", "encode", "out=, uint16 in, uint32 out", "encode_native", 8, None),
+                        ("hilbertsfc", "decode", "out=, uint32 in, uint16 out", "decode_native", 8, None),
+                        ("hilbertsfc", "encode", "api, int64 in, allocates uint32", "encode_api", 20, None),
+                        ("hilbertsfc", "decode", "api, uint32 in, allocates uint16", "decode_api", 8, None),
                     ]
-                for library, operation, variant, seconds_taken, bytes_per_point, rival in rows:
-                    rate = args.points / seconds_taken
+                for library, operation, variant, case, bytes_per_point, rival in rows:
+                    rate = args.points / float(np.median(times[(library, case)]))
                     limit_bytes = 24 if bytes_per_point >= 12 else 8
                     stream_limit = stream_rate[limit_bytes] * limit_bytes / bytes_per_point
                     row = {"library": library, "operation": operation, "variant": variant, "threads": threads,
-                           "mpoints_per_s": rate / 1e6, "bytes_per_point": bytes_per_point,
+                           "mpoints_per_s": rate / 1e6, "best_mpoints_per_s": args.points / min(times[(library, case)]) / 1e6,
+                           "repeats_timed": len(times[(library, case)]), "bytes_per_point": bytes_per_point,
                            "stream_limit_mpoints_per_s": stream_limit / 1e6, "fraction_of_stream": rate / stream_limit}
                     if theirs and rival:
-                        row["vs_hilbertsfc"] = rate * theirs["seconds"][rival] / args.points
+                        row["vs_hilbertsfc"] = rate * float(np.median(times[("hilbertsfc", rival)])) / args.points
                         row["hilbertsfc_case"] = rival
-                        row["same_bytes_as_hilbertsfc_case"] = rival.endswith("_matched")
+                        row["same_bytes_as_hilbertsfc_case"] = bytes_per_point == HILBERTSFC_BYTES[rival]
                     results.append(row)
 
     report = {
@@ -268,10 +286,11 @@ def main() -> None:
         "numba": numba.__version__, "numpy": np.__version__, "threading_layer": numba.threading_layer(),
         "hilbertsfc": HILBERTSFC_VERSION if python else None,
         "targets": {"vs_hilbertsfc_at_least": 0.8, "fraction_of_stream_at_least": 0.5},
-        "notes": "stream limit = best numpy copy (same thread count) moving the same bytes read+write, "
-                 "scaled to the row's bytes/point; vs_hilbertsfc = our rate / hilbertsfc rate on the case named "
-                 "(the targets apply to the *_matched cases, which move the same bytes; the others compare our "
-                 "int64 outputs with hilbertsfc's narrower dtypes)",
+        "notes": "rates are medians over all repeats of both interleaved runs (best_mpoints_per_s: the best "
+                 "repeat); stream limit = median numpy copy (same thread count) moving the same bytes read+write, "
+                 "scaled to the row's bytes/point; vs_hilbertsfc = our median rate / hilbertsfc's median rate on "
+                 "the case named (the target applies to rows with same_bytes_as_hilbertsfc_case, in particular "
+                 "the public API rows)",
         "results": results,
     }
     header = f"{'library':12} {'op':6} {'variant':34} {'thr':>3} {'Mpts/s':>8} {'B/pt':>4} {'stream':>8} {'%strm':>6} {'vs hsfc':>7}"

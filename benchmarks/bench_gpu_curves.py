@@ -71,7 +71,7 @@ def main() -> None:
     index = torch.full((n,), -1, device="cuda", dtype=torch.int32)
     cuda_curves.encode(coords, order, "hilbert", out=index)
     sample = min(n, 1 << 20)
-    expected = torch.as_tensor(curves.encode(coords[:sample].cpu().numpy().astype("int64"), order, curve="hilbert"))
+    expected = torch.as_tensor(curves.encode(coords[:sample].cpu().numpy(), order, curve="hilbert", dtype="int64"))
     assert torch.equal(index[:sample].cpu().long(), expected), "CUDA encode disagrees with the CPU curve core"
     back = torch.full((n, 2), -1, device="cuda", dtype=torch.int32)
     cuda_curves.decode(index, order, 2, "hilbert", out=back)

@@ -1,20 +1,37 @@
 """torch.nn modules: DilatedAttention (the engine as a module) and MultiheadDilatedAttention (with projections)."""
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Optional, Sequence
 
 import torch
 from torch import nn
 
+from hilbert_lab.attention.backends import BACKENDS, Backend
 from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.curves import ORDERINGS
 
 
 def _check_dropout(dropout) -> float:
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
     return float(dropout)
+
+
+def _check_options(backend, ordering, scale, hilbert_pattern) -> Optional[float]:
+    """ValueError naming the argument for a bad backend / ordering / scale / hilbert_pattern; the scale."""
+    if not isinstance(backend, Backend) and (not isinstance(backend, str) or backend not in ("auto",) + BACKENDS):
+        raise ValueError(f"backend must be 'auto', one of {BACKENDS} or a Backend, got {backend!r}")
+    if ordering is not None and (not isinstance(ordering, str) or ordering not in ORDERINGS):
+        raise ValueError(f"ordering must be None or one of {ORDERINGS}, got {ordering!r}")
+    if scale is not None and (isinstance(scale, (bool, torch.Tensor)) or not isinstance(scale, numbers.Real)
+                              or not math.isfinite(scale) or scale <= 0):
+        raise ValueError(f"scale must be None or a finite float > 0, got {scale!r}")
+    if not isinstance(hilbert_pattern, bool):
+        raise ValueError(f"hilbert_pattern must be True or False, got {hilbert_pattern!r}")
+    return None if scale is None else float(scale)
 
 
 class DilatedAttention(nn.Module):
@@ -39,7 +56,8 @@ class DilatedAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
-        self.backend, self.ordering, self.scale = backend, ordering, scale
+        self.scale = _check_options(backend, ordering, scale, hilbert_pattern)
+        self.backend, self.ordering = backend, ordering
         self.dropout = _check_dropout(dropout)
         self.hilbert_pattern = hilbert_pattern
 
@@ -66,7 +84,8 @@ class MultiheadDilatedAttention(nn.Module):
 
     MultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, dilation_rates, ...); `dim` and
     `heads` are accepted as aliases of embed_dim and num_heads. embed_dim must be divisible by
-    num_heads. Other keywords go to DilatedAttention.
+    num_heads. Other keywords go to DilatedAttention (scale defaults to head_dim**-0.5). Every
+    argument is checked here, in __init__ (ValueError naming it), not at the first forward.
     """
 
     def __init__(
@@ -85,6 +104,7 @@ class MultiheadDilatedAttention(nn.Module):
         backend: str = "auto",
         ordering: Optional[str] = None,
         hilbert_pattern: bool = False,
+        scale: Optional[float] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -105,7 +125,8 @@ class MultiheadDilatedAttention(nn.Module):
         self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.attention = DilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode, backend=backend,
-                                          ordering=ordering, dropout=dropout, hilbert_pattern=hilbert_pattern)
+                                          ordering=ordering, scale=scale, dropout=dropout,
+                                          hilbert_pattern=hilbert_pattern)
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             if proj.bias is not None:

@@ -22,6 +22,13 @@ import numpy as np
 import torch
 
 MODES = ("longnet", "head_groups")
+# Upper bounds that keep the plan's int64 arithmetic exact. Segment lengths: positions, segment
+# starts and counts (start + count * w, p // w * w + offset) stay far inside int64; a segment
+# longer than the sequence (e.g. 1 << 40, "the whole sequence") is fine. Dilation rates: a rate is
+# the step of a strided view, and step * row stride (H * D elements per token) must fit int64,
+# which 2**32 keeps true for rows of up to 2**31 elements.
+MAX_SEGMENT_LENGTH = 2**62
+MAX_DILATION_RATE = 2**32
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,7 @@ class Group:
         return slice(self.heads[0], self.heads[-1] + 1, step)
 
 
-def _check_int_list(values, name: str) -> tuple[int, ...]:
+def _check_int_list(values, name: str, limit: int) -> tuple[int, ...]:
     if isinstance(values, (int, np.integer)) and not isinstance(values, bool):
         values = [values]
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | np.ndarray):
@@ -61,6 +68,9 @@ def _check_int_list(values, name: str) -> tuple[int, ...]:
             raise ValueError(f"{name} must contain positive integers, got {value!r} in {values!r}")
         if int(value) <= 0:
             raise ValueError(f"{name} must contain positive integers (>= 1), got {int(value)} in {values!r}")
+        if int(value) > limit:
+            raise ValueError(f"{name} must contain integers <= 2**{limit.bit_length() - 1} = {limit} (int64 index "
+                             f"arithmetic), got {int(value)} in {values!r}")
         out.append(int(value))
     return tuple(out)
 
@@ -83,8 +93,8 @@ class DilatedPattern:
         causal: bool = False,
     ) -> "DilatedPattern":
         """Validate the arguments (ValueError naming the argument) and build the pattern."""
-        segment_lengths = _check_int_list(segment_lengths, "segment_lengths")
-        dilation_rates = _check_int_list(dilation_rates, "dilation_rates")
+        segment_lengths = _check_int_list(segment_lengths, "segment_lengths", MAX_SEGMENT_LENGTH)
+        dilation_rates = _check_int_list(dilation_rates, "dilation_rates", MAX_DILATION_RATE)
         if len(segment_lengths) != len(dilation_rates):
             raise ValueError(
                 f"segment_lengths and dilation_rates must have the same length, got "

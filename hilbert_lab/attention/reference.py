@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from hilbert_lab.attention.merge import safe_logsumexp
+from hilbert_lab.attention.merge import shifted_exp
 from hilbert_lab.attention.pattern import DilatedPattern
 
 
@@ -33,8 +33,7 @@ def reference_attention(
     scores = torch.where(mult > 0, scores, torch.full_like(scores, float("-inf"))) + torch.where(
         mult > 0, log_mult, torch.zeros_like(log_mult)
     )
-    lse = safe_logsumexp(scores, dim=-1)  # (B, H, N)
-    lse_safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    probs = torch.exp(scores - lse_safe.unsqueeze(-1))
+    weights, total, lse = shifted_exp(scores, dim=-1)  # lse (B, H, N)
+    probs = weights / total
     out = torch.matmul(probs, v64).transpose(1, 2)
     return out, lse

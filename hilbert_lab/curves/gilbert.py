@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hilbert_lab.curves.codec import _check_positive_int
+from hilbert_lab.curves.codec import _check_fits_memory, _check_positive_int
 from hilbert_lab.kernels import curves_numba as _kernels
 
 
@@ -22,6 +22,7 @@ def gilbert(width: int, height: int) -> np.ndarray:
     """(width*height, 2) int64 coordinates (x, y), 0 <= x < width, 0 <= y < height, in curve order."""
     width = _check_positive_int(width, "width")
     height = _check_positive_int(height, "height")
+    _check_fits_memory(width * height, "width * height", 16, "the int64 (x, y) cells")
     out = np.empty((width * height, 2), dtype=np.int64)
     if width >= height:
         written = _kernels.gilbert2d_walk(0, 0, width, 0, 0, height, out)
@@ -37,6 +38,7 @@ def gilbert3d(width: int, height: int, depth: int) -> np.ndarray:
     width = _check_positive_int(width, "width")
     height = _check_positive_int(height, "height")
     depth = _check_positive_int(depth, "depth")
+    _check_fits_memory(width * height * depth, "width * height * depth", 24, "the int64 (x, y, z) cells")
     along_x = np.array([width, 0, 0], dtype=np.int64)
     along_y = np.array([0, height, 0], dtype=np.int64)
     along_z = np.array([0, 0, depth], dtype=np.int64)

@@ -14,17 +14,19 @@ Conventions (shared with ``hilbert_lab.curves``):
   ``coords[..., i]`` lands at index bit ``b * ndim + (ndim - 1 - i)``; the last coordinate is the
   low bit.
 
-2D Hilbert is branch- and table-free, so LLVM vectorizes it across points. Walking the levels from
-the top, the sub-square frame is a state (swap, complement) in GF(2)^2 that starts at (0, 0).
+2D Hilbert runs a 4-state machine, LUT_BITS = 7 levels per table lookup. Walking the levels from
+the top, the sub-square frame is a state (swap s, complement c) in GF(2)^2 that starts at (0, 0).
 With coordinate bits (bx, by) of a level and e = bx ^ by:
 
-* digit = (hi, e) with hi = bx ^ (swap & e) ^ complement,
-* next state = M(e) @ state + t, M(e) = [[~e, 1], [e, ~e]], t = (~by, e & bx)   (affine over GF(2)).
+* digit = (hi, e) with hi = bx ^ (s & e) ^ c,
+* next state: s' = (~e & s) ^ c ^ ~by, c' = (e & s) ^ (~e & c) ^ (e & bx).
 
-Encode composes these affine maps for all levels with a log-step prefix scan on bit-plane words
-(one bit per level; above ``order`` the translations are zero, so those maps fix the start state).
-For order <= 16 two points share one 64-bit word (SWAR), one per 32-bit half. Decode is simpler: given the digit,
-the state toggles (~fy, fx & ~fy) do not depend on the state, so the state is a prefix XOR.
+Decode inverts the digit: bx = hi ^ (s & e) ^ c, by = bx ^ e. A zero level (bx = by = 0, digit 0)
+only toggles s, so a top chunk padded with p zero levels above the order starts from (p mod 2, 0)
+and emits zeros there. The tables map (7 bits of x, 7 of y) to (14 index bits, next state) and
+back, one 16-bit lane per state in an int64 entry (128 KiB each): the lookup address does not
+depend on the state, only the lane shift does. A kernel specialised to the chunk count (1..5)
+lets LLVM unroll the chunk loop and vectorise over points (lookups become 64-bit gathers).
 
 Each ``*_serial`` kernel has the same signature as its parallel twin (use it for small inputs,
 where thread start-up dominates). Parallel kernels split the points into blocks and call the
@@ -64,171 +66,170 @@ def _compact_bits_2d(value):
     return value
 
 
-@numba.njit(inline="always")
-def _spread_halves_16(word):
-    """Spread the low 16 bits of each 32-bit half of `word` to the even bits of that half."""
-    word = (word | (word << 8)) & 0x00FF00FF00FF00FF
-    word = (word | (word << 4)) & 0x0F0F0F0F0F0F0F0F
-    word = (word | (word << 2)) & 0x3333333333333333
-    word = (word | (word << 1)) & 0x5555555555555555
-    return word
+LUT_BITS = 7  # levels per 2D Hilbert table lookup
+_LUT_CHUNK_MASK = (1 << LUT_BITS) - 1
 
 
-@numba.njit(inline="always")
-def _hilbert2d_affine_scan(x, y, rounds):
-    """Translation words (t0, t1) of the composed level maps (see module docstring)."""
-    e = x ^ y
-    not_e = ~e
-    m00 = not_e
-    m01 = np.int64(-1)
-    m10 = e
-    m11 = not_e
-    t0 = ~y
-    t1 = e & x
-    shift = 1
-    for _ in range(rounds):
-        # compose (lower block at bit l) o (higher block: words >> shift)
-        b00 = m00 >> shift
-        b01 = m01 >> shift
-        b10 = m10 >> shift
-        b11 = m11 >> shift
-        c0 = t0 >> shift
-        c1 = t1 >> shift
-        t0 = (m00 & c0) ^ (m01 & c1) ^ t0
-        t1 = (m10 & c0) ^ (m11 & c1) ^ t1
-        n00 = (m00 & b00) ^ (m01 & b10)
-        n01 = (m00 & b01) ^ (m01 & b11)
-        n10 = (m10 & b00) ^ (m11 & b10)
-        n11 = (m10 & b01) ^ (m11 & b11)
-        m00 = n00
-        m01 = n01
-        m10 = n10
-        m11 = n11
-        shift <<= 1
-    return t0, t1
+def _hilbert2d_tables(bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(encode, decode) int64 tables of the 2D Hilbert state machine, `bits` (<= 7) levels per lookup.
 
-
-@numba.njit(inline="always")
-def _hilbert2d_encode_point(x, y, level_mask):
-    """Hilbert index of one point (int64 x, y < 2**order, order <= 31); level_mask = 2**order - 1.
-
-    Above the order's levels the translations must be zero (t0 is masked; t1 = e & x is zero
-    there), so those levels fix the start state (0, 0) whatever their matrix part.
+    Lane `state` (bits 16 * state ..) of encode[xb << bits | yb] is digits << 2 | next state (digits:
+    2 * bits index bits); of decode[digits] it is xb << bits + 2 | yb << 2 | next state; state = s << 1 | c.
     """
-    e = x ^ y
-    t0, t1 = _hilbert2d_affine_scan(x, y & level_mask | ~level_mask, 5)
-    high = x ^ ((t0 >> 1) & e) ^ (t1 >> 1)
-    return (_spread_bits_2d(high) << 1) | _spread_bits_2d(e)
+    size = 1 << (2 * bits)
+    state = np.repeat(np.arange(4, dtype=np.int64), size)
+    word = np.tile(np.arange(size, dtype=np.int64), 4)
+    swap, complement = state >> 1, state & 1
+    digits = np.zeros_like(word)
+    for level in range(bits - 1, -1, -1):  # encode: word = xb << bits | yb
+        bx, by = (word >> (bits + level)) & 1, (word >> level) & 1
+        e = bx ^ by
+        digits = (digits << 2) | ((bx ^ (swap & e) ^ complement) << 1) | e
+        swap, complement = ((1 - e) & swap) ^ complement ^ (1 - by), (e & swap) ^ ((1 - e) & complement) ^ (e & bx)
+    encode = (digits << 2) | (swap << 1) | complement
+    swap, complement = state >> 1, state & 1
+    xs, ys = np.zeros_like(word), np.zeros_like(word)
+    for level in range(bits - 1, -1, -1):  # decode: word = digits
+        hi, e = (word >> (2 * level + 1)) & 1, (word >> (2 * level)) & 1
+        bx = hi ^ (swap & e) ^ complement
+        by = bx ^ e
+        xs, ys = (xs << 1) | bx, (ys << 1) | by
+        swap, complement = ((1 - e) & swap) ^ complement ^ (1 - by), (e & swap) ^ ((1 - e) & complement) ^ (e & bx)
+    decode = (xs << (bits + 2)) | (ys << 2) | (swap << 1) | complement
+
+    def lanes(table: np.ndarray) -> np.ndarray:
+        per_state = table.reshape(4, size).astype(np.uint64)
+        packed = per_state[0] | (per_state[1] << 16) | (per_state[2] << 32) | (per_state[3] << 48)
+        return packed.view(np.int64)
+
+    return lanes(encode), lanes(decode)
+
+
+_ENCODE_TABLE, _DECODE_TABLE = _hilbert2d_tables(LUT_BITS)
 
 
 @numba.njit(inline="always")
-def _hilbert2d_encode_pair(x_pair, y_pair, pair_mask):
-    """Hilbert indices of two points (order <= 16) packed SWAR-style: point a in bits 0..31 and
-    point b in bits 32..63 of x_pair / y_pair; pair_mask = level_mask | level_mask << 32.
-
-    After 4 scan rounds a result bit l depends only on input bits l .. l+15, i.e. on a's own half
-    for every bit l <= 16 that is used, so b's bits never leak into a's result.
-    """
-    e = x_pair ^ y_pair
-    t0, t1 = _hilbert2d_affine_scan(x_pair, y_pair | ~pair_mask, 4)
-    high = (x_pair ^ ((t0 >> 1) & e) ^ (t1 >> 1)) & pair_mask
-    both = (_spread_halves_16(high) << 1) | _spread_halves_16(e)
-    return both & 0xFFFFFFFF, (both >> 32) & 0xFFFFFFFF
+def _hilbert2d_chunks(order):
+    """(table lookups per point, start state) for `order` levels."""
+    chunks = (order + LUT_BITS - 1) // LUT_BITS
+    return chunks, ((chunks * LUT_BITS - order) & 1) << 1
 
 
 @numba.njit(inline="always")
-def _hilbert2d_decode_point(index, level_mask, narrow):
-    """(x, y) of a Hilbert index (int64, < 4**order); level_mask = 2**order - 1.
+def _hilbert2d_encode_loop(flat, out, start, chunks, packed, width):
+    """Encode all points with a fixed chunk count (a literal at each call site, so it unrolls).
 
-    narrow: order <= 16, where the two bit planes and the two prefix scans are each packed side
-    by side in one 64-bit word (bits leaking across the halves land above bit 16 and are unused).
-    """
-    if narrow:
-        word = (index & 0x55555555) | (((index >> 1) & 0x55555555) << 32)
-        word = (word | (word >> 1)) & 0x3333333333333333
-        word = (word | (word >> 2)) & 0x0F0F0F0F0F0F0F0F
-        word = (word | (word >> 4)) & 0x00FF00FF00FF00FF
-        word = (word | (word >> 8)) & 0x0000FFFF0000FFFF
-        low = word & 0xFFFF
-        frame_x = word >> 32
-        frame_y = frame_x ^ low
-        toggles = (~frame_y & level_mask) | ((frame_x & ~frame_y) << 32)
-        toggles ^= toggles >> 1
-        toggles ^= toggles >> 2
-        toggles ^= toggles >> 4
-        toggles ^= toggles >> 8
-        flip = ((toggles >> 1) & low) ^ (toggles >> 33)
-        return frame_x ^ flip, frame_y ^ flip
-    frame_x = _compact_bits_2d(index >> 1)
-    low = _compact_bits_2d(index)
-    frame_y = frame_x ^ low
-    toggle_swap = ~frame_y & level_mask
-    toggle_complement = frame_x & ~frame_y
-    toggle_swap ^= toggle_swap >> 1
-    toggle_complement ^= toggle_complement >> 1
-    toggle_swap ^= toggle_swap >> 2
-    toggle_complement ^= toggle_complement >> 2
-    toggle_swap ^= toggle_swap >> 4
-    toggle_complement ^= toggle_complement >> 4
-    toggle_swap ^= toggle_swap >> 8
-    toggle_complement ^= toggle_complement >> 8
-    toggle_swap ^= toggle_swap >> 16
-    toggle_complement ^= toggle_complement >> 16
-    flip = ((toggle_swap >> 1) & low) ^ (toggle_complement >> 1)
-    return frame_x ^ flip, frame_y ^ flip
+    packed False (a literal): flat (2N,) interleaved x, y; True: flat (N,) unsigned words
+    x | y << width (one load per point: (N, 2) unsigned coordinates viewed as one word each)."""
+    acc = np.int64(0)
+    low = (np.int64(1) << width) - 1
+    for i in range(out.shape[0]):
+        if packed:
+            word = np.int64(flat[i])
+            x = word & low
+            y = (word >> width) & low
+        else:
+            x = np.int64(flat[2 * i])
+            y = np.int64(flat[2 * i + 1])
+        acc |= x | y
+        state = np.int64(start)
+        index = np.int64(0)
+        for chunk in range(chunks - 1, -1, -1):
+            shift = chunk * LUT_BITS
+            word = _ENCODE_TABLE[(((x >> shift) & _LUT_CHUNK_MASK) << LUT_BITS) | ((y >> shift) & _LUT_CHUNK_MASK)]
+            entry = (word >> (state << 4)) & 0xFFFF
+            index = (index << (2 * LUT_BITS)) | (entry >> 2)
+            state = entry & 3
+        out[i] = index
+    return acc
+
+
+@numba.njit(inline="always")
+def _hilbert2d_decode_loop(index, flat_out, start, chunks, packed, width):
+    """Decode all indices with a fixed chunk count (a literal at each call site, so it unrolls).
+
+    packed False (a literal): flat_out (2N,) interleaved x, y; True: flat_out (N,) holds
+    x | y << width (one store per point, for (N, 2) outputs of narrow dtypes viewed as one word
+    per point)."""
+    acc = np.int64(0)
+    digit_mask = (1 << (2 * LUT_BITS)) - 1
+    for i in range(index.shape[0]):
+        value = np.int64(index[i])
+        acc |= value
+        state = np.int64(start)
+        x = np.int64(0)
+        y = np.int64(0)
+        for chunk in range(chunks - 1, -1, -1):
+            entry = (_DECODE_TABLE[(value >> (2 * LUT_BITS * chunk)) & digit_mask] >> (state << 4)) & 0xFFFF
+            x = (x << LUT_BITS) | (entry >> (LUT_BITS + 2))
+            y = (y << LUT_BITS) | ((entry >> 2) & _LUT_CHUNK_MASK)
+            state = entry & 3
+        if packed:
+            flat_out[i] = x | (y << width)
+        else:
+            flat_out[2 * i] = x
+            flat_out[2 * i + 1] = y
+    return acc
 
 
 @numba.njit(cache=True, nogil=True)
 def hilbert_encode_2d_serial(flat, order, out):
     """Serial twin of hilbert_encode_2d (same arguments and result)."""
-    level_mask = (np.int64(1) << order) - 1
-    count = out.shape[0]
-    acc = np.int64(0)
-    if order <= 16:
-        pair_mask = level_mask | (level_mask << 32)
-        for pair in range(count // 2):
-            x_a = np.int64(flat[4 * pair])
-            y_a = np.int64(flat[4 * pair + 1])
-            x_b = np.int64(flat[4 * pair + 2])
-            y_b = np.int64(flat[4 * pair + 3])
-            acc |= x_a | y_a | x_b | y_b
-            index_a, index_b = _hilbert2d_encode_pair(x_a | (x_b << 32), y_a | (y_b << 32), pair_mask)
-            out[2 * pair] = index_a
-            out[2 * pair + 1] = index_b
-        if count % 2:
-            x_a = np.int64(flat[2 * count - 2])
-            y_a = np.int64(flat[2 * count - 1])
-            acc |= x_a | y_a
-            out[count - 1] = _hilbert2d_encode_pair(x_a & level_mask, y_a & level_mask, pair_mask)[0]
-    else:
-        for i in range(count):
-            x = np.int64(flat[2 * i])
-            y = np.int64(flat[2 * i + 1])
-            acc |= x | y
-            out[i] = _hilbert2d_encode_point(x, y, level_mask)
-    return acc
+    chunks, start = _hilbert2d_chunks(order)
+    if chunks == 1:
+        return _hilbert2d_encode_loop(flat, out, start, 1, False, 0)
+    if chunks == 2:
+        return _hilbert2d_encode_loop(flat, out, start, 2, False, 0)
+    if chunks == 3:
+        return _hilbert2d_encode_loop(flat, out, start, 3, False, 0)
+    if chunks == 4:
+        return _hilbert2d_encode_loop(flat, out, start, 4, False, 0)
+    return _hilbert2d_encode_loop(flat, out, start, 5, False, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def hilbert_encode_2d_packed_serial(packed, order, out, width):
+    """Serial twin of hilbert_encode_2d_packed (same arguments and result)."""
+    chunks, start = _hilbert2d_chunks(order)
+    if chunks == 1:
+        return _hilbert2d_encode_loop(packed, out, start, 1, True, width)
+    if chunks == 2:
+        return _hilbert2d_encode_loop(packed, out, start, 2, True, width)
+    if chunks == 3:
+        return _hilbert2d_encode_loop(packed, out, start, 3, True, width)
+    if chunks == 4:
+        return _hilbert2d_encode_loop(packed, out, start, 4, True, width)
+    return _hilbert2d_encode_loop(packed, out, start, 5, True, width)
 
 
 @numba.njit(cache=True, nogil=True)
 def hilbert_decode_2d_serial(index, order, flat_out):
     """Serial twin of hilbert_decode_2d (same arguments and result)."""
-    level_mask = (np.int64(1) << order) - 1
-    acc = np.int64(0)
-    if order <= 16:
-        for i in range(index.shape[0]):
-            value = np.int64(index[i])
-            acc |= value
-            x, y = _hilbert2d_decode_point(value, level_mask, True)
-            flat_out[2 * i] = x
-            flat_out[2 * i + 1] = y
-    else:
-        for i in range(index.shape[0]):
-            value = np.int64(index[i])
-            acc |= value
-            x, y = _hilbert2d_decode_point(value, level_mask, False)
-            flat_out[2 * i] = x
-            flat_out[2 * i + 1] = y
-    return acc
+    chunks, start = _hilbert2d_chunks(order)
+    if chunks == 1:
+        return _hilbert2d_decode_loop(index, flat_out, start, 1, False, 0)
+    if chunks == 2:
+        return _hilbert2d_decode_loop(index, flat_out, start, 2, False, 0)
+    if chunks == 3:
+        return _hilbert2d_decode_loop(index, flat_out, start, 3, False, 0)
+    if chunks == 4:
+        return _hilbert2d_decode_loop(index, flat_out, start, 4, False, 0)
+    return _hilbert2d_decode_loop(index, flat_out, start, 5, False, 0)
+
+
+@numba.njit(cache=True, nogil=True)
+def hilbert_decode_2d_packed_serial(index, order, packed_out, width):
+    """Serial twin of hilbert_decode_2d_packed (same arguments and result)."""
+    chunks, start = _hilbert2d_chunks(order)
+    if chunks == 1:
+        return _hilbert2d_decode_loop(index, packed_out, start, 1, True, width)
+    if chunks == 2:
+        return _hilbert2d_decode_loop(index, packed_out, start, 2, True, width)
+    if chunks == 3:
+        return _hilbert2d_decode_loop(index, packed_out, start, 3, True, width)
+    if chunks == 4:
+        return _hilbert2d_decode_loop(index, packed_out, start, 4, True, width)
+    return _hilbert2d_decode_loop(index, packed_out, start, 5, True, width)
 
 
 @numba.njit(parallel=True, cache=True)
@@ -257,6 +258,41 @@ def hilbert_decode_2d(index, order, flat_out):
         start = block * BLOCK
         stop = min(count, start + BLOCK)
         block_or[block] = hilbert_decode_2d_serial(index[start:stop], order, flat_out[2 * start:2 * stop])
+    total = np.int64(0)
+    for block in range(blocks):
+        total |= block_or[block]
+    return total
+
+
+@numba.njit(parallel=True, cache=True)
+def hilbert_encode_2d_packed(packed, order, out, width):
+    """packed (N,) unsigned words x | y << width ((N, 2) unsigned width-bit coordinates viewed as
+    one word per point, width <= 32) -> out (N,); returns OR of the coordinates."""
+    count = out.shape[0]
+    blocks = (count + BLOCK - 1) // BLOCK
+    block_or = np.zeros(blocks, dtype=np.int64)
+    for block in numba.prange(blocks):
+        start = block * BLOCK
+        stop = min(count, start + BLOCK)
+        block_or[block] = hilbert_encode_2d_packed_serial(packed[start:stop], order, out[start:stop], width)
+    total = np.int64(0)
+    for block in range(blocks):
+        total |= block_or[block]
+    return total
+
+
+@numba.njit(parallel=True, cache=True)
+def hilbert_decode_2d_packed(index, order, packed_out, width):
+    """index (N,) any int dtype -> packed_out (N,) unsigned, x | y << width (order <= width <= 32,
+    width * 2 bits wide: an (N, 2) array of a width-bit dtype viewed as one word per point);
+    returns OR of indices."""
+    count = index.shape[0]
+    blocks = (count + BLOCK - 1) // BLOCK
+    block_or = np.zeros(blocks, dtype=np.int64)
+    for block in numba.prange(blocks):
+        start = block * BLOCK
+        stop = min(count, start + BLOCK)
+        block_or[block] = hilbert_decode_2d_packed_serial(index[start:stop], order, packed_out[start:stop], width)
     total = np.int64(0)
     for block in range(blocks):
         total |= block_or[block]

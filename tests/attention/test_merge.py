@@ -78,3 +78,33 @@ def test_merge_rejects_bad_shapes():
         merge_lse([torch.zeros(1, 2, 3, 4)], [torch.zeros(1, 2, 3)])
     with pytest.raises(ValueError, match="equal length"):
         merge_lse([torch.zeros(1, 2, 3, 4)], [])
+
+
+# Scores where lse = m + log(sum) rounds away log(sum): float32 at 1e4 / 1e5 (ulp 1e-3 / 8e-3),
+# float64 at 1e16 (ulp 2). Offsets are exactly representable at each scale.
+LARGE = [(torch.float32, 1e4, (0.0, 0.0, -0.5)), (torch.float32, 1e5, (0.0, -0.5, 0.0)),
+         (torch.float64, 1e16, (0.0, 0.0, -2.0)), (torch.float64, 2.0**60, (0.0, 0.0, 0.0))]
+
+
+@pytest.mark.parametrize("dtype,level,offsets", LARGE)
+def test_merge_weights_sum_to_one_at_large_scores(dtype, level, offsets):
+    gen = torch.Generator().manual_seed(7)
+    outs = [torch.randn(2, 5, 3, 4, generator=gen, dtype=torch.float64) for _ in offsets]
+    small = [torch.full((2, 3, 5), d, dtype=torch.float64) for d in offsets]
+    expected_out, expected_lse = merge_lse(outs, small)  # the merge is shift invariant: out(lse + c) = out(lse)
+    out, lse = merge_lse([o.to(dtype) for o in outs], [(level + s).to(dtype) for s in small])
+    tol = 1e-6 if dtype == torch.float32 else 1e-14
+    assert max_diff(out, expected_out) < tol
+    ulp = torch.finfo(dtype).eps * level
+    assert max_diff(lse, level + expected_lse) <= ulp
+
+
+@pytest.mark.parametrize("dtype,level", [(torch.float32, 1e4), (torch.float64, 1e16)])
+def test_merge_at_large_scores_has_finite_gradients_that_sum_like_weights(dtype, level):
+    lses = [torch.full((1, 2, 3), level, dtype=dtype, requires_grad=True) for _ in range(2)]
+    outs = [torch.randn(1, 3, 2, 4, dtype=dtype, requires_grad=True) for _ in range(2)]
+    out, lse = merge_lse(outs, lses)
+    g = torch.autograd.grad(lse.sum(), lses)
+    assert all(torch.equal(t, torch.full_like(t, 0.5)) for t in g)  # d lse / d lse_i = w_i / sum w = 1/2
+    g = torch.autograd.grad(out.sum(), outs)
+    assert all(torch.equal(t, torch.full_like(t, 0.5)) for t in g)

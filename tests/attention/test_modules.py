@@ -188,3 +188,28 @@ def test_benchmark_selection_caches_in_memory_and_json(tmp_path, monkeypatch):
     assert select_backend("cpu", torch.float32, **kwargs) == first and len(calls) == 1  # file cache
     with pytest.raises(ValueError, match="shape"):
         select_backend("cpu", torch.float32, benchmark_backends=True)
+
+
+@pytest.mark.parametrize("kwargs,name", [
+    ({"backend": "fastest"}, "backend"), ({"backend": None}, "backend"),
+    ({"ordering": "zorder"}, "ordering"), ({"ordering": 3}, "ordering"),
+    ({"hilbert_pattern": "yes"}, "hilbert_pattern"), ({"hilbert_pattern": 1}, "hilbert_pattern"),
+    ({"scale": 0.0}, "scale"), ({"scale": -1.0}, "scale"), ({"scale": float("nan")}, "scale"),
+    ({"scale": float("inf")}, "scale"), ({"scale": "0.5"}, "scale"), ({"scale": True}, "scale"),
+])
+def test_modules_check_every_option_in_init(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        MultiheadDilatedAttention(16, 4, [4, 8], [1, 2], **kwargs)
+    with pytest.raises(ValueError, match=name):
+        DilatedAttention([4, 8], [1, 2], **kwargs)
+
+
+def test_multihead_scale_reaches_the_attention():
+    module = _mha(backend="manual", scale=0.125)
+    x = torch.randn(1, 8, 16, dtype=torch.float64)
+    split = lambda t: t.unflatten(-1, (4, 4))  # noqa: E731
+    attended = dilated_attention(split(module.q_proj(x)), split(module.k_proj(x)), split(module.v_proj(x)),
+                                 segment_lengths=[4, 8], dilation_rates=[1, 2], backend="manual", scale=0.125)
+    assert max_diff(module(x), module.out_proj(attended.flatten(-2))) < 1e-13
+    for ordering in (None, "identity", "hilbert", "morton", "snake"):
+        DilatedAttention([4], [1], ordering=ordering, backend="sdpa", scale=2, hilbert_pattern=True)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from hilbert_lab.attention import dilated_attention
 from hilbert_lab.attention.pattern import DilatedPattern
 
 from ._oracle import brute_multiplicity, head_offset
@@ -109,3 +110,26 @@ def test_create_accepts_numpy_and_tensor_free_ints():
     pattern = DilatedPattern.create(np.array([4, 8]), (np.int64(1), 2))
     assert pattern.segment_lengths == (4, 8) and pattern.dilation_rates == (1, 2)
     assert isinstance(pattern.groups(8, 2)[0].index, torch.Tensor)
+
+
+@pytest.mark.parametrize("segment_lengths,dilation_rates,name", [
+    ([2**60], [2**60], "dilation_rates"), ([16, 2**61], [1, 2**60], "dilation_rates"),
+    ([2**62 + 1], [1], "segment_lengths"), ([2**63 - 1], [2**62], "segment_lengths"),
+    ([2**33], [2**32 + 1], "dilation_rates"),
+])
+def test_sizes_past_the_int64_bounds_are_rejected_at_once(segment_lengths, dilation_rates, name):
+    with pytest.raises(ValueError, match=rf"{name} must contain integers <= 2\*\*"):
+        DilatedPattern.create(segment_lengths, dilation_rates)
+    q = torch.randn(1, 16, 2, 4)
+    for backend in ("manual", "sdpa"):
+        with pytest.raises(ValueError, match=name):
+            dilated_attention(q, q, q, segment_lengths=segment_lengths, dilation_rates=dilation_rates, backend=backend)
+
+
+def test_the_largest_sizes_still_work_and_mean_the_whole_sequence():
+    q, k, v = (torch.randn(1, 16, 2, 4, dtype=torch.float64) for _ in range(3))
+    # Rates >= N all select one token per head (head h: offset h), like w = r = N.
+    expected = dilated_attention(q, k, v, segment_lengths=[16], dilation_rates=[16], backend="reference")
+    for segment, rate in ((1 << 40, 16), (2**62, 16), (1 << 40, 2**32), (2**62, 2**32)):
+        out = dilated_attention(q, k, v, segment_lengths=[segment], dilation_rates=[rate], backend="manual")
+        assert torch.allclose(out, expected, atol=1e-12), (segment, rate)

@@ -146,7 +146,7 @@ def test_batch_shape_is_kept_and_values_match_flat_call():
     rng = np.random.default_rng(4)
     coords = rng.integers(0, 256, size=(3, 5, 7, 2))
     index = encode(coords, 8)
-    assert index.shape == (3, 5, 7) and index.dtype == np.int64
+    assert index.shape == (3, 5, 7) and index.dtype == np.uint32  # 2 * 8 bits <= 32
     np.testing.assert_array_equal(index.reshape(-1), encode(coords.reshape(-1, 2), 8))
     back = decode(index, 8, 2)
     np.testing.assert_array_equal(back, coords)
@@ -258,3 +258,96 @@ def test_out_of_range_in_any_position_is_caught():
         index[31_000] = 1 << (int(ndim) * 5)
         with pytest.raises(ValueError, match=r"index must lie in \[0, "):
             decode(index, 5, int(ndim), curve=curve)
+
+
+# ------------------------------------------------------------------ out= and index dtypes
+@pytest.mark.parametrize("ndim,order,expected", [(2, 16, np.uint32), (2, 17, np.int64), (3, 10, np.uint32),
+                                                 (3, 11, np.int64), (1, 32, np.uint32), (4, 8, np.uint32)])
+@pytest.mark.parametrize("curve", ["hilbert", "morton"])
+def test_default_index_dtype_is_uint32_up_to_32_bits(ndim, order, expected, curve):
+    rng = np.random.default_rng(ndim * 100 + order)
+    coords = rng.integers(0, 1 << order, size=(500, ndim), dtype=np.int64)
+    index = encode(coords, order, curve=curve)
+    assert index.dtype == expected
+    wide = encode(coords, order, curve=curve, dtype=np.int64)
+    assert wide.dtype == np.int64 and np.array_equal(index.astype(np.int64), wide)
+    np.testing.assert_array_equal(decode(index, order, ndim, curve=curve), coords)
+    assert index.max() >= 1 << (ndim * order - 2)  # the top bits are really used
+    assert encode(torch.from_numpy(coords), order, curve=curve).dtype == torch.int64
+
+
+@pytest.mark.parametrize("curve", ["hilbert", "morton"])
+@pytest.mark.parametrize("count", [1000, PARALLEL_MIN_POINTS + 777])
+def test_out_is_filled_and_returned_without_allocating(curve, count):
+    rng = np.random.default_rng(count)
+    coords = rng.integers(0, 1 << 12, size=(count, 2), dtype=np.int64)
+    expected = encode(coords, 12, curve=curve, dtype=np.int64)
+    for out_dtype, in_dtype in ((np.uint32, np.uint16), (np.int64, np.int64), (np.uint64, np.int32), (np.int32, np.uint16)):
+        out = np.full(count, 7, dtype=out_dtype)
+        assert encode(coords.astype(in_dtype), 12, curve=curve, out=out) is out
+        np.testing.assert_array_equal(out.astype(np.int64), expected)
+        back = np.zeros((count, 2), dtype=np.uint16)
+        assert decode(out, 12, 2, curve=curve, out=back) is back
+        np.testing.assert_array_equal(back, coords)
+    coords3 = rng.integers(0, 1 << 10, size=(count, 3))
+    out3 = np.empty(count, dtype=np.uint32)
+    encode(coords3, 10, curve=curve, out=out3)
+    np.testing.assert_array_equal(out3, encode(coords3, 10, curve=curve, dtype=np.int64))
+    back3 = np.empty((count, 3), dtype=np.int16)
+    np.testing.assert_array_equal(decode(out3, 10, 3, curve=curve, out=back3), coords3)
+
+
+def test_torch_out_and_dtype():
+    coords = torch.tensor(list(ORDER10_PINNED), dtype=torch.int32)
+    out = torch.full((len(ORDER10_PINNED),), -1, dtype=torch.int32)
+    assert encode(coords, 10, out=out) is out and out.tolist() == list(ORDER10_PINNED.values())
+    assert encode(coords, 10, dtype=torch.int32).dtype == torch.int32
+    back = torch.zeros(len(ORDER10_PINNED), 2, dtype=torch.int16)
+    assert decode(out, 10, 2, out=back) is back and torch.equal(back.long(), coords.long())
+    assert decode(out, 10, 2, dtype=torch.int32).dtype == torch.int32
+    with pytest.raises(ValueError, match="out must be a torch tensor"):
+        encode(coords, 10, out=np.empty(4, dtype=np.int64))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"dtype": np.uint16}, r"dtype must be an integer dtype that holds 24-bit"),
+    ({"dtype": np.float64}, r"dtype must be an integer dtype"),
+    ({"dtype": "int8"}, r"dtype must be an integer dtype"),
+    ({"dtype": "banana"}, r"dtype must be an integer dtype"),
+    ({"out": np.empty(9, dtype=np.int64)}, r"out must be a writeable C-contiguous numpy array of shape \(10,\)"),
+    ({"out": np.empty(20, dtype=np.int64)[::2]}, "out must be a writeable C-contiguous"),
+    ({"out": np.empty(10, dtype=np.int16)}, r"out must have a native integer dtype that holds 24-bit"),
+    ({"out": np.empty(10, dtype=np.float32)}, "out must have a native integer dtype"),
+    ({"out": np.empty(10, dtype=">i8")}, "out must have a native integer dtype"),
+    ({"out": [0] * 10}, "out must be a writeable C-contiguous numpy array"),
+    ({"out": np.empty(10, dtype=np.int64), "dtype": np.uint32}, "disagree"),
+])
+def test_bad_out_and_dtype_are_rejected(kwargs, match):
+    coords = np.zeros((10, 2), dtype=np.int64)
+    with pytest.raises(ValueError, match=match):
+        encode(coords, 12, **kwargs)
+
+
+def test_bad_decode_out_and_32_bit_signed_limits():
+    index = np.zeros(10, dtype=np.uint32)
+    with pytest.raises(ValueError, match=r"out must have a native integer dtype that holds 12-bit coordinate"):
+        decode(index, 12, 2, out=np.empty((10, 2), dtype=np.uint8))
+    with pytest.raises(ValueError, match=r"shape \(10, 2\)"):
+        decode(index, 12, 2, out=np.empty((10, 3), dtype=np.int64))
+    readonly = np.empty((10, 2), dtype=np.int64)
+    readonly.setflags(write=False)
+    with pytest.raises(ValueError, match="writeable"):
+        decode(index, 12, 2, out=readonly)
+    with pytest.raises(ValueError, match="32-bit"):
+        encode(np.zeros((3, 2), dtype=np.int64), 16, dtype=np.int32)  # int32 holds 31 bits
+    assert encode(np.zeros((3, 2), dtype=np.int64), 16, dtype=np.uint32).dtype == np.uint32
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+def test_unsigned_narrow_coords_out_of_range_are_caught(dtype):
+    coords = np.zeros((PARALLEL_MIN_POINTS + 9, 2), dtype=dtype)
+    coords[-1, 1] = 1 << 7
+    with pytest.raises(ValueError, match=r"coords must lie in \[0, 127\]"):
+        encode(coords, 7)
+    coords[-1] = [(1 << 7) - 1, 5]
+    assert decode(encode(coords, 7), 7, 2)[-1].tolist() == [127, 5]

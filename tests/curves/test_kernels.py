@@ -60,3 +60,54 @@ def test_gilbert_walk_reports_a_too_small_output_instead_of_writing_past_it():
     assert kernels.gilbert2d_walk(0, 0, 3, 0, 0, 2, out) == -1
     out3 = np.zeros((7, 3), dtype=np.int64)
     assert kernels.gilbert3d_walk(np.array([2, 0, 0]), np.array([0, 2, 0]), np.array([0, 0, 2]), out3) == -1
+
+
+def test_2d_hilbert_tables_match_galtay_at_every_order():
+    """Every chunk count (1..5 lookups of 7 levels) and every top-chunk padding, corners included."""
+    from hilbertcurve.hilbertcurve import HilbertCurve
+
+    rng = np.random.default_rng(11)
+    for order in range(1, 32):
+        top = (1 << order) - 1
+        coords = np.concatenate([rng.integers(0, top + 1, size=(40, 2)),
+                                 [[0, 0], [top, 0], [0, top], [top, top], [top, top >> 1]]]).astype(np.int64)
+        curve = HilbertCurve(order, 2)
+        expected = np.array([curve.distance_from_point([int(a), int(b)]) for a, b in coords], dtype=np.int64)
+        index = np.empty(len(coords), dtype=np.int64)
+        kernels.hilbert_encode_2d_serial(coords.reshape(-1), order, index)
+        np.testing.assert_array_equal(index, expected, err_msg=f"order {order}")
+        back = np.empty(2 * len(coords), dtype=np.int64)
+        kernels.hilbert_decode_2d_serial(expected, order, back)
+        np.testing.assert_array_equal(back, coords.reshape(-1), err_msg=f"order {order}")
+
+
+@pytest.mark.parametrize("order,dtype", [(5, np.uint8), (8, np.int16), (16, np.uint16), (15, np.int16), (17, np.uint32),
+                                         (31, np.int32), (31, np.uint32), (22, np.int32)])
+def test_packed_2d_decode_equals_interleaved(order, dtype):
+    rng = np.random.default_rng(order)
+    coords = rng.integers(0, 1 << order, size=(COUNT, 2), dtype=np.int64)
+    coords[:2] = [[(1 << order) - 1, 0], [(1 << order) - 1, (1 << order) - 1]]
+    index = np.empty(COUNT, dtype=np.int64)
+    kernels.hilbert_encode_2d(coords.reshape(-1), order, index)
+    width = 8 * np.dtype(dtype).itemsize
+    for name in ("hilbert_decode_2d_packed", "hilbert_decode_2d_packed_serial"):
+        out = np.full((COUNT, 2), 3, dtype=dtype)
+        acc = getattr(kernels, name)(index, order, out.view(np.dtype(f"u{2 * out.itemsize}")).reshape(-1), width)
+        np.testing.assert_array_equal(out, coords, err_msg=name)
+        assert acc == np.bitwise_or.reduce(index)
+
+
+@pytest.mark.parametrize("order,dtype", [(5, np.uint8), (8, np.uint8), (12, np.uint16), (16, np.uint16), (17, np.uint32),
+                                         (31, np.uint32)])
+def test_packed_2d_encode_equals_interleaved(order, dtype):
+    rng = np.random.default_rng(order)
+    coords = rng.integers(0, 1 << order, size=(COUNT, 2)).astype(dtype)
+    coords[:2] = [[(1 << order) - 1, 0], [(1 << order) - 1, (1 << order) - 1]]
+    expected = np.empty(COUNT, dtype=np.int64)
+    kernels.hilbert_encode_2d(coords.astype(np.int64).reshape(-1), order, expected)
+    packed = coords.view(np.dtype(f"u{2 * coords.itemsize}")).reshape(-1)
+    for name in ("hilbert_encode_2d_packed", "hilbert_encode_2d_packed_serial"):
+        index = np.full(COUNT, -1, dtype=np.int64)
+        acc = getattr(kernels, name)(packed, order, index, 8 * coords.itemsize)
+        np.testing.assert_array_equal(index, expected, err_msg=name)
+        assert acc == np.bitwise_or.reduce(coords.reshape(-1).astype(np.int64))

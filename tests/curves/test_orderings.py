@@ -190,3 +190,54 @@ def test_segment_bad_input(length, ordering, match):
 def test_grid_bad_input(shape, ordering, match):
     with pytest.raises(ValueError, match=match):
         grid_permutation(shape, ordering)
+
+
+@pytest.mark.parametrize("length,height", [
+    (2**61 - 1, 1),  # a Mersenne prime: the old divisor scan ran for minutes
+    (2**62, 2**31), (2**63 - 1, 2323823089), ((2**31 - 1) * (2**31 + 11), 2**31 - 1),
+    (999999937 * 1000000007, 999999937), (3**39, 3**19),
+])
+def test_near_square_grid_is_exact_and_fast_for_any_int64_length(length, height):
+    import time
+
+    start = time.perf_counter()
+    assert near_square_grid(length) == (height, length // height)
+    assert time.perf_counter() - start < 2.0
+
+
+def test_near_square_grid_matches_a_divisor_scan():
+    for length in list(range(1, 3000)) + [2**20 * 3, 7919 * 7927, 65536 * 65537]:
+        height = math.isqrt(length)
+        while length % height:
+            height -= 1
+        assert near_square_grid(length) == (height, length // height), length
+    with pytest.raises(ValueError, match="length must be <= 2\\*\\*63 - 1"):
+        near_square_grid(2**63)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: segment_permutation(2**61 - 1, "hilbert"), lambda: segment_permutation(2**40, "identity"),
+    lambda: grid_permutation((2**15, 2**15, 2**15), "snake"), lambda: gilbert(2**20, 2**20),
+])
+def test_sizes_beyond_physical_memory_are_rejected_at_once(call):
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"must be <= \d+ on this machine .* physical memory is"):
+        call()
+    assert time.perf_counter() - start < 1.0
+
+
+def test_the_memory_bound_is_the_largest_size_that_fits(monkeypatch):
+    from hilbert_lab.curves import codec
+    from hilbert_lab.curves.gilbert import gilbert3d
+    from hilbert_lab.curves.orderings import PERMUTATION_BYTES_PER_TOKEN
+
+    monkeypatch.setattr(codec, "physical_memory_bytes", lambda: 1000 * PERMUTATION_BYTES_PER_TOKEN)
+    assert_permutation_pair(*segment_permutation(997, "hilbert"), 997)  # 997 is not cached by other tests
+    with pytest.raises(ValueError, match="length must be <= 1000 on this machine"):
+        segment_permutation(1001, "hilbert")
+    with pytest.raises(ValueError, match=r"prod\(shape\) must be <= 1000"):
+        grid_permutation((11, 7, 13), "morton")
+    with pytest.raises(ValueError, match=r"width \* height \* depth must be <= "):
+        gilbert3d(100, 100, 100)

@@ -34,7 +34,7 @@ def test_cuda_encode_decode_match_cpu(curve, ndim, order, count, dtype, method):
         pytest.skip("int32 coordinates hold at most 31 bits")
     gen = torch.Generator().manual_seed(order * 7 + ndim)
     coords = torch.randint(0, 2**order, (count, ndim), generator=gen, dtype=torch.int64)
-    expected = torch.as_tensor(curves.encode(coords.numpy(), order, curve=curve))
+    expected = torch.as_tensor(curves.encode(coords.numpy(), order, curve=curve, dtype="int64"))
     out_dtype = torch.int32 if ndim * order <= 31 and dtype == torch.int32 else torch.int64
     out = torch.full((count,), -1, dtype=out_dtype, device="cuda")  # poisoned: every element must be written
     got = cuda_curves.encode(coords.to("cuda", dtype), order, curve, out=out, method=method)
@@ -61,7 +61,7 @@ def test_cuda_launch_configs_give_the_same_indices(items, threads, points):
     try:
         cuda_curves.set_launch_config(items, threads, points, points)
         for curve, method in (("hilbert", "table"), ("hilbert", "bitscan"), ("morton", "table")):
-            expected = torch.as_tensor(curves.encode(coords.numpy(), 12, curve=curve))
+            expected = torch.as_tensor(curves.encode(coords.numpy(), 12, curve=curve, dtype="int64"))
             out = torch.full((count,), -1, dtype=torch.int32, device="cuda")
             cuda_curves.encode(coords.to("cuda", torch.int32), 12, curve, out=out, method=method)
             assert torch.equal(out.cpu().long(), expected), (curve, method)

@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 
 from hilbert_lab.attention.backends.base import Backend, lse_dtype
-from hilbert_lab.attention.merge import safe_logsumexp
+from hilbert_lab.attention.merge import shifted_exp
 
 # Score elements (batch x heads x query rows x keys) materialised at once per chunk.
 MAX_SCORE_ELEMENTS = 1 << 24
@@ -59,9 +59,8 @@ def dense_forward(q, k, v, *, causal, scale, key_padding_mask=None, compute_dtyp
             qc = q[bs, rs.start : rs.stop].transpose(1, 2).to(cd)
             kc, vc = (t[bs].transpose(1, 2).to(cd) for t in (k, v))
             scores = _scores(qc, kc, scale, _allowed(rs, keys, causal, kpm, q.device))
-            lse_c = safe_logsumexp(scores, dim=-1)
-            probs = torch.exp(scores - _finite_or(lse_c, 0.0).unsqueeze(-1))
-            out[bs, rs.start : rs.stop] = torch.matmul(probs, vc).transpose(1, 2).to(q.dtype)
+            weights, total, lse_c = shifted_exp(scores, dim=-1)
+            out[bs, rs.start : rs.stop] = (torch.matmul(weights, vc) / total).transpose(1, 2).to(q.dtype)
             lse[bs, :, rs.start : rs.stop] = lse_c.to(lse.dtype)
     return out, lse, None
 
@@ -105,8 +104,8 @@ def dense_attention_eager(q, k, v, *, causal, scale, key_padding_mask=None, drop
     cd = _compute_dtype(q.dtype, compute_dtype)
     qc, kc, vc = (t.transpose(1, 2).to(cd) for t in (q, k, v))
     scores = _scores(qc, kc, scale, _allowed(range(rows), keys, causal, key_padding_mask, q.device))
-    lse = safe_logsumexp(scores, dim=-1)
-    probs = torch.exp(scores - _finite_or(lse, 0.0).unsqueeze(-1))
+    weights, total, lse = shifted_exp(scores, dim=-1)
+    probs = weights / total
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p, training=True)
     out = torch.matmul(probs, vc).transpose(1, 2).to(q.dtype)
