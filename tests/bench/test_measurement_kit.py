@@ -23,9 +23,29 @@ def test_time_function_counts_calls_and_rejects_bad_counts():
     assert len(calls) == 7 and len(timing.samples) == 5 and timing.median >= 0
     with pytest.raises(ValueError, match="repeats"):
         time_function(lambda: None, repeats=0)
-    order = []
-    result = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=0, rounds=3)
-    assert order == ["a", "b"] * 3 and set(result) == {"a", "b"}
+
+
+def test_time_interleaved_rotates_the_order_and_restores_threads():
+    calls: list[str] = []
+    before = torch.get_num_threads()
+    result = time_interleaved({name: (lambda name=name: calls.append(name)) for name in "abc"}, warmup=1, rounds=4,
+                              threads=1, max_seconds=float("inf"))
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
+    assert {name: len(t.samples) for name, t in result.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(s >= 0 for t in result.values() for s in t.samples)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved({"a": lambda: None}, rounds=0)
+    with pytest.raises(ValueError, match="threads"):
+        time_interleaved({"a": lambda: None}, threads=0)
+
+
+def test_time_interleaved_measures_each_variant_not_its_neighbour():
+    """A variant that sleeps 20 ms and one that returns at once: each median belongs to its own variant."""
+    import time
+
+    result = time_interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: None}, warmup=0, rounds=3)
+    assert result["slow"].median >= 19.0 and result["fast"].median < 5.0
 
 
 def test_useful_pairs_count_the_pattern_by_brute_force():
