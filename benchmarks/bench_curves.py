@@ -19,7 +19,8 @@ records the load average and the environment block of hilbert_lab.bench.env). Ou
 copy are timed by hilbert_lab.bench.timing.time_function (perf_counter, one warm-up call for ours);
 hilbertsfc runs under another interpreter without hilbert_lab, so its subprocess keeps the same
 loop (one warm-up call, then perf_counter around each repeat) in HILBERTSFC_SCRIPT. Correctness
-is checked: both libraries' indices must be identical (sha256 of the int64 index array), and our decode must return the input points.
+is checked: both libraries' indices must be identical (sha256 of the int64 index array), and our
+decode must return the input points.
 
     .venv/bin/python benchmarks/bench_curves.py --create-venv          # full run, writes JSON
     .venv/bin/python benchmarks/bench_curves.py --points 1048576 --no-hilbertsfc   # quick
