@@ -448,7 +448,8 @@ def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], b
         mode=pattern.mode, causal=pattern.causal,
     )
     full = cached_plan(stand_in, n, num_heads)
-    plan = Plan(tuple(b for b in full.blocks if b.branch in set(branches)), full.num_branches, full.merge)
+    plan = Plan(tuple(b for b in full.blocks if b.branch in set(branches)), full.num_branches, full.merge,
+                full.seq_len, full.num_heads)
     return execute_plan(plan, backend, q, k, v, scale, pattern.causal, 0.0)
 
 
