@@ -71,3 +71,23 @@ def test_anchors_compute_the_pattern(causal):
         blk.count * blk.length * blk.num_heads for blk in anchors._plan(head_groups, q).blocks)
     with pytest.raises(ValueError, match="no merge"):
         anchors.strided_composition(q, k, v, DilatedPattern.create([8, 16], [1, 2]), scale=0.3)
+
+
+def test_time_function_time_limit_stops_early_unless_infinite():
+    assert len(time_function(lambda: None, warmup=0, repeats=6, max_seconds=0.0).samples) == 3
+    assert len(time_function(lambda: None, warmup=0, repeats=6, max_seconds=float("inf")).samples) == 6
+
+
+def test_environment_records_the_variables_that_change_results(monkeypatch):
+    from hilbert_lab.bench.env import collect_environment, device_description, environment_variables
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("UNRELATED_VARIABLE_FOR_TEST", "x")
+    found = environment_variables()
+    assert found["OMP_NUM_THREADS"] == "3"
+    assert "CUDA_VISIBLE_DEVICES" not in found and "UNRELATED_VARIABLE_FOR_TEST" not in found
+    assert device_description("cpu")["device"] == "cpu"
+    env = collect_environment("cpu")
+    assert {"packages", "git", "cpu", "device", "variables"} <= set(env)
+    assert env["packages"]["torch"] == torch.__version__.split("+")[0] or env["packages"]["torch"] == torch.__version__
