@@ -73,8 +73,9 @@ def ratio_with_bounds(baseline_ms: Sequence[float], candidate_ms: Sequence[float
 
 def time_pair(baseline: Callable[[], Any], candidate: Callable[[], Any], *, repeats: int,
               device: str = "cpu") -> tuple[list[float], list[float]]:
-    """Wall times in ms of baseline and candidate run alternately (bench.timing.time_interleaved, one CPU
-    thread pinned on the CPU so the two do not compete with other work differently)."""
+    """Times in ms of baseline and candidate run alternately (bench.timing.time_interleaved: wall time on
+    the CPU, with one thread pinned so the two do not compete with other work differently; CUDA events
+    after a device sync on the GPU)."""
     from hilbert_lab.bench.timing import time_interleaved
 
     cuda = device.startswith("cuda")
