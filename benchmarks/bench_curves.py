@@ -15,8 +15,12 @@ single- and multi-threaded (numba.set_num_threads), and reports points/s for
 
 Ours and hilbertsfc are timed alternately (copy, ours, hilbertsfc, ours, copy) and the median of
 all repeats is reported (the best is kept beside it), because the machine may be shared (the JSON
-records the load average). Correctness is checked: both libraries' indices must be
-identical (sha256 of the int64 index array), and our decode must return the input points.
+records the load average and the environment block of hilbert_lab.bench.env). Our cases and the
+copy are timed by hilbert_lab.bench.timing.time_function (perf_counter, one warm-up call for ours);
+hilbertsfc runs under another interpreter without hilbert_lab, so its subprocess keeps the same
+loop (one warm-up call, then perf_counter around each repeat) in HILBERTSFC_SCRIPT. Correctness
+is checked: both libraries' indices must be identical (sha256 of the int64 index array), and our
+decode must return the input points.
 
     .venv/bin/python benchmarks/bench_curves.py --create-venv          # full run, writes JSON
     .venv/bin/python benchmarks/bench_curves.py --points 1048576 --no-hilbertsfc   # quick
@@ -28,7 +32,6 @@ import glob
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -43,6 +46,8 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.timing import time_function  # noqa: E402
 from hilbert_lab.curves import decode, encode  # noqa: E402
 from hilbert_lab.kernels import curves_numba as kernels  # noqa: E402
 
@@ -87,13 +92,10 @@ print(json.dumps({"seconds": best, "sha256": digest, "decode_ok": ok,
 '''
 
 
-def run_times(function, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return times
+def run_times(function, repeats: int, warmup: int = 0) -> list[float]:
+    """Seconds of each of `repeats` calls (after `warmup` calls), by the measurement kit."""
+    timing = time_function(function, warmup=warmup, repeats=repeats, max_seconds=float("inf"))
+    return [ms / 1e3 for ms in timing.samples]
 
 
 def threaded_copy(source: np.ndarray, target: np.ndarray, threads: int, pool: ThreadPoolExecutor) -> None:
@@ -105,16 +107,6 @@ def threaded_copy(source: np.ndarray, target: np.ndarray, threads: int, pool: Th
     futures = [pool.submit(np.copyto, target[lo:hi], source[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
     for future in futures:
         future.result()
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def find_python312(explicit: str | None) -> str | None:
@@ -171,8 +163,7 @@ def measure_ours(coords: np.ndarray, coords16: np.ndarray, order: int, repeats: 
     }
     seconds = {}
     for name, case in cases.items():
-        case()
-        seconds[name] = run_times(case, repeats)
+        seconds[name] = run_times(case, repeats, warmup=1)
     kernels.hilbert_encode_2d(flat, order, index)
     kernels.hilbert_decode_2d(index, order, flat_decoded)
     if not np.array_equal(decoded, coords):
@@ -281,9 +272,8 @@ def main() -> None:
         "benchmark": "benchmarks/bench_curves.py",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "points": args.points, "order": args.order, "repeats": args.repeats,
-        "machine": {"cpu": cpu_model(), "logical_cpus": os.cpu_count(),
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
-        "numba": numba.__version__, "numpy": np.__version__, "threading_layer": numba.threading_layer(),
+        "machine": {"load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "env": collect_environment("cpu"), "threading_layer": numba.threading_layer(),
         "hilbertsfc": HILBERTSFC_VERSION if python else None,
         "targets": {"vs_hilbertsfc_at_least": 0.8, "fraction_of_stream_at_least": 0.5},
         "notes": "rates are medians over all repeats of both interleaved runs (best_mpoints_per_s: the best "

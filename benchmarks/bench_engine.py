@@ -6,82 +6,72 @@ dilations [1, 2, 4]):
 CPU smoke check (small shapes, float32):
     python benchmarks/bench_engine.py --small --out /tmp/bench_engine.json
 
-"baseline" is torch.nn.functional.scaled_dot_product_attention (CUDA: flash kernel preferred, as in
-the engine's "sdpa") called on the same blocks the engine
-builds, gathered into contiguous (B * segments, heads, L, D) tensors before timing (so it measures
-the attention kernels alone, without gather, scatter or merge); fwd+bwd baselines back-propagate a
-fixed random upstream gradient through those calls. Times are medians (triton.testing.do_bench on
-CUDA when available, else CUDA events / perf_counter) after warm-up, on random inputs. The table
-also reports each backend's max |out - out_sdpa| as a cross-check.
+"baseline" is the kernel floor of hilbert_lab.bench.anchors: one scaled_dot_product_attention call
+per block length of the plan the engine runs, on blocks gathered into contiguous tensors before
+timing (the attention kernels alone, without gather, scatter or merge), with each SDPA kernel that
+runs (CUDA: cudnn and flash; CPU: flash and math) and the fastest kept; fwd+bwd baselines
+back-propagate a fixed random upstream gradient through those calls. Times come from
+hilbert_lab.bench.timing.time_function: medians (triton.testing.do_bench on CUDA when available,
+else CUDA events / perf_counter) after warm-up, on random inputs; "tflops" counts the pattern's
+useful work (hilbert_lab.bench.flops). The table also reports each backend's max |out - out of the
+first backend| as a cross-check; the JSON carries the environment block (hilbert_lab.bench.env).
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hilbert_lab.attention import dilated_attention  # noqa: E402
+from hilbert_lab.attention import DilatedPattern, dilated_attention  # noqa: E402
 from hilbert_lab.attention.backends import unavailable_reason  # noqa: E402
-from hilbert_lab.attention.engine import _cached_plan  # noqa: E402
-from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
+from hilbert_lab.bench import anchors  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.flops import attention_flops  # noqa: E402
+from hilbert_lab.bench.timing import time_function  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 
 
-def timed_ms(fn, device: torch.device, warmup: int, repeats: int) -> float:
-    """Median milliseconds of fn() after `warmup` calls."""
-    if device.type == "cuda":
+def floor_kernels(device: torch.device) -> list[str]:
+    """SDPA kernels the baseline tries (the fastest that runs is kept)."""
+    return ["cudnn", "flash"] if device.type == "cuda" else ["flash", "math"]
+
+
+def baseline_times(q, k, v, pattern: DilatedPattern, args, device: torch.device) -> dict:
+    """{"forward": Timing, "forward_backward": Timing, "kernel": ..., "blocks": ...} of the fastest kernel floor."""
+    scale = q.shape[-1] ** -0.5
+    blocks = anchors.gather_blocks(q, k, v, pattern)
+    leaves = [[t.detach().requires_grad_(True) for t in blk] for blk in blocks]
+    grads = [torch.randn_like(blk[0]) for blk in blocks]
+    best: dict = {"blocks": len(blocks)}
+    for kernel in floor_kernels(device):
+        def forward(kernel=kernel):
+            with torch.no_grad():
+                anchors.kernel_floor(blocks, causal=args.causal, scale=scale, kernel=kernel)
+
+        def forward_backward(kernel=kernel):
+            outs = anchors.kernel_floor(leaves, causal=args.causal, scale=scale, kernel=kernel)
+            torch.autograd.backward(outs, grads)
+            for blk in leaves:
+                for t in blk:
+                    t.grad = None
+
         try:
-            from triton.testing import do_bench
-
-            return float(do_bench(fn, warmup=max(warmup, 1) * 5, rep=max(repeats, 1) * 20, return_mode="median"))
-        except ImportError:
-            pass
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            torch.cuda.synchronize(device)
-            samples.append(start.elapsed_time(stop))
-        else:
-            begin = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - begin) * 1e3)
-    return statistics.median(samples)
-
-
-def baseline_kernel(device: torch.device):
-    """SDPA kernel context of the baseline: flash (then cuDNN, efficient) on CUDA, the default on CPU."""
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION],
-                       set_priority=True)
-
-
-def pregathered_blocks(q, k, v, pattern: DilatedPattern, requires_grad: bool):
-    """(q, k, v) contiguous (B * count, h, L, D) per engine block, built before any timing."""
-    plan = _cached_plan(pattern, q.shape[1], q.shape[2], None, min(max(pattern.segment_lengths), q.shape[1]))
-    blocks = []
-    for blk in plan.blocks:
-        blocks.append(tuple(blk.read(t).transpose(1, 2).contiguous().detach().requires_grad_(requires_grad)
-                            for t in (q, k, v)))
-    return blocks
+            timings = {"forward": time_function(forward, device=device, warmup=args.warmup, repeats=args.repeats)}
+            if args.backward:
+                timings["forward_backward"] = time_function(forward_backward, device=device, warmup=args.warmup,
+                                                            repeats=args.repeats)
+        except Exception as error:  # a kernel that does not run this shape / dtype / device is skipped
+            best.setdefault("skipped_kernels", {})[kernel] = f"{type(error).__name__}: {str(error)[:200]}"
+            continue
+        if "forward" not in best or timings["forward"].median < best["forward"].median:
+            best.update(timings, kernel=kernel)
+    return best
 
 
 def run(args) -> dict:
@@ -101,26 +91,13 @@ def run(args) -> dict:
     for mode, backend in tqdm(jobs, desc="bench_engine"):
         pattern = DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode=mode, causal=args.causal)
         row = {"mode": mode, "backend": backend}
+        flops = {key: attention_flops(pattern, args.batch, args.seq_len, args.heads, args.head_dim,
+                                      backward=key == "forward_backward") for key in ("forward", "forward_backward")}
         if backend == "baseline":
-            blocks = pregathered_blocks(q, k, v, pattern, requires_grad=False)
-            sdpa = torch.nn.functional.scaled_dot_product_attention
-
-            def forward():
-                with baseline_kernel(device):
-                    return [sdpa(bq, bk, bv, is_causal=args.causal) for bq, bk, bv in blocks]
-
-            row["forward_ms"] = timed_ms(forward, device, args.warmup, args.repeats)
-            if args.backward:
-                grad_blocks = pregathered_blocks(q, k, v, pattern, requires_grad=True)
-                grads = [torch.randn_like(b[0]) for b in grad_blocks]
-
-                def forward_backward():
-                    with baseline_kernel(device):
-                        outs = [sdpa(bq, bk, bv, is_causal=args.causal) for bq, bk, bv in grad_blocks]
-                        torch.autograd.backward(outs, grads)
-
-                row["forward_backward_ms"] = timed_ms(forward_backward, device, args.warmup, args.repeats)
-            row["blocks"] = len(blocks)
+            best = baseline_times(q, k, v, pattern, args, device)
+            timings = {key: best.pop(key) for key in ("forward", "forward_backward") if key in best}
+            row.update(best)
+            record(row, timings, flops)
             rows.append(row)
             continue
         reason = unavailable_reason(backend, device, dtype)
@@ -131,10 +108,11 @@ def run(args) -> dict:
         kwargs = dict(segment_lengths=args.segment_lengths, dilation_rates=args.dilation_rates, mode=mode,
                       causal=args.causal, backend=backend)
         try:
+            timings = {}
             with torch.no_grad():
                 out = dilated_attention(q, k, v, **kwargs)
-                row["forward_ms"] = timed_ms(lambda: dilated_attention(q, k, v, **kwargs), device, args.warmup,
-                                             args.repeats)
+                timings["forward"] = time_function(lambda: dilated_attention(q, k, v, **kwargs), device=device,
+                                                   warmup=args.warmup, repeats=args.repeats)
             if mode not in reference_out:
                 reference_out[mode] = out
             row["max_abs_diff_vs_first_backend"] = (out.float() - reference_out[mode].float()).abs().max().item()
@@ -143,8 +121,11 @@ def run(args) -> dict:
 
                 def forward_backward():
                     dilated_attention(qg, kg, vg, **kwargs).backward(upstream)
+                    qg.grad = kg.grad = vg.grad = None
 
-                row["forward_backward_ms"] = timed_ms(forward_backward, device, args.warmup, args.repeats)
+                timings["forward_backward"] = time_function(forward_backward, device=device, warmup=args.warmup,
+                                                            repeats=args.repeats)
+            record(row, timings, flops)
         except Exception as error:  # report and keep going: one failing backend must not hide the others
             row["error"] = f"{type(error).__name__}: {error}"
         rows.append(row)
@@ -157,15 +138,23 @@ def run(args) -> dict:
         "config": {k: getattr(args, k) for k in ("batch", "seq_len", "heads", "head_dim", "segment_lengths",
                                                    "dilation_rates", "modes", "backends", "causal", "dtype",
                                                    "warmup", "repeats", "backward")},
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
+        "command": " ".join(sys.argv),
+        "env": collect_environment(str(device)),
         "results": rows,
     }
 
 
+def record(row: dict, timings: dict, flops: dict) -> None:
+    """Median ms, useful TFLOP/s and the full Timing of each timed direction into the row."""
+    for key, timing in timings.items():
+        row[f"{key}_ms"] = timing.median
+        row[f"{key}_tflops"] = flops[key] / (timing.median * 1e-3) / 1e12
+        row.setdefault("timings", {})[key] = timing.as_dict()
+
+
 def print_table(report: dict) -> None:
-    print(f"device: {report['device']}  torch {report['torch']}  config: {report['config']}")
+    env = report["env"]
+    print(f"device: {env['device']['name']}  torch {env['packages']['torch']}  config: {report['config']}")
     header = f"{'mode':<12} {'backend':<15} {'fwd ms':>10} {'x base':>8} {'fwd+bwd ms':>11} {'x base':>8}  note"
     print(header)
     print("-" * len(header))

@@ -4,14 +4,14 @@ Encode/decode of 2**24 int32 2D points at order 12 (12 bytes per point) against 
 Triton kernels (when importable) and against the measured device copy bandwidth; permutation of a
 bf16 (2, 32768, 12, 64) tensor against index_select and a plain copy. Correctness is checked on the
 same data first (CPU curve core on a 2**20-point sample; exact equality for the permutation).
+Times are medians of triton.testing.do_bench (hilbert_lab.bench.timing.time_function on CUDA, 300 ms
+per measurement); the JSON carries the environment block (hilbert_lab.bench.env).
 Usage: python benchmarks/bench_gpu_curves.py [--out reports/results/gpu_curves.json] [--points 24]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,28 +20,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def bench(fn, warmup_ms: int = 50, rep_ms: int = 300) -> float:
-    """Median milliseconds of fn() by CUDA events (triton.testing.do_bench)."""
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.timing import time_function  # noqa: E402
 
 
-def device_info() -> dict:
-    info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "python": platform.python_version()}
-    try:
-        import triton
-
-        info["triton"] = triton.__version__
-    except ImportError:
-        info["triton"] = None
-    try:
-        info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                        capture_output=True, text=True).stdout.strip()
-    except OSError:
-        info["driver"] = None
-    return info
+def bench(fn) -> float:
+    """Median milliseconds of fn() on the GPU (do_bench through the measurement kit)."""
+    return time_function(fn, device="cuda", max_seconds=0.3).median
 
 
 def copy_bandwidth() -> float:
@@ -178,7 +163,7 @@ def main() -> None:
             row.pop("points_per_s", None)
 
     result = {"benchmark": "gpu_curves", "command": "python " + " ".join(sys.argv),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **device_info(),
+              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": collect_environment("cuda"),
               "points": n, "order": order, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows,
               "hilbertsfc_rounds_ms": anchor_rounds, "launch_sweep": sweep}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -3,20 +3,28 @@
 Usage: .venv/bin/python benchmarks/bench_locality.py [--repeats 3] [--output PATH]
 Targets (issue 6): fully associative LRU, 4096 lines, 5M accesses >= 50M accesses/s on one core;
 miss_curve over 10M accesses in seconds. Every case is warmed up (Numba compile) and timed
-`repeats` times; the best and all timings are stored. Traces are fixed-seed.
+`repeats` times (hilbert_lab.bench.timing.time_function, wall time; the CPU seconds of this process
+are read around each call too); the best and all timings are stored. Traces are fixed-seed. The JSON
+carries the environment block of hilbert_lab.bench.env.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from hilbert_lab.locality import (
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.timing import time_function  # noqa: E402
+from hilbert_lab.locality import (  # noqa: E402
     compare_orderings,
     evaluate_claims,
     lru_misses,
@@ -24,26 +32,9 @@ from hilbert_lab.locality import (
     window_attention_trace,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
 CAPACITY = 4096
 LRU_ACCESSES = 5_000_000
 CURVE_ACCESSES = 10_000_000
-
-
-def _environment() -> dict:
-    """hilbert_lab.bench's environment block, or a minimal one when that package cannot be imported."""
-    try:
-        from hilbert_lab.bench.env import collect_environment
-
-        return collect_environment("cpu")
-    except ImportError as error:
-        import platform
-
-        import numba
-
-        return {"packages": {"python": platform.python_version(), "numpy": np.__version__,
-                             "numba": numba.__version__}, "platform": platform.platform(),
-                "cpu_count": os.cpu_count(), "note": f"hilbert_lab.bench.env unavailable: {error}"}
 
 
 def _load_average() -> list[float] | None:
@@ -65,14 +56,16 @@ def _time(function, repeats: int) -> tuple[list[float], list[float], object]:
     CPU seconds count only the time this process ran: on a shared machine they are the per-core
     throughput, while wall seconds also include time spent waiting for the core.
     """
-    function()  # warm-up: Numba compilation and caches
-    wall, cpu, result = [], [], None
-    for _ in range(repeats):
-        start_wall, start_cpu = time.perf_counter(), time.process_time()
-        result = function()
+    cpu: list[float] = []
+    result: list[object] = [None]
+
+    def call() -> None:
+        start_cpu = time.process_time()
+        result[0] = function()
         cpu.append(time.process_time() - start_cpu)
-        wall.append(time.perf_counter() - start_wall)
-    return wall, cpu, result
+
+    timing = time_function(call, warmup=1, repeats=repeats, max_seconds=float("inf"))  # warm-up: Numba compilation
+    return [ms / 1e3 for ms in timing.samples], cpu[1:], result[0]
 
 
 def _traces(rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -127,7 +120,7 @@ def main() -> None:
         tqdm.write(f"{name}: best {best:.3f} s{rate}")
 
     document = {"benchmark": "bench_locality", "pinned_cpu": pinned_cpu, "repeats": args.repeats,
-                "load_average_1_5_15_min": _load_average(), "env": _environment(), "results": results}
+                "load_average_1_5_15_min": _load_average(), "env": collect_environment("cpu"), "results": results}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(document, indent=2, default=str))
     print(f"wrote {args.output}")

@@ -15,7 +15,9 @@ Sections of the JSON (rank 0 rewrites it after every measurement, so a crash kee
   (same random upstream gradient). Pass when the ring's error against float32 is at most twice
   the single-GPU bf16 error against float32 plus 1e-3 (ring and single GPU round differently).
 - throughput: per config and N in --seq-lens, median fwd+bwd seconds over --iters after one
-  warm-up; tokens/s per GPU = N / seconds / P. Configs: "longnet" (--segment-lengths /
+  warm-up (hilbert_lab.bench.timing.time_function: host wall time of a step that starts with a
+  barrier and ends with a device sync, so every rank makes the same calls; the slowest rank's
+  median is kept); tokens/s per GPU = N / seconds / P. Configs: "longnet" (--segment-lengths /
   --dilation-rates, the issue's [2048, 8192, 32768, 131072] / [1, 2, 4, 8]: with N/P >= 131072
   every segment lies inside a shard and nothing is sent) and "spanning" (the same plus a
   whole-sequence branch, dilation --spanning-dilation, so K/V travel around the whole ring).
@@ -30,7 +32,6 @@ import datetime
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -40,24 +41,16 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.attention.engine import dilated_attention  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.timing import time_function  # noqa: E402
 from hilbert_lab.distributed import comm  # noqa: E402
 from hilbert_lab.distributed.ring import ring_dilated_attention  # noqa: E402
 from hilbert_lab.distributed.sharding import shard_positions  # noqa: E402
 
 
 def _environment(device: torch.device) -> dict:
-    env = {"torch": torch.__version__, "world_size": dist.get_world_size(), "backend": dist.get_backend(),
-           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-           "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None,
-           "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                                  "NVSHMEM_DISABLE_NVLS")}}
-    try:
-        from hilbert_lab.bench.env import collect_environment
-
-        env["collected"] = collect_environment(str(device))
-    except Exception as error:  # environment details are a nicety, never a reason to fail the run
-        env["collected_error"] = repr(error)
-    return env
+    """The kit's environment block plus the process group this run uses."""
+    return {**collect_environment(str(device)), "world_size": dist.get_world_size(), "backend": dist.get_backend()}
 
 
 def _sync(device: torch.device) -> None:
@@ -112,20 +105,18 @@ def fwd_bwd_seconds(args, device, seq_len, segment_lengths, dilation_rates, iter
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(iters + 1):
+
+    def step() -> None:
         comm.reset_stats()
         dist.barrier()
-        _sync(device)
-        start = time.perf_counter()
         out = ring_dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                      causal=args.causal, mode=args.mode)
         out.backward(grad)
         _sync(device)
-        times.append(time.perf_counter() - start)
         q.grad = k.grad = v.grad = None
-        del out
-    seconds = sorted(times[1:])[len(times[1:]) // 2] if iters else times[0]
+
+    # No time limit: every rank must make the same number of collective calls.
+    seconds = time_function(step, warmup=1 if iters else 0, repeats=max(iters, 1), max_seconds=float("inf")).median / 1e3
     result = torch.tensor([seconds, torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0.0,
                            float(comm.STATS.bytes)], dtype=torch.float64, device=device)
     dist.all_reduce(result, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace

@@ -29,16 +29,10 @@ from pathlib import Path
 
 import torch
 
-from hilbert_lab.models.train import PRESETS, TrainConfig, parse_curriculum, train
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def _environment(device: str) -> dict:
-    try:
-        from hilbert_lab.bench.env import collect_environment
-
-        return collect_environment(device)
-    except Exception as error:  # the environment block must never stop a benchmark
-        return {"error": repr(error), "torch": torch.__version__}
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.models.train import PRESETS, TrainConfig, parse_curriculum, train  # noqa: E402
 
 
 def _resolved_backend(values: dict) -> str:
@@ -144,7 +138,7 @@ def main() -> int:
         print("error: no CUDA device; use --small for the CPU smoke check", file=sys.stderr)
         return 2
 
-    report: dict = {"command": " ".join(sys.argv), "world_size": world_size, "environment": _environment(values["device"]),
+    report: dict = {"command": " ".join(sys.argv), "world_size": world_size, "environment": collect_environment(values["device"]),
                     "config": values, "attention_backend": _resolved_backend(values)}
 
     def save() -> None:

@@ -28,8 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hilbert_lab.locality.serialization import serialization_metrics
-from hilbert_lab.models.spatial import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.locality.serialization import serialization_metrics  # noqa: E402
+from hilbert_lab.models.spatial import (  # noqa: E402
     MajorityTask,
     SpatialRunConfig,
     make_spatial_batch,
@@ -43,15 +46,6 @@ DEFAULT_ORDERINGS = ["rowmajor", "snake", "morton", "hilbert", "hilbert,hilbert-
 
 def _log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def _environment(device: str) -> dict:
-    try:
-        from hilbert_lab.bench.env import collect_environment
-
-        return collect_environment(device)
-    except Exception as error:  # the environment block must never stop a benchmark
-        return {"error": repr(error), "torch": torch.__version__}
 
 
 def device_slug(device: str) -> str:
@@ -216,7 +210,7 @@ def _document(slug, argv, args, started, results) -> dict:
         "command": " ".join([Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else argv)),
         "arguments": vars(args),
         "seconds": time.perf_counter() - started,
-        "env": _environment(args.device),
+        "env": collect_environment(args.device),
         "tasks": results,
     }
 

@@ -17,12 +17,15 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env
-from hilbert_lab.bench.env import collect_environment
-from hilbert_lab.safety import MemoryConfig, estimate_memory, format_bytes, run_isolated
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.safety import MemoryConfig, estimate_memory, format_bytes, run_isolated  # noqa: E402
 
 TOLERANCE = 0.2
 

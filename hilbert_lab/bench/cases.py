@@ -5,7 +5,6 @@ import hashlib
 import json
 import os
 import signal
-import statistics
 import time
 from typing import Any
 
@@ -225,9 +224,12 @@ def _estimate_fields(case: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_attention(case: dict[str, Any]) -> dict[str, Any]:
-    """Median wall time (ms) of the engine pass and the peak memory above the inputs."""
+    """Time of the engine pass (bench.timing.time_function: median ms; on CUDA with Triton, do_bench's
+    back-to-back GPU time and no per-repeat samples) and the peak memory above the inputs of one pass
+    after the warm-up (measured apart from the timing, whose L2 flush buffer must not count)."""
     import torch
 
+    from hilbert_lab.bench.timing import time_function
     from hilbert_lab.safety.measure import PeakMeter
 
     if case["threads"]:
@@ -238,17 +240,16 @@ def _run_attention(case: dict[str, Any]) -> dict[str, Any]:
     for _ in range(case["warmup"]):
         _one_pass(case, q, k, v, upstream)
     _synchronize(case["device"])
-    times_ms = []
     with PeakMeter(case["device"]) as meter:
-        for _ in range(case["repeats"]):
-            start = time.perf_counter()
-            _one_pass(case, q, k, v, upstream)
-            _synchronize(case["device"])
-            times_ms.append((time.perf_counter() - start) * 1e3)
-    return {"time_ms_median": statistics.median(times_ms), "time_ms_min": min(times_ms), "times_ms": times_ms,
-            "peak_bytes": meter.peak_bytes, "threads": torch.get_num_threads(),
+        _one_pass(case, q, k, v, upstream)
+        _synchronize(case["device"])
+    timing = time_function(lambda: _one_pass(case, q, k, v, upstream), device=case["device"], warmup=0,
+                           repeats=case["repeats"], max_seconds=float("inf"))
+    times_ms = list(timing.samples)
+    return {"time_ms_median": timing.median, "time_ms_min": min(times_ms) if times_ms else timing.low,
+            "times_ms": times_ms, "peak_bytes": meter.peak_bytes, "threads": torch.get_num_threads(),
             "peak_method": meter.method if _peak_is_exact(case) else
-            "RSS growth over the timed runs after warm-up (reused heap hides freed memory; kind 'memory' measures peaks)",
+            "RSS growth over one pass after warm-up (reused heap hides freed memory; kind 'memory' measures peaks)",
             **_estimate_fields(case)}
 
 

@@ -10,6 +10,9 @@ from importlib import metadata
 from typing import Any
 
 _PACKAGES = ("hilbert-lab", "torch", "numpy", "numba", "triton", "flash-attn", "xformers", "nvidia-ml-py")
+# Settings read from the environment that change what a run measures (threads, visible GPUs, NCCL paths).
+_VARIABLES = ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "NCCL_NVLS_ENABLE",
+              "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "MALLOC_MMAP_THRESHOLD_")
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -82,10 +85,10 @@ def _nvidia_smi_name(index: int) -> str | None:
 
 
 def device_description(device: str = "cpu") -> dict[str, Any]:
-    """Name, driver and toolkit of `device` ('cpu' or 'cuda[:N]').
+    """Name, driver and libraries of `device` ('cpu' or 'cuda[:N]'): CUDA toolkit, cuDNN and NCCL versions.
 
     CUDA devices are described through nvidia-smi/NVML, so that the (parent) process creates no
-    CUDA context of its own; torch.version.cuda is read without touching the device.
+    CUDA context of its own; the library versions are read without touching the device.
     """
     if not str(device).startswith("cuda"):
         return {"device": "cpu", "name": cpu_description()["model"], "driver": None}
@@ -93,13 +96,28 @@ def device_description(device: str = "cpu") -> dict[str, Any]:
 
     index = int(str(device).split(":")[1]) if ":" in str(device) else 0
     return {"device": f"cuda:{index}", "name": _nvidia_smi_name(index), "driver": _nvidia_driver(),
-            "cuda": torch.version.cuda}
+            "cuda": torch.version.cuda, "cudnn": _library_version(torch.backends.cudnn.version),
+            "nccl": _library_version(lambda: ".".join(map(str, torch.cuda.nccl.version())))}
+
+
+def _library_version(read) -> str | None:
+    try:
+        version = read()
+    except Exception:  # a library that is absent or fails to load: no version, never a failed run
+        return None
+    return None if version is None else str(version)
+
+
+def environment_variables(names: tuple[str, ...] = _VARIABLES) -> dict[str, str]:
+    """The variables of `names` that are set in this process."""
+    return {name: os.environ[name] for name in names if name in os.environ}
 
 
 @functools.lru_cache(maxsize=8)
 def _environment_cached(device: str) -> tuple:
     env = {"packages": package_versions(), "git": git_revision(), "cpu": cpu_description(),
-           "device": device_description(device), "platform": platform.platform(),
+           "device": device_description(device), "variables": environment_variables(),
+           "platform": platform.platform(),
            "hostname": platform.node(), "executable": sys.executable}
     return tuple(sorted(env.items()))
 

@@ -1,12 +1,11 @@
-"""Timing statistics: bootstrap medians, ratio intervals, verdicts and an interleaved A/B timer.
+"""Timing statistics: bootstrap medians, ratio intervals and verdicts (the samples come from `bench.timing`).
 
 Every timing comparison the reports print goes through `compare` (or `ratio_ci` + `verdict`): a ratio
 is never shown without its 95% interval, and an interval that contains 1 reads "no difference".
 """
 from __future__ import annotations
 
-import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -125,49 +124,3 @@ def compare(a_samples: Sequence[float], b_samples: Sequence[float], a_name: str 
             "b_high": b_high, "speedup": speedup, "speedup_low": low, "speedup_high": high,
             "samples": int(min(np.size(a_samples), np.size(b_samples))), "verdict": named,
             "text": f"{a_name} vs {b_name}: {format_ratio(speedup, low, high)} ({named})"}
-
-
-def interleaved_times(fn_a: Callable[[], Any], fn_b: Callable[[], Any], repeats: int = 15, warmup: int = 1,
-                      threads: int | None = 1, synchronize: Callable[[], None] | None = None
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """Wall times in ms of fn_a and fn_b run alternately (A B, B A, A B, ...): two (repeats,) arrays.
-
-    Alternating the order spreads drift and cache warmth over both. `threads` pins torch's intra-op
-    threads for the run (restored after; None leaves them); `synchronize` (e.g. torch.cuda.synchronize)
-    runs before each clock read.
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    import torch
-
-    previous = torch.get_num_threads()
-    if threads is not None:
-        if threads < 1:
-            raise ValueError(f"threads must be >= 1 or None, got {threads}")
-        torch.set_num_threads(int(threads))
-    sync = synchronize or (lambda: None)
-
-    def timed(fn: Callable[[], Any]) -> float:
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        return (time.perf_counter() - start) * 1e3
-
-    try:
-        for _ in range(warmup):
-            fn_a()
-            fn_b()
-        a_times, b_times = np.empty(repeats), np.empty(repeats)
-        for index in range(repeats):
-            if index % 2 == 0:
-                a_times[index] = timed(fn_a)
-                b_times[index] = timed(fn_b)
-            else:
-                b_times[index] = timed(fn_b)
-                a_times[index] = timed(fn_a)
-    finally:
-        torch.set_num_threads(previous)
-    return a_times, b_times

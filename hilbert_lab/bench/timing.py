@@ -2,8 +2,10 @@
 
 `time_function(fn)` returns a `Timing` (median, 10th/90th percentiles, milliseconds): on CUDA with
 Triton's do_bench (back-to-back calls after an L2 flush, CUDA events), else `repeats` calls after a
-warm-up, each synchronised (CUDA events) or timed with perf_counter (CPU), with every sample kept. Never time on zeros and
-rotate inputs that fit in cache: that is the caller's job (see `bench.inputs`).
+warm-up, each synchronised (CUDA events) or timed with perf_counter (CPU), with every sample kept.
+`time_interleaved({name: fn})` times variants round-robin in one process (A/B comparisons; the
+samples feed `bench.stats`). Never time on zeros and rotate inputs that fit in cache: that is the
+caller's job.
 """
 from __future__ import annotations
 
@@ -44,10 +46,31 @@ def summarize(samples_ms: list[float]) -> Timing:
     return Timing(statistics.median(ordered), pick(0.1), pick(0.9), tuple(samples_ms))
 
 
+def _synchronize(device: Optional[torch.device | str]) -> None:
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _one_call_ms(fn: Callable[[], object], cuda: bool) -> float:
+    """One call of fn in ms: between CUDA events (the device idle before it), or by perf_counter."""
+    if cuda:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        return start.elapsed_time(stop)
+    begin = time.perf_counter()
+    fn()
+    return (time.perf_counter() - begin) * 1e3
+
+
 def time_function(fn: Callable[[], object], *, device: Optional[torch.device | str] = None, warmup: int = 3,
                   repeats: int = 20, max_seconds: float = 10.0) -> Timing:
-    """Time fn() (ms per call). CUDA: events around each call; CPU: perf_counter. Stops early after
-    max_seconds of timed calls (at least 3 samples)."""
+    """Time fn() (ms per call). CUDA with Triton: do_bench (no samples kept); CUDA without Triton: events
+    around each call; CPU (device None or cpu): perf_counter, wall time. Stops early after max_seconds of
+    timed calls (at least 3 samples; float("inf"): exactly `repeats`, as callers that must agree on a
+    call count, e.g. ranks of a collective, need)."""
     if warmup < 0 or repeats < 1:
         raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup} and {repeats}")
     cuda = device is not None and torch.device(device).type == "cuda"
@@ -55,26 +78,16 @@ def time_function(fn: Callable[[], object], *, device: Optional[torch.device | s
         # Triton's do_bench: back-to-back calls, each after an L2 flush, timed by events (GPU time,
         # as in a training loop where the host issues ahead of the device).
         fn()
-        median, low, high = _do_bench(fn, warmup=25, rep=min(200, int(max_seconds * 1000)), quantiles=[0.5, 0.1, 0.9])
+        rep = int(min(200.0, max_seconds * 1000))
+        median, low, high = _do_bench(fn, warmup=25, rep=rep, quantiles=[0.5, 0.1, 0.9])
         return Timing(float(median), float(low), float(high), ())
     for _ in range(warmup):
         fn()
-    if cuda:
-        torch.cuda.synchronize(device)
+    _synchronize(device)
     samples: list[float] = []
     spent = 0.0
     for _ in range(repeats):
-        if cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            stop.synchronize()
-            ms = start.elapsed_time(stop)
-        else:
-            begin = time.perf_counter()
-            fn()
-            ms = (time.perf_counter() - begin) * 1e3
+        ms = _one_call_ms(fn, cuda)
         samples.append(ms)
         spent += ms / 1e3
         if spent > max_seconds and len(samples) >= 3:
@@ -83,16 +96,45 @@ def time_function(fn: Callable[[], object], *, device: Optional[torch.device | s
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[torch.device | str] = None,
-                     warmup: int = 2, rounds: int = 10, max_seconds: float = 30.0) -> dict[str, Timing]:
-    """Time several variants A, B, ... interleaved (A B C A B C ...), so that drift hits all alike."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    begin = time.perf_counter()
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            samples[name].append(time_function(fn, device=device, warmup=0, repeats=1).median)
-        if time.perf_counter() - begin > max_seconds and len(samples[next(iter(fns))]) >= 3:
-            break
+                     warmup: int = 2, rounds: int = 10, max_seconds: float = 30.0, threads: Optional[int] = None,
+                     progress: bool = False) -> dict[str, Timing]:
+    """Time several variants round-robin, one call each per round, the order rotating (A B C, B C A,
+    C A B, ...) so that drift and cache warmth hit all alike. Each sample is one call: between CUDA
+    events after a device sync, or wall time by perf_counter on the CPU (never do_bench here).
+
+    threads: torch's intra-op threads while timing (restored after; None leaves them). Stops after
+    max_seconds once every variant has 3 samples (float("inf"): exactly `rounds`).
+    """
+    if warmup < 0 or rounds < 1:
+        raise ValueError(f"warmup must be >= 0 and rounds >= 1, got {warmup} and {rounds}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 or None, got {threads}")
+    cuda = device is not None and torch.device(device).type == "cuda"
+    names = list(fns)
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for name in names:
+            for _ in range(warmup):
+                fns[name]()
+        begin = time.perf_counter()
+        for index in _progress(range(rounds), progress):
+            shift = index % len(names)
+            for name in names[shift:] + names[:shift]:
+                _synchronize(device)
+                samples[name].append(_one_call_ms(fns[name], cuda))
+            if time.perf_counter() - begin > max_seconds and index >= 2:
+                break
+    finally:
+        torch.set_num_threads(previous)
     return {name: summarize(values) for name, values in samples.items()}
+
+
+def _progress(rounds: range, show: bool):
+    if not show:
+        return rounds
+    from tqdm.auto import tqdm
+
+    return tqdm(rounds, desc="rounds")

@@ -126,7 +126,7 @@ def ordering_ab(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequ
                 segment_lengths: Sequence[int], dilation_rates: Sequence[int], batch_size: int, num_heads: int,
                 head_dim: int, repeats: int, backend: str = "auto", threads: int | None = 1, seed: int = 0,
                 progress: bool = False) -> Any:
-    """Identity vs each other ordering timed alternately in one process (bench.stats.interleaved_times):
+    """Identity vs each other ordering timed alternately in one process (bench.timing.time_interleaved):
     DataFrame (seq_len, mode, backend, ordering, identity_times_ms, ordered_times_ms, max_abs_difference).
 
     threads pins torch's CPU threads during the timing (ignored on CUDA); the outputs of the two layouts
@@ -137,11 +137,10 @@ def ordering_ab(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequ
     from tqdm.auto import tqdm
 
     from hilbert_lab.attention.engine import dilated_attention
-    from hilbert_lab.bench.stats import interleaved_times
+    from hilbert_lab.bench.timing import time_interleaved
 
     torch_dtype = getattr(torch, dtype)
     cuda = str(device).startswith("cuda")
-    sync = (lambda: torch.cuda.synchronize(device)) if cuda else None
     rows = []
     jobs = [(n, m, o) for n in seq_lens for m in modes for o in orderings if o != "identity"]
     for seq_len, mode, ordering in tqdm(jobs, desc="A/B", disable=not progress):
@@ -157,10 +156,12 @@ def ordering_ab(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequ
                                          backend=backend, ordering=layout)
 
         difference = float((run(None).double() - run(ordering).double()).abs().max())
-        identity_ms, ordered_ms = interleaved_times(lambda: run(None), lambda: run(ordering), repeats=repeats,
-                                                    warmup=1, threads=None if cuda else threads, synchronize=sync)
+        timings = time_interleaved({"identity": lambda: run(None), "ordered": lambda: run(ordering)}, device=device,
+                                   warmup=1, rounds=repeats, max_seconds=float("inf"),
+                                   threads=None if cuda else threads)
         rows.append({"seq_len": seq_len, "mode": mode, "backend": backend, "ordering": ordering,
-                     "identity_times_ms": identity_ms.tolist(), "ordered_times_ms": ordered_ms.tolist(),
+                     "identity_times_ms": list(timings["identity"].samples),
+                     "ordered_times_ms": list(timings["ordered"].samples),
                      "max_abs_difference": difference})
     return pd.DataFrame(rows, columns=["seq_len", "mode", "backend", "ordering", "identity_times_ms",
                                        "ordered_times_ms", "max_abs_difference"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import statistics
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -74,15 +73,16 @@ def ratio_with_bounds(baseline_ms: Sequence[float], candidate_ms: Sequence[float
 
 def time_pair(baseline: Callable[[], Any], candidate: Callable[[], Any], *, repeats: int,
               device: str = "cpu") -> tuple[list[float], list[float]]:
-    """Wall times in ms of baseline and candidate run alternately (bench.stats.interleaved_times, one CPU
-    thread pinned on the CPU so the two do not compete with other work differently)."""
-    from hilbert_lab.bench.stats import interleaved_times
+    """Times in ms of baseline and candidate run alternately (bench.timing.time_interleaved: wall time on
+    the CPU, with one thread pinned so the two do not compete with other work differently; CUDA events
+    after a device sync on the GPU)."""
+    from hilbert_lab.bench.timing import time_interleaved
 
     cuda = device.startswith("cuda")
     with torch.no_grad():
-        base, cand = interleaved_times(baseline, candidate, repeats=repeats, warmup=1, threads=None if cuda else 1,
-                                       synchronize=(lambda: torch.cuda.synchronize(device)) if cuda else None)
-    return base.tolist(), cand.tolist()
+        timings = time_interleaved({"baseline": baseline, "candidate": candidate}, device=device, warmup=1,
+                                   rounds=repeats, max_seconds=float("inf"), threads=None if cuda else 1)
+    return list(timings["baseline"].samples), list(timings["candidate"].samples)
 
 
 def timing_verdict(claimed: float, low: float, high: float, *, claimed_on_gpu: bool, device: str) -> str:

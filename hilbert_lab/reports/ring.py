@@ -60,15 +60,19 @@ def ring_run(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any
         "commands": [data.get("command", "") for _path, data in results],
     }
     environment = last.get("environment") or {}
-    collected = environment.get("collected") or {}
-    device = collected.get("device") or {}
+    # bench_ring.py writes the kit's environment block (bench.env) plus world_size; older files nest it
+    # under "collected" beside their own torch / nccl / device name.
+    collected = environment.get("collected") or environment
+    device = collected.get("device") if isinstance(collected.get("device"), dict) else {}
+    packages = collected.get("packages") or {}
     env = {
-        "created_utc": None, "python": (collected.get("packages") or {}).get("python"),
-        "packages": {**(collected.get("packages") or {}), "torch": environment.get("torch"),
-                     "nccl": environment.get("nccl")},
+        "created_utc": None, "python": packages.get("python"),
+        "packages": {**packages, "torch": environment.get("torch") or packages.get("torch"),
+                     "nccl": environment.get("nccl") or device.get("nccl")},
         "git": collected.get("git") or {}, "cpu": collected.get("cpu") or {},
-        "device": {"cuda_available": True, "device": environment.get("device") or device.get("name"),
-                   "driver": device.get("driver"), "torch_cuda": device.get("cuda"),
+        "device": {"cuda_available": True, "device": (environment.get("device")
+                                                      if isinstance(environment.get("device"), str) else device.get("name")),
+                   "driver": device.get("driver"), "torch_cuda": device.get("cuda"), "cudnn": device.get("cudnn"),
                    "device_count": max(int(data["environment"].get("world_size", 1)) for _p, data in results)},
         "parameters": {"report": "ring", **config},
         "source": ", ".join(path.name for path, _data in results),

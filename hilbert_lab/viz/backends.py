@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import html
-import time
 from typing import Any, Sequence
 
 import torch
@@ -105,11 +104,11 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     `threads` pins torch's CPU threads while timing (None leaves them).
     """
     import pandas as pd
-    from tqdm.auto import tqdm
 
     from hilbert_lab.attention.backends import available_backends
     from hilbert_lab.attention.engine import dilated_attention
     from hilbert_lab.bench.stats import bootstrap_median_ci
+    from hilbert_lab.bench.timing import time_interleaved
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -128,36 +127,19 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
             return dilated_attention(q, k, v, segment_lengths=list(segment_lengths),
                                      dilation_rates=list(dilation_rates), backend=name)
 
-    def timed(name: str) -> float:
-        if cuda:
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        call(name)
-        if cuda:
-            torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) * 1e3
-
-    previous_threads = torch.get_num_threads()
-    if threads is not None and not cuda:
-        torch.set_num_threads(int(threads))
     errors: dict[str, str] = {}
     outputs: dict[str, torch.Tensor] = {}
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    try:
-        for name in names:  # warmup + the output check; a backend that raises is left out of the timing
-            try:
-                for _ in range(max(warmup, 1)):
-                    out = call(name)
-                outputs[name] = out.to(torch.float64)
-            except Exception as error:  # shown in the table, never raised into the dashboard
-                errors[name] = f"{type(error).__name__}: {error}"[:200]
-        running = [name for name in names if name not in errors]
-        for index in tqdm(range(repeats), desc="repeats", disable=not progress):
-            shift = index % max(len(running), 1)
-            for name in running[shift:] + running[:shift]:
-                samples[name].append(timed(name))
-    finally:
-        torch.set_num_threads(previous_threads)
+    for name in names:  # warmup + the output check; a backend that raises is left out of the timing
+        try:
+            for _ in range(max(warmup, 1)):
+                out = call(name)
+            outputs[name] = out.to(torch.float64)
+        except Exception as error:  # shown in the table, never raised into the dashboard
+            errors[name] = f"{type(error).__name__}: {error}"[:200]
+    running = {name: (lambda name=name: call(name)) for name in names if name not in errors}
+    timings = time_interleaved(running, device=device, warmup=0, rounds=repeats, max_seconds=float("inf"),
+                               threads=None if cuda else threads, progress=progress) if running else {}
+    samples = {name: list(timing.samples) for name, timing in timings.items()}
     baseline = next(iter(outputs.values()), None)
     rows = []
     for name in names:

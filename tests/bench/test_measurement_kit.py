@@ -23,9 +23,29 @@ def test_time_function_counts_calls_and_rejects_bad_counts():
     assert len(calls) == 7 and len(timing.samples) == 5 and timing.median >= 0
     with pytest.raises(ValueError, match="repeats"):
         time_function(lambda: None, repeats=0)
-    order = []
-    result = time_interleaved({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, warmup=0, rounds=3)
-    assert order == ["a", "b"] * 3 and set(result) == {"a", "b"}
+
+
+def test_time_interleaved_rotates_the_order_and_restores_threads():
+    calls: list[str] = []
+    before = torch.get_num_threads()
+    result = time_interleaved({name: (lambda name=name: calls.append(name)) for name in "abc"}, warmup=1, rounds=4,
+                              threads=1, max_seconds=float("inf"))
+    assert calls == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
+    assert {name: len(t.samples) for name, t in result.items()} == {"a": 4, "b": 4, "c": 4}
+    assert all(s >= 0 for t in result.values() for s in t.samples)
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="rounds"):
+        time_interleaved({"a": lambda: None}, rounds=0)
+    with pytest.raises(ValueError, match="threads"):
+        time_interleaved({"a": lambda: None}, threads=0)
+
+
+def test_time_interleaved_measures_each_variant_not_its_neighbour():
+    """A variant that sleeps 20 ms and one that returns at once: each median belongs to its own variant."""
+    import time
+
+    result = time_interleaved({"slow": lambda: time.sleep(0.02), "fast": lambda: None}, warmup=0, rounds=3)
+    assert result["slow"].median >= 19.0 and result["fast"].median < 5.0
 
 
 def test_useful_pairs_count_the_pattern_by_brute_force():
@@ -51,3 +71,23 @@ def test_anchors_compute_the_pattern(causal):
         blk.count * blk.length * blk.num_heads for blk in anchors._plan(head_groups, q).blocks)
     with pytest.raises(ValueError, match="no merge"):
         anchors.strided_composition(q, k, v, DilatedPattern.create([8, 16], [1, 2]), scale=0.3)
+
+
+def test_time_function_time_limit_stops_early_unless_infinite():
+    assert len(time_function(lambda: None, warmup=0, repeats=6, max_seconds=0.0).samples) == 3
+    assert len(time_function(lambda: None, warmup=0, repeats=6, max_seconds=float("inf")).samples) == 6
+
+
+def test_environment_records_the_variables_that_change_results(monkeypatch):
+    from hilbert_lab.bench.env import collect_environment, device_description, environment_variables
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("UNRELATED_VARIABLE_FOR_TEST", "x")
+    found = environment_variables()
+    assert found["OMP_NUM_THREADS"] == "3"
+    assert "CUDA_VISIBLE_DEVICES" not in found and "UNRELATED_VARIABLE_FOR_TEST" not in found
+    assert device_description("cpu")["device"] == "cpu"
+    env = collect_environment("cpu")
+    assert {"packages", "git", "cpu", "device", "variables"} <= set(env)
+    assert env["packages"]["torch"] == torch.__version__.split("+")[0] or env["packages"]["torch"] == torch.__version__

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hilbert_lab.bench.stats import (bootstrap_median_ci, compare, format_ratio, interleaved_times, ratio_ci,
+from hilbert_lab.bench.stats import (bootstrap_median_ci, compare, format_ratio, ratio_ci,
                                      verdict)
 
 
@@ -80,15 +80,3 @@ def test_compare_names_the_faster_side_and_formats_interval():
     assert "[" in result["text"] and "x" in result["text"]
     assert format_ratio(2.0, 1.5, 2.5) == "2.00x [1.50, 2.50]"
     assert compare(slow, fast, "a", "b")["verdict"] == "b faster"
-
-
-def test_interleaved_times_alternates_and_restores_threads():
-    torch = pytest.importorskip("torch")
-    calls: list[str] = []
-    before = torch.get_num_threads()
-    a, b = interleaved_times(lambda: calls.append("a"), lambda: calls.append("b"), repeats=4, warmup=1, threads=1)
-    assert a.shape == (4,) and b.shape == (4,) and np.all(a >= 0) and np.all(b >= 0)
-    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
-    assert torch.get_num_threads() == before
-    with pytest.raises(ValueError, match="repeats"):
-        interleaved_times(lambda: None, lambda: None, repeats=0)
