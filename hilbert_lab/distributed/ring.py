@@ -38,7 +38,7 @@ from hilbert_lab.attention.engine import dilated_attention, execute_plan
 from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
 from hilbert_lab.attention.merge import merge_lse
-from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.pattern import DilatedPattern, is_selected
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.distributed.comm import (
     DEFAULT_TIMEOUT_S, RingComm, pack, packed_size, resolve_timeout, unpack, wait_bounded,
@@ -142,7 +142,7 @@ def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int)
 
 def _selected(positions: torch.Tensor, w: int, r: int, offset: int) -> torch.Tensor:
     """Storage indices whose positions are selected by (w, r, offset)."""
-    return ((positions % w) % r == offset).nonzero().flatten()
+    return is_selected(positions, w, r, offset).nonzero().flatten()
 
 
 @functools.lru_cache(maxsize=4096)
