@@ -25,6 +25,7 @@ wait of the ring is bounded (comm.RingComm, `timeout_s`).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ import torch.distributed as dist
 
 from hilbert_lab.attention.backends.base import Backend, lse_dtype
 from hilbert_lab.attention.engine import dilated_attention, execute_plan
-from hilbert_lab.attention.plan import Plan, cached_plan
+from hilbert_lab.attention.plan import cached_plan
 from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
@@ -448,7 +449,7 @@ def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], b
         mode=pattern.mode, causal=pattern.causal,
     )
     full = cached_plan(stand_in, n, num_heads)
-    plan = Plan(tuple(b for b in full.blocks if b.branch in set(branches)), full.num_branches, full.merge)
+    plan = dataclasses.replace(full, blocks=tuple(b for b in full.blocks if b.branch in set(branches)))
     return execute_plan(plan, backend, q, k, v, scale, pattern.causal, 0.0)
 
 
