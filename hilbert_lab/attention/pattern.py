@@ -2,9 +2,9 @@
 
 Semantics (on original token positions): branch i has segment length w_i and dilation r_i.
 Position p is selected in branch i for offset o iff (p mod w_i) mod r_i == o (`is_selected`, the
-one statement of this rule in the library). Query p attends key
-p' in branch i iff both share a segment (p // w_i == p' // w_i), both are selected with the head's
-offset and, when causal, p' <= p. A segment longer than the sequence is the whole sequence.
+one statement of this rule in the library). Query p attends key p' in branch i iff both share a
+segment (p // w_i == p' // w_i), both are selected with the head's offset and, when causal,
+p' <= p. A segment longer than the sequence is the whole sequence.
 
 Heads per branch:
 - mode="longnet": every head takes part in every branch; within branch i the H heads are split
@@ -63,6 +63,7 @@ class Group:
 
     @functools.cached_property
     def index(self) -> torch.Tensor:
+        """LongTensor (S, L): the group's original positions per segment, -1 past the sequence end."""
         w, r, offset = self.segment_length, self.dilation_rate, self.offset
         local = torch.arange(offset, max(w, offset), r, dtype=torch.int64)  # empty when offset >= w
         index = torch.arange(-(-self.seq_len // w), dtype=torch.int64)[:, None] * w + local[None, :]

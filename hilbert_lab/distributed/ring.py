@@ -25,10 +25,9 @@ wait of the ring is bounded (comm.RingComm, `timeout_s`).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -449,7 +448,7 @@ def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], b
         mode=pattern.mode, causal=pattern.causal,
     )
     full = cached_plan(stand_in, n, num_heads)
-    plan = dataclasses.replace(full, blocks=tuple(b for b in full.blocks if b.branch in set(branches)))
+    plan = replace(full, blocks=tuple(b for b in full.blocks if b.branch in set(branches)))
     return execute_plan(plan, backend, q, k, v, scale, pattern.causal, 0.0)
 
 
