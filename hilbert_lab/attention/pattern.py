@@ -1,9 +1,10 @@
 """Dilated attention pattern: the single validator, head offsets, gather groups and dense masks.
 
 Semantics (on original token positions): branch i has segment length w_i and dilation r_i.
-Position p is selected in branch i for offset o iff (p mod w_i) mod r_i == o. Query p attends key
-p' in branch i iff both share a segment (p // w_i == p' // w_i), both are selected with the head's
-offset and, when causal, p' <= p. A segment longer than the sequence is the whole sequence.
+Position p is selected in branch i for offset o iff (p mod w_i) mod r_i == o (`is_selected`, the
+one statement of this rule in the library). Query p attends key p' in branch i iff both share a
+segment (p // w_i == p' // w_i), both are selected with the head's offset and, when causal,
+p' <= p. A segment longer than the sequence is the whole sequence.
 
 Heads per branch:
 - mode="longnet": every head takes part in every branch; within branch i the H heads are split
@@ -31,27 +32,42 @@ MAX_SEGMENT_LENGTH = 2**62
 MAX_DILATION_RATE = 2**32
 
 
+def is_selected(positions, segment_length: int, dilation_rate: int, offset: int):
+    """The selection rule: bool mask (same type and shape as `positions`, numpy or torch) of the
+    positions p selected by branch (w, r) for offset o, i.e. (p % w) % r == o."""
+    return (positions % segment_length) % dilation_rate == offset
+
+
 @dataclass(frozen=True)
 class Group:
     """Heads that share one (branch, offset): their tokens are gathered together.
 
-    index: LongTensor (S, L) of original positions (S segments, L selected tokens per full
-    segment, padded with -1 in a shorter last segment). heads: tuple of head indices, always an
-    arithmetic progression (see `head_slice`).
+    heads: tuple of head indices, always an arithmetic progression (see `head_slice`). index:
+    LongTensor (S, L) of original positions (S segments, L selected tokens per full segment,
+    padded with -1 in a shorter last segment), built on first use (O(N / r) memory), so planning
+    a long sequence needs no O(N) tensors.
     """
 
     branch: int
     offset: int
     heads: tuple[int, ...]
-    index: torch.Tensor
     segment_length: int  # effective segment length min(w_i, N)
     dilation_rate: int
+    seq_len: int
 
     @property
     def head_slice(self) -> slice:
         """The heads as a slice (heads are always an arithmetic progression)."""
         step = self.heads[1] - self.heads[0] if len(self.heads) > 1 else 1
         return slice(self.heads[0], self.heads[-1] + 1, step)
+
+    @functools.cached_property
+    def index(self) -> torch.Tensor:
+        """LongTensor (S, L): the group's original positions per segment, -1 past the sequence end."""
+        w, r, offset = self.segment_length, self.dilation_rate, self.offset
+        local = torch.arange(offset, max(w, offset), r, dtype=torch.int64)  # empty when offset >= w
+        index = torch.arange(-(-self.seq_len // w), dtype=torch.int64)[:, None] * w + local[None, :]
+        return torch.where(index < self.seq_len, index, torch.full_like(index, -1))
 
 
 def _check_int_list(values, name: str, limit: int) -> tuple[int, ...]:
@@ -137,8 +153,8 @@ class DilatedPattern:
         mult = torch.zeros(_check_positive(num_heads, "num_heads"), n, n, dtype=torch.int64)
         pos = torch.arange(n)
         for g in self.groups(n, num_heads):
-            w, r = g.segment_length, g.dilation_rate
-            selected = (pos % w) % r == g.offset
+            w = g.segment_length
+            selected = is_selected(pos, w, g.dilation_rate, g.offset)
             allowed = selected[:, None] & selected[None, :] & ((pos // w)[:, None] == (pos // w)[None, :])
             if self.causal:
                 allowed &= pos[None, :] <= pos[:, None]
@@ -185,11 +201,7 @@ def _groups(pattern: DilatedPattern, seq_len: int, num_heads: int) -> list[Group
     for branch, offsets in enumerate(_head_offsets(pattern, num_heads)):
         w = pattern.effective_segment(branch, seq_len)
         r = pattern.dilation_rates[branch]
-        num_segments = -(-seq_len // w)
         for offset in sorted(set(offsets[offsets >= 0].tolist())):
             heads = tuple(int(h) for h in np.nonzero(offsets == offset)[0])
-            local = torch.arange(offset, max(w, offset), r, dtype=torch.int64)  # empty when offset >= w
-            index = torch.arange(num_segments, dtype=torch.int64)[:, None] * w + local[None, :]
-            index = torch.where(index < seq_len, index, torch.full_like(index, -1))
-            groups.append(Group(branch, int(offset), heads, index, w, r))
+            groups.append(Group(branch, int(offset), heads, w, r, seq_len))
     return groups

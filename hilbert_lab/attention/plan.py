@@ -7,8 +7,8 @@ strided view (B, count, L, h, D) (no copy) or, with a layout permutation, throug
 The ragged last segment is its own block; a segment longer than N is clipped to N. The engine,
 the ring, the memory estimate and the locality traces all read this plan.
 
-The selection rule of the whole library lives here too: position p is selected in a branch
-(w, r) for offset o iff `(p % w) % r == o`.
+The selection rule of the whole library, `is_selected` (position p is selected in a branch (w, r)
+for offset o iff `(p % w) % r == o`), lives in attention.pattern and is exported here too.
 """
 from __future__ import annotations
 
@@ -18,15 +18,11 @@ from typing import Optional
 
 import torch
 
-from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.pattern import DilatedPattern, is_selected
 from hilbert_lab.curves import segment_permutation
 
 IDENTITY_ORDERINGS = (None, "identity")
-
-
-def is_selected(positions, segment_length: int, dilation_rate: int, offset: int):
-    """Boolean mask (same type and shape as `positions`, numpy or torch): selected for (w, r, offset)."""
-    return (positions % segment_length) % dilation_rate == offset
+__all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected", "layout_permutation"]
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -39,7 +38,7 @@ from hilbert_lab.attention.engine import dilated_attention, execute_plan
 from hilbert_lab.attention.plan import cached_plan
 from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
 from hilbert_lab.attention.merge import merge_lse
-from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.pattern import DilatedPattern, is_selected
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.distributed.comm import (
     DEFAULT_TIMEOUT_S, RingComm, pack, packed_size, resolve_timeout, unpack, wait_bounded,
@@ -143,7 +142,7 @@ def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int)
 
 def _selected(positions: torch.Tensor, w: int, r: int, offset: int) -> torch.Tensor:
     """Storage indices whose positions are selected by (w, r, offset)."""
-    return ((positions % w) % r == offset).nonzero().flatten()
+    return is_selected(positions, w, r, offset).nonzero().flatten()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -449,7 +448,7 @@ def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], b
         mode=pattern.mode, causal=pattern.causal,
     )
     full = cached_plan(stand_in, n, num_heads)
-    plan = dataclasses.replace(full, blocks=tuple(b for b in full.blocks if b.branch in set(branches)))
+    plan = replace(full, blocks=tuple(b for b in full.blocks if b.branch in set(branches)))
     return execute_plan(plan, backend, q, k, v, scale, pattern.causal, 0.0)
 
 

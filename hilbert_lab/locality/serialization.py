@@ -5,7 +5,9 @@ pattern (segment lengths w_b, dilation rates r_b) is applied to the *serialized*
 tokens at slots s, t meet in branch b iff they share a segment and a dilation offset:
 ``s // w == t // w`` and ``(s % w) % r == (t % w) % r`` (w = min(w_b, N); in longnet mode with
 H >= r heads every offset is some head's, so this is "attend each other in some head"). They meet
-in the pattern iff they meet in some branch.
+in the pattern iff they meet in some branch. This is the selection rule of the engine
+(``hilbert_lab.attention.pattern.is_selected``: slot p is in branch (w, r) at offset (p % w) % r);
+the Numba kernels below spell it out in their own arithmetic.
 
 Metrics (all exact):
 
@@ -41,6 +43,8 @@ DEFAULT_KS = (4, 8, 26)
 # ----------------------------------------------------------------------------------------- kernels
 @numba.njit(inline="always", cache=True)
 def _meet(a, b, segments, rates, n):
+    """Slots a and b meet in some branch: same segment and the same offset under
+    attention.pattern.is_selected's rule (p % w) % r (kept as arithmetic inside Numba)."""
     for i in range(segments.shape[0]):
         w = min(segments[i], n)
         r = rates[i]
@@ -120,7 +124,9 @@ def _group_diameters(coords, w, r, integral):
 
     integral: coordinates are integers (grid cells); then only the two end cells of every line
     along the group's longest axis are candidates (the farthest pair lies on the convex hull, whose
-    vertices are line ends), which makes compact groups cheap.
+    vertices are line ends), which makes compact groups cheap. Group g = (segment g // r, offset
+    g % r) holds the slots start + j * r of its segment: exactly the slots attention.pattern.is_selected
+    selects for that offset.
     """
     n = coords.shape[0]
     segments = (n + w - 1) // w

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
+from hilbert_lab.attention import DilatedPattern, build_plan
 from hilbert_lab.locality.validation import box_sides, grid_shape, positive_int
 
 __all__ = [
@@ -62,23 +63,36 @@ class AttentionTrace:
 
 
 def dilated_groups(seq_len: int, segment_length: int, dilation_rate: int, offset: int = 0) -> AttentionGroups:
-    """One LongNet branch for one head: in each segment, tokens at offset + r*i attend each other."""
+    """One LongNet branch (w, r) for the head with `offset`, as the engine plans it: the tokens of a
+    segment selected for `offset` (attention.pattern.is_selected) attend each other; a ragged last
+    segment is its own group and a segment longer than seq_len is the whole sequence
+    (hilbert_lab.attention.build_plan). Groups are numbered by segment, skipping segments that
+    select nothing.
+
+    ValueError for dilation_rate > segment_length (the engine's pattern refuses it) and for an offset
+    outside [0, dilation_rate): the trace follows one head, and every head's offset is in that range.
+    """
     seq_len = positive_int(seq_len, "seq_len")
     segment_length = positive_int(segment_length, "segment_length")
     dilation_rate = positive_int(dilation_rate, "dilation_rate")
-    if seq_len % segment_length:
-        raise ValueError(f"segment_length must divide seq_len={seq_len}, got {segment_length}")
-    if segment_length % dilation_rate:
-        raise ValueError(f"dilation_rate must divide segment_length={segment_length}, got {dilation_rate}")
-    if not 0 <= int(offset) < dilation_rate:
-        raise ValueError(f"offset must be in [0, dilation_rate={dilation_rate}), got {offset}")
-    positions = np.arange(seq_len, dtype=np.int64)
-    selected = (positions % segment_length) % dilation_rate == int(offset)
-    query_group = np.where(selected, positions // segment_length, -1).astype(np.int64)
-    group_members = positions[selected]
-    per_group = segment_length // dilation_rate
-    group_indptr = np.arange(seq_len // segment_length + 1, dtype=np.int64) * per_group
-    return AttentionGroups(seq_len, query_group, group_indptr, group_members)
+    if dilation_rate > segment_length:
+        raise ValueError(f"dilation_rate must not exceed segment_length={segment_length}, got {dilation_rate}")
+    if isinstance(offset, (bool, np.bool_)) or not isinstance(offset, (int, np.integer)) \
+            or not 0 <= int(offset) < dilation_rate:
+        raise ValueError(f"offset must be an integer in [0, dilation_rate={dilation_rate}), got {offset!r}")
+    offset = int(offset)
+    query_group = np.full(seq_len, -1, dtype=np.int64)
+    rows = []
+    if offset < seq_len:  # otherwise no segment selects anything (every position is < seq_len <= offset)
+        # longnet with offset + 1 <= r heads: head j has offset j, so the last head is ours
+        pattern = DilatedPattern.create([segment_length], [dilation_rate])
+        plan = build_plan(pattern, seq_len, offset + 1)
+        rows = [blk.positions().numpy() for blk in plan.blocks if blk.offset == offset]
+    members = np.concatenate([r.reshape(-1) for r in rows]) if rows else np.zeros(0, dtype=np.int64)
+    sizes = np.concatenate([np.full(r.shape[0], r.shape[1]) for r in rows]) if rows else np.zeros(0, dtype=np.int64)
+    group_indptr = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    query_group[members] = np.repeat(np.arange(sizes.size, dtype=np.int64), sizes)
+    return AttentionGroups(seq_len, query_group, group_indptr, members.astype(np.int64))
 
 
 def window_groups(shape, window) -> AttentionGroups:
@@ -107,26 +121,32 @@ def segment_layout(seq_len: int, segment_length: int, ordering: str, *, dilation
 
     ordering: one of LAYOUTS_1D. "dilation_major" stores each segment's tokens sorted by
     (position mod dilation_rate, position), so every dilated group is contiguous; the others come
-    from hilbert_lab.curves.segment_permutation(segment_length, ordering).
+    from hilbert_lab.curves.segment_permutation(length, ordering). A ragged last segment gets its
+    own layout of its length, as in the engine (hilbert_lab.attention.layout_permutation).
     """
     seq_len = positive_int(seq_len, "seq_len")
     segment_length = positive_int(segment_length, "segment_length")
-    if seq_len % segment_length:
-        raise ValueError(f"segment_length must divide seq_len={seq_len}, got {segment_length}")
     if ordering not in LAYOUTS_1D:
         raise ValueError(f"ordering must be one of {LAYOUTS_1D}, got {ordering!r}")
     if ordering == "dilation_major":
         dilation_rate = positive_int(dilation_rate, "dilation_rate")
-        local = np.arange(segment_length, dtype=np.int64)
-        within = local[np.lexsort((local, local % dilation_rate))]
-    elif ordering == "identity":
-        within = np.arange(segment_length, dtype=np.int64)
-    else:
+    segment_length = min(segment_length, seq_len)
+
+    def within(length: int) -> np.ndarray:
+        local = np.arange(length, dtype=np.int64)
+        if ordering == "dilation_major":
+            return local[np.lexsort((local, local % dilation_rate))]
+        if ordering == "identity":
+            return local
         from hilbert_lab.curves import segment_permutation
 
-        within = np.asarray(segment_permutation(segment_length, ordering)[0], dtype=np.int64)
-    starts = np.arange(0, seq_len, segment_length, dtype=np.int64)
-    perm = (starts[:, None] + within[None, :]).reshape(-1)
+        return np.asarray(segment_permutation(length, ordering)[0], dtype=np.int64)
+
+    full = seq_len // segment_length
+    starts = np.arange(full, dtype=np.int64) * segment_length
+    perm = (starts[:, None] + within(segment_length)[None, :]).reshape(-1)
+    if seq_len > full * segment_length:
+        perm = np.concatenate([perm, full * segment_length + within(seq_len - full * segment_length)])
     inverse = np.empty_like(perm)
     inverse[perm] = np.arange(seq_len, dtype=np.int64)
     return perm, inverse

@@ -141,35 +141,27 @@ def _resolve_backend(config: MemoryConfig) -> str:
 
 
 def _blocks(config: MemoryConfig, seq_len: int, branches: set[int] | None = None) -> tuple[list[_Block], int]:
-    """The engine's blocks for a (local) sequence of seq_len tokens (only `branches` when given) and
-    the number of partial results (every branch counts, as in the engine's plan)."""
-    from hilbert_lab.attention.pattern import DilatedPattern
+    """The engine's blocks (hilbert_lab.attention.cached_plan) for a (local) sequence of seq_len tokens
+    (only `branches` when given) and the number of partial results (every branch counts, as in the
+    engine). Planning needs no O(N) tensors, so 2^30 tokens estimate in O(H) memory.
+
+    A block copies when it is read through a layout (ordering) or, as Block.read does on contiguous
+    (B, N, H, D) inputs, when the batch and segment strides do not fold: B > 1, several segments and
+    the run does not cover all N tokens (a ragged last segment follows it).
+    """
+    from hilbert_lab.attention.pattern import DilatedPattern  # torch: imported on use, so the safety
+    from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, cached_plan  # package stays light to import
 
     pattern = DilatedPattern.create(config.segment_lengths, config.dilation_rates, mode=config.mode,
                                     causal=config.causal)
-    blocks: list[_Block] = []
-    branches_per_head = [0] * config.num_heads
-    ordered = config.ordering not in (None, "identity")
-    # head_offsets is O(H); pattern.groups would materialise (N,) index tensors, too big to estimate 2^30 tokens
-    for branch, offsets in enumerate(pattern.head_offsets(config.num_heads)):
-        seg, step = pattern.effective_segment(branch, seq_len), pattern.dilation_rates[branch]
-        full = seq_len // seg
-        parts = [(full, seg)] if full else []
-        if seq_len - full * seg:
-            parts.append((1, seq_len - full * seg))
-        for offset in sorted(set(int(o) for o in offsets if o >= 0)):
-            heads = int((offsets == offset).sum())
-            for head in range(config.num_heads):
-                branches_per_head[head] += int(offsets[head] == offset)
-            if branches is not None and branch not in branches:
-                continue
-            for count, length in parts:
-                selected = len(range(offset, length, step))
-                if selected:
-                    copied = ordered or (config.batch_size > 1 and count > 1 and count * seg != seq_len)
-                    blocks.append(_Block(config.batch_size * count, selected, heads, copied))
-    merge = max(branches_per_head) > 1
-    return blocks, (pattern.num_branches if merge else 1)
+    plan = cached_plan(pattern, seq_len, config.num_heads)  # the identity layout: no index maps
+    ordered = config.ordering not in IDENTITY_ORDERINGS
+    blocks = [
+        _Block(config.batch_size * b.count, b.length, b.num_heads,
+               ordered or (config.batch_size > 1 and b.count > 1 and b.count * b.seg != seq_len))
+        for b in plan.blocks if branches is None or b.branch in branches
+    ]
+    return blocks, (plan.num_branches if plan.merge else 1)
 
 
 def _chunk_sizes(batch: int, heads: int, rows: int, keys: int, max_elements: int) -> tuple[int, int, int]:
@@ -184,10 +176,8 @@ def _chunk_sizes(batch: int, heads: int, rows: int, keys: int, max_elements: int
 def _max_score_elements(backend: str) -> int:
     if backend == "reference":
         return 1 << 62
-    try:
-        from hilbert_lab.attention.backends.manual import MAX_SCORE_ELEMENTS
-    except ImportError:  # pragma: no cover - the engine is part of the package
-        return 1 << 24
+    from hilbert_lab.attention.backends.manual import MAX_SCORE_ELEMENTS
+
     return MAX_SCORE_ELEMENTS
 
 

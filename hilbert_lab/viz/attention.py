@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.pattern import DilatedPattern, is_selected
 
 MAX_DENSE_TOKENS = 1024  # dense (H, N, N) masks above this are too big to draw
 
@@ -23,8 +23,8 @@ def branch_masks(pattern: DilatedPattern, seq_len: int, num_heads: int) -> np.nd
     masks = np.zeros((pattern.num_branches, num_heads, seq_len, seq_len), dtype=bool)
     position = np.arange(seq_len)
     for group in pattern.groups(seq_len, num_heads):
-        width, rate = group.segment_length, group.dilation_rate
-        selected = (position % width) % rate == group.offset
+        width = group.segment_length
+        selected = is_selected(position, width, group.dilation_rate, group.offset)
         allowed = selected[:, None] & selected[None, :] & ((position // width)[:, None] == (position // width)[None, :])
         if pattern.causal:
             allowed &= position[None, :] <= position[:, None]

@@ -155,3 +155,21 @@ def test_table_has_one_row_per_combination():
 def test_bad_input_raises(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("n, segment_lengths, dilation_rates", [
+    (48, (8, 16), (1, 4)), (50, (12, 64), (3, 4)), (37, (5, 10, 40), (1, 2, 5)),
+])
+def test_meeting_rule_is_the_engines_pattern(n, segment_lengths, dilation_rates):
+    """Slots meet (the Numba kernel's arithmetic) iff some head of the engine's longnet pattern lets one
+    attend the other: with H = lcm(rates) heads every offset of every branch is some head's."""
+    import math
+
+    from hilbert_lab.attention import DilatedPattern
+    from hilbert_lab.locality.serialization import _meet
+
+    heads = math.lcm(*dilation_rates)
+    mask = DilatedPattern.create(list(segment_lengths), list(dilation_rates)).dense_mask(n, heads).any(0).numpy()
+    segments, rates = np.array(segment_lengths, dtype=np.int64), np.array(dilation_rates, dtype=np.int64)
+    ours = np.array([[_meet(a, b, segments, rates, n) for b in range(n)] for a in range(n)])
+    np.testing.assert_array_equal(ours, mask)

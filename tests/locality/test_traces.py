@@ -99,6 +99,39 @@ def test_dilated_groups_match_dilated_pattern_dense_mask():
         np.testing.assert_array_equal(ours, mask[head])
 
 
+@pytest.mark.parametrize("seq_len, segment_length, dilation_rate", [
+    (48, 16, 4), (50, 16, 4), (64, 16, 3), (37, 12, 5), (20, 64, 4), (7, 8, 8), (100, 30, 7),
+])
+def test_dilated_groups_are_the_plans_blocks(seq_len, segment_length, dilation_rate):
+    """Every group is one segment row of a build_plan block of the head's offset, ragged N included,
+    and the groups give pattern.dense_mask exactly."""
+    from hilbert_lab.attention import DilatedPattern, build_plan
+
+    pattern = DilatedPattern.create([segment_length], [dilation_rate])
+    plan = build_plan(pattern, seq_len, dilation_rate)  # head j has offset j
+    mask = pattern.dense_mask(seq_len, dilation_rate).numpy()
+    for offset in range(dilation_rate):
+        groups = dilated_groups(seq_len, segment_length, dilation_rate, offset)
+        expected = [row.tolist() for blk in plan.blocks if blk.offset == offset for row in blk.positions()]
+        got = [groups.group_members[a:b].tolist() for a, b in zip(groups.group_indptr[:-1], groups.group_indptr[1:])]
+        assert got == expected
+        for group, members in enumerate(got):
+            assert (groups.query_group[members] == group).all()
+        assert (groups.query_group >= 0).sum() == sum(len(m) for m in got)
+        ours = np.zeros((seq_len, seq_len), dtype=bool)
+        for members in got:
+            ours[np.ix_(members, members)] = True
+        np.testing.assert_array_equal(ours, mask[offset])
+
+
+def test_dilated_trace_accepts_ragged_sequences():
+    """N = 100, w = 30, r = 7: the ragged last segment (10 tokens) is traced as its own group."""
+    trace = dilated_attention_trace(100, 30, 7, "hilbert", tile_size=8, head_dim=64, element_bytes=2)
+    groups = dilated_groups(100, 30, 7)
+    assert np.unique(trace.lines).size == 2 * groups.group_members.size  # one K and one V line per selected row
+    assert groups.group_members.tolist() == [0, 7, 14, 21, 28, 30, 37, 44, 51, 58, 60, 67, 74, 81, 88, 90, 97]
+
+
 def test_dilation_major_layout_makes_groups_contiguous():
     seq_len, segment_length, dilation_rate = 64, 16, 4
     perm, inverse = segment_layout(seq_len, segment_length, "dilation_major", dilation_rate=dilation_rate)
@@ -110,10 +143,10 @@ def test_dilation_major_layout_makes_groups_contiguous():
             assert slots[-1] - slots[0] == slots.size - 1  # one contiguous run
 
 
-@pytest.mark.parametrize("segment_length", [256, 96, 97])  # square, rectangular and 1 x prime grids
+@pytest.mark.parametrize("segment_length, extra", [(256, 0), (96, 0), (97, 0), (96, 40), (97, 1)])  # + ragged tails
 @pytest.mark.parametrize("ordering", LAYOUTS_1D)
-def test_segment_layouts_stay_inside_their_segments(ordering, segment_length):
-    seq_len = 3 * segment_length
+def test_segment_layouts_stay_inside_their_segments(ordering, segment_length, extra):
+    seq_len = 3 * segment_length + extra
     perm, inverse = segment_layout(seq_len, segment_length, ordering, dilation_rate=4)
     np.testing.assert_array_equal(np.sort(perm), np.arange(seq_len))
     np.testing.assert_array_equal(perm // segment_length, np.arange(seq_len) // segment_length)
@@ -144,9 +177,10 @@ def test_window_trace_rowmajor_grid_layout_is_identity():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: dilated_groups(100, 30, 2), "segment_length"),
-        (lambda: dilated_groups(64, 16, 3), "dilation_rate"),
+        (lambda: dilated_groups(100, 30, 31), "dilation_rate"),
+        (lambda: dilated_groups(64, 16, 3, offset=-1), "offset"),
         (lambda: dilated_groups(64, 16, 4, offset=4), "offset"),
+        (lambda: dilated_groups(64, 16, 4, offset=1.0), "offset"),
         (lambda: dilated_groups(0, 16, 4), "seq_len"),
         (lambda: segment_layout(64, 16, "zigzag"), "ordering"),
         (lambda: window_groups((4,), 3), "shape"),

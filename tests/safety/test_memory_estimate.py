@@ -89,7 +89,7 @@ def test_estimate_rejects_bad_configs_naming_the_field(fields, name):
     (100, 1, 5, (64, 256), (2, 3), "longnet"), (77, 3, 7, (8, 16, 32), (1, 2, 4), "head_groups"),
 ])
 def test_estimator_blocks_match_the_pattern_groups(seq_len, batch, heads, segments, dilations, mode):
-    """The estimator derives blocks from head offsets (O(H)); they must be the engine's groups split into runs."""
+    """The estimator's blocks (from the public plan) are the pattern's groups split into runs."""
     from hilbert_lab.attention.pattern import DilatedPattern
     from hilbert_lab.safety.estimate import _blocks
 
@@ -107,6 +107,26 @@ def test_estimator_blocks_match_the_pattern_groups(seq_len, batch, heads, segmen
                 expected.append((batch, ragged, len(group.heads)))
     blocks, _ = _blocks(config, seq_len)
     assert sorted((b.batch, b.length, b.heads) for b in blocks) == sorted(expected)
+
+
+@pytest.mark.parametrize("seq_len, batch, segments, dilations", [
+    (64, 2, (16, 32), (1, 2)), (70, 2, (16, 32), (1, 2)), (70, 1, (16, 32), (1, 2)), (40, 3, (8, 64), (2, 4)),
+])
+def test_estimator_copies_exactly_the_blocks_the_engine_copies(seq_len, batch, segments, dilations):
+    """_Block.copied is whether Block.read of a contiguous (B, N, H, D) input returns a copy."""
+    import torch
+
+    from hilbert_lab.attention import DilatedPattern, cached_plan
+    from hilbert_lab.safety.estimate import _blocks
+
+    config = MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=4, head_dim=8, segment_lengths=segments,
+                          dilation_rates=dilations)
+    x = torch.zeros(batch, seq_len, 4, 8)
+    plan = cached_plan(DilatedPattern.create(segments, dilations), seq_len, 4)
+    engine = [blk.read(x).untyped_storage().data_ptr() != x.untyped_storage().data_ptr() for blk in plan.blocks]
+    blocks, _ = _blocks(config, seq_len)
+    assert [b.copied for b in blocks] == engine
+    assert any(engine) == (batch > 1 and seq_len % segments[0] != 0)  # only runs before a ragged tail, B > 1
 
 
 def test_estimate_of_a_billion_tokens_is_cheap():
