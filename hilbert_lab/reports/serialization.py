@@ -155,6 +155,7 @@ def locality_verdicts(table: Any, metric: str) -> list[dict[str, Any]]:
         spread = max(values.values()) - min(values.values())
         scale = max(abs(v) for v in values.values()) or 1.0
         out.append({"data": data, "setting": setting, "best": [k for k, v in values.items() if v == best_value],
+                    "near": [k for k, v in values.items() if abs(v - best_value) <= TIE * scale],
                     "best_value": best_value, "rowmajor": values.get("rowmajor"),
                     "same": spread <= TIE * scale, "values": values})
     return out
@@ -189,6 +190,15 @@ def _locality_line(table: Any, metric: str) -> str:
                      + "; ".join(f"{v['data']} {v['setting']}" for v in same[:6]) + ("; ..." if len(same) > 6 else ""))
     text = "; ".join(parts) + "."
     return text[0].upper() + text[1:]
+
+
+def _family(names: Sequence[str]) -> str:
+    """['hilbert', 'morton', 'hilbert-trans', 'morton-trans'] -> 'hilbert or morton (either orientation)'."""
+    bases = list(dict.fromkeys(name.removesuffix("-trans") for name in names))
+    both = all(base in names and f"{base}-trans" in names for base in bases)
+    if both:
+        return _names(bases).replace(" and ", " or ") + " (either orientation)"
+    return _names(list(names)).replace(" and ", " or ")
 
 
 def _identical_pairs(table: Any) -> list[str]:
@@ -233,24 +243,34 @@ def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8")
 
     paragraphs = []
     verdicts = locality_verdicts(locality, metric) if len(locality) else []
+    label = KEY_METRICS.get(metric, (0, metric))[1].split(":")[0]
+
+    def span(values: list[float]) -> str:
+        low, high = min(values), max(values)
+        return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)}-{fmt(high)}"
+
     for data in dict.fromkeys(v["data"] for v in verdicts):
         mine = [v for v in verdicts if v["data"] == data]
-        use, same = [], []
+        groups: dict[str, list[dict[str, Any]]] = {}
         for verdict in mine:
-            if verdict["same"]:
-                same.append(verdict["setting"])
-            else:
-                base = verdict["rowmajor"]
-                use.append(f"{verdict['setting']}: {_names(verdict['best'])} ({fmt(verdict['best_value'])}"
-                           + (f" vs rowmajor {fmt(base)})" if base is not None else ")"))
-        text = f"{data}: " + ("; ".join(use) if use else "the ordering never matters here")
+            if not verdict["same"]:
+                groups.setdefault(_family(verdict["near"]), []).append(verdict)
+        use = []
+        for family, members in groups.items():
+            settings = ", ".join(v["setting"] for v in members)
+            text = f"{family} at {settings} ({label} {span([v['best_value'] for v in members])}"
+            bases = [v["rowmajor"] for v in members if v["rowmajor"] is not None]
+            if bases and not all("rowmajor" in v["near"] for v in members):
+                text += f" vs rowmajor {span(bases)}"
+            use.append(text + ")")
+        same = [v["setting"] for v in mine if v["same"]]
+        text = f"{data}: " + (("use " + "; ".join(use)) if use else "the ordering makes no difference at any setting")
         if use and same:
             text += f"; no difference at {', '.join(same)}"
         paragraphs.append(text + ".")
     if paragraphs:
-        label = KEY_METRICS.get(metric, (0, metric))[1].split(":")[0]
-        paragraphs.insert(0, f"Exact locality ({label}, best ordering per setting; 'no difference' = all "
-                             f"orderings within {100 * TIE:.0f}%):")
+        paragraphs.insert(0, f"From the exact locality ({label}; an ordering is listed when it is within {100 * TIE:.0f}% "
+                             f"of the best, and 'no difference' means all orderings are):")
     identical = _identical_pairs(locality) if len(locality) else []
     if identical:
         paragraphs.append("Exact ties: " + "; ".join(identical) + " (same groups, so the same model when there is "
@@ -345,7 +365,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         tasks = [{"name": v["label"].replace(" image, ", " image<br>").replace("), ", ")<br>"),
                   "summary": sorted(v["rows"].to_dict(orient="records"), key=lambda r: order[r["ordering"]])}
                  for v in mine]
-        figure = accuracy_figure(tasks, chance=chance, title=f"{source} run ({device}): eval accuracy per ordering, "
+        figure = accuracy_figure(tasks, chance=chance, title=f"{device}: eval accuracy per ordering, "
                                  "mean and 95% t interval over seeds")
         style_axes(figure, "task (data, window)", "eval accuracy (fraction of tokens, higher is better)")
         figure.update_layout(height=460)
@@ -353,21 +373,29 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         seeds = sorted({int(s) for s in mine[0]["rows"]["seeds"].dropna()}) if "seeds" in trained else []
         table = trained[trained["source"] == source].assign(
             accuracy=lambda f: [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in zip(f["mean"], f["low"], f["high"])])
-        columns = [c for c in ("data", "neighbourhood", "window", "ordering", "accuracy", "seeds", "recall@8",
-                               "unmet_adjacent") if c in table.columns]
-        shown = table[columns].rename(columns={"accuracy": "eval accuracy [95%]", "recall@8": "8-NN recall (exact)",
-                                               "unmet_adjacent": "adjacent pairs never meeting"})
+        table = table.assign(task=[f"{d}, w={w}" for d, w in zip(table["data"], table["window"])])
+        columns = [c for c in ("task", "ordering", "accuracy", "recall@8", "unmet_adjacent") if c in table.columns]
+        shown = table[columns].rename(columns={"task": "task (data, window)", "accuracy": "eval accuracy [95%]",
+                                               "recall@8": "8-NN recall (exact)",
+                                               "unmet_adjacent": "adjacent pairs never meeting (exact)"})
+        neighbourhoods = "; ".join(dict.fromkeys(f"{d}: {n}" for d, n in zip(table["data"], table["neighbourhood"])))
         text = [f"Ranking, {v['label']}: {v['ranking']}." for v in mine]
-        sections.append(Section(f"Trained comparison: {source} run on {device}", conclusion,
+        sections.append(Section(f"Trained comparison on {device} ({source} results)", conclusion,
                                 figure=figure, table=shown, text=text,
                                 caption=f"accuracy per task and ordering, mean [95% Student t interval] over "
                                         f"{_names([str(s) for s in seeds]) if seeds else 'the'} seeds; "
-                                        "hilbert/hilbert-trans = the blocks alternate the Hilbert curve and its "
-                                        "transpose"))
+                                        f"neighbourhood to vote over: {neighbourhoods}; hilbert/hilbert-trans = the "
+                                        "blocks alternate the Hilbert curve and its transpose"))
     runs = _table(metrics, "trained_runs")
     if len(runs):
+        shown = runs.drop(columns=[c for c in ("command", "driver", "CUDA") if c in runs.columns])
+        if "CUDA" in runs.columns:
+            shown["device"] = [f"{d} (driver {dr}, CUDA {c})" if c == c and c else d
+                               for d, dr, c in zip(runs["device"], runs.get("driver", runs["device"]), runs["CUDA"])]
+        commands = [f"{r['source']}: {r['command']}" for r in runs.to_dict(orient="records") if r.get("command")]
         sections.append(Section("Where the trained runs ran", f"{len(runs)} committed result file(s), trained "
-                                "elsewhere and read here (nothing is retrained by this page).", table=runs,
+                                "elsewhere and read here (nothing is retrained by this page).", table=shown,
+                                text=["Commands: " + "; ".join(commands) + "."] if commands else [],
                                 caption="environment block of each train_serialization JSON"))
     windows = _windows_section(parameters)
     if windows is not None:
@@ -376,7 +404,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         if metric not in locality.columns or not len(locality):
             continue
         figure = locality_figure(locality, metric)
-        figure.update_layout(template="plotly_white", margin=dict(l=70, r=20, t=80, b=60))
+        figure.update_layout(template="plotly_white", margin=dict(l=100, r=20, t=80, b=60))
         sections.append(Section(heading, _locality_line(locality, metric), figure=figure, text=[meaning],
                                 table=_pivot(locality, metric),
                                 caption=f"{metric} per data set and ordering (rows) and attention setting (columns: "
@@ -399,7 +427,8 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                 if fast else f"The locality table took {fmt(timings[0][1])} s on this CPU.")
         sections.append(Section("Speed of the exact metrics (CPU)", line, table=pd.DataFrame(rows),
                                 caption="wall time on the machine in the environment table (serial Numba kernels)"))
-        notes.append(CPU_TIMING_NOTE)
+        notes.append(CPU_TIMING_NOTE.split(";")[0] + "; the timings on this page are single wall-clock runs "
+                     "(no interval), and no conclusion rests on them.")
     missing = [f"{key[len('missing_'):]}: {value}" for key, value in values.items() if key.startswith("missing_")]
     if missing:
         notes.append("Trained results not found (skipped): " + "; ".join(missing) + ".")
@@ -412,7 +441,6 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         headline = intro + ": " + _by_data(mine, "verdict", short=True) + "."
         trained_text = intro + ": " + _by_data(mine, "numbers").replace(
             "; the other pairs overlap: no difference between them", "") + "."
-        bullets = [f"{v['label']} ({v['device']}): {v['ranking']}." for v in mine]
     else:
         headline = _locality_line(locality, "recall@8") if len(locality) else "no serialization data recorded"
         trained_text = "No trained results were recorded."

@@ -114,7 +114,8 @@ def locality_figure(table: Any, metric: str = "recall@8", *, title: str | None =
                                     marker_color=colours[ordering], showlegend=row == 1,
                                     hovertemplate=f"{ordering}, %{{x}}: %{{y:.4g}}<extra>{data}</extra>"),
                              row=row, col=1)
-        figure.update_yaxes(title_text=f"<b>{data}</b><br>{METRIC_LABELS.get(metric, metric)}", row=row, col=1)
+        name = str(data).replace(" (", "<br>(")
+        figure.update_yaxes(title_text=f"<b>{name}</b><br>{METRIC_LABELS.get(metric, metric)}", row=row, col=1)
         figure.update_xaxes(title_text="attention setting (segment length w, dilation r)" if row == len(datasets)
                             else "setting (w, r)", title_standoff=2, title_font_size=11, row=row, col=1)
     figure.update_layout(barmode="group", height=250 * len(datasets) + 120, legend_title="ordering",

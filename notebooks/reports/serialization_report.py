@@ -77,7 +77,7 @@ if window_examples:
 # ## Locality per ordering
 
 # %%
-for metric in ("recall@8", "recall@26", "unmet_adjacent", "diameter_mean"):
+for metric in [m for m in ("recall@8", "recall@26", "unmet_adjacent", "diameter_mean") if m in table.columns]:
     recorder.figure(f"locality_{metric}", locality_figure(table, metric), png=metric == "recall@8")
 
 # %% [markdown]

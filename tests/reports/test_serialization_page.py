@@ -105,7 +105,10 @@ def test_page_sections_conclusions_axes_and_compact_tables():
     assert "hilbert 2/2" in recall.conclusion and "8 x 8 w=64" in recall.conclusion
     which = next(section for section in page.sections if section.heading.startswith("Which ordering"))
     text = " ".join(which.text)
-    assert "8 x 8: w=16: hilbert (0.7 vs rowmajor 0.3); no difference at w=64." in text
+    assert "8 x 8: use hilbert at w=16 (8-NN recall 0.7 vs rowmajor 0.3); no difference at w=64." in text
+    assert serialization._family(["hilbert", "morton", "hilbert-trans", "morton-trans"]) == \
+        "hilbert or morton (either orientation)"
+    assert serialization._family(["hilbert", "morton", "hilbert-trans"]) == "hilbert, morton or hilbert-trans"
     assert "Trained on Test GPU, 2D 8x8 image, window 64: no difference" in text
     windows = next(section for section in page.sections if section.heading.startswith("The attention windows"))
     assert "rowmajor w=16: mostly 2 x 8 boxes" in windows.conclusion and "hilbert w=16: mostly 4 x 4" in windows.conclusion
