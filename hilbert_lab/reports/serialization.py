@@ -203,7 +203,8 @@ def _family(names: Sequence[str]) -> str:
 
 def _identical_pairs(table: Any) -> list[str]:
     """'snake = rowmajor on 7/30 settings' for ordering pairs whose metrics agree exactly on some settings."""
-    metrics = [m for m in ("recall@4", "recall@8", "recall@26", "unmet_adjacent", "diameter_mean") if m in table.columns]
+    metrics = [m for m in ("recall@4", "recall@8", "recall@26", "unmet_adjacent", "diameter_mean")
+               if m in table.columns]
     frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])])
     groups = list(frame.groupby(["data", "setting"], sort=False))
     lines = []
@@ -269,8 +270,8 @@ def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8")
             text += f"; no difference at {', '.join(same)}"
         paragraphs.append(text + ".")
     if paragraphs:
-        paragraphs.insert(0, f"From the exact locality ({label}; an ordering is listed when it is within {100 * TIE:.0f}% "
-                             f"of the best, and 'no difference' means all orderings are):")
+        paragraphs.insert(0, f"From the exact locality ({label}; an ordering is listed when it is within "
+                             f"{100 * TIE:.0f}% of the best, and 'no difference' means all orderings are):")
     identical = _identical_pairs(locality) if len(locality) else []
     if identical:
         paragraphs.append("Exact ties: " + "; ".join(identical) + " (same groups, so the same model when there is "
@@ -445,7 +446,8 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         headline = _locality_line(locality, "recall@8") if len(locality) else "no serialization data recorded"
         trained_text = "No trained results were recorded."
     datasets = list(dict.fromkeys(locality["data"])) if len(locality) else []
-    settings = (locality.groupby("data").size().iloc[0] // max(locality["ordering"].nunique(), 1)) if len(locality) else 0
+    settings = (locality.groupby("data").size().iloc[0] // max(locality["ordering"].nunique(), 1)
+                if len(locality) else 0)
     summary = ("An image, a video or a point cloud must be serialized before segment (window) and dilated attention "
                "decide which spatial neighbours each token sees; the ordering decides which neighbours share a "
                f"window. {trained_text} "

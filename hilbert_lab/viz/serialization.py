@@ -63,7 +63,8 @@ def windows_figure(grid_shape: Sequence[int], ordering: str, segment_length: int
     figure.update_layout(
         title=title or f"{ordering}: {count} attention groups (segment {segment_length}, dilation {dilation_rate}) "
                        f"on {height} x {width}",
-        xaxis=dict(title="x (cell)", constrain="domain"), yaxis=dict(title="y (cell)", autorange="reversed", scaleanchor="x"),
+        xaxis=dict(title="x (cell)", constrain="domain"),
+        yaxis=dict(title="y (cell)", autorange="reversed", scaleanchor="x"),
         width=560, height=560, margin=dict(l=40, r=10, t=50, b=40), showlegend=False,
     )
     return figure
@@ -129,7 +130,8 @@ def windows_grid_figure(examples: Sequence[Sequence[Any]], *, title: str | None 
     import plotly.graph_objects as go  # noqa: PLC0415
     from plotly.subplots import make_subplots  # noqa: PLC0415
 
-    examples = [(int(side), str(ordering), int(segment), int(dilation)) for side, ordering, segment, dilation in examples]
+    examples = [(int(side), str(ordering), int(segment), int(dilation))
+                for side, ordering, segment, dilation in examples]
     figure = make_subplots(rows=1, cols=len(examples), horizontal_spacing=0.04,
                            subplot_titles=[f"{o}, {setting_label([w], [r])}" for _, o, w, r in examples])
     for col, (side, ordering, segment, dilation) in enumerate(examples, start=1):
