@@ -177,8 +177,8 @@ def _locality_line(table: Any, metric: str) -> str:
     parts = []
     if wins:
         ranked = sorted(wins.items(), key=lambda item: -item[1])
-        parts.append(f"{label}: best ordering where they differ — " + ", ".join(
-            f"{name} {count}/{len(differing)}" for name, count in ranked[:4]) + " settings (ties counted for each)")
+        parts.append(f"where orderings differ, the best {label} comes from " + ", ".join(
+            f"{name} on {count}/{len(differing)}" for name, count in ranked[:4]) + " settings (ties counted for each)")
     gaps = [v for v in differing if v["rowmajor"] is not None]
     if gaps:
         top = max(gaps, key=lambda v: abs(v["best_value"] - v["rowmajor"]))

@@ -102,7 +102,7 @@ def test_page_sections_conclusions_axes_and_compact_tables():
     assert list(recall.table.columns) == ["data", "ordering", "w=16", "w=64"] and len(recall.table) == 4
     assert recall.table.set_index(["data", "ordering"]).loc[("cloud", "hilbert"), "w=16"] == pytest.approx(0.35)
     # w=16: hilbert best on both data sets; w=64 on the grid: within 2%, no difference
-    assert "hilbert 2/2" in recall.conclusion and "8 x 8 w=64" in recall.conclusion
+    assert "hilbert on 2/2" in recall.conclusion and "8 x 8 w=64" in recall.conclusion
     which = next(section for section in page.sections if section.heading.startswith("Which ordering"))
     text = " ".join(which.text)
     assert "8 x 8: use hilbert at w=16 (8-NN recall 0.7 vs rowmajor 0.3); no difference at w=64." in text
