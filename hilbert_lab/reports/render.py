@@ -2,7 +2,7 @@
 
 `render_run` is what `report run` calls after the notebook and what `hilbert-lab report render RUN_DIR`
 calls alone; the page is a pure function of the two JSON files. Reports with a module renderer
-(benchmark, claims, locality, training, ring) get figures and conclusions computed from their tables;
+(benchmark, claims, locality, training, ring, serialization) get figures and conclusions computed from their tables;
 any other report gets its metrics, its tables and the figures its recorder stored.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ RENDERERS = {
     "locality": "hilbert_lab.reports.locality",
     "training": "hilbert_lab.reports.training",
     "ring": "hilbert_lab.reports.ring",
+    "serialization": "hilbert_lab.reports.serialization",
 }
 
 

@@ -12,11 +12,12 @@ from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_m
 
 __all__ = [
     "accuracy_figure",
-    "conclusion_markdown",
     "locality_figure",
+    "setting_label",
     "serialization_panel",
     "window_groups",
     "windows_figure",
+    "windows_grid_figure",
 ]
 
 METRIC_LABELS = {
@@ -62,27 +63,86 @@ def windows_figure(grid_shape: Sequence[int], ordering: str, segment_length: int
     figure.update_layout(
         title=title or f"{ordering}: {count} attention groups (segment {segment_length}, dilation {dilation_rate}) "
                        f"on {height} x {width}",
-        xaxis=dict(title="x", constrain="domain"), yaxis=dict(title="y", autorange="reversed", scaleanchor="x"),
+        xaxis=dict(title="x (cell)", constrain="domain"),
+        yaxis=dict(title="y (cell)", autorange="reversed", scaleanchor="x"),
         width=560, height=560, margin=dict(l=40, r=10, t=50, b=40), showlegend=False,
     )
     return figure
 
 
+METRIC_AXES = {
+    "recall@4": "share of the 4 nearest neighbours met (higher is better)",
+    "recall@8": "share of the 8 nearest neighbours met (higher is better)",
+    "recall@26": "share of the 26 nearest neighbours met (higher is better)",
+    "diameter_mean": "cells or unit-cube units (lower is better)",
+    "diameter_max": "cells or unit-cube units (lower is better)",
+    "unmet_adjacent": "share of adjacent pairs (lower is better)",
+}
+
+
+def setting_label(segment_lengths: Any, dilation_rates: Any) -> str:
+    """'w=64' for one branch without dilation, 'w=256 r=4', 'w=64,256 r=1,4' for several branches."""
+    segments = [int(s) for s in (segment_lengths if isinstance(segment_lengths, (list, tuple)) else [segment_lengths])]
+    rates = [int(r) for r in (dilation_rates if isinstance(dilation_rates, (list, tuple)) else [dilation_rates])]
+    text = "w=" + ",".join(map(str, segments))
+    return text if all(rate == 1 for rate in rates) else text + " r=" + ",".join(map(str, rates))
+
+
 def locality_figure(table: Any, metric: str = "recall@8", *, title: str | None = None):
-    """Grouped bars: one group per (data set, setting), one bar per ordering, height = `metric`."""
+    """Grouped bars, one row of bars per data set: x = attention setting, one bar per ordering, height = `metric`.
+
+    table: serialization_table's frame (columns data, segment_lengths, dilation_rates, ordering, metrics).
+    """
     import plotly.graph_objects as go  # noqa: PLC0415
+    from plotly.colors import qualitative  # noqa: PLC0415
+    from plotly.subplots import make_subplots  # noqa: PLC0415
 
     if metric not in table.columns:
         raise ValueError(f"metric must be one of the table's columns {list(table.columns)}, got {metric!r}")
     frame = table.copy()
-    frame["setting"] = [f"{d} | w={s} r={r}" for d, s, r in zip(frame["data"], frame["segment_lengths"],
-                                                               frame["dilation_rates"])]
-    figure = go.Figure()
-    for ordering, rows in frame.groupby("ordering", sort=False):
-        figure.add_trace(go.Bar(x=rows["setting"], y=rows[metric], name=str(ordering)))
-    figure.update_layout(barmode="group", title=title or f"{METRIC_LABELS.get(metric, metric)} per ordering",
-                         yaxis_title=METRIC_LABELS.get(metric, metric), xaxis_tickangle=-30, height=480,
-                         legend_title="ordering")
+    frame["setting"] = [setting_label(s, r) for s, r in zip(frame["segment_lengths"], frame["dilation_rates"])]
+    datasets = list(dict.fromkeys(frame["data"]))
+    orderings = list(dict.fromkeys(frame["ordering"]))
+    colours = {name: qualitative.Plotly[i % len(qualitative.Plotly)] for i, name in enumerate(orderings)}
+    figure = make_subplots(rows=len(datasets), cols=1, vertical_spacing=min(0.35 / max(len(datasets), 1), 0.12))
+    for row, data in enumerate(datasets, start=1):
+        rows = frame[frame["data"] == data]
+        for ordering in orderings:
+            part = rows[rows["ordering"] == ordering]
+            if part.empty:
+                continue
+            figure.add_trace(go.Bar(x=part["setting"], y=part[metric], name=str(ordering), legendgroup=str(ordering),
+                                    marker_color=colours[ordering], showlegend=row == 1,
+                                    hovertemplate=f"{ordering}, %{{x}}: %{{y:.4g}}<extra>{data}</extra>"),
+                             row=row, col=1)
+        name = str(data).replace(" (", "<br>(")
+        figure.update_yaxes(title_text=f"<b>{name}</b><br>{METRIC_LABELS.get(metric, metric)}", row=row, col=1)
+        figure.update_xaxes(title_text="attention setting (segment length w, dilation r)" if row == len(datasets)
+                            else "setting (w, r)", title_standoff=2, title_font_size=11, row=row, col=1)
+    figure.update_layout(barmode="group", height=250 * len(datasets) + 120, legend_title="ordering",
+                         title=title or f"{METRIC_LABELS.get(metric, metric)} per ordering: "
+                                        f"{METRIC_AXES.get(metric, metric)}")
+    return figure
+
+
+def windows_grid_figure(examples: Sequence[Sequence[Any]], *, title: str | None = None):
+    """The attention groups of several (side, ordering, segment_length, dilation_rate) examples side by side."""
+    import plotly.graph_objects as go  # noqa: PLC0415
+    from plotly.subplots import make_subplots  # noqa: PLC0415
+
+    examples = [(int(side), str(ordering), int(segment), int(dilation))
+                for side, ordering, segment, dilation in examples]
+    figure = make_subplots(rows=1, cols=len(examples), horizontal_spacing=0.04,
+                           subplot_titles=[f"{o}, {setting_label([w], [r])}" for _, o, w, r in examples])
+    for col, (side, ordering, segment, dilation) in enumerate(examples, start=1):
+        single = windows_figure((side, side), ordering, segment, dilation)
+        for trace in single.data:
+            figure.add_trace(trace, row=1, col=col)
+        figure.update_xaxes(title_text="x (cell)", constrain="domain", row=1, col=col)
+        figure.update_yaxes(title_text="y (cell)" if col == 1 else "y", autorange="reversed", row=1, col=col,
+                            scaleanchor=f"x{col if col > 1 else ''}")
+    figure.update_layout(height=360, showlegend=False, margin=dict(l=50, r=10, t=70, b=50),
+                         title=title or "attention groups on the grid (one colour per group; line: the serialization)")
     return figure
 
 
@@ -111,8 +171,14 @@ def accuracy_figure(tasks: Sequence[Mapping[str, Any]], *, title: str | None = N
                                     marker=dict(size=10)))
     if chance is not None:
         figure.add_hline(y=chance, line_dash="dash", annotation_text="chance")
+    lows = [row["low"] for task in tasks for row in task["summary"]] + ([chance] if chance is not None else [])
+    highs = [row["high"] for task in tasks for row in task["summary"]]
+    if lows and highs:  # zoom on the intervals (and chance) so that the differences show
+        pad = 0.05 * (max(highs) - min(lows)) or 0.01
+        figure.update_yaxes(range=[min(lows) - pad, max(highs) + pad])
     figure.update_layout(title=title or "token accuracy per ordering (mean over seeds, 95% t interval)",
-                         yaxis_title="eval accuracy", scattermode="group", height=480, legend_title="ordering")
+                         xaxis_title="task", yaxis_title="eval accuracy (fraction, higher is better)",
+                         scattermode="group", height=480, legend_title="ordering")
     return figure
 
 
@@ -171,49 +237,3 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
     observer()
     return Panel(widget=layout, figures={"windows": figure}, controls=controls, message=message, refresh=refresh,
                  state=state)
-
-
-def conclusion_markdown(table: Any, trained: Sequence[Mapping[str, Any]] = (), *, metric: str = "recall@8",
-                        tie: float = 0.02) -> str:
-    """A data-driven paragraph from the locality table and the trained summaries (train_serialization JSON tasks).
-
-    Names the ordering with the highest `metric` per (data, setting), the settings where all orderings
-    are within `tie` of each other (no difference), and per trained task the ranking with intervals.
-    """
-    parts = []
-    wins: dict[str, int] = {}
-    flat = []
-    settings = 0
-    for (data, segments, rates), rows in table.groupby(
-            [table["data"], table["segment_lengths"].astype(str), table["dilation_rates"].astype(str)], sort=False):
-        settings += 1
-        spread = rows[metric].max() - rows[metric].min()
-        if spread < tie:
-            flat.append(f"{data} w={segments} r={rates}")
-            continue
-        best = rows.loc[rows[metric] == rows[metric].max(), "ordering"].tolist()
-        for name in best:
-            wins[name] = wins.get(name, 0) + 1
-    if wins:
-        ranked = sorted(wins.items(), key=lambda item: -item[1])
-        parts.append(f"**Locality ({METRIC_LABELS.get(metric, metric)}, exact).** Best ordering per setting (ties "
-                     "counted for each): " + ", ".join(f"{name} {count}/{settings}" for name, count in ranked) + ".")
-    if flat:
-        parts.append(f"All orderings are within {tie:g} of each other on {len(flat)}/{settings} settings "
-                     f"(the ordering makes no difference there): " + "; ".join(flat[:8])
-                     + ("; ..." if len(flat) > 8 else "") + ".")
-    for task in trained:
-        summary = sorted(task["summary"], key=lambda row: -row["mean"])
-        best = summary[0]
-        base = next((row for row in summary if row["ordering"] == "rowmajor"), None)
-        text = (f"**Trained, {task['name']}** ({task.get('label', '')}): "
-                + ", ".join(f"{row['ordering']} {row['mean']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
-                            for row in summary))
-        if base is not None and best["ordering"] != "rowmajor":
-            separated = best["low"] > base["high"]
-            text += (f". {best['ordering']} beats rowmajor by {best['mean'] - base['mean']:.3f}"
-                     + (" (intervals disjoint)." if separated else " (intervals overlap: not resolved at these seeds)."))
-        else:
-            text += "."
-        parts.append(text)
-    return "\n\n".join(parts)

@@ -48,7 +48,7 @@ import pandas as pd
 
 from hilbert_lab.locality.serialization import clustered_points, serialization_metrics, serialization_table, uniform_points
 from hilbert_lab.reports.recorder import ReportRecorder
-from hilbert_lab.viz.serialization import accuracy_figure, conclusion_markdown, locality_figure, windows_figure
+from hilbert_lab.viz.serialization import accuracy_figure, locality_figure, windows_grid_figure
 
 parameters = dict(grids=grids, point_clouds=point_clouds, settings=settings, orderings=orderings, ks=ks,
                   timing_grid=timing_grid, trained_results=trained_results, window_examples=window_examples)
@@ -70,14 +70,14 @@ recorder.table("locality", table.round(4), caption="exact locality metrics per d
 # serialization. Row-major windows are strips one pixel high; Hilbert and Morton windows are compact blocks.
 
 # %%
-for side, ordering, segment, dilation in window_examples:
-    recorder.figure(f"windows_{ordering}_{segment}_{dilation}", windows_figure((side, side), ordering, segment, dilation))
+if window_examples:
+    recorder.figure("windows", windows_grid_figure(window_examples))
 
 # %% [markdown]
 # ## Locality per ordering
 
 # %%
-for metric in ("recall@8", "recall@26", "unmet_adjacent", "diameter_mean"):
+for metric in [m for m in ("recall@8", "recall@26", "unmet_adjacent", "diameter_mean") if m in table.columns]:
     recorder.figure(f"locality_{metric}", locality_figure(table, metric), png=metric == "recall@8")
 
 # %% [markdown]
@@ -100,29 +100,29 @@ if timing_grid:
 # Runs are read from the JSON files; a missing file is listed and skipped.
 
 # %%
+from hilbert_lab.reports.serialization import trained_run_row, trained_rows
 from hilbert_lab.reports.training import resolve_repo_path
 
-trained = []
+recorder.metric("chance_accuracy", 0.5, note="majority of random bits: a constant guess is right half the time")
+trained, runs = [], []
 for label, path in trained_results.items():
     file = resolve_repo_path(path)
     if not file.exists():
         recorder.metric(f"missing_{label}", str(path), note="no such results file yet")
         continue
     document = json.loads(file.read_text())
-    for task in document["tasks"]:
-        device = document["device"]
-        trained.append({**task, "name": f"{label}: {task['name']}",
-                        "label": label if label.lower() == device else f"{label}, {device}"})
+    rows = trained_rows(document, label)
+    trained += rows
+    runs.append(trained_run_row(document, label, path))
     recorder.figure(f"accuracy_{label}", accuracy_figure(
-        [dict(task, name=task["name"]) for task in document["tasks"]],
-        title=f"{label} ({document['device']}): eval accuracy per ordering, 95% intervals over seeds", chance=0.5),
-        png=True)
-if trained:
-    rows = [{"task": task["name"], "ordering": row["ordering"], "mean": row["mean"], "low": row["low"],
-             "high": row["high"], "seeds": row["n"], **{f"locality {k}": v for k, v in row.get("locality", {}).items()}}
-            for task in trained for row in task["summary"]]
-    recorder.table("trained", pd.DataFrame(rows).round(4), caption="accuracy per task and ordering (ranked), with "
-                   "the exact locality metrics of the same setting")
+        [{"name": task["name"], "summary": task["summary"]} for task in document["tasks"]],
+        title=f"{label} ({rows[0]['device'] if rows else document['device']}): eval accuracy per ordering, "
+              "95% intervals over seeds", chance=0.5), png=True)
+trained = pd.DataFrame(trained)
+if len(trained):
+    recorder.table("trained", trained, caption="accuracy per task and ordering (ranked), with the exact "
+                   "locality metrics of the same setting; device = the machine in the results file's env block")
+    recorder.table("trained_runs", pd.DataFrame(runs), caption="where each results file was made")
 
 # %% [markdown]
 # ## Conclusion
@@ -136,6 +136,8 @@ if trained:
 # %%
 from IPython.display import Markdown
 
-conclusion = conclusion_markdown(table, trained)
+from hilbert_lab.reports.serialization import conclusion_paragraphs
+
+conclusion = "\n\n".join(conclusion_paragraphs(table, trained))
 recorder.metric("conclusion", conclusion)
 Markdown(conclusion)

@@ -29,6 +29,9 @@ SMALL_REPORTS = {
                  "tile_size": 16, "cache_lines": [8, 32]},
     "claims": {"max_tokens": 1024, "repeats": 1, "save_png": False},
     "training": {"cpu_train_steps": 20},
+    "serialization": {"grids": [[16, 16]], "point_clouds": {"uniform 3D": 512}, "settings": [[[16], [1]], [[64], [1]]],
+                      "orderings": ["rowmajor", "hilbert"], "timing_grid": [],
+                      "window_examples": [[8, "rowmajor", 16, 1], [8, "hilbert", 16, 1]]},
 }
 
 
@@ -104,3 +107,8 @@ def test_report_notebook_executes_with_artifacts(name, tmp_path):
         assert {row["gradient_checkpointing"] for row in metrics["tables"]["throughput"]["rows"]} == {False, True}
         live_figures = [figure for key, figure in metrics["figures"].items() if key.startswith("loss_live_CPU")]
         assert len(live_figures) == 1 and "CPU cpu-tiny live eval" in live_figures[0]["traces"]
+    if name == "serialization":
+        assert len(metrics["tables"]["locality"]["rows"]) == 2 * 2 * 2  # data sets x settings x orderings
+        devices = {row["source"]: row["device"] for row in metrics["tables"]["trained"]["rows"]}
+        assert devices["GPU"] == "NVIDIA H100 80GB HBM3"  # the committed file's env block
+        assert "Serialization: which curve ordering" in html and "no difference" in html

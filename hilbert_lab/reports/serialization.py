@@ -1,0 +1,460 @@
+"""The serialization report's data and page: trained results (train_serialization JSONs) as table rows,
+the verdicts drawn from them and from the exact locality table, and `render(metrics, env)`.
+
+A trained comparison is read with its 95% intervals: one ordering is "ahead of" another only when its
+interval lies wholly above the other's; where intervals overlap the page says "no difference".
+Locality metrics are exact (no interval): orderings within `TIE` (relative) of each other read "no difference".
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+TIE = 0.02  # exact locality values within 2% (relative) of each other: no difference
+# metric -> (direction: +1 higher is better, -1 lower is better; heading; what it measures)
+KEY_METRICS = {
+    "recall@8": (1, "8-NN recall: share of each token's 8 nearest neighbours it attends to",
+                 "Share of each token's 8 nearest spatial neighbours that share an attention group with it "
+                 "(segment and dilation offset) in some branch. 1 = every neighbour is seen."),
+    "unmet_adjacent": (-1, "Adjacent pairs that never meet",
+                       "Share of adjacent pairs (grid: face neighbours; points: each point's 2d nearest) that "
+                       "share no attention group in any branch. 0 = every adjacent pair is seen."),
+    "diameter_mean": (-1, "Mean group diameter",
+                      "Largest distance between two tokens of one attention group of the first branch, averaged "
+                      "over groups (grid cells, or unit-cube units for the point clouds)."),
+}
+TRAINED_COLUMNS = ["source", "device", "task", "data", "neighbourhood", "window", "ordering", "mean", "low", "high",
+                   "seeds", "steps", "recall@8", "unmet_adjacent", "diameter_mean"]
+
+__all__ = ["KEY_METRICS", "TIE", "conclusion_paragraphs", "locality_verdicts", "ranking_verdict", "render",
+           "trained_rows", "trained_run_row"]
+
+
+# ----------------------------------------------------------------------------------------------- data
+def _task_data(task: Mapping[str, Any]) -> str:
+    spec = task.get("task") or {}
+    if spec.get("kind") == "grid":
+        shape = spec.get("grid_shape") or []
+        return f"{len(shape)}D {'x'.join(map(str, shape))} image"
+    if spec.get("kind") == "points":
+        return f"{spec.get('ndim')}D point cloud ({spec.get('num_points')} points)"
+    return str(task.get("name"))
+
+
+def _neighbourhood(task: Mapping[str, Any]) -> str:
+    spec = task.get("task") or {}
+    if spec.get("kind") == "grid":
+        return f"disk of radius {spec.get('radius')}"
+    if spec.get("kind") == "points":
+        return f"{spec.get('neighbours')} nearest points"
+    return ""
+
+
+def trained_rows(document: Mapping[str, Any], source: str) -> list[dict[str, Any]]:
+    """A train_serialization JSON -> one row per (task, ordering): TRAINED_COLUMNS; device = the name in
+    the file's env block (the machine that trained), else its "device" field."""
+    if not isinstance(document, Mapping) or "tasks" not in document:
+        raise ValueError(f"document must be a train_serialization result with 'tasks', got keys "
+                         f"{sorted(document) if isinstance(document, Mapping) else type(document).__name__}")
+    env_device = ((document.get("env") or {}).get("device") or {})
+    device = env_device.get("name") or document.get("device") or "unknown"
+    if str(env_device.get("device", document.get("device", ""))).startswith("cpu"):
+        device = f"CPU ({device})" if device != "cpu" else "CPU"
+    rows = []
+    for task in document["tasks"]:
+        config = task.get("config") or {}
+        segments = config.get("segment_lengths") or []
+        for row in task["summary"]:
+            locality = row.get("locality") or {}
+            rows.append({"source": source, "device": str(device), "task": task["name"], "data": _task_data(task),
+                         "neighbourhood": _neighbourhood(task),
+                         "window": ",".join(map(str, segments)), "ordering": row["ordering"], "mean": row["mean"],
+                         "low": row["low"], "high": row["high"], "seeds": row.get("n"), "steps": config.get("steps"),
+                         **{key: locality.get(key) for key in TRAINED_COLUMNS[-3:]}})
+    return rows
+
+
+def trained_run_row(document: Mapping[str, Any], source: str, path: str) -> dict[str, Any]:
+    """Where and how a train_serialization JSON was made: source, device, driver, CUDA, torch, git, created,
+    seconds, command, file."""
+    env = document.get("env") or {}
+    device = env.get("device") or {}
+    git = env.get("git") or {}
+    commit = git.get("commit")
+    return {"source": source, "device": device.get("name") or document.get("device"),
+            "driver": device.get("driver"), "CUDA": device.get("cuda"),
+            "torch": (env.get("packages") or {}).get("torch"),
+            "git": (commit[:12] + (" (uncommitted changes)" if git.get("dirty") else "")) if commit else None,
+            "created (UTC)": document.get("created"), "seconds": document.get("seconds"),
+            "command": document.get("command"), "file": str(path)}
+
+
+# ------------------------------------------------------------------------------------------- verdicts
+def _names(items: Sequence[str]) -> str:
+    items = list(items)
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def ranking_verdict(rows: Sequence[Mapping[str, Any]], numbers: bool = False) -> tuple[str, str, bool]:
+    """(ranking, verdict, separated) of one trained task's rows (ordering, mean, low, high).
+
+    ranking: 'a 0.888 [0.837, 0.939] > b ...' by mean; verdict: which orderings are ahead of which (their
+    95% intervals disjoint), grouped, or 'no difference (all 95% intervals overlap)'. numbers=True adds
+    each ordering's mean [interval] at its first mention.
+    """
+    ranked = sorted(rows, key=lambda row: -float(row["mean"]))
+    quoted = {row["ordering"]: f"{row['ordering']} {float(row['mean']):.3f} [{float(row['low']):.3f}, "
+                               f"{float(row['high']):.3f}]" for row in ranked}
+    ranking = " > ".join(quoted[row["ordering"]] for row in ranked)
+    groups: list[tuple[list[str], tuple[str, ...]]] = []
+    for row in ranked:
+        beaten = tuple(other["ordering"] for other in ranked if float(row["low"]) > float(other["high"]))
+        if not beaten:
+            continue
+        if groups and groups[-1][1] == beaten:
+            groups[-1][0].append(row["ordering"])
+        else:
+            groups.append(([row["ordering"]], beaten))
+    if not groups:
+        means = [float(row["mean"]) for row in ranked]
+        spread = f"means {min(means):.3f} to {max(means):.3f}, " if numbers and ranked else ""
+        return ranking, f"no difference ({spread}all 95% intervals overlap)", False
+    seen: set[str] = set()
+
+    def name(ordering: str) -> str:
+        if not numbers or ordering in seen:
+            return ordering
+        seen.add(ordering)
+        return quoted[ordering]
+
+    verdict = "; ".join(f"{_names([name(a) for a in ahead])} ahead of {_names([name(b) for b in beaten])}"
+                        for ahead, beaten in groups)
+    pairs = sum(len(ahead) * len(beaten) for ahead, beaten in groups)
+    total = len(ranked) * (len(ranked) - 1) // 2
+    verdict += " (95% intervals disjoint)"
+    if pairs < total:
+        verdict += "; the other pairs overlap: no difference between them"
+    return ranking, verdict, True
+
+
+def _setting(segments: Any, rates: Any) -> str:
+    from hilbert_lab.viz.serialization import setting_label
+
+    return setting_label(segments, rates)
+
+
+def locality_verdicts(table: Any, metric: str) -> list[dict[str, Any]]:
+    """Per (data, setting) of the locality table: best orderings (ties exact), best and rowmajor values,
+    and whether all orderings are within TIE (relative) of each other ("no difference")."""
+    direction = KEY_METRICS.get(metric, (1,))[0]
+    out = []
+    frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])])
+    for (data, setting), rows in frame.groupby(["data", "setting"], sort=False):
+        values = dict(zip(rows["ordering"], rows[metric].astype(float)))
+        best_value = max(values.values()) if direction > 0 else min(values.values())
+        spread = max(values.values()) - min(values.values())
+        scale = max(abs(v) for v in values.values()) or 1.0
+        out.append({"data": data, "setting": setting, "best": [k for k, v in values.items() if v == best_value],
+                    "near": [k for k, v in values.items() if abs(v - best_value) <= TIE * scale],
+                    "best_value": best_value, "rowmajor": values.get("rowmajor"),
+                    "same": spread <= TIE * scale, "values": values})
+    return out
+
+
+def _locality_line(table: Any, metric: str) -> str:
+    """One sentence: who is best how often, the largest gap to rowmajor, where there is no difference."""
+    from hilbert_lab.reports.page import fmt
+
+    verdicts = locality_verdicts(table, metric)
+    if not verdicts:
+        return ""
+    label = KEY_METRICS[metric][1].split(":")[0]
+    differing = [v for v in verdicts if not v["same"]]
+    wins: dict[str, int] = {}
+    for verdict in differing:
+        for name in verdict["best"]:
+            wins[name] = wins.get(name, 0) + 1
+    parts = []
+    if wins:
+        ranked = sorted(wins.items(), key=lambda item: -item[1])
+        parts.append(f"where orderings differ, the best {label} comes from " + ", ".join(
+            f"{name} on {count}/{len(differing)}" for name, count in ranked[:4]) + " settings (ties counted for each)")
+    gaps = [v for v in differing if v["rowmajor"] is not None]
+    if gaps:
+        top = max(gaps, key=lambda v: abs(v["best_value"] - v["rowmajor"]))
+        parts.append(f"largest gap to rowmajor: {top['data']}, {top['setting']}: {_names(top['best'])} "
+                     f"{fmt(top['best_value'])} vs {fmt(top['rowmajor'])}")
+    same = [v for v in verdicts if v["same"]]
+    if same:
+        parts.append(f"no difference (all within {100 * TIE:.0f}%) on {len(same)}/{len(verdicts)} settings: "
+                     + "; ".join(f"{v['data']} {v['setting']}" for v in same[:6]) + ("; ..." if len(same) > 6 else ""))
+    text = "; ".join(parts) + "."
+    return text[0].upper() + text[1:]
+
+
+def _family(names: Sequence[str]) -> str:
+    """['hilbert', 'morton', 'hilbert-trans', 'morton-trans'] -> 'hilbert or morton (either orientation)'."""
+    bases = list(dict.fromkeys(name.removesuffix("-trans") for name in names))
+    both = all(base in names and f"{base}-trans" in names for base in bases)
+    if both:
+        return _names(bases).replace(" and ", " or ") + " (either orientation)"
+    return _names(list(names)).replace(" and ", " or ")
+
+
+def _identical_pairs(table: Any) -> list[str]:
+    """'snake = rowmajor on 7/30 settings' for ordering pairs whose metrics agree exactly on some settings."""
+    metrics = [m for m in ("recall@4", "recall@8", "recall@26", "unmet_adjacent", "diameter_mean")
+               if m in table.columns]
+    frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])])
+    groups = list(frame.groupby(["data", "setting"], sort=False))
+    lines = []
+    for first, second in (("snake", "rowmajor"), ("morton", "hilbert")):
+        count = 0
+        for _key, rows in groups:
+            a, b = rows[rows["ordering"] == first], rows[rows["ordering"] == second]
+            if len(a) and len(b) and all(abs(float(a[m].iloc[0]) - float(b[m].iloc[0])) < 1e-9 for m in metrics):
+                count += 1
+        if count:
+            lines.append(f"{first} = {second} on {count}/{len(groups)} settings")
+    return lines
+
+
+def _task_label(rows: Any) -> str:
+    row = rows.iloc[0]
+    return f"{row['data']}, window {row['window']}" if row.get("data") else str(row["task"])
+
+
+def _trained_verdicts(trained: Any) -> list[dict[str, Any]]:
+    out = []
+    for (source, task), rows in trained.groupby(["source", "task"], sort=False):
+        records = rows.to_dict(orient="records")
+        ranking, verdict, separated = ranking_verdict(records)
+        first = records[0]
+        out.append({"source": source, "device": first.get("device") or source, "task": task,
+                    "label": _task_label(rows), "data": first.get("data") or task,
+                    "window": first.get("window") or "", "ranking": ranking, "verdict": verdict,
+                    "numbers": ranking_verdict(records, numbers=True)[1], "separated": separated, "rows": rows})
+    return out
+
+
+def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8") -> list[str]:
+    """Which ordering to use for which data and window, and when it makes no difference: from the exact
+    locality table and the trained rows (TRAINED_COLUMNS)."""
+    from hilbert_lab.reports.page import fmt
+
+    paragraphs = []
+    verdicts = locality_verdicts(locality, metric) if len(locality) else []
+    label = KEY_METRICS.get(metric, (0, metric))[1].split(":")[0]
+
+    def span(values: list[float]) -> str:
+        low, high = min(values), max(values)
+        return fmt(low) if fmt(low) == fmt(high) else f"{fmt(low)}-{fmt(high)}"
+
+    for data in dict.fromkeys(v["data"] for v in verdicts):
+        mine = [v for v in verdicts if v["data"] == data]
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for verdict in mine:
+            if not verdict["same"]:
+                groups.setdefault(_family(verdict["near"]), []).append(verdict)
+        use = []
+        for family, members in groups.items():
+            settings = ", ".join(v["setting"] for v in members)
+            text = f"{family} at {settings} ({label} {span([v['best_value'] for v in members])}"
+            bases = [v["rowmajor"] for v in members if v["rowmajor"] is not None]
+            if bases and not all("rowmajor" in v["near"] for v in members):
+                text += f" vs rowmajor {span(bases)}"
+            use.append(text + ")")
+        same = [v["setting"] for v in mine if v["same"]]
+        text = f"{data}: " + (("use " + "; ".join(use)) if use else "the ordering makes no difference at any setting")
+        if use and same:
+            text += f"; no difference at {', '.join(same)}"
+        paragraphs.append(text + ".")
+    if paragraphs:
+        paragraphs.insert(0, f"From the exact locality ({label}; an ordering is listed when it is within "
+                             f"{100 * TIE:.0f}% of the best, and 'no difference' means all orderings are):")
+    identical = _identical_pairs(locality) if len(locality) else []
+    if identical:
+        paragraphs.append("Exact ties: " + "; ".join(identical) + " (same groups, so the same model when there is "
+                          "no causal mask or position encoding).")
+    for verdict in _trained_verdicts(trained) if len(trained) else []:
+        text = f"Trained on {verdict['device']}, {verdict['label']}: {verdict['verdict']}"
+        if verdict["separated"] and metric in verdict["rows"]:
+            rows = verdict["rows"].sort_values("mean", ascending=False)
+            text += (f"; the 8-NN recall of the setting runs from {fmt(float(rows[metric].iloc[0]))} (first) to "
+                     f"{fmt(float(rows[metric].iloc[-1]))} (last)")
+        paragraphs.append(text + ".")
+    return paragraphs
+
+
+# ---------------------------------------------------------------------------------------------- page
+def _table(metrics: Mapping[str, Any], name: str):
+    import pandas as pd
+
+    entry = (metrics.get("tables") or {}).get(name) or {}
+    return pd.DataFrame(entry.get("rows") or [], columns=entry.get("columns"))
+
+
+def _pivot(table: Any, metric: str):
+    """Rows (data, ordering), columns = settings in table order, cells = metric rounded to 3 decimals."""
+    frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])])
+    settings = list(dict.fromkeys(frame["setting"]))
+    pivot = frame.pivot_table(index=["data", "ordering"], columns="setting", values=metric, sort=False)
+    pivot = pivot[settings].round(3).reset_index()
+    pivot.columns.name = None
+    return pivot
+
+
+def _windows_section(parameters: Mapping[str, Any]):
+    import numpy as np
+
+    from hilbert_lab.reports.page import Section, fmt
+    from hilbert_lab.viz.serialization import setting_label, window_groups, windows_grid_figure
+
+    examples = parameters.get("window_examples") or []
+    if not examples:
+        return None
+    lines = []
+    for side, ordering, segment, dilation in examples:
+        groups = window_groups((side, side), ordering, segment, dilation)
+        extents, diameters = [], []
+        for group in np.unique(groups):
+            ys, xs = np.nonzero(groups == group)
+            extents.append((ys.max() - ys.min() + 1, xs.max() - xs.min() + 1))
+            diameters.append(float(np.sqrt(((ys[:, None] - ys) ** 2 + (xs[:, None] - xs) ** 2).max())))
+        height, width = max(set(extents), key=extents.count)
+        lines.append(f"{ordering} {setting_label([segment], [dilation])}: mostly {height} x {width} boxes, "
+                     f"diameter {fmt(float(np.mean(diameters)))} cells")
+    side = examples[0][0]
+    conclusion = f"Attention groups on a {side} x {side} grid: " + "; ".join(lines) + "."
+    figure = windows_grid_figure(examples)
+    return Section("The attention windows on the grid", conclusion, figure=figure,
+                   text=["Each colour is one attention group (a segment, and within it one dilation offset); the grey "
+                         "line is the serialization. Groups are drawn by their bounding box height x width."])
+
+
+def _by_data(verdicts: Sequence[Mapping[str, Any]], key: str, short: bool = False) -> str:
+    """'2D 48x48 image, window 64: V; window 256: V; 3D ..., window 64: V' (the data named once per run of tasks)."""
+    parts, previous = [], None
+    for verdict in verdicts:
+        text = verdict[key]
+        if short:
+            text = text.split(" (95%")[0].split(" (all 95%")[0]
+            text = "no difference" if text.startswith("no difference") else text
+        window = f"window {verdict['window']}" if verdict["window"] else verdict["task"]
+        parts.append((window if verdict["data"] == previous else f"{verdict['data']}, {window}") + ": " + text)
+        previous = verdict["data"]
+    return "; ".join(parts)
+
+
+def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
+    """Serialization page: trained ranking with intervals, the windows, exact locality per ordering and
+    setting (figures + pivot tables), which ordering to use, the metric timings."""
+    from hilbert_lab.reports.page import CPU_TIMING_NOTE, Page, Section, device_label, fmt, style_axes
+    from hilbert_lab.viz.serialization import METRIC_AXES, accuracy_figure, locality_figure
+
+    locality, trained = _table(metrics, "locality"), _table(metrics, "trained")
+    values = {key: entry.get("value") for key, entry in (metrics.get("metrics") or {}).items()}
+    parameters = metrics.get("parameters") or {}
+    sections, bullets, notes = [], [], []
+    verdicts = _trained_verdicts(trained) if len(trained) else []
+    chance = values.get("chance_accuracy")
+    for source in dict.fromkeys(v["source"] for v in verdicts):
+        mine = [v for v in verdicts if v["source"] == source]
+        device = mine[0]["device"]
+        order = {name: index for index, name in enumerate(sorted(set(trained["ordering"]),
+                                                                 key=lambda n: (n.count("/"), n)))}
+        tasks = [{"name": v["label"].replace(" image, ", " image<br>").replace("), ", ")<br>"),
+                  "summary": sorted(v["rows"].to_dict(orient="records"), key=lambda r: order[r["ordering"]])}
+                 for v in mine]
+        figure = accuracy_figure(tasks, chance=chance, title=f"{device}: eval accuracy per ordering, "
+                                 "mean and 95% t interval over seeds")
+        style_axes(figure, "task (data, window)", "eval accuracy (fraction of tokens, higher is better)")
+        figure.update_layout(height=460)
+        conclusion = _by_data(mine, "verdict") + "."
+        seeds = sorted({int(s) for s in mine[0]["rows"]["seeds"].dropna()}) if "seeds" in trained else []
+        table = trained[trained["source"] == source].assign(
+            accuracy=lambda f: [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in zip(f["mean"], f["low"], f["high"])])
+        table = table.assign(task=[f"{d}, w={w}" for d, w in zip(table["data"], table["window"])])
+        columns = [c for c in ("task", "ordering", "accuracy", "recall@8", "unmet_adjacent") if c in table.columns]
+        shown = table[columns].rename(columns={"task": "task (data, window)", "accuracy": "eval accuracy [95%]",
+                                               "recall@8": "8-NN recall (exact)",
+                                               "unmet_adjacent": "adjacent pairs never meeting (exact)"})
+        neighbourhoods = "; ".join(dict.fromkeys(f"{d}: {n}" for d, n in zip(table["data"], table["neighbourhood"])))
+        text = [f"Ranking, {v['label']}: {v['ranking']}." for v in mine]
+        sections.append(Section(f"Trained comparison on {device} ({source} results)", conclusion,
+                                figure=figure, table=shown, text=text,
+                                caption=f"accuracy per task and ordering, mean [95% Student t interval] over "
+                                        f"{_names([str(s) for s in seeds]) if seeds else 'the'} seeds; "
+                                        f"neighbourhood to vote over: {neighbourhoods}; hilbert/hilbert-trans = the "
+                                        "blocks alternate the Hilbert curve and its transpose"))
+    runs = _table(metrics, "trained_runs")
+    if len(runs):
+        shown = runs.drop(columns=[c for c in ("command", "driver", "CUDA") if c in runs.columns])
+        if "CUDA" in runs.columns:
+            shown["device"] = [f"{d} (driver {dr}, CUDA {c})" if c == c and c else d
+                               for d, dr, c in zip(runs["device"], runs.get("driver", runs["device"]), runs["CUDA"])]
+        commands = [f"{r['source']}: {r['command']}" for r in runs.to_dict(orient="records") if r.get("command")]
+        sections.append(Section("Where the trained runs ran", f"{len(runs)} committed result file(s), trained "
+                                "elsewhere and read here (nothing is retrained by this page).", table=shown,
+                                text=["Commands: " + "; ".join(commands) + "."] if commands else [],
+                                caption="environment block of each train_serialization JSON"))
+    windows = _windows_section(parameters)
+    if windows is not None:
+        sections.append(windows)
+    for metric, (_direction, heading, meaning) in KEY_METRICS.items():
+        if metric not in locality.columns or not len(locality):
+            continue
+        figure = locality_figure(locality, metric)
+        figure.update_layout(template="plotly_white", margin=dict(l=100, r=20, t=80, b=60))
+        sections.append(Section(heading, _locality_line(locality, metric), figure=figure, text=[meaning],
+                                table=_pivot(locality, metric),
+                                caption=f"{metric} per data set and ordering (rows) and attention setting (columns: "
+                                        f"segment length w, dilation r), exact; {METRIC_AXES.get(metric, '')}"))
+    conclusion = conclusion_paragraphs(locality, trained)
+    if conclusion:
+        sections.append(Section("Which ordering to use, and when it makes no difference",
+                                "Use the ordering whose attention groups hold the data's neighbourhoods: computed "
+                                "below per data set and window from the exact metrics and the trained runs.",
+                                text=conclusion))
+    timings = [(key, value) for key, value in values.items() if key.startswith(("seconds_", "locality_seconds"))]
+    if timings:
+        rows = [{"measurement": key, "seconds": value, "what": (metrics["metrics"][key].get("note") or "")}
+                for key, value in timings]
+        import pandas as pd
+
+        grid = " x ".join(map(str, parameters.get("timing_grid") or [])) or "the timing grid"
+        fast = [value for key, value in timings if key.startswith("seconds_1M")]
+        line = (f"All exact metrics of one ordering on {grid} take {fmt(max(fast))} s at most on this CPU."
+                if fast else f"The locality table took {fmt(timings[0][1])} s on this CPU.")
+        sections.append(Section("Speed of the exact metrics (CPU)", line, table=pd.DataFrame(rows),
+                                caption="wall time on the machine in the environment table (serial Numba kernels)"))
+        notes.append(CPU_TIMING_NOTE.split(";")[0] + "; the timings on this page are single wall-clock runs "
+                     "(no interval), and no conclusion rests on them.")
+    missing = [f"{key[len('missing_'):]}: {value}" for key, value in values.items() if key.startswith("missing_")]
+    if missing:
+        notes.append("Trained results not found (skipped): " + "; ".join(missing) + ".")
+    primary = next((v for v in verdicts if not str(v["device"]).startswith("CPU")), verdicts[0] if verdicts else None)
+    mine = [v for v in verdicts if primary is not None and v["source"] == primary["source"]]
+    if mine:
+        seeds = sorted({int(n) for v in mine for n in v["rows"].get("seeds", []) if n == n})
+        intro = (f"Trained on {primary['device']} ({_names([str(n) for n in seeds]) if seeds else 'several'} seeds, "
+                 "95% intervals)")
+        headline = intro + ": " + _by_data(mine, "verdict", short=True) + "."
+        trained_text = intro + ": " + _by_data(mine, "numbers").replace(
+            "; the other pairs overlap: no difference between them", "") + "."
+    else:
+        headline = _locality_line(locality, "recall@8") if len(locality) else "no serialization data recorded"
+        trained_text = "No trained results were recorded."
+    datasets = list(dict.fromkeys(locality["data"])) if len(locality) else []
+    settings = (locality.groupby("data").size().iloc[0] // max(locality["ordering"].nunique(), 1)
+                if len(locality) else 0)
+    summary = ("An image, a video or a point cloud must be serialized before segment (window) and dilated attention "
+               "decide which spatial neighbours each token sees; the ordering decides which neighbours share a "
+               f"window. {trained_text} "
+               + (f"Exact locality (no training) of {locality['ordering'].nunique()} orderings on {len(datasets)} data "
+                  f"sets x {settings} attention settings: {_locality_line(locality, 'recall@8')}" if len(locality)
+                  else ""))
+    devices = list(dict.fromkeys(v["device"] for v in verdicts))
+    device = f"locality: {device_label(dict(env))}" + (f"; trained: {', '.join(devices)}" if devices else "")
+    return Page(title="Serialization: which curve ordering keeps spatial neighbours together", summary=summary,
+                headline=headline, sections=sections, notes=notes, bullets=bullets, device=device)

@@ -1,0 +1,127 @@
+"""The serialization page: verdicts from the intervals, the committed GPU run, titled axes, a sentence headline."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
+
+from hilbert_lab.reports import serialization  # noqa: E402
+from hilbert_lab.reports.page import figure_axis_titles  # noqa: E402
+from hilbert_lab.reports.render import build_page, renderer_for  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CPU_ENV = {"device": {"device": "cpu", "name": "test cpu"}, "cpu": {"model": "test", "usable_cores": 2},
+           "git": {"commit": "0123456789abcdef"}, "packages": {"torch": "2.x"}}
+
+
+def _task(name, window, kind, values):
+    spec = {"kind": kind, "grid_shape": [8, 8], "radius": 1.0, "num_points": 64, "ndim": 3, "neighbours": 5}
+    return {"name": name, "task": spec, "config": {"segment_lengths": [window], "steps": 10},
+            "summary": [{"ordering": o, "mean": m, "low": lo, "high": hi, "n": 3,
+                         "locality": {"recall@8": r, "unmet_adjacent": 1 - r, "diameter_mean": 5.0}}
+                        for o, m, lo, hi, r in values]}
+
+
+DOCUMENT = {"device": "h100", "env": {"device": {"device": "cuda:0", "name": "Test GPU"}}, "tasks": [
+    # separated: hilbert and morton ahead of rowmajor (intervals disjoint); snake overlaps both sides
+    _task("grid w16", 16, "grid", [("hilbert", 0.90, 0.88, 0.92, 0.8), ("morton", 0.89, 0.86, 0.91, 0.8),
+                                   ("snake", 0.84, 0.80, 0.885, 0.5), ("rowmajor", 0.78, 0.76, 0.80, 0.4)]),
+    # every interval overlaps
+    _task("grid w64", 64, "grid", [("rowmajor", 0.80, 0.70, 0.90, 0.9), ("hilbert", 0.79, 0.69, 0.89, 0.9)]),
+]}
+
+
+def _locality():
+    rows = []
+    for data, scale in (("8 x 8", 1.0), ("cloud", 0.5)):
+        for segments, rates, values in (([16], [1], {"rowmajor": 0.3, "hilbert": 0.7}),
+                                        ([64], [1], {"rowmajor": 0.95, "hilbert": 0.951})):
+            for ordering, value in values.items():
+                rows.append({"data": data, "tokens": 64, "segment_lengths": segments, "dilation_rates": rates,
+                             "ordering": ordering, "recall@4": value, "recall@8": value * scale,
+                             "recall@26": value, "diameter_mean": 3.0 / value, "diameter_max": 4.0,
+                             "unmet_adjacent": 1 - value, "seconds": 0.01})
+    return pd.DataFrame(rows)
+
+
+def _metrics():
+    trained = pd.DataFrame(serialization.trained_rows(DOCUMENT, "GPU"))
+    locality = _locality()
+    table = lambda frame: {"caption": "", "columns": list(frame.columns),  # noqa: E731
+                           "rows": json.loads(frame.to_json(orient="records"))}
+    parameters = {"window_examples": [[8, "rowmajor", 16, 1], [8, "hilbert", 16, 1]], "timing_grid": [64, 64]}
+    return {"report": "serialization", "parameters": parameters,
+            "metrics": {"chance_accuracy": {"value": 0.5}, "locality_seconds": {"value": 1.5, "unit": "s", "note": ""},
+                        "seconds_1M_grid_hilbert": {"value": 0.2, "unit": "s", "note": ""}},
+            "tables": {"locality": table(locality), "trained": table(trained)}, "figures": {}}
+
+
+def test_ranking_verdict_reads_intervals():
+    rows = DOCUMENT["tasks"][0]["summary"]
+    ranking, verdict, separated = serialization.ranking_verdict(rows)
+    assert separated and ranking.startswith("hilbert 0.900 [0.880, 0.920] > morton")
+    assert verdict.startswith("hilbert and morton ahead of rowmajor (95% intervals disjoint)")
+    assert "snake ahead" not in verdict and "other pairs overlap" in verdict
+    _, numbers, _ = serialization.ranking_verdict(rows, numbers=True)
+    assert numbers.startswith("hilbert 0.900 [0.880, 0.920] and morton 0.890 [0.860, 0.910] ahead of rowmajor 0.780")
+    _, verdict, separated = serialization.ranking_verdict(DOCUMENT["tasks"][1]["summary"])
+    assert not separated and verdict.startswith("no difference")
+    # touching intervals are not disjoint
+    touching = [{"ordering": "a", "mean": 1.0, "low": 0.9, "high": 1.1}, {"ordering": "b", "mean": 0.8, "low": 0.7,
+                                                                          "high": 0.9}]
+    assert serialization.ranking_verdict(touching)[1].startswith("no difference")
+
+
+def test_page_summary_names_ranking_device_and_no_difference():
+    assert renderer_for("serialization") is serialization.render
+    page = build_page(_metrics(), CPU_ENV)
+    assert page.title.startswith("Serialization: which curve ordering")
+    assert "Trained on Test GPU" in page.summary and "Test GPU" in page.device
+    assert "hilbert 0.900 [0.880, 0.920] and morton 0.890 [0.860, 0.910] ahead of rowmajor" in page.summary
+    assert "window 64: no difference" in page.summary
+    # the index card: a sentence with the verdicts, no raw metric keys
+    assert page.headline.startswith("Trained on Test GPU") and "no difference" in page.headline
+    assert "locality_seconds" not in page.headline and "recall@8" not in page.headline
+    assert any("indicative only" in note for note in page.notes)  # CPU timings shown
+
+
+def test_page_sections_conclusions_axes_and_compact_tables():
+    page = build_page(_metrics(), CPU_ENV)
+    figures = [section for section in page.sections if section.figure is not None]
+    assert len(figures) >= 4  # accuracy, windows, three locality metrics
+    for section in figures:
+        assert section.conclusion, section.heading
+        titles = figure_axis_titles(section.figure)
+        assert titles and all(title for _axis, title in titles), (section.heading, titles)
+    recall = next(section for section in page.sections if section.heading.startswith("8-NN recall"))
+    # pivot: one row per (data, ordering), one column per setting, not the tidy dump
+    assert list(recall.table.columns) == ["data", "ordering", "w=16", "w=64"] and len(recall.table) == 4
+    assert recall.table.set_index(["data", "ordering"]).loc[("cloud", "hilbert"), "w=16"] == pytest.approx(0.35)
+    # w=16: hilbert best on both data sets; w=64 on the grid: within 2%, no difference
+    assert "hilbert on 2/2" in recall.conclusion and "8 x 8 w=64" in recall.conclusion
+    which = next(section for section in page.sections if section.heading.startswith("Which ordering"))
+    text = " ".join(which.text)
+    assert "8 x 8: use hilbert at w=16 (8-NN recall 0.7 vs rowmajor 0.3); no difference at w=64." in text
+    assert serialization._family(["hilbert", "morton", "hilbert-trans", "morton-trans"]) == \
+        "hilbert or morton (either orientation)"
+    assert serialization._family(["hilbert", "morton", "hilbert-trans"]) == "hilbert, morton or hilbert-trans"
+    assert "Trained on Test GPU, 2D 8x8 image, window 64: no difference" in text
+    windows = next(section for section in page.sections if section.heading.startswith("The attention windows"))
+    assert "rowmajor w=16: mostly 2 x 8 boxes" in windows.conclusion
+    assert "hilbert w=16: mostly 4 x 4" in windows.conclusion
+
+
+def test_committed_gpu_file_is_read_with_its_device():
+    document = json.loads((REPO / "reports" / "results" / "serialization_h100.json").read_text())
+    rows = serialization.trained_rows(document, "GPU")
+    assert {row["device"] for row in rows} == {"NVIDIA H100 80GB HBM3"}
+    frame = pd.DataFrame(rows)
+    window64 = frame[frame["task"] == document["tasks"][0]["name"]].to_dict(orient="records")
+    _, verdict, separated = serialization.ranking_verdict(window64)
+    assert separated and verdict.startswith("morton, hilbert/hilbert-trans and hilbert ahead of snake and rowmajor")
+    with pytest.raises(ValueError, match="document must be"):
+        serialization.trained_rows({"device": "cpu"}, "GPU")
