@@ -1,6 +1,6 @@
 """Fused Triton dilated attention (forward + backward) over the original (B, N, H, D) layout.
 
-Semantics (issue 3): branch i has segment length w_i (capped at N) and dilation r_i; head h
+Semantics: branch i has segment length w_i (capped at N) and dilation r_i; head h
 takes part in branch i with offset head_offsets[i, h] (-1: not at all). Position p is selected
 in branch i iff (p mod w_i) mod r_i == offset; a selected query attends the selected keys of its
 own segment (and only keys p' <= p when causal). All branches of a head are combined by one
@@ -14,7 +14,7 @@ divides w_i and R, each branch either selects all rows of a stream tile or none,
 wasted; in other cases per-row masks keep the result exact. Keys of a branch are read directly
 from the original layout at positions segment_start + offset + r * j (no gathered copies).
 Backward: the merged output and merged LSE give each branch's exact share of dQ/dK/dV
-(issue 3); the dK/dV kernel owns each key row exactly once, so no atomics are needed.
+(the engine's exact-backward rule); the dK/dV kernel owns each key row exactly once, so no atomics are needed.
 
 Public entry points take plain ints and tensors, never a pattern object.
 """
@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 
 __all__ = [
     "HAVE_TRITON",
+    "interpreting",
     "stream_stride",
     "dilated_attention_forward",
     "dilated_attention_backward",
@@ -49,7 +50,7 @@ _LOG2E = 1.4426950408889634
 _MAX_STREAM_STRIDE = 64
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -72,7 +73,7 @@ def _patch_interpreter_scalars() -> None:
     interpreter._patch_lang_tensor = patched
 
 
-if HAVE_TRITON and _interpreting():
+if HAVE_TRITON and interpreting():
     _patch_interpreter_scalars()
 
 
@@ -530,7 +531,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_len
                          f"got {tuple(head_offsets.shape)}")
     if q.shape[3] > 256:
         raise ValueError(f"head dim D must be <= 256 for the fused kernel; got {q.shape[3]}")
-    if q.device.type != "cuda" and not _interpreting():
+    if q.device.type != "cuda" and not interpreting():
         raise ValueError(f"q, k, v must be CUDA tensors (or set TRITON_INTERPRET=1); got device {q.device}")
 
 
@@ -546,7 +547,7 @@ USE_TMA_DEFAULT = False
 def _tma_eligible(k: torch.Tensor, v: torch.Tensor) -> bool:
     """Device-side tensor descriptors need sm_90+, a power-of-2 head dim of >= 16 bytes, and 16-byte
     aligned base pointers and row strides (every dilated row stride is then aligned too)."""
-    if _interpreting() or k.device.type != "cuda" or torch.cuda.get_device_capability(k.device)[0] < 9:
+    if interpreting() or k.device.type != "cuda" or torch.cuda.get_device_capability(k.device)[0] < 9:
         return False
     if not hasattr(tl, "make_tensor_descriptor"):
         return False
@@ -579,7 +580,7 @@ def _fwd_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for the forward kernel."""
     if "fwd" in CONFIG_OVERRIDES:
         return CONFIG_OVERRIDES["fwd"]
-    if _interpreting():
+    if interpreting():
         return 16, 16, 1, 1
     if dtype == torch.float32:
         return 64, 32, 4, 2
@@ -594,7 +595,7 @@ def _bwd_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int, 
     """(dkdv BLOCK_M, dkdv BLOCK_N, dq BLOCK_M, dq BLOCK_N, num_warps, num_stages)."""
     if "bwd" in CONFIG_OVERRIDES:
         return CONFIG_OVERRIDES["bwd"]
-    if _interpreting():
+    if interpreting():
         return 16, 16, 16, 16, 1, 1
     if dtype == torch.float32 or head_dim > 128:
         return 32, 64, 64, 32, 4, 2
@@ -691,7 +692,7 @@ def dilated_attention_backward(
     delta = torch.empty((batch, num_heads, seq_len), dtype=torch.float32, device=q.device)
     grad_lse_f = grad_lse.float().contiguous() if grad_lse is not None else delta
     block_d = max(16, triton.next_power_of_2(head_dim))
-    rows = 16 if _interpreting() else 64
+    rows = 16 if interpreting() else 64
     _delta_kernel[(triton.cdiv(seq_len, rows), batch * num_heads)](
         out, grad_out, grad_lse_f, delta, out.stride(0), out.stride(1), out.stride(2), seq_len, num_heads,
         HAS_GRAD_LSE=grad_lse is not None, HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_ROWS=rows)

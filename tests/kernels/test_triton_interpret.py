@@ -63,7 +63,7 @@ def test_bad_inputs_raise_value_error():
         with pytest.raises(ValueError, match="scale"):
             td.dilated_attention_forward(q, q, q, segment_lengths=[8], dilation_rates=[1], head_offsets=offsets,
                                          scale=bad_scale)
-    if not td._interpreting():
+    if not td.interpreting():
         with pytest.raises(ValueError, match="CUDA"):
             td.dilated_attention_forward(q, q, q, segment_lengths=[8], dilation_rates=[1], head_offsets=offsets)
 

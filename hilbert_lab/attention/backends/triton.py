@@ -28,7 +28,7 @@ def unavailable_reason(device: Optional[torch.device] = None, dtype: Optional[to
     """None when the fused kernel can run on `device` with `dtype`, else why not."""
     if not triton_dilated.HAVE_TRITON:
         return "the 'triton' package is not installed (pip install triton)"
-    interpreting = triton_dilated._interpreting()
+    interpreting = triton_dilated.interpreting()
     if device is not None and torch.device(device).type != "cuda" and not interpreting:
         return f"it needs a CUDA device (got {device}); TRITON_INTERPRET=1 runs it slowly on the CPU"
     if device is None and not torch.cuda.is_available() and not interpreting:
