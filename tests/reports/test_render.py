@@ -123,7 +123,7 @@ def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
         pytest.skip("no committed default run")
     suite = runs[-1].parent
     pages = {part: build_page(*load_run(suite / part)) for part in json.loads((suite / "metrics.json").read_text())["parts"]}
-    assert set(pages) == {"benchmark-small", "locality", "claims-small", "training"}
+    assert set(pages) == {"benchmark-small", "locality", "claims-small", "training", "serialization"}
     for name, page in pages.items():
         figures = [section for section in page.sections if section.figure is not None]
         assert figures, name
