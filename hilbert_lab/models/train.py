@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from hilbert_lab import arguments
+from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
 from hilbert_lab.io import atomic_write
 
 from .blocks import LongNetLM
@@ -28,7 +29,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "log.jsonl"
 SUMMARY_NAME = "summary.json"
 CHECKPOINT_FORMAT = 1
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = {name: torch_dtype(name) for name in FLOAT_DTYPES if name != "float16"}  # float16 only through autocast
 AUTOCAST_DTYPES = ("none", "bfloat16", "float16")
 OPTIMIZERS = ("adamw", "sgd")
 
