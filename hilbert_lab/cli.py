@@ -15,9 +15,8 @@ from typing import Any, Sequence
 
 from hilbert_lab import arguments
 from hilbert_lab.arguments import MAX_SEQ_LEN, OUTPUT_RULE, available_device, choice_list, int_list, integer, number
+from hilbert_lab.dtypes import DTYPES
 
-DTYPES = ("float32", "float64", "float16", "bfloat16")
-MODES = ("longnet", "head_groups")
 PASSES = ("forward", "forward_backward")
 CURVE_KINDS = ("hilbert", "morton", "snake", "rowmajor")
 EXIT_BAD_INPUT = 2
@@ -43,14 +42,10 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
 # ---------------------------------------------------------------- argument helpers
 
 def _ordering_list(text: str) -> list[str | None]:
-    allowed = ("none",) + _orderings()
-    return [None if v in ("none", "identity") else v for v in choice_list(allowed)(text)]
-
-
-def _orderings() -> tuple[str, ...]:
     from hilbert_lab.curves import ORDERINGS
 
-    return tuple(ORDERINGS)
+    allowed = ("none",) + ORDERINGS
+    return [None if v in ("none", "identity") else v for v in choice_list(allowed)(text)]
 
 
 def _backends() -> tuple[str, ...]:
@@ -62,13 +57,16 @@ def _backends() -> tuple[str, ...]:
 def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, run: bool = True) -> None:
     """Shape/pattern flags shared by bench, probe and estimate (sweep: lists allowed; run: the device
     must exist here)."""
+    from hilbert_lab.attention.pattern import MODES
+    from hilbert_lab.curves import ORDERINGS
+
     many = "comma-separated list; " if sweep else ""
     parser.add_argument("--backend", type=choice_list(_backends()), default=["manual"] if sweep else ["auto"],
                         help=f"{many}one of: {', '.join(_backends())}")
     parser.add_argument("--mode", type=choice_list(MODES), default=["longnet"], help=f"{many}{' | '.join(MODES)}")
     parser.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"], help=f"{many}{' | '.join(DTYPES)}")
     parser.add_argument("--ordering", type=_ordering_list, default=[None],
-                        help=f"{many}none | {' | '.join(o for o in _orderings() if o != 'identity')}")
+                        help=f"{many}none | {' | '.join(o for o in ORDERINGS if o != 'identity')}")
     device_help = f"{arguments.DEVICE_SYNTAX} (default: cpu)" + ("" if run else "; need not exist here")
     parser.add_argument("--device", type=available_device if run else arguments.device, default="cpu",
                         help=device_help)
@@ -281,21 +279,6 @@ def _estimate(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------- curve
 
-def curve_coordinates(kind: str, width: int, height: int, depth: int | None = None):
-    """(W*H[*D], 2 or 3) int64 coordinates (x, y[, z]) in traversal order of a curve over the grid."""
-    import numpy as np
-
-    from hilbert_lab.curves import grid_permutation
-
-    shape = (height, width) if depth is None else (depth, height, width)
-    perm, _ = grid_permutation(shape, kind)
-    perm = np.asarray(perm, dtype=np.int64)
-    x, rest = perm % width, perm // width
-    if depth is None:
-        return np.stack([x, rest], axis=1)
-    return np.stack([x, rest % height, rest // height], axis=1)
-
-
 def write_png(path: str, rgb) -> None:
     """Write an (H, W, 3) uint8 array as a PNG with numpy + zlib only."""
     import struct
@@ -351,7 +334,10 @@ def _curve(args: argparse.Namespace) -> int:
     if extension == ".png" and pixels > 1 << 26:
         raise CliError(f"the PNG would have {pixels} pixels (> {1 << 26}); lower --cell or the grid size")
     out = arguments.prepare_output(args.out, "--out")
-    coords = curve_coordinates(args.kind, args.width, args.height, args.depth)
+    from hilbert_lab.curves import curve_coordinates
+
+    coords = curve_coordinates(args.kind, width=args.width, height=args.height, depth=args.depth,
+                               ndim=2 if args.depth is None else 3)
     if extension == ".csv":
         header = "index,x,y" + (",z" if args.depth is not None else "")
         table = np.concatenate([np.arange(len(coords))[:, None], coords], axis=1)

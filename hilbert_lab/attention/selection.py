@@ -39,6 +39,7 @@ from typing import Optional, Sequence
 import torch
 
 from hilbert_lab.attention.backends import unavailable_reason
+from hilbert_lab.io import atomic_write
 
 # Compute-capability major (and minor for Ada) -> architecture.
 _ARCHITECTURES = {3: "Kepler", 5: "Maxwell", 6: "Pascal", 7: "Volta", 8: "Ampere", 9: "Hopper", 10: "Blackwell",
@@ -260,8 +261,6 @@ def _write_cache(data: dict) -> None:
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass  # a read-only home only loses the file cache

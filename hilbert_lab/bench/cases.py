@@ -8,11 +8,11 @@ import signal
 import time
 from typing import Any
 
+from hilbert_lab.dtypes import DTYPES
+
 CASE_TARGET = "hilbert_lab.bench.cases:run_case"
 KINDS = ("selftest", "attention", "memory")
 SELFTEST_BEHAVIORS = ("ok", "raise", "sleep", "signal", "oom", "exit")
-MODES = ("longnet", "head_groups")
-DTYPES = ("float32", "float64", "float16", "bfloat16")
 PASSES = ("forward", "forward_backward")
 # Names the engine contract defines; the engine's registry (backends.BACKENDS) is preferred when importable.
 ATTENTION_DEFAULTS: dict[str, Any] = {
@@ -85,6 +85,8 @@ def normalize_case(params: dict[str, Any]) -> dict[str, Any]:
     if len(case["segment_lengths"]) != len(case["dilation_rates"]):
         raise ValueError(f"segment_lengths and dilation_rates must have the same length, got "
                          f"{len(case['segment_lengths'])} and {len(case['dilation_rates'])}")
+    from hilbert_lab.attention.pattern import MODES  # lazily: importing bench must not load torch
+
     _require(case, "mode", MODES)
     _require(case, "dtype", DTYPES)
     _require(case, "pass", PASSES)
@@ -94,20 +96,14 @@ def normalize_case(params: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:<index>', got {device!r}")
     if not isinstance(case["causal"], bool):
         raise ValueError(f"causal must be true or false, got {case['causal']!r}")
-    if case["ordering"] is not None and case["ordering"] not in _orderings():
-        raise ValueError(f"ordering must be null or one of {', '.join(_orderings())}; got {case['ordering']!r}")
+    from hilbert_lab.curves import ORDERINGS
+
+    if case["ordering"] is not None and case["ordering"] not in ORDERINGS:
+        raise ValueError(f"ordering must be null or one of {', '.join(ORDERINGS)}; got {case['ordering']!r}")
     from hilbert_lab.attention.pattern import DilatedPattern  # the engine's own validator
 
     DilatedPattern.create(case["segment_lengths"], case["dilation_rates"], mode=case["mode"], causal=case["causal"])
     return case
-
-
-def _orderings() -> tuple[str, ...]:
-    try:
-        from hilbert_lab.curves import ORDERINGS
-    except ImportError:
-        return ("identity", "hilbert", "morton", "snake")
-    return tuple(ORDERINGS)
 
 
 def worker_env(case: dict[str, Any]) -> dict[str, str]:

@@ -5,6 +5,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hilbert_lab.curves.orderings import GRID_ORDERINGS
 from hilbert_lab.locality.cache import miss_curve
 from hilbert_lab.locality.metrics import (
     STRETCH_MAX_TOKENS,
@@ -27,7 +28,6 @@ from hilbert_lab.locality.traces import (
 
 __all__ = ["GRID_ORDERINGS", "COLUMNS", "compare_orderings", "grid_rows", "dilated_rows"]
 
-GRID_ORDERINGS = ("rowmajor", "snake", "hilbert", "morton")
 COLUMNS = ("family", "configuration", "ordering", "metric", "parameter", "value", "note")
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from hilbert_lab import arguments
+from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
+from hilbert_lab.io import atomic_write
 
 from .blocks import LongNetLM
 from .tasks import IGNORE_INDEX, RetrievalTask, make_batch
@@ -27,7 +29,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "log.jsonl"
 SUMMARY_NAME = "summary.json"
 CHECKPOINT_FORMAT = 1
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
+DTYPES = {name: torch_dtype(name) for name in FLOAT_DTYPES if name != "float16"}  # float16 only through autocast
 AUTOCAST_DTYPES = ("none", "bfloat16", "float16")
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -281,40 +283,15 @@ def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save ``obj`` to ``path`` via a temporary file in the same folder, fsync and rename:
-    ``path`` holds either the previous complete file or the new complete file, never a partial one."""
-    path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    with contextlib.suppress(OSError):  # make the rename durable (not supported everywhere)
-        directory = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+    """torch.save ``obj`` to ``path`` atomically (hilbert_lab.io.atomic_write): ``path`` holds either the
+    previous complete file or the new complete file, never a partial one."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    atomic_write(path, buffer.getvalue())
 
 
 def _atomic_write_text(text: str, path: Path) -> None:
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
+    atomic_write(path, text)
 
 
 def config_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:

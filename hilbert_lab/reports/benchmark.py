@@ -7,29 +7,15 @@ from typing import Any, Sequence
 import numpy as np
 
 
-def useful_pairs(seq_len: int, num_heads: int, segment_lengths: Sequence[int], dilation_rates: Sequence[int],
-                 mode: str = "longnet", causal: bool = False) -> int:
-    """Query-key pairs the dilated attention computes, summed over heads and branches.
-
-    Each (branch, offset) group attends within its segments: c selected tokens give c*c pairs
-    (c*(c+1)/2 causal). A pair allowed by two branches counts twice, as the branches compute it twice
-    (the reference weighs it twice). Padding and masked-out work done by a kernel are not counted.
-    """
-    from hilbert_lab.attention.pattern import DilatedPattern
-
-    pattern = DilatedPattern.create(list(segment_lengths), list(dilation_rates), mode=mode, causal=causal)
-    total = 0
-    for group in pattern.groups(seq_len, num_heads):
-        counts = (group.index >= 0).sum(dim=1).numpy().astype(np.int64)
-        pairs = counts * (counts + 1) // 2 if causal else counts * counts
-        total += int(pairs.sum()) * len(group.heads)
-    return total
-
-
 def useful_flops(case: dict[str, Any]) -> float:
-    """Forward FLOPs of the useful pairs: 4 * B * D per pair (QK^T and PV); x3 for forward+backward."""
-    pairs = useful_pairs(case["seq_len"], case["num_heads"], case["segment_lengths"], case["dilation_rates"],
-                         case.get("mode", "longnet"), bool(case.get("causal", False)))
+    """Forward FLOPs of the useful pairs (bench.flops.useful_pairs): 4 * B * D per pair (QK^T and PV); x3 for
+    forward+backward."""
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.bench.flops import useful_pairs
+
+    pattern = DilatedPattern.create(list(case["segment_lengths"]), list(case["dilation_rates"]),
+                                    mode=case.get("mode", "longnet"), causal=bool(case.get("causal", False)))
+    pairs = useful_pairs(pattern, case["seq_len"], case["num_heads"])
     flops = 4.0 * case.get("batch_size", 1) * case["head_dim"] * pairs
     return flops * (3.0 if case.get("pass") == "forward_backward" else 1.0)
 

@@ -23,10 +23,11 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+from hilbert_lab.dtypes import DTYPES
+
+DTYPE_BYTES = dict(zip(DTYPES, (4, 8, 2, 2)))
 FUSED_BACKENDS = ("sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "flex", "flash", "xformers", "triton")
 EAGER_BACKENDS = ("manual", "reference", "sdpa_math")
-MODES = ("longnet", "head_groups")
 # Sizes no device or host holds are refused at once (the estimate walks heads one by one, so a
 # head count in the billions would exhaust memory before any answer).
 MAX_INPUT_BYTES = 1 << 50  # q, k, v together: 1 PiB
@@ -63,8 +64,10 @@ class MemoryConfig:
             raise ValueError(f"num_heads must be <= {MAX_NUM_HEADS}, got {self.num_heads}")
         object.__setattr__(self, "segment_lengths", tuple(self.segment_lengths))
         object.__setattr__(self, "dilation_rates", tuple(self.dilation_rates))
-        if self.dtype not in DTYPE_BYTES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPE_BYTES)}; got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        from hilbert_lab.attention.pattern import MODES  # torch: imported on use
+
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):

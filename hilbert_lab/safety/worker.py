@@ -7,6 +7,8 @@ import os
 import sys
 import traceback
 
+from hilbert_lab.io import atomic_write
+
 
 def _is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
@@ -19,12 +21,7 @@ def _is_out_of_memory(exc: BaseException) -> bool:
 
 
 def _write_atomic(path: str, payload: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as handle:
-        json.dump(payload, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(payload))
 
 
 def _die_with_parent() -> None:

@@ -6,9 +6,10 @@ from typing import Any, Sequence
 
 import torch
 
+from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
 from hilbert_lab.viz.panels import Panel, clamp, show_message
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {name: torch_dtype(name) for name in FLOAT_DTYPES}
 REFERENCE_MAX_TOKENS = 2048  # the float64 dense oracle is O(N^2) memory; not timed beyond this
 MAX_DASHBOARD_TOKENS = {"cpu": 16384, "cuda": 1 << 20}
 

@@ -5,7 +5,8 @@ from typing import Any
 
 import numpy as np
 
-CURVE_FAMILIES = ("hilbert", "gilbert", "morton", "snake", "rowmajor")
+from hilbert_lab.curves.coordinates import CURVE_FAMILIES, ORDER_FAMILIES, curve_coordinates  # noqa: F401 (the viz home of them)
+
 CURVE_LABELS = {
     "hilbert": "Hilbert (order n, side 2^n)",
     "gilbert": "generalized Hilbert (any width x height)",
@@ -13,46 +14,6 @@ CURVE_LABELS = {
     "snake": "snake (boustrophedon)",
     "rowmajor": "row-major",
 }
-ORDER_FAMILIES = ("hilbert", "morton")  # sized by order (side 2^order); the others by width/height/depth
-
-
-def _flat_to_coords(flat: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """Row-major flat indices of a (H, W) / (T, H, W) grid -> (N, ndim) coords (x, y[, z])."""
-    unravelled = np.unravel_index(np.asarray(flat, dtype=np.int64), shape)
-    return np.stack(unravelled[::-1], axis=-1).astype(np.int64)
-
-
-def curve_coordinates(family: str, *, order: int | None = None, width: int | None = None,
-                      height: int | None = None, depth: int | None = None, ndim: int = 2) -> np.ndarray:
-    """Cells of a 2D/3D grid in traversal order: (N, ndim) int64 coordinates (x, y[, z]).
-
-    `hilbert` / `morton` take `order` (a cube of side 2**order); `gilbert`, `snake`, `rowmajor` take
-    width/height (and depth for ndim=3).
-    """
-    from hilbert_lab import curves
-
-    if family not in CURVE_FAMILIES:
-        raise ValueError(f"family must be one of {CURVE_FAMILIES}, got {family!r}")
-    if ndim not in (2, 3):
-        raise ValueError(f"ndim must be 2 or 3, got {ndim!r}")
-    if family in ORDER_FAMILIES:
-        if order is None or not 1 <= int(order) <= (10 if ndim == 2 else 6):
-            raise ValueError(f"order must be in [1, {10 if ndim == 2 else 6}] for {family}, got {order!r}")
-        side = 2 ** int(order)
-        index = np.arange(side ** ndim, dtype=np.int64)
-        coords = np.asarray(curves.decode(index, int(order), ndim, curve=family), dtype=np.int64)
-        return coords.reshape(-1, ndim)
-    sizes = {"width": width, "height": height} | ({"depth": depth} if ndim == 3 else {})
-    for name, value in sizes.items():
-        if value is None or int(value) < 1:
-            raise ValueError(f"{name} must be an integer >= 1 for {family}, got {value!r}")
-    if family == "gilbert":
-        if ndim == 2:
-            return np.asarray(curves.gilbert(int(width), int(height)), dtype=np.int64)
-        return np.asarray(curves.gilbert3d(int(width), int(height), int(depth)), dtype=np.int64)
-    shape = (int(height), int(width)) if ndim == 2 else (int(depth), int(height), int(width))
-    perm, _inverse = curves.grid_permutation(shape, family)
-    return _flat_to_coords(perm, shape)
 
 
 def traversal_metrics(coords: np.ndarray, window: int = 16) -> dict[str, float]:
@@ -68,9 +29,10 @@ def traversal_metrics(coords: np.ndarray, window: int = 16) -> dict[str, float]:
         raise ValueError(f"coords must be (N>=2, ndim), got shape {coords.shape}")
     if window < 2:
         raise ValueError(f"window must be >= 2, got {window}")
-    steps = np.diff(coords, axis=0)
-    euclid = np.sqrt((steps ** 2).sum(axis=1))
-    manhattan = np.abs(steps).sum(axis=1)
+    from hilbert_lab.locality.metrics import step_distances
+
+    euclid = step_distances(coords)
+    manhattan = np.abs(np.diff(coords, axis=0)).sum(axis=1)
     count, ndim = coords.shape
     usable = (count // window) * window
     if usable:

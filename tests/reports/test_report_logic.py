@@ -9,7 +9,8 @@ import pytest
 
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.reports import claims
-from hilbert_lab.reports.benchmark import comparisons, results_table, useful_flops, useful_pairs
+from hilbert_lab.bench.flops import useful_pairs
+from hilbert_lab.reports.benchmark import comparisons, results_table, useful_flops
 from hilbert_lab.reports.recorder import ReportRecorder, to_jsonable
 
 
@@ -21,7 +22,7 @@ from hilbert_lab.reports.recorder import ReportRecorder, to_jsonable
 ])
 def test_useful_pairs_equal_the_reference_multiplicity(seq_len, heads, lengths, rates, mode, causal):
     pattern = DilatedPattern.create(lengths, rates, mode=mode, causal=causal)
-    assert useful_pairs(seq_len, heads, lengths, rates, mode, causal) == int(pattern.multiplicity(seq_len, heads).sum())
+    assert useful_pairs(pattern, seq_len, heads) == int(pattern.multiplicity(seq_len, heads).sum())
 
 
 def test_useful_flops_by_hand():
@@ -47,7 +48,7 @@ def test_results_table_and_ordering_speedups():
     first = table.iloc[0]
     assert (first.median_ms, first.min_ms, first.max_ms, first.peak_mib) == (2.0, 1.0, 3.0, 1.0)
     assert first.tokens_per_s == pytest.approx(1024 / 2e-3)
-    pairs = useful_pairs(1024, 1, [4], [1])
+    pairs = useful_pairs(DilatedPattern.create([4], [1]), 1024, 1)
     assert first.useful_tflops == pytest.approx(4 * 8 * pairs / 2e-3 / 1e12)
     assert table.iloc[3].status == "timeout" and math.isnan(table.iloc[3].median_ms)
     assert table.iloc[1].times_ms == [4.0, 4.0, 5.0] and table.iloc[3].times_ms == []
