@@ -373,7 +373,7 @@ def _command(subparsers, name: str, help_text: str, examples: str) -> argparse.A
 def build_parser() -> argparse.ArgumentParser:
     """The full `hilbert-lab` parser (report, train and ring are registered by their packages)."""
     from hilbert_lab.distributed.cli import register_cli as register_ring
-    from hilbert_lab.models.train import register_cli as register_train
+    from hilbert_lab.models.cli import register_cli as register_train
     from hilbert_lab.reports.cli import register_cli as register_report
 
     parser = _Parser(prog="hilbert-lab", formatter_class=_formatter,
