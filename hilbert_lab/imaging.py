@@ -41,12 +41,12 @@ def render_path(coords: np.ndarray, cell: int) -> np.ndarray:
     """(H*cell, W*cell, 3) uint8 image of a 2D path: the centres of consecutive grid cells joined by
     straight lines on white, coloured blue (first step) -> red (last step).
 
-    coords: (P, 2) non-negative integer cell coordinates (x, y) in path order, P >= 2; the grid is
+    coords: (P, 2) non-negative integer cell coordinates (x, y) in path order, P >= 1; the grid is
     (max y + 1) x (max x + 1) cells. cell: pixels per grid cell, >= 1.
     """
     coords = np.asarray(coords)
-    if coords.ndim != 2 or coords.shape[1] != 2 or coords.shape[0] < 2:
-        raise ValueError(f"coords must be a (P, 2) array with P >= 2, got shape {coords.shape}")
+    if coords.ndim != 2 or coords.shape[1] != 2 or coords.shape[0] < 1:
+        raise ValueError(f"coords must be a (P, 2) array with P >= 1, got shape {coords.shape}")
     if not np.issubdtype(coords.dtype, np.integer) or coords.min() < 0:
         raise ValueError("coords must hold non-negative integers")
     if isinstance(cell, bool) or not isinstance(cell, (int, np.integer)) or cell < 1:

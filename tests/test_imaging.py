@@ -60,6 +60,10 @@ def test_render_path_draws_the_lines_between_cell_centres():
     assert tuple(image[6, 10]) == (255, 40, 0)  # last step red
 
 
+def test_render_path_of_one_cell_is_blank():
+    assert np.array_equal(render_path(np.array([[0, 0]]), 3), np.full((3, 3, 3), 255, np.uint8))
+
+
 def test_render_path_of_a_curve_round_trips_through_png():
     coords = np.array([[x if y % 2 == 0 else 3 - x, y] for y in range(3) for x in range(4)])  # snake 4x3
     image = render_path(coords, 3)
@@ -70,7 +74,7 @@ def test_render_path_of_a_curve_round_trips_through_png():
 
 
 @pytest.mark.parametrize("coords, cell, match", [
-    (np.array([[0, 0]]), 2, "coords"), (np.array([[0, 0, 0], [1, 0, 0]]), 2, "coords"),
+    (np.zeros((0, 2), np.int64), 2, "coords"), (np.array([[0, 0, 0], [1, 0, 0]]), 2, "coords"),
     (np.array([[0, 0], [-1, 0]]), 2, "coords"), (np.array([[0.0, 0.0], [1.0, 0.0]]), 2, "coords"),
     (np.array([[0, 0], [1, 0]]), 0, "cell"),
 ])
