@@ -14,9 +14,7 @@ from .spatial import (
     train_spatial,
 )
 from .tasks import IGNORE_INDEX, RetrievalTask, make_batch
-from .checkpoint import load_checkpoint, read_log
-from .config import TrainConfig
-from .loop import TrainResult, evaluate, train
+from .train import TrainConfig, TrainResult, evaluate, load_checkpoint, read_log, train
 
 __all__ = [
     "DilatedTransformerBlock", "LongNetEncoder", "LongNetLM", "apply_rotary",
