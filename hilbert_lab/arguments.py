@@ -16,6 +16,8 @@ from typing import Callable, Sequence
 
 DEVICE_SYNTAX = "cpu | cuda | cuda:N"
 MAX_SEQ_LEN = 1 << 40  # a bound for parsing only; the memory estimate refuses sizes no device holds
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
 
 
 def _bounds(minimum: float | None, maximum: float | None) -> str:
@@ -159,3 +161,14 @@ def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str 
     if not folder and os.path.exists(absolute) and not os.access(absolute, os.W_OK):
         raise ValueError(f"{flag} {path!r} is not writable")
     return absolute
+
+
+def help_formatter(prog: str) -> argparse.HelpFormatter:
+    """The `hilbert-lab` help layout: descriptions and examples kept as written."""
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+
+def add_command(subparsers, name: str, help_text: str, examples: str) -> argparse.ArgumentParser:
+    """Add `hilbert-lab NAME` to a parser's subparsers: its help, description and an examples epilog."""
+    return subparsers.add_parser(name, help=help_text, description=help_text, formatter_class=help_formatter,
+                                 epilog="examples:\n" + examples)

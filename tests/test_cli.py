@@ -1,6 +1,7 @@
 """`hilbert-lab` CLI: commands run, help has examples, bad input exits 2 with one line."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import struct
@@ -231,3 +232,15 @@ def test_train_refuses_cuda_on_a_cpu_build_including_presets(capsys, tmp_path):
         code, _, err = run_cli(capsys, "train", "--out", str(tmp_path / "run"), *argv)
         assert code == 2 and "CUDA is not available" in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "run").exists()
+
+
+def test_each_command_is_registered_and_handled_by_its_package():
+    from hilbert_lab.cli import build_parser
+
+    homes = {"info": "bench", "bench": "bench", "probe": "bench", "estimate": "bench", "curve": "curves",
+             "report": "reports", "train": "models", "ring": "distributed"}
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    assert list(commands.choices) == list(homes)
+    for name, package in homes.items():
+        handler = commands.choices[name].get_default("func")
+        assert handler.__module__ == f"hilbert_lab.{package}.cli", (name, handler.__module__)

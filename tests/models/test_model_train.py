@@ -230,3 +230,26 @@ def test_cli_trains_resumes_and_reports_bad_input(tmp_path, capsys):
     assert "seq_len:until_step" in capsys.readouterr().err
     assert _cli(["train", "--out", str(tmp_path / "y"), "--steps", "3", "--curriculum", "64:2", *flags]) == 2
     assert "curriculum" in capsys.readouterr().err
+
+
+def test_train_module_re_exports_each_public_name_from_its_home():
+    import importlib
+
+    from hilbert_lab.models import checkpoint, cli, config, loop
+
+    train_module = importlib.import_module("hilbert_lab.models.train")
+
+    homes = {name: module for module in (checkpoint, cli, config, loop) for name in vars(module)
+             if not name.startswith("_") and getattr(vars(module)[name], "__module__", module.__name__) == module.__name__}
+    for name in train_module.__all__:
+        assert getattr(train_module, name) is getattr(homes[name], name), name
+
+
+def test_models_train_stays_the_function_after_the_module_is_imported():
+    import importlib
+
+    import hilbert_lab.models
+    from hilbert_lab.models import loop
+
+    importlib.import_module("hilbert_lab.models.train")
+    assert hilbert_lab.models.train is loop.train

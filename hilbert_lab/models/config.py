@@ -1,0 +1,192 @@
+"""Training configuration: TrainConfig (task, model, optimisation, run control), the presets and
+the length-curriculum syntax."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
+
+from .tasks import RetrievalTask
+
+DTYPES = {name: torch_dtype(name) for name in FLOAT_DTYPES if name != "float16"}  # float16 only through autocast
+AUTOCAST_DTYPES = ("none", "bfloat16", "float16")
+OPTIMIZERS = ("adamw", "sgd")
+
+# Fields that only steer a run (where it logs, how often, which device); they may change on resume.
+# Every other field changes the loss curve (``steps`` too: it shapes the cosine schedule), so resuming
+# with a different value is refused.
+RUN_CONTROL_FIELDS = frozenset(
+    {"log_every", "eval_every", "eval_batches", "checkpoint_every", "device", "gradient_checkpointing",
+     "compile", "progress", "ring", "ring_layout"}
+)
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run (task, model, optimisation, run control)."""
+
+    # task (see hilbert_lab.models.tasks.RetrievalTask)
+    seq_len: int = 128
+    # Length curriculum: [[seq_len, until_step], ...] trains steps [previous until_step, until_step) on
+    # that shorter length (same task proportions), then config.seq_len; evaluation is always at seq_len.
+    curriculum: list[list[int]] = field(default_factory=list)
+    num_pairs: int = 1
+    num_queries: int = 1
+    num_keys: int = 8
+    num_values: int = 8
+    num_filler: int = 4
+    context_length: int | None = None
+    # model (see LongNetLM)
+    dim: int = 64
+    depth: int = 2
+    num_heads: int = 4
+    segment_lengths: list[int] = field(default_factory=lambda: [16, 32, 128])
+    dilation_rates: list[int] = field(default_factory=lambda: [1, 2, 4])
+    mlp_ratio: float = 2.0
+    dropout: float = 0.0
+    mode: str = "longnet"
+    ordering: str | None = None
+    backend: str = "auto"
+    rotary: bool = True
+    rotary_base: float = 10000.0
+    # optimisation
+    steps: int = 200
+    batch_size: int = 16
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    grad_clip: float | None = 1.0
+    seed: int = 0
+    dtype: str = "float32"
+    autocast: str = "none"
+    # run control
+    log_every: int = 10
+    eval_every: int = 50
+    eval_batches: int = 4
+    checkpoint_every: int = 50
+    device: str = "cpu"
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    progress: bool = True
+    ring: bool = False  # shard the sequence over the ranks of the initialised process group (ring attention)
+    ring_layout: str = "contiguous"
+
+    def __post_init__(self) -> None:
+        self.segment_lengths = [int(s) for s in self.segment_lengths]
+        self.dilation_rates = [int(r) for r in self.dilation_rates]
+        for name in ("steps", "batch_size", "log_every", "eval_every", "eval_batches", "checkpoint_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"autocast must be one of {AUTOCAST_DTYPES}, got {self.autocast!r}")
+        if self.ring_layout not in ("contiguous", "zigzag"):
+            raise ValueError(f"ring_layout must be 'contiguous' or 'zigzag', got {self.ring_layout!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be None or > 0, got {self.grad_clip}")
+        self.task()  # validates the task fields
+        self.curriculum = [[int(v) for v in phase] for phase in self.curriculum]
+        previous_length, previous_step = 0, 0
+        for index, phase in enumerate(self.curriculum):
+            if len(phase) != 2:
+                raise ValueError(f"curriculum[{index}] must be [seq_len, until_step], got {phase!r}")
+            length, until = phase
+            if not previous_length < length < self.seq_len or not previous_step < until <= self.steps:
+                raise ValueError(
+                    f"curriculum must list [seq_len, until_step] pairs with seq_len increasing and < seq_len="
+                    f"{self.seq_len} and until_step increasing and <= steps={self.steps}; got {self.curriculum!r}")
+            self.task(step=until - 1)  # the shorter task must be valid too
+            previous_length, previous_step = length, until
+
+    def seq_len_at(self, step: int) -> int:
+        """Training sequence length at (0-based) ``step``: the curriculum's phase, else seq_len."""
+        for length, until in self.curriculum:
+            if step < until:
+                return length
+        return self.seq_len
+
+    def task(self, step: int | None = None) -> RetrievalTask:
+        """The task at the full length, or at training ``step``'s curriculum length (the context
+        keeps the same fraction of the sequence)."""
+        length = self.seq_len if step is None else self.seq_len_at(step)
+        context = self.context_length
+        if context is not None and length != self.seq_len:
+            context = max(2 * self.num_pairs, min(length - 2 * self.num_queries, context * length // self.seq_len))
+        return RetrievalTask(
+            seq_len=length, num_pairs=self.num_pairs, num_queries=self.num_queries,
+            num_keys=self.num_keys, num_values=self.num_values, num_filler=self.num_filler,
+            context_length=context,
+        )
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return dict(
+            vocab_size=self.task().vocab_size, dim=self.dim, depth=self.depth, num_heads=self.num_heads,
+            segment_lengths=self.segment_lengths, dilation_rates=self.dilation_rates, max_seq_len=self.seq_len,
+            mlp_ratio=self.mlp_ratio, dropout=self.dropout, mode=self.mode, ordering=self.ordering,
+            backend=self.backend, rotary=self.rotary, rotary_base=self.rotary_base,
+            gradient_checkpointing=self.gradient_checkpointing,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {unknown}; allowed: {sorted(known)}")
+        return cls(**values)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Needle retrieval over 64 tokens (pair in [0, 48), question at 62); the last segment spans the
+    # sequence. About a minute on a 2-core CPU.
+    "cpu-tiny": dict(seq_len=64, context_length=48, segment_lengths=[8, 16, 64], dilation_rates=[1, 2, 1], dim=64, depth=2,
+                     num_heads=4, steps=300, batch_size=16, lr=3e-3, eval_every=50, eval_batches=8,
+                     checkpoint_every=50),
+    # Needle retrieval over 32K tokens on one GPU (bf16 autocast): the pair lies >= 8K tokens before the
+    # question, beyond the 2048- and 8192-token segments; the last segment spans the sequence densely.
+    # Two things were needed (reports/results/train_gpu_h100*.json): rotary_base 1e6 (with the usual
+    # 10000 and head dim 32 the slowest rotary frequency turns a full circle over ~35K tokens, so no
+    # q/k channel can match content across 8K-32K tokens; a CPU exploration at the same ratio, N=1024,
+    # head dim 16, stayed at chance with base 367 and learned with base 56000) and a length curriculum
+    # (from scratch at 32K the needle holds ~1/32768 of the initial attention and 1000 steps stayed at
+    # chance; learned at 1K, the retrieval carries over to 32K within a few hundred steps).
+    "gpu-32k": dict(seq_len=32768, context_length=32768 - 8192, num_keys=16, num_values=64,
+                    segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 1], dim=256, depth=4,
+                    num_heads=8, rotary_base=1e6, curriculum=[[1024, 1200], [4096, 1500], [16384, 1700]],
+                    steps=2400, batch_size=8, lr=1e-3, warmup_steps=50, autocast="bfloat16", device="cuda",
+                    eval_every=100, eval_batches=8, checkpoint_every=200, log_every=25),
+    # The same task with LongNet's geometric dilation on the spanning segment (1/16 of the keys per
+    # head): long-range information must be relayed through the local branches over two layers or
+    # more. Not verified to learn (on CPU analogues it learned far more slowly than "gpu-32k").
+    "gpu-32k-dilated": dict(seq_len=32768, context_length=32768 - 8192, num_keys=16, num_values=64,
+                            segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 16], dim=256, depth=4,
+                            num_heads=8, rotary_base=1e6, steps=1000, batch_size=8, lr=1e-3, warmup_steps=50,
+                            autocast="bfloat16", device="cuda", eval_every=200, eval_batches=8,
+                            checkpoint_every=200, log_every=25),
+}
+
+
+def parse_curriculum(text: str) -> list[list[int]]:
+    """'1024:800,4096:1000' -> [[1024, 800], [4096, 1000]] (seq_len:until_step pairs)."""
+    try:
+        return [[int(part.split(":")[0]), int(part.split(":")[1])] for part in text.split(",") if part.strip()]
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"expected seq_len:until_step pairs like 1024:800,4096:1000, got {text!r}") from None

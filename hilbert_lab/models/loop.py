@@ -1,0 +1,288 @@
+"""The training loop of a LongNetLM on the synthetic retrieval task: progress bar, periodic eval,
+atomic checkpoints with exact resume, JSON-lines logs; ring attention over an initialised process group."""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from .blocks import LongNetLM
+from .checkpoint import (
+    CHECKPOINT_FORMAT, CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, _atomic_write_text, atomic_save, load_checkpoint,
+)
+from .config import DTYPES, TrainConfig
+from .tasks import IGNORE_INDEX, make_batch
+
+@dataclass
+class TrainResult:
+    """What `train` returns: the model (on the config's device), the log records and the last eval."""
+
+    model: LongNetLM
+    history: list[dict[str, Any]]
+    final_eval: dict[str, float]
+    out_dir: Path | None
+
+
+def build_model(config: TrainConfig) -> LongNetLM:
+    """The LongNetLM for ``config`` on its device and dtype, seeded by ``config.seed``."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        model = LongNetLM(**config.model_kwargs())
+    return model.to(device=config.device, dtype=DTYPES[config.dtype])
+
+
+def answer_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed cross-entropy over the positions with a target, the number of correct argmaxes, and
+    the number of such positions. logits (B, N, V), targets (B, N)."""
+    mask = targets != IGNORE_INDEX
+    selected = logits[mask].float()
+    wanted = targets[mask]
+    loss_sum = F.cross_entropy(selected, wanted, reduction="sum")
+    return loss_sum, (selected.argmax(dim=-1) == wanted).sum(), int(wanted.numel())
+
+
+def _autocast(config: TrainConfig):
+    if config.autocast == "none":
+        return contextlib.nullcontext()
+    device_type = torch.device(config.device).type
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, config.autocast))
+
+
+def _sequence_positions(config: TrainConfig, seq_len: int | None = None) -> torch.Tensor | None:
+    """This rank's original positions of a seq_len sequence (default config.seq_len) sharded over the
+    ranks (config.ring), else None."""
+    if not config.ring:
+        return None
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError("ring=True needs an initialised torch.distributed process group (e.g. run under torchrun)")
+    from hilbert_lab.distributed import shard_positions
+
+    length = config.seq_len if seq_len is None else seq_len
+    return shard_positions(dist.get_rank(), dist.get_world_size(), length, config.ring_layout)
+
+
+def _is_main_rank() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def _all_reduce_sum(values: list[float], config: TrainConfig) -> list[float]:
+    if not config.ring:
+        return values
+    import torch.distributed as dist
+
+    buffer = torch.tensor(values, dtype=torch.float64, device=config.device)
+    dist.all_reduce(buffer)
+    return buffer.tolist()
+
+
+def _batch_loss(runner, tokens, targets, positions, config: TrainConfig):
+    """(summed loss, hits, answers) of this rank's part of the batch (the whole batch without ring)."""
+    tokens, targets = tokens.to(config.device), targets.to(config.device)
+    with _autocast(config):
+        if positions is None:
+            logits = runner(tokens)
+        else:
+            positions = positions.to(config.device)
+            tokens, targets = tokens[:, positions], targets[:, positions]
+            logits = runner(tokens, positions)
+    return answer_loss(logits, targets)
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, config: TrainConfig) -> dict[str, float]:
+    """Loss and answer accuracy on the fixed "eval" stream (``eval_batches`` batches)."""
+    task = config.task()
+    positions = _sequence_positions(config)
+    was_training = model.training
+    model.eval()
+    total_loss, correct, count = 0.0, 0.0, 0.0
+    try:
+        for index in range(config.eval_batches):
+            tokens, targets = make_batch(task, config.batch_size, seed=config.seed, split="eval", step=index)
+            loss_sum, hits, answers = _batch_loss(model, tokens, targets, positions, config)
+            total_loss, correct, count = total_loss + float(loss_sum), correct + float(hits), count + answers
+    finally:
+        model.train(was_training)
+    total_loss, correct, count = _all_reduce_sum([total_loss, correct, count], config)
+    return {"loss": total_loss / count, "accuracy": correct / count}
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """Linear warm-up over ``warmup_steps`` then cosine decay to 10% at ``steps`` (step is 0-based)."""
+    if step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=0.9, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
+
+
+def _log(record: dict[str, Any], history: list[dict[str, Any]], log_path: Path | None) -> None:
+    history.append(record)
+    if log_path is not None:
+        with open(log_path, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def train(
+    config: TrainConfig,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    resume: bool = False,
+    stop_at: int | None = None,
+) -> TrainResult:
+    """Train per ``config``; returns the model, the log records and the final eval.
+
+    ``out_dir`` (optional) receives ``log.jsonl`` (one JSON record per train/eval log event),
+    ``checkpoint.pt`` (atomic, every ``checkpoint_every`` steps and at the end) and ``summary.json``.
+    ``resume=True`` continues from ``out_dir/checkpoint.pt`` (ValueError if its configuration differs
+    in any field outside RUN_CONTROL_FIELDS); batches are a pure function of (seed, step) and the RNG
+    state is restored, so the resumed loss curve is the one an uninterrupted run produces.
+    ``stop_at`` ends the run after that many total steps (an interruption; it checkpoints).
+    Sets the global torch seed (``seed + 1``, the dropout stream) unless resuming.
+
+    With ``config.ring`` every rank of the initialised process group calls ``train`` with the same
+    arguments; each holds its shard of every sequence (ring attention), gradients are summed over
+    ranks, and only rank 0 writes files and shows the progress bar.
+    """
+    if stop_at is not None and not 0 <= stop_at <= config.steps:
+        raise ValueError(f"stop_at must be None or in [0, steps={config.steps}], got {stop_at}")
+    if resume and out_dir is None:
+        raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt)")
+    positions = {length: _sequence_positions(config, length)
+                 for length in {config.seq_len, *(phase[0] for phase in config.curriculum)}}
+    main_rank = _is_main_rank()
+    out_path = Path(out_dir) if out_dir is not None else None
+    checkpoint_path = out_path / CHECKPOINT_NAME if out_path is not None else None
+    log_path = out_path / LOG_NAME if out_path is not None and main_rank else None
+    task = config.task()
+    model = build_model(config)  # bad model arguments fail here, before anything is written
+    if config.ring:
+        from .ring import use_ring_attention
+
+        use_ring_attention(model, layout=config.ring_layout)
+    optimizer = _make_optimizer(model, config)
+    if out_path is not None:
+        if checkpoint_path.exists() and not resume:
+            raise ValueError(
+                f"out_dir {str(out_path)!r} already holds a checkpoint; pass resume=True (--resume) to "
+                "continue it, or choose another out_dir"
+            )
+        if resume and not checkpoint_path.exists():
+            raise ValueError(f"resume=True but there is no checkpoint at {str(checkpoint_path)!r}")
+        if main_rank:
+            out_path.mkdir(parents=True, exist_ok=True)
+    history: list[dict[str, Any]] = []
+    start_step = 0
+    if resume:
+        state = load_checkpoint(checkpoint_path, config)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng"]["torch"])
+        if state["rng"].get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        start_step = int(state["step"])
+        history = list(state["history"])
+        if log_path is not None:  # records an interrupted run wrote after its checkpoint are dropped
+            _atomic_write_text("".join(json.dumps(record) + "\n" for record in history), log_path)
+    else:
+        torch.manual_seed(config.seed + 1)
+        if log_path is not None:
+            _atomic_write_text("", log_path)
+    runner = torch.compile(model) if config.compile else model
+    end_step = config.steps if stop_at is None else stop_at
+
+    def save(step: int) -> None:
+        if checkpoint_path is None or not main_rank:
+            return
+        atomic_save(
+            {
+                "format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
+                "rng": {"torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+            },
+            checkpoint_path,
+        )
+
+    from tqdm.auto import tqdm
+
+    model.train()
+    answers_per_batch = config.batch_size * task.num_queries
+    on_cuda = torch.device(config.device).type == "cuda"
+    last_eval: dict[str, float] = {}
+    window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
+    bar = tqdm(total=config.steps, initial=start_step, disable=not (config.progress and main_rank),
+               desc="train", unit="step")
+    try:
+        for step in range(start_step, end_step):
+            lr = learning_rate(config, step)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            length = config.seq_len_at(step)
+            tokens, targets = make_batch(config.task(step), config.batch_size, seed=config.seed, split="train",
+                                         step=step)
+            loss_sum, hits, _ = _batch_loss(runner, tokens, targets, positions[length], config)
+            optimizer.zero_grad(set_to_none=True)
+            (loss_sum / answers_per_batch).backward()
+            if config.ring:
+                import torch.distributed as dist
+
+                for parameter in model.parameters():
+                    if parameter.grad is not None:
+                        dist.all_reduce(parameter.grad)
+            grad_norm = None
+            if config.grad_clip is not None:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+            optimizer.step()
+            window_steps += 1
+            window_tokens += config.batch_size * length
+            done = step + 1
+            if done % config.log_every == 0 or done == config.steps:
+                loss_total, hits_total = _all_reduce_sum([float(loss_sum.detach()), float(hits)], config)
+                if on_cuda:
+                    torch.cuda.synchronize()
+                elapsed = time.perf_counter() - window_start
+                record = {
+                    "kind": "train", "step": done, "seq_len": length, "loss": loss_total / answers_per_batch,
+                    "accuracy": hits_total / answers_per_batch, "lr": lr, "grad_norm": grad_norm,
+                    "tokens_per_s": window_tokens / elapsed,
+                }
+                if on_cuda:
+                    record["peak_memory_bytes"] = torch.cuda.max_memory_allocated(config.device)
+                _log(record, history, log_path)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.2f}")
+                window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
+            if done % config.eval_every == 0 or done == config.steps:
+                last_eval = evaluate(runner, config)
+                _log({"kind": "eval", "step": done, **last_eval}, history, log_path)
+                window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
+            if done % config.checkpoint_every == 0 or done == end_step:
+                save(done)
+            bar.update(1)
+    finally:
+        bar.close()
+    if not last_eval:
+        last_eval = evaluate(runner, config)
+    if out_path is not None and main_rank:
+        summary = {"config": config.to_dict(), "steps_done": end_step, "final_eval": last_eval,
+                   "chance_loss": task.chance_loss, "chance_accuracy": task.chance_accuracy}
+        _atomic_write_text(json.dumps(summary, indent=1) + "\n", out_path / SUMMARY_NAME)
+    return TrainResult(model=model, history=history, final_eval=last_eval, out_dir=out_path)
