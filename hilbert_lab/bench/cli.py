@@ -11,7 +11,8 @@ from hilbert_lab import arguments
 from hilbert_lab.arguments import (
     EXIT_INTERRUPTED, MAX_SEQ_LEN, add_command, available_device, choice_list, int_list, integer, number,
 )
-from hilbert_lab.bench.cases import DTYPES, MODES, PASSES, SELFTEST_BEHAVIORS, known_backends
+from hilbert_lab.bench.cases import PASSES, SELFTEST_BEHAVIORS, known_backends
+from hilbert_lab.dtypes import DTYPES
 
 MAX_SECONDS = 7 * 24 * 3600.0
 
@@ -35,6 +36,8 @@ def _backends() -> tuple[str, ...]:
 def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, run: bool = True) -> None:
     """Shape/pattern flags shared by bench, probe and estimate (sweep: lists allowed; run: the device
     must exist here)."""
+    from hilbert_lab.attention.pattern import MODES
+
     many = "comma-separated list; " if sweep else ""
     parser.add_argument("--backend", type=choice_list(_backends()), default=["manual"] if sweep else ["auto"],
                         help=f"{many}one of: {', '.join(_backends())}")
