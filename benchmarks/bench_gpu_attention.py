@@ -110,7 +110,6 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
             results[f"floor[{kern}]"] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
         except Exception as error:
             results[f"floor[{kern}]"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-    del blocks
     return results, errors
 
 

@@ -9,7 +9,6 @@ ones accumulate in float32. Used by the engine for the "sdpa" backends on CUDA w
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional
 

@@ -8,8 +8,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
 
 from .tasks import RetrievalTask
