@@ -19,12 +19,15 @@ import torch
 from hilbert_lab.attention.backends import Backend, get_backend
 from hilbert_lab.attention.backends.base import lse_dtype
 from hilbert_lab.attention.backends.manual import dense_attention_eager
-from hilbert_lab.attention.inplace import inplace_attention, inplace_kernel
+from hilbert_lab.attention.inplace import (
+    add_lse_share, backward_into, forward_into, inplace_attention, inplace_kernel, merge_into_one,
+)
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan, layout_permutation
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.curves import ORDERINGS
+from hilbert_lab.kernels import triton_merge
 
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = (), *,
@@ -136,7 +139,7 @@ def execute_plan(plan: Plan, backend: Backend, q: torch.Tensor, k: torch.Tensor,
         return _forward_autograd(plan, backend, q, k, v, scale, causal, dropout_p)
     kernel = inplace_kernel(backend.name, q) if backend.name.startswith("sdpa") else None
     if kernel is not None and all(blk.index is None for blk in plan.blocks):
-        return inplace_attention(plan, kernel, q, k, v, scale, causal, backend, need_lse=need_lse)
+        return inplace_attention(plan, kernel, q, k, v, scale, causal, need_lse=need_lse)
     return _DilatedFunction.apply(q, k, v, plan, backend, scale, causal)
 
 
@@ -195,12 +198,19 @@ def backward_blocks(plan: Plan, backend: Backend, grad_out, grad_lse, q, k, v, o
                     auxes=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Exact (dq, dk, dv) of a plan's merged (out, lse): each block's backward with the merged out and LSE.
     auxes: the backend's per-block forward state (None: the backend recomputes what it needs)."""
-    if grad_out is None:
-        grad_out = torch.zeros_like(out)
     # Blocks that share a (position, head) (merged branches) accumulate in the LSE precision; otherwise
     # every block owns its gradient entries and writes them in the input dtype.
     acc = lse_dtype(q.dtype) if plan.merge else q.dtype
-    grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v)]
+    grads = tuple(torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
+    _blocks_backward_into(plan, backend, auxes, grads, grad_out, grad_lse, q, k, v, out, lse, scale, causal,
+                          accumulate=plan.merge)
+    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+def _blocks_backward_into(plan: Plan, backend: Backend, auxes, grads, grad_out, grad_lse, q, k, v, out, lse,
+                          scale: float, causal: bool, accumulate: bool) -> None:
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
     lse_t = lse.transpose(1, 2)
     glse_t = None if grad_lse is None else grad_lse.transpose(1, 2)
     for i, blk in enumerate(plan.blocks):
@@ -210,5 +220,58 @@ def backward_blocks(plan: Plan, backend: Backend, grad_out, grad_lse, q, k, v, o
             blk.read(lse_t).transpose(1, 2), None if auxes is None else auxes[i], causal=causal, scale=scale,
         )
         for total, share in zip(grads, shares):
-            blk.write(total, share, accumulate=plan.merge)
-    return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+            blk.write(total, share, accumulate=accumulate)
+
+
+# Partial results of a plan, for callers that merge them with their own (the ring): per branch slot,
+# outs (P, B, N, H, D) and lses (P, B, N, H); one (executor, state) per forward for the backward.
+
+
+def partial_buffers(num_branches: int, backend: Backend, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty slot buffers (outs, lses) for `num_branches` partial results of q's shape: in q's dtype with
+    float32 LSEs for the in-place kernels, else in the LSE precision; lses start at -inf."""
+    inplace = backend.backward is not None and backend.name.startswith("sdpa") and inplace_kernel(backend.name, q)
+    dtype = q.dtype if inplace else lse_dtype(q.dtype)
+    fused = q.is_cuda and triton_merge.HAVE_TRITON and lse_dtype(q.dtype) == torch.float32
+    outs = (torch.empty if fused else torch.zeros)((num_branches, *q.shape), dtype=dtype, device=q.device)
+    batch, seq_len, num_heads, _ = q.shape
+    lses = torch.full((num_branches, batch, seq_len, num_heads), float("-inf"), dtype=lse_dtype(q.dtype),
+                      device=q.device)
+    return outs, lses
+
+
+def forward_partials(plan: Plan, backend: Backend, q, k, v, scale: float, causal: bool, outs: torch.Tensor,
+                     lses: torch.Tensor) -> tuple:
+    """Write every block's (out, lse) into slot `branch` of (outs, lses) (see `partial_buffers`); returns the
+    state `backward_partials` needs."""
+    kernel = inplace_kernel(backend.name, q) if backend.name.startswith("sdpa") else None
+    if kernel is not None and backend.backward is not None and all(blk.index is None for blk in plan.blocks):
+        return ("inplace", kernel, forward_into(plan, kernel, q, k, v, scale, causal, outs, lses))
+    auxes = []
+    for blk in plan.blocks:
+        out_b, lse_b, aux = backend.forward(blk.read(q), blk.read(k), blk.read(v), causal=causal, scale=scale)
+        blk.write(outs[blk.branch], out_b)
+        blk.write(lses[blk.branch], lse_b.transpose(1, 2))
+        auxes.append(aux)
+    return ("blocks", None, auxes)
+
+
+def merge_partials(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The merged (out (B, N, H, D) in `dtype`, lse (B, H, N)) of slot partials."""
+    return merge_into_one(outs, lses, dtype)
+
+
+def backward_partials(plan: Plan, backend: Backend, state: tuple, grads: tuple[torch.Tensor, ...], q, k, v,
+                      out: torch.Tensor, lse: torch.Tensor, grad_out, grad_lse, scale: float, causal: bool) -> None:
+    """Add the plan's share of (dq, dk, dv) for the *merged* (out, lse (B, H, N)) into grads (float
+    accumulators of q's shape). out and grad_out must be contiguous."""
+    executor, kernel, auxes = state
+    if executor == "inplace":
+        lse_bnh = lse.transpose(1, 2).contiguous()
+        if grad_out is not None:
+            backward_into(plan, kernel, auxes, grads, q, k, v, out, grad_out, lse_bnh, scale, causal, accumulate=True)
+        if grad_lse is not None:
+            add_lse_share(plan, kernel, auxes, grads, q, k, grad_lse, lse_bnh, scale, causal)
+        return
+    _blocks_backward_into(plan, backend, auxes, grads, grad_out, grad_lse, q, k, v, out, lse, scale, causal,
+                          accumulate=True)

@@ -150,6 +150,59 @@ def _backward_kernel(kernel: str, grad_out, q, k, v, out, lse, aux, causal: bool
         grad_out, q, k, v, out, lse, cq, ck, mq, mk, 0.0, causal, seed, offset, scale=scale)
 
 
+def forward_into(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, outs: torch.Tensor,
+                 lses: torch.Tensor, need_lse: bool = True) -> list:
+    """Run the plan's blocks, writing each branch's partial result into its slot: outs (P, B, N, H, D)
+    in q's dtype and lses (P, B, N, H) float32, slot = branch (slot 0 for every block when P = 1).
+    Returns the kernels' per-unit state for `backward_into`."""
+    auxes = []
+    views = _plan_views(plan, [outs[0], lses[0], q, k, v])
+    for unit, unit_views in zip(plan_units(plan), views):
+        slot = unit.branch if outs.shape[0] > 1 else 0
+        unit_aux = []
+        for ov, lv, qv, kv, vv in unit_views:
+            if slot:
+                ov, lv = outs[slot].as_strided(ov.shape, ov.stride(), ov.storage_offset() + slot * outs[0].numel()), \
+                    lses[slot].as_strided(lv.shape, lv.stride(), lv.storage_offset() + slot * lses[0].numel())
+            out_b, lse_b, aux = _forward_kernel(kernel, qv, kv, vv, causal, scale, need_lse)
+            ov.copy_(out_b)
+            if lse_b is not None:
+                lv.copy_(lse_b)
+            unit_aux.append(aux)
+        auxes.append(unit_aux)
+    return auxes
+
+
+def merge_into_one(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge slot partials outs (P, B, N, H, D), lses (P, B, N, H) float32 by LSE: (out (B, N, H, D)
+    in `dtype`, lse (B, H, N) float32). Entries with lse -inf are never read by the fused merge."""
+    parts, batch, seq_len, num_heads, dim = outs.shape
+    if outs.is_cuda and triton_merge.HAVE_TRITON and lses.dtype == torch.float32 and outs.dtype != torch.float64:
+        out = torch.empty(outs.shape[1:], dtype=dtype, device=outs.device)
+        lse = torch.empty((batch, seq_len, num_heads), dtype=torch.float32, device=outs.device)
+        triton_merge.merge_partials(outs.view(parts, -1, dim), lses.view(parts, -1), out.view(-1, dim), lse.view(-1))
+        return out, lse.transpose(1, 2)
+    out, lse = merge_lse(list(outs), [t.transpose(1, 2) for t in lses])
+    return out.to(dtype), lse
+
+
+def backward_into(plan: Plan, kernel: str, auxes: list, grads: tuple[torch.Tensor, ...], q, k, v,
+                  out: torch.Tensor, grad_out: torch.Tensor, lse_bnh: torch.Tensor, scale: float, causal: bool,
+                  accumulate: bool) -> None:
+    """Each block's fused backward with the merged (out, lse): add (accumulate) or write its share into
+    grads = (dq, dk, dv) (B, N, H, D). out and grad_out must be contiguous, lse_bnh (B, N, H) too."""
+    all_views = _plan_views(plan, [grads[0], grads[1], grads[2], out, grad_out, lse_bnh, q, k, v])
+    for views, unit_aux in zip(all_views, auxes):
+        for (dqv, dkv, dvv, ov, gv, lv, qv, kv, vv), aux in zip(views, unit_aux, strict=True):
+            shares = _backward_kernel(kernel, gv.contiguous(), qv, kv, vv, ov.contiguous(), lv.contiguous(),
+                                      aux, causal, scale)
+            for total, share in zip((dqv, dkv, dvv), shares):
+                if accumulate:
+                    total.add_(share)
+                else:
+                    total.copy_(share)
+
+
 def _run_forward(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, need_lse: bool = True):
     batch, seq_len, num_heads, _ = q.shape
     parts = plan.num_branches if plan.merge else 1
@@ -161,39 +214,19 @@ def _run_forward(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, n
     lses = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
     if lse_shape[1] == 1:  # not wanted: one broadcast row stands in for the (B, N, H) buffer
         lses = lses.expand(parts, batch, seq_len, num_heads)
-    auxes = []
-    views = _plan_views(plan, [outs[0], lses[0], q, k, v])
-    for unit, unit_views in zip(plan_units(plan), views):
-        slot = unit.branch if plan.merge else 0
-        unit_aux = []
-        for ov, lv, qv, kv, vv in unit_views:
-            if slot:
-                ov, lv = outs[slot].as_strided(ov.shape, ov.stride(), ov.storage_offset() + slot * outs[0].numel()), \
-                    lses[slot].as_strided(lv.shape, lv.stride(), lv.storage_offset() + slot * lses[0].numel())
-            out_b, lse_b, aux = _forward_kernel(kernel, qv, kv, vv, causal, scale, need_lse or plan.merge)
-            ov.copy_(out_b)
-            if lse_b is not None:
-                lv.copy_(lse_b)
-            unit_aux.append(aux)
-        auxes.append(unit_aux)
+    auxes = forward_into(plan, kernel, q, k, v, scale, causal, outs, lses, need_lse or plan.merge)
     if not plan.merge:
         return outs[0], lses[0].transpose(1, 2), auxes
-    if fused_merge:
-        out = torch.empty_like(q)
-        lse = torch.empty((batch, seq_len, num_heads), dtype=torch.float32, device=q.device)
-        triton_merge.merge_partials(outs.view(parts, -1, q.shape[-1]), lses.view(parts, -1), out.view(-1, q.shape[-1]),
-                                    lse.view(-1))
-        return out, lse.transpose(1, 2), auxes
-    out, lse = merge_lse(list(outs), [t.transpose(1, 2) for t in lses])
-    return out.to(q.dtype), lse, auxes
+    out, lse = merge_into_one(outs, lses, q.dtype)
+    return out, lse, auxes
 
 
 class _InPlaceFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, plan: Plan, kernel: str, scale: float, causal: bool, fallback, need_lse: bool):
+    def forward(ctx, q, k, v, plan: Plan, kernel: str, scale: float, causal: bool, need_lse: bool):
         out, lse, auxes = _run_forward(plan, kernel, q, k, v, scale, causal, need_lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.plan, ctx.kernel, ctx.scale, ctx.causal, ctx.auxes, ctx.fallback = plan, kernel, scale, causal, auxes, fallback
+        ctx.plan, ctx.kernel, ctx.scale, ctx.causal, ctx.auxes = plan, kernel, scale, causal, auxes
         ctx.set_materialize_grads(False)
         return out, lse
 
@@ -201,31 +234,41 @@ class _InPlaceFunction(torch.autograd.Function):
     def backward(ctx, grad_out, grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         plan = ctx.plan
-        if grad_lse is not None:  # the LSE's own gradient share: the generic block path computes it
-            from hilbert_lab.attention.engine import backward_blocks
-
-            dq, dk, dv = backward_blocks(plan, ctx.fallback, grad_out, grad_lse, q, k, v, out, lse, ctx.scale, ctx.causal)
-            return dq, dk, dv, None, None, None, None, None, None
-        if grad_out is None:
-            return None, None, None, None, None, None, None, None, None
-        acc = torch.float32 if plan.merge else q.dtype
-        grads = [torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v)]
-        # The kernels read q, k, v in place; they want out and grad_out in one dense layout and the LSE
-        # contiguous, so those (small, per block) are packed.
+        if grad_out is None and grad_lse is None:
+            return None, None, None, None, None, None, None, None
+        acc = torch.float32 if plan.merge or grad_lse is not None else q.dtype
+        grads = tuple(torch.zeros(t.shape, dtype=acc, device=t.device) for t in (q, k, v))
         lse_bnh = lse.transpose(1, 2).contiguous()
-        out, grad_out = out.contiguous(), grad_out.contiguous()
-        all_views = _plan_views(plan, [grads[0], grads[1], grads[2], out, grad_out, lse_bnh, q, k, v])
-        for views, unit_aux in zip(all_views, ctx.auxes):
-            for (dqv, dkv, dvv, ov, gv, lv, qv, kv, vv), aux in zip(views, unit_aux, strict=True):
-                shares = _backward_kernel(ctx.kernel, gv.contiguous(), qv, kv, vv, ov.contiguous(), lv.contiguous(),
-                                          aux, ctx.causal, ctx.scale)
-                for total, share in zip((dqv, dkv, dvv), shares):
-                    if plan.merge:
-                        total.add_(share)
-                    else:
-                        total.copy_(share)
+        if grad_out is not None:
+            # The kernels read q, k, v in place; they want out and grad_out in one dense layout and the
+            # LSE contiguous, so those are packed once.
+            backward_into(plan, ctx.kernel, ctx.auxes, grads, q, k, v, out.contiguous(), grad_out.contiguous(),
+                          lse_bnh, ctx.scale, ctx.causal, accumulate=acc == torch.float32)
+        if grad_lse is not None:
+            add_lse_share(plan, ctx.kernel, ctx.auxes, grads, q, k, grad_lse, lse_bnh, ctx.scale, ctx.causal)
         dq, dk, dv = (g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
+
+
+def lse_share_inputs(grad_lse_bnh: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(grad_out, out, v) that make a fused backward return the LSE's gradient share in dq and dk.
+
+    With dO = e_0, O = -g e_0 and V = 0 the kernel's dS = P * (dP - rowsum(dO * O)) = P * g: exactly
+    d(g * LSE)/dS. grad_lse_bnh: (B, N, H); g is rounded to q's dtype."""
+    unit = torch.zeros_like(q)
+    unit[..., 0] = 1
+    shifted = torch.zeros_like(q)
+    shifted[..., 0] = -grad_lse_bnh.to(q.dtype)
+    return unit, shifted, torch.zeros_like(q)
+
+
+def add_lse_share(plan: Plan, kernel: str, auxes: list, grads: tuple[torch.Tensor, ...], q, k, grad_lse: torch.Tensor,
+                  lse_bnh: torch.Tensor, scale: float, causal: bool) -> None:
+    """Add the share of (dq, dk) that flows from a gradient of the merged LSE (grad_lse (B, H, N))."""
+    unit, shifted, zero_v = lse_share_inputs(grad_lse.transpose(1, 2), q)
+    discard = torch.zeros_like(grads[2])
+    backward_into(plan, kernel, auxes, (grads[0], grads[1], discard), q, k, zero_v, shifted, unit, lse_bnh,
+                  scale, causal, accumulate=True)
 
 
 def inplace_kernel(name: str, q: torch.Tensor) -> Optional[str]:
@@ -242,12 +285,11 @@ def inplace_kernel(name: str, q: torch.Tensor) -> Optional[str]:
     return kernel
 
 
-def inplace_attention(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, fallback, *,
+def inplace_attention(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, *,
                       need_lse: bool = True):
     """(out (B, N, H, D), lse (B, H, N)) of `plan` with the in-place kernel; differentiable.
-    `fallback` (a dense-block Backend) computes the LSE-gradient share when the LSE itself gets one.
     need_lse=False (inference without the LSE): the kernels skip it where no merge needs it."""
     if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
         out, lse, _ = _run_forward(plan, kernel, q, k, v, scale, causal, need_lse)  # no graph to record
         return out, lse
-    return _InPlaceFunction.apply(q, k, v, plan, kernel, scale, causal, fallback, need_lse)
+    return _InPlaceFunction.apply(q, k, v, plan, kernel, scale, causal, need_lse)

@@ -122,15 +122,20 @@ class Plan:
         return sum(b.pairs(causal) * b.num_heads for b in self.blocks)
 
 
-def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, inverse: Optional[torch.Tensor] = None) -> Plan:
+def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, inverse: Optional[torch.Tensor] = None,
+               branches: Optional[tuple[int, ...]] = None) -> Plan:
     """The blocks of `pattern` for N = seq_len tokens and H = num_heads heads.
 
     inverse: optional LongTensor (N,) layout permutation (`x = x_layout[inverse]`); blocks then read
-    the layout through index maps instead of strided views.
+    the layout through index maps instead of strided views. branches: plan only these branches (the
+    others contribute no block; `merge` then says whether the planned ones overlap), e.g. the branches
+    whose segments lie inside one rank's shard of a ring.
     """
     blocks = []
     branches_per_head = [0] * num_heads
     for group in pattern.groups(seq_len, num_heads):
+        if branches is not None and group.branch not in branches:
+            continue
         for h in group.heads:
             branches_per_head[h] += 1
         seg, step, offset = group.segment_length, group.dilation_rate, group.offset  # seg = min(w, N)
@@ -155,7 +160,7 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, inverse: O
 @torch.compiler.disable  # planning is Python/numpy work: keep it out of compiled graphs
 @functools.lru_cache(maxsize=128)
 def cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, ordering: Optional[str] = None,
-                device: str = "cpu") -> Plan:
+                device: str = "cpu", branches: Optional[tuple[int, ...]] = None) -> Plan:
     """`build_plan` for a layout `ordering` (None / "identity": original order), cached.
 
     The layout permutes tokens inside blocks of max(segment_lengths) (clipped to N) tokens."""
@@ -163,7 +168,7 @@ def cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, ordering:
     if ordering not in IDENTITY_ORDERINGS:
         block = min(max(pattern.segment_lengths), seq_len)
         inverse = layout_permutation(seq_len, block, ordering)[1].to(device)
-    return build_plan(pattern, seq_len, num_heads, inverse)
+    return build_plan(pattern, seq_len, num_heads, inverse, None if branches is None else tuple(branches))
 
 
 @torch.compiler.disable

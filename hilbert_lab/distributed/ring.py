@@ -27,16 +27,18 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
 from hilbert_lab.attention.backends.base import Backend, lse_dtype
-from hilbert_lab.attention.engine import dilated_attention, execute_plan
-from hilbert_lab.attention.plan import cached_plan
+from hilbert_lab.attention.engine import (
+    backward_partials, dilated_attention, forward_partials, merge_partials, partial_buffers,
+)
 from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
+from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
 from hilbert_lab.attention.validation import validate_attention_inputs
@@ -145,10 +147,30 @@ def _selected(positions: torch.Tensor, w: int, r: int, offset: int) -> torch.Ten
     return is_selected(positions, w, r, offset).nonzero().flatten()
 
 
+def _as_slice(idx: torch.Tensor) -> slice | None:
+    """idx (int64, ascending) as a slice when it is an arithmetic progression (a view, no gather)."""
+    count = idx.numel()
+    if count == 0:
+        return slice(0, 0)
+    first = int(idx[0])
+    if count == 1:
+        return slice(first, first + 1)
+    step = int(idx[1] - idx[0])
+    if step > 0 and bool((idx[1:] - idx[:-1] == step).all()):
+        return slice(first, int(idx[-1]) + 1, step)
+    return None
+
+
+def _count(sel) -> int:
+    return len(range(sel.stop)[sel]) if isinstance(sel, slice) else sel.numel()
+
+
 @functools.lru_cache(maxsize=4096)
 def _parts(geometry: RingLayout, member: int, segment_length: int, dilation_rate: int, offset: int, causal: bool,
-           device: torch.device) -> tuple[tuple[int, torch.Tensor], ...]:
-    """((chunk id, selected storage indices), ...) of the member; one part unless causal zigzag. Cached."""
+           device: torch.device) -> tuple[tuple[int, slice | torch.Tensor], ...]:
+    """((chunk id, selected storage rows), ...) of the member; one part unless causal zigzag. Rows are a
+    slice where they form an arithmetic progression (always when the dilation divides the shard), else
+    an index tensor on `device`. Cached."""
     positions = geometry.positions(member)
     runs = geometry.runs(member)
     if not causal:
@@ -156,7 +178,8 @@ def _parts(geometry: RingLayout, member: int, segment_length: int, dilation_rate
     parts = []
     for chunk_id, run in runs:
         idx = _selected(positions[run], segment_length, dilation_rate, offset) + run.start
-        parts.append((chunk_id, idx.to(device)))
+        sel = _as_slice(idx)
+        parts.append((chunk_id, idx.to(device) if sel is None else sel))
     return tuple(parts)
 
 
@@ -188,7 +211,7 @@ class _BranchContext:
                               q.device) for g in plan.groups] for j in range(self.m)]
         bundles: dict[tuple, list[int]] = {}
         for g in range(len(plan.groups)):
-            key = tuple(idx.numel() for j in range(self.m) for _, idx in self.parts[j][g])
+            key = tuple(_count(sel) for j in range(self.m) for _, sel in self.parts[j][g])
             bundles.setdefault(key, []).append(g)
         self.bundles = list(bundles.values())
         self._bytes: dict[tuple[int, torch.dtype], int] = {}
@@ -207,21 +230,50 @@ class _BranchContext:
 
     def chunks(self, member: int, bundle: list[int]) -> list[tuple[int, int]]:
         """[(chunk id, selected count)] per part of the member (the same for all groups of a bundle)."""
-        return [(chunk_id, idx.numel()) for chunk_id, idx in self.parts[member][bundle[0]]]
+        return [(chunk_id, _count(sel)) for chunk_id, sel in self.parts[member][bundle[0]]]
+
+    def _view(self, x: torch.Tensor, bundle: list[int], part: int, member: int | None) -> torch.Tensor | None:
+        """The bundle's rows of a part as one strided view of x (B, n, H, ...) -> (B, L, h_bundle, ...), or
+        None when they do not form one (then they are gathered). One group: its rows and heads sliced;
+        several one-head groups whose rows and heads shift by constant steps: one diagonal view."""
+        parts = self.parts[self.me if member is None else member]
+        sels = [parts[g][part][1] for g in bundle]
+        if not all(isinstance(sel, slice) for sel in sels):
+            return None
+        if len(bundle) == 1:
+            return x[:, sels[0], self.plan.groups[bundle[0]].heads]
+        heads = [self.plan.groups[g].heads for g in bundle]
+        if any(self.heads(g) != 1 for g in bundle) or len({(sel.step or 1) for sel in sels}) != 1:
+            return None
+        starts, firsts = [sel.start for sel in sels], [h.start for h in heads]
+        row_step, head_step = starts[1] - starts[0], firsts[1] - firsts[0]
+        if any(b - a != row_step for a, b in zip(starts, starts[1:])) or \
+                any(b - a != head_step for a, b in zip(firsts, firsts[1:])):
+            return None
+        s_b, s_n, s_h, *rest = x.stride()
+        size = (x.shape[0], _count(sels[0]), len(bundle), *x.shape[3:])
+        stride = (s_b, (sels[0].step or 1) * s_n, row_step * s_n + head_step * s_h, *rest)
+        return x.as_strided(size, stride, x.storage_offset() + starts[0] * s_n + firsts[0] * s_h)
 
     def gather(self, x: torch.Tensor, bundle: list[int], part: int, member: int | None = None) -> torch.Tensor:
-        """x (B, n, H, D) -> the bundle's selected rows of a part, heads stacked: (B, L, h_bundle, D)."""
+        """x (B, n, H, ...) -> the bundle's selected rows of a part, heads stacked: (B, L, h_bundle, ...)
+        (a view where one exists)."""
+        view = self._view(x, bundle, part, member)
+        if view is not None:
+            return view
         parts = self.parts[self.me if member is None else member]
         return torch.cat([x[:, parts[g][part][1], heads] for g, heads, _ in self.head_spans(bundle)], dim=2)
 
-    def gather_lse(self, lse: torch.Tensor, bundle: list[int], part: int) -> torch.Tensor:
-        """lse (B, H, n) -> (B, h_bundle, L) for this rank's part."""
-        return torch.cat([lse[:, heads, self.parts[self.me][g][part][1]] for g, heads, _ in self.head_spans(bundle)],
-                         dim=1)
-
     def scatter(self, dst: torch.Tensor, value: torch.Tensor, bundle: list[int], part: int,
                 member: int | None = None, add: bool = False) -> None:
-        """Write (or add) a stacked (B, L, h_bundle, D) block into dst (B, n, H, D)."""
+        """Write (or add) a stacked (B, L, h_bundle, ...) block into dst (B, n, H, ...)."""
+        view = self._view(dst, bundle, part, member)
+        if view is not None:
+            if add:
+                view.add_(value.to(dst.dtype))
+            else:
+                view.copy_(value)
+            return
         parts = self.parts[self.me if member is None else member]
         for g, heads, stacked in self.head_spans(bundle):
             piece = value[:, :, stacked].to(dst.dtype)
@@ -229,6 +281,11 @@ class _BranchContext:
                 dst[:, parts[g][part][1], heads] += piece
             else:
                 dst[:, parts[g][part][1], heads] = piece
+
+    def dense(self, x: torch.Tensor, bundle: list[int], part: int) -> torch.Tensor:
+        """This rank's rows of x for a bundle part, (B, L, h, ...) stored as (B, h, L, ...) (the kernels'
+        layout, so that the backend takes it without another copy)."""
+        return self.gather(x, bundle, part).transpose(1, 2).contiguous().transpose(1, 2)
 
     def specs(self, origin: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
         specs = []
@@ -263,26 +320,17 @@ class _BranchContext:
                         continue
                     yield b, qi, ki, self.causal and k_chunk == q_chunk
 
-    def step_ops(self, t: int, backward: bool):
-        """This rank's (sends, recvs) at step t as lists of (peer member, origin, kind).
-
-        kind: "kv" (first hop), "kv+acc" (later hops, backward only), "acc" (backward return hop).
-        """
+    def step_ops(self, t: int):
+        """This rank's forward (sends, recvs) at step t as lists of (peer member, origin): K/V packets
+        move one hop along their holders."""
         sends, recvs = [], []
         for j, holders in enumerate(self.holders):
-            if self.packet_bytes(j, self.dtype) == 0:
+            if self.packet_bytes(j, self.dtype) == 0 or t >= len(holders):
                 continue
-            if t < len(holders):
-                kind = "kv+acc" if backward and t >= 2 else "kv"
-                if holders[t - 1] == self.me:
-                    sends.append((holders[t], j, kind))
-                if holders[t] == self.me:
-                    recvs.append((holders[t - 1], j, kind))
-            elif backward and t == len(holders) and len(holders) > 1:
-                if holders[-1] == self.me:
-                    sends.append((j, j, "acc"))
-                if j == self.me:
-                    recvs.append((holders[-1], j, "acc"))
+            if holders[t - 1] == self.me:
+                sends.append((holders[t], j))
+            if holders[t] == self.me:
+                recvs.append((holders[t - 1], j))
         return sends, recvs
 
     def packet_bytes(self, origin: int, dtype: torch.dtype) -> int:
@@ -290,24 +338,28 @@ class _BranchContext:
             self._bytes[(origin, dtype)] = packed_size(self.specs(origin, dtype))
         return self._bytes[(origin, dtype)]
 
-    def num_steps(self, backward: bool) -> int:
-        longest = max(len(h) for h in self.holders)
-        return longest if backward else longest - 1
+    def num_steps(self) -> int:
+        """Forward steps: one per hop of the longest holder list."""
+        return max(len(h) for h in self.holders) - 1
 
 
-def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float, label: str):
-    """(out (B, n, H, D) input dtype, lse (B, H, n), aux per block) of one ring branch."""
-    B, n, H = q.shape[0], q.shape[1], q.shape[2]
+def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float, out_slot: torch.Tensor,
+                    lse_slot: torch.Tensor) -> dict:
+    """One ring branch: its (out, lse) written into this rank's slot views out_slot (B, n, H, D) and
+    lse_slot (B, n, H); returns the backend's state per block."""
     acc_lse_dtype = lse_dtype(q.dtype)
+    label = f"forward/branch{ctx.plan.branch}"
     state: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     auxes = {}
     kv_specs = [ctx.specs(j, q.dtype) for j in range(ctx.m)]
+    queries = {(b, qi): ctx.gather(q, bundle, qi) for b, bundle in enumerate(ctx.bundles)
+               for qi in range(len(ctx.chunks(ctx.me, bundle)))}
 
     def compute(origin: int, packet: torch.Tensor) -> None:
         kv = ctx.split(unpack(packet, kv_specs[origin]), origin)
         for b, qi, ki, diagonal in ctx.blocks(origin):
             k_blk, v_blk = kv[b][ki]
-            o, lse, aux = backend.forward(ctx.gather(q, ctx.bundles[b], qi), k_blk, v_blk, causal=diagonal, scale=scale)
+            o, lse, aux = backend.forward(queries[(b, qi)], k_blk, v_blk, causal=diagonal, scale=scale)
             auxes[(b, qi, origin, ki)] = aux
             o = o.to(acc_lse_dtype)
             if (b, qi) in state:
@@ -317,13 +369,13 @@ def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float
     own = ctx.pack_kv(k, v)
     held = {ctx.me: own}
     pending = [(ctx.me, own)]
-    for t in range(1, ctx.num_steps(False) + 1):
-        sends, recvs = ctx.step_ops(t, backward=False)
+    for t in range(1, ctx.num_steps() + 1):
+        sends, recvs = ctx.step_ops(t)
         buffers = {j: torch.empty(ctx.packet_bytes(j, q.dtype), dtype=torch.uint8, device=q.device)
-                   for _, j, _ in recvs}
+                   for _, j in recvs}
         handle = ctx.comm.exchange(
-            [(ctx.comm.global_rank(ctx.plan.members[peer]), held[j]) for peer, j, _ in sends],
-            [(ctx.comm.global_rank(ctx.plan.members[peer]), buffers[j]) for peer, j, _ in recvs],
+            [(ctx.comm.global_rank(ctx.plan.members[peer]), held[j]) for peer, j in sends],
+            [(ctx.comm.global_rank(ctx.plan.members[peer]), buffers[j]) for peer, j in recvs],
             label=label, step=t,
         )
         for origin, packet in pending:  # overlaps the transfer above
@@ -333,123 +385,165 @@ def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float
         pending = list(buffers.items())
     for origin, packet in pending:
         compute(origin, packet)
-
-    out = torch.zeros(B, n, H, q.shape[3], dtype=q.dtype, device=q.device)
-    lse = torch.full((B, H, n), float("-inf"), dtype=acc_lse_dtype, device=q.device)
     for (b, qi), (o, l) in state.items():
-        bundle = ctx.bundles[b]
-        ctx.scatter(out, o, bundle, qi)
-        ctx.scatter(lse.transpose(1, 2), l.transpose(1, 2), bundle, qi)
-    return out, lse, auxes
+        ctx.scatter(out_slot, o, ctx.bundles[b], qi)
+        ctx.scatter(lse_slot, l.transpose(1, 2), ctx.bundles[b], qi)
+    return auxes
 
 
-def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse, auxes,
-                     backend: Backend, scale: float, label: str):
-    """(dq, dk, dv) of one ring branch for its merged (out, lse)."""
+def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse, auxes, backend: Backend,
+                     scale: float, grads: tuple[torch.Tensor, ...]) -> None:
+    """Add one ring branch's share of (dq, dk, dv) for the *merged* (out, lse (B, H, n)) into grads."""
     acc = ctx.acc_dtype
-    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    label = f"backward/branch{ctx.plan.branch}"
     kv_specs = [ctx.specs(j, q.dtype) for j in range(ctx.m)]
     acc_specs = [ctx.specs(j, acc) for j in range(ctx.m)]
     if grad_out is None:
         grad_out = torch.zeros_like(out)
+    lse_rows = lse.transpose(1, 2)
+    glse_rows = None if grad_lse is None else grad_lse.transpose(1, 2)
+    # This rank's rows of every bundle part, gathered once for all steps (kernel layout).
+    rows = {}
+    for b, bundle in enumerate(ctx.bundles):
+        for qi in range(len(ctx.chunks(ctx.me, bundle))):
+            rows[(b, qi)] = (
+                ctx.gather(q, bundle, qi), ctx.dense(out, bundle, qi), ctx.dense(grad_out, bundle, qi),
+                ctx.gather(lse_rows, bundle, qi).transpose(1, 2).contiguous(),
+                None if glse_rows is None else ctx.gather(glse_rows, bundle, qi).transpose(1, 2).contiguous(),
+                torch.zeros(ctx.gather(q, bundle, qi).shape, dtype=acc, device=q.device),
+            )
 
     def compute(origin: int, packet: torch.Tensor, dkv: list[torch.Tensor]) -> None:
         kv = ctx.split(unpack(packet, kv_specs[origin]), origin)
-        grads = ctx.split(dkv, origin)
+        dkv_parts = ctx.split(dkv, origin)
         for b, qi, ki, diagonal in ctx.blocks(origin):
-            bundle = ctx.bundles[b]
             k_blk, v_blk = kv[b][ki]
-            dk_acc, dv_acc = grads[b][ki]
-            dl = None if grad_lse is None else ctx.gather_lse(grad_lse, bundle, qi)
+            dk_acc, dv_acc = dkv_parts[b][ki]
+            q_rows, o_rows, do_rows, l_rows, dl_rows, dq_acc = rows[(b, qi)]
             dq_blk, dk_blk, dv_blk = backend.backward(
-                ctx.gather(grad_out, bundle, qi), dl, ctx.gather(q, bundle, qi), k_blk, v_blk,
-                ctx.gather(out, bundle, qi), ctx.gather_lse(lse, bundle, qi), auxes.get((b, qi, origin, ki)),
+                do_rows, dl_rows, q_rows, k_blk, v_blk, o_rows, l_rows, auxes.get((b, qi, origin, ki)),
                 causal=diagonal, scale=scale,
             )
-            ctx.scatter(dq, dq_blk, bundle, qi, add=True)
-            dk_acc += dk_blk.to(acc)
-            dv_acc += dv_blk.to(acc)
+            dq_acc += dq_blk
+            dk_acc += dk_blk
+            dv_acc += dv_blk
 
-    own = ctx.pack_kv(k, v)
-    own_grads = [torch.zeros(shape, dtype=acc, device=q.device) for shape, _ in acc_specs[ctx.me]]
-    held: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {ctx.me: (own, None)}
-    compute(ctx.me, own, own_grads)
-    for t in range(1, ctx.num_steps(True) + 1):
-        sends, recvs = ctx.step_ops(t, backward=True)
-        send_list, recv_list, received = [], [], []
-        for peer, j, kind in sends:
-            packet, dkv = held.pop(j)
-            payload = {"kv": lambda: packet, "kv+acc": lambda: torch.cat([packet, dkv]), "acc": lambda: dkv}[kind]()
-            send_list.append((ctx.comm.global_rank(ctx.plan.members[peer]), payload))
-        for peer, j, kind in recvs:
-            kv_size, acc_size = ctx.packet_bytes(j, q.dtype), ctx.packet_bytes(j, acc)
-            size = {"kv": kv_size, "acc": acc_size, "kv+acc": kv_size + acc_size}[kind]
-            buffer = torch.empty(size, dtype=torch.uint8, device=q.device)
-            recv_list.append((ctx.comm.global_rank(ctx.plan.members[peer]), buffer))
-            received.append((j, kind, buffer, kv_size))
-        ctx.comm.exchange(send_list, recv_list, label=label, step=t).wait()
-        for j, kind, buffer, kv_size in received:
-            if kind == "acc":  # our own dK/dV contributions from the other members, home again
-                for mine, arrived in zip(own_grads, unpack(buffer, acc_specs[j])):
-                    mine += arrived
-                continue
-            packet = buffer[:kv_size]
-            if kind == "kv":
-                dkv_buffer = torch.zeros(ctx.packet_bytes(j, acc), dtype=torch.uint8, device=q.device)
+    # Pipelined like the forward: at step t each holder computes its share of the packets it holds while
+    # the K/V packets for step t + 1 travel ahead and the dK/dV sums of step t - 1 travel one hop behind
+    # (the receiver adds them to its own share once both are there); the owner keeps its own share, the
+    # chain of sums starts at the second holder and the last holder sends the sum home.
+    kv_bytes = {j: ctx.packet_bytes(j, q.dtype) for j in range(ctx.m)}
+    acc_bytes = {j: ctx.packet_bytes(j, acc) for j in range(ctx.m)}
+    origins = [j for j in range(ctx.m) if kv_bytes[j] > 0]
+    kv_held = {ctx.me: ctx.pack_kv(k, v)} if kv_bytes[ctx.me] else {}
+    sums: dict[int, torch.Tensor] = {}  # origin -> dK/dV sum (packed, uint8) to pass on at the next step
+    own_share = own_returned = None
+    last = max((len(ctx.holders[j]) for j in origins), default=0)
+    for t in range(last + 1):
+        sends, recvs, kv_next, arriving = [], [], {}, {}
+        for j in origins:
+            holders = ctx.holders[j]
+            if t + 1 < len(holders):
+                if holders[t] == ctx.me:
+                    sends.append((holders[t + 1], kv_held[j]))
+                if holders[t + 1] == ctx.me:
+                    kv_next[j] = torch.empty(kv_bytes[j], dtype=torch.uint8, device=q.device)
+                    recvs.append((holders[t], kv_next[j]))
+            if 2 <= t <= len(holders):
+                dst = holders[t] if t < len(holders) else j  # next holder, or home
+                if holders[t - 1] == ctx.me:
+                    sends.append((dst, sums.pop(j)))
+                if dst == ctx.me:
+                    arriving[j] = torch.empty(acc_bytes[j], dtype=torch.uint8, device=q.device)
+                    recvs.append((holders[t - 1], arriving[j]))
+        handle = ctx.comm.exchange([(ctx.comm.global_rank(ctx.plan.members[p]), x) for p, x in sends],
+                                   [(ctx.comm.global_rank(ctx.plan.members[p]), x) for p, x in recvs],
+                                   label=label, step=t)
+        computed = {}
+        for j in origins:
+            if t < len(ctx.holders[j]) and ctx.holders[j][t] == ctx.me:
+                computed[j] = torch.zeros(acc_bytes[j], dtype=torch.uint8, device=q.device)
+                compute(j, kv_held[j], unpack(computed[j], acc_specs[j]))  # overlaps the transfers above
+        handle.wait()
+        for j, buffer in arriving.items():
+            if j in computed:
+                computed[j].view(acc).add_(buffer.view(acc))
+            else:  # home: the sum over every other holder of our K/V
+                own_returned = buffer
+        for j, total in computed.items():
+            if j == ctx.me:
+                own_share = total
             else:
-                dkv_buffer = buffer[kv_size:].clone()
-            compute(j, packet, unpack(dkv_buffer, acc_specs[j]))  # accumulates into dkv_buffer's views
-            held[j] = (packet, dkv_buffer)
+                sums[j] = total
+        kv_held = kv_next
+    if own_share is None:
+        own_share = torch.zeros(acc_bytes[ctx.me], dtype=torch.uint8, device=q.device)
+    if own_returned is not None:
+        own_share.view(acc).add_(own_returned.view(acc))
+    own_grads = unpack(own_share, acc_specs[ctx.me])
 
-    dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-    dv = torch.zeros(v.shape, dtype=acc, device=q.device)
+    dq, dk, dv = grads
+    for (b, qi), (*_, dq_acc) in rows.items():
+        ctx.scatter(dq, dq_acc, ctx.bundles[b], qi, add=True)
     for bundle, parts in zip(ctx.bundles, ctx.split(own_grads, ctx.me)):
         for part, (dk_part, dv_part) in enumerate(parts):
             ctx.scatter(dk, dk_part, bundle, part, add=True)
             ctx.scatter(dv, dv_part, bundle, part, add=True)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-class _RingBranch(torch.autograd.Function):
-    """One ring branch: (q, k, v) shards -> (out, lse) of the branch; exact ring backward."""
+@dataclass(frozen=True)
+class _RingRun:
+    """What one call computes on this rank: the plan of the branches inside the shard (None: none) and
+    the ring branches' contexts, all merged into one result."""
+
+    local_plan: Plan | None
+    contexts: tuple[_BranchContext, ...]
+    backend: Backend
+    scale: float
+    causal: bool
+    num_branches: int
+
+
+def _ring_forward(q, k, v, run: _RingRun):
+    """(out, lse, local executor state, ring branch states): every branch's partial result in its slot,
+    merged once."""
+    outs, lses = partial_buffers(run.num_branches, run.backend, q)
+    local_state = None
+    if run.local_plan is not None:
+        local_state = forward_partials(run.local_plan, run.backend, q, k, v, run.scale, run.causal, outs, lses)
+    ring_states = [_forward_branch(c, q, k, v, run.backend, run.scale, outs[c.plan.branch], lses[c.plan.branch])
+                   for c in run.contexts]
+    out, lse = merge_partials(outs, lses, q.dtype)
+    return out, lse, local_state, ring_states
+
+
+class _RingAttention(torch.autograd.Function):
+    """(q, k, v) shards -> merged (out, lse (B, H, n)) of every branch. Backward: every block's backward
+    (local blocks: the engine's executors; ring blocks: step by step) with the merged out and LSE."""
 
     @staticmethod
-    def forward(autograd_ctx, q, k, v, branch_ctx, backend, scale):
-        label = f"forward/branch{branch_ctx.plan.branch}"
-        out, lse, auxes = _forward_branch(branch_ctx, q, k, v, backend, scale, label)
+    def forward(autograd_ctx, q, k, v, run: _RingRun):
+        out, lse, local_state, ring_states = _ring_forward(q, k, v, run)
         autograd_ctx.save_for_backward(q, k, v, out, lse)
-        autograd_ctx.branch_ctx, autograd_ctx.backend, autograd_ctx.scale = branch_ctx, backend, scale
-        autograd_ctx.auxes = auxes
+        autograd_ctx.run, autograd_ctx.local_state, autograd_ctx.ring_states = run, local_state, ring_states
         autograd_ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     def backward(autograd_ctx, grad_out, grad_lse):
         q, k, v, out, lse = autograd_ctx.saved_tensors
-        branch_ctx = autograd_ctx.branch_ctx
-        label = f"backward/branch{branch_ctx.plan.branch}"
-        dq, dk, dv = _backward_branch(branch_ctx, q, k, v, out, lse, grad_out, grad_lse, autograd_ctx.auxes,
-                                      autograd_ctx.backend, autograd_ctx.scale, label)
-        return dq, dk, dv, None, None, None
-
-
-def _local_branches(q, k, v, pattern: DilatedPattern, branches: Sequence[int], backend: Backend, scale: float):
-    """Merged (out, lse) of the branches whose segments lie inside this shard: the engine itself.
-
-    The shard is a sequence of its own for them: each of its runs starts at a multiple of their
-    segment length, so the engine's plan on n tokens, restricted to these branches, is exact.
-    """
-    n, num_heads = q.shape[1], q.shape[2]
-    # The other branches become stand-ins (segment n, dilation 1) whose blocks are dropped: same
-    # branch count and head membership, and no dilation larger than the shard reaches the planner.
-    stand_in = DilatedPattern.create(
-        [w if b in branches else n for b, w in enumerate(pattern.segment_lengths)],
-        [r if b in branches else 1 for b, r in enumerate(pattern.dilation_rates)],
-        mode=pattern.mode, causal=pattern.causal,
-    )
-    full = cached_plan(stand_in, n, num_heads)
-    plan = replace(full, blocks=tuple(b for b in full.blocks if b.branch in set(branches)))
-    return execute_plan(plan, backend, q, k, v, scale, pattern.causal, 0.0)
+        if grad_out is None and grad_lse is None:
+            return None, None, None, None
+        run = autograd_ctx.run
+        grads = tuple(torch.zeros(t.shape, dtype=lse_dtype(q.dtype), device=t.device) for t in (q, k, v))
+        out = out.contiguous()
+        grad_out = None if grad_out is None else grad_out.contiguous()
+        if run.local_plan is not None:
+            backward_partials(run.local_plan, run.backend, autograd_ctx.local_state, grads, q, k, v, out, lse,
+                              grad_out, grad_lse, run.scale, run.causal)
+        for context, auxes in zip(run.contexts, autograd_ctx.ring_states):
+            _backward_branch(context, q, k, v, out, lse, grad_out, grad_lse, auxes, run.backend, run.scale, grads)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v))) + (None,)
 
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = ()) -> Backend:
@@ -641,16 +735,14 @@ def ring_dilated_attention(
                                  causal=causal, mode=mode, backend=backend, scale=resolved_scale,
                                  return_lse=return_lse)
     comm = RingComm(members, group, timeout_s=timeout)
-    outs, lses = [], []
-    local = [plan.branch for plan in plans if plan.local]
-    if local:
-        o, l = _local_branches(q, k, v, pattern, local, adapter, resolved_scale)
-        outs.append(o)
-        lses.append(l)
-    for plan in plans:
-        if not plan.local:
-            o, l = _RingBranch.apply(q, k, v, _BranchContext(q, plan, geometry, causal, comm), adapter, resolved_scale)
-            outs.append(o)
-            lses.append(l)
-    out, lse = merge_lse(outs, lses)
+    local = tuple(plan.branch for plan in plans if plan.local)
+    run = _RingRun(
+        local_plan=cached_plan(pattern, q.shape[1], q.shape[2], None, str(q.device), branches=local) if local else None,
+        contexts=tuple(_BranchContext(q, plan, geometry, causal, comm) for plan in plans if not plan.local),
+        backend=adapter, scale=resolved_scale, causal=causal, num_branches=pattern.num_branches,
+    )
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _RingAttention.apply(q, k, v, run)
+    else:
+        out, lse = _ring_forward(q, k, v, run)[:2]
     return (out, lse) if return_lse else out
