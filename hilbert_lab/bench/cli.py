@@ -1,5 +1,6 @@
 """`hilbert-lab info | bench | probe | estimate | select`: the machine, the safe benchmark runner, the
-length probe, the memory estimate and the timed backend selection (registered by hilbert_lab.cli). Heavy imports happen inside the commands."""
+length probe, the memory estimate and the timed backend selection (registered by hilbert_lab.cli).
+Heavy imports happen inside the commands."""
 from __future__ import annotations
 
 import argparse
@@ -364,15 +365,19 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                          "  hilbert-lab select --seq-len 4096 --num-heads 8 --head-dim 64\n"
                          "  hilbert-lab select --device cuda --dtype bfloat16 --seq-len 32768,65536 "
                          "--segment-lengths 2048,4096,8192 --dilation-rates 1,2,4 --mode longnet,head_groups --refresh")
-    select.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), required=True, help="comma-separated sequence lengths")
-    select.add_argument("--device", type=available_device, default="cpu", help=f"{arguments.DEVICE_SYNTAX} (default: cpu)")
-    select.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"], help=f"comma-separated list; {' | '.join(DTYPES)}")
+    select.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), required=True,
+                        help="comma-separated sequence lengths")
+    select.add_argument("--device", type=available_device, default="cpu",
+                        help=f"{arguments.DEVICE_SYNTAX} (default: cpu)")
+    select.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"],
+                        help=f"comma-separated list; {' | '.join(DTYPES)}")
     select.add_argument("--mode", type=choice_list(MODES), default=["longnet"],
                         help=f"comma-separated list; {' | '.join(MODES)}")
     select.add_argument("--batch-size", type=integer(1), default=1)
     select.add_argument("--num-heads", type=integer(1), default=4)
     select.add_argument("--head-dim", type=integer(1), default=32)
-    select.add_argument("--segment-lengths", type=int_list(), default=[256, 512], help="comma-separated, e.g. 2048,4096,8192")
+    select.add_argument("--segment-lengths", type=int_list(), default=[256, 512],
+                        help="comma-separated, e.g. 2048,4096,8192")
     select.add_argument("--dilation-rates", type=int_list(), default=[1, 2], help="comma-separated, e.g. 1,2,4")
     select.add_argument("--causal", action="store_true")
     select.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed rounds per candidate, 1..1000")
