@@ -177,7 +177,8 @@ def test_the_scanner_sees_imports_and_flags_each_kind_of_violation():
              "hilbert_lab.curves", "hilbert_lab.viz"}
     source = ("import hilbert_lab.curves.codec as codec\n"
               "def f():\n    from hilbert_lab.viz import curves\n    from . import codec as c\n"
-              "    try:\n        from hilbert_lab.attention.engine import _plan\n    except ImportError:\n        pass\n"
+              "    try:\n        from hilbert_lab.attention.engine import _plan\n"
+              "    except ImportError:\n        pass\n"
               "    return codec._kernel\n")
     records = list(imports_of("hilbert_lab.curves.orderings", source, known))
     assert [(r.target, r.name, r.in_try) for r in records] == [
@@ -221,7 +222,8 @@ def test_no_private_name_of_another_package_is_imported_or_used():
         other = package_of(record.target) != package_of(record.module)
         names = [record.name] if record.name else []
         if other and any(_private(part) for part in record.target.split(".") + names):
-            found.append(f"{record.module}:{record.line} imports {record.target}" + (f".{record.name}" if names else ""))
+            shown = record.target + (f".{record.name}" if names else "")
+            found.append(f"{record.module}:{record.line} imports {shown}")
     for module, path in modules.items():
         found += private_attribute_uses(module, path.read_text(), known, path.name == "__init__.py")
     assert found == [], "private names of other packages:\n" + "\n".join(found)
