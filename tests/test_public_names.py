@@ -94,10 +94,9 @@ def test_the_readme_shows_names_of_each_kind():
     assert "hilbert_lab.bench.stats" in dotted_names() and "hilbert_lab.kernels.cuda_curves" in dotted_names()
     assert ("curves", "gilbert") in section_calls() and ("locality", "lru_misses") in section_calls()
     assert "attention/plan.py" in file_paths()
-    with pytest.raises(AttributeError):
-        resolve("hilbert_lab.curves.no_such_name")
-    with pytest.raises(ModuleNotFoundError):
-        resolve("hilbert_lab.no_such_package.name")
+    for missing in ("hilbert_lab.curves.no_such_name", "hilbert_lab.no_such_package.name"):
+        with pytest.raises(AttributeError):
+            resolve(missing)
 
 
 @pytest.mark.parametrize("name", imported_names() + dotted_names())
