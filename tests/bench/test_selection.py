@@ -34,8 +34,12 @@ def test_measure_selection_stores_the_fastest_once_per_key(tmp_path, monkeypatch
         return real(*args, **kwargs)
 
     monkeypatch.setattr(selection, "time_candidates", counting)
+    writes = []
+    real_write = selection.atomic_write
+    monkeypatch.setattr(selection, "atomic_write", lambda path, data: (writes.append(path), real_write(path, data)))
     first = selection.measure_selection("cpu", torch.float32, SHAPE, LENGTHS, RATES, repeats=2)
     assert first["source"] == "timed" and len(calls) == 1
+    assert writes == [tmp_path / "cache" / "backend_selection.json"]  # one whole-file replace
     assert first["backend"] == min(first["timings_ms"], key=first["timings_ms"].get)
     key = selection_key("cpu", torch.float32, SHAPE, LENGTHS, RATES)
     path = tmp_path / "cache" / "backend_selection.json"
