@@ -4,7 +4,7 @@ Read from README.md: the imports in its python code blocks (`from hilbert_lab...
 `import hilbert_lab...`), every dotted `hilbert_lab.x.y` name (code blocks and inline code), inline
 `package.name` spans of a hilbert_lab package (`kernels.cuda_curves`), the calls shown in inline code
 of a section titled with its package (`encode(...)` under "(`hilbert_lab.curves`)": found in the
-package or one of its modules), and every `.py` path in inline code (a file of the repository, of
+package or one of its modules), and every `.py` / `.md` path in inline code (a file of the repository, of
 hilbert_lab/ or of benchmarks/).
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def section_calls() -> list[tuple[str, str]]:
 
 
 def file_paths() -> list[str]:
-    return sorted({span for span in INLINE if span.endswith(".py") and "*" not in span and " " not in span})
+    return sorted({span for span in INLINE if span.endswith((".py", ".md")) and "*" not in span and " " not in span})
 
 
 def test_the_readme_shows_names_of_each_kind():
@@ -93,7 +93,7 @@ def test_the_readme_shows_names_of_each_kind():
     assert "hilbert_lab.curves.segment_permutation" in imported_names()
     assert "hilbert_lab.bench.stats" in dotted_names() and "hilbert_lab.kernels.cuda_curves" in dotted_names()
     assert ("curves", "gilbert") in section_calls() and ("locality", "lru_misses") in section_calls()
-    assert "attention/plan.py" in file_paths()
+    assert "attention/plan.py" in file_paths() and "docs/INTERFACES.md" in file_paths()
     for missing in ("hilbert_lab.curves.no_such_name", "hilbert_lab.no_such_package.name"):
         with pytest.raises(AttributeError):
             resolve(missing)
