@@ -1,7 +1,7 @@
 """Benchmark the locality simulators on one CPU core; writes reports/results/locality_cpu.json.
 
 Usage: .venv/bin/python benchmarks/bench_locality.py [--repeats 3] [--output PATH]
-Targets (issue 6): fully associative LRU, 4096 lines, 5M accesses >= 50M accesses/s on one core;
+Targets: fully associative LRU, 4096 lines, 5M accesses >= 50M accesses/s on one core;
 miss_curve over 10M accesses in seconds. Every case is warmed up (Numba compile) and timed
 `repeats` times (hilbert_lab.bench.timing.time_function, wall time; the CPU seconds of this process
 are read around each call too); the best and all timings are stored. Traces are fixed-seed. The JSON

@@ -1,7 +1,7 @@
-"""`hilbert-lab` command line: info, bench, probe, estimate, curve, report, train, ring.
+"""`hilbert-lab` command line: info, bench, probe, estimate, select, curve, report, train, ring.
 
 Only parsing and dispatch: each package registers its commands (bench/cli.py: info, bench, probe,
-estimate; curves/cli.py: curve; reports/cli.py: report; models/cli.py: train; distributed/cli.py: ring).
+estimate, select; curves/cli.py: curve; reports/cli.py: report; models/cli.py: train; distributed/cli.py: ring).
 Bad input exits with code 2 and one line on stderr (a traceback only with --debug). Lists are
 comma-separated; output paths follow hilbert_lab.arguments.OUTPUT_RULE.
 """

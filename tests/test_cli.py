@@ -237,8 +237,8 @@ def test_train_refuses_cuda_on_a_cpu_build_including_presets(capsys, tmp_path):
 def test_each_command_is_registered_and_handled_by_its_package():
     from hilbert_lab.cli import build_parser
 
-    homes = {"info": "bench", "bench": "bench", "probe": "bench", "estimate": "bench", "curve": "curves",
-             "report": "reports", "train": "models", "ring": "distributed"}
+    homes = {"info": "bench", "bench": "bench", "probe": "bench", "estimate": "bench", "select": "bench",
+             "curve": "curves", "report": "reports", "train": "models", "ring": "distributed"}
     commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
     assert list(commands.choices) == list(homes)
     for name, package in homes.items():

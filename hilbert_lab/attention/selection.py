@@ -23,28 +23,28 @@ Rules of `select_backend` (first match wins):
    whole_pattern=False) skip this rule.
 4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
    "triton"/"flex" are opt-in there or chosen by timing.
-With benchmark_backends=True the candidates that can run are timed once per
-(device name, dtype, shape, segment_lengths) key and the fastest is cached in memory and in a JSON
-file ($HILBERT_LAB_CACHE_DIR or ~/.cache/hilbert_lab, file backend_selection.json).
+Timing is measured in `hilbert_lab.bench.selection` (`measure_selection`, or the CLI
+`hilbert-lab select`): it times the candidates that can run once per (device name, dtype, shape,
+segment_lengths, dilation_rates, mode, causal) key and stores the fastest in a JSON file
+($HILBERT_LAB_CACHE_DIR or ~/.cache/hilbert_lab, file backend_selection.json). This module only reads
+that file: `select_backend(..., timed=True)` returns the stored winner for the key when there is one
+that runs here, else the rule. `backend="auto"` always applies the rule (no file is read).
 """
 from __future__ import annotations
 
 import functools
 import json
 import os
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from hilbert_lab.attention.backends import unavailable_reason
-from hilbert_lab.io import atomic_write
+from hilbert_lab.attention.backends import BACKENDS, unavailable_reason
 
 # Compute-capability major (and minor for Ada) -> architecture.
 _ARCHITECTURES = {3: "Kepler", 5: "Maxwell", 6: "Pascal", 7: "Volta", 8: "Ampere", 9: "Hopper", 10: "Blackwell",
                   12: "Blackwell"}
-_MEMORY_CACHE: dict[str, str] = {}
 
 
 def architecture_name(major: int, minor: int) -> str:
@@ -173,6 +173,43 @@ def candidate_backends(device: torch.device | str, dtype: torch.dtype) -> list[s
     return [n for n in names if unavailable_reason(n, device, dtype) is None]
 
 
+def selection_key(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],
+                  segment_lengths: Sequence[int], dilation_rates: Optional[Sequence[int]] = None, *,
+                  mode: str = "longnet", causal: bool = False) -> str:
+    """The key of one timed selection in `cache_path()`: device name, dtype, shape (B, N, H, D),
+    segment_lengths, dilation_rates (default all 1), mode and causal."""
+    device = torch.device(device)
+    if len(shape) != 4 or not segment_lengths:
+        raise ValueError(f"a timed selection needs shape=(B, N, H, D) and segment_lengths, got shape={shape!r} "
+                         f"and segment_lengths={segment_lengths!r}")
+    rates = tuple(dilation_rates) if dilation_rates is not None else tuple(1 for _ in segment_lengths)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return (f"{name}|{dtype}|{tuple(int(x) for x in shape)}|{tuple(segment_lengths)}|{rates}|{mode}|"
+            f"{bool(causal)}")
+
+
+def read_selection_cache() -> dict[str, str]:
+    """The timed selections stored in `cache_path()` (key -> backend name); {} when there is no readable
+    file. Parsed once per file version (path, inode, modification time, size)."""
+    path = cache_path()
+    try:
+        stat = path.stat()
+    except OSError:
+        return {}
+    return dict(_parsed_cache(str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed_cache(path: str, inode: int, mtime_ns: int, size: int) -> tuple[tuple[str, str], ...]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return ()
+    if not isinstance(data, dict):
+        return ()
+    return tuple((str(key), value) for key, value in data.items() if isinstance(value, str))
+
+
 def select_backend(
     device: torch.device | str,
     dtype: torch.dtype,
@@ -184,83 +221,25 @@ def select_backend(
     causal: bool = False,
     training: bool = False,
     whole_pattern: bool = True,
-    benchmark_backends: bool = False,
-    use_file_cache: bool = True,
+    timed: bool = False,
 ) -> str:
-    """Backend name for (device, dtype[, shape (B, N, H, D)]) by the rules or by timing.
+    """Backend name for (device, dtype[, shape (B, N, H, D)]) by the rules, or by a stored timing.
 
     Rules: shape (B, N, H, D), training and the merged branches (mode "longnet" with several
-    segment lengths) feed rule 3. Timing: mode and causal are what it runs and part of its cache key.
+    segment lengths) feed rule 3.
 
-    benchmark_backends=True (needs shape and segment_lengths) times each candidate once per key
-    (forward, median of 3 after a warm-up) and caches the winner in memory and in `cache_path()`.
+    timed=True (needs shape and segment_lengths): the winner that `hilbert_lab.bench.selection` stored
+    for (device, dtype, shape, segment_lengths, dilation_rates, mode, causal) in `cache_path()` when
+    there is one that runs here, otherwise the rule. Nothing is timed here. whole_pattern=False always
+    takes the rule (the timings ran whole patterns).
     """
     device = torch.device(device)
-    if not benchmark_backends:
-        merged = len(segment_lengths) if mode == "longnet" and len(segment_lengths) > 1 else 0
-        return rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape, merged_branches=merged,
-                            training=training)
-    if shape is None or len(shape) != 4 or not segment_lengths:
-        raise ValueError("benchmark_backends=True needs shape=(B, N, H, D) and segment_lengths")
-    rates = tuple(dilation_rates) if dilation_rates is not None else tuple(1 for _ in segment_lengths)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    key = f"{name}|{dtype}|{tuple(shape)}|{tuple(segment_lengths)}|{rates}|{mode}|{causal}"
-    if key in _MEMORY_CACHE:
-        return _MEMORY_CACHE[key]
-    stored = _read_cache() if use_file_cache else {}
-    if key in stored and unavailable_reason(stored[key], device, dtype) is None:
-        _MEMORY_CACHE[key] = stored[key]
-        return stored[key]
-    timings = time_backends(device, dtype, tuple(shape), tuple(segment_lengths), rates, mode=mode, causal=causal)
-    best = min(timings, key=timings.get) if timings else rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape)
-    _MEMORY_CACHE[key] = best
-    if use_file_cache:
-        stored[key] = best
-        _write_cache(stored)
-    return best
-
-
-def time_backends(device, dtype, shape, segment_lengths, dilation_rates, repeats: int = 3, *,
-                  mode: str = "longnet", causal: bool = False) -> dict[str, float]:
-    """Median forward seconds per runnable candidate (failing candidates are left out)."""
-    from hilbert_lab.attention.engine import dilated_attention
-
-    q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
-    timings = {}
-    for backend in candidate_backends(device, dtype):
-        try:
-            samples = []
-            for i in range(repeats + 1):
-                _sync(device)
-                start = time.perf_counter()
-                with torch.no_grad():
-                    dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                      mode=mode, causal=causal, backend=backend)
-                _sync(device)
-                if i:
-                    samples.append(time.perf_counter() - start)
-            timings[backend] = sorted(samples)[len(samples) // 2]
-        except Exception:  # a candidate that fails on this shape is simply not chosen
-            continue
-    return timings
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _read_cache() -> dict:
-    try:
-        return json.loads(cache_path().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_cache(data: dict) -> None:
-    path = cache_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
-    except OSError:
-        pass  # a read-only home only loses the file cache
+    if timed and whole_pattern:
+        key = selection_key(device, dtype, shape if shape is not None else (), segment_lengths, dilation_rates,
+                            mode=mode, causal=causal)
+        stored = read_selection_cache().get(key)
+        if stored in BACKENDS and unavailable_reason(stored, device, dtype) is None:
+            return stored
+    merged = len(segment_lengths) if mode == "longnet" and len(segment_lengths) > 1 else 0
+    return rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape, merged_branches=merged,
+                        training=training)

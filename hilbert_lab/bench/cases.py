@@ -14,7 +14,7 @@ CASE_TARGET = "hilbert_lab.bench.cases:run_case"
 KINDS = ("selftest", "attention", "memory")
 SELFTEST_BEHAVIORS = ("ok", "raise", "sleep", "signal", "oom", "exit")
 PASSES = ("forward", "forward_backward")
-# Names the engine contract defines; the engine's registry (backends.BACKENDS) is preferred when importable.
+# Defaults of an attention case (backend names: known_backends, from the engine's registry).
 ATTENTION_DEFAULTS: dict[str, Any] = {
     "batch_size": 1, "num_heads": 4, "head_dim": 32, "segment_lengths": [256, 512],
     "dilation_rates": [1, 2], "mode": "longnet", "causal": False, "backend": "manual", "ordering": None,

@@ -1,5 +1,6 @@
-"""`hilbert-lab info | bench | probe | estimate`: the machine, the safe benchmark runner, the length
-probe and the memory estimate (registered by hilbert_lab.cli). Heavy imports happen inside the commands."""
+"""`hilbert-lab info | bench | probe | estimate | select`: the machine, the safe benchmark runner, the
+length probe, the memory estimate and the timed backend selection (registered by hilbert_lab.cli).
+Heavy imports happen inside the commands."""
 from __future__ import annotations
 
 import argparse
@@ -255,10 +256,44 @@ def _estimate(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- select
+
+def _select(args: argparse.Namespace) -> int:
+    import torch
+
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.bench.selection import measure_selection
+
+    rows = []
+    for mode in args.mode:
+        DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode=mode, causal=args.causal)
+    for seq_len in args.seq_len:
+        for dtype in args.dtype:
+            for mode in args.mode:
+                shape = (args.batch_size, seq_len, args.num_heads, args.head_dim)
+                try:
+                    result = measure_selection(args.device, getattr(torch, dtype), shape, args.segment_lengths,
+                                               args.dilation_rates, mode=mode, causal=args.causal,
+                                               repeats=args.repeats, refresh=args.refresh)
+                except OSError as error:
+                    raise ValueError(f"the selection cache is not writable (set HILBERT_LAB_CACHE_DIR): {error}")
+                rows.append({"seq_len": seq_len, "dtype": dtype, "mode": mode, **result})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for row in rows:
+        timed = ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(row["timings_ms"].items(), key=lambda i: i[1]))
+        print(f"N={row['seq_len']} {row['dtype']} {row['mode']}: {row['backend']} ({row['source']}"
+              + (f": {timed})" if timed else ")"))
+    if rows:
+        print(f"(selection cache: {rows[0]['path']}; read by select_backend(..., timed=True))")
+    return 0
+
+
 # ---------------------------------------------------------------- registration
 
 def register_cli(subparsers: "argparse._SubParsersAction") -> None:
-    """Add the info, bench, probe and estimate commands to the `hilbert-lab` parser's subparsers."""
+    """Add the info, bench, probe, estimate and select commands to the `hilbert-lab` parser's subparsers."""
     info = add_command(subparsers, "info", "hardware, available backends and what 'auto' picks per dtype",
                        "  hilbert-lab info\n  hilbert-lab info --json > machine.json")
     info.add_argument("--json", action="store_true", help="machine-readable output")
@@ -322,3 +357,30 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
     estimate.add_argument("--world-size", type=integer(1, 1 << 20), default=1, help="ring attention: estimate per rank")
     estimate.add_argument("--json", action="store_true")
     estimate.set_defaults(func=_estimate)
+
+    from hilbert_lab.attention.pattern import MODES
+
+    select = add_command(subparsers, "select", "time the backends that run here on one input per shape and store the "
+                         "fastest for select_backend(..., timed=True)",
+                         "  hilbert-lab select --seq-len 4096 --num-heads 8 --head-dim 64\n"
+                         "  hilbert-lab select --device cuda --dtype bfloat16 --seq-len 32768,65536 "
+                         "--segment-lengths 2048,4096,8192 --dilation-rates 1,2,4 --mode longnet,head_groups --refresh")
+    select.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), required=True,
+                        help="comma-separated sequence lengths")
+    select.add_argument("--device", type=available_device, default="cpu",
+                        help=f"{arguments.DEVICE_SYNTAX} (default: cpu)")
+    select.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"],
+                        help=f"comma-separated list; {' | '.join(DTYPES)}")
+    select.add_argument("--mode", type=choice_list(MODES), default=["longnet"],
+                        help=f"comma-separated list; {' | '.join(MODES)}")
+    select.add_argument("--batch-size", type=integer(1), default=1)
+    select.add_argument("--num-heads", type=integer(1), default=4)
+    select.add_argument("--head-dim", type=integer(1), default=32)
+    select.add_argument("--segment-lengths", type=int_list(), default=[256, 512],
+                        help="comma-separated, e.g. 2048,4096,8192")
+    select.add_argument("--dilation-rates", type=int_list(), default=[1, 2], help="comma-separated, e.g. 1,2,4")
+    select.add_argument("--causal", action="store_true")
+    select.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed rounds per candidate, 1..1000")
+    select.add_argument("--refresh", action="store_true", help="time again keys already stored")
+    select.add_argument("--json", action="store_true")
+    select.set_defaults(func=_select)

@@ -191,7 +191,7 @@ def test_cuda_sdpa_call_conventions_on_meta_tensors():
     engine's arguments: their meta kernels check the schema, argument order, dtypes and the LSE
     layouts (padded for efficient, (B, H, L, 1) for cuDNN). Values are checked in test_gpu.py."""
     from hilbert_lab.attention.backends import sdpa
-    from hilbert_lab.attention.engine import _DilatedFunction
+    from hilbert_lab.attention.engine import execute_plan
     from hilbert_lab.attention.plan import cached_plan
 
     for kernel in ("flash", "efficient", "cudnn"):
@@ -201,7 +201,7 @@ def test_cuda_sdpa_call_conventions_on_meta_tensors():
             plan = cached_plan(pattern, 80, 6)
             q, k, v = (torch.empty(2, 80, 6, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
-            out, lse = _DilatedFunction.apply(q, k, v, plan, backend, 0.125, True)
+            out, lse = execute_plan(plan, backend, q, k, v, 0.125, True)  # the autograd Function off CUDA
             assert lse.dtype == torch.float32 and lse.shape == (2, 6, 80)
             grads = torch.autograd.grad((out, lse), (q, k, v), (torch.empty_like(out), torch.empty_like(lse)))
             assert all(g.dtype == torch.bfloat16 and g.shape == q.shape for g in grads)

@@ -1,8 +1,5 @@
-"""Modules (functional equivalence, aliases, checkpointing, autocast, compile), the grid helper, selection."""
+"""Modules (functional equivalence, aliases, checkpointing, autocast, compile), the grid helper."""
 from __future__ import annotations
-
-import functools
-import json
 
 import pytest
 import torch
@@ -13,11 +10,8 @@ from hilbert_lab.attention import (
     MultiheadDilatedAttention,
     deserialize_grid,
     dilated_attention,
-    get_gpu_info,
-    select_backend,
     serialize_grid,
 )
-from hilbert_lab.attention import selection
 
 from ._oracle import max_diff, random_qkv
 
@@ -107,87 +101,6 @@ def test_grid_round_trip_and_hilbert_segments_are_compact():
     assert torch.equal(rowmajor, x.flatten())
     with pytest.raises(ValueError, match="x must be"):
         serialize_grid(x[0])
-
-
-def test_gpu_info_and_rule_selection_on_cpu():
-    info = get_gpu_info()
-    if not torch.cuda.is_available():
-        assert info["available"] is False and info["architecture"] is None
-    assert select_backend("cpu", torch.float32) == "sdpa"
-    assert selection.recommended_dtype("cpu") == torch.float32
-    assert select_backend("cpu", torch.float64) == "sdpa"
-    names = {(6, 1): "Pascal", (7, 0): "Volta", (7, 5): "Turing", (8, 0): "Ampere", (8, 6): "Ampere", (8, 9): "Ada",
-             (9, 0): "Hopper", (10, 0): "Blackwell", (12, 0): "Blackwell"}
-    for capability, name in names.items():
-        assert selection.architecture_name(*capability) == name
-
-
-def test_rule_picks_the_fused_kernel_where_it_was_measured_to_win():
-    """Rule 3 on Hopper (pure function of the facts it reads, so it is checked without a GPU)."""
-    hopper, ampere = (9, 0), (8, 0)
-    rule = functools.partial(selection.rule_for, "cuda", triton_ok=True)
-    for dtype in (torch.bfloat16, torch.float16):
-        assert rule(hopper, dtype) == "triton"  # N unknown: the fused kernel
-        assert rule(hopper, dtype, seq_len=8192, head_dim=64) == "triton"
-        assert rule(hopper, dtype, seq_len=32768, head_dim=64) == "sdpa"  # in-place cuDNN from 32K on
-        assert rule(hopper, dtype, seq_len=8192, head_dim=64, training=True) == "triton"
-        assert rule(hopper, dtype, seq_len=8192, head_dim=128, training=True) == "sdpa"  # slow fused D=128 backward
-        assert rule(hopper, dtype, seq_len=8192, head_dim=128) == "triton"
-        assert rule(hopper, dtype, seq_len=1 << 22, head_dim=64, training=True, inplace_fits=False) == "triton"
-    assert rule((10, 0), torch.bfloat16) == "triton"  # newer than Hopper
-    assert rule(hopper, torch.float32) == "sdpa"  # fp32: the efficient kernel
-    assert rule(ampere, torch.bfloat16) == "sdpa"  # not measured there: opt-in
-    assert rule(ampere, torch.bfloat16, flash_ok=True) == "flash"
-    assert selection.rule_for("cuda", hopper, torch.bfloat16, triton_ok=False) == "sdpa"  # no triton / dense blocks
-    assert selection.rule_for("cuda", hopper, torch.bfloat16, triton_ok=False, flash_ok=True) == "flash"
-    assert selection.rule_for("cpu", None, torch.float32) == "sdpa"
-    assert selection.rule_for("cpu", None, torch.int32) == "manual"
-
-
-def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monkeypatch):
-    """The engine tells select_backend the pattern's mode (timing runs it); the ring's local steps ask
-    for dense-block backends (whole_pattern=False), so auto never hands them the fused kernel."""
-    from hilbert_lab.attention.engine import resolve_backend
-    from hilbert_lab.distributed.ring import resolve_backend as ring_resolve_backend
-
-    seen = []
-    real = selection.select_backend
-
-    def spy(*args, **kwargs):
-        seen.append((kwargs.get("mode"), kwargs.get("whole_pattern")))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(selection, "select_backend", spy)
-    q, k, v = (torch.randn(1, 32, 2, 8) for _ in range(3))
-    kwargs = dict(segment_lengths=[8, 16], dilation_rates=[1, 2], backend="auto")
-    dilated_attention(q, k, v, mode="head_groups", **kwargs)
-    dilated_attention(q, k, v, mode="longnet", **kwargs)
-    assert resolve_backend("auto", q, [8, 16]).name == "sdpa"
-    assert ring_resolve_backend("auto", q, [8, 16]).name == "sdpa"
-    assert seen == [("head_groups", True), ("longnet", True), ("longnet", True), ("longnet", False)]
-
-
-def test_benchmark_selection_caches_in_memory_and_json(tmp_path, monkeypatch):
-    monkeypatch.setenv("HILBERT_LAB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(selection, "_MEMORY_CACHE", {})
-    calls = []
-    real = selection.time_backends
-
-    def counting(*args, **kwargs):
-        calls.append(args)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(selection, "time_backends", counting)
-    kwargs = dict(shape=(1, 32, 2, 8), segment_lengths=[8, 16], dilation_rates=[1, 2], benchmark_backends=True)
-    first = select_backend("cpu", torch.float32, **kwargs)
-    assert first in ("manual", "sdpa") and len(calls) == 1
-    assert select_backend("cpu", torch.float32, **kwargs) == first and len(calls) == 1  # memory cache
-    stored = json.loads((tmp_path / "backend_selection.json").read_text())
-    assert list(stored.values()) == [first]
-    monkeypatch.setattr(selection, "_MEMORY_CACHE", {})
-    assert select_backend("cpu", torch.float32, **kwargs) == first and len(calls) == 1  # file cache
-    with pytest.raises(ValueError, match="shape"):
-        select_backend("cpu", torch.float32, benchmark_backends=True)
 
 
 @pytest.mark.parametrize("kwargs,name", [

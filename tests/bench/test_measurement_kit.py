@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hilbert_lab.attention import DilatedPattern, dilated_attention
+from hilbert_lab.attention import DilatedPattern, cached_plan, dilated_attention
 from hilbert_lab.bench import anchors
 from hilbert_lab.bench.flops import attention_flops, useful_pairs
 from hilbert_lab.bench.timing import summarize, time_function, time_interleaved
@@ -68,7 +68,7 @@ def test_anchors_compute_the_pattern(causal):
     assert (got - expected).abs().max() < 1e-12
     blocks = anchors.gather_blocks(q, k, v, head_groups)
     assert sum(b[0].shape[0] * b[0].shape[2] for b in blocks) == 2 * sum(
-        blk.count * blk.length * blk.num_heads for blk in anchors._plan(head_groups, q).blocks)
+        blk.count * blk.length * blk.num_heads for blk in cached_plan(head_groups, q.shape[1], q.shape[2]).blocks)
     with pytest.raises(ValueError, match="no merge"):
         anchors.strided_composition(q, k, v, DilatedPattern.create([8, 16], [1, 2]), scale=0.3)
 

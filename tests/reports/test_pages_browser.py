@@ -14,16 +14,9 @@ from pathlib import Path
 
 import pytest
 
-CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
 
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (make browser installs it)"),
-]
+pytestmark = [pytest.mark.browser, pytest.mark.slow]  # `browser` (tests/conftest.py) skips without chromium
 
 # JS: per plotly figure, the x/y axes whose title is empty
 UNTITLED_AXES = """() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(gd => {
@@ -61,18 +54,7 @@ def suite_dir(tmp_path_factory) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def browser():
-    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package drives chromium")
-    with sync_api.sync_playwright() as playwright:
-        instance = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield instance
-        finally:
-            instance.close()
-
-
-def test_every_page_offline_without_errors_with_titled_axes(suite_dir, browser):
+def test_every_page_offline_without_errors_with_titled_axes(browser, suite_dir):
     import re
 
     pages = sorted(suite_dir.rglob("*.html"))

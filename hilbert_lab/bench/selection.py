@@ -1,0 +1,84 @@
+"""Timed backend selection: time the candidate backends on one input and store the fastest.
+
+`time_candidates` runs every candidate that can run here (`attention.selection.candidate_backends`)
+on one random (B, N, H, D) input, forward only, round-robin with the kit's `time_interleaved` (drift
+hits all alike); a candidate that raises on this input is left out. `measure_selection` stores the
+fastest under `attention.selection.selection_key` in `attention.selection.cache_path()` (written
+atomically, other keys kept), where `select_backend(..., timed=True)` reads it. The CLI command
+`hilbert-lab select` calls it.
+"""
+from __future__ import annotations
+
+import json
+from typing import Optional, Sequence
+
+import torch
+
+from hilbert_lab.attention.engine import dilated_attention
+from hilbert_lab.attention.selection import (
+    cache_path, candidate_backends, read_selection_cache, rule_backend, selection_key,
+)
+from hilbert_lab.bench.timing import Timing, time_interleaved
+from hilbert_lab.io import atomic_write
+
+
+def time_candidates(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],
+                    segment_lengths: Sequence[int], dilation_rates: Optional[Sequence[int]] = None, *,
+                    mode: str = "longnet", causal: bool = False, repeats: int = 3, warmup: int = 1,
+                    backends: Optional[Sequence[str]] = None, seed: int = 0) -> dict[str, Timing]:
+    """Forward Timing (ms) per candidate backend on q, k, v of `shape` (B, N, H, D); candidates that
+    raise on this input are left out. backends: the names to time (default: `candidate_backends`)."""
+    device = torch.device(device)
+    if len(shape) != 4 or any(int(extent) < 1 for extent in shape):
+        raise ValueError(f"shape must be (B, N, H, D) with positive sizes, got {tuple(shape)!r}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    rates = list(dilation_rates) if dilation_rates is not None else [1] * len(segment_lengths)
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(tuple(int(x) for x in shape), generator=generator).to(device=device, dtype=dtype)
+               for _ in range(3))
+
+    def call(name: str) -> None:
+        with torch.no_grad():
+            dilated_attention(q, k, v, segment_lengths=list(segment_lengths), dilation_rates=rates, mode=mode,
+                              causal=causal, backend=name)
+
+    names = list(backends) if backends is not None else candidate_backends(device, dtype)
+    running = {}
+    for name in names:
+        try:
+            call(name)  # a candidate that fails on this input is simply not chosen
+        except Exception:
+            continue
+        running[name] = lambda name=name: call(name)
+    if not running:
+        return {}
+    return time_interleaved(running, device=device, warmup=warmup, rounds=repeats, max_seconds=float("inf"))
+
+
+def measure_selection(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],
+                      segment_lengths: Sequence[int], dilation_rates: Optional[Sequence[int]] = None, *,
+                      mode: str = "longnet", causal: bool = False, repeats: int = 3, refresh: bool = False) -> dict:
+    """Time the candidates for one key and store the fastest in `cache_path()`.
+
+    A key already stored is returned without timing unless refresh=True. Returns {"key", "backend",
+    "source" ("timed", "stored before", or "rule" when no candidate ran: nothing is stored then),
+    "timings_ms" (median per timed candidate), "path"}.
+    """
+    key = selection_key(device, dtype, shape, segment_lengths, dilation_rates, mode=mode, causal=causal)
+    path = cache_path()
+    stored = read_selection_cache()
+    if key in stored and not refresh:
+        return {"key": key, "backend": stored[key], "source": "stored before", "timings_ms": {}, "path": str(path)}
+    timings = time_candidates(device, dtype, shape, segment_lengths, dilation_rates, mode=mode, causal=causal,
+                              repeats=repeats)
+    medians = {name: timing.median for name, timing in timings.items()}
+    if not medians:
+        return {"key": key, "backend": rule_backend(device, dtype, shape=shape), "source": "rule", "timings_ms": {},
+                "path": str(path)}
+    best = min(medians, key=medians.get)
+    stored = read_selection_cache()  # re-read: keep keys another process stored while this one timed
+    stored[key] = best
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(stored, indent=1, sort_keys=True))
+    return {"key": key, "backend": best, "source": "timed", "timings_ms": medians, "path": str(path)}

@@ -1,0 +1,93 @@
+"""Backend selection: GPU description, the documented rules, and reading the stored timed selections."""
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from hilbert_lab.attention import dilated_attention, get_gpu_info, select_backend
+from hilbert_lab.attention import selection
+
+
+def test_gpu_info_and_rule_selection_on_cpu():
+    info = get_gpu_info()
+    if not torch.cuda.is_available():
+        assert info["available"] is False and info["architecture"] is None
+    assert select_backend("cpu", torch.float32) == "sdpa"
+    assert selection.recommended_dtype("cpu") == torch.float32
+    assert select_backend("cpu", torch.float64) == "sdpa"
+    names = {(6, 1): "Pascal", (7, 0): "Volta", (7, 5): "Turing", (8, 0): "Ampere", (8, 6): "Ampere", (8, 9): "Ada",
+             (9, 0): "Hopper", (10, 0): "Blackwell", (12, 0): "Blackwell"}
+    for capability, name in names.items():
+        assert selection.architecture_name(*capability) == name
+
+
+def test_rule_picks_the_fused_kernel_where_it_was_measured_to_win():
+    """Rule 3 on Hopper (pure function of the facts it reads, so it is checked without a GPU)."""
+    hopper, ampere = (9, 0), (8, 0)
+    rule = functools.partial(selection.rule_for, "cuda", triton_ok=True)
+    for dtype in (torch.bfloat16, torch.float16):
+        assert rule(hopper, dtype) == "triton"  # N unknown: the fused kernel
+        assert rule(hopper, dtype, seq_len=8192, head_dim=64) == "triton"
+        assert rule(hopper, dtype, seq_len=32768, head_dim=64) == "sdpa"  # in-place cuDNN from 32K on
+        assert rule(hopper, dtype, seq_len=8192, head_dim=64, training=True) == "triton"
+        assert rule(hopper, dtype, seq_len=8192, head_dim=128, training=True) == "sdpa"  # slow fused D=128 backward
+        assert rule(hopper, dtype, seq_len=8192, head_dim=128) == "triton"
+        assert rule(hopper, dtype, seq_len=1 << 22, head_dim=64, training=True, inplace_fits=False) == "triton"
+    assert rule((10, 0), torch.bfloat16) == "triton"  # newer than Hopper
+    assert rule(hopper, torch.float32) == "sdpa"  # fp32: the efficient kernel
+    assert rule(ampere, torch.bfloat16) == "sdpa"  # not measured there: opt-in
+    assert rule(ampere, torch.bfloat16, flash_ok=True) == "flash"
+    assert selection.rule_for("cuda", hopper, torch.bfloat16, triton_ok=False) == "sdpa"  # no triton / dense blocks
+    assert selection.rule_for("cuda", hopper, torch.bfloat16, triton_ok=False, flash_ok=True) == "flash"
+    assert selection.rule_for("cpu", None, torch.float32) == "sdpa"
+    assert selection.rule_for("cpu", None, torch.int32) == "manual"
+
+
+def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monkeypatch):
+    """The engine tells select_backend the pattern's mode; the ring's local steps ask for dense-block
+    backends (whole_pattern=False), so auto never hands them the fused kernel."""
+    from hilbert_lab.attention.engine import resolve_backend
+    from hilbert_lab.distributed.ring import resolve_backend as ring_resolve_backend
+
+    seen = []
+    real = selection.select_backend
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("mode"), kwargs.get("whole_pattern")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(selection, "select_backend", spy)
+    q, k, v = (torch.randn(1, 32, 2, 8) for _ in range(3))
+    kwargs = dict(segment_lengths=[8, 16], dilation_rates=[1, 2], backend="auto")
+    dilated_attention(q, k, v, mode="head_groups", **kwargs)
+    dilated_attention(q, k, v, mode="longnet", **kwargs)
+    assert resolve_backend("auto", q, [8, 16]).name == "sdpa"
+    assert ring_resolve_backend("auto", q, [8, 16]).name == "sdpa"
+    assert seen == [("head_groups", True), ("longnet", True), ("longnet", True), ("longnet", False)]
+
+
+def test_timed_selection_reads_the_stored_winner_and_falls_back_to_the_rule(tmp_path, monkeypatch):
+    """select_backend(timed=True) reads what bench.selection stored: a runnable stored winner for the key,
+    else the rule (unknown key, an unknown or unrunnable name, dense blocks, a broken file)."""
+    monkeypatch.setenv("HILBERT_LAB_CACHE_DIR", str(tmp_path))
+    shape, lengths, rates = (1, 32, 2, 8), [8, 16], [1, 2]
+    kwargs = dict(shape=shape, segment_lengths=lengths, dilation_rates=rates, timed=True)
+    assert select_backend("cpu", torch.float32, **kwargs) == "sdpa"  # no file: the rule
+    key = selection.selection_key("cpu", torch.float32, shape, lengths, rates)
+    assert key == "cpu|torch.float32|(1, 32, 2, 8)|(8, 16)|(1, 2)|longnet|False"
+    path = tmp_path / "backend_selection.json"
+    path.write_text(json.dumps({key: "manual"}))
+    assert select_backend("cpu", torch.float32, **kwargs) == "manual"
+    assert select_backend("cpu", torch.float32, **{**kwargs, "causal": True}) == "sdpa"  # another key
+    assert select_backend("cpu", torch.float32, **{**kwargs, "timed": False}) == "sdpa"
+    assert select_backend("cpu", torch.float32, whole_pattern=False, **kwargs) == "sdpa"
+    for stored in ("no_such_backend", "flash"):  # unknown; cannot run on the CPU
+        path.write_text(json.dumps({key: stored, "padding": "x" * len(stored)}))
+        assert select_backend("cpu", torch.float32, **kwargs) == "sdpa", stored
+    path.write_text("{not json")
+    assert select_backend("cpu", torch.float32, **kwargs) == "sdpa"
+    with pytest.raises(ValueError, match="shape"):
+        select_backend("cpu", torch.float32, timed=True)
