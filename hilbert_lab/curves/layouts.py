@@ -148,7 +148,8 @@ def _cuda_kernels():
 
     try:
         cuda_build.load_extension()
-    except NotImplementedError as error:  # no toolchain, or a failed build (cuda_build raises this for both)
+    except (NotImplementedError, ImportError) as error:  # no toolchain or a failed build (cuda_build turns
+        # both into NotImplementedError), or a built extension that does not import here
         warnings.warn(f"permute_sequence uses index_select on CUDA: {error}", RuntimeWarning, stacklevel=3)
         return None
     return cuda_curves

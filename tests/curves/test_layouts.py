@@ -202,11 +202,13 @@ def test_block_registry_forgets_evicted_layouts():
     assert not any(key in layouts._BLOCKS for key in keys)
 
 
-def test_failed_extension_build_falls_back_with_one_warning(monkeypatch):
+@pytest.mark.parametrize("error", [NotImplementedError("could not build hilbert_lab CUDA kernels: no nvcc"),
+                                   ImportError("no nvcc: undefined symbol in hilbert_lab_cuda.so")])
+def test_failed_extension_build_falls_back_with_one_warning(monkeypatch, error):
     from hilbert_lab.kernels import cuda_build
 
     def fail(*args, **kwargs):
-        raise NotImplementedError("could not build hilbert_lab CUDA kernels: no nvcc")
+        raise error
 
     monkeypatch.setattr(cuda_build, "load_extension", fail)
     layouts._cuda_kernels.cache_clear()
