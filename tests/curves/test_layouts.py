@@ -11,7 +11,6 @@ import torch
 
 from hilbert_lab.curves import (
     LAYOUTS,
-    ORDERINGS,
     SERIALIZATIONS,
     grid_layout,
     inverse_permutation,
