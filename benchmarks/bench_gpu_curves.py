@@ -2,7 +2,8 @@
 
 Encode/decode of 2**24 int32 2D points at order 12 (12 bytes per point) against hilbertsfc 0.5.1's
 Triton kernels (when importable) and against the measured device copy bandwidth; permutation of a
-bf16 (2, 32768, 12, 64) tensor against index_select and a plain copy. Correctness is checked on the
+bf16 (2, 32768, 12, 64) tensor against index_select and a plain copy, directly and through the engine's
+permutation function (hilbert_lab.curves.permute_sequence). Correctness is checked on the
 same data first (CPU curve core on a 2**20-point sample; exact equality for the permutation).
 Times are medians of triton.testing.do_bench (hilbert_lab.bench.timing.time_function on CUDA, 300 ms
 per measurement); the JSON carries the environment block (hilbert_lab.bench.env).
@@ -155,11 +156,20 @@ def main() -> None:
     t_perm = bench(lambda: cuda_curves.apply_segment_permutation(x, perm_t, segment, out=out, validate=False))
     t_index = bench(lambda: torch.index_select(x, 1, source, out=out))
     t_copy = bench(lambda: out.copy_(x))
+    # the engine's permutation function (curves.permute_sequence) on its layout tensors: the kernel
+    # through the autograd Function, no out= buffer (it allocates like index_select does)
+    layout, _ = curves.layout_permutation(32768, segment, "hilbert", device="cuda")
+    assert torch.equal(layout, source), "layout_permutation disagrees with the per-segment source index"
+    assert torch.equal(curves.permute_sequence(x, layout), x.index_select(1, source)), "permute_sequence disagrees"
+    t_engine = bench(lambda: curves.permute_sequence(x, layout))
+    t_index_alloc = bench(lambda: x.index_select(1, source))
     add("hilbert_lab apply_segment_permutation bf16 (2,32768,12,64)", t_perm, moved, anchor=t_index)
+    add("hilbert_lab permute_sequence (engine) bf16 (2,32768,12,64)", t_engine, moved, anchor=t_index_alloc)
     add("torch.index_select (anchor)", t_index, moved)
+    add("torch.index_select allocating (anchor)", t_index_alloc, moved)
     add("plain copy of the same tensor", t_copy, moved)
     for row in rows:
-        if "points_per_s" in row and "permutation" in row["name"] or row["name"].startswith(("torch.index_select", "plain copy")):
+        if "points_per_s" in row and ("permutation" in row["name"] or "permute" in row["name"]) or row["name"].startswith(("torch.index_select", "plain copy")):
             row.pop("points_per_s", None)
 
     result = {"benchmark": "gpu_curves", "command": "python " + " ".join(sys.argv),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hilbert_lab.attention.backends import BACKENDS, BackendUnavailableError, available_backends, get_backend
 from hilbert_lab.attention.engine import dilated_attention, execute_plan
-from hilbert_lab.attention.plan import Block, Plan, build_plan, cached_plan, is_selected, layout_permutation
+from hilbert_lab.attention.plan import Block, Plan, build_plan, cached_plan, is_selected
 from hilbert_lab.attention.grid import deserialize_grid, serialize_grid
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.modules import DilatedAttention, MultiheadDilatedAttention
@@ -17,6 +17,6 @@ __all__ = [
     "BACKENDS", "BackendUnavailableError", "Block", "DilatedAttention", "DilatedPattern", "Group", "MODES",
     "MultiheadDilatedAttention", "Plan", "SerializedDilatedAttention", "available_backends", "build_plan",
     "cached_plan", "deserialize_grid", "dilated_attention", "execute_plan", "get_backend", "get_gpu_info",
-    "is_selected", "layout_permutation", "merge_lse", "permute_tokens", "recommended_dtype", "reference_attention",
+    "is_selected", "merge_lse", "permute_tokens", "recommended_dtype", "reference_attention",
     "select_backend", "serialize_grid", "serialized_attention", "validate_attention_inputs",
 ]

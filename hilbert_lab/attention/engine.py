@@ -24,9 +24,10 @@ from hilbert_lab.attention.inplace import (
 )
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan, layout_permutation
+from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.curves import ORDERINGS
+from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
 from hilbert_lab.kernels import triton_merge
 
 
@@ -112,8 +113,8 @@ def dilated_attention(
     permuted = hilbert_pattern or (ordering not in IDENTITY_ORDERINGS and not fused)
     if permuted:
         order = "hilbert" if ordering in IDENTITY_ORDERINGS else ordering
-        perm, inverse = (t.to(q.device) for t in layout_permutation(seq_len, block, order))
-        q, k, v = (t.index_select(1, perm) for t in (q, k, v))
+        perm, inverse = layout_permutation(seq_len, block, order, device=q.device)
+        q, k, v = (permute_sequence(t, perm) for t in (q, k, v))
     if fused:
         out, lse = chosen.whole_pattern(q, k, v, pattern, scale=scale)
     else:
@@ -124,7 +125,7 @@ def dilated_attention(
         out, lse = execute_plan(plan, chosen, q, k, v, scale, causal, float(dropout_p),
                                 need_lse=return_lse or training or permuted)
     if permuted:
-        out, lse = out.index_select(1, inverse), lse.index_select(2, inverse)
+        out, lse = permute_sequence(out, inverse), permute_sequence(lse, inverse, dim=2)
     return (out, lse) if return_lse else out
 
 

@@ -19,10 +19,10 @@ from typing import Optional
 import torch
 
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
-from hilbert_lab.curves import segment_permutation
+from hilbert_lab.curves.layouts import layout_permutation
 
 IDENTITY_ORDERINGS = (None, "identity")
-__all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected", "layout_permutation"]
+__all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected"]
 
 
 @dataclass(frozen=True)
@@ -163,29 +163,9 @@ def cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, ordering:
                 device: str = "cpu", branches: Optional[tuple[int, ...]] = None) -> Plan:
     """`build_plan` for a layout `ordering` (None / "identity": original order), cached.
 
-    The layout permutes tokens inside blocks of max(segment_lengths) (clipped to N) tokens."""
+    The layout permutes tokens inside blocks of max(segment_lengths) (clipped to N) tokens
+    (hilbert_lab.curves.layout_permutation)."""
     inverse = None
     if ordering not in IDENTITY_ORDERINGS:
-        block = min(max(pattern.segment_lengths), seq_len)
-        inverse = layout_permutation(seq_len, block, ordering)[1].to(device)
+        inverse = layout_permutation(seq_len, max(pattern.segment_lengths), ordering, device=device)[1]
     return build_plan(pattern, seq_len, num_heads, inverse, None if branches is None else tuple(branches))
-
-
-@torch.compiler.disable
-@functools.lru_cache(maxsize=64)
-def layout_permutation(seq_len: int, block: int, ordering: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(perm, inverse) LongTensors (N,): `ordering` applied inside each block of `block` tokens.
-
-    x_layout = x[:, perm], x = x_layout[:, inverse]; a shorter last block gets its own permutation
-    (hilbert_lab.curves.segment_permutation).
-    """
-    perm = torch.empty(seq_len, dtype=torch.int64)
-    for start in range(0, seq_len, block):
-        length = min(block, seq_len - start)
-        local, _ = segment_permutation(length, ordering)
-        perm[start : start + length] = torch.tensor(local, dtype=torch.int64) + start
-    inverse = torch.empty_like(perm)
-    inverse[perm] = torch.arange(seq_len, dtype=torch.int64)
-    if not torch.equal(torch.sort(perm).values, torch.arange(seq_len)):
-        raise ValueError(f"segment_permutation({block}, {ordering!r}) did not return a permutation")
-    return perm, inverse

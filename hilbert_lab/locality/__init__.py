@@ -31,26 +31,23 @@ from hilbert_lab.locality.serialization import (
     uniform_points,
 )
 from hilbert_lab.locality.traces import (
-    LAYOUTS_1D,
     AttentionGroups,
     AttentionTrace,
     attention_trace,
     dilated_attention_trace,
     dilated_groups,
     grid_coordinates,
-    grid_layout,
-    segment_layout,
     window_attention_trace,
     window_groups,
 )
 
 __all__ = [
-    "CACHE_PARAMETERS", "CLAIM_COLUMNS", "COLUMNS", "GRID_ORDERINGS", "LAYOUTS_1D",
+    "CACHE_PARAMETERS", "CLAIM_COLUMNS", "COLUMNS", "GRID_ORDERINGS",
     "AttentionGroups", "AttentionTrace", "CacheLevel",
     "attention_trace", "blocks_touched_per_box", "box_clustering_numbers", "cache_levels", "cache_table",
     "compare_orderings", "dilated_attention_trace", "dilated_groups", "evaluate_claims", "grid_coordinates",
-    "grid_layout", "lru_miss_mask", "lru_misses", "mask_tile_density", "miss_curve", "reuse_distance_histogram",
+    "lru_miss_mask", "lru_misses", "mask_tile_density", "miss_curve", "reuse_distance_histogram",
     "reuse_distances", "segment_compactness", "serialization_metrics", "serialization_table", "knn", "knn_offsets",
-    "clustered_points", "uniform_points", "segment_layout", "simulate_hierarchy", "step_distances",
+    "clustered_points", "uniform_points", "simulate_hierarchy", "step_distances",
     "tile_density", "window_attention_trace", "window_groups", "worst_case_stretch",
 ]

@@ -5,6 +5,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hilbert_lab.curves import grid_permutation
+from hilbert_lab.curves.layouts import LAYOUTS, layout_permutation
 from hilbert_lab.curves.orderings import GRID_ORDERINGS
 from hilbert_lab.locality.cache import miss_curve
 from hilbert_lab.locality.metrics import (
@@ -16,15 +18,7 @@ from hilbert_lab.locality.metrics import (
     tile_density,
     worst_case_stretch,
 )
-from hilbert_lab.locality.traces import (
-    LAYOUTS_1D,
-    attention_trace,
-    dilated_groups,
-    grid_coordinates,
-    grid_layout,
-    segment_layout,
-    window_groups,
-)
+from hilbert_lab.locality.traces import attention_trace, dilated_groups, grid_coordinates, window_groups
 
 __all__ = ["GRID_ORDERINGS", "COLUMNS", "compare_orderings", "grid_rows", "dilated_rows"]
 
@@ -78,7 +72,7 @@ def grid_rows(
     """
     shape = tuple(int(side) for side in shape)
     shape_text = "x".join(map(str, shape))
-    perm, _ = grid_layout(shape, ordering)
+    perm, _ = grid_permutation(shape, ordering)
     coords = grid_coordinates(shape, perm)
     family = f"grid{len(shape)}d"
     geometry = f"{shape_text}"
@@ -134,7 +128,7 @@ def dilated_rows(
 ) -> list[dict]:
     """Trace and tile-density metrics of one head of one dilated branch under a 1D layout."""
     groups = dilated_groups(seq_len, segment_length, dilation_rate)
-    perm, _ = segment_layout(seq_len, segment_length, ordering, dilation_rate=dilation_rate)
+    perm = layout_permutation(seq_len, segment_length, ordering, dilation_rate=dilation_rate)[0].numpy()
     base = f"N={seq_len}, w={segment_length}, r={dilation_rate}"
     rows = []
     for block_size in density_block_sizes:
@@ -160,7 +154,7 @@ def compare_orderings(
     box_sizes: Sequence[int] = (4, 8),
     segment_lengths: Sequence[int] = (64,),
     dilated_configs: Sequence[tuple[int, int, int]] = ((4096, 1024, 4),),
-    layouts_1d: Sequence[str] = LAYOUTS_1D,
+    layouts_1d: Sequence[str] = LAYOUTS,
     tile_size: int = 64,
     head_dim: int = 64,
     element_bytes: int = 2,
@@ -182,8 +176,8 @@ def compare_orderings(
         if ordering not in GRID_ORDERINGS:
             raise ValueError(f"grid_orderings must be drawn from {GRID_ORDERINGS}, got {ordering!r}")
     for ordering in layouts_1d:
-        if ordering not in LAYOUTS_1D:
-            raise ValueError(f"layouts_1d must be drawn from {LAYOUTS_1D}, got {ordering!r}")
+        if ordering not in LAYOUTS:
+            raise ValueError(f"layouts_1d must be drawn from {LAYOUTS}, got {ordering!r}")
     tasks = [("grid", tuple(shape), ordering) for shape in grid_shapes for ordering in grid_orderings]
     tasks += [("dilated", tuple(config), ordering) for config in dilated_configs for ordering in layouts_1d]
     common = dict(tile_size=tile_size, head_dim=head_dim, element_bytes=element_bytes, line_bytes=line_bytes,

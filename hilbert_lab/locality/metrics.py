@@ -8,6 +8,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from hilbert_lab.curves.layouts import inverse_permutation
 from hilbert_lab.locality.traces import AttentionGroups
 from hilbert_lab.locality.validation import box_sides, grid_shape, positive_int
 
@@ -219,8 +220,7 @@ def tile_density(groups: AttentionGroups, perm, block_size: int) -> dict:
     perm = np.asarray(perm, dtype=np.int64)
     if perm.shape != (groups.num_tokens,):
         raise ValueError(f"perm must have shape ({groups.num_tokens},), got {perm.shape}")
-    inverse = np.empty_like(perm)
-    inverse[perm] = np.arange(groups.num_tokens, dtype=np.int64)
+    inverse = inverse_permutation(perm)
     num_blocks = -(-groups.num_tokens // block_size)
     counts = _group_block_counts(inverse, groups.group_indptr, groups.group_members, block_size, num_blocks)
     return _density_summary(counts, groups.num_tokens, block_size)

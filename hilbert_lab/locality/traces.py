@@ -18,24 +18,20 @@ import numba
 import numpy as np
 
 from hilbert_lab.attention import DilatedPattern, build_plan
+from hilbert_lab.curves import grid_permutation
+from hilbert_lab.curves.layouts import inverse_permutation, layout_permutation
 from hilbert_lab.locality.validation import box_sides, grid_shape, positive_int
 
 __all__ = [
-    "LAYOUTS_1D",
     "AttentionGroups",
     "AttentionTrace",
     "attention_trace",
     "dilated_attention_trace",
     "dilated_groups",
     "grid_coordinates",
-    "grid_layout",
-    "segment_layout",
     "window_attention_trace",
     "window_groups",
 ]
-
-LAYOUTS_1D = ("identity", "hilbert", "morton", "snake", "dilation_major")
-
 
 @dataclass(frozen=True)
 class AttentionGroups:
@@ -114,54 +110,6 @@ def window_groups(shape, window) -> AttentionGroups:
     group_indptr = np.concatenate([[0], np.cumsum(valid.sum(axis=1))]).astype(np.int64)
     num_tokens = int(np.prod(shape))
     return AttentionGroups(num_tokens, np.arange(num_tokens, dtype=np.int64), group_indptr, group_members)
-
-
-def segment_layout(seq_len: int, segment_length: int, ordering: str, *, dilation_rate: int = 1):
-    """(perm, inverse) of a 1D layout: `ordering` applied inside every segment of segment_length.
-
-    ordering: one of LAYOUTS_1D. "dilation_major" stores each segment's tokens sorted by
-    (position mod dilation_rate, position), so every dilated group is contiguous; the others come
-    from hilbert_lab.curves.segment_permutation(length, ordering). A ragged last segment gets its
-    own layout of its length, as in the engine (hilbert_lab.attention.layout_permutation).
-    """
-    seq_len = positive_int(seq_len, "seq_len")
-    segment_length = positive_int(segment_length, "segment_length")
-    if ordering not in LAYOUTS_1D:
-        raise ValueError(f"ordering must be one of {LAYOUTS_1D}, got {ordering!r}")
-    if ordering == "dilation_major":
-        dilation_rate = positive_int(dilation_rate, "dilation_rate")
-    segment_length = min(segment_length, seq_len)
-
-    def within(length: int) -> np.ndarray:
-        local = np.arange(length, dtype=np.int64)
-        if ordering == "dilation_major":
-            return local[np.lexsort((local, local % dilation_rate))]
-        if ordering == "identity":
-            return local
-        from hilbert_lab.curves import segment_permutation
-
-        return np.asarray(segment_permutation(length, ordering)[0], dtype=np.int64)
-
-    full = seq_len // segment_length
-    starts = np.arange(full, dtype=np.int64) * segment_length
-    perm = (starts[:, None] + within(segment_length)[None, :]).reshape(-1)
-    if seq_len > full * segment_length:
-        perm = np.concatenate([perm, full * segment_length + within(seq_len - full * segment_length)])
-    inverse = np.empty_like(perm)
-    inverse[perm] = np.arange(seq_len, dtype=np.int64)
-    return perm, inverse
-
-
-def grid_layout(shape, ordering: str):
-    """(perm, inverse) serialising a row-major grid: hilbert_lab.curves.grid_permutation, rowmajor local."""
-    shape = grid_shape(shape)
-    if ordering == "rowmajor":
-        perm = np.arange(int(np.prod(shape)), dtype=np.int64)
-        return perm, perm.copy()
-    from hilbert_lab.curves import grid_permutation
-
-    perm, inverse = grid_permutation(shape, ordering)
-    return np.asarray(perm, dtype=np.int64), np.asarray(inverse, dtype=np.int64)
 
 
 def grid_coordinates(shape, perm: np.ndarray) -> np.ndarray:
@@ -284,8 +232,7 @@ def attention_trace(
     num_tokens = groups.num_tokens
     if perm.shape != (num_tokens,) or not np.array_equal(np.sort(perm), np.arange(num_tokens)):
         raise ValueError(f"perm must be a permutation of 0..{num_tokens - 1}")
-    inverse = np.empty_like(perm)
-    inverse[perm] = np.arange(num_tokens, dtype=np.int64)
+    inverse = inverse_permutation(perm)
     num_tiles = -(-num_tokens // tile_size)
     unit_ptr = np.zeros(num_tiles + 1, dtype=np.int64)
     block = key_block or 0
@@ -316,9 +263,11 @@ def dilated_attention_trace(
     element_bytes: int = 2,
     line_bytes: int = 128,
 ) -> AttentionTrace:
-    """K/V line trace of one head of one dilated branch with a 1D layout from LAYOUTS_1D."""
+    """K/V line trace of one head of one dilated branch stored in the 1D layout
+    hilbert_lab.curves.layout_permutation(seq_len, segment_length, ordering, dilation_rate=dilation_rate)
+    (ordering in hilbert_lab.curves.LAYOUTS)."""
     groups = dilated_groups(seq_len, segment_length, dilation_rate, offset)
-    perm, _ = segment_layout(seq_len, segment_length, ordering, dilation_rate=dilation_rate)
+    perm = layout_permutation(seq_len, segment_length, ordering, dilation_rate=dilation_rate)[0].numpy()
     return attention_trace(groups, perm, tile_size=tile_size, key_block=key_block, head_dim=head_dim,
                            element_bytes=element_bytes, line_bytes=line_bytes)
 
@@ -334,8 +283,9 @@ def window_attention_trace(
     element_bytes: int = 2,
     line_bytes: int = 128,
 ) -> AttentionTrace:
-    """K/V line trace of window (neighbourhood) attention on a 2D/3D grid serialised by `ordering`."""
+    """K/V line trace of window (neighbourhood) attention on a 2D/3D grid serialised by `ordering`
+    (hilbert_lab.curves.grid_permutation)."""
     groups = window_groups(shape, window)
-    perm, _ = grid_layout(shape, ordering)
+    perm, _ = grid_permutation(grid_shape(shape), ordering)
     return attention_trace(groups, perm, tile_size=tile_size, key_block=key_block, head_dim=head_dim,
                            element_bytes=element_bytes, line_bytes=line_bytes)

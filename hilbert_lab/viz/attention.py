@@ -106,17 +106,15 @@ def coverage_figure(pattern: DilatedPattern, seq_len: int, num_heads: int) -> An
     return fig
 
 
-def layout_permutation(pattern: DilatedPattern, seq_len: int, ordering: str) -> np.ndarray:
-    """Token layout a kernel would store for `ordering`: within segments of the shortest branch.
-
-    ordering: identity / hilbert / morton / snake / dilation_major (see locality.segment_layout);
-    dilation_major uses the shortest branch's dilation rate. Returns perm (N,): layout slot -> position.
-    """
-    from hilbert_lab.locality import segment_layout
+def _tile_layout(pattern: DilatedPattern, seq_len: int, ordering: str) -> np.ndarray:
+    """perm (N,) of the layout a block-sparse kernel would store for `ordering`: the curves layout
+    (hilbert_lab.curves.layout_permutation) with blocks of the shortest branch's segment, and that
+    branch's dilation rate for "dilation_major"."""
+    from hilbert_lab.curves.layouts import layout_permutation
 
     branch = int(np.argmin([pattern.effective_segment(b, seq_len) for b in range(pattern.num_branches)]))
-    segment = pattern.effective_segment(branch, seq_len)
-    return segment_layout(seq_len, segment, ordering, dilation_rate=pattern.dilation_rates[branch])[0]
+    block = pattern.effective_segment(branch, seq_len)
+    return layout_permutation(seq_len, block, ordering, dilation_rate=pattern.dilation_rates[branch])[0].numpy()
 
 
 def tile_density_table(pattern: DilatedPattern, seq_len: int, num_heads: int, block_size: int,
@@ -136,7 +134,7 @@ def tile_density_table(pattern: DilatedPattern, seq_len: int, num_heads: int, bl
     rows = []
     for ordering in orderings:
         try:
-            perm = layout_permutation(pattern, seq_len, ordering)
+            perm = _tile_layout(pattern, seq_len, ordering)
         except ValueError as error:
             rows.append({"ordering": ordering, "head": -1, "nonempty_share": np.nan, "mean_density": np.nan,
                          "nonempty_blocks": np.nan, "total_blocks": np.nan, "note": str(error)})

@@ -30,15 +30,15 @@ def locality_study(kind: str, *, size: int, box_or_segment: int, dilation_rate: 
 
     kind="grid": a size x size grid, window attention with a box_or_segment box; orderings from
     locality.GRID_ORDERINGS. kind="sequence": `size` tokens, dilated attention with segment
-    box_or_segment and `dilation_rate`; orderings from locality.LAYOUTS_1D; the index grid has one
+    box_or_segment and `dilation_rate`; orderings from curves.LAYOUTS; the index grid has one
     row per segment. Orderings a size does not support are returned in `unsupported` with the reason.
     """
-    from hilbert_lab import locality
+    from hilbert_lab import curves, locality
 
     if kind not in ("grid", "sequence"):
         raise ValueError(f"kind must be 'grid' or 'sequence', got {kind!r}")
     capacities = capacity_points(max_cache_lines)
-    orderings = list(orderings or (locality.GRID_ORDERINGS if kind == "grid" else locality.LAYOUTS_1D))
+    orderings = list(orderings or (locality.GRID_ORDERINGS if kind == "grid" else curves.LAYOUTS))
     trace_options = dict(tile_size=tile_size, head_dim=head_dim, element_bytes=element_bytes, line_bytes=line_bytes)
     results: dict[str, Any] = {"capacities": capacities, "index_grids": {}, "misses": {}, "accesses": {},
                                "unsupported": {}}
@@ -46,13 +46,13 @@ def locality_study(kind: str, *, size: int, box_or_segment: int, dilation_rate: 
         try:
             if kind == "grid":
                 shape = (size, size)
-                perm, inverse = locality.grid_layout(shape, ordering)
+                perm, inverse = curves.grid_permutation(shape, ordering)
                 trace = locality.attention_trace(locality.window_groups(shape, box_or_segment), perm, **trace_options)
                 index_grid = np.asarray(inverse).reshape(shape)
             else:
-                perm, inverse = locality.segment_layout(size, box_or_segment, ordering, dilation_rate=dilation_rate)
+                inverse = curves.layout_permutation(size, box_or_segment, ordering, dilation_rate=dilation_rate)[1]
                 trace = locality.dilated_attention_trace(size, box_or_segment, dilation_rate, ordering, **trace_options)
-                index_grid = np.asarray(inverse).reshape(-1, box_or_segment)
+                index_grid = inverse.numpy().reshape(-1, box_or_segment).copy()
         except ValueError as error:
             results["unsupported"][ordering] = str(error)
             continue

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hilbert_lab.attention.engine import dilated_attention, layout_permutation
+from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.reference import reference_attention
-from hilbert_lab.curves import ORDERINGS
+from hilbert_lab.curves import ORDERINGS, layout_permutation
 
 from ._oracle import max_diff, random_qkv
 

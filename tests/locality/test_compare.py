@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hilbert_lab.curves import grid_permutation, layout_permutation
 from hilbert_lab.locality import (
     COLUMNS,
     CLAIM_COLUMNS,
@@ -13,9 +14,7 @@ from hilbert_lab.locality import (
     dilated_groups,
     evaluate_claims,
     grid_coordinates,
-    grid_layout,
     lru_misses,
-    segment_layout,
     step_distances,
     tile_density,
     window_attention_trace,
@@ -46,7 +45,7 @@ def test_table_is_tidy_and_complete(table):
 
 def test_table_values_equal_direct_calls(table):
     for ordering in ("rowmajor", "hilbert", "morton"):
-        perm, _ = grid_layout((16, 16), ordering)
+        perm, _ = grid_permutation((16, 16), ordering)
         coords = grid_coordinates((16, 16), perm)
         assert value(table, family="grid2d", ordering=ordering, metric="step_mean") == pytest.approx(step_distances(coords).mean())
         assert value(table, family="grid2d", ordering=ordering, metric="clustering_mean", parameter=4) == pytest.approx(
@@ -56,7 +55,7 @@ def test_table_values_equal_direct_calls(table):
         assert value(table, configuration=configuration, ordering=ordering, metric="line_accesses") == trace.lines.size
         assert value(table, configuration=configuration, ordering=ordering, metric="misses", parameter=64) == lru_misses(trace.lines, 64)
     for ordering in ("identity", "hilbert", "dilation_major"):
-        perm, _ = segment_layout(1024, 256, ordering, dilation_rate=4)
+        perm = layout_permutation(1024, 256, ordering, dilation_rate=4)[0].numpy()
         density = tile_density(dilated_groups(1024, 256, 4), perm, 64)
         assert value(table, ordering=ordering, metric="tile_mean_density", parameter=64) == pytest.approx(density["mean_density"])
         trace = dilated_attention_trace(1024, 256, 4, ordering, key_block=64)

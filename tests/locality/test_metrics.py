@@ -6,15 +6,14 @@ import itertools
 import numpy as np
 import pytest
 
+from hilbert_lab.curves import grid_permutation, layout_permutation
 from hilbert_lab.locality import (
     blocks_touched_per_box,
     box_clustering_numbers,
     dilated_groups,
     grid_coordinates,
-    grid_layout,
     mask_tile_density,
     segment_compactness,
-    segment_layout,
     step_distances,
     tile_density,
     worst_case_stretch,
@@ -22,7 +21,7 @@ from hilbert_lab.locality import (
 
 
 def coords_of(shape, ordering):
-    perm, _ = grid_layout(shape, ordering)
+    perm, _ = grid_permutation(shape, ordering)
     return grid_coordinates(shape, perm)
 
 
@@ -141,7 +140,7 @@ def dense_mask_from_groups(groups):
 def test_tile_density_natural_layout_is_one_over_r_squared_inside_segments(dilation_rate):
     seq_len, segment_length, block_size = 2048, 512, 64
     groups = dilated_groups(seq_len, segment_length, dilation_rate)
-    perm, _ = segment_layout(seq_len, segment_length, "identity")
+    perm = layout_permutation(seq_len, segment_length, "identity")[0].numpy()
     density = tile_density(groups, perm, block_size)
     assert density["mean_density"] == pytest.approx(1 / dilation_rate**2)
     # every block inside a diagonal segment block is nonempty, none outside
@@ -156,7 +155,7 @@ def test_tile_density_natural_layout_is_one_over_r_squared_inside_segments(dilat
 def test_tile_density_dilation_major_layout_is_one(dilation_rate):
     seq_len, segment_length, block_size = 2048, 512, 64
     groups = dilated_groups(seq_len, segment_length, dilation_rate)
-    perm, _ = segment_layout(seq_len, segment_length, "dilation_major", dilation_rate=dilation_rate)
+    perm = layout_permutation(seq_len, segment_length, "dilation_major", dilation_rate=dilation_rate)[0].numpy()
     density = tile_density(groups, perm, block_size)
     assert density["mean_density"] == 1.0
     assert density["nonempty_blocks"] == (seq_len // segment_length) * (segment_length // dilation_rate // block_size) ** 2

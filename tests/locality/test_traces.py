@@ -4,13 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hilbert_lab.curves import grid_permutation, layout_permutation
 from hilbert_lab.locality import (
-    LAYOUTS_1D,
     attention_trace,
     dilated_attention_trace,
     dilated_groups,
-    grid_layout,
-    segment_layout,
     window_attention_trace,
     window_groups,
 )
@@ -134,23 +132,14 @@ def test_dilated_trace_accepts_ragged_sequences():
 
 def test_dilation_major_layout_makes_groups_contiguous():
     seq_len, segment_length, dilation_rate = 64, 16, 4
-    perm, inverse = segment_layout(seq_len, segment_length, "dilation_major", dilation_rate=dilation_rate)
+    perm, inverse = (t.numpy() for t in layout_permutation(seq_len, segment_length, "dilation_major",
+                                                             dilation_rate=dilation_rate))
     np.testing.assert_array_equal(perm[inverse], np.arange(seq_len))
     for offset in range(dilation_rate):
         groups = dilated_groups(seq_len, segment_length, dilation_rate, offset)
         for group in range(groups.group_indptr.size - 1):
             slots = np.sort(inverse[groups.group_members[groups.group_indptr[group]:groups.group_indptr[group + 1]]])
             assert slots[-1] - slots[0] == slots.size - 1  # one contiguous run
-
-
-@pytest.mark.parametrize("segment_length, extra", [(256, 0), (96, 0), (97, 0), (96, 40), (97, 1)])  # + ragged tails
-@pytest.mark.parametrize("ordering", LAYOUTS_1D)
-def test_segment_layouts_stay_inside_their_segments(ordering, segment_length, extra):
-    seq_len = 3 * segment_length + extra
-    perm, inverse = segment_layout(seq_len, segment_length, ordering, dilation_rate=4)
-    np.testing.assert_array_equal(np.sort(perm), np.arange(seq_len))
-    np.testing.assert_array_equal(perm // segment_length, np.arange(seq_len) // segment_length)
-    np.testing.assert_array_equal(inverse[perm], np.arange(seq_len))
 
 
 def test_ordering_changes_layout_not_attention():
@@ -165,7 +154,7 @@ def test_ordering_changes_layout_not_attention():
 
 
 def test_window_trace_rowmajor_grid_layout_is_identity():
-    perm, inverse = grid_layout((4, 5), "rowmajor")
+    perm, inverse = grid_permutation((4, 5), "rowmajor")
     np.testing.assert_array_equal(perm, np.arange(20))
     trace = window_attention_trace((4, 5), 3, "rowmajor", tile_size=5, head_dim=64, element_bytes=2)
     # first tile = grid row 0 (5 tokens): needs grid rows 0 and 1 (10 K/V rows) in key tiles of 5 rows,
@@ -182,7 +171,6 @@ def test_window_trace_rowmajor_grid_layout_is_identity():
         (lambda: dilated_groups(64, 16, 4, offset=4), "offset"),
         (lambda: dilated_groups(64, 16, 4, offset=1.0), "offset"),
         (lambda: dilated_groups(0, 16, 4), "seq_len"),
-        (lambda: segment_layout(64, 16, "zigzag"), "ordering"),
         (lambda: window_groups((4,), 3), "shape"),
         (lambda: window_groups((4, 4), (3, 3, 3)), "box"),
         (lambda: attention_trace(dilated_groups(16, 8, 2), np.arange(16), tile_size=0), "tile_size"),

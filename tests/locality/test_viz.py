@@ -6,7 +6,8 @@ import pytest
 
 pytest.importorskip("plotly", reason="plotly is an optional (notebooks) dependency")
 
-from hilbert_lab.locality import compare_orderings, grid_layout, miss_curve, window_attention_trace  # noqa: E402
+from hilbert_lab.curves import grid_permutation  # noqa: E402
+from hilbert_lab.locality import compare_orderings, miss_curve, window_attention_trace  # noqa: E402
 from hilbert_lab.viz.locality import (  # noqa: E402
     access_order_heatmap,
     claims_figure,
@@ -23,7 +24,7 @@ def table():
 
 
 def test_access_order_heatmap_shows_the_inverse_permutation():
-    _, inverse = grid_layout((8, 8), "hilbert")
+    _, inverse = grid_permutation((8, 8), "hilbert")
     index_grid = inverse.reshape(8, 8)
     figure = access_order_heatmap(index_grid)
     np.testing.assert_array_equal(np.asarray(figure.data[0].z), index_grid)
