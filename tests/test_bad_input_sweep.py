@@ -306,7 +306,7 @@ def _decode(index, order, ndim, **kwargs):
 
 
 def _estimate(**overrides):
-    from hilbert_lab.safety import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     fields = {"seq_len": 1024, "num_heads": 4, "head_dim": 32, "segment_lengths": (256, 512),
               "dilation_rates": (1, 2), **overrides}

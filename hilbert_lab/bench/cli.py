@@ -74,7 +74,7 @@ def _base_case(args: argparse.Namespace, kind: str = "attention") -> dict[str, A
 def _validate_pattern(args: argparse.Namespace, seq_lens: Sequence[int] = ()) -> None:
     """The pattern, and the sizes (B, N, H, D) for each sequence length, as the memory estimate checks them."""
     from hilbert_lab.attention.pattern import DilatedPattern
-    from hilbert_lab.safety import MemoryConfig
+    from hilbert_lab.attention.memory import MemoryConfig
 
     for mode in args.mode:
         DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode=mode, causal=args.causal)
@@ -87,7 +87,7 @@ def _validate_pattern(args: argparse.Namespace, seq_lens: Sequence[int] = ()) ->
 
 
 def _safety_config(args: argparse.Namespace):
-    from hilbert_lab.safety import SafetyConfig
+    from hilbert_lab.bench.config import SafetyConfig
 
     fields = {}
     if getattr(args, "timeout", None) is not None:
@@ -109,7 +109,7 @@ def _info(args: argparse.Namespace) -> int:
     from hilbert_lab.attention.backends import available_backends
     from hilbert_lab.attention.selection import get_gpu_info, rule_backend
     from hilbert_lab.bench.env import cpu_description, package_versions
-    from hilbert_lab.safety import query_memory
+    from hilbert_lab.bench.checker import query_memory
 
     memory = query_memory("cpu")
     info: dict[str, Any] = {"cpu": cpu_description(), "ram_total_bytes": memory.total_bytes,
@@ -126,7 +126,7 @@ def _info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=1, default=str))
         return 0
-    from hilbert_lab.safety import format_bytes
+    from hilbert_lab.bench.config import format_bytes
 
     cpu = info["cpu"]
     print(f"CPU: {cpu['model']} ({cpu['usable_cores']} usable of {cpu['logical_cores']} logical cores, {cpu['machine']})")
@@ -225,7 +225,9 @@ def _probe(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- estimate
 
 def _estimate(args: argparse.Namespace) -> int:
-    from hilbert_lab.safety import MemoryConfig, MemorySafetyChecker, estimate_memory, format_bytes
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.bench.checker import MemorySafetyChecker
+    from hilbert_lab.bench.config import format_bytes
 
     _validate_pattern(args, args.seq_len)
     base = _base_case(args)

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env
-from hilbert_lab.safety import MemoryConfig, estimate_memory, run_isolated
-from hilbert_lab.safety.measure import reset_cpu_peak
+from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+from hilbert_lab.bench.isolate import run_isolated
+from hilbert_lab.bench.measure import reset_cpu_peak
 
 MEASURED_CASES = [
     # manual, LSE merge of 2 branches, several score chunks
@@ -91,7 +92,7 @@ def test_estimate_rejects_bad_configs_naming_the_field(fields, name):
 def test_estimator_blocks_match_the_pattern_groups(seq_len, batch, heads, segments, dilations, mode):
     """The estimator's blocks (from the public plan) are the pattern's groups split into runs."""
     from hilbert_lab.attention.pattern import DilatedPattern
-    from hilbert_lab.safety.estimate import _blocks
+    from hilbert_lab.attention.memory import _blocks
 
     config = MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=heads, segment_lengths=segments,
                           dilation_rates=dilations, mode=mode)
@@ -117,7 +118,7 @@ def test_estimator_copies_exactly_the_blocks_the_engine_copies(seq_len, batch, s
     import torch
 
     from hilbert_lab.attention import DilatedPattern, cached_plan
-    from hilbert_lab.safety.estimate import _blocks
+    from hilbert_lab.attention.memory import _blocks
 
     config = MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=4, head_dim=8, segment_lengths=segments,
                           dilation_rates=dilations)
@@ -131,7 +132,7 @@ def test_estimator_copies_exactly_the_blocks_the_engine_copies(seq_len, batch, s
 
 def test_estimate_of_a_billion_tokens_is_cheap():
     """No O(N) index tensors: estimating N = 2^30 must not allocate gigabytes (it would OOM the runner)."""
-    from hilbert_lab.safety.measure import PeakMeter
+    from hilbert_lab.bench.measure import PeakMeter
 
     with PeakMeter("cpu") as meter:
         estimate = _estimate(seq_len=1 << 30, backend="manual")
@@ -188,7 +189,7 @@ def test_cuda_sdpa_flash_backward_terms_match_hand_computation():
     on top of the 3 bf16 gradient outputs and the block's float32 LSE (the CPU kernel takes strided
     inputs and keeps no such buffers).
     """
-    from hilbert_lab.safety.estimate import _Block, _cuda_fused_backward_work
+    from hilbert_lab.attention.memory import _Block, _cuda_fused_backward_work
 
     fields = dict(seq_len=16384, batch_size=2, num_heads=12, head_dim=64, segment_lengths=(2048, 4096, 8192),
                   dilation_rates=(1, 2, 4), mode="longnet", dtype="bfloat16", backend="sdpa")

@@ -152,8 +152,8 @@ def _blocks(config: MemoryConfig, seq_len: int, branches: set[int] | None = None
     (B, N, H, D) inputs, when the batch and segment strides do not fold: B > 1, several segments and
     the run does not cover all N tokens (a ragged last segment follows it).
     """
-    from hilbert_lab.attention.pattern import DilatedPattern  # torch: imported on use, so the safety
-    from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, cached_plan  # package stays light to import
+    from hilbert_lab.attention.pattern import DilatedPattern  # torch: imported on use
+    from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, cached_plan
 
     pattern = DilatedPattern.create(config.segment_lengths, config.dilation_rates, mode=config.mode,
                                     causal=config.causal)
