@@ -211,3 +211,131 @@ def test_cuda_sdpa_flash_backward_terms_match_hand_computation():
     size = 3 * 1000 * 4 * 64
     assert _cuda_fused_backward_work(block, config, "sdpa") == 7 * size * 2 + 3 * 4 * 1024 * (64 + 1) * 4
     assert _cuda_fused_backward_work(block, config, "flex") == size * 4
+
+
+# ---------------------------------------------------------------- the in-place executor's buffers
+
+def _allocation_peak(fn) -> int:
+    """Peak bytes of CPU allocations above the start while fn runs (the profiler's memory events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns())
+    live = peak = 0
+    for event in events:
+        live += event.nbytes()
+        peak = max(peak, live)
+    return peak
+
+
+def _cuda_kernel_stand_ins(monkeypatch, kernel: str) -> None:
+    """Run attention.inplace on the CPU with stand-ins for the CUDA calls that allocate what those calls
+    allocate: the forward's output (input dtype) and LSE (float32; cuDNN only when asked), the backward's
+    three gradients and its workspace (cuDNN: the float32 dQ accumulator of the call; flash: packed
+    (B, L, h, D) copies of dO and out, dQ accumulator and softmax_d over L rounded up to 128), and the
+    fused Triton merge (writes into buffers the executor made). Values are not computed."""
+    import torch
+
+    from hilbert_lab.attention import engine, inplace
+
+    def forward(name, q, k, v, causal, scale, need_lse=True):
+        lse = torch.empty(q.shape[:3], dtype=torch.float32) if need_lse or name == "flash" else None
+        return torch.empty(q.shape, dtype=q.dtype), lse, (None,) * 6
+
+    def backward(name, grad_out, q, k, v, out, lse, aux, causal, scale):
+        batch, heads, length, dim = q.shape
+        if name == "cudnn":
+            workspace = [torch.empty(q.shape, dtype=torch.float32)]
+        else:
+            rounded = -(-length // 128) * 128
+            workspace = [grad_out.transpose(1, 2).contiguous(), out.transpose(1, 2).contiguous(),
+                         torch.empty((batch, rounded, heads, dim), dtype=torch.float32),
+                         torch.empty((batch, heads, rounded), dtype=torch.float32)]
+        shares = tuple(torch.empty(t.shape, dtype=t.dtype) for t in (q, k, v))
+        del workspace
+        return shares
+
+    monkeypatch.setattr(inplace, "_forward_kernel", forward)
+    monkeypatch.setattr(inplace, "_backward_kernel", backward)
+    monkeypatch.setattr(inplace.triton_merge, "HAVE_TRITON", True)
+    monkeypatch.setattr(inplace.triton_merge, "merge_partials", lambda *args: None)
+    monkeypatch.setattr(engine, "inplace_kernel", lambda name, q: kernel)
+
+
+INPLACE_CASES = [
+    # longnet, two branches merged, B = 2 with a ragged tail: runs before it are one call per batch element
+    dict(seq_len=1000, batch_size=2, num_heads=4, segment_lengths=(256, 512), dilation_rates=(1, 2)),
+    # head_groups (no merge), ragged: the broadcast LSE row is copied for each unit split by batch
+    dict(seq_len=1000, batch_size=2, num_heads=6, segment_lengths=(128, 256, 512), dilation_rates=(1, 2, 4),
+         mode="head_groups"),
+    # B = 1, offsets of a branch grouped into one view (2 heads per offset < 4 offsets), merged
+    dict(seq_len=2048, batch_size=1, num_heads=8, segment_lengths=(512, 1024), dilation_rates=(1, 4)),
+    # a single branch (no merge), causal
+    dict(seq_len=1536, batch_size=3, num_heads=2, segment_lengths=(512,), dilation_rates=(2,), causal=True),
+]
+
+
+@pytest.mark.parametrize("kernel", ["cudnn", "flash"])
+@pytest.mark.parametrize("fields", INPLACE_CASES, ids=lambda f: f"{f.get('mode', 'longnet')}-B{f['batch_size']}-N{f['seq_len']}")
+def test_inplace_estimate_counts_the_buffers_the_executor_allocates(monkeypatch, fields, kernel):
+    """The in-place model against the allocations of attention.inplace's own code (CPU, bf16, stand-ins
+    for the CUDA kernels): forward without LSE (inference) and forward+backward, exactly."""
+    import torch
+
+    from hilbert_lab.attention import dilated_attention
+
+    _cuda_kernel_stand_ins(monkeypatch, kernel)
+    config = MemoryConfig(head_dim=64, dtype="bfloat16", device="cuda", backend=f"sdpa_{kernel}",
+                          executor="inplace", **fields)
+    estimate = estimate_memory(config)
+    assert estimate.executor == "inplace"
+    shape = (config.batch_size, config.seq_len, config.num_heads, config.head_dim)
+    q, k, v = (torch.randn(shape, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    upstream = torch.randn(shape, dtype=torch.bfloat16)
+    kwargs = dict(segment_lengths=config.segment_lengths, dilation_rates=config.dilation_rates, mode=config.mode,
+                  causal=config.causal, backend="sdpa")
+
+    def training():
+        dilated_attention(q, k, v, **kwargs).backward(upstream)
+
+    def inference():
+        with torch.no_grad():
+            dilated_attention(q, k, v, **kwargs)
+
+    training()  # plan and view geometry cached, as after a warm-up
+    q.grad = k.grad = v.grad = None
+    forward = _allocation_peak(inference)
+    forward_backward = _allocation_peak(training)  # the gradients left in q.grad, k.grad, v.grad count
+    assert (forward, forward_backward) == (estimate.forward_bytes, estimate.forward_backward_bytes), estimate.breakdown
+
+
+def test_inplace_estimate_by_hand_for_one_small_plan():
+    """One branch w = N = 1024, r = 1, H = 4, B = 2, D = 64, bf16, cuDNN: one call on (2, 4, 1024, 64)."""
+    config = MemoryConfig(seq_len=1024, batch_size=2, num_heads=4, head_dim=64, segment_lengths=(1024,),
+                          dilation_rates=(1,), dtype="bfloat16", device="cuda", backend="sdpa_cudnn")
+    estimate = estimate_memory(config)
+    tokens, rows = 2 * 1024 * 4 * 64, 2 * 1024 * 4
+    assert estimate.executor == "inplace"
+    # forward, no LSE wanted: the output buffer, the kernel's output (then copied into it) and the one
+    # float32 -inf row that stands in for the LSE buffer
+    assert estimate.forward_bytes == 2 * tokens * 2 + 4
+    # training forward: + LSE buffer and the kernel's LSE; backward: out + lse kept, dq/dk/dv in bf16,
+    # packed dO/out/LSE, three shares and the float32 dQ workspace of the one call
+    backward = (tokens * 2 + rows * 4) + 3 * tokens * 2 + (2 * tokens * 2 + rows * 4 + 3 * tokens * 2 + tokens * 4)
+    assert estimate.forward_backward_bytes == backward
+    blocks = estimate_memory(MemoryConfig(**{**config.__dict__, "executor": "blocks"}))
+    assert blocks.executor == "blocks" and blocks.forward_backward_bytes > estimate.forward_backward_bytes
+
+
+@pytest.mark.parametrize("fields", [
+    dict(device="cpu", dtype="bfloat16"), dict(device="cuda", dtype="float32"), dict(device="cuda", backend="manual"),
+    dict(device="cuda", ordering="hilbert"), dict(device="cuda", head_dim=60), dict(world_size=2),
+])
+def test_inplace_executor_only_where_the_engine_runs_it(fields):
+    base = dict(seq_len=4096, num_heads=4, head_dim=64, dtype="bfloat16", backend="sdpa", executor="inplace")
+    with pytest.raises(ValueError, match="executor"):
+        estimate_memory(MemoryConfig(**{**base, **fields}))
+    auto = estimate_memory(MemoryConfig(**{**base, **fields, "executor": "auto"}))
+    assert auto.executor == "blocks"
