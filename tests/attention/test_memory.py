@@ -181,7 +181,8 @@ def test_estimate_within_20_percent_of_cuda_max_memory_allocated(backend):
 
 
 def test_cuda_sdpa_flash_backward_terms_match_hand_computation():
-    """The CUDA-only backward terms (reports/results/memory_estimate_gpu_h100.json, longnet row N=16384).
+    """The CUDA-only backward terms of the block executor (reports/results/memory_estimate_gpu_h100.json,
+    longnet row N=16384, measured before the engine ran "sdpa" in place).
 
     Largest backward block: branch 0 (w=2048, r=1, all 12 heads), 2 * 8 segments -> size = B*N*H*D = T.
     CUDA flash backward of that block: 5 adapter .contiguous() copies (dO, q, k, v, out) + 2 aten
@@ -192,7 +193,7 @@ def test_cuda_sdpa_flash_backward_terms_match_hand_computation():
     from hilbert_lab.attention.memory import _Block, _cuda_fused_backward_work
 
     fields = dict(seq_len=16384, batch_size=2, num_heads=12, head_dim=64, segment_lengths=(2048, 4096, 8192),
-                  dilation_rates=(1, 2, 4), mode="longnet", dtype="bfloat16", backend="sdpa")
+                  dilation_rates=(1, 2, 4), mode="longnet", dtype="bfloat16", backend="sdpa", executor="blocks")
     tokens = 2 * 16384 * 12 * 64
     block_rows = 16 * 12 * 2048  # (B * segments, h, L) of the block
     cuda_work = 7 * tokens * 2 + tokens * 4 + block_rows * 4
