@@ -12,13 +12,16 @@ num_heads); the executor that runs it decides what is allocated around them. The
   block's output is still referenced;
 - backward: gradient accumulators (B, N, H, D) x 3 in float32/float64, per-block gradient shares,
   the backend's backward working set, and the final cast to the input dtype.
-The in-place executor (attention.inplace, "sdpa" backends on CUDA with fp16/bf16): see `_inplace_estimate`.
+The in-place executor (attention.inplace, "sdpa" backends on CUDA with fp16/bf16): see `_inplace_estimate`;
+its buffer list equals the executor's own allocations on the CPU with stand-ins for the CUDA kernels
+(tests/attention/test_memory.py); the kernels' own buffers follow cudnn-frontend and flash-attention.
 All figures are bytes *above the inputs* q, k, v (and above the caller's upstream gradient); the
 inputs are reported separately as inputs_bytes. Ring attention per rank: see `_ring_estimate`.
 Measured on the CPU (benchmarks/validate_memory.py, reports/results/memory_estimate_*cpu.json):
 engine 0.94-1.11x of the measured peak over 13 cases; ring (2 gloo ranks, 6 cases) 0.94-1.08x.
 GPU numbers come from the same script with --device cuda (H100, bf16, sdpa/flash: reports/results/
-memory_estimate_gpu_h100.json); the CUDA backward terms are in _cuda_fused_backward_work.
+memory_estimate_gpu_h100.json, block executor: measured before "sdpa" ran in place); the CUDA backward
+terms are in _cuda_fused_backward_work.
 """
 from __future__ import annotations
 
