@@ -413,7 +413,7 @@ def _api_cases() -> list[Any]:
     add("estimate_memory head_dim=2**40", _estimate(head_dim=2**40), "head_dim")
     add("estimate_memory world_size=3", _estimate(world_size=3), "world_size")
     for name, values in (("dtype", ("int8", "", None)), ("mode", ("sparse", None)), ("backend", ("magic", "")),
-                         ("device", ("tpu", "", "cuda:x", None))):
+                         ("device", ("tpu", "", "cuda:x", None)), ("executor", ("magic", "", None, "inplace"))):
         for value in values:
             add(f"estimate_memory {name}={value!r}", _estimate(**{name: value}), name)
     for name in ("segment_lengths", "dilation_rates"):

@@ -78,7 +78,7 @@ def test_ring_per_rank_estimate_shrinks_with_world_size():
 @pytest.mark.parametrize("fields, name", [
     ({"dtype": "int8"}, "dtype"), ({"backend": "magic"}, "backend"), ({"mode": "sparse"}, "mode"),
     ({"seq_len": 0}, "seq_len"), ({"world_size": 3}, "world_size"), ({"head_dim": -1}, "head_dim"),
-    ({"segment_lengths": (4,), "dilation_rates": (8,)}, "dilation_rates"),
+    ({"segment_lengths": (4,), "dilation_rates": (8,)}, "dilation_rates"), ({"executor": "fused"}, "executor"),
 ])
 def test_estimate_rejects_bad_configs_naming_the_field(fields, name):
     with pytest.raises(ValueError, match=name):
