@@ -3,15 +3,17 @@
 Block sizes come from the public plan (attention.plan.cached_plan: Plan.blocks, Block.count / length /
 num_heads); the executor that runs it decides what is allocated around them. The block executor
 (engine._DilatedFunction, every backend; sizes in bytes):
-- per-branch partial outputs (B, N, H, D) and LSEs (B, H, N) (one of each when no merge is needed);
+- per-branch partial outputs (B, N, H, D) and LSEs (B, H, N) in the LSE dtype (one of each, the output
+  in the input dtype, when no merge is needed);
 - for each (branch, offset, segment-run) block: the block read (a strided view; a copy when B > 1
   and the last segment is ragged, or with an ordering), the backend's block output/LSE and its
   working set ("manual": score chunks of at most MAX_SCORE_ELEMENTS elements, several alive at once,
   plus the contiguous copies matmul makes; fused kernels: O(L) per block);
 - the LSE merge (stacked LSEs, weights, a running sum in the LSE dtype), during which the last
   block's output is still referenced;
-- backward: gradient accumulators (B, N, H, D) x 3 in float32/float64, per-block gradient shares,
-  the backend's backward working set, and the final cast to the input dtype.
+- backward: gradient accumulators (B, N, H, D) x 3 (in the LSE dtype when branches merge, else in the
+  input dtype), per-block gradient shares, the backend's backward working set, and the final cast to
+  the input dtype.
 The in-place executor (attention.inplace, "sdpa" backends on CUDA with fp16/bf16): see `_inplace_estimate`;
 its buffer list equals the executor's own allocations on the CPU with stand-ins for the CUDA kernels
 (tests/attention/test_memory.py); the kernels' own buffers follow cudnn-frontend and flash-attention.
@@ -519,7 +521,9 @@ def _engine_peaks(config: MemoryConfig, backend: str, seq_len: int, blocks: list
     """
     element = DTYPE_BYTES[config.dtype]
     lse = 8 if config.dtype == "float64" else 4
-    accumulate = 8 if config.dtype == "float64" else 4
+    # Branch results that get merged, and the gradients that blocks accumulate, are kept in the LSE
+    # dtype (engine._DilatedFunction, backward_blocks); without a merge both are in the input dtype.
+    partial_element = accumulate = lse if partials > 1 else element
     batch, heads, dim = config.batch_size, config.num_heads, config.head_dim
     tokens = _tokens(config, seq_len)  # elements of one (B, N, H, D) tensor
     rows = batch * heads * seq_len  # elements of one (B, H, N) tensor
@@ -531,7 +535,8 @@ def _engine_peaks(config: MemoryConfig, backend: str, seq_len: int, blocks: list
         return copies + outputs * size * out_bytes + block.batch * block.heads * block.length * lse
 
     ordering_copies = 3 * tokens * element if config.ordering not in (None, "identity") else 0
-    base = partials * (tokens * element + rows * lse) + ordering_copies
+    base = partials * (tokens * partial_element + rows * lse) + ordering_copies
+
     def block_work(block: _Block, backward: bool) -> int:
         if eager:
             return _eager_block(block, config, backend, backward)
@@ -547,14 +552,13 @@ def _engine_peaks(config: MemoryConfig, backend: str, seq_len: int, blocks: list
                             * blocks[i - 1].length * lse if i else 0)
                          for i, b in enumerate(blocks)), default=0)
     merge = 0
-    if partials > 1 and blocks:
-        cast = tokens * lse if element != lse else 0
+    if partials > 1 and blocks:  # merge_lse on partials already in the LSE dtype: no casts inside
         last = blocks[-1]  # the loop variable keeps the last block's output alive through the merge
         last_output = last.batch * last.length * last.heads * (dim * element + lse)
-        merge = 3 * partials * rows * lse + 3 * tokens * lse + cast + last_output
+        merge = 3 * partials * rows * lse + 3 * tokens * lse + last_output
     reorder_out = tokens * element + rows * lse if ordering_copies else 0
     forward = base + max(block_forward, merge, reorder_out)
-    forward_terms = {"partials": partials * (tokens * element + rows * lse), "ordering_copies": ordering_copies,
+    forward_terms = {"partials": partials * (tokens * partial_element + rows * lse), "ordering_copies": ordering_copies,
                      "largest_block": block_forward, "merge": merge}
 
     # forward+backward: the forward above, then (out, lse kept) gradient accumulators and block shares.
