@@ -246,11 +246,12 @@ def _estimate(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     unit = "per rank " if args.world_size > 1 else ""
-    print(f"{'seq_len':>9} {'backend':>9} {'inputs':>11} {'forward':>11} {'fwd+bwd':>11} {'total':>11}  fits")
+    print(f"{'seq_len':>9} {'backend':>9} {'executor':>13} {'inputs':>11} {'forward':>11} {'fwd+bwd':>11} "
+          f"{'total':>11}  fits")
     for row in rows:
         total = row["total_forward_backward_bytes"] if args.pass_ == "forward_backward" else row["total_forward_bytes"]
         fits = {True: "yes", False: "NO", None: "?"}[row["fits"]]
-        print(f"{row['seq_len']:>9} {row['backend']:>9} {format_bytes(row['inputs_bytes']):>11} "
+        print(f"{row['seq_len']:>9} {row['backend']:>9} {row['executor']:>13} {format_bytes(row['inputs_bytes']):>11} "
               f"{format_bytes(row['forward_bytes']):>11} {format_bytes(row['forward_backward_bytes']):>11} "
               f"{format_bytes(total):>11}  {fits}" + ("" if row["fits"] else f" ({row['fit_reason']})"))
     print(f"(bytes {unit}above the inputs unless 'total'; device {args.device})")
