@@ -340,3 +340,20 @@ def test_inplace_executor_only_where_the_engine_runs_it(fields):
         estimate_memory(MemoryConfig(**{**base, **fields}))
     auto = estimate_memory(MemoryConfig(**{**base, **fields, "executor": "auto"}))
     assert auto.executor == "blocks"
+
+
+@pytest.mark.parametrize("name, dtype, head_dim, capability, cudnn, expected", [
+    ("sdpa", "bfloat16", 64, (9, 0), True, "cudnn"), ("sdpa", "float16", 128, (9, 0), False, "flash"),
+    ("sdpa", "bfloat16", 192, (9, 0), True, "flash"), ("sdpa", "bfloat16", 64, (8, 0), True, "flash"),
+    ("sdpa_cudnn", "bfloat16", 256, (9, 0), True, None), ("sdpa_flash", "bfloat16", 256, (9, 0), True, "flash"),
+    ("sdpa", "float32", 64, (9, 0), True, None), ("sdpa", "bfloat16", 60, (9, 0), True, None),
+    ("sdpa", "bfloat16", 64, (7, 5), True, None), ("sdpa_efficient", "bfloat16", 64, (9, 0), True, None),
+    ("flash", "bfloat16", 64, (9, 0), True, None), ("manual", "bfloat16", 64, (9, 0), True, None),
+])
+def test_inplace_kernel_choice_without_a_device(name, dtype, head_dim, capability, cudnn, expected):
+    """attention.inplace.kernel_for: the engine's in-place kernel choice, which the estimate reads."""
+    import torch
+
+    from hilbert_lab.attention.inplace import kernel_for
+
+    assert kernel_for(name, getattr(torch, dtype), head_dim, capability, cudnn) == expected
