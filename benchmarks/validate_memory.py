@@ -1,6 +1,6 @@
-"""Compare hilbert_lab.safety.estimate_memory with measured peaks; print a table, write JSON to --out.
+"""Compare hilbert_lab.attention.memory.estimate_memory with measured peaks; print a table, write JSON to --out.
 
-Every configuration runs in a fresh subprocess (hilbert_lab.safety.isolate) as a "memory" case:
+Every configuration runs in a fresh subprocess (hilbert_lab.bench.isolate) as a "memory" case:
 a warm-up forward+backward, then the peak above the inputs of one forward (no grad) and of one
 forward+backward. CPU: peak RSS (VmHWM after /proc/self/clear_refs, glibc mmap threshold 64 KiB,
 1 thread). CUDA: torch.cuda.max_memory_allocated minus memory_allocated at the start.
@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.safety import MemoryConfig, estimate_memory, format_bytes, run_isolated  # noqa: E402
+from hilbert_lab.attention.memory import MemoryConfig, estimate_memory  # noqa: E402
+from hilbert_lab.bench.config import format_bytes  # noqa: E402
+from hilbert_lab.bench.isolate import run_isolated  # noqa: E402
 
 TOLERANCE = 0.2
 
@@ -76,7 +78,7 @@ def _ring_rank(rank: int, world_size: int, init_file: str, case: dict, out_dir: 
     import torch.distributed as dist
 
     from hilbert_lab.distributed.ring import ring_dilated_attention
-    from hilbert_lab.safety.measure import PeakMeter
+    from hilbert_lab.bench.measure import PeakMeter
 
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")

@@ -14,7 +14,7 @@ _NAMES = {
     "MultiheadDilatedAttention": "hilbert_lab.attention.modules",
     "DilatedPattern": "hilbert_lab.attention.pattern",
 }
-_SUBPACKAGES = ("curves", "attention", "locality", "distributed", "safety", "bench", "viz", "models")
+_SUBPACKAGES = ("curves", "attention", "locality", "distributed", "bench", "viz", "models")
 
 __all__ = sorted(_NAMES) + list(_SUBPACKAGES)
 

@@ -306,7 +306,7 @@ def _decode(index, order, ndim, **kwargs):
 
 
 def _estimate(**overrides):
-    from hilbert_lab.safety import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     fields = {"seq_len": 1024, "num_heads": 4, "head_dim": 32, "segment_lengths": (256, 512),
               "dilation_rates": (1, 2), **overrides}
@@ -413,7 +413,7 @@ def _api_cases() -> list[Any]:
     add("estimate_memory head_dim=2**40", _estimate(head_dim=2**40), "head_dim")
     add("estimate_memory world_size=3", _estimate(world_size=3), "world_size")
     for name, values in (("dtype", ("int8", "", None)), ("mode", ("sparse", None)), ("backend", ("magic", "")),
-                         ("device", ("tpu", "", "cuda:x", None))):
+                         ("device", ("tpu", "", "cuda:x", None)), ("executor", ("magic", "", None, "inplace"))):
         for value in values:
             add(f"estimate_memory {name}={value!r}", _estimate(**{name: value}), name)
     for name in ("segment_lengths", "dilation_rates"):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from hilbert_lab.cli import main
-from hilbert_lab.safety import MemoryConfig, estimate_memory
+from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -217,7 +217,7 @@ def test_estimate_accepts_a_gpu_device_it_only_describes(capsys):
 
 
 def test_estimate_refuses_sizes_no_device_holds_at_once():
-    from hilbert_lab.safety.estimate import MAX_INPUT_BYTES
+    from hilbert_lab.attention.memory import MAX_INPUT_BYTES
 
     with pytest.raises(ValueError, match="num_heads must be <= 65536"):
         MemoryConfig(seq_len=1024, num_heads=10**12)

@@ -43,7 +43,7 @@ def test_users_share_the_vocabularies():
     from hilbert_lab.curves import GRID_ORDERINGS
     from hilbert_lab.locality import GRID_ORDERINGS as locality_orderings
     from hilbert_lab.models.train import DTYPES as train_dtypes
-    from hilbert_lab.safety.estimate import DTYPE_BYTES, MemoryConfig
+    from hilbert_lab.attention.memory import DTYPE_BYTES, MemoryConfig
 
     assert locality_orderings is GRID_ORDERINGS
     assert set(train_dtypes) < set(DTYPES) and all(train_dtypes[n] is torch_dtype(n) for n in train_dtypes)

@@ -166,7 +166,7 @@ def forward_into(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, o
                     lses[slot].as_strided(lv.shape, lv.stride(), lv.storage_offset() + slot * lses[0].numel())
             out_b, lse_b, aux = _forward_kernel(kernel, qv, kv, vv, causal, scale, need_lse)
             ov.copy_(out_b)
-            if lse_b is not None:
+            if lse_b is not None and need_lse:  # flash returns one even when none is wanted
                 lv.copy_(lse_b)
             unit_aux.append(aux)
         auxes.append(unit_aux)
@@ -274,13 +274,22 @@ def add_lse_share(plan: Plan, kernel: str, auxes: list, grads: tuple[torch.Tenso
 def inplace_kernel(name: str, q: torch.Tensor) -> Optional[str]:
     """The in-place kernel for SDPA backend `name` on q, or None when this executor does not apply
     (CPU, fp32/fp64, head dims the kernels do not take, kernels other than cuDNN / flash)."""
-    if q.device.type != "cuda" or q.dtype not in (torch.float16, torch.bfloat16) or q.shape[-1] % 8:
+    if q.device.type != "cuda":
         return None
-    major = torch.cuda.get_device_capability(q.device)[0]
+    return kernel_for(name, q.dtype, q.shape[-1], torch.cuda.get_device_capability(q.device),
+                      torch.backends.cudnn.is_available())
+
+
+def kernel_for(name: str, dtype: torch.dtype, head_dim: int, capability: tuple[int, int], cudnn: bool) -> Optional[str]:
+    """The in-place kernel ("cudnn" / "flash") for backend `name` on a CUDA device of compute `capability`
+    (cudnn: whether cuDNN is available), or None when this executor does not apply."""
+    if not name.startswith("sdpa") or dtype not in (torch.float16, torch.bfloat16) or head_dim % 8:
+        return None
+    major = capability[0]
     if name == "sdpa":
-        name = "sdpa_cudnn" if major >= 9 and q.shape[-1] <= 128 and torch.backends.cudnn.is_available() else "sdpa_flash"
+        name = "sdpa_cudnn" if major >= 9 and head_dim <= 128 and cudnn else "sdpa_flash"
     kernel = name.removeprefix("sdpa_")
-    if kernel not in KERNELS or major < 8 or q.shape[-1] > (128 if kernel == "cudnn" else 256):
+    if kernel not in KERNELS or major < 8 or head_dim > (128 if kernel == "cudnn" else 256):
         return None
     return kernel
 

@@ -128,7 +128,7 @@ def estimate_case_bytes(case: dict[str, Any]) -> int | None:
     """
     if case["kind"] == "selftest":
         return int(case["bytes_per_token"]) * int(case["seq_len"]) or None
-    from hilbert_lab.safety.estimate import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     estimate = estimate_memory(MemoryConfig.from_case(case))
     training = case["kind"] == "memory" or case.get("pass") == "forward_backward"
@@ -204,7 +204,7 @@ def _synchronize(device: str) -> None:
 
 
 def _estimate_fields(case: dict[str, Any]) -> dict[str, Any]:
-    from hilbert_lab.safety.estimate import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     try:
         estimate = estimate_memory(MemoryConfig.from_case(case))
@@ -222,7 +222,7 @@ def _run_attention(case: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from hilbert_lab.bench.timing import time_function
-    from hilbert_lab.safety.measure import PeakMeter
+    from hilbert_lab.bench.measure import PeakMeter
 
     if case["threads"]:
         torch.set_num_threads(int(case["threads"]))
@@ -249,7 +249,7 @@ def _run_memory(case: dict[str, Any]) -> dict[str, Any]:
     """Measured peak bytes above the inputs of one forward and one forward+backward, after a warm-up."""
     import torch
 
-    from hilbert_lab.safety.measure import PeakMeter
+    from hilbert_lab.bench.measure import PeakMeter
 
     torch.set_num_threads(int(case["threads"] or 1))
     q, k, v = _make_inputs(case, requires_grad=True)

@@ -75,7 +75,7 @@ def _base_case(args: argparse.Namespace, kind: str = "attention") -> dict[str, A
 def _validate_pattern(args: argparse.Namespace, seq_lens: Sequence[int] = ()) -> None:
     """The pattern, and the sizes (B, N, H, D) for each sequence length, as the memory estimate checks them."""
     from hilbert_lab.attention.pattern import DilatedPattern
-    from hilbert_lab.safety import MemoryConfig
+    from hilbert_lab.attention.memory import MemoryConfig
 
     for mode in args.mode:
         DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode=mode, causal=args.causal)
@@ -88,7 +88,7 @@ def _validate_pattern(args: argparse.Namespace, seq_lens: Sequence[int] = ()) ->
 
 
 def _safety_config(args: argparse.Namespace):
-    from hilbert_lab.safety import SafetyConfig
+    from hilbert_lab.bench.config import SafetyConfig
 
     fields = {}
     if getattr(args, "timeout", None) is not None:
@@ -110,7 +110,7 @@ def _info(args: argparse.Namespace) -> int:
     from hilbert_lab.attention.backends import available_backends
     from hilbert_lab.attention.selection import get_gpu_info, rule_backend
     from hilbert_lab.bench.env import cpu_description, package_versions
-    from hilbert_lab.safety import query_memory
+    from hilbert_lab.bench.checker import query_memory
 
     memory = query_memory("cpu")
     info: dict[str, Any] = {"cpu": cpu_description(), "ram_total_bytes": memory.total_bytes,
@@ -127,7 +127,7 @@ def _info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=1, default=str))
         return 0
-    from hilbert_lab.safety import format_bytes
+    from hilbert_lab.bench.config import format_bytes
 
     cpu = info["cpu"]
     print(f"CPU: {cpu['model']} ({cpu['usable_cores']} usable of {cpu['logical_cores']} logical cores, {cpu['machine']})")
@@ -226,7 +226,9 @@ def _probe(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- estimate
 
 def _estimate(args: argparse.Namespace) -> int:
-    from hilbert_lab.safety import MemoryConfig, MemorySafetyChecker, estimate_memory, format_bytes
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.bench.checker import MemorySafetyChecker
+    from hilbert_lab.bench.config import format_bytes
 
     _validate_pattern(args, args.seq_len)
     base = _base_case(args)
@@ -245,11 +247,12 @@ def _estimate(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=1))
         return 0
     unit = "per rank " if args.world_size > 1 else ""
-    print(f"{'seq_len':>9} {'backend':>9} {'inputs':>11} {'forward':>11} {'fwd+bwd':>11} {'total':>11}  fits")
+    print(f"{'seq_len':>9} {'backend':>9} {'executor':>13} {'inputs':>11} {'forward':>11} {'fwd+bwd':>11} "
+          f"{'total':>11}  fits")
     for row in rows:
         total = row["total_forward_backward_bytes"] if args.pass_ == "forward_backward" else row["total_forward_bytes"]
         fits = {True: "yes", False: "NO", None: "?"}[row["fits"]]
-        print(f"{row['seq_len']:>9} {row['backend']:>9} {format_bytes(row['inputs_bytes']):>11} "
+        print(f"{row['seq_len']:>9} {row['backend']:>9} {row['executor']:>13} {format_bytes(row['inputs_bytes']):>11} "
               f"{format_bytes(row['forward_bytes']):>11} {format_bytes(row['forward_backward_bytes']):>11} "
               f"{format_bytes(total):>11}  {fits}" + ("" if row["fits"] else f" ({row['fit_reason']})"))
     print(f"(bytes {unit}above the inputs unless 'total'; device {args.device})")

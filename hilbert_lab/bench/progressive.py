@@ -5,9 +5,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from hilbert_lab.bench.cases import CASE_TARGET, estimate_case_bytes, exact_peak_env, normalize_case
-from hilbert_lab.safety.checker import MemorySafetyChecker
-from hilbert_lab.safety.config import SafetyConfig, format_bytes
-from hilbert_lab.safety.isolate import IsolatedOutcome, run_isolated
+from hilbert_lab.bench.checker import MemorySafetyChecker
+from hilbert_lab.bench.config import SafetyConfig, format_bytes
+from hilbert_lab.bench.isolate import IsolatedOutcome, run_isolated
 
 # Why a probe stopped: a failed run (isolate statuses), a refused estimate, too slow, or the limit.
 STOP_REASONS = ("estimate", "time_limit", "max_seq_len", "error", "oom", "timeout", "signal", "crash")

@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterable
 
 from hilbert_lab.bench.cases import CASE_TARGET, case_id, estimate_case_bytes, normalize_case, worker_env
 from hilbert_lab.bench.env import collect_environment
-from hilbert_lab.safety.checker import MemorySafetyChecker
-from hilbert_lab.safety.config import SafetyConfig
-from hilbert_lab.safety.isolate import clean_stale_case_dirs, run_isolated
+from hilbert_lab.bench.checker import MemorySafetyChecker
+from hilbert_lab.bench.config import SafetyConfig
+from hilbert_lab.bench.isolate import clean_stale_case_dirs, run_isolated
 
 SCHEMA_VERSION = 1
 FAILED_STATUSES = ("error", "oom", "timeout", "signal", "crash", "refused")
@@ -85,7 +85,7 @@ def read_results(path: str) -> tuple[list[dict[str, Any]], int]:
 class SafeBenchmarkRunner:
     """Runs benchmark cases one by one, each in its own subprocess, and never loses a finished result.
 
-    - Each case runs via hilbert_lab.safety.isolate.run_isolated with config.case_timeout_s; an
+    - Each case runs via hilbert_lab.bench.isolate.run_isolated with config.case_timeout_s; an
       exception, out-of-memory error, timeout, signal or crash becomes a failed record and the run goes on.
     - Before a case runs, its estimated peak is checked against free memory (status "refused" if it
       does not fit; check_memory=False turns this off).

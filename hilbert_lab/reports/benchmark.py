@@ -44,7 +44,7 @@ def run_benchmark(cases: list[dict[str, Any]], results_path: str | Path, *, prog
                   case_timeout_s: float | None = None) -> list[dict[str, Any]]:
     """Run `cases` in isolated subprocesses (SafeBenchmarkRunner, append-only JSON lines); their records."""
     from hilbert_lab.bench import SafeBenchmarkRunner, read_results
-    from hilbert_lab.safety.config import SafetyConfig
+    from hilbert_lab.bench.config import SafetyConfig
 
     config = SafetyConfig() if case_timeout_s is None else SafetyConfig(case_timeout_s=case_timeout_s)
     runner = SafeBenchmarkRunner(str(results_path), config=config, progress=progress)

@@ -364,8 +364,8 @@ def claim_c9(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict]
 
 
 def claim_c10() -> list[dict]:
-    """C10: ring attention O(n/p) memory per device, 'billions of tokens'. Estimated (safety.estimate_memory)."""
-    from hilbert_lab.safety.estimate import MemoryConfig, estimate_memory
+    """C10: ring attention O(n/p) memory per device, 'billions of tokens'. Estimated (attention.memory.estimate_memory)."""
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     base = dict(seq_len=1 << 20, num_heads=8, head_dim=64, segment_lengths=(4096,), dilation_rates=(1,),
                 dtype="float16", device="cuda", backend="sdpa")
@@ -378,7 +378,7 @@ def claim_c10() -> list[dict]:
     return [
         _row("C10", "O(n/p) memory per device", "1M tokens, H=8, D=64, fp16, forward, model estimate",
              "O(n/p)", scaling, "confirmed" if halving else "refuted",
-             "per-rank memory from hilbert_lab.safety.estimate_memory's ring model (an estimate, not a "
+             "per-rank memory from hilbert_lab.attention.memory.estimate_memory's ring model (an estimate, not a "
              "multi-GPU measurement): from p=2 on each doubling of p halves it; p=1 runs no ring buffers"),
         _row("C10", "billions of tokens", "2^30 tokens on 8 ranks, fp16, forward",
              "supports billions of tokens", f"{billion / 2**30:.0f} GiB per rank on 8 ranks",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from hilbert_lab.bench import ProgressiveTester, expand_matrix, load_matrix_file, normalize_case
-from hilbert_lab.safety import SafetyConfig
+from hilbert_lab.bench.config import SafetyConfig
 
 
 def test_probe_doubles_then_bisects_to_the_failure_threshold():
@@ -105,7 +105,7 @@ def test_malformed_matrix_files_raise_value_error_naming_the_file(tmp_path, name
 
 
 def test_probe_of_the_engine_reports_a_measured_peak_close_to_the_estimate():
-    from hilbert_lab.safety import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     base = {"kind": "attention", "backend": "manual", "num_heads": 4, "head_dim": 32, "segment_lengths": [512, 1024],
             "dilation_rates": [1, 2], "warmup": 1, "repeats": 1, "threads": 1}

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hilbert_lab.bench import SafeBenchmarkRunner, case_id, expand_matrix, normalize_case, read_results
-from hilbert_lab.safety import SafetyConfig
+from hilbert_lab.bench.config import SafetyConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

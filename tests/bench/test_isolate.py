@@ -12,8 +12,7 @@ import torch
 
 from hilbert_lab.bench import SafeBenchmarkRunner, read_results
 from hilbert_lab.bench.cases import CASE_TARGET
-from hilbert_lab.safety import run_isolated
-from hilbert_lab.safety.isolate import clean_stale_case_dirs
+from hilbert_lab.bench.isolate import clean_stale_case_dirs, run_isolated
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -61,7 +60,7 @@ def test_case_dies_with_a_killed_runner(tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]), TMPDIR=str(temp))
-    parent = subprocess.Popen([sys.executable, "-c", "from hilbert_lab.safety import run_isolated; "
+    parent = subprocess.Popen([sys.executable, "-c", "from hilbert_lab.bench.isolate import run_isolated; "
                                f"run_isolated('pid_case:run', {{'path': {str(pid_file)!r}}}, timeout_s=300)"], env=env)
     deadline = time.time() + 120
     while time.time() < deadline and not (pid_file.exists() and pid_file.read_text()):
@@ -86,7 +85,7 @@ def _dead_pid() -> int:
 
 
 def test_only_stale_case_folders_are_cleaned(tmp_path):
-    from hilbert_lab.safety.isolate import _host_tag
+    from hilbert_lab.bench.isolate import _host_tag
 
     tag, dead = _host_tag(), _dead_pid()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -117,7 +116,7 @@ def test_only_stale_case_folders_are_cleaned(tmp_path):
 def test_the_runner_cleans_stale_case_folders(tmp_path, monkeypatch):
     import tempfile
 
-    from hilbert_lab.safety.isolate import _host_tag
+    from hilbert_lab.bench.isolate import _host_tag
 
     temp = tmp_path / "tmp"
     temp.mkdir()

@@ -5,8 +5,9 @@ import psutil
 import pytest
 import torch
 
-from hilbert_lab.safety import MemoryInfo, MemorySafetyChecker, SafetyConfig, format_bytes, query_memory
-from hilbert_lab.safety.measure import PeakMeter, reset_cpu_peak
+from hilbert_lab.bench.checker import MemoryInfo, MemorySafetyChecker, query_memory
+from hilbert_lab.bench.config import SafetyConfig, format_bytes
+from hilbert_lab.bench.measure import PeakMeter, reset_cpu_peak
 
 MIB = 1 << 20
 
@@ -73,7 +74,7 @@ def test_cuda_query_without_cuda_says_so():
 _PEAK_SCRIPT = r"""
 import json, mmap
 import torch
-from hilbert_lab.safety.measure import PeakMeter, reset_cpu_peak
+from hilbert_lab.bench.measure import PeakMeter, reset_cpu_peak
 MIB = 1 << 20
 result = {"clear_refs": reset_cpu_peak()}
 with PeakMeter("cpu") as probe:  # the host's /proc: does VmHWM keep the peak of unmapped memory?

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hilbert_lab.safety.config import SafetyConfig, format_bytes
+from hilbert_lab.bench.config import SafetyConfig, format_bytes
 
 
 @dataclass(frozen=True)

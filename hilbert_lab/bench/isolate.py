@@ -132,7 +132,7 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
         start = time.perf_counter()
         with open(err_path, "wb") as err_handle:
             proc = subprocess.Popen(
-                [python or sys.executable, "-m", "hilbert_lab.safety.worker", in_path, out_path],
+                [python or sys.executable, "-m", "hilbert_lab.bench.worker", in_path, out_path],
                 stdin=subprocess.DEVNULL, stdout=err_handle, stderr=subprocess.STDOUT,
                 env=child_env, start_new_session=True,
             )

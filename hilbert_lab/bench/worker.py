@@ -1,4 +1,4 @@
-"""Subprocess entry point: `python -m hilbert_lab.safety.worker IN.json OUT.json` runs one case."""
+"""Subprocess entry point: `python -m hilbert_lab.bench.worker IN.json OUT.json` runs one case."""
 from __future__ import annotations
 
 import importlib
