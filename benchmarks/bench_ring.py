@@ -1,4 +1,5 @@
-"""Ring dilated attention scaling on 1, 2, 4 or 8 GPUs (NCCL): bf16 correctness, tokens/s, longest sequence.
+"""Ring dilated attention on 1, 2, 4 or 8 GPUs (NCCL): correctness, tokens/s per GPU, hidden communication,
+causal layouts, PyTorch's context parallelism on dense causal attention, longest sequence.
 
 Run once per GPU count with the same arguments, passing the 1-GPU JSON as --baseline to the others:
 
@@ -10,40 +11,52 @@ CPU smoke run (gloo, tiny):
     torchrun --nproc_per_node=2 benchmarks/bench_ring.py --smoke --out /tmp/ring_smoke.json
 
 Sections of the JSON (rank 0 rewrites it after every measurement, so a crash keeps what was done):
-- correctness: N = --check-len, bf16. Each rank runs the single-GPU engine on the whole sequence
-  (bf16, and float32 as the yardstick) and compares its shard of the ring output and of dq/dk/dv
-  (same random upstream gradient). Pass when the ring's error against float32 is at most twice
+- correctness: N = --check-len, bf16, per config. Each rank runs the single-GPU engine on the whole
+  sequence (bf16, and float32 as the yardstick) and compares its shard of the ring output and of
+  dq/dk/dv (same random upstream gradient). Pass when the ring's error against float32 is at most twice
   the single-GPU bf16 error against float32 plus 1e-3 (ring and single GPU round differently).
-- throughput: per config and N in --seq-lens, median fwd+bwd seconds over --iters after one
-  warm-up (hilbert_lab.bench.timing.time_function: host wall time of a step that starts with a
-  barrier and ends with a device sync, so every rank makes the same calls; the slowest rank's
-  median is kept); tokens/s per GPU = N / seconds / P. Configs: "longnet" (--segment-lengths /
-  --dilation-rates, the issue's [2048, 8192, 32768, 131072] / [1, 2, 4, 8]: with N/P >= 131072
-  every segment lies inside a shard and nothing is sent) and "spanning" (the same plus a
-  whole-sequence branch, dilation --spanning-dilation, so K/V travel around the whole ring).
-- longest: doubling N from --max-start, the longest N whose fwd+bwd runs (OOM -> stop; all ranks
-  agree by an all-reduce; a rank that dies mid-ring ends the run at the NCCL timeout).
+- throughput: per config and N in --seq-lens, median fwd+bwd seconds over --iters after one warm-up
+  (host wall time of a step that starts with a barrier and ends with a device sync; the slowest rank's
+  median), tokens/s per GPU = N / seconds / P, bytes sent per rank, and on P > 1 the hidden share of the
+  communication: the same step with a communicator that moves no byte (compute alone) gives the exposed
+  communication time = full - compute; the transfer time alone = bytes sent / the measured P2P bandwidth;
+  hidden share = 1 - exposed / transfer (clipped to [0, 1]). Configs: "longnet" (--segment-lengths /
+  --dilation-rates: with N/P >= 131072 every segment lies inside a shard and nothing is sent) and
+  "spanning" (the same plus a whole-sequence branch, dilation --spanning-dilation: K/V travel around the
+  whole ring).
+- causal_layouts (P > 1): the spanning config, causal, at --layout-len tokens: contiguous against zigzag
+  shards, interleaved, ratio with its bootstrap interval.
+- context_parallel (P > 1): dense causal attention (one branch, segment N, dilation 1) at --cp-len tokens:
+  our ring (zigzag and contiguous) against torch.distributed.tensor.experimental.context_parallel (ring
+  SDPA, its default head-tail load balance; cuDNN and flash kernels, both rotate methods), interleaved
+  rounds, medians with bootstrap intervals; on 1 GPU the same attention by SDPA (cuDNN) for reference.
+- longest: per config, the longest N whose fwd+bwd runs: doubling from --max-start, then bisection in
+  steps of the granularity every shard needs (all ranks agree by an all-reduce on an OOM).
 - ratios (with --baseline): tokens/s per GPU over the baseline's, longest N over the baseline's.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.attention.engine import dilated_attention  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.stats import bootstrap_median_ci, ratio_ci, verdict  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
-from hilbert_lab.distributed import comm  # noqa: E402
+from hilbert_lab.distributed import comm, ring  # noqa: E402
 from hilbert_lab.distributed.ring import ring_dilated_attention  # noqa: E402
 from hilbert_lab.distributed.sharding import shard_positions  # noqa: E402
 
@@ -58,23 +71,52 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _inputs(seq_len: int, heads: int, head_dim: int, device, dtype, seed: int, shard_of: int | None = None):
+def _inputs(seq_len: int, heads: int, head_dim: int, device, dtype, seed: int, shard_of: int | None = None,
+            layout: str = "contiguous"):
     """q, k, v, upstream grad (1, N, H, D) from a seed (the whole sequence, or rank `shard_of`'s shard)."""
     gen = torch.Generator(device=device).manual_seed(seed)
     tensors = [torch.randn(1, seq_len, heads, head_dim, generator=gen, device=device, dtype=torch.float32)
                for _ in range(4)]
     if shard_of is not None:
-        pos = shard_positions(shard_of, dist.get_world_size(), seq_len).to(device)
-        tensors = [t[:, pos] for t in tensors]
+        pos = shard_positions(shard_of, dist.get_world_size(), seq_len, layout).to(device)
+        tensors = [t[:, pos].contiguous() for t in tensors]
     return [t.to(dtype) for t in tensors]
 
 
-def correctness(args, device, segment_lengths, dilation_rates) -> dict:
+class _NoTransfer(comm.RingComm):
+    """A ring communicator that moves no byte (receive buffers keep what they hold): the ring's compute
+    and bookkeeping alone, for the exposed-communication measurement. Never used for results."""
+
+    class _Done:
+        def wait(self) -> None:
+            return None
+
+    def exchange(self, sends=(), recvs=(), label="", step=None):
+        return self._Done()
+
+
+@contextlib.contextmanager
+def _compute_only():
+    original = ring.RingComm
+    ring.RingComm = _NoTransfer
+    try:
+        yield
+    finally:
+        ring.RingComm = original
+
+
+def _max_over_ranks(values: list[float], device) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def correctness(args, device, segment_lengths, dilation_rates, causal=False, layout="contiguous") -> dict:
     """Ring (bf16) vs single-GPU engine (bf16 and float32) on --check-len tokens; max abs errors."""
     rank, world = dist.get_rank(), dist.get_world_size()
     seq_len = args.check_len
-    pos = shard_positions(rank, world, seq_len).to(device)
-    kwargs = dict(segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=args.causal, mode=args.mode)
+    pos = shard_positions(rank, world, seq_len, layout).to(device)
+    kwargs = dict(segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=causal, mode=args.mode)
     results = {}
     for dtype in (args.dtype, torch.float32):
         q, k, v, grad = _inputs(seq_len, args.heads, args.head_dim, device, dtype, seed=1)
@@ -85,50 +127,202 @@ def correctness(args, device, segment_lengths, dilation_rates) -> dict:
         del leaves, out
     q, k, v, grad = _inputs(seq_len, args.heads, args.head_dim, device, args.dtype, seed=1)
     local = [t[:, pos].clone().requires_grad_(True) for t in (q, k, v)]
-    out = ring_dilated_attention(*local, **kwargs)
+    out = ring_dilated_attention(*local, **kwargs, layout=layout)
     out.backward(grad[:, pos])
-    ring = [out.detach().float()] + [t.grad.float() for t in local]
+    ring_values = [out.detach().float()] + [t.grad.float() for t in local]
     names = ("out", "dq", "dk", "dv")
     stats = torch.tensor([[float((r - s).abs().max()), float((r - f).abs().max()), float((s - f).abs().max())]
-                          for r, s, f in zip(ring, results[args.dtype], results[torch.float32])], device=device)
+                          for r, s, f in zip(ring_values, results[args.dtype], results[torch.float32])], device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
     report = {name: {"ring_vs_single": row[0], "ring_vs_fp32": row[1], "single_vs_fp32": row[2]}
               for name, row in zip(names, stats.tolist())}
     passed = all(r["ring_vs_fp32"] <= 2 * r["single_vs_fp32"] + 1e-3 for r in report.values())
-    return {"seq_len": seq_len, "dtype": str(args.dtype), "max_abs_error": report, "pass": passed}
+    return {"seq_len": seq_len, "dtype": str(args.dtype), "causal": causal, "layout": layout,
+            "max_abs_error": report, "pass": passed}
 
 
-def fwd_bwd_seconds(args, device, seq_len, segment_lengths, dilation_rates, iters) -> dict:
-    """Median fwd+bwd seconds on this rank's shard; also peak memory and bytes sent."""
-    q, k, v, grad = _inputs(seq_len // dist.get_world_size(), args.heads, args.head_dim, device, args.dtype,
-                            seed=100 + dist.get_rank())
+def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=False, layout="contiguous"):
+    """A fwd+bwd step on this rank's shard (barrier first, device sync last), and a reset."""
+    q, k, v, grad = _inputs(seq_len, args.heads, args.head_dim, device, args.dtype, seed=100, shard_of=dist.get_rank(),
+                            layout=layout)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
     def step() -> None:
-        comm.reset_stats()
         dist.barrier()
         out = ring_dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                     causal=args.causal, mode=args.mode)
+                                     causal=causal, mode=args.mode, layout=layout)
         out.backward(grad)
         _sync(device)
         q.grad = k.grad = v.grad = None
 
+    return step
+
+
+def _median_seconds(step, iters: int) -> float:
     # No time limit: every rank must make the same number of collective calls.
-    seconds = time_function(step, warmup=1 if iters else 0, repeats=max(iters, 1), max_seconds=float("inf")).median / 1e3
-    result = torch.tensor([seconds, torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0.0,
-                           float(comm.STATS.bytes)], dtype=torch.float64, device=device)
-    dist.all_reduce(result, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+    return time_function(step, warmup=1 if iters else 0, repeats=max(iters, 1), max_seconds=float("inf")).median / 1e3
+
+
+def p2p_bandwidth(device, size_bytes: int = 256 << 20, iters: int = 5) -> float | None:
+    """Bytes/s of one ring exchange (each rank sends to the next, receives from the previous), median."""
     world = dist.get_world_size()
-    return {"seq_len": seq_len, "seconds": result[0].item(), "tokens_per_s_per_gpu": seq_len / result[0].item() / world,
-            "peak_memory_gib_max_rank": result[1].item() / 2**30, "bytes_sent_max_rank": int(result[2].item())}
+    if world == 1 or device.type != "cuda":
+        return None
+    rank = dist.get_rank()
+    send = torch.ones(size_bytes, dtype=torch.uint8, device=device)
+    recv = torch.empty_like(send)
+
+    def step() -> None:
+        dist.barrier()
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        _sync(device)
+
+    step()
+    seconds = _max_over_ranks([_median_seconds(step, iters)], device)[0]
+    return size_bytes / seconds
+
+
+def throughput(args, device, seq_len, segment_lengths, dilation_rates, bandwidth, iters) -> dict:
+    """Median fwd+bwd seconds, tokens/s per GPU, peak memory, bytes sent per rank, hidden communication."""
+    world = dist.get_world_size()
+    step = _ring_step(args, device, seq_len, segment_lengths, dilation_rates)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    comm.reset_stats()
+    step()
+    sent = float(comm.STATS.bytes)
+    seconds = _median_seconds(step, iters)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0.0
+    seconds, peak, sent = _max_over_ranks([seconds, peak, sent], device)  # the slowest rank sets the pace
+    row = {"seq_len": seq_len, "seconds": seconds, "tokens_per_s_per_gpu": seq_len / seconds / world,
+           "peak_memory_gib_max_rank": peak / 2**30, "bytes_sent_max_rank": int(sent)}
+    if world > 1 and sent > 0:
+        with _compute_only():
+            compute = _max_over_ranks([_median_seconds(step, iters)], device)[0]
+        exposed = max(seconds - compute, 0.0)
+        row["compute_only_seconds"] = compute
+        row["exposed_communication_seconds"] = exposed
+        if bandwidth:
+            transfer = sent / bandwidth
+            row["transfer_seconds_alone"] = transfer
+            row["hidden_share"] = min(1.0, max(0.0, 1.0 - exposed / transfer))
+    return row
+
+
+def _interleaved(variants: dict, rounds: int, device) -> dict[str, list[float]]:
+    """Round-robin samples (seconds, max over ranks) of variants {name: enter}, where `with enter() as step`
+    prepares one call (outside the timed region); the order rotates every round."""
+    names = list(variants)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for name in names:  # warm-up
+        with variants[name]() as step:
+            step()
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            with variants[name]() as step:
+                dist.barrier()
+                _sync(device)
+                start = time.perf_counter()
+                step()
+                _sync(device)
+                elapsed = time.perf_counter() - start
+            samples[name].append(_max_over_ranks([elapsed], device)[0])
+    return samples
+
+
+def _summary(samples: dict[str, list[float]], baseline: str) -> dict:
+    out = {}
+    for name, values in samples.items():
+        median, low, high = bootstrap_median_ci([v * 1e3 for v in values])
+        out[name] = {"median_ms": median, "ci_ms": [low, high], "samples_ms": [v * 1e3 for v in values]}
+    for name, values in samples.items():
+        if name != baseline:
+            ratio, low, high = ratio_ci(samples[baseline], values)  # time(baseline) / time(name): > 1 = name faster
+            out[name]["speed_vs_" + baseline] = {"ratio": ratio, "ci": [low, high],
+                                                 "verdict": verdict(ratio, low, high)}
+    return out
+
+
+def causal_layouts(args, device, segment_lengths, dilation_rates) -> dict:
+    """Spanning config, causal: contiguous against zigzag shards (interleaved)."""
+    seq_len = args.layout_len
+    steps = {layout: _ring_step(args, device, seq_len, segment_lengths, dilation_rates, True, layout)
+             for layout in ("contiguous", "zigzag")}
+    variants = {layout: (lambda s=step: contextlib.nullcontext(s)) for layout, step in steps.items()}
+    result = _summary(_interleaved(variants, args.rounds, device), baseline="contiguous")
+    return {"seq_len": seq_len, "segment_lengths": segment_lengths, "dilation_rates": dilation_rates, **result}
+
+
+def context_parallel_anchor(args, device) -> dict:
+    """Dense causal attention: our ring (zigzag, contiguous) against PyTorch's context parallel SDPA."""
+    seq_len, world = args.cp_len, dist.get_world_size()
+    variants = {}
+    for layout in ("zigzag", "contiguous"):
+        step = _ring_step(args, device, seq_len, [seq_len], [1], True, layout)
+        variants[f"ring_{layout}"] = lambda s=step: contextlib.nullcontext(s)
+    errors = {}
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.experimental import _attention as cp_attention
+        from torch.distributed.tensor.experimental import context_parallel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        mesh = init_device_mesh(device.type, (world,))
+        gen = torch.Generator(device=device).manual_seed(100)
+        full = [torch.randn(1, args.heads, seq_len, args.head_dim, generator=gen, device=device, dtype=args.dtype)
+                for _ in range(4)]
+        for kernel in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+            for rotate in ("allgather", "alltoall"):
+                @contextlib.contextmanager
+                def enter(kernel=kernel, rotate=rotate):
+                    cp_attention.set_rotate_method(rotate)
+                    buffers = [t.clone() for t in full]
+                    with sdpa_kernel([kernel]), context_parallel(mesh, buffers=buffers, buffer_seq_dims=[2] * 4):
+                        q, k, v = (t.detach().requires_grad_(True) for t in buffers[:3])
+
+                        def step() -> None:
+                            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                            out.backward(buffers[3])
+
+                        yield step
+
+                name = f"context_parallel_{kernel.name.lower()}_{rotate}"
+                try:
+                    with enter() as probe:
+                        probe()
+                    variants[name] = enter
+                except Exception as exc:  # a kernel or rotate method this torch cannot run: recorded, skipped
+                    errors[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    except ImportError as exc:
+        errors["context_parallel"] = f"ImportError: {exc}"
+    samples = _interleaved(variants, args.rounds, device)
+    return {"seq_len": seq_len, "heads": args.heads, "head_dim": args.head_dim, "errors": errors,
+            **_summary(samples, baseline="ring_zigzag")}
+
+
+def single_gpu_dense_causal(args, device) -> dict:
+    """The same dense causal attention on one GPU: SDPA (cuDNN) on the whole sequence, for reference."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gen = torch.Generator(device=device).manual_seed(100)
+    q, k, v, grad = (torch.randn(1, args.heads, args.cp_len, args.head_dim, generator=gen, device=device,
+                                 dtype=args.dtype) for _ in range(4))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+
+    def step() -> None:
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+        _sync(device)
+
+    return {"seq_len": args.cp_len, "sdpa_cudnn_seconds": _median_seconds(step, args.iters)}
 
 
 def _fits(args, device, seq_len, segment_lengths, dilation_rates) -> bool:
     ok = torch.ones(1, device=device)
     try:
-        fwd_bwd_seconds(args, device, seq_len, segment_lengths, dilation_rates, iters=0)
+        _ring_step(args, device, seq_len, segment_lengths, dilation_rates)()
     except torch.OutOfMemoryError:
         ok.zero_()
     if device.type == "cuda":
@@ -137,9 +331,45 @@ def _fits(args, device, seq_len, segment_lengths, dilation_rates) -> bool:
     return bool(ok.item())
 
 
+def longest(args, device, segment_lengths, dilation_rates, name: str) -> dict:
+    """Doubling from --max-start, then bisection in steps of `grain` (N / P a multiple of the largest
+    segment inside a shard, so that every P runs the same plan)."""
+    world = dist.get_world_size()
+    grain = max(w for w in segment_lengths if w < (1 << 40)) * world
+    best, seq_len, trials = None, args.max_start, 0
+    progress = tqdm(desc=f"longest ({name})", unit="trial", disable=dist.get_rank() != 0)
+    while seq_len <= args.max_limit and _fits(args, device, seq_len, segment_lengths, dilation_rates):
+        best, seq_len = seq_len, seq_len * 2
+        trials += 1
+        progress.update(1)
+        progress.set_postfix(seq_len=best)
+    low, high = best, min(seq_len, args.max_limit + grain)
+    while low is not None and high - low > grain:
+        middle = low + ((high - low) // 2 // grain) * grain
+        trials += 1
+        progress.update(1)
+        if _fits(args, device, middle, segment_lengths, dilation_rates):
+            low = middle
+            progress.set_postfix(seq_len=low)
+        else:
+            high = middle
+    progress.close()
+    return {"seq_len": low, "first_failure_or_limit": high, "grain": grain, "trials": trials}
+
+
 def _configs(args) -> dict:
     return {"longnet": (list(args.segment_lengths), list(args.dilation_rates)),
             "spanning": (list(args.segment_lengths) + [1 << 40], list(args.dilation_rates) + [args.spanning_dilation])}
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
 
 
 def main() -> int:
@@ -148,19 +378,23 @@ def main() -> int:
     parser.add_argument("--baseline", default=None, help="JSON of the same run on 1 GPU, for the ratios")
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--segment-lengths", type=int, nargs="+", default=[2048, 8192, 32768, 131072])
-    parser.add_argument("--dilation-rates", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--segment-lengths", type=_int_list, default=[2048, 8192, 32768, 131072])
+    parser.add_argument("--dilation-rates", type=_int_list, default=[1, 2, 4, 8])
     parser.add_argument("--spanning-dilation", type=int, default=16)
     parser.add_argument("--mode", choices=("longnet", "head_groups"), default="longnet")
-    parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--seq-lens", type=int, nargs="+", default=[262144, 524288, 1048576])
+    parser.add_argument("--seq-lens", type=_int_list, default=[524288, 1048576])
     parser.add_argument("--check-len", type=int, default=32768)
-    parser.add_argument("--iters", type=int, default=3)
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the A/B sections")
+    parser.add_argument("--layout-len", type=int, default=524288)
+    parser.add_argument("--cp-len", type=int, default=131072)
     parser.add_argument("--max-start", type=int, default=1 << 20)
     parser.add_argument("--max-limit", type=int, default=1 << 25)
-    parser.add_argument("--skip-longest", action="store_true")
+    parser.add_argument("--sections", default="correctness,throughput,layouts,context_parallel,longest",
+                        help="comma-separated sections to run")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU sizes (float32) to check the script runs")
     args = parser.parse_args()
+    sections = set(args.sections.split(","))
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -168,10 +402,11 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     args.dtype = torch.bfloat16 if cuda else torch.float32
     if args.smoke:
-        args.heads, args.head_dim, args.iters, args.check_len = 2, 16, 1, 1024
+        args.heads, args.head_dim, args.iters, args.rounds, args.check_len = 2, 16, 1, 2, 1024
         args.segment_lengths, args.dilation_rates, args.seq_lens = [64, 256], [1, 2], [1024, 2048]
-        args.max_start, args.max_limit = 1024, 4096
-    rank = dist.get_rank()
+        args.max_start, args.max_limit, args.layout_len, args.cp_len = 1024, 4096, 2048, 1024
+        sections.discard("context_parallel")  # needs CUDA SDPA kernels
+    rank, world = dist.get_rank(), dist.get_world_size()
     report = {"command": " ".join(sys.argv), "environment": _environment(device),
               "config": {k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in vars(args).items()}}
 
@@ -182,29 +417,36 @@ def main() -> int:
 
     try:
         configs = _configs(args)
-        report["correctness"] = {name: correctness(args, device, *cfg) for name, cfg in configs.items()}
-        save()
-        report["throughput"] = {name: [] for name in configs}
-        runs = [(name, seq_len) for name in configs for seq_len in args.seq_lens]
-        for name, seq_len in tqdm(runs, desc="throughput", disable=rank != 0):
-            report["throughput"][name].append(fwd_bwd_seconds(args, device, seq_len, *configs[name], iters=args.iters))
+        if "correctness" in sections:
+            report["correctness"] = {name: correctness(args, device, *cfg) for name, cfg in configs.items()}
+            report["correctness"]["spanning_causal_zigzag"] = correctness(args, device, *configs["spanning"],
+                                                                          causal=True, layout="zigzag")
             save()
-        if not args.skip_longest:
+        if "throughput" in sections:
+            bandwidth = p2p_bandwidth(device)
+            report["p2p_bandwidth_bytes_per_s"] = bandwidth
+            report["throughput"] = {name: [] for name in configs}
+            runs = [(name, seq_len) for name in configs for seq_len in args.seq_lens]
+            for name, seq_len in tqdm(runs, desc="throughput", disable=rank != 0):
+                report["throughput"][name].append(throughput(args, device, seq_len, *configs[name], bandwidth,
+                                                             args.iters))
+                save()
+        if "layouts" in sections and world > 1:
+            report["causal_layouts"] = causal_layouts(args, device, *configs["spanning"])
+            save()
+        if "context_parallel" in sections:
+            report["context_parallel"] = (context_parallel_anchor(args, device) if world > 1
+                                          else single_gpu_dense_causal(args, device))
+            save()
+        if "longest" in sections:
             report["longest"] = {}
             for name, cfg in configs.items():
-                seq_len, best = args.max_start, None
-                progress = tqdm(desc=f"longest ({name})", unit="trial", disable=rank != 0)
-                while seq_len <= args.max_limit and _fits(args, device, seq_len, *cfg):
-                    best, seq_len = seq_len, seq_len * 2
-                    progress.update(1)
-                    progress.set_postfix(seq_len=best)
-                progress.close()
-                report["longest"][name] = {"seq_len": best, "first_failure_or_limit": seq_len}
+                report["longest"][name] = longest(args, device, *cfg, name)
                 save()
         if args.baseline:
             base = json.loads(Path(args.baseline).read_text())
             ratios = {}
-            for name, rows in report["throughput"].items():
+            for name, rows in report.get("throughput", {}).items():
                 base_rows = {r["seq_len"]: r for r in base.get("throughput", {}).get(name, [])}
                 ratios[name] = {str(r["seq_len"]): r["tokens_per_s_per_gpu"] / base_rows[r["seq_len"]]["tokens_per_s_per_gpu"]
                                 for r in rows if r["seq_len"] in base_rows}

@@ -46,6 +46,7 @@ from hilbert_lab.distributed.comm import (
     DEFAULT_TIMEOUT_S, RingComm, pack, packed_size, resolve_timeout, unpack, wait_bounded,
 )
 from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible, shard_positions
+from hilbert_lab.kernels import triton_merge
 
 
 @dataclass(frozen=True)
@@ -288,11 +289,13 @@ class _BranchContext:
         return self.gather(x, bundle, part).transpose(1, 2).contiguous().transpose(1, 2)
 
     def specs(self, origin: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """Packet layout: per bundle and part of the origin, K then V stored as (B, h, L, D) (the kernels'
+        layout, so that neither the kernels nor the dK/dV sums copy)."""
         specs = []
         for bundle in self.bundles:
             h = sum(self.heads(g) for g in bundle)
             for _, count in self.chunks(origin, bundle):
-                shape = (self.batch, count, h, self.head_dim)
+                shape = (self.batch, h, count, self.head_dim)
                 specs += [(shape, dtype), (shape, dtype)]
         return specs
 
@@ -300,14 +303,16 @@ class _BranchContext:
         tensors = []
         for bundle in self.bundles:
             for part in range(len(self.chunks(self.me, bundle))):
-                tensors += [self.gather(k, bundle, part), self.gather(v, bundle, part)]
+                tensors += [self.gather(k, bundle, part).transpose(1, 2), self.gather(v, bundle, part).transpose(1, 2)]
         return pack(tensors)
 
     def split(self, tensors: list[torch.Tensor], origin: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Unpacked flat [k, v, k, v, ...] -> per bundle, per part of the origin: (k, v)."""
+        """Unpacked flat [k, v, k, v, ...] (B, h, L, D) -> per bundle, per part of the origin: (k, v) as
+        (B, L, h, D) views."""
         out, i = [], 0
         for bundle in self.bundles:
-            out.append([(tensors[i + 2 * p], tensors[i + 2 * p + 1]) for p in range(len(self.chunks(origin, bundle)))])
+            out.append([(tensors[i + 2 * p].transpose(1, 2), tensors[i + 2 * p + 1].transpose(1, 2))
+                        for p in range(len(self.chunks(origin, bundle)))])
             i += 2 * len(out[-1])
         return out
 
@@ -355,16 +360,25 @@ def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float
     queries = {(b, qi): ctx.gather(q, bundle, qi) for b, bundle in enumerate(ctx.bundles)
                for qi in range(len(ctx.chunks(ctx.me, bundle)))}
 
+    fused = q.is_cuda and triton_merge.HAVE_TRITON and acc_lse_dtype == torch.float32
+
     def compute(origin: int, packet: torch.Tensor) -> None:
         kv = ctx.split(unpack(packet, kv_specs[origin]), origin)
         for b, qi, ki, diagonal in ctx.blocks(origin):
             k_blk, v_blk = kv[b][ki]
             o, lse, aux = backend.forward(queries[(b, qi)], k_blk, v_blk, causal=diagonal, scale=scale)
             auxes[(b, qi, origin, ki)] = aux
-            o = o.to(acc_lse_dtype)
-            if (b, qi) in state:
-                o, lse = merge_lse([state[(b, qi)][0], o], [state[(b, qi)][1], lse])
-            state[(b, qi)] = (o, lse)
+            o_bhld, lse = o.transpose(1, 2), lse.to(acc_lse_dtype)
+            if (b, qi) not in state:  # running result (B, h, L, D) in the LSE precision, lse (B, h, L)
+                state[(b, qi)] = (o_bhld.to(acc_lse_dtype).contiguous(), lse.contiguous())
+            elif fused:
+                acc, acc_lse = state[(b, qi)]
+                triton_merge.accumulate(acc.view(-1, acc.shape[-1]), acc_lse.view(-1),
+                                        o_bhld.contiguous().view(-1, acc.shape[-1]), lse.contiguous().view(-1))
+            else:
+                acc, acc_lse = state[(b, qi)]
+                merged, merged_lse = merge_lse([acc.transpose(1, 2), o.to(acc_lse_dtype)], [acc_lse, lse])
+                state[(b, qi)] = (merged.transpose(1, 2).contiguous(), merged_lse.contiguous())
 
     own = ctx.pack_kv(k, v)
     held = {ctx.me: own}
@@ -386,7 +400,7 @@ def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float
     for origin, packet in pending:
         compute(origin, packet)
     for (b, qi), (o, l) in state.items():
-        ctx.scatter(out_slot, o, ctx.bundles[b], qi)
+        ctx.scatter(out_slot, o.transpose(1, 2), ctx.bundles[b], qi)
         ctx.scatter(lse_slot, l.transpose(1, 2), ctx.bundles[b], qi)
     return auxes
 
@@ -410,7 +424,7 @@ def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse,
                 ctx.gather(q, bundle, qi), ctx.dense(out, bundle, qi), ctx.dense(grad_out, bundle, qi),
                 ctx.gather(lse_rows, bundle, qi).transpose(1, 2).contiguous(),
                 None if glse_rows is None else ctx.gather(glse_rows, bundle, qi).transpose(1, 2).contiguous(),
-                torch.zeros(ctx.gather(q, bundle, qi).shape, dtype=acc, device=q.device),
+                torch.zeros(ctx.gather(q, bundle, qi).transpose(1, 2).shape, dtype=acc, device=q.device).transpose(1, 2),
             )
 
     def compute(origin: int, packet: torch.Tensor, dkv: list[torch.Tensor]) -> None:

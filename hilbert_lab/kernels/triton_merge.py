@@ -63,3 +63,48 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, ls
     block_r = max(1, min(128, 4096 // block_d))
     _merge_kernel[(triton.cdiv(rows, block_r),)](outs, lses, out, lse, rows, dim, P=parts, BLOCK_R=block_r,
                                                   BLOCK_D=block_d, num_warps=4)
+
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _accumulate_kernel(acc_ptr, acc_lse_ptr, part_ptr, part_lse_ptr, rows, dim, BLOCK_R: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+        pid = tl.program_id(0)
+        r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
+        c = tl.arange(0, BLOCK_D)
+        rmask = r < rows
+        mask = rmask[:, None] & (c[None, :] < dim)
+        a = tl.load(acc_lse_ptr + r, mask=rmask, other=float("-inf"))
+        b = tl.load(part_lse_ptr + r, mask=rmask, other=float("-inf"))
+        peak = tl.maximum(a, b)
+        peak = tl.where(peak == float("-inf"), 0.0, peak)
+        wa = tl.exp(a - peak)
+        wb = tl.exp(b - peak)
+        total = wa + wb
+        positive = total > 0
+        norm = tl.where(positive, total, 1.0)
+        offsets = r.to(tl.int64)[:, None] * dim + c[None, :]
+        acc = tl.load(acc_ptr + offsets, mask=mask & (wa[:, None] > 0), other=0.0)
+        x = tl.load(part_ptr + offsets, mask=mask & (wb[:, None] > 0), other=0.0).to(tl.float32)
+        tl.store(acc_ptr + offsets, (wa[:, None] * acc + wb[:, None] * x) / norm[:, None], mask=mask)
+        tl.store(acc_lse_ptr + r, tl.where(positive, peak + tl.log(norm), float("-inf")), mask=rmask)
+
+
+def accumulate(acc: torch.Tensor, acc_lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor) -> None:
+    """Merge one partial result into a running one, in place: acc (R, D) float32 and acc_lse (R,) float32
+    become the LSE merge of themselves and part (R, D) (any float dtype) / part_lse (R,) float32 (all
+    contiguous; rows whose lse is -inf on one side take the other side; -inf on both stay -inf)."""
+    if not HAVE_TRITON:
+        raise RuntimeError("accumulate needs the 'triton' package")
+    rows, dim = acc.shape
+    if acc_lse.shape != (rows,) or part.shape != (rows, dim) or part_lse.shape != (rows,):
+        raise ValueError(f"shapes must be acc (R, D), acc_lse (R,), part (R, D), part_lse (R,); got "
+                         f"{tuple(acc.shape)}, {tuple(acc_lse.shape)}, {tuple(part.shape)}, {tuple(part_lse.shape)}")
+    if not all(t.is_contiguous() for t in (acc, acc_lse, part, part_lse)) or \
+            any(t.dtype != torch.float32 for t in (acc, acc_lse, part_lse)):
+        raise ValueError("acc, acc_lse, part, part_lse must be contiguous; acc, acc_lse and part_lse float32")
+    block_d = triton.next_power_of_2(dim)
+    block_r = max(1, min(128, 4096 // block_d))
+    _accumulate_kernel[(triton.cdiv(rows, block_r),)](acc, acc_lse, part, part_lse, rows, dim, BLOCK_R=block_r,
+                                                      BLOCK_D=block_d, num_warps=4)
