@@ -233,12 +233,30 @@ class _BranchContext:
         """[(chunk id, selected count)] per part of the member (the same for all groups of a bundle)."""
         return [(chunk_id, _count(sel)) for chunk_id, sel in self.parts[member][bundle[0]]]
 
-    def _view(self, x: torch.Tensor, bundle: list[int], part: int, member: int | None) -> torch.Tensor | None:
-        """The bundle's rows of a part as one strided view of x (B, n, H, ...) -> (B, L, h_bundle, ...), or
-        None when they do not form one (then they are gathered). One group: its rows and heads sliced;
-        several one-head groups whose rows and heads shift by constant steps: one diagonal view."""
-        parts = self.parts[self.me if member is None else member]
-        sels = [parts[g][part][1] for g in bundle]
+    def rows(self, member: int | None, bundle: list[int], parts: int | tuple[int, ...]) -> list:
+        """Per group of the bundle, the member's selected storage rows of `parts` (ascending): one slice
+        where they form an arithmetic progression, else an index tensor."""
+        own = self.parts[self.me if member is None else member]
+        parts = (parts,) if isinstance(parts, int) else parts
+        out = []
+        for g in bundle:
+            sels = [own[g][p][1] for p in parts]
+            joined = sels[0]
+            for sel in sels[1:]:
+                if isinstance(joined, slice) and isinstance(sel, slice) and _count(sel) and _count(joined) and \
+                        (sel.step or 1) == (joined.step or 1) and sel.start == joined.start + _count(joined) * (joined.step or 1):
+                    joined = slice(joined.start, sel.stop, joined.step)
+                elif _count(sel):
+                    as_index = [torch.arange(x.start, x.stop, x.step or 1, device=self.device) if isinstance(x, slice)
+                                else x for x in (joined, sel)]
+                    joined = torch.cat(as_index)
+            out.append(joined)
+        return out
+
+    def _view(self, x: torch.Tensor, bundle: list[int], sels: list) -> torch.Tensor | None:
+        """The bundle's rows `sels` as one strided view of x (B, n, H, ...) -> (B, L, h_bundle, ...), or None
+        when they do not form one (then they are gathered). One group: its rows and heads sliced; several
+        one-head groups whose rows and heads shift by constant steps: one diagonal view."""
         if not all(isinstance(sel, slice) for sel in sels):
             return None
         if len(bundle) == 1:
@@ -256,74 +274,89 @@ class _BranchContext:
         stride = (s_b, (sels[0].step or 1) * s_n, row_step * s_n + head_step * s_h, *rest)
         return x.as_strided(size, stride, x.storage_offset() + starts[0] * s_n + firsts[0] * s_h)
 
-    def gather(self, x: torch.Tensor, bundle: list[int], part: int, member: int | None = None) -> torch.Tensor:
-        """x (B, n, H, ...) -> the bundle's selected rows of a part, heads stacked: (B, L, h_bundle, ...)
+    def gather(self, x: torch.Tensor, bundle: list[int], parts: int | tuple[int, ...],
+               member: int | None = None) -> torch.Tensor:
+        """x (B, n, H, ...) -> the bundle's selected rows of `parts`, heads stacked: (B, L, h_bundle, ...)
         (a view where one exists)."""
-        view = self._view(x, bundle, part, member)
+        sels = self.rows(member, bundle, parts)
+        view = self._view(x, bundle, sels)
         if view is not None:
             return view
-        parts = self.parts[self.me if member is None else member]
-        return torch.cat([x[:, parts[g][part][1], heads] for g, heads, _ in self.head_spans(bundle)], dim=2)
+        return torch.cat([x[:, sel, heads] for sel, (_, heads, _) in zip(sels, self.head_spans(bundle))], dim=2)
 
-    def scatter(self, dst: torch.Tensor, value: torch.Tensor, bundle: list[int], part: int,
+    def scatter(self, dst: torch.Tensor, value: torch.Tensor, bundle: list[int], parts: int | tuple[int, ...],
                 member: int | None = None, add: bool = False) -> None:
         """Write (or add) a stacked (B, L, h_bundle, ...) block into dst (B, n, H, ...)."""
-        view = self._view(dst, bundle, part, member)
+        sels = self.rows(member, bundle, parts)
+        view = self._view(dst, bundle, sels)
         if view is not None:
             if add:
                 view.add_(value.to(dst.dtype))
             else:
                 view.copy_(value)
             return
-        parts = self.parts[self.me if member is None else member]
-        for g, heads, stacked in self.head_spans(bundle):
+        for sel, (_, heads, stacked) in zip(sels, self.head_spans(bundle)):
             piece = value[:, :, stacked].to(dst.dtype)
             if add:
-                dst[:, parts[g][part][1], heads] += piece
+                dst[:, sel, heads] += piece
             else:
-                dst[:, parts[g][part][1], heads] = piece
+                dst[:, sel, heads] = piece
 
-    def dense(self, x: torch.Tensor, bundle: list[int], part: int) -> torch.Tensor:
-        """This rank's rows of x for a bundle part, (B, L, h, ...) stored as (B, h, L, ...) (the kernels'
+    def dense(self, x: torch.Tensor, bundle: list[int], parts: int | tuple[int, ...]) -> torch.Tensor:
+        """This rank's rows of x for a bundle's parts, (B, L, h, ...) stored as (B, h, L, ...) (the kernels'
         layout, so that the backend takes it without another copy)."""
-        return self.gather(x, bundle, part).transpose(1, 2).contiguous().transpose(1, 2)
+        return self.gather(x, bundle, parts).transpose(1, 2).contiguous().transpose(1, 2)
 
     def specs(self, origin: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Packet layout: per bundle and part of the origin, K then V stored as (B, h, L, D) (the kernels'
+        """Packet layout: per bundle, K then V of all the origin's parts, stored as (B, h, L, D) (the kernels'
         layout, so that neither the kernels nor the dK/dV sums copy)."""
         specs = []
         for bundle in self.bundles:
             h = sum(self.heads(g) for g in bundle)
-            for _, count in self.chunks(origin, bundle):
-                shape = (self.batch, h, count, self.head_dim)
-                specs += [(shape, dtype), (shape, dtype)]
+            shape = (self.batch, h, sum(count for _, count in self.chunks(origin, bundle)), self.head_dim)
+            specs += [(shape, dtype), (shape, dtype)]
         return specs
 
     def pack_kv(self, k, v) -> torch.Tensor:
         tensors = []
         for bundle in self.bundles:
-            for part in range(len(self.chunks(self.me, bundle))):
-                tensors += [self.gather(k, bundle, part).transpose(1, 2), self.gather(v, bundle, part).transpose(1, 2)]
+            every = tuple(range(len(self.chunks(self.me, bundle))))
+            tensors += [self.gather(k, bundle, every).transpose(1, 2), self.gather(v, bundle, every).transpose(1, 2)]
         return pack(tensors)
 
-    def split(self, tensors: list[torch.Tensor], origin: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
-        """Unpacked flat [k, v, k, v, ...] (B, h, L, D) -> per bundle, per part of the origin: (k, v) as
-        (B, L, h, D) views."""
-        out, i = [], 0
-        for bundle in self.bundles:
-            out.append([(tensors[i + 2 * p].transpose(1, 2), tensors[i + 2 * p + 1].transpose(1, 2))
-                        for p in range(len(self.chunks(origin, bundle)))])
-            i += 2 * len(out[-1])
-        return out
+    def split(self, tensors: list[torch.Tensor], origin: int, bundle_index: int,
+              parts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unpacked flat [k, v, k, v, ...] (B, h, L, D) -> the (k, v) rows of the origin's `parts` (consecutive)
+        of one bundle, as (B, L, h, D) views."""
+        counts = [count for _, count in self.chunks(origin, self.bundles[bundle_index])]
+        start = sum(counts[: parts[0]])
+        stop = start + sum(counts[p] for p in parts)
+        k_all, v_all = tensors[2 * bundle_index], tensors[2 * bundle_index + 1]
+        return k_all[:, :, start:stop].transpose(1, 2), v_all[:, :, start:stop].transpose(1, 2)
 
-    def blocks(self, origin: int):
-        """(bundle index, q part, k part, diagonal) of the blocks that attend; masked ones skipped."""
+    def calls(self, origin: int):
+        """(bundle index, q parts, k parts, causal) of the kernel calls for the origin's packet: the blocks
+        that attend (masked ones skipped), joined where a rectangle of parts is one call (zigzag causal:
+        the own packet is one causal call; a remote packet one full call)."""
         for b, bundle in enumerate(self.bundles):
-            for qi, (q_chunk, q_count) in enumerate(self.chunks(self.me, bundle)):
-                for ki, (k_chunk, k_count) in enumerate(self.chunks(origin, bundle)):
-                    if q_count == 0 or k_count == 0 or (self.causal and k_chunk > q_chunk):
-                        continue
-                    yield b, qi, ki, self.causal and k_chunk == q_chunk
+            q_chunks, k_chunks = self.chunks(self.me, bundle), self.chunks(origin, bundle)
+            cells = {}
+            for qi, (q_chunk, q_count) in enumerate(q_chunks):
+                for ki, (k_chunk, k_count) in enumerate(k_chunks):
+                    if q_count and k_count and not (self.causal and k_chunk > q_chunk):
+                        cells[(qi, ki)] = "diagonal" if self.causal and k_chunk == q_chunk else "full"
+            if len(q_chunks) == 2 and len(k_chunks) == 2:
+                if cells == {(0, 0): "diagonal", (1, 0): "full", (1, 1): "diagonal"}:
+                    yield b, (0, 1), (0, 1), True
+                    continue
+                if cells == {(0, 0): "full", (1, 0): "full"}:
+                    yield b, (0, 1), (0,), False
+                    continue
+                if cells == {(1, 0): "full", (1, 1): "full"}:
+                    yield b, (1,), (0, 1), False
+                    continue
+            for (qi, ki), kind in cells.items():
+                yield b, (qi,), (ki,), kind == "diagonal"
 
     def step_ops(self, t: int):
         """This rank's forward (sends, recvs) at step t as lists of (peer member, origin): K/V packets
@@ -357,28 +390,34 @@ def _forward_branch(ctx: _BranchContext, q, k, v, backend: Backend, scale: float
     state: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
     auxes = {}
     kv_specs = [ctx.specs(j, q.dtype) for j in range(ctx.m)]
-    queries = {(b, qi): ctx.gather(q, bundle, qi) for b, bundle in enumerate(ctx.bundles)
-               for qi in range(len(ctx.chunks(ctx.me, bundle)))}
-
     fused = q.is_cuda and triton_merge.HAVE_TRITON and acc_lse_dtype == torch.float32
 
+    def merge_into(key: tuple[int, int], o_bhld: torch.Tensor, lse: torch.Tensor) -> None:
+        """Fold one call's rows of a q part, o (B, h, L, D) and lse (B, h, L), into its running result."""
+        if key not in state:  # running result (B, h, L, D) in the LSE precision, lse (B, h, L)
+            state[key] = (o_bhld.to(acc_lse_dtype).contiguous(), lse.to(acc_lse_dtype).contiguous())
+        elif fused:
+            acc, acc_lse = state[key]
+            triton_merge.accumulate(acc.view(-1, acc.shape[-1]), acc_lse.view(-1),
+                                    o_bhld.contiguous().view(-1, acc.shape[-1]), lse.float().contiguous().view(-1))
+        else:
+            acc, acc_lse = state[key]
+            merged, merged_lse = merge_lse([acc.transpose(1, 2), o_bhld.transpose(1, 2).to(acc_lse_dtype)],
+                                           [acc_lse, lse.to(acc_lse_dtype)])
+            state[key] = (merged.transpose(1, 2).contiguous(), merged_lse.contiguous())
+
     def compute(origin: int, packet: torch.Tensor) -> None:
-        kv = ctx.split(unpack(packet, kv_specs[origin]), origin)
-        for b, qi, ki, diagonal in ctx.blocks(origin):
-            k_blk, v_blk = kv[b][ki]
-            o, lse, aux = backend.forward(queries[(b, qi)], k_blk, v_blk, causal=diagonal, scale=scale)
-            auxes[(b, qi, origin, ki)] = aux
-            o_bhld, lse = o.transpose(1, 2), lse.to(acc_lse_dtype)
-            if (b, qi) not in state:  # running result (B, h, L, D) in the LSE precision, lse (B, h, L)
-                state[(b, qi)] = (o_bhld.to(acc_lse_dtype).contiguous(), lse.contiguous())
-            elif fused:
-                acc, acc_lse = state[(b, qi)]
-                triton_merge.accumulate(acc.view(-1, acc.shape[-1]), acc_lse.view(-1),
-                                        o_bhld.contiguous().view(-1, acc.shape[-1]), lse.contiguous().view(-1))
-            else:
-                acc, acc_lse = state[(b, qi)]
-                merged, merged_lse = merge_lse([acc.transpose(1, 2), o.to(acc_lse_dtype)], [acc_lse, lse])
-                state[(b, qi)] = (merged.transpose(1, 2).contiguous(), merged_lse.contiguous())
+        tensors = unpack(packet, kv_specs[origin])
+        for b, q_parts, k_parts, causal in ctx.calls(origin):
+            k_blk, v_blk = ctx.split(tensors, origin, b, k_parts)
+            o, lse, aux = backend.forward(ctx.gather(q, ctx.bundles[b], q_parts), k_blk, v_blk, causal=causal,
+                                          scale=scale)
+            auxes[(b, q_parts, origin, k_parts)] = aux
+            start, o_bhld = 0, o.transpose(1, 2)
+            for qi in q_parts:
+                count = ctx.chunks(ctx.me, ctx.bundles[b])[qi][1]
+                merge_into((b, qi), o_bhld[:, :, start:start + count], lse[:, :, start:start + count])
+                start += count
 
     own = ctx.pack_kv(k, v)
     held = {ctx.me: own}
@@ -416,27 +455,30 @@ def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse,
         grad_out = torch.zeros_like(out)
     lse_rows = lse.transpose(1, 2)
     glse_rows = None if grad_lse is None else grad_lse.transpose(1, 2)
-    # This rank's rows of every bundle part, gathered once for all steps (kernel layout).
-    rows = {}
-    for b, bundle in enumerate(ctx.bundles):
-        for qi in range(len(ctx.chunks(ctx.me, bundle))):
-            rows[(b, qi)] = (
-                ctx.gather(q, bundle, qi), ctx.dense(out, bundle, qi), ctx.dense(grad_out, bundle, qi),
-                ctx.gather(lse_rows, bundle, qi).transpose(1, 2).contiguous(),
-                None if glse_rows is None else ctx.gather(glse_rows, bundle, qi).transpose(1, 2).contiguous(),
-                torch.zeros(ctx.gather(q, bundle, qi).transpose(1, 2).shape, dtype=acc, device=q.device).transpose(1, 2),
+    # This rank's rows of every set of q parts a call reads, gathered once for all steps (kernel layout).
+    rows: dict[tuple[int, tuple[int, ...]], tuple] = {}
+
+    def rows_of(b: int, q_parts: tuple[int, ...]) -> tuple:
+        if (b, q_parts) not in rows:
+            bundle = ctx.bundles[b]
+            q_rows = ctx.gather(q, bundle, q_parts)
+            rows[(b, q_parts)] = (
+                q_rows, ctx.dense(out, bundle, q_parts), ctx.dense(grad_out, bundle, q_parts),
+                ctx.gather(lse_rows, bundle, q_parts).transpose(1, 2).contiguous(),
+                None if glse_rows is None else ctx.gather(glse_rows, bundle, q_parts).transpose(1, 2).contiguous(),
+                torch.zeros(q_rows.transpose(1, 2).shape, dtype=acc, device=q.device).transpose(1, 2),
             )
+        return rows[(b, q_parts)]
 
     def compute(origin: int, packet: torch.Tensor, dkv: list[torch.Tensor]) -> None:
-        kv = ctx.split(unpack(packet, kv_specs[origin]), origin)
-        dkv_parts = ctx.split(dkv, origin)
-        for b, qi, ki, diagonal in ctx.blocks(origin):
-            k_blk, v_blk = kv[b][ki]
-            dk_acc, dv_acc = dkv_parts[b][ki]
-            q_rows, o_rows, do_rows, l_rows, dl_rows, dq_acc = rows[(b, qi)]
+        tensors = unpack(packet, kv_specs[origin])
+        for b, q_parts, k_parts, causal in ctx.calls(origin):
+            k_blk, v_blk = ctx.split(tensors, origin, b, k_parts)
+            dk_acc, dv_acc = ctx.split(dkv, origin, b, k_parts)
+            q_rows, o_rows, do_rows, l_rows, dl_rows, dq_acc = rows_of(b, q_parts)
             dq_blk, dk_blk, dv_blk = backend.backward(
-                do_rows, dl_rows, q_rows, k_blk, v_blk, o_rows, l_rows, auxes.get((b, qi, origin, ki)),
-                causal=diagonal, scale=scale,
+                do_rows, dl_rows, q_rows, k_blk, v_blk, o_rows, l_rows, auxes.get((b, q_parts, origin, k_parts)),
+                causal=causal, scale=scale,
             )
             dq_acc += dq_blk
             dk_acc += dk_blk
@@ -497,12 +539,13 @@ def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse,
     own_grads = unpack(own_share, acc_specs[ctx.me])
 
     dq, dk, dv = grads
-    for (b, qi), (*_, dq_acc) in rows.items():
-        ctx.scatter(dq, dq_acc, ctx.bundles[b], qi, add=True)
-    for bundle, parts in zip(ctx.bundles, ctx.split(own_grads, ctx.me)):
-        for part, (dk_part, dv_part) in enumerate(parts):
-            ctx.scatter(dk, dk_part, bundle, part, add=True)
-            ctx.scatter(dv, dv_part, bundle, part, add=True)
+    for (b, q_parts), (*_, dq_acc) in rows.items():
+        ctx.scatter(dq, dq_acc, ctx.bundles[b], q_parts, add=True)
+    for b, bundle in enumerate(ctx.bundles):
+        every = tuple(range(len(ctx.chunks(ctx.me, bundle))))
+        dk_part, dv_part = ctx.split(own_grads, ctx.me, b, every)
+        ctx.scatter(dk, dk_part, bundle, every, add=True)
+        ctx.scatter(dv, dv_part, bundle, every, add=True)
 
 
 @dataclass(frozen=True)
