@@ -224,35 +224,36 @@ def _blocks_backward_into(plan: Plan, backend: Backend, auxes, grads, grad_out, 
             blk.write(total, share, accumulate=accumulate)
 
 
-# Partial results of a plan, for callers that merge them with their own (the ring): per branch slot,
-# outs (P, B, N, H, D) and lses (P, B, N, H); one (executor, state) per forward for the backward.
+# Partial results of a plan, for callers that merge them with their own (the ring): per slot (a branch,
+# or several merged), outs (P, B, N, H, D) and lses (P, B, N, H); one (executor, state) per forward.
 
 
-def partial_buffers(num_branches: int, backend: Backend, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Empty slot buffers (outs, lses) for `num_branches` partial results of q's shape: in q's dtype with
-    float32 LSEs for the in-place kernels, else in the LSE precision; lses start at -inf."""
-    inplace = backend.backward is not None and backend.name.startswith("sdpa") and inplace_kernel(backend.name, q)
-    dtype = q.dtype if inplace else lse_dtype(q.dtype)
+def partial_buffers(num_slots: int, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty slot buffers (outs (P, B, N, H, D), lses (P, B, N, H)) for `num_slots` partial results of q's
+    shape: outs in q's dtype for half precision on CUDA (what the kernels return), else in the LSE
+    precision; lses in the LSE precision, starting at -inf."""
+    half_on_cuda = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    dtype = q.dtype if half_on_cuda else lse_dtype(q.dtype)
     fused = q.is_cuda and triton_merge.HAVE_TRITON and lse_dtype(q.dtype) == torch.float32
-    outs = (torch.empty if fused else torch.zeros)((num_branches, *q.shape), dtype=dtype, device=q.device)
+    outs = (torch.empty if fused else torch.zeros)((num_slots, *q.shape), dtype=dtype, device=q.device)
     batch, seq_len, num_heads, _ = q.shape
-    lses = torch.full((num_branches, batch, seq_len, num_heads), float("-inf"), dtype=lse_dtype(q.dtype),
+    lses = torch.full((num_slots, batch, seq_len, num_heads), float("-inf"), dtype=lse_dtype(q.dtype),
                       device=q.device)
     return outs, lses
 
 
 def forward_partials(plan: Plan, backend: Backend, q, k, v, scale: float, causal: bool, outs: torch.Tensor,
-                     lses: torch.Tensor) -> tuple:
-    """Write every block's (out, lse) into slot `branch` of (outs, lses) (see `partial_buffers`); returns the
-    state `backward_partials` needs."""
+                     lses: torch.Tensor, slots: dict[int, int]) -> tuple:
+    """Write every block's (out, lse) into slot slots[branch] of (outs, lses) (see `partial_buffers`);
+    returns the state `backward_partials` needs."""
     kernel = inplace_kernel(backend.name, q) if backend.name.startswith("sdpa") else None
     if kernel is not None and backend.backward is not None and all(blk.index is None for blk in plan.blocks):
-        return ("inplace", kernel, forward_into(plan, kernel, q, k, v, scale, causal, outs, lses))
+        return ("inplace", kernel, forward_into(plan, kernel, q, k, v, scale, causal, outs, lses, slots=slots))
     auxes = []
     for blk in plan.blocks:
         out_b, lse_b, aux = backend.forward(blk.read(q), blk.read(k), blk.read(v), causal=causal, scale=scale)
-        blk.write(outs[blk.branch], out_b)
-        blk.write(lses[blk.branch], lse_b.transpose(1, 2))
+        blk.write(outs[slots[blk.branch]], out_b)
+        blk.write(lses[slots[blk.branch]], lse_b.transpose(1, 2))
         auxes.append(aux)
     return ("blocks", None, auxes)
 

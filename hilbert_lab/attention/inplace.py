@@ -151,14 +151,14 @@ def _backward_kernel(kernel: str, grad_out, q, k, v, out, lse, aux, causal: bool
 
 
 def forward_into(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, outs: torch.Tensor,
-                 lses: torch.Tensor, need_lse: bool = True) -> list:
+                 lses: torch.Tensor, need_lse: bool = True, slots: Optional[dict[int, int]] = None) -> list:
     """Run the plan's blocks, writing each branch's partial result into its slot: outs (P, B, N, H, D)
-    in q's dtype and lses (P, B, N, H) float32, slot = branch (slot 0 for every block when P = 1).
-    Returns the kernels' per-unit state for `backward_into`."""
+    in q's dtype and lses (P, B, N, H) float32, slot = slots[branch] (default: the branch; slot 0 for
+    every block when P = 1). Returns the kernels' per-unit state for `backward_into`."""
     auxes = []
     views = _plan_views(plan, [outs[0], lses[0], q, k, v])
     for unit, unit_views in zip(plan_units(plan), views):
-        slot = unit.branch if outs.shape[0] > 1 else 0
+        slot = (slots[unit.branch] if slots is not None else unit.branch) if outs.shape[0] > 1 else 0
         unit_aux = []
         for ov, lv, qv, kv, vv in unit_views:
             if slot:

@@ -37,6 +37,8 @@ from hilbert_lab.attention.backends.base import Backend, lse_dtype
 from hilbert_lab.attention.engine import (
     backward_partials, dilated_attention, forward_partials, merge_partials, partial_buffers,
 )
+from hilbert_lab.attention.backends.triton import pattern_backward as fused_pattern_backward
+from hilbert_lab.attention.backends.triton import pattern_forward as fused_pattern_forward
 from hilbert_lab.attention.engine import resolve_backend as engine_resolve_backend
 from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.merge import merge_lse
@@ -550,26 +552,45 @@ def _backward_branch(ctx: _BranchContext, q, k, v, out, lse, grad_out, grad_lse,
 
 @dataclass(frozen=True)
 class _RingRun:
-    """What one call computes on this rank: the plan of the branches inside the shard (None: none) and
-    the ring branches' contexts, all merged into one result."""
+    """What one call computes on this rank: the branches inside the shard (run by the engine's executor
+    `local_backend`: the fused kernel on the pattern restricted to them, or the plan's blocks) and the
+    ring branches' contexts; every part writes into its slot, all merged into one result."""
 
+    pattern: DilatedPattern
+    local_branches: tuple[int, ...]
     local_plan: Plan | None
+    local_backend: Backend
     contexts: tuple[_BranchContext, ...]
     backend: Backend
     scale: float
     causal: bool
-    num_branches: int
+    slots: dict  # branch -> slot (every local branch shares one slot under the fused kernel)
+    num_slots: int
+
+    @property
+    def local_fused(self) -> bool:
+        return bool(self.local_branches) and self.local_backend.whole_pattern is not None
 
 
 def _ring_forward(q, k, v, run: _RingRun):
-    """(out, lse, local executor state, ring branch states): every branch's partial result in its slot,
-    merged once."""
-    outs, lses = partial_buffers(run.num_branches, run.backend, q)
+    """(out, lse, local executor state, ring branch states): every part's result in its slot, merged once."""
+    if run.local_fused and not run.contexts:  # every branch inside the shard: the fused kernel's own result
+        out, lse = fused_pattern_forward(q, k, v, run.pattern, scale=run.scale, branches=run.local_branches)
+        return out, lse, ("fused", None, None), []
+    outs, lses = partial_buffers(run.num_slots, q)
     local_state = None
-    if run.local_plan is not None:
-        local_state = forward_partials(run.local_plan, run.backend, q, k, v, run.scale, run.causal, outs, lses)
-    ring_states = [_forward_branch(c, q, k, v, run.backend, run.scale, outs[c.plan.branch], lses[c.plan.branch])
-                   for c in run.contexts]
+    if run.local_fused:
+        o, l = fused_pattern_forward(q, k, v, run.pattern, scale=run.scale, branches=run.local_branches)
+        slot = run.slots[run.local_branches[0]]
+        outs[slot].copy_(o)
+        lses[slot].copy_(l.transpose(1, 2))
+        del o, l
+        local_state = ("fused", None, None)
+    elif run.local_branches:
+        local_state = forward_partials(run.local_plan, run.local_backend, q, k, v, run.scale, run.causal, outs, lses,
+                                       run.slots)
+    ring_states = [_forward_branch(c, q, k, v, run.backend, run.scale, outs[run.slots[c.plan.branch]],
+                                   lses[run.slots[c.plan.branch]]) for c in run.contexts]
     out, lse = merge_partials(outs, lses, q.dtype)
     return out, lse, local_state, ring_states
 
@@ -592,11 +613,20 @@ class _RingAttention(torch.autograd.Function):
         if grad_out is None and grad_lse is None:
             return None, None, None, None
         run = autograd_ctx.run
+        grad_out = None if grad_out is None else grad_out.contiguous()
+        if run.local_fused:
+            local = fused_pattern_backward(grad_out, grad_lse, q, k, v, out, lse, run.pattern, scale=run.scale,
+                                           branches=run.local_branches)
+            if not run.contexts:  # the only contribution: no accumulators
+                return local + (None,)
         grads = tuple(torch.zeros(t.shape, dtype=lse_dtype(q.dtype), device=t.device) for t in (q, k, v))
         out = out.contiguous()
-        grad_out = None if grad_out is None else grad_out.contiguous()
-        if run.local_plan is not None:
-            backward_partials(run.local_plan, run.backend, autograd_ctx.local_state, grads, q, k, v, out, lse,
+        if run.local_fused:
+            for total, share in zip(grads, local):
+                total.add_(share)
+            del local
+        elif run.local_branches:
+            backward_partials(run.local_plan, run.local_backend, autograd_ctx.local_state, grads, q, k, v, out, lse,
                               grad_out, grad_lse, run.scale, run.causal)
         for context, auxes in zip(run.contexts, autograd_ctx.ring_states):
             _backward_branch(context, q, k, v, out, lse, grad_out, grad_lse, auxes, run.backend, run.scale, grads)
@@ -793,12 +823,27 @@ def ring_dilated_attention(
                                  return_lse=return_lse)
     comm = RingComm(members, group, timeout_s=timeout)
     local = tuple(plan.branch for plan in plans if plan.local)
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    # The branches inside the shard run as the engine would run them on the shard ("auto": its rule).
+    local_backend = engine_resolve_backend(backend, q, pattern.segment_lengths, mode=pattern.mode, causal=causal,
+                                           training=training) if local else adapter
+    fused = bool(local) and local_backend.whole_pattern is not None
+    slots: dict[int, int] = {}
+    for branch in local:
+        slots[branch] = 0 if fused else len(slots)
+    first_ring = 1 if fused else len(local)
+    ring_plans = [plan for plan in plans if not plan.local]
+    for i, plan in enumerate(ring_plans):
+        slots[plan.branch] = first_ring + i
     run = _RingRun(
-        local_plan=cached_plan(pattern, q.shape[1], q.shape[2], None, str(q.device), branches=local) if local else None,
-        contexts=tuple(_BranchContext(q, plan, geometry, causal, comm) for plan in plans if not plan.local),
-        backend=adapter, scale=resolved_scale, causal=causal, num_branches=pattern.num_branches,
+        pattern=pattern, local_branches=local,
+        local_plan=cached_plan(pattern, q.shape[1], q.shape[2], None, str(q.device), branches=local)
+        if local and not fused else None,
+        local_backend=local_backend,
+        contexts=tuple(_BranchContext(q, plan, geometry, causal, comm) for plan in ring_plans),
+        backend=adapter, scale=resolved_scale, causal=causal, slots=slots, num_slots=first_ring + len(ring_plans),
     )
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if training:
         out, lse = _RingAttention.apply(q, k, v, run)
     else:
         out, lse = _ring_forward(q, k, v, run)[:2]

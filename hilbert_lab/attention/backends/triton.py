@@ -66,6 +66,36 @@ def dilated_attention(
     )
 
 
+def _branch_offsets(pattern: DilatedPattern, num_heads: int, device, branches: Optional[tuple[int, ...]]):
+    offsets = head_offsets_tensor(pattern, num_heads, device)
+    if branches is None:
+        return offsets
+    keep = torch.zeros(offsets.shape[0], dtype=torch.bool, device=offsets.device)
+    keep[list(branches)] = True
+    return torch.where(keep[:, None], offsets, torch.full_like(offsets, -1))  # -1: the head is not in the branch
+
+
+def pattern_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *, scale: float,
+                    branches: Optional[tuple[int, ...]] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused kernel's forward, no autograd: merged (out (B, N, H, D), lse (B, H, N) float32) of the
+    pattern's `branches` (default: all)."""
+    return triton_dilated.dilated_attention_forward(
+        q, k, v, segment_lengths=_kernel_segments(pattern, q.shape[1]), dilation_rates=pattern.dilation_rates,
+        head_offsets=_branch_offsets(pattern, q.shape[2], q.device, branches), causal=pattern.causal, scale=scale)
+
+
+def pattern_backward(grad_out: Optional[torch.Tensor], grad_lse: Optional[torch.Tensor], q, k, v, out, lse,
+                     pattern: DilatedPattern, *, scale: float, branches: Optional[tuple[int, ...]] = None):
+    """(dq, dk, dv) of the pattern's `branches` for a merged (out, lse) that may include other keys too
+    (each block's exact share, as the engine's backward); grad_out / grad_lse may be None."""
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    return triton_dilated.dilated_attention_backward(
+        grad_out, q, k, v, out, lse, grad_lse=grad_lse, segment_lengths=_kernel_segments(pattern, q.shape[1]),
+        dilation_rates=pattern.dilation_rates, head_offsets=_branch_offsets(pattern, q.shape[2], q.device, branches),
+        causal=pattern.causal, scale=scale)
+
+
 def _kernel_segments(pattern: DilatedPattern, seq_len: int) -> tuple[int, ...]:
     """Segment lengths for the kernel's int32 arithmetic: a segment longer than the sequence (such as
     1 << 40, "the whole sequence") selects the same tokens as one of max(N, r) tokens."""
