@@ -3,7 +3,7 @@
 Encodes and decodes ``--points`` (default 2**24) random 2D points at ``--order`` (default 12),
 single- and multi-threaded (numba.set_num_threads), and reports points/s for
 
-* ``kernel``: hilbert_lab.kernels.curves_numba into preallocated outputs (int64 (N, 2) coords in,
+* ``kernel``: hilbert_lab.kernels.hilbert_numba into preallocated outputs (int64 (N, 2) coords in,
   int64 index out; decode the reverse) -- 24 bytes moved per point;
 * ``api``: hilbert_lab.curves.encode/decode, the public calls: allocating (default index dtype
   uint32 here, since 2 * order <= 32) and with ``out=`` into preallocated uint32 / uint16 arrays;
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
 from hilbert_lab.curves import decode, encode  # noqa: E402
-from hilbert_lab.kernels import curves_numba as kernels  # noqa: E402
+from hilbert_lab.kernels import hilbert_numba as kernels  # noqa: E402
 
 HILBERTSFC_VERSION = "0.5.1"
 # Bytes read + written per point by each hilbertsfc case (see HILBERTSFC_SCRIPT).

@@ -96,11 +96,13 @@ def cache_path() -> Path:
 
 
 def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_pattern: bool = True,
-                 shape: Optional[Sequence[int]] = None, merged_branches: int = 0, training: bool = False) -> str:
+                 shape: Optional[Sequence[int]] = None, segment_lengths: Sequence[int] = (),
+                 dilation_rates: Optional[Sequence[int]] = None, mode: str = "longnet", causal: bool = False,
+                 training: bool = False) -> str:
     """The backend the documented rules pick for (device, dtype) without timing.
 
-    shape: (B, N, H, D) when known (rule 3 reads N, D and whether the in-place buffers fit);
-    merged_branches: branches whose results are merged (longnet mode), 0 when none are;
+    shape: (B, N, H, D) when known (rule 3 reads N, D and whether the in-place buffers fit, which the
+    memory estimate of the pattern segment_lengths / dilation_rates / mode / causal decides);
     whole_pattern=False: the caller runs dense blocks (the ring's local steps), so rule 3 does not apply."""
     device = torch.device(device)
     if device.type != "cuda":
@@ -110,26 +112,45 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_patter
     fits = True
     if shape is not None and len(shape) == 4:
         seq_len, head_dim = int(shape[1]), int(shape[3])
-        fits = _inplace_fits(device, shape, dtype, merged_branches, training)
+        if whole_pattern and triton_ok and capability[0] >= 9 and dtype in (torch.float16, torch.bfloat16):
+            fits = _inplace_fits(device, shape, dtype, segment_lengths, dilation_rates, mode, causal, training)
     return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok,
                     seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits)
 
 
-def _inplace_fits(device: torch.device, shape: Sequence[int], dtype: torch.dtype, merged_branches: int,
-                  training: bool) -> bool:
-    """Whether the in-place executor's extra buffers fit in free GPU memory (only asked for large inputs:
-    the query costs a device call)."""
-    size = 1
-    for extent in shape:
-        size *= int(extent)
-    tensor = size * torch.empty((), dtype=dtype).element_size()
-    extra = (merged_branches + 1) * tensor  # per-branch outputs + the merged output
-    if training:
-        extra += (6 if merged_branches else 3) * tensor + 2 * tensor  # gradient buffers + packed out / grad
-    if extra < 2**30:
+INPLACE_QUERY_BYTES = 1 << 30  # below this estimate the buffers are taken to fit without asking the device
+
+
+def _inplace_fits(device: torch.device, shape: Sequence[int], dtype: torch.dtype, segment_lengths: Sequence[int],
+                  dilation_rates: Optional[Sequence[int]], mode: str, causal: bool, training: bool) -> bool:
+    """Whether the peak memory of "sdpa" (the in-place executor where it applies) fits in free GPU memory
+    (90%): attention.memory's estimate, cached per shape and pattern; the device is asked only when the
+    estimate reaches INPLACE_QUERY_BYTES."""
+    extra = _inplace_peak_bytes(str(device), tuple(int(extent) for extent in shape), str(dtype).removeprefix("torch."),
+                                tuple(int(w) for w in segment_lengths),
+                                None if dilation_rates is None else tuple(int(r) for r in dilation_rates),
+                                mode, bool(causal), bool(training))
+    if extra < INPLACE_QUERY_BYTES:
         return True
     free, _ = torch.cuda.mem_get_info(device)
     return extra < 0.9 * free
+
+
+@functools.lru_cache(maxsize=256)
+def _inplace_peak_bytes(device: str, shape: tuple[int, ...], dtype: str, segment_lengths: tuple[int, ...],
+                        dilation_rates: Optional[tuple[int, ...]], mode: str, causal: bool, training: bool) -> int:
+    """Peak bytes above the inputs of backend "sdpa" on (B, N, H, D) `shape` (attention.memory, executor
+    "auto": in place where the kernel applies); no segment_lengths: one dense segment of N tokens, no
+    dilation_rates: all 1 (an upper bound of the dilated pattern's per-call buffers)."""
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+
+    batch, seq_len, heads, head_dim = shape
+    lengths = segment_lengths or (seq_len,)
+    rates = dilation_rates if dilation_rates is not None else (1,) * len(lengths)
+    estimate = estimate_memory(MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=heads, head_dim=head_dim,
+                                            segment_lengths=lengths, dilation_rates=rates, mode=mode, causal=causal,
+                                            backend="sdpa", dtype=dtype, device=device))
+    return estimate.forward_backward_bytes if training else estimate.forward_bytes
 
 
 @functools.lru_cache(maxsize=64)
@@ -225,8 +246,8 @@ def select_backend(
 ) -> str:
     """Backend name for (device, dtype[, shape (B, N, H, D)]) by the rules, or by a stored timing.
 
-    Rules: shape (B, N, H, D), training and the merged branches (mode "longnet" with several
-    segment lengths) feed rule 3.
+    Rules: shape (B, N, H, D), training and the pattern (segment_lengths, dilation_rates, mode, causal:
+    the memory estimate of the in-place buffers) feed rule 3.
 
     timed=True (needs shape and segment_lengths): the winner that `hilbert_lab.bench.selection` stored
     for (device, dtype, shape, segment_lengths, dilation_rates, mode, causal) in `cache_path()` when
@@ -240,6 +261,5 @@ def select_backend(
         stored = read_selection_cache().get(key)
         if stored in BACKENDS and unavailable_reason(stored, device, dtype) is None:
             return stored
-    merged = len(segment_lengths) if mode == "longnet" and len(segment_lengths) > 1 else 0
-    return rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape, merged_branches=merged,
-                        training=training)
+    return rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape, segment_lengths=segment_lengths,
+                        dilation_rates=dilation_rates, mode=mode, causal=causal, training=training)

@@ -1,8 +1,9 @@
 """Timed backend selection: time the candidate backends on one input and store the fastest.
 
-`time_candidates` runs every candidate that can run here (`attention.selection.candidate_backends`)
-on one random (B, N, H, D) input, forward only, round-robin with the kit's `time_interleaved` (drift
-hits all alike); a candidate that raises on this input is left out. `measure_selection` stores the
+`time_candidates` runs every candidate that can run here (`attention.selection.candidate_backends`) on
+one random (B, N, H, D) input, forward only, round-robin with the kit's `time_interleaved` (drift hits all
+alike); a candidate that raises on this input is left out. `candidate_calls` makes those calls (also for
+the backend dashboard, viz.backends). `measure_selection` stores the
 fastest under `attention.selection.selection_key` in `attention.selection.cache_path()` (written
 atomically, other keys kept), where `select_backend(..., timed=True)` reads it. The CLI command
 `hilbert-lab select` calls it.
@@ -10,7 +11,7 @@ atomically, other keys kept), where `select_backend(..., timed=True)` reads it. 
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -22,35 +23,53 @@ from hilbert_lab.bench.timing import Timing, time_interleaved
 from hilbert_lab.io import atomic_write
 
 
-def time_candidates(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],
+def candidate_calls(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],
                     segment_lengths: Sequence[int], dilation_rates: Optional[Sequence[int]] = None, *,
-                    mode: str = "longnet", causal: bool = False, repeats: int = 3, warmup: int = 1,
-                    backends: Optional[Sequence[str]] = None, seed: int = 0) -> dict[str, Timing]:
-    """Forward Timing (ms) per candidate backend on q, k, v of `shape` (B, N, H, D); candidates that
-    raise on this input are left out. backends: the names to time (default: `candidate_backends`)."""
+                    mode: str = "longnet", causal: bool = False, backends: Optional[Sequence[str]] = None,
+                    seed: int = 0, keep_outputs: bool = False,
+                    ) -> tuple[dict[str, Callable[[], torch.Tensor]], dict[str, torch.Tensor], dict[str, str]]:
+    """(calls, outputs, errors): a no-grad forward call per backend on q, k, v of `shape` (B, N, H, D) from a
+    seeded generator, each run once here. A backend that raises is left out of calls and gets its error line
+    in errors; outputs (keep_outputs=True) holds each output of the others as float64. backends: the names
+    (default: `candidate_backends`)."""
     device = torch.device(device)
     if len(shape) != 4 or any(int(extent) < 1 for extent in shape):
         raise ValueError(f"shape must be (B, N, H, D) with positive sizes, got {tuple(shape)!r}")
-    if repeats < 1 or warmup < 0:
-        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
     rates = list(dilation_rates) if dilation_rates is not None else [1] * len(segment_lengths)
     generator = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(tuple(int(x) for x in shape), generator=generator).to(device=device, dtype=dtype)
                for _ in range(3))
 
-    def call(name: str) -> None:
+    def call(name: str) -> torch.Tensor:
         with torch.no_grad():
-            dilated_attention(q, k, v, segment_lengths=list(segment_lengths), dilation_rates=rates, mode=mode,
-                              causal=causal, backend=name)
+            return dilated_attention(q, k, v, segment_lengths=list(segment_lengths), dilation_rates=rates, mode=mode,
+                                     causal=causal, backend=name)
 
     names = list(backends) if backends is not None else candidate_backends(device, dtype)
-    running = {}
+    calls, outputs, errors = {}, {}, {}
     for name in names:
         try:
-            call(name)  # a candidate that fails on this input is simply not chosen
-        except Exception:
+            out = call(name)  # a candidate that fails on this input is simply not chosen
+        except Exception as error:
+            errors[name] = f"{type(error).__name__}: {error}"[:200]
             continue
-        running[name] = lambda name=name: call(name)
+        if keep_outputs:
+            outputs[name] = out.to(torch.float64)
+        calls[name] = lambda name=name: call(name)
+    return calls, outputs, errors
+
+
+def time_candidates(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],
+                    segment_lengths: Sequence[int], dilation_rates: Optional[Sequence[int]] = None, *,
+                    mode: str = "longnet", causal: bool = False, repeats: int = 3, warmup: int = 1,
+                    backends: Optional[Sequence[str]] = None, seed: int = 0) -> dict[str, Timing]:
+    """Forward Timing (ms) per candidate backend on q, k, v of `shape` (B, N, H, D) (`candidate_calls`),
+    round-robin; candidates that raise on this input are left out. backends: the names to time (default:
+    `candidate_backends`)."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats must be >= 1 and warmup >= 0, got {repeats} and {warmup}")
+    running, _, _ = candidate_calls(device, dtype, shape, segment_lengths, dilation_rates, mode=mode, causal=causal,
+                                    backends=backends, seed=seed)
     if not running:
         return {}
     return time_interleaved(running, device=device, warmup=warmup, rounds=repeats, max_seconds=float("inf"))

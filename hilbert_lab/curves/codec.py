@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from hilbert_lab.kernels import curves_numba as _kernels
+from hilbert_lab.kernels import hilbert_numba, morton_numba
 
 CURVES = ("hilbert", "morton")
 MAX_INDEX_BITS = 63  # indices are int64
@@ -98,7 +98,8 @@ def _range_error(array: np.ndarray, name: str, bits: int, what: str) -> ValueErr
 
 def _kernel(name: str, count: int):
     """Parallel kernel `name`, or its serial twin for inputs too small to pay for the threads."""
-    return getattr(_kernels, name if count >= PARALLEL_MIN_POINTS else f"{name}_serial")
+    module = morton_numba if name.startswith("morton") else hilbert_numba
+    return getattr(module, name if count >= PARALLEL_MIN_POINTS else f"{name}_serial")
 
 
 def index_dtype(order: int, ndim: int) -> np.dtype:

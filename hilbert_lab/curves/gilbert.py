@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from hilbert_lab.curves.codec import _check_fits_memory, _check_positive_int
-from hilbert_lab.kernels import curves_numba as _kernels
+from hilbert_lab.kernels import gilbert_numba
 
 
 def gilbert(width: int, height: int) -> np.ndarray:
@@ -25,9 +25,9 @@ def gilbert(width: int, height: int) -> np.ndarray:
     _check_fits_memory(width * height, "width * height", 16, "the int64 (x, y) cells")
     out = np.empty((width * height, 2), dtype=np.int64)
     if width >= height:
-        written = _kernels.gilbert2d_walk(0, 0, width, 0, 0, height, out)
+        written = gilbert_numba.gilbert2d_walk(0, 0, width, 0, 0, height, out)
     else:
-        written = _kernels.gilbert2d_walk(0, 0, 0, height, width, 0, out)
+        written = gilbert_numba.gilbert2d_walk(0, 0, 0, height, width, 0, out)
     if written != width * height:  # a construction bug, never an input problem
         raise RuntimeError(f"gilbert({width}, {height}) wrote {written} of {width * height} cells")
     return out
@@ -50,7 +50,7 @@ def gilbert3d(width: int, height: int, depth: int) -> np.ndarray:
         major, minor_b, minor_c = along_z, along_x, along_y
     count = width * height * depth
     out = np.empty((count, 3), dtype=np.int64)
-    written = _kernels.gilbert3d_walk(major, minor_b, minor_c, out)
+    written = gilbert_numba.gilbert3d_walk(major, minor_b, minor_c, out)
     if written != count:
         raise RuntimeError(f"gilbert3d({width}, {height}, {depth}) wrote {written} of {count} cells")
     return out

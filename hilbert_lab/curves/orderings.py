@@ -1,6 +1,6 @@
 """Token orderings: permutations that serialise 1D segments and 2D/3D token grids along a curve.
 
-Permutation convention (docs/CONTRACTS.md): ``perm[j]`` is the original (row-major) position of
+Permutation convention (docs/INTERFACES.md): ``perm[j]`` is the original (row-major) position of
 the token stored at layout slot ``j``, so ``x_layout = x[perm]`` and ``x = x_layout[inverse]``.
 A 1D segment of ``length`` tokens is laid row-major on the near-square grid
 ``near_square_grid(length) = (height, width)`` (height = largest divisor <= sqrt(length)); non-square

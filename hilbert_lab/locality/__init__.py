@@ -22,14 +22,8 @@ from hilbert_lab.locality.metrics import (
     tile_density,
     worst_case_stretch,
 )
-from hilbert_lab.locality.serialization import (
-    clustered_points,
-    knn,
-    knn_offsets,
-    serialization_metrics,
-    serialization_table,
-    uniform_points,
-)
+from hilbert_lab.locality.neighbours import clustered_points, knn, knn_offsets, uniform_points
+from hilbert_lab.locality.serialization import serialization_metrics, serialization_table
 from hilbert_lab.locality.traces import (
     AttentionGroups,
     AttentionTrace,

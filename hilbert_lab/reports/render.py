@@ -18,11 +18,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # metrics["report"] -> module with render(metrics, env) -> Page
 RENDERERS = {
     "benchmark": "hilbert_lab.reports.benchmark",
-    "claims": "hilbert_lab.reports.claims",
+    "claims": "hilbert_lab.reports.claims_page",
     "locality": "hilbert_lab.reports.locality",
     "training": "hilbert_lab.reports.training",
     "ring": "hilbert_lab.reports.ring",
-    "serialization": "hilbert_lab.reports.serialization",
+    "serialization": "hilbert_lab.reports.serialization_page",
 }
 
 

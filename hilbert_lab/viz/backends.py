@@ -107,7 +107,7 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     import pandas as pd
 
     from hilbert_lab.attention.backends import available_backends
-    from hilbert_lab.attention.engine import dilated_attention
+    from hilbert_lab.bench.selection import candidate_calls
     from hilbert_lab.bench.stats import bootstrap_median_ci
     from hilbert_lab.bench.timing import time_interleaved
 
@@ -118,28 +118,14 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     names = list(backends) if backends is not None else available_backends(device, DTYPES[dtype])
     if seq_len > REFERENCE_MAX_TOKENS:
         names = [name for name in names if name != "reference"]
-    generator = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, seq_len, num_heads, head_dim, generator=generator).to(device=device, dtype=DTYPES[dtype])
-               for _ in range(3))
+    # each backend runs once (the output check; one that raises is left out of the timing), then round-robin
+    running, outputs, errors = candidate_calls(device, DTYPES[dtype], (1, seq_len, num_heads, head_dim),
+                                               segment_lengths, dilation_rates, backends=names, seed=seed,
+                                               keep_outputs=True)
     cuda = device.startswith("cuda")
-
-    def call(name: str) -> torch.Tensor:
-        with torch.no_grad():
-            return dilated_attention(q, k, v, segment_lengths=list(segment_lengths),
-                                     dilation_rates=list(dilation_rates), backend=name)
-
-    errors: dict[str, str] = {}
-    outputs: dict[str, torch.Tensor] = {}
-    for name in names:  # warmup + the output check; a backend that raises is left out of the timing
-        try:
-            for _ in range(max(warmup, 1)):
-                out = call(name)
-            outputs[name] = out.to(torch.float64)
-        except Exception as error:  # shown in the table, never raised into the dashboard
-            errors[name] = f"{type(error).__name__}: {error}"[:200]
-    running = {name: (lambda name=name: call(name)) for name in names if name not in errors}
-    timings = time_interleaved(running, device=device, warmup=0, rounds=repeats, max_seconds=float("inf"),
-                               threads=None if cuda else threads, progress=progress) if running else {}
+    timings = time_interleaved(running, device=device, warmup=max(warmup, 1) - 1, rounds=repeats,
+                               max_seconds=float("inf"), threads=None if cuda else threads,
+                               progress=progress) if running else {}
     samples = {name: list(timing.samples) for name, timing in timings.items()}
     baseline = next(iter(outputs.values()), None)
     rows = []

@@ -46,7 +46,7 @@ import time
 
 import pandas as pd
 
-from hilbert_lab.locality.serialization import clustered_points, serialization_metrics, serialization_table, uniform_points
+from hilbert_lab.locality import clustered_points, serialization_metrics, serialization_table, uniform_points
 from hilbert_lab.reports.recorder import ReportRecorder
 from hilbert_lab.viz.serialization import accuracy_figure, locality_figure, windows_grid_figure
 

@@ -92,7 +92,7 @@ def test_estimate_rejects_bad_configs_naming_the_field(fields, name):
 def test_estimator_blocks_match_the_pattern_groups(seq_len, batch, heads, segments, dilations, mode):
     """The estimator's blocks (from the public plan) are the pattern's groups split into runs."""
     from hilbert_lab.attention.pattern import DilatedPattern
-    from hilbert_lab.attention.memory import _blocks
+    from hilbert_lab.attention.memory_blocks import engine_blocks
 
     config = MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=heads, segment_lengths=segments,
                           dilation_rates=dilations, mode=mode)
@@ -106,7 +106,7 @@ def test_estimator_blocks_match_the_pattern_groups(seq_len, batch, heads, segmen
             ragged = int((group.index[-1] >= 0).sum())
             if ragged:
                 expected.append((batch, ragged, len(group.heads)))
-    blocks, _ = _blocks(config, seq_len)
+    blocks, _ = engine_blocks(config, seq_len)
     assert sorted((b.batch, b.length, b.heads) for b in blocks) == sorted(expected)
 
 
@@ -114,18 +114,18 @@ def test_estimator_blocks_match_the_pattern_groups(seq_len, batch, heads, segmen
     (64, 2, (16, 32), (1, 2)), (70, 2, (16, 32), (1, 2)), (70, 1, (16, 32), (1, 2)), (40, 3, (8, 64), (2, 4)),
 ])
 def test_estimator_copies_exactly_the_blocks_the_engine_copies(seq_len, batch, segments, dilations):
-    """_Block.copied is whether Block.read of a contiguous (B, N, H, D) input returns a copy."""
+    """Block.copied (memory_blocks) is whether Block.read of a contiguous (B, N, H, D) input returns a copy."""
     import torch
 
     from hilbert_lab.attention import DilatedPattern, cached_plan
-    from hilbert_lab.attention.memory import _blocks
+    from hilbert_lab.attention.memory_blocks import engine_blocks
 
     config = MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=4, head_dim=8, segment_lengths=segments,
                           dilation_rates=dilations)
     x = torch.zeros(batch, seq_len, 4, 8)
     plan = cached_plan(DilatedPattern.create(segments, dilations), seq_len, 4)
     engine = [blk.read(x).untyped_storage().data_ptr() != x.untyped_storage().data_ptr() for blk in plan.blocks]
-    blocks, _ = _blocks(config, seq_len)
+    blocks, _ = engine_blocks(config, seq_len)
     assert [b.copied for b in blocks] == engine
     assert any(engine) == (batch > 1 and seq_len % segments[0] != 0)  # only runs before a ragged tail, B > 1
 
@@ -190,7 +190,7 @@ def test_cuda_sdpa_flash_backward_terms_match_hand_computation():
     on top of the 3 bf16 gradient outputs and the block's float32 LSE (the CPU kernel takes strided
     inputs and keeps no such buffers).
     """
-    from hilbert_lab.attention.memory import _Block, _cuda_fused_backward_work
+    from hilbert_lab.attention.memory_blocks import Block, cuda_fused_backward_work
 
     fields = dict(seq_len=16384, batch_size=2, num_heads=12, head_dim=64, segment_lengths=(2048, 4096, 8192),
                   dilation_rates=(1, 2, 4), mode="longnet", dtype="bfloat16", backend="sdpa", executor="blocks")
@@ -207,11 +207,11 @@ def test_cuda_sdpa_flash_backward_terms_match_hand_computation():
     assert 0.8 <= cuda.forward_backward_bytes / 1_013_455_872 <= 1.2  # measured on the H100
 
     # ragged length: the kernel's buffers are rounded up to 128 rows
-    block = _Block(batch=3, length=1000, heads=4, copied=False)
+    block = Block(batch=3, length=1000, heads=4, copied=False)
     config = MemoryConfig(seq_len=3000, device="cuda", dtype="float16", head_dim=64, backend="sdpa")
     size = 3 * 1000 * 4 * 64
-    assert _cuda_fused_backward_work(block, config, "sdpa") == 7 * size * 2 + 3 * 4 * 1024 * (64 + 1) * 4
-    assert _cuda_fused_backward_work(block, config, "flex") == size * 4
+    assert cuda_fused_backward_work(block, config, "sdpa") == 7 * size * 2 + 3 * 4 * 1024 * (64 + 1) * 4
+    assert cuda_fused_backward_work(block, config, "flex") == size * 4
 
 
 # ---------------------------------------------------------------- the in-place executor's buffers

@@ -46,6 +46,39 @@ def test_rule_picks_the_fused_kernel_where_it_was_measured_to_win():
     assert selection.rule_for("cpu", None, torch.int32) == "manual"
 
 
+def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(monkeypatch):
+    """Rule 3's fits-decision (no GPU needed: the device facts and its free memory are stand-ins) is
+    attention.memory's estimate of "sdpa" (the in-place executor on Hopper, bf16) against 90% of the free
+    memory, forward for inference and forward+backward for training; below 1 GiB the device is not asked."""
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+
+    shape, lengths, rates = (1, 1 << 18, 16, 128), (4096, 16384, 65536), (1, 2, 4)
+    monkeypatch.setattr(selection, "_cuda_facts", lambda device, dtype: ((9, 0), True, False))
+    free = {"bytes": 0}
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 << 30))
+    for training in (False, True):
+        estimate = estimate_memory(MemoryConfig(seq_len=shape[1], batch_size=1, num_heads=16, head_dim=128,
+                                                segment_lengths=lengths, dilation_rates=rates, backend="sdpa",
+                                                dtype="bfloat16", device="cuda"))
+        assert estimate.executor == "inplace"
+        peak = estimate.forward_backward_bytes if training else estimate.forward_bytes
+        assert peak >= selection.INPLACE_QUERY_BYTES
+        pick = functools.partial(selection.rule_backend, "cuda", torch.bfloat16, shape=shape, segment_lengths=lengths,
+                                 dilation_rates=rates, training=training)
+        free["bytes"] = int(peak / 0.9) + 1024
+        assert pick() == "sdpa"  # fits: in-place cuDNN at N >= 32K
+        free["bytes"] = int(peak / 0.9) - 1024
+        assert pick() == "triton"  # does not fit: the fused kernel, no per-branch buffers
+    assert estimate.forward_backward_bytes > estimate.forward_bytes  # training asks for more
+
+    def no_query(device=None):
+        raise AssertionError("the device was asked below INPLACE_QUERY_BYTES")
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", no_query)
+    small = (1, 32768, 8, 64)
+    assert selection.rule_backend("cuda", torch.bfloat16, shape=small, segment_lengths=(2048, 4096)) == "sdpa"
+
+
 def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monkeypatch):
     """The engine tells select_backend the pattern's mode; the ring's local steps ask for dense-block
     backends (whole_pattern=False), so auto never hands them the fused kernel."""

@@ -7,15 +7,13 @@ import numpy as np
 import pytest
 
 from hilbert_lab.curves import serialize
-from hilbert_lab.locality.serialization import (
-    clustered_points,
-    grid_coordinates,
-    knn,
-    knn_offsets,
-    serialization_metrics,
-    serialization_table,
-    uniform_points,
-)
+from hilbert_lab.locality.neighbours import clustered_points, knn, knn_offsets, uniform_points
+from hilbert_lab.locality.serialization import serialization_metrics, serialization_table
+
+
+def grid_coordinates(shape):
+    """(prod(shape), ndim) int64 cell coordinates (x, y[, z]) of a row-major grid, as knn_offsets orders them."""
+    return np.indices(shape).reshape(len(shape), -1).T[:, ::-1].astype(np.int64)
 
 
 def _brute_knn(points, k):

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
 
-from hilbert_lab.reports import benchmark, claims  # noqa: E402
+from hilbert_lab.reports import benchmark, claims_page  # noqa: E402
 from hilbert_lab.reports.page import figure_axis_titles, fmt  # noqa: E402
 from hilbert_lab.reports.render import build_page, committed_gpu_runs, load_run, render_run  # noqa: E402
 
@@ -50,17 +50,17 @@ def test_benchmark_page_says_no_difference_for_noise_and_names_a_real_effect():
 
 def test_claims_page_lists_every_claim_with_text_measured_and_verdict():
     metrics, env = load_run(REPO / "reports" / "claims" / "h200-gpu")
-    page = claims.render(metrics, env)
+    page = claims_page.render(metrics, env)
     overview = next(section.table for section in page.sections if section.heading.startswith("Claimed vs measured"))
     assert overview["claim"].tolist() == [f"C{index}" for index in range(1, 13)]
     assert (overview["claim text"].str.len() > 10).all() and (overview["reason"].str.len() > 0).all()
     assert set(overview["verdict"]) <= {"confirmed", "refuted", "partly confirmed", "not reproducible here"}
     c12 = overview.set_index("claim").loc["C12", "measured"]
     assert "no interval recorded" in c12  # an older run's bare ratio is marked, not shown as a finding
-    assert claims.mark_bare_ratios("0.82x [0.82, 0.95]; 7.79x; auto/manual nanx") == \
+    assert claims_page.mark_bare_ratios("0.82x [0.82, 0.95]; 7.79x; auto/manual nanx") == \
         "0.82x [0.82, 0.95]; 7.79x (no interval recorded); auto/manual n/a"
-    assert claims.claim_verdict(["refuted", "confirmed", "not reproducible here"]) == "partly confirmed"
-    assert claims.claim_verdict(["not reproducible here"]) == "not reproducible here"
+    assert claims_page.claim_verdict(["refuted", "confirmed", "not reproducible here"]) == "partly confirmed"
+    assert claims_page.claim_verdict(["not reproducible here"]) == "not reproducible here"
 
 
 def test_committed_gpu_runs_render_offline(tmp_path):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.reports import claims
+from hilbert_lab.reports import claims, claims_measure
 from hilbert_lab.bench.flops import useful_pairs
 from hilbert_lab.reports.benchmark import comparisons, results_table, useful_flops
 from hilbert_lab.reports.recorder import ReportRecorder, to_jsonable
@@ -76,17 +76,17 @@ def test_package_carries_the_twelve_claims():
 
 
 def test_ratio_bounds_and_timing_verdicts():
-    speedup, low, high = claims.ratio_with_bounds([10.0, 12.0, 14.0], [5.0, 6.0, 8.0])
+    speedup, low, high = claims_measure.ratio_with_bounds([10.0, 12.0, 14.0], [5.0, 6.0, 8.0])
     assert speedup == 2.0 and 10 / 8 <= low <= 2.0 <= high <= 14 / 5  # bootstrap interval inside the extremes
-    assert claims.timing_verdict(2.5, low, high, claimed_on_gpu=True, device="cpu") == "not reproducible here"
-    assert claims.timing_verdict(2.0, low, high, claimed_on_gpu=True, device="cuda") == "confirmed"
-    assert claims.timing_verdict(7.95, low, high, claimed_on_gpu=True, device="cuda") == "refuted"
-    assert claims.timing_verdict(1.0, low, high, claimed_on_gpu=False, device="cpu") == "refuted"
+    assert claims_measure.timing_verdict(2.5, low, high, claimed_on_gpu=True, device="cpu") == "not reproducible here"
+    assert claims_measure.timing_verdict(2.0, low, high, claimed_on_gpu=True, device="cuda") == "confirmed"
+    assert claims_measure.timing_verdict(7.95, low, high, claimed_on_gpu=True, device="cuda") == "refuted"
+    assert claims_measure.timing_verdict(1.0, low, high, claimed_on_gpu=False, device="cpu") == "refuted"
 
 
 def test_dilation_mask_sparsity_by_hand():
     # w=128, r=2, N=256: per head 2 segments x 64^2 allowed pairs out of 256^2
-    assert claims.dilation_mask_sparsity(256, 128, 2, 8) == pytest.approx(1 - 2 * 64 * 64 / 256**2)
+    assert claims_measure.dilation_mask_sparsity(256, 128, 2, 8) == pytest.approx(1 - 2 * 64 * 64 / 256**2)
 
 
 def test_claim_summary_counts_verdicts():

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
 
-from hilbert_lab.reports import serialization  # noqa: E402
+from hilbert_lab.reports import serialization, serialization_page  # noqa: E402
 from hilbert_lab.reports.page import figure_axis_titles  # noqa: E402
 from hilbert_lab.reports.render import build_page, renderer_for  # noqa: E402
 
@@ -77,7 +77,7 @@ def test_ranking_verdict_reads_intervals():
 
 
 def test_page_summary_names_ranking_device_and_no_difference():
-    assert renderer_for("serialization") is serialization.render
+    assert renderer_for("serialization") is serialization_page.render
     page = build_page(_metrics(), CPU_ENV)
     assert page.title.startswith("Serialization: which curve ordering")
     assert "Trained on Test GPU" in page.summary and "Test GPU" in page.device

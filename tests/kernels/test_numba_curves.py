@@ -4,9 +4,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hilbert_lab.kernels import curves_numba as kernels
+from hilbert_lab.kernels import gilbert_numba, hilbert_numba, morton_numba
 
-COUNT = 3 * kernels.BLOCK + 123  # several parallel blocks plus a ragged tail
+COUNT = 3 * hilbert_numba.BLOCK + 123  # several parallel blocks plus a ragged tail
+
+
+def kernel(name: str):
+    """The Numba kernel `name` of its curve family's module."""
+    return getattr(morton_numba if name.startswith("morton") else hilbert_numba, name)
 
 
 @pytest.mark.parametrize("order", [5, 16, 17, 31])
@@ -18,12 +23,12 @@ def test_2d_parallel_equals_serial_and_round_trips(order):
         extra = (order,) if encode_name.startswith("hilbert") else ()
         parallel_index = np.full(COUNT, -1, dtype=np.int64)
         serial_index = np.full(COUNT, -2, dtype=np.int64)
-        acc_parallel = getattr(kernels, encode_name)(flat, *extra, parallel_index)
-        acc_serial = getattr(kernels, f"{encode_name}_serial")(flat, *extra, serial_index)
+        acc_parallel = kernel(encode_name)(flat, *extra, parallel_index)
+        acc_serial = kernel(f"{encode_name}_serial")(flat, *extra, serial_index)
         np.testing.assert_array_equal(parallel_index, serial_index)
         assert acc_parallel == acc_serial == np.bitwise_or.reduce(flat)
         back = np.full(2 * COUNT, -1, dtype=np.int64)
-        acc_index = getattr(kernels, decode_name)(parallel_index, *extra, back)
+        acc_index = kernel(decode_name)(parallel_index, *extra, back)
         np.testing.assert_array_equal(back, flat)
         assert acc_index == np.bitwise_or.reduce(parallel_index)
 
@@ -35,12 +40,12 @@ def test_nd_parallel_equals_serial_and_round_trips(ndim, order):
     for encode_name, decode_name in (("hilbert_encode_nd", "hilbert_decode_nd"), ("morton_encode_nd", "morton_decode_nd")):
         parallel_index = np.full(COUNT, -1, dtype=np.int64)
         serial_index = np.full(COUNT, -2, dtype=np.int64)
-        acc = getattr(kernels, encode_name)(coords, order, parallel_index)
-        getattr(kernels, f"{encode_name}_serial")(coords, order, serial_index)
+        acc = kernel(encode_name)(coords, order, parallel_index)
+        kernel(f"{encode_name}_serial")(coords, order, serial_index)
         np.testing.assert_array_equal(parallel_index, serial_index)
         assert acc == np.bitwise_or.reduce(coords.reshape(-1))
         back = np.full((COUNT, ndim), -1, dtype=np.int64)
-        getattr(kernels, decode_name)(parallel_index, order, back)
+        kernel(decode_name)(parallel_index, order, back)
         np.testing.assert_array_equal(back, coords)
 
 
@@ -48,18 +53,18 @@ def test_accumulator_flags_negative_and_wide_inputs_in_the_last_block():
     coords = np.zeros(COUNT * 2, dtype=np.int64)
     out = np.empty(COUNT, dtype=np.int64)
     coords[-1] = -3
-    assert (kernels.hilbert_encode_2d(coords, 8, out) >> 8) != 0
+    assert (hilbert_numba.hilbert_encode_2d(coords, 8, out) >> 8) != 0
     coords[-1] = 1 << 8
-    assert (kernels.hilbert_encode_2d(coords, 8, out) >> 8) != 0
+    assert (hilbert_numba.hilbert_encode_2d(coords, 8, out) >> 8) != 0
     coords[-1] = (1 << 8) - 1
-    assert (kernels.hilbert_encode_2d(coords, 8, out) >> 8) == 0
+    assert (hilbert_numba.hilbert_encode_2d(coords, 8, out) >> 8) == 0
 
 
 def test_gilbert_walk_reports_a_too_small_output_instead_of_writing_past_it():
     out = np.zeros((5, 2), dtype=np.int64)
-    assert kernels.gilbert2d_walk(0, 0, 3, 0, 0, 2, out) == -1
+    assert gilbert_numba.gilbert2d_walk(0, 0, 3, 0, 0, 2, out) == -1
     out3 = np.zeros((7, 3), dtype=np.int64)
-    assert kernels.gilbert3d_walk(np.array([2, 0, 0]), np.array([0, 2, 0]), np.array([0, 0, 2]), out3) == -1
+    assert gilbert_numba.gilbert3d_walk(np.array([2, 0, 0]), np.array([0, 2, 0]), np.array([0, 0, 2]), out3) == -1
 
 
 def test_2d_hilbert_tables_match_galtay_at_every_order():
@@ -74,10 +79,10 @@ def test_2d_hilbert_tables_match_galtay_at_every_order():
         curve = HilbertCurve(order, 2)
         expected = np.array([curve.distance_from_point([int(a), int(b)]) for a, b in coords], dtype=np.int64)
         index = np.empty(len(coords), dtype=np.int64)
-        kernels.hilbert_encode_2d_serial(coords.reshape(-1), order, index)
+        hilbert_numba.hilbert_encode_2d_serial(coords.reshape(-1), order, index)
         np.testing.assert_array_equal(index, expected, err_msg=f"order {order}")
         back = np.empty(2 * len(coords), dtype=np.int64)
-        kernels.hilbert_decode_2d_serial(expected, order, back)
+        hilbert_numba.hilbert_decode_2d_serial(expected, order, back)
         np.testing.assert_array_equal(back, coords.reshape(-1), err_msg=f"order {order}")
 
 
@@ -88,11 +93,11 @@ def test_packed_2d_decode_equals_interleaved(order, dtype):
     coords = rng.integers(0, 1 << order, size=(COUNT, 2), dtype=np.int64)
     coords[:2] = [[(1 << order) - 1, 0], [(1 << order) - 1, (1 << order) - 1]]
     index = np.empty(COUNT, dtype=np.int64)
-    kernels.hilbert_encode_2d(coords.reshape(-1), order, index)
+    hilbert_numba.hilbert_encode_2d(coords.reshape(-1), order, index)
     width = 8 * np.dtype(dtype).itemsize
     for name in ("hilbert_decode_2d_packed", "hilbert_decode_2d_packed_serial"):
         out = np.full((COUNT, 2), 3, dtype=dtype)
-        acc = getattr(kernels, name)(index, order, out.view(np.dtype(f"u{2 * out.itemsize}")).reshape(-1), width)
+        acc = kernel(name)(index, order, out.view(np.dtype(f"u{2 * out.itemsize}")).reshape(-1), width)
         np.testing.assert_array_equal(out, coords, err_msg=name)
         assert acc == np.bitwise_or.reduce(index)
 
@@ -104,10 +109,10 @@ def test_packed_2d_encode_equals_interleaved(order, dtype):
     coords = rng.integers(0, 1 << order, size=(COUNT, 2)).astype(dtype)
     coords[:2] = [[(1 << order) - 1, 0], [(1 << order) - 1, (1 << order) - 1]]
     expected = np.empty(COUNT, dtype=np.int64)
-    kernels.hilbert_encode_2d(coords.astype(np.int64).reshape(-1), order, expected)
+    hilbert_numba.hilbert_encode_2d(coords.astype(np.int64).reshape(-1), order, expected)
     packed = coords.view(np.dtype(f"u{2 * coords.itemsize}")).reshape(-1)
     for name in ("hilbert_encode_2d_packed", "hilbert_encode_2d_packed_serial"):
         index = np.full(COUNT, -1, dtype=np.int64)
-        acc = getattr(kernels, name)(packed, order, index, 8 * coords.itemsize)
+        acc = kernel(name)(packed, order, index, 8 * coords.itemsize)
         np.testing.assert_array_equal(index, expected, err_msg=name)
         assert acc == np.bitwise_or.reduce(coords.reshape(-1).astype(np.int64))

@@ -1,0 +1,185 @@
+"""The serialization page: a pure function of a serialization run's metrics.json and env.json
+(reports.render): trained ranking with intervals, the attention windows, exact locality per ordering and
+setting, which ordering to use. Its data and verdicts come from reports.serialization.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hilbert_lab.reports.serialization import (
+    KEY_METRICS, _locality_line, _names, _setting, _trained_verdicts, conclusion_paragraphs,
+)
+
+
+def _table(metrics: Mapping[str, Any], name: str):
+    import pandas as pd
+
+    entry = (metrics.get("tables") or {}).get(name) or {}
+    return pd.DataFrame(entry.get("rows") or [], columns=entry.get("columns"))
+
+
+def _pivot(table: Any, metric: str):
+    """Rows (data, ordering), columns = settings in table order, cells = metric rounded to 3 decimals."""
+    frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])])
+    settings = list(dict.fromkeys(frame["setting"]))
+    pivot = frame.pivot_table(index=["data", "ordering"], columns="setting", values=metric, sort=False)
+    pivot = pivot[settings].round(3).reset_index()
+    pivot.columns.name = None
+    return pivot
+
+
+def _windows_section(parameters: Mapping[str, Any]):
+    import numpy as np
+
+    from hilbert_lab.reports.page import Section, fmt
+    from hilbert_lab.viz.serialization import setting_label, window_groups, windows_grid_figure
+
+    examples = parameters.get("window_examples") or []
+    if not examples:
+        return None
+    lines = []
+    for side, ordering, segment, dilation in examples:
+        groups = window_groups((side, side), ordering, segment, dilation)
+        extents, diameters = [], []
+        for group in np.unique(groups):
+            ys, xs = np.nonzero(groups == group)
+            extents.append((ys.max() - ys.min() + 1, xs.max() - xs.min() + 1))
+            diameters.append(float(np.sqrt(((ys[:, None] - ys) ** 2 + (xs[:, None] - xs) ** 2).max())))
+        height, width = max(set(extents), key=extents.count)
+        lines.append(f"{ordering} {setting_label([segment], [dilation])}: mostly {height} x {width} boxes, "
+                     f"diameter {fmt(float(np.mean(diameters)))} cells")
+    side = examples[0][0]
+    conclusion = f"Attention groups on a {side} x {side} grid: " + "; ".join(lines) + "."
+    figure = windows_grid_figure(examples)
+    return Section("The attention windows on the grid", conclusion, figure=figure,
+                   text=["Each colour is one attention group (a segment, and within it one dilation offset); the grey "
+                         "line is the serialization. Groups are drawn by their bounding box height x width."])
+
+
+def _by_data(verdicts: Sequence[Mapping[str, Any]], key: str, short: bool = False) -> str:
+    """'2D 48x48 image, window 64: V; window 256: V; 3D ..., window 64: V' (the data named once per run of tasks)."""
+    parts, previous = [], None
+    for verdict in verdicts:
+        text = verdict[key]
+        if short:
+            text = text.split(" (95%")[0].split(" (all 95%")[0]
+            text = "no difference" if text.startswith("no difference") else text
+        window = f"window {verdict['window']}" if verdict["window"] else verdict["task"]
+        parts.append((window if verdict["data"] == previous else f"{verdict['data']}, {window}") + ": " + text)
+        previous = verdict["data"]
+    return "; ".join(parts)
+
+
+def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
+    """Serialization page: trained ranking with intervals, the windows, exact locality per ordering and
+    setting (figures + pivot tables), which ordering to use, the metric timings."""
+    from hilbert_lab.reports.page import CPU_TIMING_NOTE, Page, Section, device_label, fmt, style_axes
+    from hilbert_lab.viz.serialization import METRIC_AXES, accuracy_figure, locality_figure
+
+    locality, trained = _table(metrics, "locality"), _table(metrics, "trained")
+    values = {key: entry.get("value") for key, entry in (metrics.get("metrics") or {}).items()}
+    parameters = metrics.get("parameters") or {}
+    sections, bullets, notes = [], [], []
+    verdicts = _trained_verdicts(trained) if len(trained) else []
+    chance = values.get("chance_accuracy")
+    for source in dict.fromkeys(v["source"] for v in verdicts):
+        mine = [v for v in verdicts if v["source"] == source]
+        device = mine[0]["device"]
+        order = {name: index for index, name in enumerate(sorted(set(trained["ordering"]),
+                                                                 key=lambda n: (n.count("/"), n)))}
+        tasks = [{"name": v["label"].replace(" image, ", " image<br>").replace("), ", ")<br>"),
+                  "summary": sorted(v["rows"].to_dict(orient="records"), key=lambda r: order[r["ordering"]])}
+                 for v in mine]
+        figure = accuracy_figure(tasks, chance=chance, title=f"{device}: eval accuracy per ordering, "
+                                 "mean and 95% t interval over seeds")
+        style_axes(figure, "task (data, window)", "eval accuracy (fraction of tokens, higher is better)")
+        figure.update_layout(height=460)
+        conclusion = _by_data(mine, "verdict") + "."
+        seeds = sorted({int(s) for s in mine[0]["rows"]["seeds"].dropna()}) if "seeds" in trained else []
+        table = trained[trained["source"] == source].assign(
+            accuracy=lambda f: [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in zip(f["mean"], f["low"], f["high"])])
+        table = table.assign(task=[f"{d}, w={w}" for d, w in zip(table["data"], table["window"])])
+        columns = [c for c in ("task", "ordering", "accuracy", "recall@8", "unmet_adjacent") if c in table.columns]
+        shown = table[columns].rename(columns={"task": "task (data, window)", "accuracy": "eval accuracy [95%]",
+                                               "recall@8": "8-NN recall (exact)",
+                                               "unmet_adjacent": "adjacent pairs never meeting (exact)"})
+        neighbourhoods = "; ".join(dict.fromkeys(f"{d}: {n}" for d, n in zip(table["data"], table["neighbourhood"])))
+        text = [f"Ranking, {v['label']}: {v['ranking']}." for v in mine]
+        sections.append(Section(f"Trained comparison on {device} ({source} results)", conclusion,
+                                figure=figure, table=shown, text=text,
+                                caption=f"accuracy per task and ordering, mean [95% Student t interval] over "
+                                        f"{_names([str(s) for s in seeds]) if seeds else 'the'} seeds; "
+                                        f"neighbourhood to vote over: {neighbourhoods}; hilbert/hilbert-trans = the "
+                                        "blocks alternate the Hilbert curve and its transpose"))
+    runs = _table(metrics, "trained_runs")
+    if len(runs):
+        shown = runs.drop(columns=[c for c in ("command", "driver", "CUDA") if c in runs.columns])
+        if "CUDA" in runs.columns:
+            shown["device"] = [f"{d} (driver {dr}, CUDA {c})" if c == c and c else d
+                               for d, dr, c in zip(runs["device"], runs.get("driver", runs["device"]), runs["CUDA"])]
+        commands = [f"{r['source']}: {r['command']}" for r in runs.to_dict(orient="records") if r.get("command")]
+        sections.append(Section("Where the trained runs ran", f"{len(runs)} committed result file(s), trained "
+                                "elsewhere and read here (nothing is retrained by this page).", table=shown,
+                                text=["Commands: " + "; ".join(commands) + "."] if commands else [],
+                                caption="environment block of each train_serialization JSON"))
+    windows = _windows_section(parameters)
+    if windows is not None:
+        sections.append(windows)
+    for metric, (_direction, heading, meaning) in KEY_METRICS.items():
+        if metric not in locality.columns or not len(locality):
+            continue
+        figure = locality_figure(locality, metric)
+        figure.update_layout(template="plotly_white", margin=dict(l=100, r=20, t=80, b=60))
+        sections.append(Section(heading, _locality_line(locality, metric), figure=figure, text=[meaning],
+                                table=_pivot(locality, metric),
+                                caption=f"{metric} per data set and ordering (rows) and attention setting (columns: "
+                                        f"segment length w, dilation r), exact; {METRIC_AXES.get(metric, '')}"))
+    conclusion = conclusion_paragraphs(locality, trained)
+    if conclusion:
+        sections.append(Section("Which ordering to use, and when it makes no difference",
+                                "Use the ordering whose attention groups hold the data's neighbourhoods: computed "
+                                "below per data set and window from the exact metrics and the trained runs.",
+                                text=conclusion))
+    timings = [(key, value) for key, value in values.items() if key.startswith(("seconds_", "locality_seconds"))]
+    if timings:
+        rows = [{"measurement": key, "seconds": value, "what": (metrics["metrics"][key].get("note") or "")}
+                for key, value in timings]
+        import pandas as pd
+
+        grid = " x ".join(map(str, parameters.get("timing_grid") or [])) or "the timing grid"
+        fast = [value for key, value in timings if key.startswith("seconds_1M")]
+        line = (f"All exact metrics of one ordering on {grid} take {fmt(max(fast))} s at most on this CPU."
+                if fast else f"The locality table took {fmt(timings[0][1])} s on this CPU.")
+        sections.append(Section("Speed of the exact metrics (CPU)", line, table=pd.DataFrame(rows),
+                                caption="wall time on the machine in the environment table (serial Numba kernels)"))
+        notes.append(CPU_TIMING_NOTE.split(";")[0] + "; the timings on this page are single wall-clock runs "
+                     "(no interval), and no conclusion rests on them.")
+    missing = [f"{key[len('missing_'):]}: {value}" for key, value in values.items() if key.startswith("missing_")]
+    if missing:
+        notes.append("Trained results not found (skipped): " + "; ".join(missing) + ".")
+    primary = next((v for v in verdicts if not str(v["device"]).startswith("CPU")), verdicts[0] if verdicts else None)
+    mine = [v for v in verdicts if primary is not None and v["source"] == primary["source"]]
+    if mine:
+        seeds = sorted({int(n) for v in mine for n in v["rows"].get("seeds", []) if n == n})
+        intro = (f"Trained on {primary['device']} ({_names([str(n) for n in seeds]) if seeds else 'several'} seeds, "
+                 "95% intervals)")
+        headline = intro + ": " + _by_data(mine, "verdict", short=True) + "."
+        trained_text = intro + ": " + _by_data(mine, "numbers").replace(
+            "; the other pairs overlap: no difference between them", "") + "."
+    else:
+        headline = _locality_line(locality, "recall@8") if len(locality) else "no serialization data recorded"
+        trained_text = "No trained results were recorded."
+    datasets = list(dict.fromkeys(locality["data"])) if len(locality) else []
+    settings = (locality.groupby("data").size().iloc[0] // max(locality["ordering"].nunique(), 1)
+                if len(locality) else 0)
+    summary = ("An image, a video or a point cloud must be serialized before segment (window) and dilated attention "
+               "decide which spatial neighbours each token sees; the ordering decides which neighbours share a "
+               f"window. {trained_text} "
+               + (f"Exact locality (no training) of {locality['ordering'].nunique()} orderings on {len(datasets)} data "
+                  f"sets x {settings} attention settings: {_locality_line(locality, 'recall@8')}" if len(locality)
+                  else ""))
+    devices = list(dict.fromkeys(v["device"] for v in verdicts))
+    device = f"locality: {device_label(dict(env))}" + (f"; trained: {', '.join(devices)}" if devices else "")
+    return Page(title="Serialization: which curve ordering keeps spatial neighbours together", summary=summary,
+                headline=headline, sections=sections, notes=notes, bullets=bullets, device=device)
