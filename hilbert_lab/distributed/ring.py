@@ -292,17 +292,19 @@ class _BranchContext:
         sels = self.rows(member, bundle, parts)
         view = self._view(dst, bundle, sels)
         if view is not None:
-            if add:
-                view.add_(value.to(dst.dtype))
+            if add and view.dtype != value.dtype:  # a low-precision total: one rounding of the exact sum
+                view.copy_(view.to(value.dtype) + value)
+            elif add:
+                view.add_(value)
             else:
                 view.copy_(value)
             return
         for sel, (_, heads, stacked) in zip(sels, self.head_spans(bundle)):
-            piece = value[:, :, stacked].to(dst.dtype)
+            piece = value[:, :, stacked]
             if add:
-                dst[:, sel, heads] += piece
+                dst[:, sel, heads] = (dst[:, sel, heads].to(piece.dtype) + piece).to(dst.dtype)
             else:
-                dst[:, sel, heads] = piece
+                dst[:, sel, heads] = piece.to(dst.dtype)
 
     def dense(self, x: torch.Tensor, bundle: list[int], parts: int | tuple[int, ...]) -> torch.Tensor:
         """This rank's rows of x for a bundle's parts, (B, L, h, ...) stored as (B, h, L, ...) (the kernels'
@@ -614,18 +616,17 @@ class _RingAttention(torch.autograd.Function):
             return None, None, None, None
         run = autograd_ctx.run
         grad_out = None if grad_out is None else grad_out.contiguous()
-        if run.local_fused:
-            local = fused_pattern_backward(grad_out, grad_lse, q, k, v, out, lse, run.pattern, scale=run.scale,
-                                           branches=run.local_branches)
-            if not run.contexts:  # the only contribution: no accumulators
-                return local + (None,)
-        grads = tuple(torch.zeros(t.shape, dtype=lse_dtype(q.dtype), device=t.device) for t in (q, k, v))
         out = out.contiguous()
         if run.local_fused:
-            for total, share in zip(grads, local):
-                total.add_(share)
-            del local
-        elif run.local_branches:
+            # The fused kernel's shares (input dtype) hold the totals: the ring branches, which touch only
+            # their dilated rows, add theirs (summed in float32) into them; no full-size accumulators.
+            grads = fused_pattern_backward(grad_out, grad_lse, q, k, v, out, lse, run.pattern, scale=run.scale,
+                                           branches=run.local_branches)
+            for context, auxes in zip(run.contexts, autograd_ctx.ring_states):
+                _backward_branch(context, q, k, v, out, lse, grad_out, grad_lse, auxes, run.backend, run.scale, grads)
+            return tuple(grads) + (None,)
+        grads = tuple(torch.zeros(t.shape, dtype=lse_dtype(q.dtype), device=t.device) for t in (q, k, v))
+        if run.local_branches:
             backward_partials(run.local_plan, run.local_backend, autograd_ctx.local_state, grads, q, k, v, out, lse,
                               grad_out, grad_lse, run.scale, run.causal)
         for context, auxes in zip(run.contexts, autograd_ctx.ring_states):
