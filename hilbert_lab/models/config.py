@@ -172,12 +172,23 @@ _GPU_32K: dict[str, Any] = dict(
     autocast="bfloat16", device="cuda", eval_every=100, eval_batches=8, final_eval_batches=64, checkpoint_every=200,
     log_every=25)
 
+_CPU_512: dict[str, Any] = dict(
+    seq_len=512, context_length=384, num_keys=8, num_values=8, dim=64, depth=3, num_heads=8,
+    curriculum=[[64, 400], [128, 600]], steps=800, batch_size=16, lr=3e-3, warmup_steps=20, eval_every=100,
+    eval_batches=4, final_eval_batches=32, checkpoint_every=100, log_every=25)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Needle retrieval over 64 tokens (pair in [0, 48), question at 62); the last segment spans the
     # sequence. About a minute on a 2-core CPU.
     "cpu-tiny": dict(seq_len=64, context_length=48, segment_lengths=[8, 16, 64], dilation_rates=[1, 2, 1], dim=64, depth=2,
                      num_heads=4, steps=300, batch_size=16, lr=3e-3, eval_every=50, eval_batches=8,
                      checkpoint_every=50),
+    # The small-scale analogue of the 32K grid (CPU, about a minute per run on one core): N = 512, the pair
+    # >= 128 tokens before the question (beyond the 32- and 128-token segments), a length curriculum from 64
+    # tokens; only the pattern differs between the rows.
+    "cpu-512-dil8": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8]),
+    "cpu-512-dense": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 1]),
+    "cpu-512-local": dict(_CPU_512, segment_lengths=[32, 128], dilation_rates=[1, 4]),
     # The committed 32K result: the last segment spans the sequence densely (see _GPU_32K).
     "gpu-32k": dict(_GPU_32K, segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 1], num_heads=8),
     # The 32K grid (benchmarks/train_retrieval_grid.py): the same task, model size (dim 256, depth 4),
