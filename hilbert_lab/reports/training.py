@@ -369,13 +369,15 @@ def _grid_sections(metrics: Mapping[str, Any]):
                 f"{r['row']} {100 * r['accuracy']:.1f}% over {fmt(r['count'])} answers at distance >= "
                 f"{fmt(r['distance_low'])}" for r in far.to_dict(orient="records")) + "."
             sections.append(Section(f"{grid}: accuracy per needle distance", conclusion, figure=fig))
-        shown = mine.drop(columns=["grid", "spans_sequence"]).rename(columns={
-            "segment_lengths": "segments", "dilation_rates": "dilations", "num_heads": "heads", "seq_len": "tokens",
+        steps, lengths = sorted(set(mine["steps"])), sorted(set(mine["seq_len"]))
+        shown = mine.drop(columns=["grid", "spans_sequence", "steps", "seq_len"]).rename(columns={
+            "segment_lengths": "segments", "dilation_rates": "dilations", "num_heads": "heads",
             "flops_per_token": "attention FLOPs/token", "flops_fraction": "of costliest",
             "max_keys_per_query": "max w/r", "accuracy_low": "95% low", "accuracy_high": "95% high",
             "count": "answers", "chance_accuracy": "chance", "tokens_per_s": "tokens/s"})
         sections.append(Section(f"{grid}: table", table=shown,
-                                caption="accuracy pooled over the seeds' final evals (Wilson 95% interval over all "
+                                caption=f"{'/'.join(map(fmt, lengths))} tokens, {'/'.join(map(fmt, steps))} steps; "
+                                        "accuracy pooled over the seeds' final evals (Wilson 95% interval over all "
                                         "answers); attention FLOPs per token = depth x 4 x head_dim x causal "
                                         "query-key pairs of the plan / N"))
     return sections, bullets
@@ -465,16 +467,19 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                                     "batch_size": "batch", "tokens_per_s": "tokens/s",
                                     "peak_memory_gib": "peak memory (GiB)"})))
     bullets += grid_bullets
-    shown = finals.drop(columns=["group"]).rename(columns={
-        "seq_len": "tokens", "final_loss": "final loss (nats)", "final_accuracy": "final accuracy",
-        "chance_loss": "chance loss", "chance_accuracy": "chance accuracy", "wall_s": "wall time (s)",
-        "attention_backend": "attention backend", "world_size": "GPUs"})
-    sections.append(Section("Final evaluation of every run", table=shown,
-                            caption="last eval at the full sequence length; steps = last logged step; "
-                                    "accuracy as a fraction of the answers"))
+    if len(finals):
+        shown = finals.drop(columns=["group"]).rename(columns={
+            "seq_len": "tokens", "final_loss": "final loss (nats)", "final_accuracy": "final accuracy",
+            "chance_loss": "chance loss", "chance_accuracy": "chance accuracy", "wall_s": "wall time (s)",
+            "attention_backend": "attention backend", "world_size": "GPUs"})
+        sections.append(Section("Final evaluation of every run", table=shown,
+                                caption="last eval at the full sequence length; steps = last logged step; "
+                                        "accuracy as a fraction of the answers"))
     summary = (f"{len(finals)} LongNet training runs on the needle-retrieval task (the answer's loss and accuracy "
                "only). The runs were trained on GPUs and logged to JSON; this page draws their curves, final "
-               "evaluations, the ring-vs-one-GPU agreement and the throughput measurements.")
+               "evaluations, the ring-vs-one-GPU agreement and the throughput measurements"
+               + (", and the retrieval grids: accuracy (pooled over seeds, 95% interval) against attention FLOPs "
+                  "per token and per needle distance." if grid_sections else "."))
     headline = bullets[0] if bullets else f"{len(finals)} training runs"
     devices = sorted({str(device) for device in finals.get("device", []) if device}) if len(finals) else []
     return Page(title="Training: LongNet on 32K-token needle retrieval", summary=summary, headline=headline,

@@ -160,8 +160,7 @@ def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None
     for index, row in enumerate(rows):
         accuracy = float(row["accuracy"])
         figure.add_trace(go.Scatter(
-            x=[float(row["flops_per_token"])], y=[accuracy], mode="markers+text", name=str(row["row"]),
-            text=[str(row["row"])], textposition="top center",
+            x=[float(row["flops_per_token"])], y=[accuracy], mode="markers", name=str(row["row"]),
             marker={"color": _COLORS[index % len(_COLORS)], "size": 11},
             error_y={"type": "data", "symmetric": False, "array": [float(row["accuracy_high"]) - accuracy],
                      "arrayminus": [accuracy - float(row["accuracy_low"])], "thickness": 1.5, "width": 6},
