@@ -19,6 +19,7 @@ from .checkpoint import (
     CHECKPOINT_FORMAT, CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, _atomic_write_text, atomic_save, load_checkpoint,
 )
 from .config import DTYPES, TrainConfig
+from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
 from .tasks import IGNORE_INDEX, answer_positions, make_batch
 
 @dataclass
@@ -113,8 +114,6 @@ def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None
     [2^k, 2^(k+1)) of needle-to-query distance (query position - key position of the asked pair)
     its count, correct, accuracy and interval (evaluate.bucket_rows).
     """
-    from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
-
     batches = config.eval_batches if batches is None else batches
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ValueError(f"batches must be a positive integer, got {batches!r}")
@@ -132,7 +131,7 @@ def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None
             distance = torch.zeros_like(targets)
             distance[:, query_positions] = query_positions - needles
             if positions is not None:
-                distance = distance[:, positions]
+                distance = distance[:, positions.cpu()]
             logits, local_targets = _batch_logits(model, tokens, targets, positions, config)
             mask = local_targets != IGNORE_INDEX
             selected, wanted = logits[mask].float(), local_targets[mask]
