@@ -66,7 +66,8 @@ def tokens_per_second(history: list[dict[str, Any]], seq_len: int) -> float | No
 
 def run_one(config: TrainConfig, run_dir: Path, deadline: float, chunk_s: dict[str, float]) -> bool:
     """Train ``config`` in ``run_dir`` in chunks of checkpoint_every steps until done (True) or until
-    the next chunk would pass ``deadline`` (False; the checkpoint keeps the progress)."""
+    the next chunk would pass ``deadline`` (time.monotonic(); False, the checkpoint keeps the progress).
+    ``chunk_s["max"]`` carries the longest chunk so far (over runs) as the estimate of the next one."""
     run_dir.mkdir(parents=True, exist_ok=True)
     state = _read_state(run_dir)
     if state["done"]:
@@ -79,7 +80,7 @@ def run_one(config: TrainConfig, run_dir: Path, deadline: float, chunk_s: dict[s
             state["done"] = True
             atomic_write(run_dir / STATE_NAME, json.dumps(state))
             return True
-        if time.monotonic() + chunk_s.get("max", 0.0) > deadline:
+        if time.monotonic() + 1.5 * chunk_s.get("max", 0.0) > deadline:  # margin: the last chunk adds the final eval
             return False
         stop = min(config.steps, done_steps + config.checkpoint_every)
         start = time.perf_counter()
