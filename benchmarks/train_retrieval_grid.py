@@ -14,7 +14,7 @@ per token (hilbert_lab.models.cost, causal forward), wall s, loss history; per r
 the accuracy pooled over its finished seeds with its interval (overall and per distance bucket).
 
 CPU: the small-scale grid (presets cpu-512-*, about a minute per run on one core):
-    python benchmarks/train_retrieval_grid.py --rows cpu-512-dil8,cpu-512-dense,cpu-512-local \
+    python benchmarks/train_retrieval_grid.py --rows cpu-512-dense,cpu-512-dil8,cpu-512-dil16,cpu-512-local \
         --seeds 0,1,2 --runs-dir /tmp/grid_cpu --out reports/results/retrieval_grid_cpu.json
 Smoke check (seconds): python benchmarks/train_retrieval_grid.py --small --out /tmp/grid_small.json
 """
@@ -38,7 +38,7 @@ from hilbert_lab.models.evaluate import bucket_rows, pooled_accuracy  # noqa: E4
 from hilbert_lab.models.train import CHECKPOINT_NAME, PRESETS, SUMMARY_NAME, TrainConfig, read_log, train  # noqa: E402
 
 GRID_ROWS = ("gpu-32k", "gpu-32k-dil8", "gpu-32k-dil16", "gpu-32k-dil16-w1024", "gpu-32k-local")
-CPU_ROWS = ("cpu-512-dil8", "cpu-512-dense", "cpu-512-local")
+CPU_ROWS = ("cpu-512-dense", "cpu-512-dil8", "cpu-512-dil16", "cpu-512-local")
 SMALL = dict(steps=4, curriculum=[[64, 2]], eval_every=2, checkpoint_every=2, log_every=1, eval_batches=1,
              final_eval_batches=2, batch_size=4, device="cpu", autocast="none")
 STATE_NAME = "grid_run.json"
