@@ -187,7 +187,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # >= 127 tokens before the question (beyond the 32- and 128-token segments), a length curriculum from 64
     # tokens (where the rate-8/16 branch already spans the sequence, so the relay is learned cheaply); only
     # the pattern differs between the rows (reports/results/retrieval_grid_cpu.json). 300 steps with a short
-    # curriculum stayed at chance for the dilated row; depth 1 stays at chance (no layer to relay the needle).
+    # curriculum stayed at chance for the dilated row, and so did depth 1 (an earlier layer must bind the value
+    # to its key and, for a dilated branch, move it to a position of the question's residue); depth 2 learned.
     "cpu-512-dil8": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8]),
     "cpu-512-dil16": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 16], num_heads=16),
     "cpu-512-dense": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 1]),
