@@ -152,7 +152,8 @@ def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None
                       title: str = "retrieval accuracy against attention FLOPs per token"):
     """One point per grid row: x = attention FLOPs per token (log axis), y = pooled accuracy with its
     95% interval as asymmetric error bars. `rows` need row, flops_per_token, accuracy, accuracy_low,
-    accuracy_high (optional: seeds, count). One trace per row (named by it); `chance` draws a dashed line."""
+    accuracy_high (optional: seeds, count, run_accuracies). One trace per row (named by it), then, with two
+    or more run_accuracies, a trace "<row> seeds" of open markers, one per seed; `chance` draws a dashed line."""
     import plotly.graph_objects as go
 
     _check_rows(rows, ("row", "flops_per_token", "accuracy", "accuracy_low", "accuracy_high"), "grid")
@@ -161,6 +162,7 @@ def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None
         accuracy = float(row["accuracy"])
         figure.add_trace(go.Scatter(
             x=[float(row["flops_per_token"])], y=[accuracy], mode="markers", name=str(row["row"]),
+            legendgroup=str(row["row"]),
             marker={"color": _COLORS[index % len(_COLORS)], "size": 11},
             error_y={"type": "data", "symmetric": False, "array": [float(row["accuracy_high"]) - accuracy],
                      "arrayminus": [accuracy - float(row["accuracy_low"])], "thickness": 1.5, "width": 6},
@@ -168,6 +170,13 @@ def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None
                            f"[{float(row['accuracy_low']):.3f}, {float(row['accuracy_high']):.3f}]"
                            f"<br>{row.get('seeds', '?')} seeds, {row.get('count', '?')} answers<extra></extra>"),
         ))
+        seeds = [float(a) for a in row.get("run_accuracies") or []]
+        if len(seeds) > 1:
+            figure.add_trace(go.Scatter(
+                x=[float(row["flops_per_token"])] * len(seeds), y=seeds, mode="markers", name=f"{row['row']} seeds",
+                legendgroup=str(row["row"]), showlegend=False,
+                marker={"color": _COLORS[index % len(_COLORS)], "size": 6, "symbol": "circle-open"},
+                hovertemplate=f"{row['row']}: one seed, accuracy %{{y:.3f}}<extra></extra>"))
     if chance is not None:
         figure.add_hline(y=chance, line={"color": "gray", "dash": "dash", "width": 1},
                          annotation_text=f"chance {chance:.3g}", annotation_position="bottom right")
