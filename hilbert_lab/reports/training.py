@@ -379,11 +379,12 @@ def _grid_sections(metrics: Mapping[str, Any]):
                 f"{fmt(r['distance_low'])}" for r in far.to_dict(orient="records")) + "."
             sections.append(Section(f"{grid}: accuracy per needle distance", conclusion, figure=fig))
         steps, lengths = sorted(set(mine["steps"])), sorted(set(mine["seq_len"]))
-        shown = mine.drop(columns=["grid", "spans_sequence", "steps", "seq_len", "chance_accuracy"])
+        shown = mine.drop(columns=["grid", "spans_sequence", "steps", "seq_len", "chance_accuracy", "seeds"])
+        shown.insert(1, "pattern", [f"{a} / {b}" for a, b in zip(shown.pop("segment_lengths"), shown.pop("dilation_rates"))])
         shown["run_accuracies"] = [", ".join(f"{a:.3f}" for a in runs) for runs in shown["run_accuracies"]]
         shown = shown.rename(columns={
             "run_accuracies": "per seed",
-            "segment_lengths": "segments", "dilation_rates": "dilations", "num_heads": "heads",
+            "pattern": "segments / dilations", "num_heads": "heads",
             "flops_per_token": "attention FLOPs/token", "flops_fraction": "of costliest",
             "max_keys_per_query": "max w/r", "accuracy_low": "95% low", "accuracy_high": "95% high",
             "count": "answers", "chance_accuracy": "chance", "tokens_per_s": "tokens/s"})
