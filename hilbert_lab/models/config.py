@@ -202,7 +202,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # branch moves the needle to a position of the query's residue, the spanning branch carries it).
     # Attention FLOPs per token (models.cost, causal forward, 4 layers) relative to "gpu-32k":
     # dil8 1/11.5 (w/r <= 4096), dil16 1/13.1 (w/r <= 2048), dil16-w1024 1/27.6 (w/r <= 2048),
-    # local 1/13.8 (control: no branch spans the sequence, must stay at chance 1/64).
+    # local 1/13.8 (control: no branch spans the sequence, must stay at chance 1/64). The plan counts a query
+    # of a rate-r branch in H/r heads only (its offset's), each seeing w/r keys; charging every head w/r keys
+    # per query would give dil8 1/4.5 instead.
     "gpu-32k-dil8": dict(_GPU_32K, segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 8], num_heads=8),
     "gpu-32k-dil16": dict(_GPU_32K, segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 16], num_heads=16),
     "gpu-32k-dil16-w1024": dict(_GPU_32K, segment_lengths=[1024, 8192, 32768], dilation_rates=[1, 8, 16],
