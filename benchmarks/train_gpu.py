@@ -6,8 +6,8 @@ One GPU (H100), writes JSON to --out:
 The same training run sharded over 2 GPUs with ring attention, compared with the 1-GPU curve:
     torchrun --nproc_per_node=2 benchmarks/train_gpu.py --ring --skip-throughput \
         --compare reports/results/train_gpu_h100.json --out reports/results/train_gpu_ring2.json
-LongNet's geometric dilation on the spanning segment instead (not verified to learn):
-    python benchmarks/train_gpu.py --preset gpu-32k-dilated --out reports/results/train_gpu_h100_dilated.json
+LongNet's geometric dilation on the spanning segment instead (the whole grid: train_retrieval_grid.py):
+    python benchmarks/train_gpu.py --preset gpu-32k-dil16 --out reports/results/train_gpu_h100_dil16.json
 Long runs resume: add --run-dir DIR (and --resume to continue after a time limit).
 CPU smoke check of the script (tiny sizes, float32):
     python benchmarks/train_gpu.py --small --out /tmp/train_gpu_small.json

@@ -20,7 +20,7 @@ OPTIMIZERS = ("adamw", "sgd")
 # Every other field changes the loss curve (``steps`` too: it shapes the cosine schedule), so resuming
 # with a different value is refused.
 RUN_CONTROL_FIELDS = frozenset(
-    {"log_every", "eval_every", "eval_batches", "checkpoint_every", "device", "gradient_checkpointing",
+    {"log_every", "eval_every", "eval_batches", "final_eval_batches", "checkpoint_every", "device", "gradient_checkpointing",
      "compile", "progress", "ring", "ring_layout"}
 )
 
@@ -68,6 +68,7 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 50
     eval_batches: int = 4
+    final_eval_batches: int | None = None  # batches of the end-of-run eval (default eval_batches)
     checkpoint_every: int = 50
     device: str = "cpu"
     gradient_checkpointing: bool = False
@@ -83,6 +84,10 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.final_eval_batches is not None and (
+                isinstance(self.final_eval_batches, bool) or not isinstance(self.final_eval_batches, int)
+                or self.final_eval_batches < 1):
+            raise ValueError(f"final_eval_batches must be None or a positive integer, got {self.final_eval_batches!r}")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -152,33 +157,61 @@ class TrainConfig:
         return cls(**values)
 
 
+# Needle retrieval over 32K tokens on one GPU (bf16 autocast): the pair lies >= 8K tokens before the
+# question, beyond the 2048- and 8192-token segments. Two things were needed to learn it with the dense
+# top segment of "gpu-32k" (reports/results/train_gpu_h100*.json): rotary_base 1e6 (with the usual
+# 10000 and head dim 32 the slowest rotary frequency turns a full circle over ~35K tokens, so no q/k
+# channel can match content across 8K-32K tokens; a CPU exploration at the same ratio, N=1024, head
+# dim 16, stayed at chance with base 367 and learned with base 56000) and a length curriculum (from
+# scratch at 32K the needle holds ~1/32768 of the initial attention and 1000 steps stayed at chance;
+# learned at 1K, the retrieval carries over to 32K within a few hundred steps). Intermediate evals use
+# 64 samples, the final one 512 (final_eval_batches x batch_size).
+_GPU_32K: dict[str, Any] = dict(
+    seq_len=32768, context_length=32768 - 8192, num_keys=16, num_values=64, dim=256, depth=4, rotary_base=1e6,
+    curriculum=[[1024, 1200], [4096, 1500], [16384, 1700]], steps=2400, batch_size=8, lr=1e-3, warmup_steps=50,
+    autocast="bfloat16", device="cuda", eval_every=100, eval_batches=8, final_eval_batches=64, checkpoint_every=200,
+    log_every=25)
+
+_CPU_512: dict[str, Any] = dict(
+    seq_len=512, context_length=384, num_keys=8, num_values=8, dim=64, depth=3, num_heads=8,
+    curriculum=[[64, 400], [128, 600]], steps=800, batch_size=16, lr=3e-3, warmup_steps=20, eval_every=100,
+    eval_batches=4, final_eval_batches=32, checkpoint_every=100, log_every=25)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Needle retrieval over 64 tokens (pair in [0, 48), question at 62); the last segment spans the
     # sequence. About a minute on a 2-core CPU.
     "cpu-tiny": dict(seq_len=64, context_length=48, segment_lengths=[8, 16, 64], dilation_rates=[1, 2, 1], dim=64, depth=2,
                      num_heads=4, steps=300, batch_size=16, lr=3e-3, eval_every=50, eval_batches=8,
                      checkpoint_every=50),
-    # Needle retrieval over 32K tokens on one GPU (bf16 autocast): the pair lies >= 8K tokens before the
-    # question, beyond the 2048- and 8192-token segments; the last segment spans the sequence densely.
-    # Two things were needed (reports/results/train_gpu_h100*.json): rotary_base 1e6 (with the usual
-    # 10000 and head dim 32 the slowest rotary frequency turns a full circle over ~35K tokens, so no
-    # q/k channel can match content across 8K-32K tokens; a CPU exploration at the same ratio, N=1024,
-    # head dim 16, stayed at chance with base 367 and learned with base 56000) and a length curriculum
-    # (from scratch at 32K the needle holds ~1/32768 of the initial attention and 1000 steps stayed at
-    # chance; learned at 1K, the retrieval carries over to 32K within a few hundred steps).
-    "gpu-32k": dict(seq_len=32768, context_length=32768 - 8192, num_keys=16, num_values=64,
-                    segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 1], dim=256, depth=4,
-                    num_heads=8, rotary_base=1e6, curriculum=[[1024, 1200], [4096, 1500], [16384, 1700]],
-                    steps=2400, batch_size=8, lr=1e-3, warmup_steps=50, autocast="bfloat16", device="cuda",
-                    eval_every=100, eval_batches=8, checkpoint_every=200, log_every=25),
-    # The same task with LongNet's geometric dilation on the spanning segment (1/16 of the keys per
-    # head): long-range information must be relayed through the local branches over two layers or
-    # more. Not verified to learn (on CPU analogues it learned far more slowly than "gpu-32k").
-    "gpu-32k-dilated": dict(seq_len=32768, context_length=32768 - 8192, num_keys=16, num_values=64,
-                            segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 16], dim=256, depth=4,
-                            num_heads=8, rotary_base=1e6, steps=1000, batch_size=8, lr=1e-3, warmup_steps=50,
-                            autocast="bfloat16", device="cuda", eval_every=200, eval_batches=8,
-                            checkpoint_every=200, log_every=25),
+    # The small-scale analogue of the 32K grid (CPU, 1-2 minutes per run on one core): N = 512, the pair
+    # >= 127 tokens before the question (beyond the 32- and 128-token segments), a length curriculum from 64
+    # tokens (where the rate-8/16 branch already spans the sequence, so the relay is learned cheaply); only
+    # the pattern differs between the rows (reports/results/retrieval_grid_cpu.json). 300 steps with a short
+    # curriculum stayed at chance for the dilated row, and so did depth 1 (an earlier layer must bind the value
+    # to its key and, for a dilated branch, move it to a position of the question's residue); depth 2 learned.
+    # With 4 heads for the rate-8 branch (the question's residue 6 has no head) it reached only 0.56 at step
+    # 800 (a relay through covered positions near the question), against 0.99 with 8 heads.
+    "cpu-512-dil8": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8]),
+    "cpu-512-dil16": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 16], num_heads=16),
+    "cpu-512-dense": dict(_CPU_512, segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 1]),
+    "cpu-512-local": dict(_CPU_512, segment_lengths=[32, 128], dilation_rates=[1, 4]),
+    # The committed 32K result: the last segment spans the sequence densely (see _GPU_32K).
+    "gpu-32k": dict(_GPU_32K, segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 1], num_heads=8),
+    # The 32K grid (benchmarks/train_retrieval_grid.py): the same task, model size (dim 256, depth 4),
+    # curriculum and steps as "gpu-32k"; only the pattern (and the heads it needs) changes. In LongNet mode
+    # a query q takes part in branch (w, r) only through the head whose offset is (q % w) % r and sees
+    # only keys of that residue, so num_heads >= r (every offset covered) and depth >= 2 (a local dense
+    # branch moves the needle to a position of the query's residue, the spanning branch carries it).
+    # Attention FLOPs per token (models.cost, causal forward, 4 layers) relative to "gpu-32k":
+    # dil8 1/11.5 (w/r <= 4096), dil16 1/13.1 (w/r <= 2048), dil16-w1024 1/27.6 (w/r <= 2048),
+    # local 1/13.8 (control: no branch spans the sequence, must stay at chance 1/64). The plan counts a query
+    # of a rate-r branch in H/r heads only (its offset's), each seeing w/r keys; charging every head w/r keys
+    # per query would give dil8 1/4.5 instead.
+    "gpu-32k-dil8": dict(_GPU_32K, segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 8], num_heads=8),
+    "gpu-32k-dil16": dict(_GPU_32K, segment_lengths=[2048, 8192, 32768], dilation_rates=[1, 4, 16], num_heads=16),
+    "gpu-32k-dil16-w1024": dict(_GPU_32K, segment_lengths=[1024, 8192, 32768], dilation_rates=[1, 8, 16],
+                                num_heads=16),
+    "gpu-32k-local": dict(_GPU_32K, segment_lengths=[2048, 8192], dilation_rates=[1, 4], num_heads=8),
 }
 
 

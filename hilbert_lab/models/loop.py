@@ -19,7 +19,8 @@ from .checkpoint import (
     CHECKPOINT_FORMAT, CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, _atomic_write_text, atomic_save, load_checkpoint,
 )
 from .config import DTYPES, TrainConfig
-from .tasks import IGNORE_INDEX, make_batch
+from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
+from .tasks import IGNORE_INDEX, answer_positions, make_batch
 
 @dataclass
 class TrainResult:
@@ -87,36 +88,75 @@ def _all_reduce_sum(values: list[float], config: TrainConfig) -> list[float]:
     return buffer.tolist()
 
 
-def _batch_loss(runner, tokens, targets, positions, config: TrainConfig):
-    """(summed loss, hits, answers) of this rank's part of the batch (the whole batch without ring)."""
+def _batch_logits(runner, tokens, targets, positions, config: TrainConfig):
+    """(logits, targets) of this rank's part of the batch (the whole batch without ring)."""
     tokens, targets = tokens.to(config.device), targets.to(config.device)
     with _autocast(config):
         if positions is None:
-            logits = runner(tokens)
-        else:
-            positions = positions.to(config.device)
-            tokens, targets = tokens[:, positions], targets[:, positions]
-            logits = runner(tokens, positions)
-    return answer_loss(logits, targets)
+            return runner(tokens), targets
+        positions = positions.to(config.device)
+        return runner(tokens[:, positions], positions), targets[:, positions]
+
+
+def _batch_loss(runner, tokens, targets, positions, config: TrainConfig):
+    """(summed loss, hits, answers) of this rank's part of the batch (the whole batch without ring)."""
+    return answer_loss(*_batch_logits(runner, tokens, targets, positions, config))
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, config: TrainConfig) -> dict[str, float]:
-    """Loss and answer accuracy on the fixed "eval" stream (``eval_batches`` batches)."""
+def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None = None,
+             by_distance: bool = False) -> dict[str, Any]:
+    """Loss and answer accuracy on the fixed "eval" stream: ``batches`` (default ``eval_batches``)
+    batches of ``batch_size`` samples, the same samples for every model of a config's task.
+
+    Returns loss (mean nats per answer), accuracy, correct, count and the Wilson 95% interval
+    (accuracy_low, accuracy_high); with ``by_distance`` also ``by_distance``: per bucket
+    [2^k, 2^(k+1)) of needle-to-query distance (query position - key position of the asked pair)
+    its count, correct, accuracy and interval (evaluate.bucket_rows).
+    """
+    batches = config.eval_batches if batches is None else batches
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise ValueError(f"batches must be a positive integer, got {batches!r}")
     task = config.task()
     positions = _sequence_positions(config)
+    query_positions = answer_positions(task)
+    buckets = num_distance_buckets(task.seq_len)
     was_training = model.training
     model.eval()
-    total_loss, correct, count = 0.0, 0.0, 0.0
+    totals = torch.zeros(3 + 2 * buckets, dtype=torch.float64)  # loss, correct, count, hits[k], counts[k]
     try:
-        for index in range(config.eval_batches):
-            tokens, targets = make_batch(task, config.batch_size, seed=config.seed, split="eval", step=index)
-            loss_sum, hits, answers = _batch_loss(model, tokens, targets, positions, config)
-            total_loss, correct, count = total_loss + float(loss_sum), correct + float(hits), count + answers
+        for index in range(batches):
+            tokens, targets, needles = make_batch(task, config.batch_size, seed=config.seed, split="eval", step=index,
+                                                  with_needles=True)
+            distance = torch.zeros_like(targets)
+            distance[:, query_positions] = query_positions - needles
+            if positions is not None:
+                distance = distance[:, positions.cpu()]
+            logits, local_targets = _batch_logits(model, tokens, targets, positions, config)
+            mask = local_targets != IGNORE_INDEX
+            selected, wanted = logits[mask].float(), local_targets[mask]
+            hits = (selected.argmax(dim=-1) == wanted).cpu().double()
+            bucket = distance_bucket(distance[mask.cpu()])
+            totals[0] += float(F.cross_entropy(selected, wanted, reduction="sum"))
+            totals[1] += hits.sum()
+            totals[2] += hits.numel()
+            totals[3:3 + buckets] += torch.bincount(bucket, weights=hits, minlength=buckets).double()
+            totals[3 + buckets:] += torch.bincount(bucket, minlength=buckets).double()
     finally:
         model.train(was_training)
-    total_loss, correct, count = _all_reduce_sum([total_loss, correct, count], config)
-    return {"loss": total_loss / count, "accuracy": correct / count}
+    totals = torch.tensor(_all_reduce_sum(totals.tolist(), config), dtype=torch.float64)
+    loss, correct, count = (float(v) for v in totals[:3])
+    low, high = wilson_interval(correct, count)
+    result: dict[str, Any] = {"loss": loss / count, "accuracy": correct / count, "correct": int(correct),
+                              "count": int(count), "accuracy_low": low, "accuracy_high": high}
+    if by_distance:
+        result["by_distance"] = bucket_rows(totals[3:3 + buckets].tolist(), totals[3 + buckets:].tolist())
+    return result
+
+
+def _final_eval(model: torch.nn.Module, config: TrainConfig) -> dict[str, Any]:
+    """The end-of-run evaluation: ``final_eval_batches`` (default ``eval_batches``) batches, by distance."""
+    return evaluate(model, config, batches=config.final_eval_batches or config.eval_batches, by_distance=True)
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
@@ -271,7 +311,7 @@ def train(
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.2f}")
                 window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
             if done % config.eval_every == 0 or done == config.steps:
-                last_eval = evaluate(runner, config)
+                last_eval = _final_eval(runner, config) if done == config.steps else evaluate(runner, config)
                 _log({"kind": "eval", "step": done, **last_eval}, history, log_path)
                 window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
             if done % config.checkpoint_every == 0 or done == end_step:
@@ -280,7 +320,7 @@ def train(
     finally:
         bar.close()
     if not last_eval:
-        last_eval = evaluate(runner, config)
+        last_eval = _final_eval(runner, config) if end_step == config.steps else evaluate(runner, config)
     if out_path is not None and main_rank:
         summary = {"config": config.to_dict(), "steps_done": end_step, "final_eval": last_eval,
                    "chance_loss": task.chance_loss, "chance_accuracy": task.chance_accuracy}

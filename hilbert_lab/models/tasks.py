@@ -116,11 +116,14 @@ def _random_subset(batch_size: int, population: int, count: int, generator: torc
 
 
 def make_batch(
-    task: RetrievalTask, batch_size: int, *, seed: int = 0, split: str = "train", step: int = 0
-) -> tuple[torch.Tensor, torch.Tensor]:
+    task: RetrievalTask, batch_size: int, *, seed: int = 0, split: str = "train", step: int = 0,
+    with_needles: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One batch: ``tokens`` (B, N) int64 and ``targets`` (B, N) int64 (``IGNORE_INDEX`` off-answer).
 
     Deterministic in ``(task, batch_size, seed, split, step)``; "train" and "eval" streams differ.
+    ``with_needles=True`` also returns ``needles`` (B, Q) int64: the position of the key of the pair
+    that query q asks (its value sits one later; query q sits at ``answer_positions(task)[q]``).
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -139,6 +142,8 @@ def make_batch(
     tokens[:, query_positions + 1] = values.gather(1, asked)
     targets = torch.full((b, n), IGNORE_INDEX, dtype=torch.long)
     targets[:, query_positions] = values.gather(1, asked)
+    if with_needles:  # same draws as without: the tokens of a (seed, split, step) do not change
+        return tokens, targets, 2 * slots.gather(1, asked)
     return tokens, targets
 
 

@@ -1,4 +1,5 @@
-"""Plotly figures of training runs: loss/accuracy curves with curriculum phases, throughput bars."""
+"""Plotly figures of training runs: loss/accuracy curves with curriculum phases, throughput bars, and the
+retrieval grid (accuracy against attention FLOPs, accuracy per needle distance)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -6,6 +7,8 @@ from typing import Any
 
 __all__ = [
     "METRICS",
+    "accuracy_by_distance",
+    "accuracy_vs_flops",
     "curriculum_phases",
     "throughput_bars",
     "training_curves",
@@ -133,4 +136,85 @@ def throughput_bars(rows: Sequence[Mapping[str, Any]], *, title: str = "training
     figure.update_layout(title=title, barmode="group")
     figure.update_yaxes(title_text="tokens/s", row=1, col=1)
     figure.update_yaxes(title_text="GiB", row=1, col=2)
+    return figure
+
+
+def _check_rows(rows: Sequence[Mapping[str, Any]], needed: tuple[str, ...], what: str) -> None:
+    if not rows:
+        raise ValueError(f"rows must hold at least one {what} row")
+    for row in rows:
+        missing = [key for key in needed if key not in row]
+        if missing:
+            raise ValueError(f"{what} rows need keys {needed}; a row lacks {missing}: {dict(row)!r}")
+
+
+def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None = None,
+                      title: str = "retrieval accuracy against attention FLOPs per token"):
+    """One point per grid row: x = attention FLOPs per token (log axis), y = pooled accuracy with its
+    95% interval as asymmetric error bars. `rows` need row, flops_per_token, accuracy, accuracy_low,
+    accuracy_high (optional: seeds, count, run_accuracies). One trace per row (named by it), then, with two
+    or more run_accuracies, a trace "<row> seeds" of open markers, one per seed; `chance` draws a dashed line."""
+    import plotly.graph_objects as go
+
+    _check_rows(rows, ("row", "flops_per_token", "accuracy", "accuracy_low", "accuracy_high"), "grid")
+    figure = go.Figure()
+    for index, row in enumerate(rows):
+        accuracy = float(row["accuracy"])
+        figure.add_trace(go.Scatter(
+            x=[float(row["flops_per_token"])], y=[accuracy], mode="markers", name=str(row["row"]),
+            legendgroup=str(row["row"]),
+            marker={"color": _COLORS[index % len(_COLORS)], "size": 11},
+            error_y={"type": "data", "symmetric": False, "array": [float(row["accuracy_high"]) - accuracy],
+                     "arrayminus": [accuracy - float(row["accuracy_low"])], "thickness": 1.5, "width": 6},
+            hovertemplate=(f"{row['row']}<br>%{{x:.3g}} attention FLOPs/token<br>accuracy %{{y:.3f}} "
+                           f"[{float(row['accuracy_low']):.3f}, {float(row['accuracy_high']):.3f}]"
+                           f"<br>{row.get('seeds', '?')} seeds, {row.get('count', '?')} answers<extra></extra>"),
+        ))
+        seeds = [float(a) for a in row.get("run_accuracies") or []]
+        if len(seeds) > 1:
+            figure.add_trace(go.Scatter(
+                x=[float(row["flops_per_token"])] * len(seeds), y=seeds, mode="markers", name=f"{row['row']} seeds",
+                legendgroup=str(row["row"]), showlegend=False,
+                marker={"color": _COLORS[index % len(_COLORS)], "size": 6, "symbol": "circle-open"},
+                hovertemplate=f"{row['row']}: one seed, accuracy %{{y:.3f}}<extra></extra>"))
+    if chance is not None:
+        figure.add_hline(y=chance, line={"color": "gray", "dash": "dash", "width": 1},
+                         annotation_text=f"chance {chance:.3g}", annotation_position="bottom right")
+    figure.update_layout(title=title, xaxis_title="attention FLOPs per token (forward, all layers)",
+                         yaxis_title="accuracy")
+    figure.update_xaxes(type="log")
+    figure.update_yaxes(range=[-0.02, 1.05])
+    return figure
+
+
+def accuracy_by_distance(rows: Sequence[Mapping[str, Any]], *, chance: float | None = None,
+                         title: str = "retrieval accuracy per needle-to-query distance"):
+    """Accuracy per distance bucket [distance_low, distance_high) for each grid row (one trace per row,
+    log-2 x axis at the bucket's lower edge), with 95% interval error bars. `rows` need row,
+    distance_low, distance_high, count, accuracy, accuracy_low, accuracy_high."""
+    import plotly.graph_objects as go
+
+    _check_rows(rows, ("row", "distance_low", "distance_high", "count", "accuracy", "accuracy_low", "accuracy_high"),
+                "distance")
+    figure = go.Figure()
+    for index, name in enumerate(dict.fromkeys(str(row["row"]) for row in rows)):
+        points = sorted((row for row in rows if str(row["row"]) == name), key=lambda row: row["distance_low"])
+        accuracy = [float(row["accuracy"]) for row in points]
+        figure.add_trace(go.Scatter(
+            x=[int(row["distance_low"]) for row in points], y=accuracy, mode="lines+markers", name=name,
+            line={"color": _COLORS[index % len(_COLORS)]},
+            customdata=[[int(row["distance_high"]), int(row["count"])] for row in points],
+            error_y={"type": "data", "symmetric": False,
+                     "array": [float(row["accuracy_high"]) - a for row, a in zip(points, accuracy)],
+                     "arrayminus": [a - float(row["accuracy_low"]) for row, a in zip(points, accuracy)]},
+            hovertemplate=(f"{name}<br>distance [%{{x}}, %{{customdata[0]}})<br>accuracy %{{y:.3f}}"
+                           "<br>%{customdata[1]} answers<extra></extra>"),
+        ))
+    if chance is not None:
+        figure.add_hline(y=chance, line={"color": "gray", "dash": "dash", "width": 1},
+                         annotation_text=f"chance {chance:.3g}", annotation_position="bottom right")
+    figure.update_layout(title=title, xaxis_title="needle-to-query distance (tokens, bucket lower edge)",
+                         yaxis_title="accuracy")
+    figure.update_xaxes(type="log", dtick=0.30102999566)  # a tick per power of two
+    figure.update_yaxes(range=[-0.02, 1.05])
     return figure

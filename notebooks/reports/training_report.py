@@ -36,6 +36,11 @@ runs = {
         "H200 ring 2 GPUs": "reports/results/train_h200_ring2_60steps.json",
     },
 }
+# retrieval grids (benchmarks/train_retrieval_grid.py): {label: JSON path}; an absent file is listed as not run
+grids = {
+    "32K grid on H100": "reports/results/retrieval_grid_h100.json",
+    "CPU small-scale grid (N=512)": "reports/results/retrieval_grid_cpu.json",
+}
 cpu_train_steps = 0
 output_dir = "."
 
@@ -44,18 +49,23 @@ from hilbert_lab.reports.recorder import ReportRecorder
 from hilbert_lab.reports.training import (
     cpu_training_report,
     final_evals_table,
+    grid_buckets_table,
+    grid_rows_table,
     group_chance,
     histories,
     history_table,
+    load_grids,
     load_runs,
     phases_table,
     ring_comparison_table,
     run_phases,
     throughput_table,
 )
-from hilbert_lab.viz.training import throughput_bars, training_curves
+from hilbert_lab.viz.training import accuracy_by_distance, accuracy_vs_flops, throughput_bars, training_curves
+import pandas as pd
 
-recorder = ReportRecorder(output_dir, "training", dict(runs=runs, cpu_train_steps=cpu_train_steps))
+recorder = ReportRecorder(output_dir, "training", dict(runs=runs, grids=grids,
+                                                            cpu_train_steps=cpu_train_steps))
 groups = load_runs(runs)
 if cpu_train_steps > 0:
     groups[f"live CPU run (cpu-tiny, {cpu_train_steps} steps)"] = {
@@ -118,4 +128,32 @@ throughput = throughput_table(groups)
 recorder.table("throughput", throughput, caption="tokens/s and peak memory of training steps")
 if len(throughput):
     recorder.figure("throughput", throughput_bars(throughput.to_dict(orient="records")))
+
+# %% [markdown]
+# ## Accuracy against attention compute (retrieval grids)
+# Each grid row is one attention pattern trained with the same model size, steps and curriculum over several
+# seeds; its accuracy is pooled over the seeds' final evaluations (Wilson 95% interval over all answers).
+# Attention FLOPs per token come from the plan (`hilbert_lab.models.cost`: depth x 4 x head_dim x causal
+# query-key pairs / N, forward). In LongNet mode a query takes part in a dilated branch through one head
+# offset only and sees keys of its residue, so a dilated whole-sequence branch needs a local branch in an
+# earlier layer to move the needle to the query's residue; rows without a whole-sequence branch are controls
+# that must stay at chance. The per-distance figure splits the answers by needle-to-query distance.
+
+# %%
+loaded_grids, missing_grids = load_grids(grids)
+recorder.table("grids_missing", pd.DataFrame([{"grid": m.split(" (")[0], "path": m.split(" (", 1)[1][:-1]}
+                                              for m in missing_grids], columns=["grid", "path"]),
+               caption="grids not run yet")
+grid_rows = grid_rows_table(loaded_grids)
+recorder.table("grid_rows", grid_rows, caption="accuracy (pooled over seeds) and attention cost per grid row")
+grid_buckets = grid_buckets_table(loaded_grids)
+recorder.table("grid_buckets", grid_buckets, caption="accuracy per needle-distance bucket", show=False)
+for grid in loaded_grids:
+    safe = "".join(ch if ch.isalnum() else "_" for ch in grid).strip("_")[:60]
+    mine = grid_rows[grid_rows["grid"] == grid].to_dict(orient="records")
+    distance = grid_buckets[grid_buckets["grid"] == grid].to_dict(orient="records")
+    if mine:
+        recorder.figure(f"grid_flops_{safe}", accuracy_vs_flops(mine, chance=mine[0]["chance_accuracy"]))
+    if distance:
+        recorder.figure(f"grid_distance_{safe}", accuracy_by_distance(distance, chance=mine[0]["chance_accuracy"]))
 recorder.save();

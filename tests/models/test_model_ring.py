@@ -52,6 +52,9 @@ def _rank_checks(rank: int, world_size: int) -> None:
     for a, b in zip(single.history, sharded.history):
         assert (a["kind"], a["step"], a.get("seq_len")) == (b["kind"], b["step"], b.get("seq_len"))
         assert abs(a["loss"] - b["loss"]) < 1e-10, (a, b)
+    # the answers counted once over the ranks, in the same distance buckets
+    assert sharded.final_eval["count"] == single.final_eval["count"] == 4
+    assert sharded.final_eval["by_distance"] == single.final_eval["by_distance"]
     for (name, p), q in zip(single.model.named_parameters(), sharded.model.parameters()):
         torch.testing.assert_close(q, p, atol=1e-10, rtol=0, msg=name)
 

@@ -205,7 +205,7 @@ def test_cli_trains_resumes_and_reports_bad_input(tmp_path, capsys):
     out = tmp_path / "run"
     assert _cli(["train", "--out", str(out), "--steps", "2", *flags]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(printed["final_eval"]) == {"loss", "accuracy"}
+    assert {"loss", "accuracy", "accuracy_low", "accuracy_high", "count", "by_distance"} <= set(printed["final_eval"])
     assert load_checkpoint(out / CHECKPOINT_NAME)["step"] == 2
     # a different model on resume: exit code 2 and one line naming the differing field
     assert _cli(["train", "--out", str(out), "--steps", "2", "--resume", *flags[:-1], "--dim", "32"]) == 2

@@ -170,3 +170,36 @@ def test_loss_agreement_matches_kind_and_step():
     agreement = loss_agreement(mine, reference)
     assert list(zip(agreement["kind"], agreement["step"])) == [("train", 10), ("eval", 10)]
     assert list(agreement["rel_difference"]) == pytest.approx([0.1, 0.0])
+
+
+def _grid_rows():
+    return [{"row": "dense", "flops_per_token": 2e5, "accuracy": 0.9, "accuracy_low": 0.85, "accuracy_high": 0.93},
+            {"row": "dilated", "flops_per_token": 2e4, "accuracy": 0.5, "accuracy_low": 0.4, "accuracy_high": 0.6}]
+
+
+def test_accuracy_vs_flops_error_bars_are_the_intervals():
+    from hilbert_lab.viz.training import accuracy_vs_flops
+
+    figure = accuracy_vs_flops(_grid_rows(), chance=0.125)
+    assert [trace.name for trace in figure.data] == ["dense", "dilated"]
+    dilated = figure.data[1]
+    assert dilated.x == (2e4,) and dilated.y == (0.5,)
+    assert dilated.error_y.array[0] == pytest.approx(0.1) and dilated.error_y.arrayminus[0] == pytest.approx(0.1)
+    assert figure.data[0].error_y.array[0] == pytest.approx(0.03) and figure.data[0].error_y.arrayminus[0] == pytest.approx(0.05)
+    assert figure.layout.xaxis.type == "log"
+    with pytest.raises(ValueError, match="accuracy_low"):
+        accuracy_vs_flops([{"row": "x", "flops_per_token": 1.0, "accuracy": 0.5}])
+    with pytest.raises(ValueError, match="at least one"):
+        accuracy_vs_flops([])
+
+
+def test_accuracy_by_distance_one_sorted_trace_per_row():
+    from hilbert_lab.viz.training import accuracy_by_distance
+
+    rows = [{"row": r, "distance_low": low, "distance_high": 2 * low, "count": 10, "accuracy": acc,
+             "accuracy_low": acc - 0.1, "accuracy_high": acc + 0.05}
+            for r, low, acc in (("a", 256, 0.2), ("a", 128, 0.9), ("b", 128, 0.1))]
+    figure = accuracy_by_distance(rows, chance=0.125)
+    assert [trace.name for trace in figure.data] == ["a", "b"]
+    assert figure.data[0].x == (128, 256) and figure.data[0].y == (0.9, 0.2)
+    assert figure.data[0].error_y.arrayminus == pytest.approx((0.1, 0.1))

@@ -1,0 +1,69 @@
+"""The training page's retrieval-grid sections: built from the recorded tables alone; an absent grid file
+is listed as not run; the conclusion names the rows that meet the target."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("plotly", reason="plotly draws the figures")
+
+from hilbert_lab.models.evaluate import bucket_rows, pooled_accuracy  # noqa: E402
+from hilbert_lab.reports.training import (  # noqa: E402
+    grid_buckets_table, grid_rows_table, load_grids, render,
+)
+
+
+def _row(segments, rates, flops, correct, count, spans=True, keys=512):
+    evals = [{"correct": correct, "count": count, "accuracy": correct / count}]
+    return {"segment_lengths": segments, "dilation_rates": rates, "num_heads": 8, "dim": 64, "depth": 3,
+            "seq_len": 32768, "steps": 800, "seeds": [0], "chance_accuracy": 0.125, "tokens_per_s": 1000.0,
+            "attention": {"flops_per_token": flops, "max_keys_per_query": keys,
+                          "branches": [{"spans_sequence": spans}]},
+            "pooled": pooled_accuracy(evals),
+            "pooled_by_distance": bucket_rows([0, 0, correct // 2, correct - correct // 2], [0, 0, count // 2, count - count // 2])}
+
+
+def _grid(tmp_path):
+    grid = {"kind": "retrieval_grid", "runs": [], "rows": {
+        "dense": _row([32, 128, 512], [1, 4, 1], 2e5, 510, 512),
+        "dilated": _row([32, 128, 512], [1, 4, 8], 2e4, 500, 512, keys=64),
+        "local": _row([32, 128], [1, 4], 1.5e4, 60, 512, spans=False, keys=32),
+    }}
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps(grid))
+    return path
+
+
+def _metrics(tables):
+    return {"tables": {name: {"columns": list(frame.columns), "rows": frame.to_dict(orient="records")}
+                       for name, frame in tables.items()}}
+
+
+def test_grid_sections_from_tables(tmp_path):
+    import pandas as pd
+
+    grids, missing = load_grids({"CPU": str(_grid(tmp_path)), "GPU": str(tmp_path / "absent.json")})
+    assert list(grids) == ["CPU"] and missing == [f"GPU ({tmp_path / 'absent.json'})"]
+    rows, buckets = grid_rows_table(grids), grid_buckets_table(grids)
+    assert rows.set_index("row")["flops_fraction"].to_dict() == pytest.approx({"dense": 1.0, "dilated": 0.1, "local": 0.075})
+    assert len(buckets) == 6
+    page = render(_metrics({"grid_rows": rows, "grid_buckets": buckets, "grids_missing": pd.DataFrame(
+        [{"grid": "GPU", "path": "absent.json"}])}), {})
+    headings = [section.heading for section in page.sections]
+    assert "Retrieval grid: GPU" in headings
+    compute = next(s for s in page.sections if s.heading == "CPU: accuracy against attention compute")
+    assert "Target met" in compute.conclusion and "dilated" in compute.conclusion.split("Target met")[1]
+    assert "local 11.7%" in compute.conclusion  # the control, with its interval
+    small = rows.assign(seq_len=512)  # the 32K target is not judged on a small-scale grid
+    page = render(_metrics({"grid_rows": small, "grid_buckets": buckets}), {})
+    assert "Target" not in next(s for s in page.sections if s.heading.endswith("attention compute")).conclusion
+    assert len(compute.figure.data) == 3
+    assert any(s.heading == "CPU: accuracy per needle distance" and s.figure is not None for s in page.sections)
+
+
+def test_load_grids_refuses_a_foreign_file(tmp_path):
+    path = tmp_path / "other.json"
+    path.write_text(json.dumps({"kind": "something"}))
+    with pytest.raises(ValueError, match="retrieval_grid"):
+        load_grids({"x": str(path)})
