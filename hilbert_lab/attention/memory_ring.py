@@ -22,10 +22,10 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
     packs this rank's selected K/V (B * ceil(n/r) * H_branch * D each), holds its own packet and
     one in flight, and attends the shard's selected queries to each packet in one block with all
     of the branch's heads stacked, keeping a running (out, lse) in the LSE dtype; (3) the LSE merge
-    of the local result and the ring branches. Backward: the merge makes one gradient per part; each
-    ring branch then holds dQ/dK/dV accumulators, K/V packets with their dK/dV packets and a block's
-    shares; the local engine runs last while the ring's q/k/v gradients wait to be summed. LSEs are
-    differentiated too (the merge uses them), so the SDPA adapter's extra LSE-gradient pass counts.
+    of the local result and the ring branches. Backward (one autograd function, every part's backward
+    with the merged out and LSE): the merged (out, lse), the q/k/v gradient accumulators, and per ring
+    branch its gathered rows, K/V packets, dK/dV shares and sums and one call's gradient shares; the
+    local blocks' backward adds into the same accumulators.
     Checked against measured per-rank peaks: benchmarks/validate_memory.py --ring 2.
     """
     pattern = DilatedPattern.create(config.segment_lengths, config.dilation_rates, mode=config.mode,
@@ -63,7 +63,6 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
     # After the forward: the merged (out, lse) and every part's (out, lse), saved for backward. The
     # merge's backward then makes one output gradient per part.
     after_forward = part + parts * part
-    merge_grads = parts * tokens * element
     for branch, branch_heads, dilation in ring:
         selected = -(-n // dilation)
         block = Block(config.batch_size, selected, branch_heads, False)
@@ -78,11 +77,14 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
         # backward: dQ (accumulate dtype) and the final dK/dV, own/received/sent K/V packets with
         # their dK/dV accumulators, the gathered dO/q/out and a block's three gradient shares
         work_bw = (eager_block_work(block, config, backend, True) if eager
-                   else fused_block_work(block, config, backend, True, grad_lse=True))
+                   else fused_block_work(block, config, backend, True, grad_lse=False))
         acc_packet = packet // element * accumulate
-        internal = (3 * tokens * accumulate + 3 * (packet + acc_packet) + 3 * gathered
-                    + 3 * rows_block * config.head_dim * element + work_bw)
-        backward_terms[f"ring_branch{branch}"] = after_forward + merge_grads + internal
+        # backward: this rank's rows gathered once (out and dO dense, lse, a dQ accumulator), the own and
+        # the incoming K/V packet, the dK/dV share being computed, the arriving and the pending sums, and
+        # one call's three gradient shares
+        ring_rows = 2 * gathered + rows_block * lse + rows_block * config.head_dim * accumulate
+        internal = ring_rows + 2 * packet + 3 * acc_packet + 3 * gathered + work_bw
+        backward_terms[f"ring_branch{branch}"] = internal
         live += part
     if parts > 1:
         cast = tokens * lse if element != lse else 0
@@ -91,13 +93,15 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
         forward_terms["merge"] = merge
     if not ring:  # every branch is local: the ring is exactly the engine on the shard
         return int(forward), int(forward_backward), {"forward": forward_terms, "forward_backward": backward_terms}
-    phases = [forward] + [backward_terms[f"ring_branch{b}"] for b, _, _ in ring]
+    # One autograd function: after the forward only the merged (out, lse) is kept; the backward holds
+    # the q/k/v gradient accumulators, and each part's backward runs with the merged out and LSE.
+    after_forward = part
+    accumulators = 3 * tokens * accumulate
+    phases = [forward] + [after_forward + accumulators + backward_terms[f"ring_branch{b}"] for b, _, _ in ring]
     if local:
-        # the local engine's backward runs last: its part's gradient and the ring's finished q/k/v
-        # gradients (waiting to be summed) are alive; the ring parts are already freed.
-        local_phase = (part + tokens * element + 3 * tokens * element + terms["forward_backward"]["backward_phase"])
+        local_phase = after_forward + accumulators + terms["forward_backward"]["largest_block"]
         backward_terms["local_phase"] = local_phase
         phases.append(local_phase)
     forward_backward = max(phases)
-    backward_terms.update(after_forward=after_forward, merge_gradients=merge_grads)
+    backward_terms.update(after_forward=after_forward, grad_accumulators=accumulators)
     return int(forward), int(forward_backward), {"forward": forward_terms, "forward_backward": backward_terms}
