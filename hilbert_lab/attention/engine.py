@@ -20,7 +20,7 @@ from hilbert_lab.attention.backends import Backend, get_backend
 from hilbert_lab.attention.backends.base import lse_dtype
 from hilbert_lab.attention.backends.manual import dense_attention_eager
 from hilbert_lab.attention.inplace import (
-    add_lse_share, backward_into, forward_into, inplace_attention, inplace_kernel, merge_into_one,
+    add_lse_share, backward_into, forward_into, fused_merge_applies, inplace_attention, inplace_kernel, merge_into_one,
 )
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.pattern import DilatedPattern
@@ -28,7 +28,6 @@ from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
-from hilbert_lab.kernels import triton_merge
 
 
 def resolve_backend(backend: str | Backend, q: torch.Tensor, segment_lengths: Sequence[int] = (), *,
@@ -234,7 +233,7 @@ def partial_buffers(num_slots: int, q: torch.Tensor) -> tuple[torch.Tensor, torc
     precision; lses in the LSE precision, starting at -inf."""
     half_on_cuda = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
     dtype = q.dtype if half_on_cuda else lse_dtype(q.dtype)
-    fused = q.is_cuda and triton_merge.HAVE_TRITON and lse_dtype(q.dtype) == torch.float32
+    fused = fused_merge_applies(q.device, dtype, lse_dtype(q.dtype))
     outs = (torch.empty if fused else torch.zeros)((num_slots, *q.shape), dtype=dtype, device=q.device)
     batch, seq_len, num_heads, _ = q.shape
     lses = torch.full((num_slots, batch, seq_len, num_heads), float("-inf"), dtype=lse_dtype(q.dtype),

@@ -173,11 +173,21 @@ def forward_into(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, o
     return auxes
 
 
+FUSED_MERGE_DEVICES = ("cuda",)  # where the Triton merge runs (tests add "cpu" with a stand-in for it)
+
+
+def fused_merge_applies(device: torch.device, out_dtype: torch.dtype, lse_dtype: torch.dtype) -> bool:
+    """Whether `merge_into_one` takes the fused Triton merge (which never reads entries whose lse is -inf,
+    so slot buffers need no zeros)."""
+    return (triton_merge.HAVE_TRITON and device.type in FUSED_MERGE_DEVICES and lse_dtype == torch.float32
+            and out_dtype != torch.float64)
+
+
 def merge_into_one(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge slot partials outs (P, B, N, H, D), lses (P, B, N, H) float32 by LSE: (out (B, N, H, D)
     in `dtype`, lse (B, H, N) float32). Entries with lse -inf are never read by the fused merge."""
     parts, batch, seq_len, num_heads, dim = outs.shape
-    if outs.is_cuda and triton_merge.HAVE_TRITON and lses.dtype == torch.float32 and outs.dtype != torch.float64:
+    if fused_merge_applies(outs.device, outs.dtype, lses.dtype):
         out = torch.empty(outs.shape[1:], dtype=dtype, device=outs.device)
         lse = torch.empty((batch, seq_len, num_heads), dtype=torch.float32, device=outs.device)
         triton_merge.merge_partials(outs.view(parts, -1, dim), lses.view(parts, -1), out.view(-1, dim), lse.view(-1))
@@ -206,7 +216,7 @@ def backward_into(plan: Plan, kernel: str, auxes: list, grads: tuple[torch.Tenso
 def _run_forward(plan: Plan, kernel: str, q, k, v, scale: float, causal: bool, need_lse: bool = True):
     batch, seq_len, num_heads, _ = q.shape
     parts = plan.num_branches if plan.merge else 1
-    fused_merge = plan.merge and triton_merge.HAVE_TRITON
+    fused_merge = plan.merge and fused_merge_applies(q.device, q.dtype, torch.float32)
     # Merged branches: every entry a branch does not compute keeps lse -inf and is never read by the
     # fused merge, so its output buffer needs no zeros; in place, unselected rows must read 0.
     outs = (torch.empty if fused_merge else torch.zeros)((parts, *q.shape), dtype=q.dtype, device=q.device)

@@ -45,8 +45,8 @@ def inplace_peaks(config: MemoryConfig, kernel: str) -> tuple[int, int, dict[str
     (without merge and with no LSE wanted, one broadcast row, copied to a (B, N, H) buffer for each unit
     whose batch does not fold); per call the kernel's output (Bc, h, L, D) and, unless cuDNN is told to
     skip it, its LSE (Bc, h, L) float32, while the previous call's are still referenced; merged branches:
-    the fused merge's output (input dtype) and LSE (float32) while the partials and the last call's output
-    are alive. Training keeps out and LSE. Backward: dq, dk, dv accumulators (float32 when branches merge
+    the fused merge's output (input dtype) and LSE (float32) while the partials are alive (the calls'
+    outputs are gone by then). Training keeps out and LSE. Backward: dq, dk, dv accumulators (float32 when branches merge
     (plan.merge), else the input dtype); per call the packed dO and out (input dtype) and LSE (float32),
     the three gradient shares and the previous call's, and the kernel's own buffers: cuDNN's per-call
     workspace, the float32 dQ accumulator (Bc, h, L, D) that cudnn-frontend reserves; flash: the packed
@@ -69,7 +69,7 @@ def inplace_peaks(config: MemoryConfig, kernel: str) -> tuple[int, int, dict[str
         partials = parts * tokens * element
         lse_buffers = parts * rows * lse if wanted else parts * lse + split_units * rows * lse
         largest_call = max((o + (outputs[i - 1] if i else 0) for i, o in enumerate(outputs)), default=0)
-        merge = outputs[-1] + tokens * element + rows * lse if plan.merge and outputs else 0
+        merge = tokens * element + rows * lse if plan.merge and outputs else 0
         terms = {"partials": partials, "lse_buffers": lse_buffers, "largest_call": largest_call, "merge": merge}
         return partials + lse_buffers + max(largest_call, merge), terms
 

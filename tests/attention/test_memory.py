@@ -261,6 +261,7 @@ def _cuda_kernel_stand_ins(monkeypatch, kernel: str) -> None:
     monkeypatch.setattr(inplace, "_forward_kernel", forward)
     monkeypatch.setattr(inplace, "_backward_kernel", backward)
     monkeypatch.setattr(inplace.triton_merge, "HAVE_TRITON", True)
+    monkeypatch.setattr(inplace, "FUSED_MERGE_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(inplace.triton_merge, "merge_partials", lambda *args: None)
     monkeypatch.setattr(engine, "inplace_kernel", lambda name, q: kernel)
 
