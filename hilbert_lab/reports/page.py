@@ -225,7 +225,8 @@ def page_html(page: Page, env: dict[str, Any], *, notebook: str | None = None, i
         parts.append(f"<p class='nav'><a href='{html.escape(index_href)}'>&larr; all reports</a></p>")
     parts.append(f"<h1>{html.escape(page.title)}</h1>")
     commit = (env.get("git") or {}).get("commit")
-    meta = [page.device or device_label(env), f"git {commit[:7]}" if commit else "git revision not recorded"]
+    dirty = " with uncommitted changes" if (env.get("git") or {}).get("dirty") else ""
+    meta = [page.device or device_label(env), f"git {commit[:7]}{dirty}" if commit else "git revision not recorded"]
     if env.get("created_utc"):
         meta.append(f"recorded {env['created_utc']}")
     parts.append(f"<p class='meta'>{' &middot; '.join(html.escape(item) for item in meta)}</p>")

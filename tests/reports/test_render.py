@@ -85,10 +85,13 @@ def test_committed_gpu_runs_render_offline(tmp_path):
 def test_ring_converter_reads_every_gpu_count(tmp_path):
     from hilbert_lab.reports.ring import ring_run, write_ring_run
 
-    paths = [REPO / "reports" / "results" / f"ring_{n}gpu_h200.json" for n in (1, 2, 4)]
+    paths = [REPO / "reports" / "results" / f"ring_{n}gpu_h200.json" for n in (1, 2)]
     metrics, env = ring_run(paths)
     gpus = sorted({row["gpus"] for row in metrics["tables"]["throughput"]["rows"]})
-    assert gpus == [1, 2, 4] and env["device"]["device_count"] == 4
+    assert gpus == [1, 2] and env["device"]["device_count"] == 2
+    anchors = metrics["tables"]["anchors"]["rows"]
+    assert any(r["variant"].startswith("context_parallel") for r in anchors)
+    assert any(r["section"] == "causal_layouts" for r in anchors) and metrics["tables"]["ratios"]["rows"]
     row = next(r for r in metrics["tables"]["throughput"]["rows"] if r["gpus"] == 2)
     assert row["tokens_per_s_total"] == pytest.approx(2 * row["tokens_per_s_per_gpu"])
     out = write_ring_run(paths, tmp_path / "ring")

@@ -26,11 +26,3 @@ def test_ring_report_reads_the_kit_environment_block(tmp_path):
     assert env["packages"]["torch"] == block["packages"]["torch"] and env["packages"]["nccl"] == "2.27.3"
     assert env["git"] == block["git"]
     assert metrics["tables"]["throughput"]["rows"][0]["tokens_per_s_total"] == 2048.0
-
-
-def test_ring_report_still_reads_the_older_layout():
-    path = REPO / "reports" / "results" / "ring_2gpu_h200.json"
-    old = json.loads(path.read_text())["environment"]
-    _metrics, env = ring_run([path])
-    assert env["packages"]["torch"] == old["torch"] and env["device"]["device"] == old["device"]
-    assert env["device"]["driver"] == (old.get("collected") or {}).get("device", {}).get("driver")
