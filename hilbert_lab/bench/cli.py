@@ -34,6 +34,17 @@ def _backends() -> tuple[str, ...]:
     return known_backends()
 
 
+def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    """Batch, heads, head dim and the pattern's lists: the flags every attention command takes."""
+    parser.add_argument("--batch-size", type=integer(1), default=1)
+    parser.add_argument("--num-heads", type=integer(1), default=4)
+    parser.add_argument("--head-dim", type=integer(1), default=32)
+    parser.add_argument("--segment-lengths", type=int_list(), default=[256, 512],
+                        help="comma-separated, e.g. 2048,4096,8192")
+    parser.add_argument("--dilation-rates", type=int_list(), default=[1, 2], help="comma-separated, e.g. 1,2,4")
+    parser.add_argument("--causal", action="store_true")
+
+
 def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, run: bool = True) -> None:
     """Shape/pattern flags shared by bench, probe and estimate (sweep: lists allowed; run: the device
     must exist here)."""
@@ -49,13 +60,7 @@ def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, ru
     device_help = f"{arguments.DEVICE_SYNTAX} (default: cpu)" + ("" if run else "; need not exist here")
     parser.add_argument("--device", type=available_device if run else arguments.device, default="cpu",
                         help=device_help)
-    parser.add_argument("--batch-size", type=integer(1), default=1)
-    parser.add_argument("--num-heads", type=integer(1), default=4)
-    parser.add_argument("--head-dim", type=integer(1), default=32)
-    parser.add_argument("--segment-lengths", type=int_list(), default=[256, 512],
-                        help="comma-separated, e.g. 2048,4096,8192")
-    parser.add_argument("--dilation-rates", type=int_list(), default=[1, 2], help="comma-separated, e.g. 1,2,4")
-    parser.add_argument("--causal", action="store_true")
+    _add_shape_arguments(parser)
 
 
 def _single(values: list, flag: str) -> Any:
@@ -376,13 +381,7 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                         help=f"comma-separated list; {' | '.join(DTYPES)}")
     select.add_argument("--mode", type=choice_list(MODES), default=["longnet"],
                         help=f"comma-separated list; {' | '.join(MODES)}")
-    select.add_argument("--batch-size", type=integer(1), default=1)
-    select.add_argument("--num-heads", type=integer(1), default=4)
-    select.add_argument("--head-dim", type=integer(1), default=32)
-    select.add_argument("--segment-lengths", type=int_list(), default=[256, 512],
-                        help="comma-separated, e.g. 2048,4096,8192")
-    select.add_argument("--dilation-rates", type=int_list(), default=[1, 2], help="comma-separated, e.g. 1,2,4")
-    select.add_argument("--causal", action="store_true")
+    _add_shape_arguments(select)
     select.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed rounds per candidate, 1..1000")
     select.add_argument("--refresh", action="store_true", help="time again keys already stored")
     select.add_argument("--json", action="store_true")
