@@ -6,17 +6,20 @@ of a ring (the ranks of `group`, or consecutive blocks of `ring_size` of them), 
 
 Per branch i (effective segment w = min(segment_lengths[i], N), shard length n = N/P):
 - local branch (contiguous: n % w == 0; zigzag: (n/2) % w == 0): every segment lies inside one
-  shard; the engine runs them on the shard as a sequence of its own; no communication at all.
+  shard; they run as the engine runs them on the shard ("auto": the in-place executor on the plan of
+  these branches, or the fused kernel on the pattern restricted to them); no communication at all.
 - ring branch (contiguous: w % n == 0, the w/n consecutive ranks of a segment form a sub-ring;
   zigzag: only w == N, all ranks): each rank packs only its *selected* (dilated) keys and values of
-  the branch's heads into one buffer; the buffers travel around the sub-ring (non-causal: to every
-  other member; causal contiguous: only forward along the chain, since later keys are masked),
-  double-buffered so the transfer of step t overlaps the compute of step t-1. Partial results
-  merge by the guarded LSE rule. Backward (`_RingBranch`): the same packets travel again carrying
-  float32 (float64 for float64 inputs) dK/dV accumulators; the last holder sends them back to the
-  owner. Per-rank memory stays O(N/P): at most two packets of remote dilated K/V are held.
-Branch results (out, lse) merge with `merge_lse`, as in the engine. Anything else -> ValueError
-naming the constraint.
+  the branch's heads, in the kernels' (B, h, L, D) layout; the packets travel around the sub-ring
+  (non-causal: to every other member; causal contiguous: only forward along the chain, since later
+  keys are masked), the transfer of step t overlapping the compute of step t-1. This rank's rows
+  are read in place (slices, or one diagonal view for consecutive head offsets); running results
+  merge by a fused LSE pass.
+One autograd function (`_RingAttention`) holds every part: each writes its (out, LSE) into a slot,
+merged once; the backward calls every block's kernel backward with the *merged* out and LSE (exact,
+as in the engine). Ring branches pipeline it: K/V packets travel one step ahead, the float32
+(float64) dK/dV sums one hop behind, each holder adding its share; the last holder sends the sum
+home. Per-rank memory stays O(N/P). Anything else -> ValueError naming the constraint.
 
 Safety: inputs are checked by the engine's `validate_attention_inputs` on every rank count; before
 any data moves, one all_gather of a fixed-size row per rank (a digest and the text of each field of
