@@ -77,6 +77,14 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def metrics_table(metrics: Any, name: str) -> Any:
+    """Table `name` of a run's metrics.json as a pandas DataFrame (empty with no rows)."""
+    import pandas as pd
+
+    entry = (metrics.get("tables") or {}).get(name) or {}
+    return pd.DataFrame(entry.get("rows") or [], columns=entry.get("columns"))
+
+
 def fmt_interval(median: float, low: float, high: float, unit: str = "") -> str:
     """'12.3 ms [11.9, 13.0]'."""
     if is_missing(median):

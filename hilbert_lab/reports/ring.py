@@ -135,14 +135,12 @@ def _anchor_table(frame: Any) -> Any:
 
 def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     """Ring page: per-GPU throughput and memory against the GPU count, longest length, correctness."""
-    import pandas as pd
     import plotly.graph_objects as go
 
-    from hilbert_lab.reports.page import Page, Section, fmt, style_axes
+    from hilbert_lab.reports.page import Page, Section, fmt, metrics_table, style_axes
 
     def frame(name: str) -> Any:
-        entry = (metrics.get("tables") or {}).get(name) or {}
-        return pd.DataFrame(entry.get("rows") or [], columns=entry.get("columns"))
+        return metrics_table(metrics, name)
 
     throughput, correctness, longest = frame("throughput"), frame("correctness"), frame("longest")
     gpus = sorted(throughput["gpus"].unique().tolist()) if len(throughput) else []
@@ -235,10 +233,9 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         if len(fastest) and len(ours):
             best = fastest.iloc[0]
             conclusion = (f"Our ring (zigzag shards) {fmt(float(ours.median_ms.iloc[0]))} ms against PyTorch's "
-                          f"context parallelism at its fastest ({best.variant}) {fmt(float(best.median_ms))} ms: ours "
-                          f"takes {fmt(float(ours.median_ms.iloc[0]) / float(best.median_ms))}x its time "
-                          f"(its speed vs ours {best.speedup_of_reference:.3f} [{best.speedup_low:.3f}, "
-                          f"{best.speedup_high:.3f}]: PyTorch {best.verdict.replace('the reference', 'ours')}).")
+                          f"context parallelism at its fastest ({best.variant}) {fmt(float(best.median_ms))} ms: "
+                          f"its speed relative to ours {best.speedup_of_reference:.3f} [{best.speedup_low:.3f}, "
+                          f"{best.speedup_high:.3f}] (PyTorch {best.verdict.replace('the reference', 'ours')}).")
         else:
             conclusion = "PyTorch's context parallelism did not run here; see the table."
         sections.append(Section("Against PyTorch's context parallelism (dense causal)", conclusion, figure=fig,

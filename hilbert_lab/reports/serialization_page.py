@@ -13,10 +13,9 @@ from hilbert_lab.reports.serialization import (
 
 
 def _table(metrics: Mapping[str, Any], name: str):
-    import pandas as pd
+    from hilbert_lab.reports.page import metrics_table
 
-    entry = (metrics.get("tables") or {}).get(name) or {}
-    return pd.DataFrame(entry.get("rows") or [], columns=entry.get("columns"))
+    return metrics_table(metrics, name)
 
 
 def _pivot(table: Any, metric: str):
