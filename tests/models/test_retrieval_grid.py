@@ -99,3 +99,23 @@ def test_small_grid_cli_writes_pooled_rows_and_resumes(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--small", "--rows", "nope", "--out", str(out)],
                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert bad.returncode == 2 and "--rows" in bad.stderr
+
+
+@pytest.mark.slow
+def test_concurrent_runs_match_the_sequential_ones(tmp_path):
+    """--jobs 2 runs the seeds in child processes: the same loss curves as one after the other; the row's
+    tokens/s is the probe timed alone."""
+    base = [sys.executable, str(SCRIPT), "--small", "--rows", "cpu-512-local", "--seeds", "0,1"]
+    runs = {}
+    for jobs in (1, 2):
+        out = tmp_path / f"grid{jobs}.json"
+        extra = ["--jobs", "2", "--throughput-steps", "4"] if jobs == 2 else []
+        done = subprocess.run(base + extra + ["--out", str(out), "--runs-dir", str(tmp_path / f"runs{jobs}")],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        report = json.loads(out.read_text())
+        runs[jobs] = {r["seed"]: [(h["kind"], h["step"], h["loss"]) for h in r["history"]] for r in report["runs"]}
+        assert report["reference"]["row"] == "cpu-512-dense"
+    assert runs[1] == runs[2] and sorted(runs[2]) == [0, 1]
+    row = report["rows"]["cpu-512-local"]
+    assert row["tokens_per_s_source"] == "alone" and row["tokens_per_s"] == report["throughput"]["cpu-512-local"]["tokens_per_s"]

@@ -67,3 +67,14 @@ def test_load_grids_refuses_a_foreign_file(tmp_path):
     path.write_text(json.dumps({"kind": "something"}))
     with pytest.raises(ValueError, match="retrieval_grid"):
         load_grids({"x": str(path)})
+
+
+def test_flops_fraction_against_the_reference_config_when_it_did_not_run(tmp_path):
+    """A grid without its dense-top row still states each row's cost relative to the dense-top config."""
+    grid = json.loads(_grid(tmp_path).read_text())
+    del grid["rows"]["dense"]
+    grid["reference"] = {"row": "dense", "attention": {"flops_per_token": 4e5}}
+    path = tmp_path / "no_dense.json"
+    path.write_text(json.dumps(grid))
+    rows = grid_rows_table(load_grids({"CPU": str(path)})[0])
+    assert rows.set_index("row")["flops_fraction"].to_dict() == pytest.approx({"dilated": 0.05, "local": 0.0375})
