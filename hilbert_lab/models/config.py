@@ -202,8 +202,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # a query q takes part in branch (w, r) only through the head whose offset is (q % w) % r and sees
     # only keys of that residue, so num_heads >= r (every offset covered) and depth >= 2 (a local dense
     # branch moves the needle to a position of the query's residue, the spanning branch carries it).
-    # H100 result (reports/results/retrieval_grid_h100.json): dil8 0.662 pooled over 3 seeds (0.95, 0.74, 0.29),
-    # learning only from the 16K phase on; local at chance.
+    # H100 (reports/results/retrieval_grid_h100.json): dense top 0.998 (1 seed), dil8 0.662 (3 seeds: 0.95, 0.74, 0.29),
+    # dil16 0.678 (1 seed); the dilated rows learn only from the 16K phase on (shorter phases are solved by the
+    # 8192 rate-4 branch, which needs no relay); local at chance.
     # Attention FLOPs per token (models.cost, causal forward, 4 layers) relative to "gpu-32k":
     # dil8 1/11.5 (w/r <= 4096), dil16 1/13.1 (w/r <= 2048), dil16-w1024 1/27.6 (w/r <= 2048),
     # local 1/13.8 (control: no branch spans the sequence, must stay at chance 1/64). The plan counts a query
