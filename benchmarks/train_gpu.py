@@ -55,7 +55,8 @@ def _base_config(args) -> dict:
     if args.seq_len is not None:  # keep the question a quarter of the sequence away from every pair
         values["context_length"] = args.seq_len - args.seq_len // 4
     for name in ("seq_len", "dim", "depth", "num_heads", "batch_size", "lr", "num_pairs", "num_queries",
-                 "segment_lengths", "dilation_rates", "backend", "autocast", "seed", "rotary_base", "curriculum"):
+                 "segment_lengths", "dilation_rates", "backend", "autocast", "seed", "rotary_base", "curriculum",
+                 "init_from"):
         value = getattr(args, name)
         if value is not None:
             values[name] = value
@@ -90,6 +91,41 @@ def throughput(values: dict, checkpointing: bool, steps: int, window: int) -> di
     return row
 
 
+def spanning_pattern(length: int, max_keys: int = 4096) -> tuple[list[int], list[int]]:
+    """dil8's pattern [2048, 8192, 32768] / [1, 4, 8], extended by segments 4x longer (each attending
+    ``max_keys`` keys per query) until one spans ``length``."""
+    segments, rates = [2048, 8192, 32768], [1, 4, 8]
+    while segments[-1] < length:
+        segments.append(segments[-1] * 4)
+        rates.append(segments[-1] // max_keys)
+    return segments, rates
+
+
+def longest_trainable(values: dict, lengths: list[int], steps: int, rows: list[dict], save) -> None:
+    """Training steps per length (batch 1, gradient checkpointing, the pattern extended to span it), timed
+    over ``steps`` steps: tokens/s and peak memory, or the error, which ends the probe. Each row is
+    appended to ``rows`` and saved at once."""
+    for length in lengths:
+        segments, rates = spanning_pattern(length)
+        probe = {**values, "seq_len": length, "context_length": length - length // 4, "batch_size": 1,
+                 "segment_lengths": segments, "dilation_rates": rates, "curriculum": [], "eval_batches": 1,
+                 "final_eval_batches": 1, "init_from": None}
+        row = {"seq_len": length, "segment_lengths": segments, "dilation_rates": rates}
+        if torch.device(values["device"]).type == "cuda":
+            row["device_memory_gib"] = torch.cuda.get_device_properties(values["device"]).total_memory / 2**30
+        try:
+            row.update(throughput(probe, True, steps, 1))
+        except Exception as error:  # not only out of memory: every failure is a finding of the probe
+            row["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"
+        row.pop("losses", None)
+        rows.append(row)
+        save()
+        speed = row.get("error") or f"{row['tokens_per_s']:.3g} tokens/s, peak {row.get('peak_memory_gib')} GiB"
+        print(f"{length}: {speed}", flush=True)
+        if "error" in row:
+            break
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -110,6 +146,10 @@ def main() -> int:
     parser.add_argument("--run-dir", default=None, help="checkpoint/log folder of the training run (resumable)")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--init-from", dest="init_from", default=None,
+                        help="checkpoint whose model weights start the training run (fine-tuning at another length)")
+    parser.add_argument("--probe-lengths", type=int, nargs="+", default=None,
+                        help="longest trainable length: one step per length (batch 1, gradient checkpointing)")
     for name, kind in (("seq_len", int), ("dim", int), ("depth", int), ("num_heads", int), ("batch_size", int),
                        ("lr", float), ("num_pairs", int), ("num_queries", int), ("backend", str),
                        ("autocast", str), ("seed", int), ("rotary_base", float)):
@@ -120,6 +160,8 @@ def main() -> int:
                         help="SEQ_LEN:UNTIL_STEP pairs, e.g. 1024:800,4096:1000 ('' for none)")
     args = parser.parse_args()
 
+    if args.init_from is not None and not Path(args.init_from).is_file():
+        parser.error(f"--init-from must name an existing checkpoint file, got {args.init_from!r}")
     values = _base_config(args)
     rank, world_size = 0, 1
     if args.ring:
@@ -152,6 +194,9 @@ def main() -> int:
         for checkpointing in (False, True):
             report["throughput"].append(throughput(values, checkpointing, args.throughput_steps, args.window))
             save()
+    if args.probe_lengths:
+        report["longest_trainable"] = []
+        longest_trainable(values, args.probe_lengths, 3, report["longest_trainable"], save)
     if not args.skip_train:
         config = TrainConfig(**{**values, **({"steps": args.steps} if args.steps else {}),
                                 **({"eval_every": args.eval_every} if args.eval_every else {}),

@@ -6,7 +6,8 @@ in chunks of checkpoint_every steps with exact resume, so a grid spreads over se
         --runs-dir runs/grid32k --out reports/results/retrieval_grid_h100.json --time-limit-s 540
 stops cleanly before the time limit (finished runs and checkpoints are kept); the same command continues.
 Another call with other --rows adds them to the same --out. Default rows: the 32K grid presets
-(gpu-32k dense top, gpu-32k-dil8, gpu-32k-dil16, gpu-32k-dil16-w1024, gpu-32k-local control).
+(gpu-32k dense top; gpu-32k-dil8, its -early16k and -long1k curricula; gpu-32k-dil16, its -long1k curriculum;
+gpu-32k-dil16-w1024; gpu-32k-local control).
 
 The JSON (rewritten atomically after every finished run) holds per run: config, final eval (accuracy,
 Wilson 95% interval, accuracy per needle-distance bucket), tokens/s at the full length, attention FLOPs
@@ -43,7 +44,8 @@ from hilbert_lab.models.cost import config_attention_cost  # noqa: E402
 from hilbert_lab.models.evaluate import bucket_rows, pooled_accuracy  # noqa: E402
 from hilbert_lab.models.train import CHECKPOINT_NAME, PRESETS, SUMMARY_NAME, TrainConfig, read_log, train  # noqa: E402
 
-GRID_ROWS = ("gpu-32k", "gpu-32k-dil8", "gpu-32k-dil16", "gpu-32k-dil16-w1024", "gpu-32k-local")
+GRID_ROWS = ("gpu-32k", "gpu-32k-dil8", "gpu-32k-dil8-early16k", "gpu-32k-dil8-long1k", "gpu-32k-dil16",
+             "gpu-32k-dil16-long1k", "gpu-32k-dil16-w1024", "gpu-32k-local")
 CPU_ROWS = ("cpu-512-dense", "cpu-512-dil8", "cpu-512-dil16", "cpu-512-local")
 SMALL = dict(steps=4, curriculum=[[64, 2]], eval_every=2, checkpoint_every=2, log_every=1, eval_batches=1,
              final_eval_batches=2, batch_size=4, device="cpu", autocast="none")
@@ -149,7 +151,7 @@ def row_summaries(runs: list[dict[str, Any]], throughput: dict[str, Any] | None 
         rows[name] = {
             "segment_lengths": config.segment_lengths, "dilation_rates": config.dilation_rates,
             "num_heads": config.num_heads, "dim": config.dim, "depth": config.depth, "seq_len": config.seq_len,
-            "steps": config.steps, "seeds": [run["seed"] for run in members],
+            "steps": config.steps, "curriculum": config.curriculum, "seeds": [run["seed"] for run in members],
             "chance_accuracy": members[0]["chance_accuracy"], "attention": config_attention_cost(config),
             "tokens_per_s": alone if alone else (sum(speeds) / len(speeds) if speeds else None),
             "tokens_per_s_source": "alone" if alone else "training windows",

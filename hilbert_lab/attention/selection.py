@@ -124,16 +124,25 @@ INPLACE_QUERY_BYTES = 1 << 30  # below this estimate the buffers are taken to fi
 def _inplace_fits(device: torch.device, shape: Sequence[int], dtype: torch.dtype, segment_lengths: Sequence[int],
                   dilation_rates: Optional[Sequence[int]], mode: str, causal: bool, training: bool) -> bool:
     """Whether the peak memory of "sdpa" (the in-place executor where it applies) fits in free GPU memory
-    (90%): attention.memory's estimate, cached per shape and pattern; the device is asked only when the
-    estimate reaches INPLACE_QUERY_BYTES."""
-    extra = _inplace_peak_bytes(str(device), tuple(int(extent) for extent in shape), str(dtype).removeprefix("torch."),
-                                tuple(int(w) for w in segment_lengths),
-                                None if dilation_rates is None else tuple(int(r) for r in dilation_rates),
-                                mode, bool(causal), bool(training))
-    if extra < INPLACE_QUERY_BYTES:
-        return True
-    free, _ = torch.cuda.mem_get_info(device)
-    return extra < 0.9 * free
+    (90%): attention.memory's estimate; the device is asked only when the estimate reaches
+    INPLACE_QUERY_BYTES. The first answer per device, shape and pattern holds for the process
+    (`clear_fit_decisions` forgets them): a forward recomputed under gradient checkpointing, when other
+    memory is free, must take the path the forward took."""
+    key = (str(device), tuple(int(extent) for extent in shape), str(dtype).removeprefix("torch."),
+           tuple(int(w) for w in segment_lengths), None if dilation_rates is None else tuple(int(r) for r in dilation_rates),
+           mode, bool(causal), bool(training))
+    if key not in _FIT_DECISIONS:
+        extra = _inplace_peak_bytes(*key)
+        _FIT_DECISIONS[key] = extra < INPLACE_QUERY_BYTES or extra < 0.9 * torch.cuda.mem_get_info(device)[0]
+    return _FIT_DECISIONS[key]
+
+
+_FIT_DECISIONS: dict[tuple, bool] = {}
+
+
+def clear_fit_decisions() -> None:
+    """Forget the in-place fit decisions: the next call per shape asks the device's free memory again."""
+    _FIT_DECISIONS.clear()
 
 
 @functools.lru_cache(maxsize=256)

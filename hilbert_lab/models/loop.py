@@ -181,6 +181,19 @@ def _log(record: dict[str, Any], history: list[dict[str, Any]], log_path: Path |
             handle.write(json.dumps(record) + "\n")
 
 
+def _load_weights(model: torch.nn.Module, path: str) -> None:
+    """The model weights of the training checkpoint at ``path``; ValueError when they do not fit ``model``."""
+    try:
+        state = load_checkpoint(path)
+    except ValueError as error:
+        raise ValueError(f"init_from: {error}") from None
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as error:
+        detail = " ".join(str(error).split())[:300]
+        raise ValueError(f"init_from {path!r}: its model weights do not fit this configuration ({detail})") from None
+
+
 def train(
     config: TrainConfig,
     out_dir: str | os.PathLike | None = None,
@@ -196,7 +209,8 @@ def train(
     in any field outside RUN_CONTROL_FIELDS); batches are a pure function of (seed, step) and the RNG
     state is restored, so the resumed loss curve is the one an uninterrupted run produces.
     ``stop_at`` ends the run after that many total steps (an interruption; it checkpoints).
-    Sets the global torch seed (``seed + 1``, the dropout stream) unless resuming.
+    Sets the global torch seed (``seed + 1``, the dropout stream) unless resuming. ``config.init_from``
+    starts a new run from a checkpoint's model weights (a resumed run continues from its own checkpoint).
 
     With ``config.ring`` every rank of the initialised process group calls ``train`` with the same
     arguments; each holds its shard of every sequence (ring attention), gradients are summed over
@@ -243,6 +257,8 @@ def train(
         if log_path is not None:  # records an interrupted run wrote after its checkpoint are dropped
             _atomic_write_text("".join(json.dumps(record) + "\n" for record in history), log_path)
     else:
+        if config.init_from is not None:
+            _load_weights(model, config.init_from)
         torch.manual_seed(config.seed + 1)
         if log_path is not None:
             _atomic_write_text("", log_path)

@@ -22,6 +22,7 @@ __all__ = [
     "grid_buckets_table",
     "grid_rows_table",
     "load_grids",
+    "longest_trainable_table",
     "group_chance",
     "histories",
     "history_table",
@@ -114,7 +115,7 @@ def _device_name(report: Mapping[str, Any]) -> str | None:
 
 def final_evals_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
     """One row per run: group, run, steps (last logged), seq_len (of the evals), final eval loss and
-    accuracy, chance loss and accuracy, wall_s, attention backend, world size, device."""
+    accuracy (with its Wilson 95% interval and answer count where the eval recorded them), chance loss and accuracy, wall_s, attention backend, world size, device."""
     import pandas as pd
 
     rows = []
@@ -127,6 +128,8 @@ def final_evals_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
                 "group": group, "run": label, "steps": _last_step(report),
                 "seq_len": (report.get("config") or {}).get("seq_len"),
                 "final_loss": final.get("loss"), "final_accuracy": final.get("accuracy"),
+                "accuracy_low": final.get("accuracy_low"), "accuracy_high": final.get("accuracy_high"),
+                "answers": final.get("count"),
                 "chance_loss": training.get("chance_loss"), "chance_accuracy": training.get("chance_accuracy"),
                 "wall_s": training.get("wall_s"), "attention_backend": report.get("attention_backend"),
                 "world_size": report.get("world_size", 1), "device": _device_name(report),
@@ -144,6 +147,22 @@ def throughput_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
         {"run": label, **{key: row.get(key) for key in columns[1:]}}
         for reports in groups.values() for label, report in reports.items()
         for row in report.get("throughput") or []
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def longest_trainable_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
+    """One row per probed length of any run with a "longest_trainable" probe (benchmarks/train_gpu.py
+    --probe-lengths): run, seq_len, pattern, tokens_per_s, peak_memory_gib, device_memory_gib, error."""
+    import pandas as pd
+
+    columns = ["run", "seq_len", "pattern", "tokens_per_s", "peak_memory_gib", "device_memory_gib", "error"]
+    rows = [
+        {"run": label, "seq_len": row["seq_len"],
+         "pattern": f"{','.join(map(str, row['segment_lengths']))} / {','.join(map(str, row['dilation_rates']))}",
+         **{key: row.get(key) for key in columns[3:]}}
+        for reports in groups.values() for label, report in reports.items()
+        for row in report.get("longest_trainable") or []
     ]
     return pd.DataFrame(rows, columns=columns)
 
@@ -254,8 +273,8 @@ def phases_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
 
 def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     """Training page: final evals against chance, loss / accuracy curves per group, ring vs 1 GPU, throughput."""
-    from hilbert_lab.reports.page import Page, Section, fmt, metrics_table, style_axes
-    from hilbert_lab.viz.training import throughput_bars, training_curves
+    from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, style_axes
+    from hilbert_lab.viz.training import memory_by_length, throughput_bars, training_curves
 
     finals, history, phases = (metrics_table(metrics, name) for name in ("final_evals", "history", "phases"))
     sections, bullets = [], []
@@ -263,7 +282,10 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         if row.get("final_accuracy") is None:
             continue
         bullets.append(f"{row['run']} ({row.get('device') or '?'} x{fmt(row.get('world_size'))}): "
-                       f"final accuracy {100 * row['final_accuracy']:.1f}% vs chance "
+                       f"final accuracy {100 * row['final_accuracy']:.1f}%"
+                       + (f" [{100 * row['accuracy_low']:.1f}, {100 * row['accuracy_high']:.1f}] over "
+                          f"{fmt(row['answers'])} answers" if not is_missing(row.get("accuracy_low")) else "")
+                       + " vs chance "
                        f"{100 * (row.get('chance_accuracy') or 0):.1f}%, loss {fmt(row.get('final_loss'))} after "
                        f"{fmt(row.get('steps'))} steps at {fmt(row.get('seq_len'))} tokens.")
     groups = list(dict.fromkeys(finals["group"])) if len(finals) and len(history) else []
@@ -335,6 +357,37 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                                     "gradient_checkpointing": "gradient checkpointing", "seq_len": "tokens",
                                     "batch_size": "batch", "tokens_per_s": "tokens/s",
                                     "peak_memory_gib": "peak memory (GiB)"})))
+    probes = metrics_table(metrics, "longest_trainable")
+    if len(probes):
+        lines = []
+        for run in dict.fromkeys(probes["run"]):
+            mine = probes[probes["run"] == run].sort_values("seq_len").to_dict(orient="records")
+            done = [r for r in mine if not (isinstance(r.get("error"), str) and r["error"])]
+            failed = [r for r in mine if isinstance(r.get("error"), str) and r["error"]]
+            if not done:
+                lines.append(f"{run}: no probed length trained ({failed[0]['error'][:80]})")
+                continue
+            last = done[-1]
+            line = (f"{run}: {fmt(last['seq_len'])} tokens trained (batch 1, gradient checkpointing, peak "
+                    f"{fmt(last['peak_memory_gib'])} GiB, {fmt(last['tokens_per_s'])} tokens/s; memory "
+                    f"{fmt(last['peak_memory_gib'] / last['seq_len'] * 2**20)} GiB per 1M tokens)")
+            if failed:
+                line += f"; {fmt(failed[0]['seq_len'])} tokens failed: {failed[0]['error'].split('.')[0][:60]}"
+            lines.append(line)
+        capacity = probes["device_memory_gib"].dropna()
+        fig = memory_by_length(probes.to_dict(orient="records"),
+                               capacity_gib=float(capacity.iloc[0]) if len(capacity) else None)
+        fig.update_xaxes(title_text="sequence length (tokens, log scale)")
+        fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=1)
+        fig.update_yaxes(title_text="tokens/s (higher is better)", row=1, col=2)
+        fig.update_layout(template="plotly_white", height=420)
+        sections.append(Section("Longest trainable sequence", "; ".join(lines) + ". Each length is 3 training "
+                                "steps with the pattern extended by segments 4x longer at 4096 keys per query "
+                                "until one spans the sequence; single measurements, no interval.", figure=fig,
+                                table=probes.rename(columns={"seq_len": "tokens", "tokens_per_s": "tokens/s",
+                                                             "peak_memory_gib": "peak memory (GiB)",
+                                                             "device_memory_gib": "device memory (GiB)"})))
+        bullets += ["Longest trainable: " + line for line in lines]
     bullets += grid_bullets
     if len(finals):
         shown = finals.drop(columns=["group"]).rename(columns={
@@ -351,5 +404,5 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                   "per token and per needle distance." if grid_sections else "."))
     headline = bullets[0] if bullets else f"{len(finals)} training runs"
     devices = sorted({str(device) for device in finals.get("device", []) if device}) if len(finals) else []
-    return Page(title="Training: LongNet on 32K-token needle retrieval", summary=summary, headline=headline,
+    return Page(title="Training: LongNet on 32K- and 128K-token needle retrieval", summary=summary, headline=headline,
                 sections=sections, bullets=bullets, device="runs trained on " + ", ".join(devices) if devices else "")

@@ -36,11 +36,11 @@ def load_grids(grids: Mapping[str, str | os.PathLike]) -> tuple[dict[str, dict[s
 
 def grid_rows_table(grids: Mapping[str, Mapping[str, Any]]):
     """One row per (grid, row): pattern, heads, attention FLOPs per token (and relative to the grid's reference
-    config, run or not, else to its most expensive row), largest keys per query (w/r), pooled accuracy with its Wilson 95% interval, the
+    config, run or not, else to its most expensive row), curriculum (seq_len:until_step, ...), largest keys per query (w/r), pooled accuracy with its Wilson 95% interval, the
     accuracy of each seed (run_accuracies), seeds, answers, chance, tokens/s."""
     import pandas as pd
 
-    columns = ["grid", "row", "segment_lengths", "dilation_rates", "num_heads", "seq_len", "steps",
+    columns = ["grid", "row", "segment_lengths", "dilation_rates", "num_heads", "seq_len", "steps", "curriculum",
                "flops_per_token", "flops_fraction", "max_keys_per_query", "spans_sequence", "accuracy",
                "accuracy_low", "accuracy_high", "run_accuracies", "seeds", "count", "chance_accuracy", "tokens_per_s"]
     rows = []
@@ -52,7 +52,9 @@ def grid_rows_table(grids: Mapping[str, Mapping[str, Any]]):
             rows.append({
                 "grid": label, "row": name, "segment_lengths": ",".join(map(str, row["segment_lengths"])),
                 "dilation_rates": ",".join(map(str, row["dilation_rates"])), "num_heads": row["num_heads"],
-                "seq_len": row["seq_len"], "steps": row["steps"], "flops_per_token": attention["flops_per_token"],
+                "seq_len": row["seq_len"], "steps": row["steps"],
+                "curriculum": ", ".join(f"{length}:{until}" for length, until in row.get("curriculum") or []),
+                "flops_per_token": attention["flops_per_token"],
                 "flops_fraction": attention["flops_per_token"] / top if top else None,
                 "max_keys_per_query": attention["max_keys_per_query"],
                 "spans_sequence": any(b["spans_sequence"] for b in attention["branches"]),
@@ -139,7 +141,7 @@ def grid_sections(metrics: Mapping[str, Any]):
         shown.insert(1, "pattern", [f"{a} / {b}" for a, b in zip(shown.pop("segment_lengths"), shown.pop("dilation_rates"))])
         shown["run_accuracies"] = [", ".join(f"{a:.3f}" for a in runs) for runs in shown["run_accuracies"]]
         shown = shown.rename(columns={
-            "run_accuracies": "per seed",
+            "run_accuracies": "per seed", "curriculum": "curriculum (length:until step)",
             "pattern": "segments / dilations", "num_heads": "heads",
             "flops_per_token": "attention FLOPs/token", "flops_fraction": "of dense top",
             "max_keys_per_query": "max w/r", "accuracy_low": "95% low", "accuracy_high": "95% high",

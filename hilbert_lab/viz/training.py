@@ -1,5 +1,5 @@
-"""Plotly figures of training runs: loss/accuracy curves with curriculum phases, throughput bars, and the
-retrieval grid (accuracy against attention FLOPs, accuracy per needle distance)."""
+"""Plotly figures of training runs: loss/accuracy curves with curriculum phases, throughput bars, peak memory
+against sequence length (the longest trainable length), and the retrieval grid (accuracy against attention FLOPs, accuracy per needle distance)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -10,6 +10,7 @@ __all__ = [
     "accuracy_by_distance",
     "accuracy_vs_flops",
     "curriculum_phases",
+    "memory_by_length",
     "throughput_bars",
     "training_curves",
 ]
@@ -217,4 +218,44 @@ def accuracy_by_distance(rows: Sequence[Mapping[str, Any]], *, chance: float | N
                          yaxis_title="accuracy")
     figure.update_xaxes(type="log", dtick=0.30102999566)  # a tick per power of two
     figure.update_yaxes(range=[-0.02, 1.05])
+    return figure
+
+
+def memory_by_length(rows: Sequence[Mapping[str, Any]], *, capacity_gib: float | None = None,
+                     title: str = "training step: peak memory and tokens/s against sequence length"):
+    """Peak memory (left) and tokens/s (right) of a training step against sequence length (log 2 axes), one
+    trace per run; a length that failed (a row with ``error``) is an "x" at the top of the memory panel.
+
+    `rows` need keys run, seq_len, peak_memory_gib, tokens_per_s (None where the length failed) and may
+    hold error; ``capacity_gib`` draws the device's memory as a dashed line.
+    """
+    from plotly.subplots import make_subplots
+    import plotly.graph_objects as go
+
+    _check_rows(rows, ("run", "seq_len", "peak_memory_gib", "tokens_per_s"), "length probe")
+    figure = make_subplots(rows=1, cols=2, subplot_titles=("peak memory (GiB)", "tokens/s"))
+    top = max([float(r["peak_memory_gib"]) for r in rows if r.get("peak_memory_gib") is not None] + [capacity_gib or 1])
+    for index, run in enumerate(dict.fromkeys(str(r["run"]) for r in rows)):
+        mine = sorted((r for r in rows if str(r["run"]) == run), key=lambda r: r["seq_len"])
+        failed = [r for r in mine if isinstance(r.get("error"), str) and r["error"]]  # NaN from a table: none
+        done = [r for r in mine if r not in failed and r.get("peak_memory_gib") is not None]
+        color = _COLORS[index % len(_COLORS)]
+        lengths = [_tokens(int(r["seq_len"])) for r in done]
+        figure.add_trace(go.Scatter(x=[r["seq_len"] for r in done], y=[r["peak_memory_gib"] for r in done],
+                                    mode="lines+markers", name=run, legendgroup=run, marker_color=color,
+                                    text=lengths, hovertemplate="%{text}: %{y:.1f} GiB<extra></extra>"), row=1, col=1)
+        figure.add_trace(go.Scatter(x=[r["seq_len"] for r in done], y=[r["tokens_per_s"] for r in done],
+                                    mode="lines+markers", name=run, legendgroup=run, marker_color=color,
+                                    showlegend=False), row=1, col=2)
+        if failed:
+            figure.add_trace(go.Scatter(x=[r["seq_len"] for r in failed], y=[top * 1.05] * len(failed),
+                                        mode="markers+text", marker=dict(symbol="x", size=12, color=color),
+                                        text=["failed"] * len(failed), textposition="bottom center",
+                                        name=f"{run}: failed", legendgroup=run,
+                                        hovertext=[str(r["error"])[:120] for r in failed]), row=1, col=1)
+    if capacity_gib:
+        figure.add_hline(y=capacity_gib, line_dash="dash", line_color="grey", row=1, col=1,
+                         annotation_text=f"device memory {capacity_gib:.0f} GiB", annotation_position="bottom right")
+    figure.update_xaxes(type="log", dtick=0.30103, tickformat="~s")
+    figure.update_layout(title=title)
     return figure

@@ -31,6 +31,10 @@ runs = {
         "H100 short curriculum": "reports/results/train_gpu_h100_short_curriculum.json",
         "H100 no curriculum": "reports/results/train_gpu_h100_no_curriculum.json",
     },
+    "128K needle retrieval on one H100 (dil8 fine-tuned from 32K)": {
+        "H100 128K dil8 fine-tune (32K seed 0)": "reports/results/train_gpu_h100_128k.json",
+        "H100 128K dil8 fine-tune (32K seed 1)": "reports/results/train_gpu_h100_128k_seed1.json",
+    },
     "ring attention on 2 H200 vs 1 H200 (60 steps)": {
         "H200 1 GPU": "reports/results/train_h200_1gpu_60steps.json",
         "H200 ring 2 GPUs": "reports/results/train_h200_ring2_60steps.json",
@@ -56,12 +60,19 @@ from hilbert_lab.reports.training import (
     history_table,
     load_grids,
     load_runs,
+    longest_trainable_table,
     phases_table,
     ring_comparison_table,
     run_phases,
     throughput_table,
 )
-from hilbert_lab.viz.training import accuracy_by_distance, accuracy_vs_flops, throughput_bars, training_curves
+from hilbert_lab.viz.training import (
+    accuracy_by_distance,
+    accuracy_vs_flops,
+    memory_by_length,
+    throughput_bars,
+    training_curves,
+)
 import pandas as pd
 
 recorder = ReportRecorder(output_dir, "training", dict(runs=runs, grids=grids,
@@ -91,6 +102,11 @@ recorder.table("phases", phases_table(groups), caption="length-curriculum phases
 # apart) and the length curriculum 1K -> 4K -> 16K -> 32K. The run without curriculum, trained at 32K from
 # step 0 with the same rotary base, stays at chance: initially the needle gets ~1/32768 of the attention.
 # Learned at 1K, the retrieval carries over to 32K; the longer curriculum ends far higher than the short one.
+#
+# **128K needle retrieval on one H100.** The 32K grid's `gpu-32k-dil8-long1k` models (seeds 0 and 1) fine-tuned at
+# 131072 tokens with a fourth branch of 131072 tokens at rate 32 (4096 keys per query, like the others); the
+# pair sits at least 32K tokens before the question, so only that branch can carry it. Its final evaluation
+# has 512 answers with a Wilson 95% interval.
 #
 # **Ring attention vs 1 GPU.** The same 60-step run (20 steps at 1K, then 32K) on one H200 and with each
 # sequence sharded over 2 H200s by ring attention: the curves lie on top of each other (see the comparison
@@ -130,9 +146,21 @@ if len(throughput):
     recorder.figure("throughput", throughput_bars(throughput.to_dict(orient="records")))
 
 # %% [markdown]
+# ## Longest trainable sequence
+# One training step at doubling lengths (batch 1, gradient checkpointing, bf16 autocast) with the dilated
+# pattern extended by segments 4x longer at 4096 keys per query until one spans the sequence, until a length
+# fails (`benchmarks/train_gpu.py --probe-lengths`).
+
+# %%
+probes = longest_trainable_table(groups)
+recorder.table("longest_trainable", probes, caption="peak memory and tokens/s of a training step per length")
+if len(probes):
+    recorder.figure("longest_trainable", memory_by_length(probes.to_dict(orient="records")))
+
+# %% [markdown]
 # ## Accuracy against attention compute (retrieval grids)
-# Each grid row is one attention pattern trained with the same model size, steps and curriculum over several
-# seeds; its accuracy is pooled over the seeds' final evaluations (Wilson 95% interval over all answers).
+# Each grid row is one attention pattern (and, where the row's name says so, a length curriculum) trained with
+# the same model size and steps over several seeds; its accuracy is pooled over the seeds' final evaluations (Wilson 95% interval over all answers).
 # Attention FLOPs per token come from the plan (`hilbert_lab.models.cost`: depth x 4 x head_dim x causal
 # query-key pairs / N, forward). In LongNet mode a query takes part in a dilated branch through one head
 # offset only and sees keys of its residue, so a dilated whole-sequence branch needs a local branch in an

@@ -65,16 +65,22 @@ def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(mon
         assert peak >= selection.INPLACE_QUERY_BYTES
         pick = functools.partial(selection.rule_backend, "cuda", torch.bfloat16, shape=shape, segment_lengths=lengths,
                                  dilation_rates=rates, training=training)
+        selection.clear_fit_decisions()
         free["bytes"] = int(peak / 0.9) + 1024
         assert pick() == "sdpa"  # fits: in-place cuDNN at N >= 32K
         free["bytes"] = int(peak / 0.9) - 1024
+        assert pick() == "sdpa"  # decided once: a recomputed forward takes the forward's path
+        selection.clear_fit_decisions()
         assert pick() == "triton"  # does not fit: the fused kernel, no per-branch buffers
+        free["bytes"] = int(peak / 0.9) + 1024
+        assert pick() == "triton"
     assert estimate.forward_backward_bytes > estimate.forward_bytes  # training asks for more
 
     def no_query(device=None):
         raise AssertionError("the device was asked below INPLACE_QUERY_BYTES")
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", no_query)
+    selection.clear_fit_decisions()
     small = (1, 32768, 8, 64)
     assert selection.rule_backend("cuda", torch.bfloat16, shape=small, segment_lengths=(2048, 4096)) == "sdpa"
 

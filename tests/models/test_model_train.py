@@ -253,3 +253,32 @@ def test_models_train_stays_the_function_after_the_module_is_imported():
 
     importlib.import_module("hilbert_lab.models.train")
     assert hilbert_lab.models.train is loop.train
+
+
+def test_init_from_starts_from_the_checkpoint_weights_with_another_pattern(tmp_path):
+    first = train(TrainConfig(steps=3, **TINY), tmp_path / "short")
+    longer = {**TINY, "seq_len": 64, "segment_lengths": [8, 32, 64], "dilation_rates": [1, 2, 4]}
+    checkpoint = str(tmp_path / "short" / "checkpoint.pt")
+    start = train(TrainConfig(steps=2, init_from=checkpoint, **longer), tmp_path / "long", stop_at=0)
+    for name, value in first.model.state_dict().items():
+        assert torch.equal(start.model.state_dict()[name], value), name
+    fresh = train(TrainConfig(steps=2, **longer), stop_at=0)
+    assert any(not torch.equal(fresh.model.state_dict()[n], v) for n, v in first.model.state_dict().items())
+    tuned = train(TrainConfig(steps=2, init_from=checkpoint, **longer), tmp_path / "long2")
+    assert tuned.history[-1]["step"] == 2
+    resumed = train(TrainConfig(steps=3, init_from=checkpoint, **longer), tmp_path / "long3", stop_at=1)
+    again = train(TrainConfig(steps=3, init_from=checkpoint, **longer), tmp_path / "long3", resume=True)
+    straight = train(TrainConfig(steps=3, init_from=checkpoint, **longer), tmp_path / "long4")
+    assert resumed.history[-1]["step"] <= 1
+    for name, value in straight.model.state_dict().items():
+        assert torch.equal(again.model.state_dict()[name], value), name
+
+
+def test_init_from_refuses_a_missing_or_unfitting_checkpoint(tmp_path):
+    with pytest.raises(ValueError, match="init_from: checkpoint must be an existing file"):
+        train(TrainConfig(steps=1, init_from=str(tmp_path / "none.pt"), **TINY))
+    train(TrainConfig(steps=1, **TINY), tmp_path / "small")
+    with pytest.raises(ValueError, match="init_from .*do not fit"):
+        train(TrainConfig(steps=1, init_from=str(tmp_path / "small" / "checkpoint.pt"), **{**TINY, "dim": 32}))
+    with pytest.raises(ValueError, match="init_from must be None or a checkpoint path"):
+        TrainConfig(init_from="", **TINY)

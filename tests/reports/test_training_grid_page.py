@@ -78,3 +78,36 @@ def test_flops_fraction_against_the_reference_config_when_it_did_not_run(tmp_pat
     path.write_text(json.dumps(grid))
     rows = grid_rows_table(load_grids({"CPU": str(path)})[0])
     assert rows.set_index("row")["flops_fraction"].to_dict() == pytest.approx({"dilated": 0.05, "local": 0.0375})
+
+
+def test_grid_table_shows_each_rows_curriculum(tmp_path):
+    path = _grid(tmp_path)
+    grid = json.loads(path.read_text())
+    grid["rows"]["dilated"]["curriculum"] = [[1024, 1600], [16384, 1900]]
+    path.write_text(json.dumps(grid))
+    rows = grid_rows_table(load_grids({"GPU": str(path)})[0]).set_index("row")
+    assert rows.loc["dilated", "curriculum"] == "1024:1600, 16384:1900" and rows.loc["dense", "curriculum"] == ""
+    page = render(_metrics({"grid_rows": rows.reset_index(), "grid_buckets": grid_buckets_table(load_grids(
+        {"GPU": str(path)})[0])}), {})
+    table = next(s for s in page.sections if s.heading == "GPU: table").table
+    assert "curriculum (length:until step)" in table.columns
+
+
+def test_longest_trainable_section_names_the_longest_length_and_the_failure():
+    from hilbert_lab.reports.training import longest_trainable_table
+
+    probe = [{"seq_len": 2**20 * k, "segment_lengths": [2048, 2**20 * k], "dilation_rates": [1, 256 * k],
+              "tokens_per_s": 2e6, "peak_memory_gib": 16.0 * k, "device_memory_gib": 79.2} for k in (1, 2, 4)]
+    probe.append({"seq_len": 2**23, "segment_lengths": [2048, 2**23], "dilation_rates": [1, 2048],
+                  "device_memory_gib": 79.2, "error": "out of memory: CUDA out of memory. Tried to allocate 1 GiB"})
+    groups = {"128K": {"H100": {"training": {"history": []}, "longest_trainable": probe}}}
+    table = longest_trainable_table(groups)
+    assert list(table["seq_len"]) == [2**20, 2**21, 2**22, 2**23] and table["pattern"][0] == "2048,1048576 / 1,256"
+    page = render(_metrics({"longest_trainable": table}), {})
+    section = next(s for s in page.sections if s.heading == "Longest trainable sequence")
+    assert section.conclusion.startswith("H100: 4,194,304 tokens trained (batch 1, gradient checkpointing, peak 64 GiB")
+    assert "16 GiB per 1M tokens" in section.conclusion
+    assert "failed: out of memory: CUDA out of memory" in section.conclusion
+    failed = [trace for trace in section.figure.data if trace.name == "H100: failed"]
+    assert len(failed) == 1 and list(failed[0].x) == [2**23]
+    assert any("Longest trainable: H100" in bullet for bullet in page.bullets)
