@@ -153,14 +153,14 @@ def throughput_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
 
 def longest_trainable_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
     """One row per probed length of any run with a "longest_trainable" probe (benchmarks/train_gpu.py
-    --probe-lengths): run, seq_len, pattern, tokens_per_s, peak_memory_gib, device_memory_gib, error."""
+    --probe-lengths): run (whose JSON holds it), device, seq_len, pattern, tokens_per_s, peak_memory_gib, device_memory_gib, error."""
     import pandas as pd
 
-    columns = ["run", "seq_len", "pattern", "tokens_per_s", "peak_memory_gib", "device_memory_gib", "error"]
+    columns = ["run", "device", "seq_len", "pattern", "tokens_per_s", "peak_memory_gib", "device_memory_gib", "error"]
     rows = [
-        {"run": label, "seq_len": row["seq_len"],
+        {"run": label, "device": _device_name(report), "seq_len": row["seq_len"],
          "pattern": f"{','.join(map(str, row['segment_lengths']))} / {','.join(map(str, row['dilation_rates']))}",
-         **{key: row.get(key) for key in columns[3:]}}
+         **{key: row.get(key) for key in columns[4:]}}
         for reports in groups.values() for label, report in reports.items()
         for row in report.get("longest_trainable") or []
     ]
@@ -368,7 +368,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                 lines.append(f"{run}: no probed length trained ({failed[0]['error'][:80]})")
                 continue
             last = done[-1]
-            line = (f"{run}: {fmt(last['seq_len'])} tokens trained (batch 1, gradient checkpointing, peak "
+            line = (f"{last.get('device') or run}: {fmt(last['seq_len'])} tokens trained (batch 1, gradient checkpointing, peak "
                     f"{fmt(last['peak_memory_gib'])} GiB, {fmt(last['tokens_per_s'])} tokens/s; memory "
                     f"{fmt(last['peak_memory_gib'] / last['seq_len'] * 2**20)} GiB per 1M tokens)")
             if failed:
@@ -384,7 +384,9 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         sections.append(Section("Longest trainable sequence", "; ".join(lines) + ". Each length is 3 training "
                                 "steps with the pattern extended by segments 4x longer at 4096 keys per query "
                                 "until one spans the sequence; single measurements, no interval.", figure=fig,
-                                table=probes.rename(columns={"seq_len": "tokens", "tokens_per_s": "tokens/s",
+                                table=probes.drop(columns=["run"] + [c for c in ("device_memory_gib", "error")
+                                                                      if probes[c].isna().all()])
+                                .rename(columns={"seq_len": "tokens", "tokens_per_s": "tokens/s",
                                                              "peak_memory_gib": "peak memory (GiB)",
                                                              "device_memory_gib": "device memory (GiB)"})))
         bullets += ["Longest trainable: " + line for line in lines]

@@ -24,7 +24,9 @@ Phase = tuple[int, int, int]  # (start_step, end_step, seq_len)
 
 
 def _tokens(seq_len: int) -> str:
-    """1024 -> '1K', 32768 -> '32K', 64 -> '64'."""
+    """1024 -> '1K', 32768 -> '32K', 4194304 -> '4M', 64 -> '64'."""
+    if seq_len >= 2**20 and seq_len % 2**20 == 0:
+        return f"{seq_len >> 20}M"
     return f"{seq_len // 1024}K" if seq_len >= 1024 and seq_len % 1024 == 0 else str(seq_len)
 
 
@@ -256,6 +258,7 @@ def memory_by_length(rows: Sequence[Mapping[str, Any]], *, capacity_gib: float |
     if capacity_gib:
         figure.add_hline(y=capacity_gib, line_dash="dash", line_color="grey", row=1, col=1,
                          annotation_text=f"device memory {capacity_gib:.0f} GiB", annotation_position="bottom right")
-    figure.update_xaxes(type="log", dtick=0.30103, tickformat="~s")
+    lengths = sorted({int(r["seq_len"]) for r in rows})
+    figure.update_xaxes(type="log", tickvals=lengths, ticktext=[_tokens(length) for length in lengths])
     figure.update_layout(title=title)
     return figure

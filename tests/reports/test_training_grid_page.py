@@ -100,7 +100,8 @@ def test_longest_trainable_section_names_the_longest_length_and_the_failure():
               "tokens_per_s": 2e6, "peak_memory_gib": 16.0 * k, "device_memory_gib": 79.2} for k in (1, 2, 4)]
     probe.append({"seq_len": 2**23, "segment_lengths": [2048, 2**23], "dilation_rates": [1, 2048],
                   "device_memory_gib": 79.2, "error": "out of memory: CUDA out of memory. Tried to allocate 1 GiB"})
-    groups = {"128K": {"H100": {"training": {"history": []}, "longest_trainable": probe}}}
+    groups = {"128K": {"H100 run": {"training": {"history": []}, "longest_trainable": probe,
+                                    "environment": {"device": {"name": "H100"}}}}}
     table = longest_trainable_table(groups)
     assert list(table["seq_len"]) == [2**20, 2**21, 2**22, 2**23] and table["pattern"][0] == "2048,1048576 / 1,256"
     page = render(_metrics({"longest_trainable": table}), {})
@@ -108,6 +109,8 @@ def test_longest_trainable_section_names_the_longest_length_and_the_failure():
     assert section.conclusion.startswith("H100: 4,194,304 tokens trained (batch 1, gradient checkpointing, peak 64 GiB")
     assert "16 GiB per 1M tokens" in section.conclusion
     assert "failed: out of memory: CUDA out of memory" in section.conclusion
-    failed = [trace for trace in section.figure.data if trace.name == "H100: failed"]
+    failed = [trace for trace in section.figure.data if trace.name == "H100 run: failed"]
     assert len(failed) == 1 and list(failed[0].x) == [2**23]
     assert any("Longest trainable: H100" in bullet for bullet in page.bullets)
+    assert "run" not in section.table.columns and "device memory (GiB)" in section.table.columns
+    assert list(section.figure.layout.xaxis.ticktext) == ["1M", "2M", "4M", "8M"]
