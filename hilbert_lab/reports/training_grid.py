@@ -140,12 +140,14 @@ def grid_sections(metrics: Mapping[str, Any]):
         shown = mine.drop(columns=["grid", "spans_sequence", "steps", "seq_len", "chance_accuracy", "seeds"])
         shown.insert(1, "pattern", [f"{a} / {b}" for a, b in zip(shown.pop("segment_lengths"), shown.pop("dilation_rates"))])
         shown["run_accuracies"] = [", ".join(f"{a:.3f}" for a in runs) for runs in shown["run_accuracies"]]
+        shown.insert(shown.columns.get_loc("accuracy"), "accuracy [95%]", [
+            f"{a:.3f} [{low:.3f}, {high:.3f}]" for a, low, high in
+            zip(shown.pop("accuracy"), shown.pop("accuracy_low"), shown.pop("accuracy_high"))])
         shown = shown.rename(columns={
             "run_accuracies": "per seed", "curriculum": "curriculum (length:until step)",
             "pattern": "segments / dilations", "num_heads": "heads",
             "flops_per_token": "attention FLOPs/token", "flops_fraction": "of dense top",
-            "max_keys_per_query": "max w/r", "accuracy_low": "95% low", "accuracy_high": "95% high",
-            "count": "answers", "chance_accuracy": "chance", "tokens_per_s": "tokens/s"})
+            "max_keys_per_query": "max w/r", "count": "answers", "chance_accuracy": "chance", "tokens_per_s": "tokens/s"})
         sections.append(Section(f"{grid}: table", table=shown,
                                 caption=f"{'/'.join(map(fmt, lengths))} tokens, {'/'.join(map(fmt, steps))} steps, "
                                         f"chance {fmt(chance)}; "
