@@ -92,7 +92,7 @@ def throughput(values: dict, checkpointing: bool, steps: int, window: int) -> di
 
 
 def spanning_pattern(length: int, max_keys: int = 4096) -> tuple[list[int], list[int]]:
-    """dil8's pattern [2048, 8192, 32768] / [1, 4, 8], extended by segments 4x longer (each attending
+    """dil8's pattern [2048, 8192, 32768] / [1, 4, 8], extended by segments four times longer (each attending
     ``max_keys`` keys per query) until one spans ``length``."""
     segments, rates = [2048, 8192, 32768], [1, 4, 8]
     while segments[-1] < length:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hilbert_lab.reports.training_grid import grid_buckets_table, grid_rows_table, grid_sections, load_grids
+from hilbert_lab.reports.training_length import device_name, longest_trainable_sections, longest_trainable_table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,11 +109,6 @@ def group_chance(reports: Mapping[str, Mapping[str, Any]], metric: str = "loss")
     return values.pop() if len(values) == 1 else None
 
 
-def _device_name(report: Mapping[str, Any]) -> str | None:
-    device = (report.get("environment") or {}).get("device")
-    return device.get("name") if isinstance(device, dict) else device
-
-
 def final_evals_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
     """One row per run: group, run, steps (last logged), seq_len (of the evals), final eval loss and
     accuracy (with its Wilson 95% interval and answer count where the eval recorded them), chance loss and accuracy, wall_s, attention backend, world size, device."""
@@ -132,7 +128,7 @@ def final_evals_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
                 "answers": final.get("count"),
                 "chance_loss": training.get("chance_loss"), "chance_accuracy": training.get("chance_accuracy"),
                 "wall_s": training.get("wall_s"), "attention_backend": report.get("attention_backend"),
-                "world_size": report.get("world_size", 1), "device": _device_name(report),
+                "world_size": report.get("world_size", 1), "device": device_name(report),
             })
     return pd.DataFrame(rows)
 
@@ -147,22 +143,6 @@ def throughput_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
         {"run": label, **{key: row.get(key) for key in columns[1:]}}
         for reports in groups.values() for label, report in reports.items()
         for row in report.get("throughput") or []
-    ]
-    return pd.DataFrame(rows, columns=columns)
-
-
-def longest_trainable_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
-    """One row per probed length of any run with a "longest_trainable" probe (benchmarks/train_gpu.py
-    --probe-lengths): run (whose JSON holds it), device, seq_len, pattern, tokens_per_s, peak_memory_gib, device_memory_gib, error."""
-    import pandas as pd
-
-    columns = ["run", "device", "seq_len", "pattern", "tokens_per_s", "peak_memory_gib", "device_memory_gib", "error"]
-    rows = [
-        {"run": label, "device": _device_name(report), "seq_len": row["seq_len"],
-         "pattern": f"{','.join(map(str, row['segment_lengths']))} / {','.join(map(str, row['dilation_rates']))}",
-         **{key: row.get(key) for key in columns[4:]}}
-        for reports in groups.values() for label, report in reports.items()
-        for row in report.get("longest_trainable") or []
     ]
     return pd.DataFrame(rows, columns=columns)
 
@@ -274,7 +254,7 @@ def phases_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
 def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     """Training page: final evals against chance, loss / accuracy curves per group, ring vs 1 GPU, throughput."""
     from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, style_axes
-    from hilbert_lab.viz.training import memory_by_length, throughput_bars, training_curves
+    from hilbert_lab.viz.training import throughput_bars, training_curves
 
     finals, history, phases = (metrics_table(metrics, name) for name in ("final_evals", "history", "phases"))
     sections, bullets = [], []
@@ -357,39 +337,9 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                                     "gradient_checkpointing": "gradient checkpointing", "seq_len": "tokens",
                                     "batch_size": "batch", "tokens_per_s": "tokens/s",
                                     "peak_memory_gib": "peak memory (GiB)"})))
-    probes = metrics_table(metrics, "longest_trainable")
-    if len(probes):
-        lines = []
-        for run in dict.fromkeys(probes["run"]):
-            mine = probes[probes["run"] == run].sort_values("seq_len").to_dict(orient="records")
-            done = [r for r in mine if not (isinstance(r.get("error"), str) and r["error"])]
-            failed = [r for r in mine if isinstance(r.get("error"), str) and r["error"]]
-            if not done:
-                lines.append(f"{run}: no probed length trained ({failed[0]['error'][:80]})")
-                continue
-            last = done[-1]
-            line = (f"{last.get('device') or run}: {fmt(last['seq_len'])} tokens trained (batch 1, gradient checkpointing, peak "
-                    f"{fmt(last['peak_memory_gib'])} GiB, {fmt(last['tokens_per_s'])} tokens/s; memory "
-                    f"{fmt(last['peak_memory_gib'] / last['seq_len'] * 2**20)} GiB per 1M tokens)")
-            if failed:
-                line += f"; {fmt(failed[0]['seq_len'])} tokens failed: {failed[0]['error'].split('.')[0][:60]}"
-            lines.append(line)
-        capacity = probes["device_memory_gib"].dropna()
-        fig = memory_by_length(probes.to_dict(orient="records"),
-                               capacity_gib=float(capacity.iloc[0]) if len(capacity) else None)
-        fig.update_xaxes(title_text="sequence length (tokens, log scale)")
-        fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=1)
-        fig.update_yaxes(title_text="tokens/s (higher is better)", row=1, col=2)
-        fig.update_layout(template="plotly_white", height=420)
-        sections.append(Section("Longest trainable sequence", "; ".join(lines) + ". Each length is 3 training "
-                                "steps with the pattern extended by segments 4x longer at 4096 keys per query "
-                                "until one spans the sequence; single measurements, no interval.", figure=fig,
-                                table=probes.drop(columns=["run"] + [c for c in ("device_memory_gib", "error")
-                                                                      if probes[c].isna().all()])
-                                .rename(columns={"seq_len": "tokens", "tokens_per_s": "tokens/s",
-                                                             "peak_memory_gib": "peak memory (GiB)",
-                                                             "device_memory_gib": "device memory (GiB)"})))
-        bullets += ["Longest trainable: " + line for line in lines]
+    probe_sections, probe_bullets = longest_trainable_sections(metrics)
+    sections += probe_sections
+    bullets += probe_bullets
     bullets += grid_bullets
     if len(finals):
         shown = finals.drop(columns=["group"]).rename(columns={

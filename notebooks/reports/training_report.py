@@ -148,7 +148,7 @@ if len(throughput):
 # %% [markdown]
 # ## Longest trainable sequence
 # One training step at doubling lengths (batch 1, gradient checkpointing, bf16 autocast) with the dilated
-# pattern extended by segments 4x longer at 4096 keys per query until one spans the sequence, until a length
+# pattern extended by segments four times longer at 4096 keys per query until one spans the sequence, until a length
 # fails (`benchmarks/train_gpu.py --probe-lengths`).
 
 # %%

@@ -134,6 +134,7 @@ def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
             assert section.conclusion, (name, section.heading)
             assert all(title for _axis, title in figure_axis_titles(section.figure)), (name, section.heading)
     # the training curves come from the recorded history alone: one accuracy and one loss figure per group
+    # (32K on one H100, 128K on one H100, ring vs one GPU)
     curves = [s for s in pages["training"].sections if s.heading.endswith((": accuracy", ": loss"))]
-    assert len(curves) == 4 and "93.8%" in pages["training"].headline
+    assert len(curves) == 6 and "93.8%" in pages["training"].headline
     assert "lower" in pages["locality"].headline or "equal" in pages["locality"].headline
