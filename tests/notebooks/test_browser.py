@@ -100,7 +100,7 @@ def _wait_for_plot(page, title_part: str, check=lambda plot: True, timeout_s: fl
     deadline = time.monotonic() + timeout_s
     while True:
         plot = _plot(page, title_part)
-        if plot is not None and check(plot):
+        if plot is not None and plot["traces"] and check(plot):  # no traces yet: a redraw in progress
             return plot
         if time.monotonic() > deadline:
             titles = [plot["title"] for plot in page.evaluate(PLOTS)]
