@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.attention import DilatedPattern, dilated_attention  # noqa: E402
-from hilbert_lab.attention.backends import unavailable_reason  # noqa: E402
+from hilbert_lab.attention.executors import unavailable_reason  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402

@@ -1,47 +1,40 @@
-"""estimate_memory: peak bytes of the engine's forward and forward+backward, derived from the plan.
+"""estimate_memory: peak bytes of one attention call, forward and forward+backward, by a dry run.
 
-Block sizes come from the public plan (attention.plan.cached_plan: Plan.blocks, Block.count / length /
-num_heads); the executor that runs it decides what is allocated around them, one model each:
-- the block executor (engine._DilatedFunction, every backend): attention.memory_blocks;
-- the in-place executor (attention.inplace, "sdpa" backends on CUDA with fp16/bf16): attention.memory_inplace;
-- the fused Triton kernel over the whole pattern: `_whole_pattern_estimate` below;
-- ring attention per rank (world_size > 1): attention.memory_ring.
-All figures are bytes *above the inputs* q, k, v (and above the caller's upstream gradient); the
-inputs are reported separately as inputs_bytes.
-Measured on the CPU (benchmarks/validate_memory.py, reports/results/memory_estimate_*cpu.json):
-engine 0.94-1.11x of the measured peak over 13 cases; ring (2 gloo ranks, 6 cases) 0.94-1.08x.
-GPU numbers come from the same script with --device cuda (H100, bf16, sdpa/flash: reports/results/
-memory_estimate_gpu_h100.json, block executor: measured before "sdpa" ran in place).
+An executor's estimate is a run of its own code (attention.function with the executor and the plan the
+engine would use) on meta tensors, which allocate nothing, while a dispatch mode counts every storage the
+run creates and frees: the peak of live bytes is the estimate, and whatever an executor allocates is
+counted as it is allocated, with no model to keep in step with the code. Kernels report the buffers they
+allocate internally (cudnn-frontend's float32 dQ accumulator, the flash backward's packed copies) through
+attention.target.note_workspace; code that chooses by device (the SDPA kernel, the fused merge) answers
+for the device being estimated. Ring attention per rank (world_size > 1): attention.memory_ring.
+All figures are bytes *above the inputs* q, k, v (and above the caller's upstream gradient); the inputs
+are reported separately as inputs_bytes.
 """
 from __future__ import annotations
 
+import functools
 import re
+import weakref
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from hilbert_lab.attention.inplace import kernel_for
-from hilbert_lab.attention.memory_blocks import (
-    DTYPE_BYTES, EAGER_BACKENDS, FUSED_BACKENDS, engine_blocks, engine_peaks, tensor_elements,
-)
-from hilbert_lab.attention.memory_inplace import inplace_peaks
-from hilbert_lab.attention.memory_ring import ring_peaks
-from hilbert_lab.attention.pattern import MODES
-from hilbert_lab.attention.plan import IDENTITY_ORDERINGS
+from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
+from hilbert_lab.attention.function import attention, make_job
+from hilbert_lab.attention.pattern import MODES, DilatedPattern
+from hilbert_lab.attention.plan import Plan, cached_plan
+from hilbert_lab.attention.target import estimating
 from hilbert_lab.dtypes import DTYPES
 
-__all__ = ["ASSUMED_CAPABILITY", "DTYPE_BYTES", "EAGER_BACKENDS", "EXECUTORS", "FUSED_BACKENDS", "MAX_INPUT_BYTES",
-           "MAX_NUM_HEADS", "MemoryConfig", "MemoryEstimate", "estimate_memory"]
+__all__ = ["ASSUMED_CAPABILITY", "DTYPE_BYTES", "MAX_INPUT_BYTES", "MAX_NUM_HEADS", "MemoryConfig", "MemoryEstimate",
+           "dry_run", "estimate_memory"]
 
-# How the engine runs a plan: "blocks" (engine._DilatedFunction: block reads, per-block results, merge),
-# "inplace" (attention.inplace: cuDNN / flash kernels on the plan's strided views), "whole_pattern"
-# (a fused kernel over the whole pattern: backend "triton" on CUDA). "auto": the one the engine picks.
-EXECUTORS = ("auto", "blocks", "inplace", "whole_pattern")
+DTYPE_BYTES = dict(zip(DTYPES, (4, 8, 2, 2)))
 # A CUDA estimate on a machine without CUDA assumes the device the selection rules were measured on.
 ASSUMED_CAPABILITY = (9, 0)
-# Sizes no device or host holds are refused at once (the estimate walks heads one by one, so a
-# head count in the billions would exhaust memory before any answer).
+# Sizes no device or host holds are refused at once.
 MAX_INPUT_BYTES = 1 << 50  # q, k, v together: 1 PiB
 MAX_NUM_HEADS = 1 << 16
 
@@ -50,8 +43,8 @@ MAX_NUM_HEADS = 1 << 16
 class MemoryConfig:
     """One attention call to estimate: shapes (B, N, H, D), pattern, backend, dtype and device.
 
-    world_size > 1 estimates ring attention per rank (N is the global length). executor: one of
-    EXECUTORS; "auto" is the one the engine runs for this backend, device, dtype and ordering.
+    world_size > 1 estimates ring attention per rank (N is the global length). ordering is accepted for
+    benchmark cases and changes nothing (executors address tokens by original position).
     """
 
     seq_len: int
@@ -67,7 +60,6 @@ class MemoryConfig:
     device: str = "cpu"
     ordering: str | None = None
     world_size: int = 1
-    executor: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "batch_size", "num_heads", "head_dim", "world_size"):
@@ -84,7 +76,7 @@ class MemoryConfig:
             raise ValueError(f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
         if not isinstance(self.device, str) or not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
             raise ValueError(f"device must be 'cpu', 'cuda' or 'cuda:<index>', got {self.device!r}")
-        known = ("auto",) + EAGER_BACKENDS + FUSED_BACKENDS
+        known = ("auto",) + BACKENDS
         if self.backend not in known:
             raise ValueError(f"backend must be one of {', '.join(known)}; got {self.backend!r}")
         inputs = 3 * self.batch_size * self.seq_len * self.num_heads * self.head_dim * DTYPE_BYTES[self.dtype]
@@ -93,11 +85,10 @@ class MemoryConfig:
                 f"q, k, v of batch_size={self.batch_size}, seq_len={self.seq_len}, num_heads={self.num_heads}, "
                 f"head_dim={self.head_dim} ({self.dtype}) would take {inputs} bytes, more than any device holds "
                 f"(limit {MAX_INPUT_BYTES}); lower one of them")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}; got {self.executor!r}")
         if self.world_size > 1 and self.seq_len % self.world_size:
             raise ValueError(f"seq_len must be divisible by world_size ({self.world_size}) for ring attention, "
                              f"got {self.seq_len}")
+        DilatedPattern.create(self.segment_lengths, self.dilation_rates, mode=self.mode, causal=self.causal)
 
     @classmethod
     def from_case(cls, case: dict[str, Any]) -> "MemoryConfig":
@@ -106,12 +97,16 @@ class MemoryConfig:
         return cls(**{key: (tuple(value) if isinstance(value, list) else value)
                       for key, value in case.items() if key in names})
 
+    @property
+    def pattern(self) -> DilatedPattern:
+        return DilatedPattern.create(self.segment_lengths, self.dilation_rates, mode=self.mode, causal=self.causal)
+
 
 @dataclass
 class MemoryEstimate:
     """Estimated peaks in bytes above the inputs: forward (inference, no grad) and forward+backward.
 
-    inputs_bytes: q, k, v themselves. breakdown: the terms of each peak (name -> bytes).
+    inputs_bytes: q, k, v themselves. executor: the executor estimated. breakdown: named terms.
     """
 
     forward_bytes: int
@@ -120,7 +115,7 @@ class MemoryEstimate:
     backend: str
     per_rank: bool = False
     breakdown: dict[str, dict[str, int]] = field(default_factory=dict)
-    executor: str = "blocks"
+    executor: str = ""
 
     @property
     def total_forward_bytes(self) -> int:
@@ -137,88 +132,114 @@ class MemoryEstimate:
         return data
 
 
+class _Allocations(TorchDispatchMode):
+    """Counts the bytes of every storage created under it while it lives; `peak` is the most at once,
+    `transient(n)` a buffer of n bytes held only during the current operation."""
 
-def _resolve_backend(config: MemoryConfig) -> str:
-    """The backend named, or the one "auto" resolves to (the selection rule)."""
+    def __init__(self):
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = self.peak = 0
+
+    def exclude(self, *tensors: torch.Tensor) -> None:
+        """Storages that exist before the run (the inputs): never counted."""
+        for t in tensors:
+            self.live[t.untyped_storage()._cdata] = 0
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+    def transient(self, nbytes: int) -> None:
+        self.peak = max(self.peak, self.current + nbytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage._cdata
+                if key not in self.live:
+                    self.live[key] = storage.nbytes()
+                    self.current += storage.nbytes()
+                    self.peak = max(self.peak, self.current)
+                    weakref.finalize(storage, self._free, key)
+        return out
+
+
+def _target(device: str) -> tuple[str, Optional[tuple[int, int]], bool]:
+    if not device.startswith("cuda"):
+        return "cpu", None, False
+    if torch.cuda.is_available():
+        return "cuda", torch.cuda.get_device_capability(torch.device(device)), torch.backends.cudnn.is_available()
+    return "cuda", ASSUMED_CAPABILITY, True
+
+
+def dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,
+            kv_heads: Optional[int] = None) -> tuple[int, int]:
+    """(forward, forward+backward) peak bytes of `executor` running `plan` on inputs of (B, N, H, D) `shape`
+    on `device`, measured on meta tensors: inference (no LSE wanted, no gradient), then a training pass
+    (forward with autograd, backward with an upstream gradient on the output; q, k, v gradients count)."""
+    batch, seq_len, heads, dim = shape
+    kv_shape = (batch, plan.seq_len, kv_heads or heads, dim)
+    q = torch.empty((batch, plan.queries, heads, dim), dtype=dtype, device="meta")
+    k, v = (torch.empty(kv_shape, dtype=dtype, device="meta") for _ in range(2))
+    upstream = torch.empty(q.shape, dtype=dtype, device="meta")
+    from hilbert_lab.attention.engine import plan_part
+
+    job = make_job([plan_part(executor, plan)], dim ** -0.5)
+    peaks = []
+    for training in (False, True):
+        for t in (q, k, v):
+            t.requires_grad_(training)
+            t.grad = None
+        tracker = _Allocations()
+        tracker.exclude(q, k, v, upstream)
+        with estimating(*_target(device), tracker.transient), tracker:
+            with torch.set_grad_enabled(training):
+                out, lse = attention(job, q, k, v, need_lse=training)
+                if training:
+                    out.backward(upstream)
+            del out, lse
+        peaks.append(tracker.peak)
+    return peaks[0], peaks[1]
+
+
+def resolve_backend(config: MemoryConfig) -> str:
+    """The backend named, or the one "auto" resolves to (the selection rule for the config)."""
     if config.backend != "auto":
         return config.backend
-    if config.device == "cpu" or torch.cuda.is_available():
-        from hilbert_lab.attention.selection import rule_backend
+    from hilbert_lab.attention.selection import rule_backend
 
+    if config.device == "cpu" or torch.cuda.is_available():
         return rule_backend(config.device, getattr(torch, config.dtype), whole_pattern=config.world_size == 1)
-    # a CUDA estimate on a machine without CUDA: the rule for Ampere and newer without flash-attn
-    return "sdpa"
+    return "sdpa"  # a CUDA estimate on a machine without CUDA: the rule without the fused kernel
 
 
 def estimate_memory(config: MemoryConfig | dict[str, Any]) -> MemoryEstimate:
-    """Peak bytes above the inputs of one engine call: forward (no grad) and forward+backward.
+    """Peak bytes above the inputs of one attention call: forward (no grad) and forward+backward.
 
-    config: a MemoryConfig or a dict of its fields. ValueError for invalid settings (the engine's
-    own pattern validator checks segment_lengths/dilation_rates/mode). world_size > 1: ring
-    attention, per rank (block executor). The estimate's `executor` says which executor was modelled.
+    config: a MemoryConfig or a dict of its fields (ValueError naming a bad field). world_size > 1:
+    ring attention, per rank.
     """
     if isinstance(config, dict):
         config = MemoryConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items()})
-    backend = _resolve_backend(config)
+    return _estimate(config)
+
+
+@functools.lru_cache(maxsize=256)
+def _estimate(config: MemoryConfig) -> MemoryEstimate:
+    backend = resolve_backend(config)
     element = DTYPE_BYTES[config.dtype]
     if config.world_size > 1:
-        if config.executor not in ("auto", "blocks"):
-            raise ValueError(f"executor must be 'auto' or 'blocks' for ring attention (world_size > 1), "
-                             f"got {config.executor!r}")
+        from hilbert_lab.attention.memory_ring import ring_peaks
+
         forward, forward_backward, breakdown = ring_peaks(config, backend)
-        inputs = 3 * tensor_elements(config, config.seq_len // config.world_size) * element
-        return MemoryEstimate(forward, forward_backward, inputs, backend, True, breakdown)
-    executor, kernel = _resolve_executor(config, backend)
-    if executor == "whole_pattern":
-        return _whole_pattern_estimate(config)
-    if executor == "inplace":
-        forward, forward_backward, breakdown = inplace_peaks(config, kernel)
-    else:
-        blocks, partials = engine_blocks(config, config.seq_len)
-        forward, forward_backward, breakdown = engine_peaks(config, backend, config.seq_len, blocks, partials)
-    inputs = 3 * tensor_elements(config, config.seq_len) * element
-    return MemoryEstimate(forward, forward_backward, inputs, backend, False, breakdown, executor)
-
-
-def _whole_pattern_estimate(config: MemoryConfig) -> MemoryEstimate:
-    """The fused Triton kernel (kernels/triton_dilated.py) reads the whole pattern in place: no block
-    copies, no partial results, no merge, and orderings need no permutation. Forward: out (input
-    dtype) and lse (float32). Backward: out and lse kept, the float32 row correction delta (B, H, N)
-    and dq, dk, dv in the input dtype."""
-    element = DTYPE_BYTES[config.dtype]
-    tokens = tensor_elements(config, config.seq_len)
-    rows = config.batch_size * config.num_heads * config.seq_len
-    forward = tokens * element + rows * 4
-    forward_backward = forward + rows * 4 + 3 * tokens * element
-    return MemoryEstimate(forward, forward_backward, 3 * tokens * element, "triton", False,
-                          {"forward": {"out_lse": forward},
-                           "forward_backward": {"kept_out_lse": forward, "delta": rows * 4, "gradients": 3 * tokens * element}},
-                          "whole_pattern")
-
-
-def _inplace_kernel(config: MemoryConfig, backend: str) -> str | None:
-    """The kernel the in-place executor would use (attention.inplace.kernel_for), or None where the engine
-    runs the block executor (CPU, fp32/fp64, other backends, a layout ordering: index maps)."""
-    if config.device == "cpu" or config.ordering not in IDENTITY_ORDERINGS:
-        return None
-    if torch.cuda.is_available():
-        capability, cudnn = torch.cuda.get_device_capability(config.device), torch.backends.cudnn.is_available()
-    else:
-        capability, cudnn = ASSUMED_CAPABILITY, True
-    return kernel_for(backend, getattr(torch, config.dtype), config.head_dim, capability, cudnn)
-
-
-def _resolve_executor(config: MemoryConfig, backend: str) -> tuple[str, str | None]:
-    """(executor, in-place kernel or None): the engine's choice for "auto", else the requested one when
-    the engine can run it for this backend, device, dtype, head_dim and ordering."""
-    if backend == "triton" and config.device != "cpu":
-        possible = {"whole_pattern": None}
-    else:
-        kernel = _inplace_kernel(config, backend)
-        possible = {"inplace": kernel, "blocks": None} if kernel else {"blocks": None}
-    executor = next(iter(possible)) if config.executor == "auto" else config.executor
-    if executor not in possible:
-        raise ValueError(f"executor must be one of auto, {', '.join(possible)} for backend {backend!r} on "
-                         f"{config.device} with {config.dtype}, head_dim {config.head_dim} and ordering "
-                         f"{config.ordering!r}; got {config.executor!r}")
-    return executor, possible[executor]
+        inputs = 3 * config.batch_size * (config.seq_len // config.world_size) * config.num_heads * config.head_dim
+        return MemoryEstimate(forward, forward_backward, inputs * element, backend, True, breakdown, backend)
+    executor = get_executor(backend)
+    plan = cached_plan(config.pattern, config.seq_len, config.num_heads)
+    shape = (config.batch_size, config.seq_len, config.num_heads, config.head_dim)
+    forward, forward_backward = dry_run(executor, plan, shape, getattr(torch, config.dtype), config.device)
+    inputs = 3 * config.batch_size * config.seq_len * config.num_heads * config.head_dim * element
+    breakdown = {"forward": {"peak": forward}, "forward_backward": {"peak": forward_backward}}
+    return MemoryEstimate(forward, forward_backward, inputs, backend, False, breakdown, executor.name)

@@ -1,47 +1,44 @@
-"""The memory model of ring attention per rank (hilbert_lab.distributed.ring); the public API is
+"""The memory model of ring attention per rank (hilbert_lab.distributed); the public API is
 attention.memory (estimate_memory with world_size > 1)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hilbert_lab.attention.memory_blocks import (
-    DTYPE_BYTES, EAGER_BACKENDS, Block, eager_block_work, engine_blocks, engine_peaks, fused_block_work,
-    tensor_elements,
-)
-from hilbert_lab.attention.pattern import DilatedPattern
+import torch
+
+from hilbert_lab.attention.executors import get_executor
+from hilbert_lab.attention.executors.manual import MAX_SCORE_ELEMENTS
+from hilbert_lab.attention.plan import cached_plan
 
 if TYPE_CHECKING:
     from hilbert_lab.attention.memory import MemoryConfig
 
 
 def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, dict[str, int]]]:
-    """(forward, forward+backward, breakdown) of ring attention per rank (hilbert_lab.distributed.ring, contiguous layout), shard n = N / P.
+    """(forward, forward+backward, breakdown) of ring attention per rank (contiguous layout), shard n = N / P.
 
-    Forward, as the ring runs it: (1) the branches whose segments fit in a shard run through the
-    engine on the shard (every branch still gets a partial result); (2) each branch spanning ranks
-    packs this rank's selected K/V (B * ceil(n/r) * H_branch * D each), holds its own packet and
-    one in flight, and attends the shard's selected queries to each packet in one block with all
-    of the branch's heads stacked, keeping a running (out, lse) in the LSE dtype; (3) the LSE merge
-    of the local result and the ring branches. Backward (one autograd function, every part's backward
-    with the merged out and LSE): the merged (out, lse), the q/k/v gradient accumulators, and per ring
-    branch its gathered rows, K/V packets, dK/dV shares and sums and one call's gradient shares; the
-    local blocks' backward adds into the same accumulators.
-    Checked against measured per-rank peaks: benchmarks/validate_memory.py --ring 2.
+    Forward, as the ring runs it: (1) the branches whose segments fit in a shard run on the shard's plan
+    (their peak is a dry run of the executor, attention.memory.dry_run); (2) each branch spanning ranks
+    packs this rank's selected K/V (B * ceil(n/r) * H_branch * D each), holds its own packet and one in
+    flight, and attends the shard's selected queries to each packet in one call with all of the
+    branch's heads stacked, keeping a running (out, lse) in the LSE dtype; (3) the LSE merge of the
+    slots. Backward (the one attention function, every part's backward with the merged out and LSE):
+    the merged (out, lse), the q/k/v gradient accumulators, and per ring branch its gathered rows, K/V
+    packets, dK/dV shares and sums and one call's gradient shares.
     """
-    pattern = DilatedPattern.create(config.segment_lengths, config.dilation_rates, mode=config.mode,
-                                    causal=config.causal)
+    from hilbert_lab.attention.memory import DTYPE_BYTES, dry_run
+
+    pattern = config.pattern
     element = DTYPE_BYTES[config.dtype]
-    lse = 8 if config.dtype == "float64" else 4
-    accumulate = 8 if config.dtype == "float64" else 4
+    lse = accumulate = 8 if config.dtype == "float64" else 4
     n = config.seq_len // config.world_size
-    tokens = tensor_elements(config, n)
+    tokens = config.batch_size * n * config.num_heads * config.head_dim
     rows = config.batch_size * config.num_heads * n
-    part = tokens * element + rows * lse  # one (out, lse) pair on the shard
-    local, ring = set(), []
+    local, ring = [], []
     for branch, offsets in enumerate(pattern.head_offsets(config.num_heads)):
         segment = min(pattern.segment_lengths[branch], config.seq_len)
         if n % segment == 0:
-            local.add(branch)
+            local.append(branch)
         elif segment % n == 0:
             ring.append((branch, int((offsets >= 0).sum()), pattern.dilation_rates[branch]))
         else:
@@ -50,58 +47,36 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
     forward_terms: dict[str, int] = {}
     backward_terms: dict[str, int] = {}
     forward = forward_backward = 0
-    live = 0
     if local:
-        blocks, partials = engine_blocks(config, n, local)
-        local_forward, local_training, terms = engine_peaks(config, backend, n, blocks, partials,
-                                                             grad_lse=bool(ring))
-        forward, forward_backward = local_forward, local_training
-        forward_terms["local_engine"], backward_terms["local_engine"] = local_forward, local_training
-        live = part
-    eager = backend in EAGER_BACKENDS
-    parts = (1 if local else 0) + len(ring)
-    # After the forward: the merged (out, lse) and every part's (out, lse), saved for backward. The
-    # merge's backward then makes one output gradient per part.
-    after_forward = part + parts * part
+        plan = cached_plan(pattern, n, config.num_heads, tuple(local))
+        shape = (config.batch_size, n, config.num_heads, config.head_dim)
+        forward, forward_backward = dry_run(get_executor(backend), plan, shape, getattr(torch, config.dtype),
+                                            config.device)
+        forward_terms["local"], backward_terms["local"] = forward, forward_backward
+    if not ring:  # every branch is local: the ring is exactly the engine on the shard
+        return int(forward), int(forward_backward), {"forward": forward_terms, "forward_backward": backward_terms}
+    eager = backend in ("manual", "reference", "sdpa_math")
+    slots = (1 if local else 0) + len(ring)
+    buffers = slots * (tokens * element + rows * lse)
     for branch, branch_heads, dilation in ring:
         selected = -(-n // dilation)
-        block = Block(config.batch_size, selected, branch_heads, False)
         rows_block = config.batch_size * selected * branch_heads
         packet = 2 * rows_block * config.head_dim * element
         gathered = rows_block * config.head_dim * element
         state = rows_block * (config.head_dim * lse + lse)
-        work = eager_block_work(block, config, backend, False) if eager else fused_block_work(block, config, backend, False)
-        phase = live + max(2 * packet + 2 * gathered + rows_block * lse + work + 3 * state, state + part)
+        work = min(rows_block * selected, MAX_SCORE_ELEMENTS) * 4 * 4 if eager else 0
+        phase = buffers + 2 * packet + 2 * gathered + rows_block * lse + work + 3 * state
         forward = max(forward, phase)
         forward_terms[f"ring_branch{branch}"] = phase
-        # backward: dQ (accumulate dtype) and the final dK/dV, own/received/sent K/V packets with
-        # their dK/dV accumulators, the gathered dO/q/out and a block's three gradient shares
-        work_bw = (eager_block_work(block, config, backend, True) if eager
-                   else fused_block_work(block, config, backend, True, grad_lse=False))
         acc_packet = packet // element * accumulate
-        # backward: this rank's rows gathered once (out and dO dense, lse, a dQ accumulator), the own and
-        # the incoming K/V packet, the dK/dV share being computed, the arriving and the pending sums, and
-        # one call's three gradient shares
         ring_rows = 2 * gathered + rows_block * lse + rows_block * config.head_dim * accumulate
-        internal = ring_rows + 2 * packet + 3 * acc_packet + 3 * gathered + work_bw
-        backward_terms[f"ring_branch{branch}"] = internal
-        live += part
-    if parts > 1:
-        cast = tokens * lse if element != lse else 0
-        merge = parts * part + 3 * parts * rows * lse + 3 * tokens * lse + cast
-        forward = max(forward, merge)
-        forward_terms["merge"] = merge
-    if not ring:  # every branch is local: the ring is exactly the engine on the shard
-        return int(forward), int(forward_backward), {"forward": forward_terms, "forward_backward": backward_terms}
-    # One autograd function: after the forward only the merged (out, lse) is kept; the backward holds
-    # the q/k/v gradient accumulators, and each part's backward runs with the merged out and LSE.
-    after_forward = part
+        backward_terms[f"ring_branch{branch}"] = ring_rows + 2 * packet + 3 * acc_packet + 3 * gathered + work
+    merge = buffers + 3 * slots * rows * lse + 3 * tokens * lse
+    forward = max(forward, merge)
+    forward_terms["merge"] = merge
+    kept = tokens * element + rows * lse
     accumulators = 3 * tokens * accumulate
-    phases = [forward] + [after_forward + accumulators + backward_terms[f"ring_branch{b}"] for b, _, _ in ring]
-    if local:
-        local_phase = after_forward + accumulators + terms["forward_backward"]["largest_block"]
-        backward_terms["local_phase"] = local_phase
-        phases.append(local_phase)
-    forward_backward = max(phases)
-    backward_terms.update(after_forward=after_forward, grad_accumulators=accumulators)
-    return int(forward), int(forward_backward), {"forward": forward_terms, "forward_backward": backward_terms}
+    phases = [forward, forward_backward + accumulators] + [kept + accumulators + backward_terms[f"ring_branch{b}"]
+                                                           for b, _, _ in ring]
+    backward_terms.update(kept_out_lse=kept, grad_accumulators=accumulators)
+    return int(forward), int(max(phases)), {"forward": forward_terms, "forward_backward": backward_terms}

@@ -1,9 +1,19 @@
-"""Guarded log-sum-exp merge of partial attention results (-inf safe, differentiable)."""
+"""The LSE merge of partial attention results (-inf safe, NaN propagating, differentiable), in one home.
+
+`merge_lse` merges a list of parts under autograd; `merge_slots` merges the slot buffers of the one
+attention function (the fused Triton merge is its fast path on CUDA); `shifted_exp` is the guarded
+softmax core that the eager kernels and the float64 oracle share.
+"""
 from __future__ import annotations
 
 from typing import Sequence
 
 import torch
+
+from hilbert_lab.attention.target import device_facts
+from hilbert_lab.kernels import triton_merge
+
+FUSED_MERGE_DEVICES = ("cuda",)  # where the Triton merge runs (tests add "cpu" with a stand-in for it)
 
 
 def shifted_exp(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -12,17 +22,17 @@ def shifted_exp(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, 
     Returns (weights, total, lse): weights = exp(x - m) with m = max over `dim` (the largest
     weight is exactly 1; all 0 for all -inf slices), total = their sum over `dim` (keepdim; 1
     for all -inf slices, so that dividing by it is safe) and lse = m + log(total) with `dim`
-    removed (-inf for all -inf slices). Normalise with weights / total (never exp(x - lse): at
-    large scores lse is rounded and those weights would not sum to 1). Differentiable, with
-    finite (zero) gradients for all -inf slices.
+    removed (-inf for all -inf slices). A NaN in a slice makes its weights, total and lse NaN.
+    Normalise with weights / total (never exp(x - lse): at large scores lse is rounded and those
+    weights would not sum to 1). Differentiable, with finite (zero) gradients for all -inf slices.
     """
     peak = x.detach().amax(dim=dim, keepdim=True)
+    empty = peak == float("-inf")
     peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
     weights = torch.exp(x - peak)
     total = weights.sum(dim=dim, keepdim=True)
-    has_keys = total > 0
-    total = torch.where(has_keys, total, torch.ones_like(total))
-    lse = torch.where(has_keys, peak + torch.log(total), torch.full_like(total, float("-inf")))
+    total = torch.where(empty, torch.ones_like(total), total)
+    lse = torch.where(empty, torch.full_like(total, float("-inf")), peak + torch.log(total))
     return weights, total, lse.squeeze(dim)
 
 
@@ -37,14 +47,14 @@ def merge_lse(
     """Merge partial attention results over disjoint (multi)sets of keys.
 
     outs: each (B, N, H, D), the normalised partial outputs; lses: each (B, H, N), their
-    log-sum-exps (-inf where a part saw no keys). Returns (out (B, N, H, D), lse (B, H, N)).
-    Max-subtracted and sum-normalised, so the weights sum to 1 at any score scale:
-    m = max_i lse_i, w_i = exp(lse_i - m), out = sum_i w_i out_i / sum_i w_i,
+    log-sum-exps (-inf where a part saw no keys; such a part's output is never read). Returns
+    (out (B, N, H, D), lse (B, H, N)). Max-subtracted and sum-normalised, so the weights sum to 1
+    at any score scale: m = max_i lse_i, w_i = exp(lse_i - m), out = sum_i w_i out_i / sum_i w_i,
     lse = m + log(sum_i w_i). Rows with no keys in any part give out 0 and lse -inf without NaN in
-    forward or backward. Gradients flow through the merge weights. Weights and the sum are computed
-    in the LSE dtype (float32 or float64). The merge adds no error of its own; what remains is the
-    rounding of the lse_i themselves (ulp(|lse_i|) / 2: ~5e-4 at 1e4 in float32), which shifts
-    weights of parts whose lse_i differ by O(1).
+    forward or backward; a NaN lse_i gives NaN. Gradients flow through the merge weights. Weights
+    and the sum are computed in the LSE dtype (float32 or float64). The merge adds no error of its
+    own; what remains is the rounding of the lse_i themselves (ulp(|lse_i|) / 2: ~5e-4 at 1e4 in
+    float32), which shifts weights of parts whose lse_i differ by O(1).
     """
     if len(outs) != len(lses) or not outs:
         raise ValueError(f"outs and lses must be non-empty and of equal length, got {len(outs)} and {len(lses)}")
@@ -58,8 +68,34 @@ def merge_lse(
     stacked = torch.stack(list(lses), dim=0)  # (P, B, H, N)
     weights, total, lse = shifted_exp(stacked, dim=0)  # weights in [0, 1], total (1, B, H, N) in [1, P]
     out = None
-    for weight, part in zip(weights, outs):
-        term = weight.transpose(1, 2).unsqueeze(-1) * part.to(weight.dtype)
+    for weight, part, part_lse in zip(weights, outs, lses):
+        read = part_lse.detach() != float("-inf")  # an empty part's output is never read (it may be garbage)
+        term = weight.transpose(1, 2).unsqueeze(-1) * torch.where(
+            read.transpose(1, 2).unsqueeze(-1), part.to(weight.dtype), torch.zeros((), dtype=weight.dtype, device=part.device))
         out = term if out is None else out + term
     out = out / total[0].transpose(1, 2).unsqueeze(-1)
     return out.to(outs[0].dtype), lse
+
+
+def fused_merge_applies(outs: torch.Tensor, lses: torch.Tensor) -> bool:
+    """Whether `merge_slots` takes the fused Triton merge for these slot buffers (device and dtypes)."""
+    return (triton_merge.HAVE_TRITON and device_facts(outs)[0] in FUSED_MERGE_DEVICES
+            and lses.dtype == torch.float32 and outs.dtype != torch.float64)
+
+
+def merge_slots(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge slot partials outs (P, B, N, H, D), lses (P, B, N, H) (token-major, as the slots are written)
+    by LSE: (out (B, N, H, D) in `dtype`, lse (B, H, N)). With several slots, entries whose lse is -inf are
+    never read, so those buffers need no zeros."""
+    parts, batch, seq_len, heads, dim = outs.shape
+    if parts == 1:  # one slot is the result itself (its rows without keys were zeroed by the caller)
+        return outs[0].to(dtype), lses[0].transpose(1, 2)
+    if fused_merge_applies(outs, lses):
+        out = torch.empty(outs.shape[1:], dtype=dtype, device=outs.device)
+        lse = torch.empty(lses.shape[1:], dtype=torch.float32, device=outs.device)
+        if outs.device.type != "meta":  # a dry run counts the buffers; nothing to compute
+            triton_merge.merge_partials(outs.reshape(parts, -1, dim), lses.reshape(parts, -1), out.view(-1, dim),
+                                        lse.view(-1))
+        return out, lse.transpose(1, 2)
+    out, lse = merge_lse(list(outs), [t.transpose(1, 2) for t in lses])
+    return out.to(dtype).contiguous(), lse

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
-from hilbert_lab.attention.backends import BACKENDS, Backend
+from hilbert_lab.attention.executors import BACKENDS, Executor
 from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.curves import ORDERINGS
@@ -22,8 +22,8 @@ def _check_dropout(dropout) -> float:
 
 def _check_options(backend, ordering, scale, hilbert_pattern) -> Optional[float]:
     """ValueError naming the argument for a bad backend / ordering / scale / hilbert_pattern; the scale."""
-    if not isinstance(backend, Backend) and (not isinstance(backend, str) or backend not in ("auto",) + BACKENDS):
-        raise ValueError(f"backend must be 'auto', one of {BACKENDS} or a Backend, got {backend!r}")
+    if not isinstance(backend, Executor) and (not isinstance(backend, str) or backend not in ("auto",) + BACKENDS):
+        raise ValueError(f"backend must be 'auto', one of {BACKENDS} or an Executor, got {backend!r}")
     if ordering is not None and (not isinstance(ordering, str) or ordering not in ORDERINGS):
         raise ValueError(f"ordering must be None or one of {ORDERINGS}, got {ordering!r}")
     if scale is not None and (isinstance(scale, (bool, torch.Tensor)) or not isinstance(scale, numbers.Real)

@@ -1,11 +1,17 @@
 """The one plan of a dilated pattern: which tokens of which heads form each attention block.
 
-A plan turns (pattern, sequence length N, heads H[, layout]) into blocks. A block is one
-(branch, offset, head slice) group over a run of equal segments: token j of segment s is the
-original position `start + s * seg + offset + j * step`, read from a (B, N, H, D) tensor as the
-strided view (B, count, L, h, D) (no copy) or, with a layout permutation, through an index map.
-The ragged last segment is its own block; a segment longer than N is clipped to N. The engine,
-the ring, the memory estimate and the locality traces all read this plan.
+A plan turns (pattern, key length N, heads H[, key/value heads, queries]) into blocks. A block is one
+(branch, offset, head slice) group over a run of equal segments: key j of segment s is the original
+position `start + s * seg + offset + j * step`, read from a (B, N, H_kv, D) tensor as the strided view
+(B, count, L, h_kv, D) (no copy). Queries and keys have their own geometry:
+- queries may be fewer than keys (decoding): the queries are the last `query_len` positions, query
+  row i is position N - query_len + i, and a block's queries are the last `queries` of its selected
+  tokens per segment (causal attention is then bottom-right aligned inside the block);
+- several query heads may read one key/value head (grouped-query attention): `kv_heads` is the block's
+  slice of key/value heads;
+- documents of a packed row restart the pattern: blocks of each document start at its offset.
+The ragged last segment is its own block; a segment longer than N is clipped to N. The engine, the
+ring, the memory estimate and the locality traces all read this plan.
 
 The selection rule of the whole library, `is_selected` (position p is selected in a branch (w, r)
 for offset o iff `(p % w) % r == o`), lives in attention.pattern and is exported here too.
@@ -19,18 +25,24 @@ from typing import Optional
 import torch
 
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
-from hilbert_lab.curves.layouts import layout_permutation
 
 IDENTITY_ORDERINGS = (None, "identity")
 __all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected"]
 
 
+def _count(heads: slice) -> int:
+    return len(range(heads.start, heads.stop, heads.step or 1))
+
+
 @dataclass(frozen=True)
 class Block:
-    """Segments [start, start + count * seg) of one (branch, offset) group, read as (B * count, L, h, ...).
+    """Segments [start, start + count * seg) of one (branch, offset) group.
 
-    Token j of segment s is original position start + s * seg + offset + j * step. With a layout
-    permutation, `index` (count * L,) holds the layout slots of those tokens instead.
+    Key j of segment s is original position start + s * seg + offset + j * step (j < length); its
+    queries are the last `queries` of those positions (all of them unless queries sit only at the end
+    of the sequence). heads: the query heads; kv_heads: the key/value heads they read (equal to heads
+    without grouped-query attention; otherwise each kv head serves `heads / kv_heads` consecutive query
+    heads of the slice).
     """
 
     branch: int
@@ -41,74 +53,85 @@ class Block:
     offset: int
     step: int
     length: int
-    index: Optional[torch.Tensor] = None
+    kv_heads: Optional[slice] = None
+    queries: Optional[int] = None
 
-    def __hash__(self) -> int:  # slices are unhashable before Python 3.12; index maps hash by identity
+    def __hash__(self) -> int:  # slices are unhashable before Python 3.12
+        kv = self.key_heads
         return hash((self.branch, self.heads.start, self.heads.stop, self.heads.step, self.start, self.count, self.seg,
-                     self.offset, self.step, self.length, None if self.index is None else id(self.index)))
+                     self.offset, self.step, self.length, kv.start, kv.stop, kv.step, self.num_queries))
 
     @property
     def num_heads(self) -> int:
-        return len(range(self.heads.start, self.heads.stop, self.heads.step or 1))
+        return _count(self.heads)
+
+    @property
+    def key_heads(self) -> slice:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return _count(self.key_heads)
+
+    @property
+    def num_queries(self) -> int:
+        return self.length if self.queries is None else self.queries
+
+    @property
+    def bottom_right(self) -> bool:
+        """Whether the queries are fewer than the keys (causal masks then align at the bottom right)."""
+        return self.num_queries < self.length
 
     def positions(self) -> torch.Tensor:
-        """int64 (count, L): the original positions of the block's tokens."""
+        """int64 (count, L): the original positions of the block's keys."""
         local = torch.arange(self.offset, self.offset + self.length * self.step, self.step)
         return self.start + torch.arange(self.count)[:, None] * self.seg + local[None, :]
 
+    def query_positions(self) -> torch.Tensor:
+        """int64 (count, Lq): the original positions of the block's queries."""
+        return self.positions()[:, self.length - self.num_queries:]
+
     def pairs(self, causal: bool) -> int:
-        """Query-key pairs the block computes per batch element and head."""
-        per_segment = self.length * (self.length + 1) // 2 if causal else self.length * self.length
-        return self.count * per_segment
+        """Query-key pairs the block computes per batch element and query head."""
+        lq, lk = self.num_queries, self.length
+        if not causal:
+            return self.count * lq * lk
+        return self.count * (lq * (lk - lq) + lq * (lq + 1) // 2)
 
-    def read(self, x: torch.Tensor) -> torch.Tensor:
-        """x (B, N, H, *rest) -> (B * count, L, h, *rest): a strided view when the batch and segment
-        strides fold into one (always for count = 1 or whole-sequence runs), else a copy."""
-        if self.index is not None:
-            picked = x.index_select(1, self.index)[:, :, self.heads]
-            return picked.unflatten(1, (self.count, self.length)).flatten(0, 1)
-        size, stride, offset = self._geometry(x)
-        if x.shape[0] == 1 or self.count == 1 or stride[0] == self.count * stride[1]:
-            return x.as_strided((size[0] * size[1],) + size[2:], stride[1:] if self.count > 1 else (stride[0],) + stride[2:],
-                                offset)
-        return x.as_strided(size, stride, offset).flatten(0, 1)
+    def view(self, x: torch.Tensor, role: str = "key", query_start: int = 0) -> torch.Tensor:
+        """The block of x as a strided view (B, count, L, h, *rest); no copy.
 
-    def write(self, dst: torch.Tensor, value: torch.Tensor, accumulate: bool = False) -> None:
-        """Store (or add) `value` (B * count, L, h, *rest) into dst (B, N, H, *rest) in place."""
-        value = value.unflatten(0, (dst.shape[0], self.count))
-        if self.index is not None:
-            value = value.flatten(1, 2).to(dst.dtype)
-            if accumulate:
-                dst[:, self.index, self.heads] += value
-            else:
-                dst[:, self.index, self.heads] = value
-            return
-        view = self.view(dst)
-        if accumulate:
-            view.add_(value.to(dst.dtype))
+        role "key": x is (B, N, H_kv, *rest) (keys, values); "query": x is (B, Nq, H, *rest) whose row
+        0 is position query_start (queries, outputs, their gradients)."""
+        return x.as_strided(*self.geometry(x.shape, x.stride(), x.storage_offset(), role, query_start))
+
+    def read(self, x: torch.Tensor, role: str = "key", query_start: int = 0) -> torch.Tensor:
+        """The block of x as (B * count, L, h, *rest): a view where batch and segments fold, else a copy."""
+        view = self.view(x, role, query_start)
+        return view.flatten(0, 1) if view.shape[0] == 1 or view.shape[1] == 1 else view.reshape(-1, *view.shape[2:])
+
+    def geometry(self, shape, stride, storage_offset: int, role: str = "key",
+                 query_start: int = 0) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+        """(size, stride, storage offset) of the block's view (B, count, L, h, *rest) of a tensor."""
+        s_b, s_n, s_h, *rest = stride
+        if role == "query":
+            heads, length = self.heads, self.num_queries
+            first = self.start + self.offset + (self.length - length) * self.step - query_start
         else:
-            view.copy_(value)
-
-    def view(self, x: torch.Tensor) -> torch.Tensor:
-        """The block of x (B, N, H, *rest) as a strided view (B, count, L, h, *rest); no copy."""
-        return x.as_strided(*self._geometry(x))
-
-    def _geometry(self, x: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...], int]:
-        s_b, s_n, s_h, *rest = x.stride()
-        head_step = self.heads.step or 1
-        size = (x.shape[0], self.count, self.length, self.num_heads, *x.shape[3:])
-        stride = (s_b, self.seg * s_n, self.step * s_n, head_step * s_h, *rest)
-        offset = x.storage_offset() + (self.start + self.offset) * s_n + self.heads.start * s_h
-        return size, stride, offset
+            heads, length, first = self.key_heads, self.length, self.start + self.offset
+        size = (shape[0], self.count, length, _count(heads), *shape[3:])
+        strides = (s_b, self.seg * s_n, self.step * s_n, (heads.step or 1) * s_h, *rest)
+        return size, strides, storage_offset + first * s_n + heads.start * s_h
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Blocks of a (pattern, seq_len, num_heads, layout).
+    """Blocks of a (pattern, sequence, heads) plus the geometry they were planned for.
 
-    merge: some (position, head) is computed by more than one branch, so branch results are merged
-    by their LSEs; otherwise every (position, head) belongs to at most one block (head_groups mode,
-    or a single branch) and blocks write their results in place.
+    merge: some (query position, head) is computed by more than one branch, so branch results are merged
+    by their LSEs; otherwise every (query position, head) belongs to at most one block (head_groups mode,
+    or a single branch) and blocks write their results in place. covered: every (query row, head) lies in
+    some block (else the output's uncovered rows must read 0 and their LSE -inf).
     """
 
     blocks: tuple[Block, ...]
@@ -116,23 +139,45 @@ class Plan:
     merge: bool
     seq_len: int
     num_heads: int
+    pattern: Optional[DilatedPattern] = None
+    branches: Optional[tuple[int, ...]] = None
+    num_kv_heads: Optional[int] = None
+    query_len: Optional[int] = None
+    covered: bool = False
+
+    @property
+    def causal(self) -> bool:
+        return bool(self.pattern is not None and self.pattern.causal)
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+    @property
+    def queries(self) -> int:
+        return self.seq_len if self.query_len is None else self.query_len
+
+    @property
+    def query_start(self) -> int:
+        """Position of query row 0 (queries sit at the end of the sequence)."""
+        return self.seq_len - self.queries
 
     def pairs(self, causal: bool) -> int:
         """Query-key pairs the plan computes per batch element (all heads and branches)."""
         return sum(b.pairs(causal) * b.num_heads for b in self.blocks)
 
 
-def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, inverse: Optional[torch.Tensor] = None,
+def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
                branches: Optional[tuple[int, ...]] = None) -> Plan:
-    """The blocks of `pattern` for N = seq_len tokens and H = num_heads heads.
+    """The blocks of `pattern` for N = seq_len tokens and H = num_heads heads (queries = keys, one key
+    head per query head, one document).
 
-    inverse: optional LongTensor (N,) layout permutation (`x = x_layout[inverse]`); blocks then read
-    the layout through index maps instead of strided views. branches: plan only these branches (the
-    others contribute no block; `merge` then says whether the planned ones overlap), e.g. the branches
-    whose segments lie inside one rank's shard of a ring.
+    branches: plan only these branches (the others contribute no block; `merge` then says whether the
+    planned ones overlap), e.g. the branches whose segments lie inside one rank's shard of a ring.
     """
     blocks = []
     branches_per_head = [0] * num_heads
+    coverage = [0] * num_heads  # selected positions per head, summed over its branches
     for group in pattern.groups(seq_len, num_heads):
         if branches is not None and group.branch not in branches:
             continue
@@ -147,25 +192,31 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, inverse: O
             selected = len(range(offset, length, step))
             if selected == 0:
                 continue
-            index = None
-            if inverse is not None:
-                local = torch.arange(offset, length, step, device=inverse.device)
-                segments = torch.arange(count, device=inverse.device)
-                positions = (start + segments[:, None] * length + local[None, :]).reshape(-1)
-                index = inverse[positions]
-            blocks.append(Block(group.branch, group.head_slice, start, count, length, offset, step, selected, index))
-    return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads)
+            blocks.append(Block(group.branch, group.head_slice, start, count, length, offset, step, selected))
+    covered = _covers(pattern, seq_len, num_heads, branches)
+    return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads, pattern,
+                None if branches is None else tuple(branches), covered=covered)
+
+
+def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Optional[tuple[int, ...]]) -> bool:
+    """Whether every (position, head) is selected by some planned branch: a branch with dilation 1 covers
+    its heads entirely; otherwise the heads of a branch cover every position only when all r offsets of
+    that branch are present (and a ragged or short segment still selects offset 0.. of its tokens)."""
+    covered = [False] * num_heads
+    offsets = pattern.head_offsets(num_heads)
+    for branch, r in enumerate(pattern.dilation_rates):
+        if branches is not None and branch not in branches:
+            continue
+        heads = offsets[branch]
+        for h in range(num_heads):
+            if heads[h] >= 0 and r == 1:
+                covered[h] = True
+    return all(covered)
 
 
 @torch.compiler.disable  # planning is Python/numpy work: keep it out of compiled graphs
 @functools.lru_cache(maxsize=128)
-def cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int, ordering: Optional[str] = None,
-                device: str = "cpu", branches: Optional[tuple[int, ...]] = None) -> Plan:
-    """`build_plan` for a layout `ordering` (None / "identity": original order), cached.
-
-    The layout permutes tokens inside blocks of max(segment_lengths) (clipped to N) tokens
-    (hilbert_lab.curves.layout_permutation)."""
-    inverse = None
-    if ordering not in IDENTITY_ORDERINGS:
-        inverse = layout_permutation(seq_len, max(pattern.segment_lengths), ordering, device=device)[1]
-    return build_plan(pattern, seq_len, num_heads, inverse, None if branches is None else tuple(branches))
+def cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
+                branches: Optional[tuple[int, ...]] = None) -> Plan:
+    """`build_plan`, cached per (pattern, seq_len, num_heads, branches)."""
+    return build_plan(pattern, seq_len, num_heads, None if branches is None else tuple(branches))

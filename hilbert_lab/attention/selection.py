@@ -40,7 +40,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from hilbert_lab.attention.backends import BACKENDS, unavailable_reason
+from hilbert_lab.attention.executors import BACKENDS, EXECUTORS, unavailable_reason
 
 # Compute-capability major (and minor for Ada) -> architecture.
 _ARCHITECTURES = {3: "Kepler", 5: "Maxwell", 6: "Pascal", 7: "Volta", 8: "Ampere", 9: "Hopper", 10: "Blackwell",
@@ -196,11 +196,11 @@ def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: tor
 
 
 def candidate_backends(device: torch.device | str, dtype: torch.dtype) -> list[str]:
-    """Backends worth timing on (device, dtype) that can run here."""
+    """Executors worth timing on (device, dtype): every one in the table that runs there, except the
+    float64 oracle (capability `oracle`)."""
     device = torch.device(device)
-    names = ["manual", "sdpa"] if device.type == "cpu" else ["sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient",
-                                                              "flash", "xformers", "triton", "flex"]
-    return [n for n in names if unavailable_reason(n, device, dtype) is None]
+    return [name for name, executor in EXECUTORS.items()
+            if not executor.capabilities.oracle and unavailable_reason(name, device, dtype) is None]
 
 
 def selection_key(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],

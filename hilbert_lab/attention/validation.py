@@ -19,7 +19,11 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4D tensor {shape}, got {getattr(t, 'shape', type(t))}")
-        if not t.is_floating_point():
+        if t.layout != torch.strided:
+            raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; call .to_dense() first")
+        if t.is_meta:
+            raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a tensor on the meta device")
+        if t.is_complex() or not t.is_floating_point():
             raise ValueError(f"{name} must have a floating dtype (float16, bfloat16, float32, float64), got {t.dtype}")
     if not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have the same shape {shape}, got {tuple(q.shape)}, {tuple(k.shape)}, "
@@ -37,3 +41,9 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or not scale > 0:
         raise ValueError(f"scale must be None (D**-0.5) or a finite float > 0, got {scale!r}")
     return float(scale)
+
+
+def kernel_layout(x: torch.Tensor) -> torch.Tensor:
+    """x itself when its last dimension is contiguous (every kernel reads such views in place), else one
+    contiguous copy: kernels read rows of D elements at unit stride."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()

@@ -30,7 +30,7 @@ def case_id(params: dict[str, Any]) -> str:
 
 def known_backends() -> tuple[str, ...]:
     """Backend names the engine registers, 'auto' included."""
-    from hilbert_lab.attention.backends import BACKENDS  # lazily: importing bench must not load torch
+    from hilbert_lab.attention.executors import BACKENDS  # lazily: importing bench must not load torch
 
     return ("auto",) + tuple(n for n in BACKENDS if n != "auto")
 

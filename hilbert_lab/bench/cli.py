@@ -112,7 +112,7 @@ def _safety_config(args: argparse.Namespace):
 def _info(args: argparse.Namespace) -> int:
     import torch
 
-    from hilbert_lab.attention.backends import available_backends
+    from hilbert_lab.attention.executors import available_backends
     from hilbert_lab.attention.selection import get_gpu_info, rule_backend
     from hilbert_lab.bench.env import cpu_description, package_versions
     from hilbert_lab.bench.checker import query_memory

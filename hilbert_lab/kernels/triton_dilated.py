@@ -16,7 +16,8 @@ from the original layout at positions segment_start + offset + r * j (no gathere
 Backward: the merged output and merged LSE give each branch's exact share of dQ/dK/dV
 (the engine's exact-backward rule); the dK/dV kernel owns each key row exactly once, so no atomics are needed.
 
-Public entry points take plain ints and tensors, never a pattern object.
+Public entry points (forward and backward, no autograd) take plain ints and tensors, never a pattern
+object; the attention package wraps them in its one autograd function.
 """
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ __all__ = [
     "stream_stride",
     "dilated_attention_forward",
     "dilated_attention_backward",
-    "fused_dilated_attention",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -156,6 +156,7 @@ if HAVE_TRITON:
         stride_kb, stride_kn, stride_kh,
         stride_vb, stride_vn, stride_vh,
         stride_ob, stride_on, stride_oh,
+        stride_lb, stride_lh, stride_ln,
         N, H, qk_scale, tiles_per_stream,
         NUM_BRANCHES, R, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -250,7 +251,7 @@ if HAVE_TRITON:
         o_base = Out + b.to(tl.int64) * stride_ob + h * stride_oh
         tl.store(o_base + pos.to(tl.int64)[:, None] * stride_on + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=_mask2(row_valid, offs_d, HEAD_DIM, BLOCK_D))
-        tl.store(Lse + pid_bh.to(tl.int64) * N + pos, lse, mask=row_valid)
+        tl.store(Lse + b.to(tl.int64) * stride_lb + h * stride_lh + pos.to(tl.int64) * stride_ln, lse, mask=row_valid)
 
     @triton.jit
     def _dkdv_block(dk, dv, k, v, kpos, key_in, q_base, do_base, lse_base, delta_base, qb, seg_start, o, r, n_queries,
@@ -531,7 +532,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_len
                          f"got {tuple(head_offsets.shape)}")
     if q.shape[3] > 256:
         raise ValueError(f"head dim D must be <= 256 for the fused kernel; got {q.shape[3]}")
-    if q.device.type != "cuda" and not interpreting():
+    if q.device.type not in ("cuda", "meta") and not interpreting():
         raise ValueError(f"q, k, v must be CUDA tensors (or set TRITON_INTERPRET=1); got device {q.device}")
 
 
@@ -633,11 +634,14 @@ def dilated_attention_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     segment_lengths: Sequence[int], dilation_rates: Sequence[int], head_offsets: torch.Tensor,
     causal: bool = False, scale: float | None = None, allow_tf32: bool = False,
+    out: torch.Tensor | None = None, lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused forward. q, k, v: (B, N, H, D); head_offsets: int (num_branches, H), -1 = head not in branch.
 
     Returns out (B, N, H, D) in q's dtype and lse (B, H, N) float32 (natural log; -inf for rows
-    selected in no branch). float32 inputs use IEEE fp32 dots unless allow_tf32.
+    selected in no branch). float32 inputs use IEEE fp32 dots unless allow_tf32. out / lse: tensors
+    to write into (out of q's shape and dtype with a unit last stride; lse (B, H, N) float32, any
+    strides, e.g. a transposed view of a token-major (B, N, H) buffer); every row is written.
     """
     scale = _check_scale(scale, q.shape[-1])
     _check_inputs(q, k, v, segment_lengths, dilation_rates, head_offsets)
@@ -645,8 +649,17 @@ def dilated_attention_forward(
     batch, seq_len, num_heads, head_dim = q.shape
     seg, dil, off = _branch_tensors(segment_lengths, dilation_rates, head_offsets, q.device)
     stride = stream_stride(segment_lengths, dilation_rates, seq_len)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty((batch, num_heads, seq_len), dtype=torch.float32, device=q.device)
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if lse is None:
+        lse = torch.empty((batch, num_heads, seq_len), dtype=torch.float32, device=q.device)
+    if out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1 or lse.shape != (batch, num_heads, seq_len) \
+            or lse.dtype != torch.float32:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a unit last stride and lse "
+                         f"{(batch, num_heads, seq_len)} float32; got {tuple(out.shape)} {out.dtype} and "
+                         f"{tuple(lse.shape)} {lse.dtype}")
+    if q.device.type == "meta":  # a dry run (attention.memory) counts the buffers; nothing to launch
+        return out, lse
     block_m, block_n, num_warps, num_stages = _fwd_config(head_dim, q.dtype)
     tiles_per_stream, num_tiles = _grid_tiles(seq_len, stride, block_m)
     block_d = max(16, triton.next_power_of_2(head_dim))
@@ -659,6 +672,7 @@ def dilated_attention_forward(
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1), lse.stride(2),
         seq_len, num_heads, scale * _LOG2E, tiles_per_stream, len(segment_lengths), stride,
         HEAD_DIM=head_dim, CAUSAL=bool(causal),
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
@@ -691,6 +705,9 @@ def dilated_attention_backward(
     out = out.contiguous()
     delta = torch.empty((batch, num_heads, seq_len), dtype=torch.float32, device=q.device)
     grad_lse_f = grad_lse.float().contiguous() if grad_lse is not None else delta
+    if q.device.type == "meta":  # a dry run (attention.memory) counts the buffers; nothing to launch
+        lse = lse.float().contiguous()
+        return tuple(torch.empty(q.shape, dtype=q.dtype, device=q.device) for _ in range(3))
     block_d = max(16, triton.next_power_of_2(head_dim))
     rows = 16 if interpreting() else 64
     _delta_kernel[(triton.cdiv(seq_len, rows), batch * num_heads)](
@@ -719,37 +736,3 @@ def dilated_attention_backward(
         BLOCK_M=bm2, BLOCK_N=bn2, **common,
     )
     return dq, dk, dv
-
-
-class _FusedDilatedAttention(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, segment_lengths, dilation_rates, head_offsets, causal, scale, allow_tf32):
-        out, lse = dilated_attention_forward(q, k, v, segment_lengths=segment_lengths,
-                                             dilation_rates=dilation_rates, head_offsets=head_offsets,
-                                             causal=causal, scale=scale, allow_tf32=allow_tf32)
-        ctx.save_for_backward(q, k, v, out, lse, head_offsets)
-        ctx.params = (segment_lengths, dilation_rates, causal, scale, allow_tf32)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, grad_out, grad_lse):
-        q, k, v, out, lse, head_offsets = ctx.saved_tensors
-        segment_lengths, dilation_rates, causal, scale, allow_tf32 = ctx.params
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        dq, dk, dv = dilated_attention_backward(
-            grad_out, q, k, v, out, lse, grad_lse=grad_lse, segment_lengths=segment_lengths,
-            dilation_rates=dilation_rates, head_offsets=head_offsets, causal=causal, scale=scale,
-            allow_tf32=allow_tf32)
-        return dq, dk, dv, None, None, None, None, None, None
-
-
-def fused_dilated_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-    segment_lengths: Sequence[int], dilation_rates: Sequence[int], head_offsets: torch.Tensor,
-    causal: bool = False, scale: float | None = None, allow_tf32: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Differentiable fused dilated attention: (out (B, N, H, D), lse (B, H, N) float32)."""
-    return _FusedDilatedAttention.apply(q, k, v, tuple(int(w) for w in segment_lengths),
-                                        tuple(int(r) for r in dilation_rates), head_offsets, bool(causal),
-                                        scale, bool(allow_tf32))

@@ -3,8 +3,8 @@
 `merge_partials(outs, lses, out, lse)`: outs (P, R, D) (any float dtype; entries whose LSE is -inf
 are never read into the result, so they may hold garbage), lses (P, R) float32 ->
 out (R, D) = sum_p w_p outs_p / sum_p w_p with w_p = exp(lse_p - max_p lse_p), and
-lse (R,) = max + log(sum_p w_p); rows with every lse_p = -inf give out 0 and lse -inf. Plain
-tensors in, nothing from hilbert_lab imported.
+lse (R,) = max + log(sum_p w_p); rows with every lse_p = -inf give out 0 and lse -inf; a NaN
+lse_p gives NaN in out and lse. Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
@@ -30,23 +30,29 @@ if HAVE_TRITON:
         c = tl.arange(0, BLOCK_D)
         rmask = r < rows
         mask = rmask[:, None] & (c[None, :] < dim)
+        lse_index = r
         peak = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+        nan = tl.zeros((BLOCK_R,), tl.int1)
         for p in tl.static_range(P):
-            peak = tl.maximum(peak, tl.load(lses_ptr + p * rows + r, mask=rmask, other=float("-inf")))
+            part = tl.load(lses_ptr + p * rows + lse_index, mask=rmask, other=float("-inf"))
+            nan = nan | (part != part)
+            peak = tl.maximum(peak, part)
         peak = tl.where(peak == float("-inf"), 0.0, peak)
         total = tl.zeros((BLOCK_R,), tl.float32)
         acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
         offsets = r.to(tl.int64)[:, None] * dim + c[None, :]
         for p in tl.static_range(P):
-            w = tl.exp(tl.load(lses_ptr + p * rows + r, mask=rmask, other=float("-inf")) - peak)
+            w = tl.exp(tl.load(lses_ptr + p * rows + lse_index, mask=rmask, other=float("-inf")) - peak)
+            w = tl.where(w == w, w, 0.0)
             total += w
             x = tl.load(outs_ptr + (p * rows).to(tl.int64) * dim + offsets, mask=mask & (w[:, None] > 0), other=0.0).to(tl.float32)
             acc += w[:, None] * x
         positive = total > 0
         acc = acc / tl.where(positive, total, 1.0)[:, None]
+        acc = tl.where(nan[:, None], float("nan"), acc)
+        merged = tl.where(positive, peak + tl.log(tl.where(positive, total, 1.0)), float("-inf"))
         tl.store(out_ptr + offsets, acc.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(lse_ptr + r, tl.where(positive, peak + tl.log(tl.where(positive, total, 1.0)), float("-inf")),
-                 mask=rmask)
+        tl.store(lse_ptr + lse_index, tl.where(nan, float("nan"), merged), mask=rmask)
 
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
@@ -77,6 +83,9 @@ if HAVE_TRITON:
         mask = rmask[:, None] & (c[None, :] < dim)
         a = tl.load(acc_lse_ptr + r, mask=rmask, other=float("-inf"))
         b = tl.load(part_lse_ptr + r, mask=rmask, other=float("-inf"))
+        nan = (a != a) | (b != b)
+        a = tl.where(nan, float("-inf"), a)
+        b = tl.where(nan, float("-inf"), b)
         peak = tl.maximum(a, b)
         peak = tl.where(peak == float("-inf"), 0.0, peak)
         wa = tl.exp(a - peak)
@@ -87,14 +96,17 @@ if HAVE_TRITON:
         offsets = r.to(tl.int64)[:, None] * dim + c[None, :]
         acc = tl.load(acc_ptr + offsets, mask=mask & (wa[:, None] > 0), other=0.0)
         x = tl.load(part_ptr + offsets, mask=mask & (wb[:, None] > 0), other=0.0).to(tl.float32)
-        tl.store(acc_ptr + offsets, (wa[:, None] * acc + wb[:, None] * x) / norm[:, None], mask=mask)
-        tl.store(acc_lse_ptr + r, tl.where(positive, peak + tl.log(norm), float("-inf")), mask=rmask)
+        merged = tl.where(nan[:, None], float("nan"), (wa[:, None] * acc + wb[:, None] * x) / norm[:, None])
+        tl.store(acc_ptr + offsets, merged, mask=mask)
+        merged_lse = tl.where(positive, peak + tl.log(norm), float("-inf"))
+        tl.store(acc_lse_ptr + r, tl.where(nan, float("nan"), merged_lse), mask=rmask)
 
 
 def accumulate(acc: torch.Tensor, acc_lse: torch.Tensor, part: torch.Tensor, part_lse: torch.Tensor) -> None:
     """Merge one partial result into a running one, in place: acc (R, D) float32 and acc_lse (R,) float32
     become the LSE merge of themselves and part (R, D) (any float dtype) / part_lse (R,) float32 (all
-    contiguous; rows whose lse is -inf on one side take the other side; -inf on both stay -inf)."""
+    contiguous; rows whose lse is -inf on one side take the other side; -inf on both stay -inf; NaN on
+    either side gives NaN)."""
     if not HAVE_TRITON:
         raise RuntimeError("accumulate needs the 'triton' package")
     rows, dim = acc.shape

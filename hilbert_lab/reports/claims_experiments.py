@@ -269,7 +269,7 @@ def claim_c10() -> list[dict]:
 
 def claim_c11() -> list[dict]:
     """C11: memory pool and xFormers factors."""
-    from hilbert_lab.attention.backends import unavailable_reason
+    from hilbert_lab.attention.executors import unavailable_reason
 
     reason = unavailable_reason("xformers", "cuda" if torch.cuda.is_available() else "cpu", torch.float16)
     return [_row("C11", "memory pool / xFormers", "Hilbert + DilatedAttention", "0.98x small, pays off at 100K+; "

@@ -64,7 +64,7 @@ def backend_availability(device: str = "cpu", dtype: str = "float32") -> Any:
     """pandas DataFrame (backend, available, reason) over every known backend on (device, dtype)."""
     import pandas as pd
 
-    from hilbert_lab.attention.backends import BACKENDS, unavailable_reason
+    from hilbert_lab.attention.executors import BACKENDS, unavailable_reason
 
     rows = []
     for name in BACKENDS:
@@ -106,7 +106,7 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     """
     import pandas as pd
 
-    from hilbert_lab.attention.backends import available_backends
+    from hilbert_lab.attention.executors import available_backends
     from hilbert_lab.bench.selection import candidate_calls
     from hilbert_lab.bench.stats import bootstrap_median_ci
     from hilbert_lab.bench.timing import time_interleaved

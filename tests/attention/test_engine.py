@@ -188,20 +188,21 @@ def test_checks_bad_input():
 
 def test_cuda_sdpa_call_conventions_on_meta_tensors():
     """The CUDA-only aten SDPA ops (flash / efficient / cuDNN, forward and fused backward) accept the
-    engine's arguments: their meta kernels check the schema, argument order, dtypes and the LSE
+    executor's arguments: their meta kernels check the schema, argument order, dtypes and the LSE
     layouts (padded for efficient, (B, H, L, 1) for cuDNN). Values are checked in test_gpu.py."""
-    from hilbert_lab.attention.backends import sdpa
     from hilbert_lab.attention.engine import execute_plan
+    from hilbert_lab.attention.executors import Capabilities, sdpa
+    from hilbert_lab.attention.executors.blockwise import blockwise_executor
     from hilbert_lab.attention.plan import cached_plan
 
     for kernel in ("flash", "efficient", "cudnn"):
-        backend = sdpa.make_backend(kernel)
+        executor = blockwise_executor(kernel, lambda q, kernel=kernel: sdpa.KERNELS[kernel], Capabilities(), None)
         for mode in ("longnet", "head_groups"):
             pattern = DilatedPattern.create([16, 32, 64], [1, 2, 4], mode=mode, causal=True)
             plan = cached_plan(pattern, 80, 6)
             q, k, v = (torch.empty(2, 80, 6, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
                        for _ in range(3))
-            out, lse = execute_plan(plan, backend, q, k, v, 0.125, True)  # the autograd Function off CUDA
+            out, lse = execute_plan(plan, executor, q, k, v, 0.125)  # the autograd function off CUDA
             assert lse.dtype == torch.float32 and lse.shape == (2, 6, 80)
             grads = torch.autograd.grad((out, lse), (q, k, v), (torch.empty_like(out), torch.empty_like(lse)))
             assert all(g.dtype == torch.bfloat16 and g.shape == q.shape for g in grads)
@@ -222,20 +223,20 @@ def test_dropout_path_gradients_pass_gradcheck():
     assert torch.autograd.gradcheck(fn, (q, k, v))
 
 
-def test_whole_pattern_backends_receive_the_pattern_and_match_the_block_path():
-    """A backend with a fused whole-pattern entry point (like "triton") gets the pattern on the original
-    layout; orderings and hilbert_pattern give the same results as the block path."""
-    import dataclasses
-
-    from hilbert_lab.attention.backends import get_backend
+def test_whole_pattern_executors_receive_the_plan_and_match_the_block_path():
+    """An executor declaring whole_pattern (like "triton") gets the plan of every branch and writes the
+    merged result into one slot; orderings and hilbert_pattern give the same results as the block path."""
+    from hilbert_lab.attention.executors import Capabilities, Executor
 
     calls = []
 
-    def whole(q, k, v, pattern, *, scale):
-        calls.append(pattern)
-        return reference_attention(q, k, v, pattern, scale=scale)
+    def forward(plan, q, k, v, slots, *, scale):
+        calls.append(plan.pattern)
+        out, lse = reference_attention(q, k, v, plan.pattern, scale=scale)
+        slots.out(0).copy_(out)
+        slots.lse(0).copy_(lse.transpose(1, 2))
 
-    fused = dataclasses.replace(get_backend("manual"), name="fused", whole_pattern=whole)
+    fused = Executor("fused", Capabilities(whole_pattern=True), forward, None)
     q, k, v = random_qkv(1, 32, 4, 4, requires_grad=False)
     kwargs = dict(segment_lengths=[8, 16], dilation_rates=[1, 2], causal=True)
     for extra in (dict(ordering=None), dict(ordering="hilbert"), dict(hilbert_pattern=True)):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hilbert_lab.attention import dilated_attention
-from hilbert_lab.attention.backends import unavailable_reason
+from hilbert_lab.attention.executors import unavailable_reason
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.reference import reference_attention
 
@@ -79,12 +79,10 @@ def test_gpu_orderings_do_not_change_the_result():
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", ["longnet", "head_groups"])
 @pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash"])
-def test_gpu_inplace_executor_matches_reference(backend, mode, causal, seq_len, num_heads):
+def test_gpu_executor_on_views_matches_reference(backend, mode, causal, seq_len, num_heads):
     """The in-place executor (kernels on strided block views, backward with the merged out/LSE), on
     ragged N (blocks whose batch and segments do not fold), H not divisible by the branches, and an
     upstream gradient on the output only (the fast backward path)."""
-    from hilbert_lab.attention.inplace import inplace_kernel
-
     dtype = torch.bfloat16
     reason = unavailable_reason(backend, "cuda", dtype)
     if reason is not None:
@@ -92,7 +90,6 @@ def test_gpu_inplace_executor_matches_reference(backend, mode, causal, seq_len, 
     gen = torch.Generator(device="cuda").manual_seed(seq_len + num_heads)
     q, k, v = (torch.randn(2, seq_len, num_heads, 64, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
                for _ in range(3))
-    assert inplace_kernel(backend, q) is not None
     segment_lengths, dilation_rates = [16, 48, 1 << 40], [1, 3, 8]
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
     expected_out, expected_lse = reference_attention(q, k, v, pattern)
@@ -105,3 +102,35 @@ def test_gpu_inplace_executor_matches_reference(backend, mode, causal, seq_len, 
     for name, a, b in zip("qkv", got, expected):
         assert _relative(a, b) < 5e-2, f"d{name}"
 
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash", "triton"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_length_runs_on_every_gpu_executor(backend, causal):
+    """Ragged lengths leave blocks of one token for some offsets (cuDNN takes no call with one query and one
+    key): every N from 1 to 3 x the largest segment and multiples + 1 ... + r runs, equal to the oracle."""
+    dtype = torch.bfloat16
+    reason = unavailable_reason(backend, "cuda", dtype)
+    if reason is not None:
+        pytest.skip("backend unavailable on this machine: " + f"{backend}: {reason}")
+    segment_lengths, dilation_rates = [8, 16, 32], [1, 4, 8]
+    lengths = sorted(set(range(1, 3 * 32 + 1)) | {64 * m + j for m in (1, 2) for j in range(1, 9)})
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    for seq_len in lengths:
+        q, k, v = (torch.randn(2, seq_len, 8, 32, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+        pattern = DilatedPattern.create(segment_lengths, dilation_rates, causal=causal)
+        expected, expected_lse = reference_attention(q, k, v, pattern)
+        out, lse = dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
+                                     causal=causal, backend=backend, return_lse=True)
+        assert _relative(out, expected) < 3e-2 and _relative(lse, expected_lse) < 1e-2, seq_len
+
+
+def test_auto_runs_ragged_lengths_of_the_longnet_pattern():
+    """The lengths that crashed cuDNN through auto (a one-token block): forward and backward, bf16, causal."""
+    pattern = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 4, 8, 32], causal=True)
+    for seq_len in (32768, 32773):
+        q, k, v = (torch.randn(1, seq_len, 8, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        out = dilated_attention(q, k, v, **pattern)
+        out.float().square().mean().backward()
+        assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v))

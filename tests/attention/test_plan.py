@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hilbert_lab.attention import DilatedPattern, build_plan, cached_plan, is_selected
-from hilbert_lab.attention.inplace import _views, plan_units
+from hilbert_lab.attention.views import KEY, plan_units, unit_views
 
 CONFIGS = [([16, 32, 64], [1, 2, 4]), ([16, 48, 1 << 40], [1, 3, 8]), ([8], [1]), ([6, 10, 64], [1, 3, 2])]
 
@@ -25,6 +25,7 @@ def test_blocks_hold_exactly_the_selected_tokens(mode, segments, rates, seq_len,
         positions = blk.positions()
         assert torch.equal(blk.view(x)[0, :, :, 0, 0], positions)
         assert torch.equal(blk.read(x)[: blk.count, :, 0, 0], positions)
+        assert torch.equal(blk.query_positions(), positions)
         w = pattern.effective_segment(blk.branch, seq_len)
         for h in range(blk.heads.start, blk.heads.stop, blk.heads.step or 1):
             assert is_selected(positions, w, rates[blk.branch], int(offsets[blk.branch][h])).all()
@@ -51,11 +52,11 @@ def test_units_read_the_same_elements_as_their_blocks(mode, segments, rates, seq
     from_blocks = torch.zeros_like(x)
     calls = 0
     for unit in plan_units(plan):
-        for view in _views(unit, from_units):
+        for (view,) in unit_views(unit, [(from_units, KEY)])[1]:
             view.add_(1)
             calls += 1
         # element identity: a unit view of x holds exactly the values of its blocks' views
-        unit_values = torch.cat([v.reshape(-1) for v in _views(unit, x)]).sort().values
+        unit_values = torch.cat([v.reshape(-1) for (v,) in unit_views(unit, [(x, KEY)])[1]]).sort().values
         block_values = torch.cat([b.view(x).reshape(-1) for b in unit.blocks]).sort().values
         assert torch.equal(unit_values, block_values)
     for blk in plan.blocks:

@@ -60,7 +60,7 @@ def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(mon
         estimate = estimate_memory(MemoryConfig(seq_len=shape[1], batch_size=1, num_heads=16, head_dim=128,
                                                 segment_lengths=lengths, dilation_rates=rates, backend="sdpa",
                                                 dtype="bfloat16", device="cuda"))
-        assert estimate.executor == "inplace"
+        assert estimate.executor == "sdpa"
         peak = estimate.forward_backward_bytes if training else estimate.forward_bytes
         assert peak >= selection.INPLACE_QUERY_BYTES
         pick = functools.partial(selection.rule_backend, "cuda", torch.bfloat16, shape=shape, segment_lengths=lengths,
@@ -88,7 +88,7 @@ def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(mon
 def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monkeypatch):
     """The engine tells select_backend the pattern's mode; the ring's local steps ask for dense-block
     backends (whole_pattern=False), so auto never hands them the fused kernel."""
-    from hilbert_lab.attention.engine import resolve_backend
+    from hilbert_lab.attention.engine import resolve_executor
     from hilbert_lab.distributed.ring import resolve_backend as ring_resolve_backend
 
     seen = []
@@ -103,7 +103,7 @@ def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monke
     kwargs = dict(segment_lengths=[8, 16], dilation_rates=[1, 2], backend="auto")
     dilated_attention(q, k, v, mode="head_groups", **kwargs)
     dilated_attention(q, k, v, mode="longnet", **kwargs)
-    assert resolve_backend("auto", q, [8, 16]).name == "sdpa"
+    assert resolve_executor("auto", q).name == "sdpa"
     assert ring_resolve_backend("auto", q, [8, 16]).name == "sdpa"
     assert seen == [("head_groups", True), ("longnet", True), ("longnet", True), ("longnet", False)]
 

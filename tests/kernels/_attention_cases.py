@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from hilbert_lab.attention.backends import triton as triton_backend
+from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.reference import reference_attention
 
@@ -42,7 +42,8 @@ def run_case(case, device: str, dtype: torch.dtype, seed: int = 0) -> dict:
     pattern = DilatedPattern.create(segs, dils, mode=mode, causal=causal)
     q, k, v = (torch.randn(batch, seq_len, heads, head_dim, generator=gen).to(device=device, dtype=dtype)
                .requires_grad_(True) for _ in range(3))
-    out, lse = triton_backend.dilated_attention(q, k, v, pattern)
+    out, lse = dilated_attention(q, k, v, segment_lengths=segs, dilation_rates=dils, mode=mode, causal=causal, backend="triton",
+                                 return_lse=True)
     q64, k64, v64 = (t.detach().double().cpu().requires_grad_(True) for t in (q, k, v))
     ref_out, ref_lse = reference_attention(q64, k64, v64, pattern)
     finite = torch.isfinite(ref_lse)

@@ -192,12 +192,13 @@ def test_fused_forward_with_bulk_tensor_copies_matches_float64(case):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_dense_block_backend_matches_float64(causal):
-    from hilbert_lab.attention.backends.triton import BACKEND
+def test_dense_block_on_the_fused_executor_matches_float64(causal):
+    from hilbert_lab.attention.engine import dilated_attention
 
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 200, 3, 64, generator=gen).cuda().to(torch.bfloat16).requires_grad_(True) for _ in range(3))
-    out, lse = BACKEND.attend(q, k, v, causal=causal, scale=0.2)
+    out, lse = dilated_attention(q, k, v, segment_lengths=[200], dilation_rates=[1], causal=causal, backend="triton",
+                                 scale=0.2, return_lse=True)
     q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
     scores = torch.einsum("bnhd,bmhd->bhnm", q64, k64) * 0.2
     if causal:

@@ -20,7 +20,7 @@ LEVELS = (1e4, 1e5)
 def _measure(level: float) -> dict:
     import torch
 
-    from hilbert_lab.attention.backends import triton as triton_backend
+    from hilbert_lab.attention.engine import dilated_attention
     from hilbert_lab.attention.pattern import DilatedPattern
     from hilbert_lab.attention.reference import reference_attention
 
@@ -34,7 +34,8 @@ def _measure(level: float) -> dict:
     ref_out, ref_lse = reference_attention(*leaves, pattern, scale=scale)
     ref_grads = torch.autograd.grad((ref_out, ref_lse), leaves, (grad_out, grad_lse))
     leaves = [t.float().requires_grad_(True) for t in (q, k, v)]
-    out, lse = triton_backend.dilated_attention(*leaves, pattern, scale=scale)
+    out, lse = dilated_attention(*leaves, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+                                 mode=pattern.mode, causal=pattern.causal, backend="triton", scale=scale, return_lse=True)
     grads = torch.autograd.grad((out, lse), leaves, (grad_out.float(), grad_lse.float()))
     result = {"level": level, "out": (out.double() - ref_out).abs().max().item(),
               "lse": (lse.double() - ref_lse).abs().max().item()}

@@ -1,10 +1,9 @@
-"""FlexAttention adapter: block masks (causal / key padding) on the engine's contiguous per-group blocks.
+"""FlexAttention as a dense kernel: a causal block mask on each call's views.
 
-The engine gathers each (branch, offset) group into contiguous blocks, so no work is spent on
-dilation holes. FlexAttention cannot be handed a merged LSE, so the backward recomputes this
-block's (out_b, lse_b) with autograd and back-propagates the merged-result gradient through the
-merge weights w_b = exp(lse_b - lse): d out_b = w_b dO, d lse_b = w_b (dO . (out_b - out)) + w_b g.
-On CPU FlexAttention runs forward only (torch raises for backward); compiled on CUDA.
+FlexAttention cannot be handed a merged LSE, so the backward recomputes the call's (out_b, lse_b) with
+autograd and back-propagates the merged result's gradient through the merge weights
+w_b = exp(lse_b - lse): d out_b = w_b dO, d lse_b = w_b (dO . (out_b - out)) + w_b g.
+On the CPU FlexAttention runs forward only (torch raises for backward); compiled on CUDA.
 """
 from __future__ import annotations
 
@@ -14,7 +13,10 @@ from typing import Optional
 
 import torch
 
-from hilbert_lab.attention.backends.base import Backend, BackendUnavailableError
+from hilbert_lab.attention.executors.base import BackendUnavailableError, Capabilities
+from hilbert_lab.attention.executors.blockwise import blockwise_executor
+from hilbert_lab.attention.executors.kernel import DenseKernel
+from hilbert_lab.attention.executors.manual import MANUAL_KERNEL
 
 
 def _unavailable(device=None, dtype=None) -> Optional[str]:
@@ -42,29 +44,15 @@ def _compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _block_mask(q, k, causal, key_padding_mask):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    if key_padding_mask is None:
-        return _causal_block_mask(q.shape[1], str(q.device)) if causal else None
-    keep = ~key_padding_mask
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        allowed = keep[b, kv_idx]
-        return allowed & (kv_idx <= q_idx) if causal else allowed
-
-    return create_block_mask(mask_mod, q.shape[0], None, q.shape[1], k.shape[1], device=str(q.device))
-
-
-def flex_attend(q, k, v, *, causal, scale, key_padding_mask=None):
-    """Differentiable (out (B, L, H, D), lse (B, H, L)) through FlexAttention."""
+def flex_attend(q, k, v, *, causal, scale):
+    """Differentiable (out (b, L, h, D), lse (b, h, L)) through FlexAttention."""
     from torch.nn.attention.flex_attention import flex_attention
 
     fn = _compiled_flex() if q.device.type == "cuda" else flex_attention
     with warnings.catch_warnings():  # eager CPU FlexAttention warns that it is not compiled
         warnings.simplefilter("ignore", UserWarning)
         args = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        block_mask = _block_mask(q, k, causal, key_padding_mask)
+        block_mask = _causal_block_mask(q.shape[1], str(q.device)) if causal else None
         try:
             from torch.nn.attention.flex_attention import AuxRequest
         except ImportError:  # torch < 2.9: the older keyword
@@ -76,22 +64,22 @@ def flex_attend(q, k, v, *, causal, scale, key_padding_mask=None):
     return out.transpose(1, 2), lse.to(lse_dtype)
 
 
-def _forward(q, k, v, *, causal, scale, key_padding_mask=None):
+def _forward(q, k, v, *, causal, scale, need_lse=True):
     with torch.no_grad():
-        out, lse = flex_attend(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+        out, lse = flex_attend(q.detach(), k.detach(), v.detach(), causal=causal, scale=scale)
     return out, lse, None
 
 
-def _backward(grad_out, grad_lse, q, k, v, out, lse, aux=None, *, causal, scale, key_padding_mask=None):
+def _backward(grad_out, q, k, v, out, lse, aux=None, *, causal, scale, grad_lse=None):
     if q.device.type == "cpu":
-        raise BackendUnavailableError("backend 'flex' has no backward on CPU (torch's FlexAttention is forward-only there); "
-                           "use 'manual' or 'sdpa' for training on CPU")
+        raise BackendUnavailableError("backend 'flex' has no backward on CPU (torch's FlexAttention is forward-only "
+                                      "there); use 'manual' or 'sdpa' for training on CPU")
     with torch.enable_grad():
         qd, kd, vd = (t.detach().requires_grad_(True) for t in (q, k, v))
-        out_b, lse_b = flex_attend(qd, kd, vd, causal=causal, scale=scale, key_padding_mask=key_padding_mask)
+        out_b, lse_b = flex_attend(qd, kd, vd, causal=causal, scale=scale)
         finite = torch.isfinite(lse)
         weight = torch.where(finite, torch.exp(lse_b.detach() - torch.where(finite, lse, torch.zeros_like(lse))),
-                             torch.zeros_like(lse))  # (B, H, L)
+                             torch.zeros_like(lse))  # (b, h, L)
         w = weight.transpose(1, 2).unsqueeze(-1)
         d_out_b = (w * grad_out.to(w.dtype)).to(out_b.dtype)
         d_lse_b = weight * ((grad_out.to(w.dtype) * (out_b.detach().to(w.dtype) - out.to(w.dtype))).sum(-1).transpose(1, 2))
@@ -100,4 +88,12 @@ def _backward(grad_out, grad_lse, q, k, v, out, lse, aux=None, *, causal, scale,
         return torch.autograd.grad((out_b, lse_b), (qd, kd, vd), (d_out_b, d_lse_b.to(lse_b.dtype)))
 
 
-FLEX = Backend("flex", _forward, _backward, _unavailable)
+FLEX_KERNEL = DenseKernel("flex", _forward, _backward, grad_lse=True, fallback=MANUAL_KERNEL, meta=False)
+
+
+def executors() -> dict:
+    """The FlexAttention executor (name -> Executor)."""
+    return {"flex": blockwise_executor("flex", lambda q: FLEX_KERNEL, Capabilities(grad_lse=True),
+                                       unavailable=_unavailable,
+                                       description="FlexAttention on the plan's views (compiled on CUDA; forward "
+                                                   "only on the CPU)")}

@@ -1,0 +1,234 @@
+"""The executor type: the capabilities an attention executor declares and the three operations it offers.
+
+An executor runs a plan (attention.plan) on q (B, Nq, H, D), k, v (B, N, H_kv, D):
+- `forward(plan, q, k, v, slots, *, scale)` writes each branch's (or, for a whole-pattern executor, the
+  merged) output and LSE into the caller's `Slots` and returns the state its backward needs;
+- `backward(plan, state, q, k, v, merged, grads, *, scale)` adds (or writes) its exact share of dq, dk,
+  dv for the *merged* output and LSE (`Merged`: every block's kernel backward is called with the merged
+  out and LSE, so the gradients through the merge weights are exact) into `Grads`;
+- `memory(plan, shape, dtype, device)` estimates the bytes it allocates above the inputs: a dry run of
+  its own forward and backward on meta tensors (attention.memory.dry_run), so no model can drift from
+  the code.
+Everything the registry, `auto`, the memory estimate and the benchmark cases know about an executor is
+read from its `Capabilities`; nothing dispatches on names.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+class BackendUnavailableError(ImportError, ValueError):
+    """An executor cannot run here (missing package, device or dtype); catchable as either base."""
+
+
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """LSE dtype for inputs of `dtype`: float64 for float64, float32 otherwise."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an executor can run, as data.
+
+    devices / dtypes / head_dims: where it runs (head_dims: (largest, multiple)). min_capability: CUDA
+    compute capability it needs. in_place: its kernels read the plan's strided views of q, k, v (no
+    gather) and its results land in views of the caller's buffers. whole_pattern: it runs every branch
+    of the plan in one pass (the merged result, no per-branch partials). dense_out_lse: its backward
+    reads out and grad_out in one dense (B, N, H, D) layout. min_block_length: shorter blocks go to the
+    fallback kernel. grad_lse: its backward takes an LSE gradient itself (else the executor adds the
+    LSE's share through the identity of `lse_share_inputs`). gqa: a kernel call may read fewer key/value
+    heads than query heads. bottom_right: a causal kernel call may have fewer queries than keys aligned at
+    the bottom right. backward / dropout: whether it differentiates / drops attention weights.
+    package / install: an optional package it imports and what installs it (a pip requirement). oracle: exact and
+    slow (the float64 reference), never a speed candidate.
+    """
+
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
+    head_dims: tuple[int, int] = (1 << 30, 1)
+    min_capability: tuple[int, int] = (0, 0)
+    in_place: bool = True
+    whole_pattern: bool = False
+    dense_out_lse: bool = False
+    min_block_length: int = 1
+    grad_lse: bool = False
+    gqa: bool = False
+    bottom_right: bool = False
+    backward: bool = True
+    dropout: bool = False
+    package: Optional[str] = None
+    install: Optional[str] = None
+    oracle: bool = False
+
+
+@dataclass
+class Slots:
+    """Where executors write partial results: outs (P, B, Nq, H, D) and lses (P, B, Nq, H) (token-major like
+    the outputs; -inf where a slot holds nothing), slot_of[branch] the slot of each branch, need_lse
+    whether the LSE is wanted (without a merge an executor may then leave it unwritten)."""
+
+    outs: torch.Tensor
+    lses: torch.Tensor
+    slot_of: dict[int, int]
+    need_lse: bool = True
+
+    def out(self, branch: int) -> torch.Tensor:
+        return self.outs[self.slot_of[branch]]
+
+    def lse(self, branch: int) -> torch.Tensor:
+        return self.lses[self.slot_of[branch]]
+
+
+@dataclass
+class Merged:
+    """The merged result and its upstream gradients: out (B, Nq, H, D), lse (B, H, Nq), grad_out (None:
+    zero), grad_lse (None: zero). dense_out / dense_grad_out: contiguous copies made once for executors
+    whose backward reads out and grad_out in one dense layout."""
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    grad_out: Optional[torch.Tensor]
+    grad_lse: Optional[torch.Tensor]
+    _dense: dict = field(default_factory=dict)
+
+    def dense(self, name: str) -> Optional[torch.Tensor]:
+        if name not in self._dense:
+            value = getattr(self, name)
+            self._dense[name] = None if value is None else value.contiguous()
+        return self._dense[name]
+
+
+class Grads:
+    """The dq, dk, dv totals (B, N, H, D) of q, k, v that executors' backwards write into.
+
+    accumulate=True: several shares touch one entry (branches that merge, or several parts), so shares
+    are added, in `dtype` (the LSE precision) unless a whole-tensor share arrived first; False: every
+    entry has one owner, whose share is written (in the input dtype). Totals are allocated on first
+    use, zeroed unless `written` says every entry gets a share; a whole-tensor share (a whole-pattern
+    executor's) given before anything else becomes the total itself, later shares adding into it with
+    one rounding each.
+    """
+
+    def __init__(self, like: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *, accumulate: bool,
+                 dtype: torch.dtype, written: bool = False):
+        self.like, self.accumulate, self.dtype, self.written = like, accumulate, dtype, written
+        self._totals: list[Optional[torch.Tensor]] = [None, None, None]
+
+    def total(self, index: int) -> torch.Tensor:
+        if self._totals[index] is None:
+            like = self.like[index]
+            dtype = self.dtype if self.accumulate else like.dtype
+            make = torch.empty if self.written and not self.accumulate else torch.zeros
+            self._totals[index] = make(like.shape, dtype=dtype, device=like.device)
+        return self._totals[index]
+
+    @property
+    def dq(self) -> torch.Tensor:
+        return self.total(0)
+
+    @property
+    def dk(self) -> torch.Tensor:
+        return self.total(1)
+
+    @property
+    def dv(self) -> torch.Tensor:
+        return self.total(2)
+
+    def store(self, index: int, view: torch.Tensor, share: torch.Tensor) -> None:
+        """Add (or write) one share into a view of dq / dk / dv (index 0 / 1 / 2)."""
+        if not self.accumulate:
+            view.copy_(share)
+        elif view.dtype != share.dtype and share.dtype.itemsize > view.dtype.itemsize:
+            view.copy_(view.to(share.dtype) + share)  # a low-precision total: one rounding of the exact sum
+        else:
+            view.add_(share)
+
+    def add_whole(self, index: int, share: torch.Tensor) -> None:
+        """A share covering the whole tensor: the total itself when nothing came before."""
+        if self._totals[index] is None:
+            self._totals[index] = share
+        else:
+            self.store(index, self._totals[index], share)
+
+    def results(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The totals in the inputs' dtypes."""
+        return tuple(self.total(i).to(t.dtype) for i, t in enumerate(self.like))
+
+
+@dataclass(frozen=True)
+class Executor:
+    """An attention executor: its declared capabilities and its operations (see the module docstring).
+
+    unavailable: (device, dtype) -> None when it runs there, else why not (missing package, ...).
+    kernel_for: q -> the dense kernel (executors.kernel.DenseKernel) its calls use, for callers that
+    run their own calls on it (the ring's steps); None for whole-pattern executors.
+    """
+
+    name: str
+    capabilities: Capabilities
+    forward: Callable[..., Any]
+    backward: Callable[..., None]
+    unavailable: Callable[[Optional[torch.device], Optional[torch.dtype]], Optional[str]] = lambda device, dtype: None
+    description: str = ""
+    kernel_for: Optional[Callable[[torch.Tensor], Any]] = None
+
+    def memory(self, plan, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str = "cpu") -> tuple[int, int]:
+        """(forward, forward+backward) peak bytes above the inputs of running `plan` on inputs of (B, N, H, D)
+        `shape` on `device` (attention.memory.dry_run)."""
+        from hilbert_lab.attention.memory import dry_run
+
+        return dry_run(self, plan, shape, dtype, device)
+
+    def unavailable_reason(self, device: torch.device | str | None = None, dtype: Optional[torch.dtype] = None,
+                           head_dim: Optional[int] = None) -> Optional[str]:
+        """Why this executor cannot run on (device, dtype, head_dim), or None when it can."""
+        caps = self.capabilities
+        device = torch.device(device) if device is not None else None
+        if caps.package is not None and not _importable(caps.package):
+            return f"the package {caps.package!r} is not installed (pip install '{caps.install or caps.package}')"
+        if device is not None and device.type not in caps.devices:
+            return f"it runs on {' or '.join(caps.devices)}, not {device.type}"
+        reason = self.unavailable(device, dtype)
+        if reason is not None:
+            return reason
+        if dtype is not None and dtype not in caps.dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in caps.dtypes)
+            return f"dtype must be one of {names}; got {str(dtype).removeprefix('torch.')}"
+        largest, multiple = caps.head_dims
+        if head_dim is not None and (head_dim > largest or head_dim % multiple):
+            return f"head dim must be a multiple of {multiple} up to {largest}; got {head_dim}"
+        if device is not None and device.type == "cuda" and caps.min_capability > (0, 0) and torch.cuda.is_available():
+            capability = torch.cuda.get_device_capability(device)
+            if capability < caps.min_capability:
+                return (f"it needs compute capability >= {caps.min_capability[0]}.{caps.min_capability[1]}, "
+                        f"got {capability[0]}.{capability[1]}")
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _importable(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent package is missing
+        return False
+
+
+def lse_share_inputs(grad_lse: torch.Tensor, q: torch.Tensor, v: torch.Tensor):
+    """(grad_out, out, v) that make a kernel backward return the LSE's gradient share in dq and dk.
+
+    With dO = e_0, O = -g e_0 and V = 0 the kernel's dS = P * (dP - rowsum(dO * O)) = P * g: exactly
+    d(g * LSE)/dS. q: a (b, Lq, h, D) call view; grad_lse (b, h, Lq); v: the call's value view (its zero
+    stand-in has v's shape). g is rounded to q's dtype."""
+    unit = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    unit[..., 0] = 1
+    shifted = torch.zeros_like(unit)
+    shifted[..., 0] = -grad_lse.transpose(1, 2).to(q.dtype)
+    return unit, shifted, torch.zeros(v.shape, dtype=v.dtype, device=v.device)

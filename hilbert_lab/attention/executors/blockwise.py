@@ -1,0 +1,90 @@
+"""The plan executor over a dense kernel: every unit of the plan is one or a few kernel calls on strided views.
+
+Each call reads q, k, v as views of the caller's tensors (attention.views; no gather) and writes its
+output and LSE into views of the caller's slots; its backward is the kernel's backward with the *merged*
+output and LSE (exact gradients, through the merge weights too), its shares written into views of the
+gradient totals. Kernels that cannot read strided views (capability in_place False) get contiguous
+copies of each call's q, k, v. Every call goes through kernel.call_forward / call_backward (fallbacks,
+grouped-query heads, bottom-right causal, the LSE gradient, non-finite inputs).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
+from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward
+from hilbert_lab.attention.plan import Plan
+from hilbert_lab.attention.views import KEY, QUERY, plan_units, unit_views
+
+
+def _readable(x: torch.Tensor, in_place: bool) -> torch.Tensor:
+    return x if in_place else x.contiguous()
+
+
+def blockwise_forward(plan: Plan, q, k, v, slots: Slots, *, scale: float, kernel: DenseKernel,
+                      in_place: bool = True) -> list:
+    """Run every unit of the plan, writing each call's (out, lse) into its branch's slot; returns the
+    per-call states for `blockwise_backward`."""
+    states = []
+    for unit in plan_units(plan):
+        tensors = [(q, QUERY), (k, KEY), (v, KEY), (slots.out(unit.branch), QUERY), (slots.lse(unit.branch), QUERY)]
+        unit_states = []
+        fold, views = unit_views(unit, tensors, plan.query_start)
+        for qv, kv, vv, ov, lv in views:
+            out_b, lse_b, state = call_forward(kernel, _readable(qv, in_place), _readable(kv, in_place),
+                                               _readable(vv, in_place), causal=plan.causal, scale=scale,
+                                               need_lse=slots.need_lse or plan.merge)
+            ov.copy_(out_b)
+            if lse_b is not None:
+                lv.copy_(lse_b.transpose(1, 2))
+            unit_states.append(state)
+        states.append((fold, unit_states))
+    return states
+
+
+def blockwise_backward(plan: Plan, states: list, q, k, v, merged: Merged, grads: Grads, *, scale: float,
+                       dense_out_lse: bool = False, in_place: bool = True) -> None:
+    """Add (or write) every call's share of dq, dk, dv for the merged (out, lse) into `grads`."""
+    out = merged.dense("out") if dense_out_lse or not merged.out.is_contiguous() else merged.out
+    grad_out = merged.grad_out
+    if grad_out is not None and (dense_out_lse or not grad_out.is_contiguous()):
+        grad_out = merged.dense("grad_out")
+    lse = merged.lse.transpose(1, 2).contiguous()  # (B, Nq, H): views of it follow the queries' geometry
+    grad_lse = None if merged.grad_lse is None else merged.grad_lse.transpose(1, 2).contiguous()
+    tensors = [(q, QUERY), (k, KEY), (v, KEY), (out, QUERY), (lse, QUERY), (grads.dq, QUERY), (grads.dk, KEY),
+               (grads.dv, KEY)]
+    if grad_out is not None:
+        tensors.append((grad_out, QUERY))
+    if grad_lse is not None:
+        tensors.append((grad_lse, QUERY))
+    for unit, (fold, unit_states) in zip(plan_units(plan), states):
+        for views, state in zip(unit_views(unit, tensors, plan.query_start, fold)[1], unit_states, strict=True):
+            qv, kv, vv, ov, lv, dqv, dkv, dvv, *upstream = views
+            gv = upstream.pop(0) if grad_out is not None else None
+            glv = upstream.pop(0).transpose(1, 2) if grad_lse is not None else None
+            shares = call_backward(state, gv, _readable(qv, in_place), _readable(kv, in_place),
+                                   _readable(vv, in_place), ov, lv.transpose(1, 2), causal=plan.causal, scale=scale,
+                                   grad_lse=glv)
+            for index, (view, share) in enumerate(zip((dqv, dkv, dvv), shares)):
+                grads.store(index, view, share)
+
+
+def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKernel], capabilities: Capabilities,
+                       unavailable=None, description: str = "") -> Executor:
+    """An Executor running plans with the dense kernel `kernel_for(q)` picks for the inputs."""
+
+    def forward(plan: Plan, q, k, v, slots: Slots, *, scale: float):
+        kernel = kernel_for(q)
+        return kernel, blockwise_forward(plan, q, k, v, slots, scale=scale, kernel=kernel,
+                                         in_place=capabilities.in_place)
+
+    def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
+        kernel, states = state
+        blockwise_backward(plan, states, q, k, v, merged, grads, scale=scale, dense_out_lse=kernel.dense_out_lse,
+                           in_place=capabilities.in_place)
+
+    extra = {} if unavailable is None else {"unavailable": unavailable}
+    return Executor(name, capabilities, forward, backward, description=description, kernel_for=kernel_for,
+                    **extra)

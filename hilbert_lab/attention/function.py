@@ -1,0 +1,123 @@
+"""The one attention autograd function: partials -> one merge -> backward with the merged out and LSE.
+
+A job is a list of parts, each an executor (attention.executors) and the plan it runs: the engine's job is
+one part; the ring's job is its local plan plus one part per ring branch (distributed), whose "executor"
+moves keys and values between ranks. Forward: every part writes its branches' (out, LSE) into slots
+(outs (P, B, Nq, H, D) in q's dtype, lses (P, B, Nq, H) in the LSE precision); the slots merge once by
+LSE (attention.merge.merge_slots; one slot is the result itself). Backward: every part adds its exact
+share of dq, dk, dv for the *merged* out and LSE (each block's kernel backward with the merged values).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from hilbert_lab.attention.executors.base import Grads, Merged, Slots, lse_dtype
+from hilbert_lab.attention.merge import merge_slots
+
+
+@dataclass(frozen=True)
+class Part:
+    """One executor and what it runs (a Plan, or a ring branch's schedule). branches: the pattern's branches
+    whose results it writes; whole: it writes their merged result into one slot; merges: some
+    (query, head) gets results from several of its branches (so the part's shares add up)."""
+
+    executor: Any
+    plan: Any
+    branches: tuple[int, ...]
+    whole: bool = False
+    merges: bool = False
+    covered: bool = False
+
+
+@dataclass(frozen=True)
+class Job:
+    """The parts of one attention call and the layout of their slots: slot_of[branch] -> slot."""
+
+    parts: tuple[Part, ...]
+    slot_of: dict
+    num_slots: int
+    scale: float
+
+    @property
+    def accumulates(self) -> bool:
+        """Whether gradient shares add up (several parts, or a part whose branches merge)."""
+        return len(self.parts) > 1 or any(p.merges for p in self.parts)
+
+
+def make_job(parts: Sequence[Part], scale: float) -> Job:
+    """Slots for the parts: one per branch, except that a whole part's branches share one; a single part
+    that does not merge writes one slot, which is the result itself."""
+    slot_of: dict[int, int] = {}
+    count = 0
+    single = len(parts) == 1 and (parts[0].whole or not parts[0].merges)
+    for part in parts:
+        if single or part.whole:
+            for branch in part.branches:
+                slot_of[branch] = count
+            count += 1
+        else:
+            for branch in part.branches:
+                slot_of[branch] = count
+                count += 1
+    return Job(tuple(parts), slot_of, max(count, 1), float(scale))
+
+
+def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
+    """(out (B, Nq, H, D), lse (B, H, Nq), states): every part's forward into the slots, merged once."""
+    batch, queries, heads, _ = q.shape
+    single = job.num_slots == 1
+    # One slot is the result: rows no block covers must read 0. Several slots: the merge never reads an
+    # entry whose LSE is -inf, so they need no zeros.
+    make = torch.zeros if single and not job.parts[0].covered and not job.parts[0].whole else torch.empty
+    outs = make((job.num_slots, batch, queries, heads, q.shape[3]), dtype=q.dtype, device=q.device)
+    lses = torch.full((job.num_slots, batch, queries, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
+    slots = Slots(outs, lses, job.slot_of, need_lse)
+    states = [part.executor.forward(part.plan, q, k, v, slots, scale=job.scale) for part in job.parts]
+    out, lse = merge_slots(outs, lses, q.dtype)
+    return out, lse, states
+
+
+def run_backward(job: Job, states: list, q, k, v, out, lse, grad_out: Optional[torch.Tensor],
+                 grad_lse: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of the merged (out, lse) for upstream gradients grad_out / grad_lse (None: zero)."""
+    merged = Merged(out, lse, grad_out, grad_lse)
+    accumulate = job.accumulates or (grad_lse is not None and not all(p.whole for p in job.parts))
+    covered = len(job.parts) == 1 and job.parts[0].covered
+    grads = Grads((q, k, v), accumulate=accumulate, dtype=lse_dtype(q.dtype), written=covered)
+    order = sorted(range(len(job.parts)), key=lambda i: not job.parts[i].whole)  # whole-tensor shares first
+    for i in order:
+        part = job.parts[i]
+        part.executor.backward(part.plan, states[i], q, k, v, merged, grads, scale=job.scale)
+    return grads.results()
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, job: Job, need_lse: bool):
+        out, lse, states = run_forward(job, q, k, v, need_lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.job, ctx.states = job, states
+        ctx.set_materialize_grads(False)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        if grad_out is None and grad_lse is None:
+            return None, None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = run_backward(ctx.job, ctx.states, q, k, v, out, lse, grad_out, grad_lse)
+        return dq, dk, dv, None, None
+
+
+@torch.compiler.disable  # host-side scheduling of kernel calls on views: compiled graphs call it as one op
+def attention(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
+    """(out (B, Nq, H, D), lse (B, H, Nq)) of the job; differentiable (exact gradients) when any input
+    requires grad. need_lse=False (no gradient, LSE not wanted) lets kernels skip the LSE where nothing
+    merges; the returned lse is then meaningless."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(q, k, v, job, True)
+    out, lse, _ = run_forward(job, q, k, v, need_lse)
+    return out, lse

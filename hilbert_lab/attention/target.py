@@ -1,0 +1,48 @@
+"""The device a computation runs for, and transient workspace notes, for dry runs on meta tensors.
+
+attention.memory estimates an executor's peak memory by running its own code on meta tensors (which
+allocate nothing) while counting every storage it creates. Code that chooses by device (the SDPA
+kernel, the fused merge) asks `device_facts`, which answers for the device being estimated when the
+tensors are meta; kernels report buffers they allocate internally (invisible to the count) through
+`note_workspace`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Callable, Iterator, Optional
+
+import torch
+
+# (device type, compute capability or None, cuDNN available) of the device a dry run estimates.
+_TARGET: ContextVar[Optional[tuple[str, Optional[tuple[int, int]], bool]]] = ContextVar("target", default=None)
+_WORKSPACE: ContextVar[Optional[Callable[[int], None]]] = ContextVar("workspace", default=None)
+
+
+def device_facts(x: torch.Tensor) -> tuple[str, Optional[tuple[int, int]], bool]:
+    """(device type, compute capability (CUDA) or None, cuDNN available) of the device x lives on, or, for
+    meta tensors inside `estimating`, of the device being estimated."""
+    if x.device.type == "meta" and _TARGET.get() is not None:
+        return _TARGET.get()
+    if x.device.type == "cuda":
+        return "cuda", torch.cuda.get_device_capability(x.device), torch.backends.cudnn.is_available()
+    return x.device.type, None, False
+
+
+@contextmanager
+def estimating(device_type: str, capability: Optional[tuple[int, int]], cudnn: bool,
+               workspace: Callable[[int], None]) -> Iterator[None]:
+    """Within: meta tensors stand for `device_type`, and `workspace(nbytes)` hears of kernel workspace."""
+    tokens = _TARGET.set((device_type, capability, cudnn)), _WORKSPACE.set(workspace)
+    try:
+        yield
+    finally:
+        _TARGET.reset(tokens[0])
+        _WORKSPACE.reset(tokens[1])
+
+
+def note_workspace(nbytes: int) -> None:
+    """A kernel allocates `nbytes` internally for the duration of one call (counted by a dry run)."""
+    listener = _WORKSPACE.get()
+    if listener is not None and nbytes:
+        listener(int(nbytes))
