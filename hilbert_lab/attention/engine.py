@@ -92,7 +92,7 @@ def dilated_attention(
     (on the CPU also for NaN/inf inputs; see executors.kernel). Any strides are accepted; inputs whose
     last dimension is not contiguous are copied once.
     """
-    if isinstance(q, torch.Tensor) and torch.is_autocast_enabled(q.device.type):
+    if isinstance(q, torch.Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(q.device.type):
         # Like SDPA under autocast: run in the autocast dtype, with autocast off inside (explicit casts).
         low = torch.get_autocast_dtype(q.device.type)
         q, k, v = (t.to(low) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in (q, k, v))

@@ -84,9 +84,13 @@ def run_backward(job: Job, states: list, q, k, v, out, lse, grad_out: Optional[t
                  grad_lse: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the merged (out, lse) for upstream gradients grad_out / grad_lse (None: zero)."""
     merged = Merged(out, lse, grad_out, grad_lse)
-    accumulate = job.accumulates or (grad_lse is not None and not all(p.whole for p in job.parts))
-    covered = len(job.parts) == 1 and job.parts[0].covered
-    grads = Grads((q, k, v), accumulate=accumulate, dtype=lse_dtype(q.dtype), written=covered)
+    single = job.parts[0] if len(job.parts) == 1 else None
+    # Shares of half-precision CUDA kernels are rounded to the input dtype already; they add up in it (one
+    # rounding per share), which saves the float32 totals' fill, adds and final conversion.
+    low = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    first = getattr(single.plan, "first_branch", None) if single is not None and not single.whole else None
+    grads = Grads((q, k, v), accumulate=job.accumulates, dtype=q.dtype if low else lse_dtype(q.dtype),
+                  written=single is not None and single.covered, first_branch=first)
     order = sorted(range(len(job.parts)), key=lambda i: not job.parts[i].whole)  # whole-tensor shares first
     for i in order:
         part = job.parts[i]

@@ -118,6 +118,8 @@ class MultiheadDilatedAttention(nn.Module):
             raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
         if segment_lengths is None or dilation_rates is None:
             raise ValueError("segment_lengths and dilation_rates are required (lists of positive integers)")
+        if not isinstance(bias, bool):
+            raise ValueError(f"bias must be True or False, got {bias!r}")
         self.embed_dim, self.num_heads, self.head_dim = int(embed_dim), int(num_heads), int(embed_dim) // int(num_heads)
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
@@ -137,8 +139,18 @@ class MultiheadDilatedAttention(nn.Module):
         """query (B, N, E) (key/value default to query) -> (B, N, E)."""
         key = query if key is None else key
         value = key if value is None else value
-        if query.dim() != 3 or query.shape[-1] != self.embed_dim:
-            raise ValueError(f"query must be (B, N, {self.embed_dim}), got {tuple(query.shape)}")
+        weight = self.q_proj.weight
+        for name, x in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
+                raise ValueError(f"{name} must be a (B, N, {self.embed_dim}) tensor, got "
+                                 f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+            autocast = torch.is_autocast_enabled(x.device.type)
+            if x.device != weight.device or (x.dtype != weight.dtype and not autocast):
+                raise ValueError(f"{name} must be {weight.dtype} on {weight.device} like the module's weights, got "
+                                 f"{x.dtype} on {x.device} (use module.to(...) or cast the input)")
+        if key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
+            raise ValueError(f"query, key and value must share (B, N), got {tuple(query.shape)}, {tuple(key.shape)}, "
+                             f"{tuple(value.shape)}")
         split = lambda x: x.unflatten(-1, (self.num_heads, self.head_dim))  # noqa: E731
         out = self.attention(split(self.q_proj(query)), split(self.k_proj(key)), split(self.v_proj(value)), causal=causal)
         return self.out_proj(out.flatten(-2))

@@ -131,7 +131,9 @@ class Plan:
     merge: some (query position, head) is computed by more than one branch, so branch results are merged
     by their LSEs; otherwise every (query position, head) belongs to at most one block (head_groups mode,
     or a single branch) and blocks write their results in place. covered: every (query row, head) lies in
-    some block (else the output's uncovered rows must read 0 and their LSE -inf).
+    some block (else the output's uncovered rows must read 0 and their LSE -inf). first_branch: a branch
+    whose blocks cover every (position, head) and come first (its gradient shares can be written where
+    other branches' add), or None.
     """
 
     blocks: tuple[Block, ...]
@@ -144,6 +146,7 @@ class Plan:
     num_kv_heads: Optional[int] = None
     query_len: Optional[int] = None
     covered: bool = False
+    first_branch: Optional[int] = None
 
     @property
     def causal(self) -> bool:
@@ -194,8 +197,11 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
                 continue
             blocks.append(Block(group.branch, group.head_slice, start, count, length, offset, step, selected))
     covered = _covers(pattern, seq_len, num_heads, branches)
+    first = blocks[0].branch if blocks else None
+    if first is not None and not _covers(pattern, seq_len, num_heads, (first,)):
+        first = None
     return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads, pattern,
-                None if branches is None else tuple(branches), covered=covered)
+                None if branches is None else tuple(branches), covered=covered, first_branch=first)
 
 
 def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Optional[tuple[int, ...]]) -> bool:

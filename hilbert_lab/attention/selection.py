@@ -107,14 +107,16 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_patter
     device = torch.device(device)
     if device.type != "cuda":
         return rule_for(device.type, None, dtype)
-    capability, triton_ok, flash_ok = _cuda_facts(device, dtype)
+    capability, triton_ok, flash_ok, fa4_ok = _cuda_facts(device, dtype)
     seq_len = head_dim = None
     fits = True
     if shape is not None and len(shape) == 4:
         seq_len, head_dim = int(shape[1]), int(shape[3])
         if whole_pattern and triton_ok and capability[0] >= 9 and dtype in (torch.float16, torch.bfloat16):
             fits = _inplace_fits(device, shape, dtype, segment_lengths, dilation_rates, mode, causal, training)
-    return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok,
+    if head_dim is not None and unavailable_reason("fa4", device, dtype, head_dim) is not None:
+        fa4_ok = False
+    return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
                     seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits)
 
 
@@ -163,18 +165,18 @@ def _inplace_peak_bytes(device: str, shape: tuple[int, ...], dtype: str, segment
 
 
 @functools.lru_cache(maxsize=64)
-def _cuda_facts(device: torch.device, dtype: torch.dtype) -> tuple[tuple[int, int], bool, bool]:
-    """(compute capability, triton runnable, flash runnable): cached, since a failed import of an
-    optional package costs a file-system search on every call."""
+def _cuda_facts(device: torch.device, dtype: torch.dtype) -> tuple[tuple[int, int], bool, bool, bool]:
+    """(compute capability, triton runnable, flash runnable, FlashAttention-4 runnable): cached, since a
+    failed import of an optional package costs a file-system search on every call."""
     return (torch.cuda.get_device_capability(device), unavailable_reason("triton", device, dtype) is None,
-            unavailable_reason("flash", device, dtype) is None)
+            unavailable_reason("flash", device, dtype) is None, unavailable_reason("fa4", device, dtype) is None)
 
 
 INPLACE_MIN_SEQ_LEN = 32768  # rule 3: from here on in-place cuDNN beats the fused kernel (H100 sweep)
 
 
 def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool = False,
-             flash_ok: bool = False, seq_len: Optional[int] = None, head_dim: Optional[int] = None,
+             flash_ok: bool = False, fa4_ok: bool = False, seq_len: Optional[int] = None, head_dim: Optional[int] = None,
              training: bool = False, inplace_fits: bool = True) -> str:
     """The module's rules as a pure function of the facts they read (testable without a GPU)."""
     if device_type == "cpu":
@@ -182,14 +184,17 @@ def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: tor
     if device_type != "cuda" or capability is None:
         return "manual"
     half = dtype in (torch.float16, torch.bfloat16)
+    in_place = "fa4" if fa4_ok and capability[0] >= 9 else "sdpa"
     if half and capability[0] >= 9 and triton_ok:
         if not inplace_fits:
             return "triton"
         if training and head_dim is not None and head_dim > 64:
-            return "sdpa"
+            return in_place
         if seq_len is not None and seq_len >= INPLACE_MIN_SEQ_LEN:
-            return "sdpa"
+            return in_place
         return "triton"
+    if half and fa4_ok and capability[0] >= 9:
+        return "fa4"
     if half and capability[0] >= 8:
         return "flash" if flash_ok else "sdpa"
     return "sdpa"

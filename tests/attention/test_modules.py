@@ -126,3 +126,16 @@ def test_multihead_scale_reaches_the_attention():
     assert max_diff(module(x), module.out_proj(attended.flatten(-2))) < 1e-13
     for ordering in (None, "identity", "hilbert", "morton", "snake"):
         DilatedAttention([4], [1], ordering=ordering, backend="sdpa", scale=2, hilbert_pattern=True)
+
+
+def test_multihead_module_refuses_mismatched_inputs_with_the_argument_named():
+    module = MultiheadDilatedAttention(16, 2, [4, 8], [1, 2])
+    x = torch.randn(1, 8, 16)
+    with pytest.raises(ValueError, match="key must be a \\(B, N, 16\\)"):
+        module(x, torch.randn(1, 8, 12))
+    with pytest.raises(ValueError, match="value must be torch.float32"):
+        module(x, x, x.double())
+    with pytest.raises(ValueError, match="query, key and value must share"):
+        module(x, torch.randn(1, 4, 16))
+    with pytest.raises(ValueError, match="bias must be True or False"):
+        MultiheadDilatedAttention(16, 2, [4, 8], [1, 2], bias="no")

@@ -53,7 +53,7 @@ def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(mon
     from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     shape, lengths, rates = (1, 1 << 18, 16, 128), (4096, 16384, 65536), (1, 2, 4)
-    monkeypatch.setattr(selection, "_cuda_facts", lambda device, dtype: ((9, 0), True, False))
+    monkeypatch.setattr(selection, "_cuda_facts", lambda device, dtype: ((9, 0), True, False, False))
     free = {"bytes": 0}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 << 30))
     for training in (False, True):

@@ -53,3 +53,19 @@ def test_bad_dropout_is_rejected(dropout_p):
     q, k, v = _qkv()
     with pytest.raises(ValueError, match="dropout_p"):
         validate_attention_inputs(q, k, v, dropout_p=dropout_p)
+
+
+def test_meta_sparse_and_complex_inputs_are_refused_naming_the_argument():
+    import pytest
+    import torch
+
+    from hilbert_lab.attention import dilated_attention
+
+    good = torch.randn(1, 8, 2, 4)
+    kwargs = dict(segment_lengths=[4], dilation_rates=[1])
+    with pytest.raises(ValueError, match="q must hold data"):
+        dilated_attention(good.to("meta"), good, good, **kwargs)
+    with pytest.raises(ValueError, match="k must be a dense"):
+        dilated_attention(good, good.to_sparse(), good, **kwargs)
+    with pytest.raises(ValueError, match="v must have a floating dtype"):
+        dilated_attention(good, good, good.to(torch.complex64), **kwargs)

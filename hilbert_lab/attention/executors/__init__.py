@@ -4,7 +4,7 @@ its capabilities (executors.base.Capabilities).
 reference / manual / sdpa_math: eager dense kernels (float64 oracle, chunked float32, PyTorch's math
 formula); sdpa / sdpa_flash / sdpa_cudnn / sdpa_efficient: PyTorch's SDPA kernels reading the plan's
 strided views; flex: FlexAttention; flash / xformers: optional packages; triton: the fused kernel over
-the whole pattern. `auto` (attention.selection), the memory estimate (attention.memory) and the
+the whole pattern; fa4: FlashAttention-4 reading and writing the plan's views in place (extra "fa4"). `auto` (attention.selection), the memory estimate (attention.memory) and the
 benchmark cases (bench.cases) read this table and the capabilities; adding an executor is one module
 and one entry here.
 """
@@ -21,7 +21,7 @@ from hilbert_lab.attention.executors.base import (
 
 
 def _table() -> dict[str, Executor]:
-    from hilbert_lab.attention.executors import external, flex, fused, sdpa
+    from hilbert_lab.attention.executors import external, fa4, flex, fused, sdpa
     from hilbert_lab.attention.executors.blockwise import blockwise_executor
     from hilbert_lab.attention.executors.manual import EAGER_CAPABILITIES, MANUAL_KERNEL, REFERENCE_KERNEL
 
@@ -36,6 +36,7 @@ def _table() -> dict[str, Executor]:
     table.update(flex.executors())
     table.update(external.executors())
     table["triton"] = fused.executor()
+    table.update(fa4.executors())
     return table
 
 

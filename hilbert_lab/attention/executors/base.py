@@ -109,25 +109,26 @@ class Merged:
 class Grads:
     """The dq, dk, dv totals (B, N, H, D) of q, k, v that executors' backwards write into.
 
-    accumulate=True: several shares touch one entry (branches that merge, or several parts), so shares
-    are added, in `dtype` (the LSE precision) unless a whole-tensor share arrived first; False: every
-    entry has one owner, whose share is written (in the input dtype). Totals are allocated on first
-    use, zeroed unless `written` says every entry gets a share; a whole-tensor share (a whole-pattern
-    executor's) given before anything else becomes the total itself, later shares adding into it with
-    one rounding each.
+    accumulate=False: every entry has one owner, whose share is written. accumulate=True: several shares
+    touch one entry (branches that merge, or several parts) and add up, in `dtype`; the shares of
+    `first_branch` (a branch whose calls cover every entry and run first) are written, not added, so the
+    totals need no zeros. Totals are allocated on first use, zeroed unless every entry is written; a
+    whole-tensor share (a whole-pattern executor's) given before anything else becomes the total itself,
+    later shares adding into it with one rounding each.
     """
 
     def __init__(self, like: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *, accumulate: bool,
-                 dtype: torch.dtype, written: bool = False):
+                 dtype: torch.dtype, written: bool = False, first_branch: Optional[int] = None):
         self.like, self.accumulate, self.dtype, self.written = like, accumulate, dtype, written
+        self.first_branch = first_branch if accumulate else None
         self._totals: list[Optional[torch.Tensor]] = [None, None, None]
 
     def total(self, index: int) -> torch.Tensor:
         if self._totals[index] is None:
             like = self.like[index]
             dtype = self.dtype if self.accumulate else like.dtype
-            make = torch.empty if self.written and not self.accumulate else torch.zeros
-            self._totals[index] = make(like.shape, dtype=dtype, device=like.device)
+            written = self.first_branch is not None if self.accumulate else self.written
+            self._totals[index] = (torch.empty if written else torch.zeros)(like.shape, dtype=dtype, device=like.device)
         return self._totals[index]
 
     @property
@@ -142,9 +143,13 @@ class Grads:
     def dv(self) -> torch.Tensor:
         return self.total(2)
 
-    def store(self, index: int, view: torch.Tensor, share: torch.Tensor) -> None:
-        """Add (or write) one share into a view of dq / dk / dv (index 0 / 1 / 2)."""
-        if not self.accumulate:
+    def owned(self, branch: Optional[int]) -> bool:
+        """Whether shares of `branch` are written (their entries are not yet touched by any other share)."""
+        return not self.accumulate or (branch is not None and branch == self.first_branch)
+
+    def store(self, index: int, view: torch.Tensor, share: torch.Tensor, branch: Optional[int] = None) -> None:
+        """Write (owned) or add one share into a view of dq / dk / dv (index 0 / 1 / 2)."""
+        if self.owned(branch):
             view.copy_(share)
         elif view.dtype != share.dtype and share.dtype.itemsize > view.dtype.itemsize:
             view.copy_(view.to(share.dtype) + share)  # a low-precision total: one rounding of the exact sum

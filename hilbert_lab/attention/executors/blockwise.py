@@ -35,8 +35,9 @@ def blockwise_forward(plan: Plan, q, k, v, slots: Slots, *, scale: float, kernel
         for qv, kv, vv, ov, lv in views:
             out_b, lse_b, state = call_forward(kernel, _readable(qv, in_place), _readable(kv, in_place),
                                                _readable(vv, in_place), causal=plan.causal, scale=scale,
-                                               need_lse=slots.need_lse or plan.merge)
-            ov.copy_(out_b)
+                                               need_lse=slots.need_lse or plan.merge, out=ov)
+            if out_b is not ov:
+                ov.copy_(out_b)
             if lse_b is not None:
                 lv.copy_(lse_b.transpose(1, 2))
             unit_states.append(state)
@@ -64,11 +65,13 @@ def blockwise_backward(plan: Plan, states: list, q, k, v, merged: Merged, grads:
             qv, kv, vv, ov, lv, dqv, dkv, dvv, *upstream = views
             gv = upstream.pop(0) if grad_out is not None else None
             glv = upstream.pop(0).transpose(1, 2) if grad_lse is not None else None
+            into = (dqv, dkv, dvv) if grads.owned(unit.branch) else None
             shares = call_backward(state, gv, _readable(qv, in_place), _readable(kv, in_place),
                                    _readable(vv, in_place), ov, lv.transpose(1, 2), causal=plan.causal, scale=scale,
-                                   grad_lse=glv)
+                                   grad_lse=glv, into=into)
             for index, (view, share) in enumerate(zip((dqv, dkv, dvv), shares)):
-                grads.store(index, view, share)
+                if share is not view:
+                    grads.store(index, view, share, unit.branch)
 
 
 def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKernel], capabilities: Capabilities,

@@ -43,10 +43,11 @@ class DenseKernel:
     gqa: bool = False
     bottom_right: bool = False
     grad_lse: bool = False
-    dense_out_lse: bool = False
+    dense_out_lse: bool = False  # its backward wants out and grad_out of a call packed (contiguous)
     fallback: Optional["DenseKernel"] = None
     workspace: Optional[Callable[[torch.Tensor, torch.Tensor, bool], int]] = None
     meta: bool = True
+    writes_into: bool = False
 
     def note(self, q: torch.Tensor, k: torch.Tensor, backward: bool) -> None:
         """Report the call's internal workspace (bytes the kernel allocates out of sight) to a dry run."""
@@ -95,8 +96,11 @@ def _pick(kernel: DenseKernel, q: torch.Tensor, k: torch.Tensor) -> DenseKernel:
     return kernel
 
 
-def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, need_lse: bool = True):
-    """(out (b, Lq, h, D), lse (b, h, Lq) or None, CallState) of one call; see the module docstring."""
+def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, need_lse: bool = True,
+                 out: Optional[torch.Tensor] = None):
+    """(out (b, Lq, h, D), lse (b, h, Lq) or None, CallState) of one call; see the module docstring.
+    out: where the caller keeps the result (a view); a kernel that `writes_into` writes it there in
+    place and returns that very tensor, others return their own."""
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     kernel = _pick(kernel, q, k)
     lq, lk = q.shape[1], k.shape[1]
@@ -112,14 +116,19 @@ def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, ne
     if not kernel.gqa:
         k, v = _expand(k, groups), _expand(v, groups)
     kernel.note(q, k, False)
-    out, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse)
-    return out, lse, CallState(kernel, aux)
+    if kernel.writes_into and out is not None and q.device.type != "meta":
+        result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse, out=out)
+    else:
+        result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse)
+    return result, lse, CallState(kernel, aux)
 
 
 def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool, scale: float,
-                  grad_lse: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  grad_lse: Optional[torch.Tensor] = None,
+                  into: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None):
     """(dq, dk, dv) of one call for a given (merged) out and lse (b, h, Lq); grad_out (b, Lq, h, D) and
-    grad_lse (b, h, Lq) may each be None (zero)."""
+    grad_lse (b, h, Lq) may each be None (zero). into: views the shares may be written into (the caller
+    owns those entries); a kernel that `writes_into` writes them there and returns those tensors."""
     lse = torch.where(torch.isfinite(lse) | torch.isnan(lse), lse, torch.full_like(lse, float("inf")))
     kernel = state.kernel
     if state.split is not None:
@@ -136,8 +145,9 @@ def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool
     if kernel.grad_lse:
         if grad_out is None:
             grad_out = torch.zeros_like(q)
+        extra = {"into": into} if kernel.writes_into and into is not None and q.device.type != "meta" else {}
         dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale,
-                                     grad_lse=grad_lse)
+                                     grad_lse=grad_lse, **extra)
     else:
         if grad_out is not None:
             dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale)

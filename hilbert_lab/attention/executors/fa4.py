@@ -1,0 +1,59 @@
+"""FlashAttention-4 (the CuTe DSL kernels of `flash_attn.cute`, optional extra "fa4") on the plan's views.
+
+Every call reads q, k, v as strided views of the caller's (B, N, H, D) tensors and writes its output
+straight into the caller's slot view (`out=`) and, where the caller owns the entries, its gradients
+straight into views of dq, dk, dv (`dq=`, `dk=`, `dv=`); the LSE gradient is the kernel's own `dlse`.
+Queries fewer than keys are aligned at the bottom right and several query heads may read one key/value
+head, as the kernel itself defines them. Views must have a unit last stride and 16-byte aligned strides
+(head dims that are multiples of 8 in fp16/bf16); Hopper (sm90) and newer.
+"""
+from __future__ import annotations
+
+import torch
+
+from hilbert_lab.attention.executors.base import HALF_DTYPES, Capabilities
+from hilbert_lab.attention.executors.blockwise import blockwise_executor
+from hilbert_lab.attention.executors.kernel import DenseKernel
+from hilbert_lab.attention.executors.manual import MANUAL_KERNEL
+
+PACKAGE = "flash_attn.cute"
+
+
+def _forward(q, k, v, *, causal, scale, need_lse=True, out=None):
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    result = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=causal, return_lse=True, out=out)
+    return result[0], result[1], None
+
+
+def _backward(grad_out, q, k, v, out, lse, aux=None, *, causal, scale, grad_lse=None, into=None):
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    dq, dk, dv = into if into is not None else (None, None, None)
+    result = _flash_attn_bwd(q, k, v, out, grad_out.to(q.dtype), lse.float().contiguous(), softmax_scale=scale,
+                             causal=causal, dq=dq, dk=dk, dv=dv,
+                             dlse=None if grad_lse is None else grad_lse.float().contiguous())
+    return result[0], result[1], result[2]
+
+
+def _workspace(q: torch.Tensor, k: torch.Tensor, backward: bool) -> int:
+    """The backward's float32 dQ accumulator (b, h, Lq_rounded * D_rounded) and its two row buffers
+    (b, h, Lq_rounded), Lq rounded up to 128 and D to 64."""
+    if not backward:
+        return 0
+    batch, length, heads, dim = q.shape
+    rows = batch * heads * (-(-length // 128) * 128)
+    return rows * (-(-dim // 64) * 64 + 2) * 4
+
+
+FA4_KERNEL = DenseKernel("fa4", _forward, _backward, gqa=True, bottom_right=True, grad_lse=True, writes_into=True,
+                         fallback=MANUAL_KERNEL, workspace=_workspace, meta=False)
+CAPABILITIES = Capabilities(devices=("cuda",), dtypes=HALF_DTYPES, head_dims=(256, 8), min_capability=(9, 0),
+                            grad_lse=True, gqa=True, bottom_right=True, package=PACKAGE,
+                            install="hilbert-lab[fa4]")
+
+
+def executors() -> dict:
+    """The FlashAttention-4 executor (name -> Executor)."""
+    return {"fa4": blockwise_executor("fa4", lambda q: FA4_KERNEL, CAPABILITIES,
+                                      description="FlashAttention-4 on the plan's views, reading and writing in place")}
