@@ -1,18 +1,23 @@
 """Dilated attention on one GPU against the strongest simple compositions, all in one run.
 
 For each cell (mode x causal x N x D x direction) it times, in the same process:
-- ours: `backend="auto"` and each executor it can pick ("sdpa": the kernel on in-place strided
-  blocks, exact backward with the merged out/LSE; "triton": the fused kernel);
+- ours: `backend="auto"` and each executor it can pick ("sdpa": cuDNN on the plan's strided views,
+  exact backward with the merged out/LSE; "triton": the fused kernel; "fa4": FlashAttention-4 reading
+  and writing the views in place, where installed), and `ordering="hilbert"` beside the plain call;
 - anchors (hilbert_lab.bench.anchors, fastest SDPA kernel of this GPU each): the kernel-only floor on
-  pre-gathered blocks, the strided-view composition (head_groups) and the torchscale-style
-  composition (both modes; its merge weights carry no gradient);
+  pre-gathered blocks, the FlashAttention-4-in-place floor (every block read and written in place,
+  no merge), the strided-view composition (head_groups) and the torchscale-style composition (both
+  modes; its merge weights carry no gradient);
 and checks each output against the torchscale-style composition (relative error) before timing.
 Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).
 Also: the headline shape (bf16, B=2, N=32768, H=12, D=64, w [2048, 4096, 8192], r [1, 2, 4]) and
 the longest causal LongNet fwd+bwd that runs (B=1, H=12, D=64, w [2048, 8192, 32768, 131072],
 r [1, 2, 4, 8]). Writes JSON with the environment.
 
-Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,longest] [--quick]
+Part "profile": torch.profiler's CUDA kernel time per call of each of ours on the headline cells, by
+kind (attention kernels, copies, fills, elementwise adds/conversions, merge, other), beside the wall time.
+
+Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,longest,profile] [--quick]
 """
 from __future__ import annotations
 
@@ -27,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hilbert_lab.attention import DilatedPattern, dilated_attention  # noqa: E402
+from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
 from hilbert_lab.attention.selection import select_backend  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
@@ -57,10 +62,13 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
     ours = {"auto": lambda q, k, v: dilated_attention(q, k, v, mode=pattern.mode, causal=pattern.causal, backend="auto",
                                                       segment_lengths=pattern.segment_lengths,
                                                       dilation_rates=pattern.dilation_rates, scale=scale)}
-    for name in ("sdpa", "triton"):
+    for name in executors():
         ours[name] = (lambda name: lambda q, k, v: dilated_attention(
             q, k, v, mode=pattern.mode, causal=pattern.causal, backend=name, segment_lengths=pattern.segment_lengths,
             dilation_rates=pattern.dilation_rates, scale=scale))(name)
+    ours["auto[hilbert]"] = lambda q, k, v: dilated_attention(
+        q, k, v, mode=pattern.mode, causal=pattern.causal, backend="auto", segment_lengths=pattern.segment_lengths,
+        dilation_rates=pattern.dilation_rates, scale=scale, ordering="hilbert")
     anchor_fns = {}
     for kern in kernels:
         anchor_fns[f"torchscale[{kern}]"] = (lambda kern: lambda q, k, v: anchors.torchscale_composition(
@@ -90,6 +98,17 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
             results[name] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
         except Exception as error:  # an anchor kernel that does not run this shape is left out, with why
             results[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    if "fa4" in executors():
+        if training:
+            def step():
+                anchors.fa4_floor(q, k, v, pattern, scale=scale, grad_out=grad)
+        else:
+            def step():
+                anchors.fa4_floor(q, k, v, pattern, scale=scale)
+        try:
+            results["floor[fa4]"] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
+        except Exception as error:
+            results["floor[fa4]"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
     blocks = anchors.gather_blocks(q.detach(), k.detach(), v.detach(), pattern)
     for kern in kernels:
         try:
@@ -113,6 +132,66 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
     return results, errors
 
 
+def executors() -> list[str]:
+    """Our executors that auto can pick on this GPU (bf16)."""
+    return [name for name in ("sdpa", "triton", "fa4") if unavailable_reason(name, DEV, torch.bfloat16) is None]
+
+
+KINDS = (("merge", ("merge", "accumulate")),
+         ("attention", ("attention", "fmha", "flash", "cudnn", "sm90", "dilated", "kernel_cutlass", "cute", "_fwd_kernel",
+                        "_bwd_dkdv", "_bwd_dq", "_delta_kernel")),
+         ("copies", ("copy", "memcpy", "Memcpy", "contiguous", "clone")), ("fills", ("fill", "zero")),
+         ("adds/conversions", ("add", "to_copy", "cast", "elementwise", "vectorized")))
+
+
+def kind_of(name: str) -> str:
+    lowered = name.lower()
+    for kind, words in KINDS:
+        if any(word.lower() in lowered for word in words):
+            return kind
+    return "other"
+
+
+def profile_cell(mode, causal, direction, names, calls=5):
+    """CUDA kernel time per call of each of ours, by kind (torch.profiler), on the headline shape."""
+    from torch.profiler import ProfilerActivity, profile
+
+    pattern = DilatedPattern.create(HEADLINE["segment_lengths"], HEADLINE["dilation_rates"], mode=mode, causal=causal)
+    q, k, v = inputs(2, 32768, 12, 64, requires_grad=direction == "fwd+bwd")
+    grad = torch.randn_like(q)
+    rows = {}
+    for name in names:
+        def once():
+            out = dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+                                    mode=mode, causal=causal, backend=name)
+            if direction == "fwd+bwd":
+                torch.autograd.backward(out, grad)
+                for t in (q, k, v):
+                    t.grad = None
+        try:
+            for _ in range(3):
+                once()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    once()
+                torch.cuda.synchronize()
+        except Exception as error:
+            rows[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+            continue
+        kinds, kernels = {}, {}
+        for event in prof.key_averages():
+            device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+            if device_us <= 0:
+                continue
+            kinds[kind_of(event.key)] = kinds.get(kind_of(event.key), 0.0) + device_us / calls / 1000
+            kernels[event.key[:90]] = round(device_us / calls / 1000, 4)
+        rows[name] = {"ms_by_kind": {k: round(v, 4) for k, v in sorted(kinds.items())},
+                      "ms_total": round(sum(kinds.values()), 4),
+                      "top_kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:12])}
+    return dict(mode=mode, causal=causal, direction=direction, shape=[2, 32768, 12, 64], profile=rows)
+
+
 def best(results, prefix):
     times = {k: v["median"] for k, v in results.items() if k.startswith(prefix) and "median" in v}
     return (min(times, key=times.get), min(times.values())) if times else (None, None)
@@ -134,6 +213,8 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
                heads=heads, auto_picks=picked, auto_ms=auto, floor=floor_name, floor_ms=floor,
                strided=strided_name, strided_ms=strided, torchscale=ts_name, torchscale_ms=ts,
                sdpa_ms=results.get("sdpa", {}).get("median"), triton_ms=results.get("triton", {}).get("median"),
+               fa4_ms=results.get("fa4", {}).get("median"), hilbert_ms=results.get("auto[hilbert]", {}).get("median"),
+               fa4_floor_ms=results.get("floor[fa4]", {}).get("median"),
                auto_over_floor=auto / floor if auto and floor else None,
                strided_over_auto=strided / auto if auto and strided else None,
                torchscale_over_auto=ts / auto if auto and ts else None,
@@ -149,6 +230,7 @@ def fmt(row):
     f = lambda x: "   -  " if x is None else f"{x:6.3f}"  # noqa: E731
     return (f"{row['mode']:11s} c={int(row['causal'])} N={row['seq_len']:>7d} D={row['head_dim']:>3d} {row['direction']:7s} "
             f"auto={f(row['auto_ms'])}({row['auto_picks'][:6]}) sdpa={f(row['sdpa_ms'])} triton={f(row['triton_ms'])} "
+            f"fa4={f(row['fa4_ms'])} fa4floor={f(row['fa4_floor_ms'])} hilbert={f(row['hilbert_ms'])} "
             f"floor={f(row['floor_ms'])} strided={f(row['strided_ms'])} ts={f(row['torchscale_ms'])} "
             f"auto/floor={f(row['auto_over_floor'])} ts/auto={f(row['torchscale_over_auto'])} "
             f"strided/auto={f(row['strided_over_auto'])}")
@@ -238,6 +320,14 @@ def main() -> None:
                             row.pop("timings")
                             result["sweep"].append(row)
                             print(fmt(row), flush=True)
+    if "profile" in parts:
+        result["profile"] = []
+        for mode in ("head_groups", "longnet"):
+            for direction in ("fwd", "fwd+bwd"):
+                row = profile_cell(mode, False, direction, ["auto"] + executors())
+                result["profile"].append(row)
+                for name, data in row["profile"].items():
+                    print(f"profile {mode:11s} {direction:7s} {name:7s} {data}", flush=True)
     if "longest" in parts:
         result["longest"] = [longest(args.longest_max, args.longest_start, name) for name in args.longest_backends.split(",")]
     result["seconds"] = time.time() - began

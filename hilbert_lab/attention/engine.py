@@ -51,8 +51,8 @@ def resolve_executor(backend: str | Executor, q: torch.Tensor, pattern: Optional
 def plan_part(executor: Executor, plan: Plan) -> Part:
     """The job part of an executor running a plan."""
     branches = tuple(sorted({blk.branch for blk in plan.blocks})) or (0,)
-    return Part(executor, plan, branches, whole=executor.capabilities.whole_pattern, merges=plan.merge,
-                covered=plan.covered)
+    return Part(executor, plan, branches, whole=executor.capabilities.whole_pattern,
+                merges=plan.merge or plan.kv_shared, covered=plan.covered)
 
 
 def execute_plan(plan: Plan, executor: Executor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

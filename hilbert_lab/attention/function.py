@@ -16,6 +16,7 @@ import torch
 
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots, lse_dtype
 from hilbert_lab.attention.merge import merge_slots
+from hilbert_lab.attention.target import device_facts
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def run_backward(job: Job, states: list, q, k, v, out, lse, grad_out: Optional[t
     single = job.parts[0] if len(job.parts) == 1 else None
     # Shares of half-precision CUDA kernels are rounded to the input dtype already; they add up in it (one
     # rounding per share), which saves the float32 totals' fill, adds and final conversion.
-    low = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16)
+    low = device_facts(q)[0] == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
     first = getattr(single.plan, "first_branch", None) if single is not None and not single.whole else None
     grads = Grads((q, k, v), accumulate=job.accumulates, dtype=q.dtype if low else lse_dtype(q.dtype),
                   written=single is not None and single.covered, first_branch=first)

@@ -19,7 +19,7 @@ for offset o iff `(p % w) % r == o`), lives in attention.pattern and is exported
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -133,7 +133,8 @@ class Plan:
     or a single branch) and blocks write their results in place. covered: every (query row, head) lies in
     some block (else the output's uncovered rows must read 0 and their LSE -inf). first_branch: a branch
     whose blocks cover every (position, head) and come first (its gradient shares can be written where
-    other branches' add), or None.
+    other branches' add), or None. kv_shared: some key/value head is read by blocks of several branches
+    (grouped-query heads across head groups), so its gradient shares add up even without a merge.
     """
 
     blocks: tuple[Block, ...]
@@ -147,6 +148,7 @@ class Plan:
     query_len: Optional[int] = None
     covered: bool = False
     first_branch: Optional[int] = None
+    kv_shared: bool = False
 
     @property
     def causal(self) -> bool:
@@ -171,58 +173,123 @@ class Plan:
 
 
 def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
-               branches: Optional[tuple[int, ...]] = None) -> Plan:
-    """The blocks of `pattern` for N = seq_len tokens and H = num_heads heads (queries = keys, one key
-    head per query head, one document).
+               branches: Optional[tuple[int, ...]] = None, *, num_kv_heads: Optional[int] = None,
+               documents: Optional[tuple[tuple[int, int], ...]] = None, query_len: Optional[int] = None) -> Plan:
+    """The blocks of `pattern` for N = seq_len key positions and H = num_heads query heads.
 
     branches: plan only these branches (the others contribute no block; `merge` then says whether the
     planned ones overlap), e.g. the branches whose segments lie inside one rank's shard of a ring.
+    num_kv_heads: key/value heads H_kv (H % H_kv == 0); query head h reads key/value head h // (H / H_kv).
+    documents: ((start, length), ...) covering the row in order: each is planned as its own sequence
+    (positions, segments, dilation offsets and causality restart at its start; its last segment is
+    ragged; a segment longer than the document is the document); default one document of N tokens.
+    query_len: the queries are the last query_len positions (default N); segments before them carry no
+    block, and the segment where they begin is its own block with fewer queries than keys.
     """
+    kv = num_heads if num_kv_heads is None else num_kv_heads
+    documents = ((0, seq_len),) if documents is None else tuple(documents)
+    query_start = 0 if query_len is None else seq_len - query_len
     blocks = []
     branches_per_head = [0] * num_heads
-    coverage = [0] * num_heads  # selected positions per head, summed over its branches
-    for group in pattern.groups(seq_len, num_heads):
-        if branches is not None and group.branch not in branches:
-            continue
-        for h in group.heads:
-            branches_per_head[h] += 1
-        seg, step, offset = group.segment_length, group.dilation_rate, group.offset  # seg = min(w, N)
-        full = seq_len // seg
-        parts = [(0, full, seg)] if full else []
-        if seq_len - full * seg:
-            parts.append((full * seg, 1, seq_len - full * seg))
-        for start, count, length in parts:
-            selected = len(range(offset, length, step))
-            if selected == 0:
+    kv_readers: dict[int, set[int]] = {}
+    counted = set()
+    for doc_start, doc_len in documents:
+        for group in pattern.groups(doc_len, num_heads):
+            if branches is not None and group.branch not in branches:
                 continue
-            blocks.append(Block(group.branch, group.head_slice, start, count, length, offset, step, selected))
-    covered = _covers(pattern, seq_len, num_heads, branches)
-    first = blocks[0].branch if blocks else None
+            if (group.branch, group.offset) not in counted:
+                counted.add((group.branch, group.offset))
+                for h in group.heads:
+                    branches_per_head[h] += 1
+            seg, step, offset = group.segment_length, group.dilation_rate, group.offset  # seg = min(w, doc)
+            full = doc_len // seg
+            parts = [(0, full, seg)] if full else []
+            if doc_len - full * seg:
+                parts.append((full * seg, 1, doc_len - full * seg))
+            for start, count, length in parts:
+                selected = len(range(offset, length, step))
+                if selected == 0:
+                    continue
+                for heads, kv_heads in _kv_split(group.heads, num_heads, kv):
+                    for kv_head in range(kv_heads.start, kv_heads.stop, kv_heads.step):
+                        kv_readers.setdefault(kv_head, set()).add(group.branch)
+                    kv_slice = None if kv == num_heads else kv_heads
+                    blocks.extend(_with_queries(Block(group.branch, heads, doc_start + start, count, length, offset,
+                                                      step, selected, kv_slice), query_start))
+    # Coverage (every query row and every key written) holds only when the queries are all positions.
+    covered = query_start == 0 and _covers(pattern, seq_len, num_heads, branches)
+    first = blocks[0].branch if blocks and query_start == 0 else None
     if first is not None and not _covers(pattern, seq_len, num_heads, (first,)):
         first = None
+    kv_shared = any(len(readers) > 1 for readers in kv_readers.values())
     return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads, pattern,
-                None if branches is None else tuple(branches), covered=covered, first_branch=first)
+                None if branches is None else tuple(branches), None if num_kv_heads is None else kv, query_len,
+                covered=covered, first_branch=first, kv_shared=kv_shared)
 
 
 def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Optional[tuple[int, ...]]) -> bool:
-    """Whether every (position, head) is selected by some planned branch: a branch with dilation 1 covers
-    its heads entirely; otherwise the heads of a branch cover every position only when all r offsets of
-    that branch are present (and a ragged or short segment still selects offset 0.. of its tokens)."""
+    """Whether every (position, head) is selected by some planned branch: a branch with dilation 1 selects
+    every position of the heads in it."""
     covered = [False] * num_heads
     offsets = pattern.head_offsets(num_heads)
     for branch, r in enumerate(pattern.dilation_rates):
         if branches is not None and branch not in branches:
             continue
-        heads = offsets[branch]
         for h in range(num_heads):
-            if heads[h] >= 0 and r == 1:
+            if offsets[branch][h] >= 0 and r == 1:
                 covered[h] = True
     return all(covered)
+
+
+def _kv_split(heads: tuple[int, ...], num_heads: int, kv_heads: int) -> list[tuple[slice, slice]]:
+    """The group's query heads (an arithmetic progression) with the key/value heads they read, as
+    (query heads, kv heads) slices a grouped-query kernel call takes (call head j reads kv head
+    j // (h / h_kv)); split per kv head where the group's heads do not line up with the kv groups."""
+    per_kv = num_heads // kv_heads
+    kvs = [h // per_kv for h in heads]
+    runs = [(kv, sum(1 for x in kvs if x == kv)) for kv in dict.fromkeys(kvs)]
+    size = runs[0][1]
+    steps = {b[0] - a[0] for a, b in zip(runs, runs[1:])}
+    consecutive = all(kvs[i] == runs[i // size][0] for i in range(len(kvs))) if all(n == size for _, n in runs) else False
+    if consecutive and len(steps) <= 1 and (not steps or steps.pop() > 0):
+        step = runs[1][0] - runs[0][0] if len(runs) > 1 else 1
+        return [(_slice(heads), slice(runs[0][0], runs[-1][0] + 1, step))]
+    out = []
+    for kv, _ in runs:
+        members = tuple(h for h, x in zip(heads, kvs) if x == kv)
+        out.append((_slice(members), slice(kv, kv + 1, 1)))
+    return out
+
+
+def _slice(heads: tuple[int, ...]) -> slice:
+    step = heads[1] - heads[0] if len(heads) > 1 else 1
+    return slice(heads[0], heads[-1] + 1, step)
+
+
+def _with_queries(block: Block, query_start: int) -> list[Block]:
+    """The block restricted to queries at positions >= query_start: segments before them dropped, the
+    segment where they begin its own block whose queries are its last selected tokens."""
+    if query_start <= block.start:
+        return [block]
+    first = block.start + block.offset  # position of token 0 of segment 0
+    before = min(block.count, max(0, (query_start - first) // block.seg))  # segments wholly before the queries
+    out = []
+    for s in range(before, block.count):
+        seg_first = first + s * block.seg
+        if seg_first >= query_start:
+            out.append(replace(block, start=block.start + s * block.seg, count=block.count - s))
+            break
+        skipped = -(-(query_start - seg_first) // block.step)  # selected tokens before the first query
+        if skipped < block.length:
+            out.append(replace(block, start=block.start + s * block.seg, count=1, queries=block.length - skipped))
+    return out
 
 
 @torch.compiler.disable  # planning is Python/numpy work: keep it out of compiled graphs
 @functools.lru_cache(maxsize=128)
 def cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
-                branches: Optional[tuple[int, ...]] = None) -> Plan:
-    """`build_plan`, cached per (pattern, seq_len, num_heads, branches)."""
-    return build_plan(pattern, seq_len, num_heads, None if branches is None else tuple(branches))
+                branches: Optional[tuple[int, ...]] = None, *, num_kv_heads: Optional[int] = None,
+                documents: Optional[tuple[tuple[int, int], ...]] = None, query_len: Optional[int] = None) -> Plan:
+    """`build_plan`, cached per arguments."""
+    return build_plan(pattern, seq_len, num_heads, None if branches is None else tuple(branches),
+                      num_kv_heads=num_kv_heads, documents=documents, query_len=query_len)

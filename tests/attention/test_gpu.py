@@ -13,7 +13,7 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU backends)"),
 ]
-GPU_BACKENDS = ["sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flash", "xformers", "triton"]
+GPU_BACKENDS = ["sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flash", "xformers", "triton", "fa4"]
 
 
 def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -78,7 +78,7 @@ def test_gpu_orderings_do_not_change_the_result():
 @pytest.mark.parametrize("seq_len,num_heads", [(80, 7), (96, 6), (1000, 5)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", ["longnet", "head_groups"])
-@pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash"])
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash", "fa4"])
 def test_gpu_executor_on_views_matches_reference(backend, mode, causal, seq_len, num_heads):
     """The in-place executor (kernels on strided block views, backward with the merged out/LSE), on
     ragged N (blocks whose batch and segments do not fold), H not divisible by the branches, and an
@@ -104,7 +104,7 @@ def test_gpu_executor_on_views_matches_reference(backend, mode, causal, seq_len,
 
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash", "triton"])
+@pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash", "triton", "fa4"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_length_runs_on_every_gpu_executor(backend, causal):
     """Ragged lengths leave blocks of one token for some offsets (cuDNN takes no call with one query and one
