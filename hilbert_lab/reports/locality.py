@@ -84,12 +84,23 @@ def miss_findings(table: Any) -> list[dict[str, Any]]:
     return sorted(out, key=lambda item: -item["gap"])
 
 
-def _miss_sentence(item: dict[str, Any]) -> str:
+def _configuration(text: str) -> str:
+    """'32x32, window 8, tile 64, gather, 128 B rows' -> 'window-8 attention on a 32x32 grid (tile 64, gather,
+    128 B rows)'; 'N=4096, w=1024, r=4, tile 64, ...' -> 'the dilated pattern N=4096, w=1024, r=4 (tile 64, ...)'."""
+    parts = str(text).split(", ")
+    if len(parts) > 2 and parts[1].startswith("window "):
+        return f"window-{parts[1].split()[1]} attention on a {parts[0]} grid ({', '.join(parts[2:])})"
+    if parts[0].startswith("N=") and len(parts) > 3:
+        return f"the dilated pattern {', '.join(parts[:3])} ({', '.join(parts[3:])})"
+    return str(text)
+
+
+def _miss_sentence(item: dict[str, Any], note: str = "") -> str:
     from hilbert_lab.reports.page import fmt
 
     return (f"{' = '.join(map(_name, item['best'])).capitalize()} has {100 * item['gap']:.0f}% fewer LRU misses than "
-            f"{_name(item['base'])} ({fmt(item['low'])} vs {fmt(item['base_value'])}) for {item['configuration']} "
-            f"at a {item['capacity']:,}-line cache.")
+            f"{_name(item['base'])} ({fmt(item['low'])} vs {fmt(item['base_value'])}) for "
+            f"{_configuration(item['configuration'])} at a {item['capacity']:,}-line cache{note}.")
 
 
 def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
@@ -108,7 +119,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     if grids:
         findings.append(_miss_sentence(grids[0]))
     if sequences:
-        findings.append(_miss_sentence(sequences[0]) + " (a layout of the 1D dilated pattern, not a curve)")
+        findings.append(_miss_sentence(sequences[0], " (a layout of the 1D pattern, not a curve)"))
     misses = table[table["metric"] == "misses"]
     for configuration in misses["configuration"].unique():
         rows = misses[misses["configuration"] == configuration]
@@ -130,7 +141,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             suffix = "" if parameter is None else f", {parameter_name} {parameter}"
             conclusion, flat = _line(subset, f"{short.capitalize()}{suffix}")
             if flat:
-                flat_lines.append(f"{short}{suffix}")
+                flat_lines.append((short, parameter_name, parameter))
                 continue
             fig = metric_bars(table, metric, parameter=parameter, title=f"{short} per ordering{suffix}")
             style_axes(fig, "ordering", axis)
@@ -140,7 +151,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             if metric == "clustering_mean" and len(findings) < 3:
                 findings.append(conclusion)
     if flat_lines:
-        sentence = (f"Every ordering gives the same {', '.join(flat_lines)} in every configuration (a box touches the "
+        named = []
+        for short in dict.fromkeys(line[0] for line in flat_lines):
+            values = [str(p) for s_, _n, p in flat_lines if s_ == short and p is not None]
+            kind = next(n for s_, n, _p in flat_lines if s_ == short)
+            named.append(short + (f" ({kind}{'es' if len(values) > 1 and kind == 'box' else ''} "
+                                  f"{' and '.join(values)})" if values else ""))
+        sentence = (f"Every ordering gives the same {' and '.join(named)} in every configuration (a box touches the "
                     "same rows whatever their order, and one K/V row fills one cache line here), so those counts do "
                     "not separate the orderings.")
         findings.append(sentence)
