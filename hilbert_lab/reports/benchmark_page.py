@@ -103,9 +103,10 @@ def _ordering_findings(table: Any) -> tuple[str, str]:
     faster = len(table) - slower - same
     timing = table["timing"].iloc[0]
     orderings = ", ".join(dict.fromkeys(table["ordering"]))
-    ranked = table.assign(effect=np.abs(np.log(table["speedup"]))).sort_values("effect")
-    extremes = ranked.iloc[[0, -1]] if len(ranked) > 1 else ranked
-    spread = " to ".join(f"{_ratio(r._asdict())} at {int(r.seq_len):,} tokens ({r.backend})" for r in extremes.itertuples())
+    by_length = table.sort_values(["seq_len", "backend"])
+    shown = by_length if len(by_length) <= 4 else by_length.iloc[[0, -1]]
+    spread = ("; " if len(shown) > 2 else " and ").join(
+        f"{_ratio(r._asdict())} at {int(r.seq_len):,} tokens ({r.backend})" for r in shown.itertuples())
     tally = ", ".join(f"{word} in {count}" for word, count in (("faster", faster), ("slower", slower),
                                                                ("no different", same)) if count)
     finding = (f"The {orderings} layout against identity (the same attention, only the memory order differs; "
@@ -226,12 +227,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         fig = go.Figure()
         for label, group in lines.items():
             group = sorted((r for r in group if r in peaks), key=lambda r: r["seq_len"])
-            fig.add_trace(go.Scatter(x=[r["seq_len"] for r in group], y=[max(r["peak_mib"], 1e-3) for r in group],
+            fig.add_trace(go.Scatter(x=[r["seq_len"] for r in group], y=[r["peak_mib"] for r in group],
                                      name=label, mode="lines+markers"))
-        style_axes(fig, "sequence length (tokens, log scale)", "peak memory above inputs (MiB, log scale; lower is "
-                   "better)", ticks)
+        positive = all(r["peak_mib"] > 0 for r in peaks)  # an RSS growth of 0 has no place on a log axis
+        style_axes(fig, "sequence length (tokens, log scale)", f"peak above inputs (MiB{', log' if positive else ''}; "
+                   "lower is better)", ticks)
         fig.update_layout(title="peak memory vs sequence length (one measurement per case)", xaxis_type="log",
-                          yaxis_type="log", height=400)
+                          yaxis_type="log" if positive else "linear", height=400)
         longest = [row for row in peaks if row["seq_len"] == max(r["seq_len"] for r in peaks)]
         method = next((row.get("peak_method") for row in peaks if row.get("peak_method")), "the runner")
         memory = (f"Peak memory above the inputs at {longest[0]['seq_len']:,} tokens: " + ", ".join(
