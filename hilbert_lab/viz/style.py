@@ -117,6 +117,9 @@ def separate_overlapping(fig: Any, tolerance: float = 0.004) -> Any:
             continue
         x, y = points
         axis = getattr(trace, "yaxis", None) or "y"
+        if " (on top of " in str(trace.name):  # already drawn apart
+            seen.append((str(trace.name), x, y, axis))
+            continue
         span = max(spans.get(axis + "hi", 0) - spans.get(axis + "lo", 0), 1e-12)
         twin = next((name for name, other_x, other_y, other_axis in seen if other_axis == axis and other_x == x
                      and np.allclose(other_y, y, rtol=0, atol=tolerance * span, equal_nan=True)), None)

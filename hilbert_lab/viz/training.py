@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hilbert_lab.viz.style import PALETTE, run_colours
+from hilbert_lab.viz.style import PALETTE, readable_log_axes, run_colours
 
 __all__ = [
     "METRICS",
@@ -199,7 +199,7 @@ def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None
                          yaxis_title="accuracy")
     figure.update_xaxes(type="log")
     figure.update_yaxes(range=[-0.02, 1.05])
-    return figure
+    return readable_log_axes(figure)
 
 
 def _bucket(low: int, high: int) -> str:
