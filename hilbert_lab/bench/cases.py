@@ -215,6 +215,14 @@ def _estimate_fields(case: dict[str, Any]) -> dict[str, Any]:
             "estimated_inputs_bytes": estimate.inputs_bytes}
 
 
+def _backend_used(case: dict[str, Any], q, training: bool) -> str:
+    """The backend the engine runs for this case ("auto" resolved the way the engine resolves it)."""
+    from hilbert_lab.attention.engine import resolve_backend
+
+    return resolve_backend(case["backend"], q, case["segment_lengths"], mode=case["mode"], causal=case["causal"],
+                           training=training).name
+
+
 def _run_attention(case: dict[str, Any]) -> dict[str, Any]:
     """Time of the engine pass (bench.timing.time_function: median ms; on CUDA with Triton, do_bench's
     back-to-back GPU time and no per-repeat samples) and the peak memory above the inputs of one pass
@@ -238,7 +246,8 @@ def _run_attention(case: dict[str, Any]) -> dict[str, Any]:
     timing = time_function(lambda: _one_pass(case, q, k, v, upstream), device=case["device"], warmup=0,
                            repeats=case["repeats"], max_seconds=float("inf"))
     times_ms = list(timing.samples)
-    return {"time_ms_median": timing.median, "time_ms_min": min(times_ms) if times_ms else timing.low,
+    return {"backend_used": _backend_used(case, q, backward), "time_ms_median": timing.median,
+            "time_ms_min": min(times_ms) if times_ms else timing.low,
             "times_ms": times_ms, "peak_bytes": meter.peak_bytes, "threads": torch.get_num_threads(),
             "peak_method": meter.method if _peak_is_exact(case) else
             "RSS growth over one pass after warm-up (reused heap hides freed memory; kind 'memory' measures peaks)",

@@ -108,15 +108,19 @@ def format_ratio(ratio: float, low: float, high: float, digits: int = 2) -> str:
 
 
 def compare(a_samples: Sequence[float], b_samples: Sequence[float], a_name: str = "A", b_name: str = "B",
-            *, confidence: float = CONFIDENCE, min_effect: float = 0.0, seed: int = 0) -> dict[str, Any]:
+            *, confidence: float = CONFIDENCE, min_effect: float = 0.0, seed: int = 0,
+            paired: bool | None = None) -> dict[str, Any]:
     """Medians with intervals, speedup of A over B (= time B / time A) with interval, and the verdict.
+
+    paired: as in ratio_ci (default: paired when the sample counts match, as interleaved runs are); pass
+    False for samples from separate runs, whose i-th repeats have nothing in common.
 
     Returns {a_median, a_low, a_high, b_median, ..., speedup, speedup_low, speedup_high, verdict, text},
     verdict naming the faster side ("<a_name> faster", "<b_name> faster") or "no difference".
     """
     a_median, a_low, a_high = bootstrap_median_ci(a_samples, confidence, seed=seed)
     b_median, b_low, b_high = bootstrap_median_ci(b_samples, confidence, seed=seed)
-    speedup, low, high = ratio_ci(b_samples, a_samples, confidence, seed=seed)
+    speedup, low, high = ratio_ci(b_samples, a_samples, confidence, seed=seed, paired=paired)
     # speedup = time B / time A: above 1 means A is faster.
     label = verdict(1.0 / speedup, 1.0 / high, 1.0 / low, min_effect)
     named = {"A faster": f"{a_name} faster", "B faster": f"{b_name} faster"}.get(label, label)

@@ -43,8 +43,7 @@ def claim_c1_c2(*, seq_lens: Sequence[int], repeats: int, device: str) -> tuple[
             claimed_tokens = claimed_tps[seq_len]
             rows.append(_row("C2", f"Hilbert tokens/s at {seq_len}", config, f"{claimed_tokens:,.0f}",
                              f"{result['ordered_tokens_per_s']:,.0f}",
-                             "not reproducible here" if not device.startswith("cuda") else
-                             ("confirmed" if abs(result["ordered_tokens_per_s"] / claimed_tokens - 1) < 0.25 else "refuted"),
+                             "not reproducible here",
                              "absolute throughput is hardware-bound (claimed on a GTX 1080); C2 is C1's times "
                              "restated (1024/9.79 ms is not 304K, so the two claims disagree with each other)"))
     return rows, measured
@@ -81,7 +80,8 @@ def claim_c4_c5_cache(progress: bool = False) -> list[dict]:
             "confirmed" if str(record["verdict"]).startswith("confirmed") else
             "refuted" if str(record["verdict"]).startswith("refuted") else "not reproducible here")
         measured = record["measured"]
-        measured_text = f"{measured:.1f}%" if isinstance(measured, float) and np.isfinite(measured) else str(measured)
+        measured_text = (f"{measured:.1f}%" if isinstance(measured, float) and np.isfinite(measured) else
+                         "not measured (a timing claim)" if isinstance(measured, float) else str(measured))
         rows.append(_row(record["claim"], f"cache: {record['metric']}", record["configuration"],
                          f"{record['claimed']}%", measured_text, verdict, record["why"]))
     return rows
@@ -127,7 +127,8 @@ def claim_c6(*, results_dir: Path, device: str, max_tokens: int, progress: bool)
     reduction = 100.0 * (1 - peaks["hilbert"] / peaks["identity"])
     return [_row("C6", "peak memory, forward+backward", f"N={seq_len}, w=[1024, 2048], r=[1, 2], H=8, D=64, fp32, "
                  f"{device}, isolated process", "15-30% lower (8.2 -> 6.9 GB at 100K, ring)",
-                 f"{reduction:.1f}% lower ({peaks['identity'] / 2**20:.0f} -> {peaks['hilbert'] / 2**20:.0f} MiB)",
+                 f"{abs(reduction):.1f}% {'lower' if reduction >= 0 else 'higher'} "
+                 f"({peaks['identity'] / 2**20:.0f} -> {peaks['hilbert'] / 2**20:.0f} MiB)",
                  "confirmed" if 15 - 5 <= reduction else "refuted",
                  "a layout permutation keeps every tensor the same size (plus an index), so it cannot save "
                  "15-30%; the 100K ring figure needs GPUs, the mechanism is measured here")]

@@ -1,38 +1,31 @@
-"""The claims page: a pure function of a claims run's metrics.json and env.json (reports.render)."""
+"""The claims page: a pure function of a claims run's metrics.json and env.json (reports.render). Rows are
+settled and each claim's verdict and reason come from reports.claims_verdict.claim_verdict."""
 from __future__ import annotations
 
-import re
-from typing import Any, Sequence
+from typing import Any
 
 from hilbert_lab.reports.claims import PACKAGE_CLAIMS, parse_claims
-from hilbert_lab.reports.claims_measure import VERDICTS
+from hilbert_lab.reports.claims_verdict import claim_verdict, quote_claimed_ratios, settle_row
 
-_BARE_RATIO = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?x|nanx)(?![\w\[]|\s+\[)")
-
-
-def mark_bare_ratios(text: str) -> str:
-    """Measured text with every ratio that has no interval marked as such (older runs recorded some)."""
-    return _BARE_RATIO.sub(lambda match: "n/a" if match.group(1) == "nanx"
-                           else f"{match.group(1)} (no interval recorded)", str(text))
+# claim verdict -> group of the findings
+_HOLDS = ("confirmed", "mostly confirmed")
+_FAILS = ("refuted", "mostly refuted")
+_RATIO_MARK = "["  # a measured value with an interval
 
 
-def quote_claimed_ratios(text: str) -> str:
-    """Reason text with its bare ratios (the claim's own numbers it cites) marked as quotations «...»."""
-    return _BARE_RATIO.sub(lambda match: f"«{match.group(1)}»", str(text))
-
-
-def claim_verdict(verdicts: Sequence[str]) -> str:
-    """One verdict for a claim from its rows: 'confirmed' / 'refuted' when all measured rows agree,
-    'partly confirmed' when they disagree, 'not reproducible here' when no row could be measured."""
-    measured = {verdict for verdict in verdicts if verdict != "not reproducible here"}
-    if not measured:
-        return "not reproducible here"
-    return measured.pop() if len(measured) == 1 else "partly confirmed"
+def _finding(claim: str, verdict: str, rows: list[dict[str, Any]]) -> str:
+    """'C6 refuted: peak memory, forward+backward 21.5% higher (372 -> 452 MiB); claimed 15-30% lower.'"""
+    wanted = "confirmed" if verdict in _HOLDS else "refuted"
+    chosen = [row for row in rows if row["verdict"] == wanted] or rows
+    row = next((r for r in chosen if _RATIO_MARK in r["measured"] and "end of its interval" not in r["measured"]),
+               next((r for r in chosen if _RATIO_MARK in r["measured"]), chosen[0]))
+    return (f"{claim} {verdict}: {quote_claimed_ratios(row['aspect'])} measured {row['measured']} against a claimed "
+            f"«{row['claimed']}».")
 
 
 def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
-    """Claims page: overview (claim text, measured values with intervals, verdict, reason) and one section
-    per claim with its rows."""
+    """Claims page: findings (verdict counts, the decisive claims with their numbers), the verdict figure,
+    the overview (claim, measured, verdict, reason), every claim's rows behind a closed section."""
     import pandas as pd
     import plotly.graph_objects as go
 
@@ -40,56 +33,66 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     from hilbert_lab.viz.claims import VERDICT_COLOURS
 
     tables = metrics.get("tables") or {}
-    rows = list((tables.get("claims") or {}).get("rows") or [])
+    rows = [settle_row(row) for row in (tables.get("claims") or {}).get("rows") or []]
     texts = {row["claim"]: row.get("text") or "" for row in (tables.get("summary") or {}).get("rows") or []}
     packaged = {claim["id"]: claim for claim in parse_claims(PACKAGE_CLAIMS.read_text(encoding="utf-8"))}
     order = sorted({row["claim"] for row in rows} | set(packaged), key=lambda c: int(c[1:]) if c[1:].isdigit() else 99)
     parameters = metrics.get("parameters") or {}
-    overview, sections, verdicts = [], [], {}
+    gpu = is_gpu_env(env)
+    overview, sections, verdicts, decisive = [], [], {}, []
     for claim in order:
         claim_rows = [row for row in rows if row["claim"] == claim]
         text = (texts.get(claim) or packaged.get(claim, {}).get("claim", "")).strip().replace('"', "'")
-        verdict = claim_verdict([row["verdict"] for row in claim_rows]) if claim_rows else "not reproducible here"
+        verdict, reason = claim_verdict(claim_rows)
         verdicts[claim] = verdict
-        measured = "\n".join(f"{quote_claimed_ratios(row['aspect'])}: {mark_bare_ratios(row['measured'])}"
-                             for row in claim_rows) or "not run"
-        reasons = list(dict.fromkeys(quote_claimed_ratios(row["why"]) for row in claim_rows if row.get("why")))
-        overview.append({"claim": claim, "claim text": text, "measured": measured, "verdict": verdict,
-                         "reason": " / ".join(reasons) or "no experiment covers this claim"})
-        counts = pd.Series([row["verdict"] for row in claim_rows]).value_counts()
-        conclusion = (f"Verdict: {verdict} ("
-                      + ", ".join(f"{int(counts.get(v, 0))} {v}" for v in VERDICTS if counts.get(v, 0)) + ")")
-        hardware = packaged.get(claim, {}).get("hardware", "")
+        measured = [f"{quote_claimed_ratios(row['aspect'])}: {row['measured']}" for row in claim_rows
+                    if row["verdict"] != "not reproducible here" or not row["measured"].startswith("not run")]
+        shown = "\n".join(measured[:3]) + (f"\n(+{len(measured) - 3} more in the {claim} section)"
+                                             if len(measured) > 3 else "")
+        overview.append({"claim": f"{claim}: «{text}»" if text else claim, "verdict": verdict,
+                         "measured": shown or "not run here", "reason": quote_claimed_ratios(reason)})
+        if verdict in _HOLDS + _FAILS:
+            decisive.append(_finding(claim, verdict, claim_rows))
         detail = pd.DataFrame([{"aspect": quote_claimed_ratios(row["aspect"]), "configuration": row["configuration"],
-                                "claimed": row["claimed"], "measured": mark_bare_ratios(row["measured"]),
-                                "verdict": row["verdict"], "why": quote_claimed_ratios(row["why"])}
-                               for row in claim_rows])
-        sections.append(Section(f"{claim}: «{text}»" if text else claim, conclusion,
+                                "claimed": row["claimed"], "measured": row["measured"], "verdict": row["verdict"],
+                                "why": quote_claimed_ratios(row["why"])} for row in claim_rows])
+        hardware = packaged.get(claim, {}).get("hardware", "")
+        sections.append(Section(f"{claim}: «{text}»" if text else claim, f"Verdict: {verdict}. {quote_claimed_ratios(reason)}",
                                 text=[f"Claimed on: {hardware}."] if hardware else [],
-                                table=detail if len(detail) else None))
-    summary_counts = pd.Series(list(verdicts.values())).value_counts()
+                                table=detail if len(detail) else None, collapsed=True))
+    counts = pd.Series(list(verdicts.values())).value_counts()
+    groups = {"hold": [c for c, v in verdicts.items() if v in _HOLDS],
+              "fail": [c for c, v in verdicts.items() if v in _FAILS],
+              "part": [c for c, v in verdicts.items() if v == "partly confirmed"],
+              "open": [c for c, v in verdicts.items() if v in ("inconclusive", "not reproducible here")]}
+    device = "the GPU" if gpu else "this CPU"
+    first = (f"Of the predecessor's {len(order)} claims, {len(groups['hold'])} "
+             f"{'holds' if len(groups['hold']) == 1 else 'hold'} "
+             f"({', '.join(groups['hold']) or 'none'}), {len(groups['fail'])} are refuted "
+             f"({', '.join(groups['fail']) or 'none'}), {len(groups['part'])} "
+             f"{'holds' if len(groups['part']) == 1 else 'hold'} in part "
+             f"({', '.join(groups['part']) or 'none'}) and {len(groups['open'])} could not be settled on {device} "
+             f"({', '.join(groups['open']) or 'none'}).")
+    findings = [first] + decisive[:4]
     fig = go.Figure()
     for verdict, colour in VERDICT_COLOURS.items():
         fig.add_trace(go.Bar(name=verdict, x=order, marker_color=colour,
                              y=[sum(1 for row in rows if row["claim"] == claim and row["verdict"] == verdict)
                                 for claim in order]))
     style_axes(fig, "claim", "experiments (rows of the table, count)")
-    fig.update_layout(barmode="stack", title="verdict of each experiment, per claim", height=380)
-    refuted = [claim for claim, verdict in verdicts.items() if verdict == "refuted"]
-    confirmed = [claim for claim, verdict in verdicts.items() if verdict == "confirmed"]
-    figure_conclusion = (f"Confirmed: {', '.join(confirmed) or 'none'}; refuted: {', '.join(refuted) or 'none'}; "
-                         f"the rest partly confirmed or not reproducible on this hardware.")
-    device = parameters.get("device", "cpu")
-    summary = (f"Each of the predecessor's {len(order)} claims re-measured with hilbert_lab's exact attention on "
-               f"{device} (max {parameters.get('max_tokens', '?'):,} tokens, {parameters.get('repeats', '?')} "
-               f"repeats per timing, ratios with 95% bootstrap intervals). "
-               + ", ".join(f"{int(count)} {verdict}" for verdict, count in summary_counts.items()) + ".")
-    bullets = [f"{row['claim']} ({row['verdict']}): «{row['claim text']}»" for row in overview]
-    headline = ", ".join(f"{int(count)} {verdict}" for verdict, count in summary_counts.items()) + \
-        f" of {len(order)} claims" + ("" if is_gpu_env(env) else " (CPU; GPU timing claims not reproducible here)")
-    notes = [] if is_gpu_env(env) else [CPU_TIMING_NOTE]
-    head = [Section("All claims at a glance", figure_conclusion, figure=fig),
-            Section("Claimed vs measured, per claim", table=pd.DataFrame(overview),
-                    caption="measured values with their intervals; the per-claim sections below give every row")]
-    return Page(title="Claims: the predecessor's results re-measured", summary=summary, headline=headline,
-                sections=head + sections, notes=notes, bullets=bullets)
+    fig.update_layout(barmode="stack", title="verdict of each experiment, per claim", height=360)
+    summary = (f"Each of the predecessor's {len(order)} claims (claims.md) re-measured with hilbert_lab's exact "
+               f"attention on {parameters.get('device', 'cpu')} (up to {parameters.get('max_tokens', '?'):,} tokens, "
+               f"{parameters.get('repeats', '?')} repeats per timing, ratios with 95% bootstrap intervals). Claim "
+               "verdicts: " + ", ".join(f"{int(n)} {v}" for v, n in counts.items()) + ". A ratio recorded without "
+               "an interval settles nothing (inconclusive); timings bound to a GPU this machine lacks are 'not "
+               "reproducible here'.")
+    head = [Section("Claimed vs measured", table=pd.DataFrame(overview),
+                    caption="measured values with their 95% intervals; each claim's section below lists every row"),
+            Section("All claims at a glance", f"Hold: {', '.join(groups['hold']) or 'none'}; refuted: "
+                    f"{', '.join(groups['fail']) or 'none'}; in part: {', '.join(groups['part']) or 'none'}.",
+                    figure=fig)]
+    headline = (f"{len(groups['hold'])} of {len(order)} claims hold, {len(groups['fail'])} refuted, "
+                f"{len(groups['part'])} in part, {len(groups['open'])} not settled on {device}.")
+    return Page(title="Claims: the predecessor's results re-measured", findings=findings, about=summary,
+                headline=headline, sections=head + sections, notes=[] if gpu else [CPU_TIMING_NOTE])

@@ -29,3 +29,17 @@ def export_html(notebook_path: str | Path, html_path: str | Path | None = None) 
 def html_has_inline_plotly(html: str) -> bool:
     """True when the page carries the plotly.js bundle itself (so it renders offline)."""
     return bool(PLOTLY_BUNDLE_MARKER.search(html)) and "Plotly.newPlot" in html
+
+
+def page_loads_plotly_offline(html_path: str | Path) -> bool:
+    """True when the page draws its figures without a network: plotly.js inlined, or loaded from a relative
+    script path whose file exists beside the page (the run's shared plotly.min.js)."""
+    html_path = Path(html_path)
+    html = html_path.read_text(encoding="utf-8")
+    if html_has_inline_plotly(html):
+        return True
+    sources = re.findall(r"<script[^>]*\ssrc=['\"]([^'\"]+)['\"]", html)
+    return "Plotly.newPlot" in html and any(
+        not re.match(r"[a-z]+:", src) and (html_path.parent / src).is_file()
+        and PLOTLY_BUNDLE_MARKER.search((html_path.parent / src).read_text(encoding="utf-8")[:2000])
+        for src in sources)

@@ -1,24 +1,26 @@
-"""A report page: title, summary, sections (conclusion + figure or table), environment; one styled,
-self-contained HTML file (plotly.js inlined once, no external URL, no code).
-
-Report modules build a `Page` from their metrics.json + env.json; `page_html` writes it.
+"""A report page: its findings (at most five sentences, each with its number), sections (conclusion + figure,
+table or text; reference material collapsed) and where its data come from. Report modules build a `Page`
+from their metrics.json + env.json; reports.html writes it as HTML.
 """
 from __future__ import annotations
 
-import html
-import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from hilbert_lab.reports.provenance import env_source
+
 CPU_TIMING_NOTE = ("Absolute CPU timings on a shared 2-core machine are indicative only; comparisons use "
                    "medians with 95% bootstrap intervals, and an interval containing 1 reads 'no difference'.")
+MAX_FINDINGS = 5
 
 
 @dataclass
 class Section:
     """One block of a page: heading, a one-line conclusion computed from the data, then a plotly figure,
-    a table (pandas DataFrame, already labelled) or text paragraphs."""
+    a table (pandas DataFrame, already labelled) or text paragraphs. `collapsed` puts it in a closed
+    <details> (reference material: full tables, secondary figures)."""
 
     heading: str
     conclusion: str = ""
@@ -26,19 +28,33 @@ class Section:
     table: Any = None
     text: Sequence[str] = ()
     caption: str = ""
+    collapsed: bool = False
 
 
 @dataclass
 class Page:
-    """A report page. `headline` is the one line the index shows; `summary` the opening paragraph."""
+    """A report page. `findings`: at most MAX_FINDINGS sentences a reader can act on, first on the page;
+    `headline`: the index card's line (default: the first finding); `about`: what was measured and how.
+
+    `sources`: where the data were made, when not (only) by the run that rendered the page (rows of
+    provenance.SOURCE_FIELDS); `measured_here`: the run's own environment (env.json) made the data and is
+    shown as such."""
 
     title: str
-    summary: str
-    headline: str
+    findings: list[str]
+    about: str = ""
+    headline: str = ""
     sections: list[Section] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    bullets: list[str] = field(default_factory=list)
-    device: str = ""  # where the data was measured, when not the machine in env.json (e.g. logs of GPU runs)
+    device: str = ""
+    sources: list[dict[str, str]] = field(default_factory=list)
+    measured_here: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.findings) > MAX_FINDINGS:
+            raise ValueError(f"findings must be at most {MAX_FINDINGS} sentences, got {len(self.findings)}: "
+                             f"{self.findings}")
+        self.headline = self.headline or (self.findings[0] if self.findings else self.about)
 
 
 def is_missing(value: Any) -> bool:
@@ -77,6 +93,36 @@ def fmt(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def fmt_count(value: Any) -> str:
+    """Large counts short: 4,165,593 -> '4.17M', 23,855,104 -> '23.9M', 812 -> '812'."""
+    if is_missing(value):
+        return "-"
+    number = float(value)
+    for threshold, suffix in ((1e9, "G"), (1e6, "M"), (1e4, "K")):
+        if abs(number) >= threshold:
+            return f"{number / threshold:.3g}{suffix}"
+    return fmt(value)
+
+
+def tokens(seq_len: Any) -> str:
+    """1024 -> '1K', 32768 -> '32K', 4194304 -> '4M', 1000 -> '1,000'."""
+    seq_len = int(seq_len)
+    if seq_len >= 2**20 and seq_len % 2**20 == 0:
+        return f"{seq_len >> 20}M"
+    return f"{seq_len >> 10}K" if seq_len >= 1024 and seq_len % 1024 == 0 else f"{seq_len:,}"
+
+
+def out_of_memory(text: Any) -> str:
+    """A failure message as a short cell: a CUDA / CPU out-of-memory message becomes 'out of memory (tried
+    to allocate 1024.00 MiB)'; anything else its first sentence (at most 80 characters)."""
+    text = str(text or "")
+    if "out of memory" in text.lower():
+        tried = re.search(r"Tried to allocate ([\d.]+ \w+)", text)
+        return "out of memory" + (f" (tried to allocate {tried.group(1)})" if tried else "")
+    first = text.split(". ")[0].splitlines()[0] if text else ""
+    return first[:77] + "..." if len(first) > 80 else first
+
+
 def metrics_table(metrics: Any, name: str) -> Any:
     """Table `name` of a run's metrics.json as a pandas DataFrame (empty with no rows)."""
     import pandas as pd
@@ -91,6 +137,11 @@ def fmt_interval(median: float, low: float, high: float, unit: str = "") -> str:
         return "-"
     suffix = f" {unit}" if unit else ""
     return f"{fmt(median)}{suffix} [{fmt(low)}, {fmt(high)}]"
+
+
+def percent_interval(value: float, low: float, high: float) -> str:
+    """'96.5% [95.5, 97.4]' from fractions."""
+    return f"{100 * value:.1f}% [{100 * low:.1f}, {100 * high:.1f}]"
 
 
 def style_axes(fig: Any, x: str, y: str, x_ticks: Sequence[Any] | None = None) -> Any:
@@ -113,63 +164,6 @@ def figure_axis_titles(fig: Any) -> list[tuple[str, str]]:
     return titles
 
 
-def text_html(text: str) -> str:
-    """Escaped text; a quotation of someone else's words written «...» becomes <q>...</q>."""
-    return html.escape(str(text)).replace("«", "<q>").replace("»", "</q>")
-
-
-def table_html(frame: Any, caption: str = "") -> str:
-    """A DataFrame as an HTML table with formatted cells (text wraps, nothing truncated); each cell
-    carries its column name in data-col."""
-    head = "".join(f"<th>{html.escape(str(column))}</th>" for column in frame.columns)
-    names = [html.escape(str(column), quote=True) for column in frame.columns]
-    rows = []
-    for record in frame.itertuples(index=False):
-        cells = []
-        for name, value in zip(names, record):
-            text = fmt(value)
-            numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-            cells.append(f"<td class='{'num' if numeric else 'txt'}' data-col=\"{name}\">{text_html(text)}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return f"<div class='table-wrap'><table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>"
-
-
-def env_rows(env: dict[str, Any]) -> list[tuple[str, str]]:
-    """(label, value) rows of the environment: device, driver, CUDA, versions, git revision, CPU, time."""
-    device = env.get("device") or {}
-    packages = env.get("packages") or {}
-    git = env.get("git") or {}
-    cpu = env.get("cpu") or {}
-    name = device.get("name") or device.get("device") or "-"
-    if device.get("device_count"):
-        name = f"{name} x{device['device_count']}"
-    driver = str(device.get("driver") or "-").splitlines()[0] if device.get("driver") else "-"
-    commit = git.get("commit")
-    revision = (commit[:12] + (" (uncommitted changes)" if git.get("dirty") else "")) if commit else "not recorded"
-    rows = [("device", str(name)), ("driver", driver),
-            ("CUDA (torch build)", str(device.get("torch_cuda") or device.get("cuda") or "-")),
-            ("torch", str(packages.get("torch") or "-")), ("triton", str(packages.get("triton") or "-")),
-            ("python", str(env.get("python") or packages.get("python") or "-")),
-            ("git revision", revision),
-            ("CPU", f"{cpu.get('model', '-')}, {cpu.get('usable_cores', cpu.get('logical_cores', '-'))} usable cores"),
-            ("recorded (UTC)", str(env.get("created_utc") or "-"))]
-    if env.get("source"):
-        rows.append(("source", str(env["source"])))
-    return rows
-
-
-def parameter_rows(parameters: dict[str, Any]) -> list[tuple[str, str]]:
-    """Report parameters as (name, value) rows; run-specific paths (output_dir) left out."""
-    rows = []
-    for key, value in (parameters or {}).items():
-        if key in ("output_dir", "report"):
-            continue
-        text = json.dumps(value) if isinstance(value, (dict, list)) else fmt(value)
-        rows.append((key, text if len(text) <= 300 else text[:297] + "..."))
-    return rows
-
-
 def is_gpu_env(env: dict[str, Any]) -> bool:
     device = env.get("device") or {}
     if "cuda_available" in device:
@@ -178,110 +172,42 @@ def is_gpu_env(env: dict[str, Any]) -> bool:
 
 
 def device_label(env: dict[str, Any]) -> str:
+    """The device of a run, as the page's meta line and the index show it ('NVIDIA H200, 1 GPU (of the
+    machine's 4)', 'CPU (AMD EPYC, 2 usable cores)')."""
+    return env_source(env)["device"]
+
+
+def env_rows(env: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) rows of a run's environment: device, revision, date, command, then the versions and
+    the CPU; fields the run did not record are left out (the revision and date say 'not recorded')."""
+    source = env_source(env)
     device = env.get("device") or {}
-    if is_gpu_env(env):
-        name = str(device.get("name") if str(device.get("device", "")).startswith("cuda") else device.get("device"))
-        return name or "GPU"
-    return f"CPU ({(env.get('cpu') or {}).get('model', 'unknown')})"
+    packages = env.get("packages") or {}
+    cpu = env.get("cpu") or {}
+    rows = [("device", source["device"]), ("git revision", source["revision"]), ("recorded", source["recorded"]),
+            ("command", source["command"])]
+    driver = str(device.get("driver") or "").splitlines()
+    optional = [("driver", driver[0] if driver else None),
+                ("CUDA (torch build)", device.get("torch_cuda") or device.get("cuda")),
+                ("torch", packages.get("torch")), ("triton", packages.get("triton")),
+                ("python", env.get("python") or packages.get("python")),
+                ("CPU", f"{cpu['model']}, {cpu.get('usable_cores', cpu.get('logical_cores', '?'))} usable cores"
+                 if cpu.get("model") else None)]
+    note = (env.get("provenance") or {}).get("note")
+    return rows + [(label, str(value)) for label, value in optional if value] + ([("note", note)] if note else [])
 
 
-_STYLE = """
-body{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}
-main{max-width:1100px;margin:0 auto;padding:24px 28px 48px;background:#fff;min-height:100vh;box-shadow:0 0 12px #0001}
-h1{font-size:1.7em;margin:.2em 0 .1em}h2{font-size:1.25em;margin:1.6em 0 .3em;border-bottom:1px solid #e3e6ea;padding-bottom:.2em}
-.meta{color:#5b6473;font-size:.92em;margin:0 0 1em}.nav{font-size:.9em}.nav a{color:#2458b3}
-.summary{background:#f0f4fb;border-left:4px solid #2458b3;padding:12px 16px;margin:12px 0}
-.summary ul{margin:.4em 0 0 1.1em;padding:0}.note{background:#fff7e0;border-left:4px solid #d9a400;padding:8px 14px;
-margin:10px 0;font-size:.93em}.conclusion{font-weight:600;margin:.3em 0 .6em}
-.table-wrap{overflow-x:auto;margin:.4em 0 1em}table{border-collapse:collapse;font-size:.88em;width:100%}
-caption{text-align:left;color:#5b6473;padding:4px 0;caption-side:top}
-th{background:#eef1f5;text-align:left;padding:5px 8px;border-bottom:2px solid #d5dae1;white-space:nowrap}
-td{padding:4px 8px;border-bottom:1px solid #eceef2;vertical-align:top;white-space:pre-line}td.num{text-align:right;white-space:nowrap;
-font-variant-numeric:tabular-nums}tr:hover td{background:#fafbfd}
-.verdict-confirmed,.verdict-faster{color:#1b7a2f;font-weight:600}.verdict-refuted{color:#b3261e;font-weight:600}
-.figure{margin:.2em 0 1.2em}.cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(320px,1fr));gap:14px}
-.card{border:1px solid #dfe3e8;border-radius:8px;padding:12px 14px}.card h3{margin:0 0 .3em;font-size:1.05em}
-.card p{margin:.3em 0;font-size:.92em}.tag{display:inline-block;font-size:.78em;background:#eef1f5;border-radius:4px;
-padding:1px 6px;margin-right:4px;color:#3a4352}footer{margin-top:2.5em;color:#5b6473;font-size:.85em}
-code{background:#f1f2f4;padding:1px 4px;border-radius:3px}
-"""
-
-
-def _plotly_bundle() -> str:
-    from plotly.offline import get_plotlyjs
-
-    return get_plotlyjs()
-
-
-def figure_div(fig: Any) -> str:
-    return fig.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False,
-                       config={"displaylogo": False, "responsive": True})
-
-
-def html_document(title: str, body: str, with_plotly: bool) -> str:
-    script = f"<script type='text/javascript'>{_plotly_bundle()}</script>" if with_plotly else ""
-    return (f"<!doctype html><html lang='en'><head><meta charset='utf-8'><meta name='viewport' "
-            f"content='width=device-width, initial-scale=1'><title>{html.escape(title)}</title>"
-            f"<style>{_STYLE}</style>{script}</head><body><main>{body}</main></body></html>")
-
-
-def page_html(page: Page, env: dict[str, Any], *, notebook: str | None = None, index_href: str | None = None,
-              rebuild_hint: str = "") -> str:
-    """The page as one HTML document (no external requests)."""
-    parts = []
-    if index_href:
-        parts.append(f"<p class='nav'><a href='{html.escape(index_href)}'>&larr; all reports</a></p>")
-    parts.append(f"<h1>{html.escape(page.title)}</h1>")
-    commit = (env.get("git") or {}).get("commit")
-    dirty = " with uncommitted changes" if (env.get("git") or {}).get("dirty") else ""
-    meta = [page.device or device_label(env), f"git {commit[:7]}{dirty}" if commit else "git revision not recorded"]
-    if env.get("created_utc"):
-        meta.append(f"recorded {env['created_utc']}")
-    parts.append(f"<p class='meta'>{' &middot; '.join(html.escape(item) for item in meta)}</p>")
-    bullets = "".join(f"<li>{text_html(item)}</li>" for item in page.bullets)
-    parts.append(f"<div class='summary'><p>{text_html(page.summary)}</p>"
-                 + (f"<ul>{bullets}</ul>" if bullets else "") + "</div>")
-    parts += [f"<p class='note'>{html.escape(note)}</p>" for note in page.notes]
-    has_figure = False
-    for section in page.sections:
-        parts.append(f"<h2>{text_html(section.heading)}</h2>")
-        if section.conclusion:
-            parts.append(f"<p class='conclusion'>{text_html(section.conclusion)}</p>")
-        parts += [f"<p>{text_html(paragraph)}</p>" for paragraph in section.text]
-        if section.figure is not None:
-            has_figure = True
-            parts.append(f"<div class='figure'>{figure_div(section.figure)}</div>")
-        if section.table is not None:
-            parts.append(table_html(section.table, section.caption))
-    rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in env_rows(env))
-    parts.append(f"<h2>Environment</h2><div class='table-wrap'><table>{rows}</table></div>")
-    parameters = parameter_rows(env.get("parameters") or {})
-    if parameters:
-        rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in parameters)
-        parts.append(f"<h2>Parameters</h2><div class='table-wrap'><table>{rows}</table></div>")
-    footer = "Figures and tables are computed from this run's metrics.json and env.json"
-    footer += f" ({html.escape(rebuild_hint)})." if rebuild_hint else "."
-    if notebook:
-        footer += f" The code is in the executed notebook <code>{html.escape(notebook)}</code>."
-    parts.append(f"<footer>{footer}</footer>")
-    return html_document(page.title, "".join(parts), has_figure)
-
-
-def index_html(title: str, intro: str, entries: Sequence[dict[str, Any]], groups: Sequence[str] = ()) -> str:
-    """The index page: one card per report (title, device, headline, link); entries have keys
-    href, title, headline, device, group (cards are grouped in `groups` order)."""
-    parts = [f"<h1>{html.escape(title)}</h1>", f"<div class='summary'><p>{html.escape(intro)}</p></div>"]
-    order = list(groups) or list(dict.fromkeys(entry.get("group", "") for entry in entries))
-    for group in order:
-        members = [entry for entry in entries if entry.get("group", "") == group]
-        if not members:
+def parameter_rows(parameters: dict[str, Any]) -> list[tuple[str, str]]:
+    """Report parameters as (name, value) rows; run-specific paths (output_dir) left out, lists and dicts
+    written compactly (long values cut with an ellipsis)."""
+    rows = []
+    for key, value in (parameters or {}).items():
+        if key in ("output_dir", "report"):
             continue
-        if group:
-            parts.append(f"<h2>{html.escape(group)}</h2>")
-        cards = []
-        for entry in members:
-            cards.append(f"<div class='card'><h3><a href='{html.escape(entry['href'])}'>{html.escape(entry['title'])}"
-                         f"</a></h3><p><span class='tag'>{html.escape(entry.get('device', ''))}</span></p>"
-                         f"<p>{text_html(entry.get('headline', ''))}</p></div>")
-        parts.append(f"<div class='cards'>{''.join(cards)}</div>")
-    return html_document(title, "".join(parts), with_plotly=False)
+        if isinstance(value, dict):
+            text = "; ".join(f"{k}: {fmt(v) if not isinstance(v, dict) else ', '.join(map(str, v))}"
+                             for k, v in value.items())
+        else:
+            text = fmt(value) if value != "" else "(default)"
+        rows.append((key.replace("_", " "), text if len(text) <= 300 else text[:297] + "..."))
+    return rows

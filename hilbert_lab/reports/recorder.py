@@ -6,7 +6,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-REPORT_RENDERER = "plotly_mimetype+notebook"
+# plotly's JSON mime type only: the executed notebook keeps each figure's data (JupyterLab draws it), not a
+# copy of plotly.js (megabytes) per notebook; the pages load the run's one plotly.min.js.
+REPORT_RENDERER = "plotly_mimetype"
 
 
 def to_jsonable(value: Any) -> Any:
@@ -32,8 +34,7 @@ class ReportRecorder:
     metric / table / figure display what they record and return None (so a cell ending in one of them
     does not show it twice).
 
-    Figures go out through the offline renderer (plotly.js inlined in the notebook output), so the
-    exported HTML shows them without a network.
+    Figures go out as plotly JSON (REPORT_RENDERER); the pages rebuilt from metrics.json draw them offline.
     """
 
     def __init__(self, output_dir: str | Path, report: str, parameters: dict[str, Any] | None = None,

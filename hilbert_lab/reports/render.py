@@ -3,27 +3,32 @@
 `render_run` is what `report run` calls after the notebook and what `hilbert-lab report render RUN_DIR`
 calls alone; the page is a pure function of the two JSON files. Reports with a module renderer
 (benchmark, claims, locality, training, ring, serialization) get figures and conclusions computed from their tables;
-any other report gets its metrics, its tables and the figures its recorder stored.
+any other report gets its metrics, its tables and the figures its recorder stored. Every page of a run folder
+loads one plotly.min.js from the run folder (written once, referenced relatively).
 """
 from __future__ import annotations
 
 import importlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Callable
 
-from hilbert_lab.reports.page import Page, Section, device_label, fmt, index_html, is_gpu_env, page_html
+from hilbert_lab.reports.html import PLOTLY_FILE, index_html, page_html, write_plotly
+from hilbert_lab.reports.page import Page, Section, device_label, fmt, is_gpu_env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # metrics["report"] -> module with render(metrics, env) -> Page
 RENDERERS = {
-    "benchmark": "hilbert_lab.reports.benchmark",
+    "benchmark": "hilbert_lab.reports.benchmark_page",
     "claims": "hilbert_lab.reports.claims_page",
     "locality": "hilbert_lab.reports.locality",
     "training": "hilbert_lab.reports.training",
     "ring": "hilbert_lab.reports.ring",
     "serialization": "hilbert_lab.reports.serialization_page",
 }
+MEASURED_HERE = "Measured by this run"
+COMMITTED = "Committed GPU results (rendered from their data)"
 
 
 def load_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -50,14 +55,14 @@ def build_page(metrics: dict[str, Any], env: dict[str, Any]) -> Page:
 
 
 def generic_page(metrics: dict[str, Any], env: dict[str, Any]) -> Page:
-    """Metrics as bullets, tables as tables, the figures the recorder stored (plotly JSON)."""
+    """Metrics as findings, tables as tables, the figures the recorder stored (plotly JSON)."""
     import pandas as pd
     import plotly.graph_objects as go
 
     name = str(metrics.get("report", "report"))
-    bullets = [f"{key}: {fmt(entry.get('value'))} {entry.get('unit', '')}".strip()
-               + (f" ({entry['note']})" if entry.get("note") else "")
-               for key, entry in (metrics.get("metrics") or {}).items()]
+    lines = [f"{key}: {fmt(entry.get('value'))} {entry.get('unit', '')}".strip()
+             + (f" ({entry['note']})" if entry.get("note") else "") + "."
+             for key, entry in (metrics.get("metrics") or {}).items()]
     sections = []
     for key, entry in (metrics.get("figures") or {}).items():
         if entry.get("plotly"):
@@ -65,25 +70,29 @@ def generic_page(metrics: dict[str, Any], env: dict[str, Any]) -> Page:
             sections.append(Section(entry.get("title") or key, figure=fig))
     for key, entry in (metrics.get("tables") or {}).items():
         frame = pd.DataFrame(entry.get("rows") or [], columns=entry.get("columns"))
-        sections.append(Section(key, table=frame, caption=entry.get("caption", "")))
-    headline = "; ".join(bullets[:3]) or f"{len(sections)} sections"
-    return Page(title=f"{name} report", summary=f"The {name} report's recorded numbers, tables and figures.",
-                headline=headline, sections=sections, bullets=bullets)
+        sections.append(Section(key, table=frame, caption=entry.get("caption", ""), collapsed=len(frame) > 20))
+    return Page(title=f"{name} report", findings=lines[:5] or [f"{len(sections)} sections recorded."],
+                about=f"The {name} report's recorded numbers, tables and figures.", sections=sections)
+
+
+def _relative(target: Path, start: Path) -> str:
+    return Path(os.path.relpath(target, start)).as_posix()
 
 
 def render_run(run_dir: str | Path, out_path: str | Path | None = None, *, name: str | None = None,
-               index_href: str | None = None) -> Path:
-    """Write the HTML page of `run_dir` (default: run_dir/NAME.html, NAME = the report's name); returns it."""
+               index_href: str | None = None, plotly_path: str | Path | None = None) -> Path:
+    """Write the HTML page of `run_dir` (default: run_dir/NAME.html, NAME = the report's name); returns it.
+    Its figures load `plotly_path` (default: plotly.min.js beside the page, written when missing)."""
     run_dir = Path(run_dir)
     metrics, env = load_run(run_dir)
     name = name or (env.get("parameters") or {}).get("report") or metrics.get("report") or "report"
     page = build_page(metrics, env)
     out_path = Path(out_path) if out_path is not None else run_dir / f"{name}.html"
-    notebook = f"{name}.ipynb" if (run_dir / f"{name}.ipynb").exists() else None
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    plotly_path = write_plotly(out_path.parent) if plotly_path is None else Path(plotly_path)
+    notebook = f"{name}.ipynb" if (run_dir / f"{name}.ipynb").exists() else None
     out_path.write_text(page_html(page, env, notebook=notebook, index_href=index_href,
-                                  rebuild_hint=f"rebuild with: hilbert-lab report render {run_dir}"),
-                        encoding="utf-8")
+                                  plotly_src=_relative(plotly_path, out_path.parent)), encoding="utf-8")
     return out_path
 
 
@@ -100,40 +109,54 @@ def committed_gpu_runs(root: str | Path | None = None) -> list[Path]:
     return runs
 
 
+def _card(page: Page, env: dict[str, Any], href: str, title: str, *, part: bool) -> dict[str, str]:
+    """An index card: a part whose data this run made goes under MEASURED_HERE; a part whose findings come (also)
+    from committed GPU runs, and a committed GPU run's own page, under COMMITTED with the device that made them."""
+    here = part and page.measured_here and not page.sources
+    device = page.device or device_label(env)
+    return {"href": href, "title": title, "headline": page.headline, "device": device,
+            "group": MEASURED_HERE if here else COMMITTED}
+
+
 def render_suite_index(suite_dir: str | Path, parts: list[str], *, title: str,
                        gpu_runs: list[Path] | None = None) -> Path:
     """index.html of a suite run: a card per part (its headline) and per committed GPU run, each page
-    rendered from its data (GPU pages go to suite_dir/gpu/<report>-<run>.html)."""
+    rendered from its data (GPU pages go to suite_dir/gpu/<report>-<run>.html); one plotly.min.js in suite_dir."""
     suite_dir = Path(suite_dir)
+    plotly_path = write_plotly(suite_dir)
     entries = []
     for part in parts:
         part_dir = suite_dir / part
         try:
             metrics, env = load_run(part_dir)
             page = build_page(metrics, env)
-            render_run(part_dir, part_dir / f"{part}.html", name=part, index_href="../index.html")
-            entries.append({"href": f"{part}/{part}.html", "title": page.title, "headline": page.headline,
-                            "device": page.device or device_label(env), "group": "This run (CPU)"
-                            if not is_gpu_env(env) else "This run (GPU)"})
+            render_run(part_dir, part_dir / f"{part}.html", name=part, index_href="../index.html",
+                       plotly_path=plotly_path)
+            entries.append(_card(page, env, f"{part}/{part}.html", page.title, part=True))
         except Exception as error:  # one broken part must not hide the others
             entries.append({"href": f"{part}/{part}.html", "title": part, "device": "",
                             "headline": f"could not be rendered: {type(error).__name__}: {error}"[:300],
-                            "group": "This run (CPU)"})
+                            "group": MEASURED_HERE})
     for run_dir in gpu_runs if gpu_runs is not None else committed_gpu_runs():
         metrics, env = load_run(run_dir)
         target = f"gpu/{run_dir.parent.name}-{run_dir.name}.html"
         try:
             page = build_page(metrics, env)
-            render_run(run_dir, suite_dir / target, index_href="../index.html")
-            headline = page.headline
+            render_run(run_dir, suite_dir / target, index_href="../index.html", plotly_path=plotly_path)
+            entries.append(_card(page, env, target, page.title, part=False))
         except Exception as error:
-            headline = f"could not be rendered: {type(error).__name__}: {error}"[:300]
-            page = Page(title=f"{run_dir.parent.name} ({run_dir.name})", summary="", headline=headline)
-        entries.append({"href": target, "title": f"{page.title} ({run_dir.name})", "headline": headline,
-                        "device": device_label(env), "group": "Committed GPU runs (rendered from their data)"})
-    intro = ("Each card gives a report's headline; the page behind it has the figures, the conclusions "
-             "computed from the data, the tables and the environment. The GPU runs were measured elsewhere "
-             "and committed as metrics.json + env.json; they are rendered here without re-running anything.")
+            entries.append({"href": target, "title": f"{run_dir.parent.name} ({run_dir.name})", "device": "",
+                            "headline": f"could not be rendered: {type(error).__name__}: {error}"[:300],
+                            "group": COMMITTED})
+    here = device_label(load_run(suite_dir)[1]) if (suite_dir / "env.json").is_file() else "this machine"
+    intro = (f"Each card gives a report's main finding; the page behind it leads with its findings, then the "
+             f"figures, tables and where the data come from. '{MEASURED_HERE}' was measured on {here} by this "
+             "run; the committed GPU results were measured elsewhere (device on each card) and are rendered from "
+             "their committed data without re-running anything.")
     path = suite_dir / "index.html"
-    path.write_text(index_html(title, intro, entries), encoding="utf-8")
+    path.write_text(index_html(title, intro, entries, groups=(MEASURED_HERE, COMMITTED)), encoding="utf-8")
     return path
+
+
+__all__ = ["COMMITTED", "MEASURED_HERE", "PLOTLY_FILE", "build_page", "committed_gpu_runs", "generic_page",
+           "load_run", "render_run", "render_suite_index", "renderer_for"]

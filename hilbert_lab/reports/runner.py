@@ -9,6 +9,7 @@ from typing import Any
 
 from hilbert_lab.reports.environment import collect_environment, git_revision
 from hilbert_lab.reports.export import export_html
+from hilbert_lab.reports.html import write_plotly
 from hilbert_lab.reports.recorder import to_jsonable
 from hilbert_lab.reports.registry import ReportSpec, get_report, report_parameters
 from hilbert_lab.reports.render import committed_gpu_runs, render_run, render_suite_index
@@ -21,6 +22,15 @@ def new_run_id() -> str:
     return f"{stamp}-{commit}-{secrets.token_hex(2)}"
 
 
+def report_command(name: str, overrides: dict[str, Any]) -> str:
+    """The command that runs report `name` with `overrides`: 'hilbert-lab report run NAME -p key=value ...'."""
+    def value(item: Any) -> str:
+        return json.dumps(item, separators=(",", ":")) if isinstance(item, (list, dict)) else \
+            str(item).lower() if isinstance(item, bool) else str(item)
+
+    return " ".join([f"hilbert-lab report run {name}", *(f"-p {key}={value(item)}" for key, item in overrides.items())])
+
+
 def _check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
     unknown = sorted(set(overrides) - set(defaults))
     if unknown:
@@ -28,8 +38,11 @@ def _check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, A
 
 
 def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *, progress: bool,
-             kernel_name: str | None, execution_timeout_s: int | None) -> dict[str, Any]:
-    """Run one notebook report into `run_dir`; returns its metrics.json content."""
+             kernel_name: str | None, execution_timeout_s: int | None,
+             plotly_path: Path | None = None, command: str | None = None) -> dict[str, Any]:
+    """Run one notebook report into `run_dir`; returns its metrics.json content. The page loads `plotly_path`
+    (a suite's one plotly.min.js; default: one beside the page); env.json records `command` (default: the
+    `hilbert-lab report run` command of this report and its overrides)."""
     import papermill
 
     assert spec.notebook is not None
@@ -39,9 +52,9 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
     run_dir.mkdir(parents=True, exist_ok=True)
     if "output_dir" in parameters:
         parameters["output_dir"] = str(run_dir.resolve())
-    (run_dir / "env.json").write_text(
-        json.dumps(to_jsonable(collect_environment({"report": spec.name, **parameters})), indent=1), encoding="utf-8"
-    )
+    environment = collect_environment({"report": spec.name, **parameters})
+    environment["command"] = command or report_command(spec.name, overrides)
+    (run_dir / "env.json").write_text(json.dumps(to_jsonable(environment), indent=1), encoding="utf-8")
     executed = run_dir / f"{spec.name}.ipynb"
     html_path = run_dir / f"{spec.name}.html"
     try:
@@ -56,7 +69,7 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
         raise
     # the page is rebuilt from metrics.json + env.json alone (as `report render` does)
     try:
-        render_run(run_dir, html_path, name=spec.name)
+        render_run(run_dir, html_path, name=spec.name, plotly_path=plotly_path)
     except Exception:
         export_html(executed, html_path)  # the executed notebook still gets a page
         raise
@@ -70,10 +83,11 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     """Execute report `name` with `parameters` overriding its defaults; returns the run directory.
 
     The run directory `output_root/name/run_id/` holds NAME.ipynb (executed, with the code), NAME.html (the
-    page, rebuilt from the data: plotly.js inlined, no code, no network), metrics.json and env.json. A suite
-    puts each part in a sub-directory and writes index.html (each part's headline, and the committed GPU runs
-    rendered into gpu/) plus metrics.json (each part's metrics and the names of its tables and figures) and
-    env.json; a suite's overrides apply to every part that has the parameter.
+    page, rebuilt from the data: no code, no network), the plotly.min.js its figures load, metrics.json and
+    env.json. A suite puts each part in a sub-directory and writes index.html (each part's headline, and the
+    committed GPU runs rendered into gpu/) plus metrics.json (each part's metrics and the names of its tables
+    and figures) and env.json, with one plotly.min.js for all its pages; a suite's overrides apply to every
+    part that has the parameter.
     """
     spec = get_report(name)
     overrides = dict(parameters or {})
@@ -90,17 +104,17 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     for part in spec.parts:
         part_overrides = {key: value for key, value in overrides.items() if key in defaults[part]}
         part_metrics = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
-                                      kernel_name=kernel_name, execution_timeout_s=execution_timeout_s)
+                                      kernel_name=kernel_name, execution_timeout_s=execution_timeout_s,
+                                      plotly_path=write_plotly(run_dir), command=report_command(name, overrides))
         # the suite's file indexes its parts (their numbers; tables and figures stay in the part's own file)
         merged["parts"][part] = {"report": part_metrics.get("report"), "parameters": part_metrics.get("parameters"),
                                  "metrics": part_metrics.get("metrics", {}),
                                  "tables": sorted(part_metrics.get("tables") or {}),
                                  "figures": sorted(part_metrics.get("figures") or {})}
     (run_dir / "metrics.json").write_text(json.dumps(merged, indent=1), encoding="utf-8")
-    (run_dir / "env.json").write_text(
-        json.dumps(to_jsonable(collect_environment({"report": name, "overrides": overrides})), indent=1),
-        encoding="utf-8",
-    )
+    environment = collect_environment({"report": name, "overrides": overrides})
+    environment["command"] = report_command(name, overrides)
+    (run_dir / "env.json").write_text(json.dumps(to_jsonable(environment), indent=1), encoding="utf-8")
     render_suite_index(run_dir, list(spec.parts), title=f"hilbert_lab reports ({name})",
                        gpu_runs=committed_gpu_runs() if name == "default" else [])
     return run_dir

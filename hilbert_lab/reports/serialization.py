@@ -8,9 +8,11 @@ Locality metrics are exact (no interval): orderings within `TIE` (relative) of e
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 TIE = 0.02  # exact locality values within 2% (relative) of each other: no difference
+MEANINGFUL = 0.10  # the best ordering must beat rowmajor by 10% (relative) before a page recommends it
 # metric -> (direction: +1 higher is better, -1 lower is better; heading; what it measures)
 KEY_METRICS = {
     "recall@8": (1, "8-NN recall: share of each token's 8 nearest neighbours it attends to",
@@ -23,10 +25,12 @@ KEY_METRICS = {
                       "Largest distance between two tokens of one attention group of the first branch, averaged "
                       "over groups (grid cells, or unit-cube units for the point clouds)."),
 }
+METRIC_NAMES = {"recall@4": "4-NN recall", "recall@8": "8-NN recall", "recall@26": "26-NN recall",
+                "unmet_adjacent": "share of adjacent pairs that never meet", "diameter_mean": "mean group diameter"}
 TRAINED_COLUMNS = ["source", "device", "task", "data", "neighbourhood", "window", "ordering", "mean", "low", "high",
                    "seeds", "steps", "recall@8", "unmet_adjacent", "diameter_mean"]
 
-__all__ = ["KEY_METRICS", "TIE", "conclusion_paragraphs", "locality_verdicts", "ranking_verdict", "trained_rows",
+__all__ = ["KEY_METRICS", "MEANINGFUL", "METRIC_NAMES", "TIE", "conclusion_paragraphs", "locality_verdicts", "ranking_verdict", "trained_rows",
            "trained_run_row"]
 
 
@@ -75,18 +79,17 @@ def trained_rows(document: Mapping[str, Any], source: str) -> list[dict[str, Any
 
 
 def trained_run_row(document: Mapping[str, Any], source: str, path: str) -> dict[str, Any]:
-    """Where and how a train_serialization JSON was made: source, device, driver, CUDA, torch, git, created,
-    seconds, command, file."""
+    """Where and how a train_serialization JSON was made: source, device, driver, CUDA, torch, revision (git,
+    or the commit that committed it), recorded (date), seconds, command and file name (no folders)."""
+    from hilbert_lab.reports.provenance import document_source
+
     env = document.get("env") or {}
     device = env.get("device") or {}
-    git = env.get("git") or {}
-    commit = git.get("commit")
-    return {"source": source, "device": device.get("name") or document.get("device"),
-            "driver": device.get("driver"), "CUDA": device.get("cuda"),
-            "torch": (env.get("packages") or {}).get("torch"),
-            "git": (commit[:12] + (" (uncommitted changes)" if git.get("dirty") else "")) if commit else None,
-            "created (UTC)": document.get("created"), "seconds": document.get("seconds"),
-            "command": document.get("command"), "file": str(path)}
+    origin = document_source(document, path, f"trained {source} results ({Path(path).name})")
+    return {"source": source, "device": origin["device"], "driver": device.get("driver"), "CUDA": device.get("cuda"),
+            "torch": (env.get("packages") or {}).get("torch"), "revision": origin["revision"],
+            "recorded": origin["recorded"], "seconds": document.get("seconds"), "command": origin["command"],
+            "file": Path(path).name}
 
 
 # ------------------------------------------------------------------------------------------- verdicts
@@ -144,8 +147,9 @@ def _setting(segments: Any, rates: Any) -> str:
 
 
 def locality_verdicts(table: Any, metric: str) -> list[dict[str, Any]]:
-    """Per (data, setting) of the locality table: best orderings (ties exact), best and rowmajor values,
-    and whether all orderings are within TIE (relative) of each other ("no difference")."""
+    """Per (data, setting) of the locality table: best orderings (ties exact), best and rowmajor values, the
+    best's relative gap to rowmajor and whether it is MEANINGFUL, and whether all orderings are within TIE
+    (relative) of each other ("no difference")."""
     direction = KEY_METRICS.get(metric, (1,))[0]
     out = []
     frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])])
@@ -154,22 +158,25 @@ def locality_verdicts(table: Any, metric: str) -> list[dict[str, Any]]:
         best_value = max(values.values()) if direction > 0 else min(values.values())
         spread = max(values.values()) - min(values.values())
         scale = max(abs(v) for v in values.values()) or 1.0
+        base = values.get("rowmajor")
+        gap = abs(best_value - base) / max(abs(best_value), abs(base), 1e-12) if base is not None else spread / scale
         out.append({"data": data, "setting": setting, "best": [k for k, v in values.items() if v == best_value],
                     "near": [k for k, v in values.items() if abs(v - best_value) <= TIE * scale],
-                    "best_value": best_value, "rowmajor": values.get("rowmajor"),
+                    "best_value": best_value, "rowmajor": base, "gap": gap, "meaningful": gap >= MEANINGFUL,
                     "same": spread <= TIE * scale, "values": values})
     return out
 
 
 def _locality_line(table: Any, metric: str) -> str:
-    """One sentence: who is best how often, the largest gap to rowmajor, where there is no difference."""
+    """One sentence: which orderings are best where the gap to rowmajor is meaningful, the largest gap, and on
+    how many settings the orderings differ by less than MEANINGFUL (no finding there). Starts lower-case."""
     from hilbert_lab.reports.page import fmt
 
     verdicts = locality_verdicts(table, metric)
     if not verdicts:
         return ""
-    label = KEY_METRICS[metric][1].split(":")[0]
-    differing = [v for v in verdicts if not v["same"]]
+    label = METRIC_NAMES.get(metric, metric)
+    differing = [v for v in verdicts if v["meaningful"]]
     wins: dict[str, int] = {}
     for verdict in differing:
         for name in verdict["best"]:
@@ -177,19 +184,19 @@ def _locality_line(table: Any, metric: str) -> str:
     parts = []
     if wins:
         ranked = sorted(wins.items(), key=lambda item: -item[1])
-        parts.append(f"where orderings differ, the best {label} comes from " + ", ".join(
-            f"{name} on {count}/{len(differing)}" for name, count in ranked[:4]) + " settings (ties counted for each)")
+        parts.append(f"where the best ordering beats rowmajor by {100 * MEANINGFUL:.0f}% or more ({len(differing)} of "
+                     f"{len(verdicts)} settings), the best {label} comes from " + ", ".join(
+                         f"{name} on {count}" for name, count in ranked[:4]) + " (ties counted for each)")
     gaps = [v for v in differing if v["rowmajor"] is not None]
     if gaps:
         top = max(gaps, key=lambda v: abs(v["best_value"] - v["rowmajor"]))
-        parts.append(f"largest gap to rowmajor: {top['data']}, {top['setting']}: {_names(top['best'])} "
-                     f"{fmt(top['best_value'])} vs {fmt(top['rowmajor'])}")
-    same = [v for v in verdicts if v["same"]]
-    if same:
-        parts.append(f"no difference (all within {100 * TIE:.0f}%) on {len(same)}/{len(verdicts)} settings: "
-                     + "; ".join(f"{v['data']} {v['setting']}" for v in same[:6]) + ("; ..." if len(same) > 6 else ""))
-    text = "; ".join(parts) + "."
-    return text[0].upper() + text[1:]
+        parts.append(f"the largest gap: {top['data']}, {top['setting']}: {_names(top['best'])} "
+                     f"{fmt(top['best_value'])} vs rowmajor {fmt(top['rowmajor'])}")
+    small = [v for v in verdicts if not v["meaningful"]]
+    if small:
+        parts.append(f"on the other {len(small)} settings the orderings are within {100 * MEANINGFUL:.0f}% of rowmajor "
+                     "(no finding)")
+    return "; ".join(parts) + "."
 
 
 def _family(names: Sequence[str]) -> str:
@@ -244,7 +251,7 @@ def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8")
 
     paragraphs = []
     verdicts = locality_verdicts(locality, metric) if len(locality) else []
-    label = KEY_METRICS.get(metric, (0, metric))[1].split(":")[0]
+    label = METRIC_NAMES.get(metric, metric)
 
     def span(values: list[float]) -> str:
         low, high = min(values), max(values)
@@ -254,7 +261,7 @@ def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8")
         mine = [v for v in verdicts if v["data"] == data]
         groups: dict[str, list[dict[str, Any]]] = {}
         for verdict in mine:
-            if not verdict["same"]:
+            if verdict["meaningful"]:
                 groups.setdefault(_family(verdict["near"]), []).append(verdict)
         use = []
         for family, members in groups.items():
@@ -264,14 +271,16 @@ def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8")
             if bases and not all("rowmajor" in v["near"] for v in members):
                 text += f" vs rowmajor {span(bases)}"
             use.append(text + ")")
-        same = [v["setting"] for v in mine if v["same"]]
-        text = f"{data}: " + (("use " + "; ".join(use)) if use else "the ordering makes no difference at any setting")
+        same = [v["setting"] for v in mine if not v["meaningful"]]
+        text = f"{data}: " + (("use " + "; ".join(use)) if use else
+                              f"no ordering beats rowmajor by {100 * MEANINGFUL:.0f}% at any setting")
         if use and same:
-            text += f"; no difference at {', '.join(same)}"
+            text += f"; within {100 * MEANINGFUL:.0f}% of rowmajor (no finding) at {', '.join(same)}"
         paragraphs.append(text + ".")
     if paragraphs:
-        paragraphs.insert(0, f"From the exact locality ({label}; an ordering is listed when it is within "
-                             f"{100 * TIE:.0f}% of the best, and 'no difference' means all orderings are):")
+        paragraphs.insert(0, f"From the exact locality ({label}; an ordering is recommended where the best beats "
+                             f"rowmajor by {100 * MEANINGFUL:.0f}% or more, and every ordering within {100 * TIE:.0f}% "
+                             "of the best is listed):")
     identical = _identical_pairs(locality) if len(locality) else []
     if identical:
         paragraphs.append("Exact ties: " + "; ".join(identical) + " (same groups, so the same model when there is "

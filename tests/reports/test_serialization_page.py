@@ -76,17 +76,31 @@ def test_ranking_verdict_reads_intervals():
     assert serialization.ranking_verdict(touching)[1].startswith("no difference")
 
 
-def test_page_summary_names_ranking_device_and_no_difference():
+def test_page_findings_name_ranking_device_and_no_difference():
     assert renderer_for("serialization") is serialization_page.render
     page = build_page(_metrics(), CPU_ENV)
     assert page.title.startswith("Serialization: which curve ordering")
-    assert "Trained on Test GPU" in page.summary and "Test GPU" in page.device
-    assert "hilbert 0.900 [0.880, 0.920] and morton 0.890 [0.860, 0.910] ahead of rowmajor" in page.summary
-    assert "window 64: no difference" in page.summary
+    assert "Test GPU" in page.device and 1 <= len(page.findings) <= 5
+    assert page.findings[0].startswith("Trained on Test GPU")
+    assert "hilbert 0.900 [0.880, 0.920] and morton 0.890 [0.860, 0.910] ahead of rowmajor" in page.findings[0]
+    assert any(f.startswith("No trained difference") and "window 64" in f for f in page.findings)
     # the index card: a sentence with the verdicts, no raw metric keys
-    assert page.headline.startswith("Trained on Test GPU") and "no difference" in page.headline
+    assert page.headline == page.findings[0]
     assert "locality_seconds" not in page.headline and "recall@8" not in page.headline
-    assert any("indicative only" in note for note in page.notes)  # CPU timings shown
+    # exact locality: the largest gap is a finding; near ties (within 10% of rowmajor) are said to be no finding
+    assert any("0.7 of each token's 8 nearest neighbours" in f and "0.3 for rowmajor" in f for f in page.findings)
+    assert any("no ordering beats rowmajor's 8-NN recall by 10%" in f and "8 x 8 w=64" in f for f in page.findings)
+
+
+def test_page_text_has_no_template_glitches_code_names_or_paths():
+    page = build_page(_metrics(), CPU_ENV)
+    text = " ".join(page.findings + [page.about] + [s.conclusion for s in page.sections]
+                    + [t for s in page.sections for t in s.text])
+    assert "the best Mean" not in text and "the best Adjacent" not in text and "best 8-NN recall comes" in text
+    assert "settings: Where" not in text and ": Where" not in text
+    assert "recall@" not in " ".join(page.findings + [page.about])
+    captions = " ".join(s.caption for s in page.sections)
+    assert "recall@8 per data set" not in captions and "8-NN recall per data set" in captions
 
 
 def test_page_sections_conclusions_axes_and_compact_tables():
@@ -97,15 +111,20 @@ def test_page_sections_conclusions_axes_and_compact_tables():
         assert section.conclusion, section.heading
         titles = figure_axis_titles(section.figure)
         assert titles and all(title for _axis, title in titles), (section.heading, titles)
-    recall = next(section for section in page.sections if section.heading.startswith("8-NN recall"))
-    # pivot: one row per (data, ordering), one column per setting, not the tidy dump
-    assert list(recall.table.columns) == ["data", "ordering", "w=16", "w=64"] and len(recall.table) == 4
-    assert recall.table.set_index(["data", "ordering"]).loc[("cloud", "hilbert"), "w=16"] == pytest.approx(0.35)
-    # w=16: hilbert best on both data sets; w=64 on the grid: within 2%, no difference
-    assert "hilbert on 2/2" in recall.conclusion and "8 x 8 w=64" in recall.conclusion
+    recall = next(section for section in page.sections if section.heading.startswith("8-NN recall")
+                  and section.figure is not None)
+    pivot = next(section for section in page.sections if section.heading.startswith("8-NN recall")
+                 and section.table is not None)
+    # pivot: one row per (data, ordering), one column per setting, not the tidy dump (behind a closed section)
+    assert list(pivot.table.columns) == ["data", "ordering", "w=16", "w=64"] and len(pivot.table) == 4
+    assert pivot.collapsed
+    assert pivot.table.set_index(["data", "ordering"]).loc[("cloud", "hilbert"), "w=16"] == pytest.approx(0.35)
+    # w=16: hilbert best on both data sets; w=64: within 10% of rowmajor, no finding
+    assert "hilbert on 2" in recall.conclusion and "on the other 2 settings" in recall.conclusion
     which = next(section for section in page.sections if section.heading.startswith("Which ordering"))
     text = " ".join(which.text)
-    assert "8 x 8: use hilbert at w=16 (8-NN recall 0.7 vs rowmajor 0.3); no difference at w=64." in text
+    assert ("8 x 8: use hilbert at w=16 (8-NN recall 0.7 vs rowmajor 0.3); within 10% of rowmajor (no finding) at "
+            "w=64.") in text
     assert serialization._family(["hilbert", "morton", "hilbert-trans", "morton-trans"]) == \
         "hilbert or morton (either orientation)"
     assert serialization._family(["hilbert", "morton", "hilbert-trans"]) == "hilbert, morton or hilbert-trans"

@@ -53,13 +53,18 @@ def test_grid_sections_from_tables(tmp_path):
     headings = [section.heading for section in page.sections]
     assert "Retrieval grid: GPU" in headings
     compute = next(s for s in page.sections if s.heading == "CPU: accuracy against attention compute")
-    assert "Target met" in compute.conclusion and "dilated" in compute.conclusion.split("Target met")[1]
-    assert "local 11.7%" in compute.conclusion  # the control, with its interval
+    # rows are named by their pattern, not their ids
+    assert "Target met" in compute.conclusion and "dilated r=8, 32K" in compute.conclusion.split("Target met")[1]
+    assert "local only, 32K 11.7% [" in compute.conclusion  # the control, with its interval
+    assert page.findings[0].startswith("Main result: dilated r=8, 32K retrieves the needle at 97.7% [")
+    distance = next(s for s in page.sections if s.heading == "CPU: accuracy per needle distance")
     small = rows.assign(seq_len=512)  # the 32K target is not judged on a small-scale grid
     page = render(_metrics({"grid_rows": small, "grid_buckets": buckets}), {})
     assert "Target" not in next(s for s in page.sections if s.heading.endswith("attention compute")).conclusion
     assert len(compute.figure.data) == 3
-    assert any(s.heading == "CPU: accuracy per needle distance" and s.figure is not None for s in page.sections)
+    # one colour per row in both figures
+    colours = {t.name: t.marker.color for t in compute.figure.data}
+    assert all(colours[t.name] == t.marker.color for t in distance.figure.data)
 
 
 def test_load_grids_refuses_a_foreign_file(tmp_path):
@@ -89,9 +94,11 @@ def test_grid_table_shows_each_rows_curriculum(tmp_path):
     assert rows.loc["dilated", "curriculum"] == "1024:1600, 16384:1900" and rows.loc["dense", "curriculum"] == ""
     page = render(_metrics({"grid_rows": rows.reset_index(), "grid_buckets": grid_buckets_table(load_grids(
         {"GPU": str(path)})[0])}), {})
-    table = next(s for s in page.sections if s.heading == "GPU: table").table
-    assert "curriculum (length:until step)" in table.columns
-    assert table.set_index("row").loc["dense", "accuracy [95%]"].startswith("0.996 [0.9")
+    table = next(s for s in page.sections if s.heading == "GPU: every row").table
+    assert "curriculum (length to step)" in table.columns
+    by_pattern = table.set_index("pattern")
+    assert by_pattern.loc["dense top, 32K", "accuracy [95%]"].startswith("99.6% [")
+    assert by_pattern.loc["dilated r=8, 32K", "curriculum (length to step)"] == "1024 to 1600, 16384 to 1900"
 
 
 def test_longest_trainable_section_names_the_longest_length_and_the_failure():
@@ -107,11 +114,13 @@ def test_longest_trainable_section_names_the_longest_length_and_the_failure():
     assert list(table["seq_len"]) == [2**20, 2**21, 2**22, 2**23] and table["pattern"][0] == "2048,1048576 / 1,256"
     page = render(_metrics({"longest_trainable": table}), {})
     section = next(s for s in page.sections if s.heading == "Longest trainable sequence")
-    assert section.conclusion.startswith("H100: 4,194,304 tokens trained (batch 1, gradient checkpointing, peak 64 GiB")
+    assert section.conclusion.startswith("H100 trains 4M tokens (batch 1, gradient checkpointing): peak 64 GiB")
     assert "16 GiB per 1M tokens" in section.conclusion
-    assert "failed: out of memory: CUDA out of memory" in section.conclusion
+    assert "8M tokens: out of memory (tried to allocate 1 GiB)" in section.conclusion
     failed = [trace for trace in section.figure.data if trace.name == "H100 run: failed"]
     assert len(failed) == 1 and list(failed[0].x) == [2**23]
-    assert any("Longest trainable: H100" in bullet for bullet in page.bullets)
+    assert any(finding.startswith("H100 trains 4M tokens") for finding in page.findings)
     assert "run" not in section.table.columns and "device memory (GiB)" in section.table.columns
+    # the failure is a short cell, not the multi-line CUDA message
+    assert list(section.table["failure"]) == ["", "", "", "out of memory (tried to allocate 1 GiB)"]
     assert list(section.figure.layout.xaxis.ticktext) == ["1M", "2M", "4M", "8M"]

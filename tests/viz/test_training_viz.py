@@ -201,5 +201,7 @@ def test_accuracy_by_distance_one_sorted_trace_per_row():
             for r, low, acc in (("a", 256, 0.2), ("a", 128, 0.9), ("b", 128, 0.1))]
     figure = accuracy_by_distance(rows, chance=0.125)
     assert [trace.name for trace in figure.data] == ["a", "b"]
-    assert figure.data[0].x == (128, 256) and figure.data[0].y == (0.9, 0.2)
+    # buckets are categories in distance order ([128, 256) before [256, 512)), labelled by their range
+    assert figure.data[0].x == ("128-256", "256-512") and figure.data[0].y == (0.9, 0.2)
+    assert list(figure.layout.xaxis.categoryarray) == ["128-256", "256-512"] and figure.layout.scattermode == "group"
     assert figure.data[0].error_y.arrayminus == pytest.approx((0.1, 0.1))

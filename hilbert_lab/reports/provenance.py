@@ -1,0 +1,126 @@
+"""Where a page's data come from: the git revision, device, date and command of each run, read from its
+env.json (report runs) or from the environment block of a committed result file, with what git history
+adds when a run did not record it (the commit that committed its results). No machine's absolute path is
+kept: paths in commands are cut to their file names.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOT_RECORDED = "not recorded"
+SOURCE_FIELDS = ("what", "device", "revision", "recorded", "command")
+# an absolute path (POSIX or ~): its folders are dropped, the file name kept
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/[\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
+
+__all__ = ["NOT_RECORDED", "SOURCE_FIELDS", "committed_in", "document_source", "env_source", "gpus_used",
+           "revision_text", "strip_paths", "when"]
+
+
+def strip_paths(text: Any) -> str:
+    """`text` with every absolute path cut to its last part ('/root/out/x.json' -> 'x.json')."""
+    return _ABSOLUTE_PATH.sub(lambda match: match.group(1), str(text))
+
+
+def when(stamp: Any) -> str | None:
+    """'2026-11-22T07:27:59+00:00' -> '2026-11-22 07:27 UTC' (None for nothing)."""
+    if not stamp:
+        return None
+    try:
+        moment = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except ValueError:
+        return str(stamp)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def committed_in(path: str | Path, repo_root: str | Path = REPO_ROOT) -> dict[str, str] | None:
+    """{'commit': short sha, 'date': ISO} of the last commit that changed `path` (the results as they are;
+    None outside git or for an uncommitted file)."""
+    try:
+        out = subprocess.run(["git", "-C", str(repo_root), "log", "-1", "--format=%h %cI", "--",
+                              str(Path(path).resolve().relative_to(Path(repo_root).resolve()))],
+                             capture_output=True, text=True, timeout=20, check=True).stdout.split()
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return {"commit": out[0], "date": out[1]} if len(out) >= 2 else None
+
+
+def revision_text(git: Mapping[str, Any] | None, committed: Mapping[str, Any] | None = None) -> str:
+    """'0ceb35e', '0ceb35e + uncommitted changes (results committed in 4aff45d)' or
+    'not recorded (results committed in 4aff45d)'."""
+    git = git or {}
+    commit = git.get("commit")
+    text = f"{commit[:7]}{' + uncommitted changes' if git.get('dirty') else ''}" if commit else NOT_RECORDED
+    if committed and committed.get("commit") and (not commit or git.get("dirty")):
+        text += f" (results committed in {committed['commit']})"
+    return text
+
+
+def gpus_used(env: Mapping[str, Any]) -> int | None:
+    """GPUs the run used: env['gpus_used'] when recorded, else the device count of a ring run, else 1 on a
+    GPU (a single-device report on a machine with several) and None on the CPU."""
+    device = env.get("device") or {}
+    if env.get("gpus_used"):
+        return int(env["gpus_used"])
+    gpu = device.get("cuda_available", str(device.get("device", "")).startswith("cuda"))
+    if not gpu:
+        return None
+    if (env.get("parameters") or {}).get("report") == "ring":
+        return int(device.get("device_count") or 1)
+    return 1
+
+
+def _device_text(name: str | None, used: int | None, available: int | None) -> str:
+    name = name or "unknown device"
+    if not used:
+        return name
+    text = f"{name}, {used} GPU{'s' if used > 1 else ''}"
+    if available and available > used:
+        text += f" (of the machine's {available})"
+    return text
+
+
+def env_source(env: Mapping[str, Any], what: str = "this run") -> dict[str, str]:
+    """SOURCE_FIELDS of a report run's env.json; a 'provenance' block in it ({'committed_in': {'commit', 'date'},
+    'command', 'note'}: recovered from git history for a run that did not record them) fills the gaps."""
+    recovered = env.get("provenance") or {}
+    device = env.get("device") or {}
+    cpu = env.get("cpu") or {}
+    used = gpus_used(env)
+    if used:
+        name = device.get("name") if str(device.get("device", "")).startswith("cuda") else device.get("device")
+        text = _device_text(name or device.get("name"), used, device.get("device_count"))
+    else:
+        text = f"CPU ({cpu.get('model', 'unknown')}, {cpu.get('usable_cores', '?')} usable cores)"
+    recorded = when(env.get("created_utc"))
+    if not recorded:
+        date = when((recovered.get("committed_in") or {}).get("date"))
+        recorded = f"{NOT_RECORDED} (results committed {date})" if date else NOT_RECORDED
+    command = env.get("command") or recovered.get("command") or NOT_RECORDED
+    return {"what": what, "device": text, "revision": revision_text(env.get("git"), recovered.get("committed_in")),
+            "recorded": recorded, "command": strip_paths(command)}
+
+
+def document_source(document: Mapping[str, Any], path: str | Path | None, what: str) -> dict[str, str]:
+    """SOURCE_FIELDS of a committed result file (training, serialization, ring or grid JSON): its environment
+    block, its command, and the commit that added it to git (for the date and an unrecorded revision)."""
+    environment = document.get("environment") or document.get("env") or {}
+    device = environment.get("device") if isinstance(environment.get("device"), Mapping) else {}
+    committed = committed_in(path) if path is not None else None
+    name = device.get("name") or str(document.get("device") or "unknown device")
+    if str(device.get("device", "")).startswith("cuda"):
+        text = _device_text(name, int(document.get("world_size") or environment.get("world_size") or 1), None)
+    else:
+        text = f"CPU ({name})" if name not in ("cpu", "CPU") else "CPU"
+    recorded = when(document.get("created") or document.get("created_utc") or environment.get("created_utc"))
+    if not recorded:
+        recorded = (f"{NOT_RECORDED} (results committed {when(committed['date'])})" if committed
+                    else NOT_RECORDED)
+    command = document.get("command") or NOT_RECORDED
+    return {"what": what, "device": text, "revision": revision_text(environment.get("git"), committed),
+            "recorded": recorded, "command": strip_paths(command)}

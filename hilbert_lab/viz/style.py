@@ -1,0 +1,144 @@
+"""Readability helpers shared by every plotly figure of the pages and notebooks: log axes with labelled
+ticks, series that coincide drawn so that each stays visible, one colour per run across figures."""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PALETTE", "compact_number", "log_ticks", "readable_log_axes", "run_colours", "separate_overlapping"]
+
+# plotly's default qualitative palette
+PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880", "#FF97FF",
+           "#FECB52")
+_MANTISSAS = ((1,), (1, 3), (1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9))
+_DASHES = ("dash", "dot", "dashdot", "longdash")
+_SYMBOLS = ("circle-open", "square-open", "diamond-open", "triangle-up-open")
+
+
+def compact_number(value: float) -> str:
+    """A tick label: 1500 -> '1.5K', 2e6 -> '2M', 3e9 -> '3G', 0.25 -> '0.25', 10 -> '10'."""
+    value = float(value)
+    size = abs(value)
+    for threshold, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if size >= threshold:
+            return f"{value / threshold:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def log_ticks(values: Iterable[float], *, most: int = 9) -> list[float]:
+    """Tick positions for a log axis over positive `values`: 1-2-5 style steps per decade, dense enough
+    for 4 ticks in the range where possible and at most `most` of them; [] without a positive value."""
+    finite = [float(v) for v in values if v is not None and np.isfinite(v) and float(v) > 0]
+    if not finite:
+        return []
+    low, high = min(finite), max(finite)
+    pad = 1.12 if high / low > 1.5 else 1.02
+    low, high = low / pad, high * pad
+    best: list[float] = []
+    for mantissas in _MANTISSAS:
+        ticks = [m * 10.0**e for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+                 for m in mantissas if low <= m * 10.0**e <= high]
+        if len(ticks) > most:
+            break
+        best = ticks
+        if len(ticks) >= 4:
+            break
+    if len(best) < 2:  # a narrow range: its ends
+        best = sorted({float(f"{low * pad:.2g}"), float(f"{high / pad:.2g}")})
+    return best
+
+
+def _axis_values(fig: Any, axis: str) -> list[float]:
+    """Every value drawn on layout axis `axis` ('xaxis', 'yaxis2', ...), error bars included."""
+    letter, suffix = axis[0], axis[5:]
+    reference = letter + suffix  # trace attribute value: 'x', 'y2'
+    values: list[float] = []
+    for trace in fig.data:
+        if (getattr(trace, f"{letter}axis", None) or letter) != reference:
+            continue
+        data = getattr(trace, letter, None)
+        if data is None:
+            continue
+        numbers = np.asarray([v for v in data if isinstance(v, (int, float, np.number))], dtype=float)
+        values += numbers.tolist()
+        error = getattr(trace, f"error_{letter}", None)
+        if error is not None and error.array is not None and len(numbers) == len(error.array):
+            minus = error.arrayminus if error.arrayminus is not None else error.array
+            values += (numbers + np.asarray(error.array, dtype=float)).tolist()
+            values += (numbers - np.asarray(minus, dtype=float)).tolist()
+    return values
+
+
+def readable_log_axes(fig: Any) -> Any:
+    """Every log axis of `fig` without explicit ticks gets 1-2-5 ticks labelled '2', '50', '1K', '10M'
+    (plotly's default labels its minor ticks with bare digits: '9 10 2 3 4'); returns `fig`."""
+    layout = fig.to_plotly_json().get("layout", {})
+    for name, axis in layout.items():
+        if not name.startswith(("xaxis", "yaxis")) or not isinstance(axis, dict):
+            continue
+        if axis.get("type") != "log" or axis.get("tickvals") is not None:
+            continue
+        ticks = log_ticks(_axis_values(fig, name))
+        if ticks:
+            fig.update_layout({name: {"tickvals": ticks, "ticktext": [compact_number(t) for t in ticks]}})
+    return fig
+
+
+def _points(trace: Any) -> tuple[tuple[Any, ...], np.ndarray] | None:
+    if getattr(trace, "type", None) != "scatter" or trace.x is None or trace.y is None:
+        return None
+    try:
+        y = np.asarray(trace.y, dtype=float)
+    except (TypeError, ValueError):
+        return None
+    return tuple(trace.x), y
+
+
+def separate_overlapping(fig: Any, tolerance: float = 0.004) -> Any:
+    """Scatter traces whose points coincide with an earlier trace's (same x, y within `tolerance` of the
+    axis span) get a dashed line, open markers and '(on top of <name>)' in the legend, so that both stay
+    visible; returns `fig`."""
+    seen: list[tuple[str, tuple[Any, ...], np.ndarray, str]] = []
+    spans: dict[str, float] = {}
+    for trace in fig.data:
+        points = _points(trace)
+        if points is not None and np.isfinite(points[1]).any():
+            axis = getattr(trace, "yaxis", None) or "y"
+            finite = points[1][np.isfinite(points[1])]
+            low, high = spans.get(axis + "lo", np.inf), spans.get(axis + "hi", -np.inf)
+            spans[axis + "lo"], spans[axis + "hi"] = min(low, finite.min()), max(high, finite.max())
+    count = 0
+    for trace in fig.data:
+        points = _points(trace)
+        if points is None:
+            continue
+        x, y = points
+        axis = getattr(trace, "yaxis", None) or "y"
+        if " (on top of " in str(trace.name):  # already drawn apart
+            seen.append((str(trace.name), x, y, axis))
+            continue
+        span = max(spans.get(axis + "hi", 0) - spans.get(axis + "lo", 0), 1e-12)
+        twin = next((name for name, other_x, other_y, other_axis in seen if other_axis == axis and other_x == x
+                     and np.allclose(other_y, y, rtol=0, atol=tolerance * span, equal_nan=True)), None)
+        if twin is not None and trace.name:
+            style = _DASHES[count % len(_DASHES)]
+            trace.update(line={"dash": style, "width": 3}, name=f"{trace.name} (on top of {twin})",
+                         marker={"symbol": _SYMBOLS[count % len(_SYMBOLS)], "size": 10})
+            if "markers" not in (trace.mode or "lines"):
+                trace.update(mode=(trace.mode or "lines") + "+markers")
+            count += 1
+        seen.append((str(trace.name), x, y, axis))
+    return fig
+
+
+def run_colours(names: Sequence[str] | Iterable[str], given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{name: colour}, one palette colour per distinct name in order (names in `given` keep theirs), so a run
+    keeps its colour in every figure it appears in."""
+    colours = dict(given or {})
+    for name in dict.fromkeys(names):
+        if name not in colours:
+            colours[name] = PALETTE[len(colours) % len(PALETTE)]
+    return colours

@@ -1,0 +1,217 @@
+"""The pages as a reader gets them (the committed default run rendered with the committed GPU runs, as
+`make report` writes them): findings first, numbers that agree with each other, no machine's paths, one
+plotly.js per run folder. Each test names the defect it guards against."""
+from __future__ import annotations
+
+import html as html_lib
+import importlib
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("plotly", reason="plotly renders the pages")
+
+REPO = Path(__file__).resolve().parents[2]
+RATIO = re.compile(r"(\d+(?:\.\d+)?)x \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]")
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory) -> Path:
+    from hilbert_lab.reports.render import render_suite_index
+
+    runs = sorted((REPO / "reports" / "default").glob("*/metrics.json"))
+    if not runs:
+        pytest.skip("no committed reports/default run to render")
+    target = tmp_path_factory.mktemp("suite") / runs[-1].parent.name
+    shutil.copytree(runs[-1].parent, target, ignore=shutil.ignore_patterns("*.html", "*.ipynb", "*.js"))
+    render_suite_index(target, list(json.loads((target / "metrics.json").read_text())["parts"]),
+                       title="hilbert_lab reports (default)")
+    return target
+
+
+def _text(markup: str) -> str:
+    """What a reader can read: no scripts, styles or tags."""
+    markup = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", markup, flags=re.DOTALL)
+    return html_lib.unescape(re.sub(r"<[^>]+>", " ", markup))
+
+
+def _pages(suite: Path) -> dict[str, str]:
+    return {path.relative_to(suite).as_posix(): path.read_text(encoding="utf-8") for path in sorted(suite.rglob("*.html"))}
+
+
+def _page(suite: Path, start: str) -> str:
+    return next(markup for name, markup in _pages(suite).items() if name.startswith(start))
+
+
+def test_one_plotly_js_per_run_folder_loaded_relatively(suite):
+    """Each page used to inline its own 4.9 MB plotly.js (65 MB a run)."""
+    bundles = [path for path in suite.rglob("*") if path.is_file() and b"plotly.js v" in path.read_bytes()[:300]]
+    assert [path.relative_to(suite).as_posix() for path in bundles] == ["plotly.min.js"]
+    for name, markup in _pages(suite).items():
+        sources = re.findall(r"<script[^>]*\ssrc='([^']+)'", markup)
+        if "Plotly.newPlot" in markup:
+            assert len(sources) == 1 and (suite / name).parent.joinpath(sources[0]).resolve() == bundles[0].resolve()
+        assert "plotly.js v" not in markup[:200_000], name
+    assert sum(path.stat().st_size for path in suite.rglob("*") if path.is_file()) < 15 * 2**20
+
+
+def test_pages_lead_with_at_most_five_findings(suite):
+    for name, markup in _pages(suite).items():
+        if name == "index.html":
+            continue
+        body = markup.split("<h2>Findings</h2>", 1)
+        assert len(body) == 2 and "<h2>" not in markup.split("<h2>Findings</h2>")[0], name
+        findings = re.findall(r"<li>(.*?)</li>", body[1].split("</ul>")[0])
+        assert 1 <= len(findings) <= 5 and all(re.search(r"\d", finding) for finding in findings), (name, findings)
+
+
+def test_no_machine_paths_nan_values_or_empty_fields(suite):
+    """Absolute paths of the rendering machine and of the GPU hosts, 'nan' as a value, '-' fields."""
+    for name, markup in _pages(suite).items():
+        text = _text(markup)
+        assert not re.search(r"(?<![\w.])/(root|tmp|work|home|Users)/", text), (name, re.findall(r"/\w+/\S+", text)[:3])
+        assert not re.search(r"(?<![\w.])nan(?![\w])", text, re.IGNORECASE), name
+        assert not re.search(r"<th>[^<]+</th><td>-</td>", markup), (name, re.findall(r"<th>[^<]+</th><td>-</td>", markup))
+        assert "git revision not recorded" not in text and "recorded (UTC) -" not in text, name
+
+
+def test_committed_gpu_runs_state_revision_device_date_and_command(suite):
+    """A single-GPU benchmark was listed as 'H200 x4'; revisions, dates and commands were missing."""
+    for name in ("gpu/benchmark-h200-gpu.html", "gpu/claims-h200-gpu.html", "gpu/ring-h200-gpu.html"):
+        text = _text(_pages(suite)[name])
+        assert "x4" not in text and "H200, 1 GPU" in text, name
+        assert "results committed in" in text and "hilbert-lab report run" in text or "bench_ring.py" in text, name
+        assert re.search(r"2026-\d\d-\d\d \d\d:\d\d UTC", text), name
+
+
+def test_pages_of_committed_runs_do_not_show_the_rendering_machine(suite):
+    """The training page showed the rendering CPU as the environment of GPU runs."""
+    text = _text(_pages(suite)["training/training.html"])
+    assert "Environment of the run" not in text and "usable cores" not in text  # the rendering machine's CPU
+    assert "Where the data come from" in text and "NVIDIA H100" in text
+
+
+def test_index_separates_this_run_from_committed_gpu_results(suite):
+    """Training and serialization cards sat under 'This run (CPU)' with GPU numbers; the training card gave
+    the dense model (93.8%), not the main result; the locality card gave the mean step."""
+    index = _pages(suite)["index.html"]
+    here, committed = index.split("Committed GPU results")
+    assert "training/training.html" not in here and "serialization" not in here.split("</h2>", 2)[-1]
+    assert "training/training.html" in committed
+
+    from hilbert_lab.reports.page import metrics_table, percent_interval
+    from hilbert_lab.reports.training_grid import main_result
+
+    rows = metrics_table(json.loads((suite / "training" / "metrics.json").read_text()), "grid_rows")
+    best = main_result(rows)
+    card = committed.split("training/training.html", 1)[1].split("</div>")[0]
+    assert percent_interval(best["accuracy"], best["accuracy_low"], best["accuracy_high"]) in _text(card)
+    locality = here.split("locality/locality.html", 1)[1].split("</div>")[0]
+    assert "mean step" not in locality and "LRU misses" in locality
+
+
+def test_ratios_carry_intervals_and_never_sit_unexplained_at_an_end(suite):
+    """'0.95x [0.95, 1.27]' on the H200 page: the separate runs' repeats were paired by index."""
+    for name, markup in _pages(suite).items():
+        text = _text(markup)
+        for match in RATIO.finditer(text):
+            value, low, high = match.groups()
+            if value in (low, high) and low != high:
+                assert "end of its interval" in text[match.end():match.end() + 90], (name, match.group(0))
+
+
+def test_claims_verdicts_and_reasons(suite):
+    """A reason repeating one sentence 16 times, 'partly confirmed' with 1 of 8 rows confirmed, 'confirmed' at
+    a ratio without interval, '-21.6% lower' for an increase, a module that no longer exists, C2 disagreeing
+    between the CPU and GPU pages."""
+    verdicts = {}
+    for name in ("claims-small/claims-small.html", "gpu/claims-h200-gpu.html"):
+        markup = _pages(suite)[name]
+        text = _text(markup)
+        assert not re.search(r"(?<![\d.])-\d+(\.\d+)?% lower", text) and "hilbert_lab.safety" not in text
+        for row in re.findall(r"<tr>(.*?)</tr>", markup.split("Claimed vs measured")[1].split("</table>")[0], re.DOTALL):
+            cells = dict(re.findall(r"data-col=\"(\w[\w ]*)\">(.*?)</td>", row, re.DOTALL))
+            if not cells:  # the header
+                continue
+            claim, reason = _text(cells["claim"]).split(":")[0], _text(cells["reason"])
+            sentences = [s.strip() for s in re.split(r"(?<=[.;])\s+", reason) if s.strip()]
+            assert len(sentences) == len(set(sentences)), (name, claim, reason)
+            verdict = cells["verdict"]
+            verdicts[(name, claim)] = (verdict, reason.split(". ", 1)[-1])  # the why, after the row counts
+            if verdict == "partly confirmed":
+                assert "confirmed" in reason and "refuted" in reason, (name, claim, reason)
+            if verdict == "confirmed":
+                assert "no interval recorded" not in _text(cells["measured"]), (name, claim)
+    assert verdicts[("claims-small/claims-small.html", "C2")] == verdicts[("gpu/claims-h200-gpu.html", "C2")]
+    assert verdicts[("gpu/claims-h200-gpu.html", "C12")][0] == "inconclusive"
+    assert verdicts[("gpu/claims-h200-gpu.html", "C5")][0] == "mostly refuted"
+
+
+def test_package_names_on_the_pages_exist(suite):
+    for name, markup in _pages(suite).items():
+        for dotted in set(re.findall(r"hilbert_lab(?:\.\w+)+", _text(markup))):
+            parts = dotted.split(".")
+            for split in range(len(parts), 0, -1):
+                try:
+                    module = importlib.import_module(".".join(parts[:split]))
+                except ImportError:
+                    continue
+                for attribute in parts[split:]:
+                    module = getattr(module, attribute)
+                break
+            else:
+                pytest.fail(f"{name} names {dotted}, which does not exist")
+
+
+def test_h200_benchmark_names_autos_choice(suite):
+    text = _text(_pages(suite)["gpu/benchmark-h200-gpu.html"])
+    assert "auto (chose sdpa)" in text and "auto ran sdpa" in text
+
+
+def test_ring_page_states_what_was_not_measured_once_and_no_noise_share(suite):
+    markup = _pages(suite)["gpu/ring-h200-gpu.html"]
+    assert "GPU(s): not measured" not in markup and markup.count("Not measured:") == 1
+    assert "<th>hidden share</th>" not in markup and "tokens/s per GPU / 1 GPU" not in markup
+
+
+def test_locality_charts_only_differences_and_names_metrics(suite):
+    """Four bar charts of equal bars; a 296-row dump with snake_case names."""
+    from hilbert_lab.reports.render import build_page, load_run
+
+    page = build_page(*load_run(suite / "locality"))
+    for section in page.sections:
+        if section.figure is not None and section.figure.data and section.figure.data[0].type == "bar":
+            heights = {value for trace in section.figure.data for value in trace.y}
+            assert len(heights) > 1, section.heading
+    every = next(section for section in page.sections if section.heading == "Every metric")
+    assert every.collapsed and not any(re.search(r"\w_\w", str(v)) for v in every.table["metric"])
+    assert not any("_" in ordering for ordering in every.table["ordering"])
+
+
+def test_serialization_text_has_no_template_glitches_or_code_names(suite):
+    text = _text(_page(suite, "serialization"))
+    assert "the best Mean" not in text and "settings: Where" not in text and "recall@" not in text
+    assert "serialization_table" not in text and "seconds_1M" not in text
+
+
+def test_training_names_runs_by_pattern_and_shortens_failures(suite):
+    text = _text(_pages(suite)["training/training.html"]).split("Where the data come from")[0]  # commands name ids
+    assert not re.search(r"\b(gpu-32k|cpu-512)", text) and "dilated r=8, 32K" in text
+    assert "CUDA out of memory" not in text and "PYTORCH_CUDA_ALLOC_CONF" not in text
+    assert "Lowest final eval loss: H200" not in text  # a loss above chance is not "lowest"
+    assert "No run's final eval loss is below chance" in text
+
+
+def test_run_folders_are_ignored_by_git(tmp_path):
+    """A `make report` run folder showed up as untracked."""
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = ["reports/default/20990101T000000Z-abc1234-ab12/index.html",
+             "reports/benchmark/20990101T000000Z-abc1234-ab12/metrics.json", "reports/ring/h200-gpu/plotly.min.js"]
+    ignored = subprocess.run(["git", "-C", str(REPO), "check-ignore", "--no-index", *paths], capture_output=True,
+                             text=True).stdout.split()
+    assert ignored == paths

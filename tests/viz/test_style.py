@@ -1,0 +1,56 @@
+"""Shared figure helpers: readable log ticks, series on top of each other drawn apart, one colour per run."""
+from __future__ import annotations
+
+import pytest
+
+go = pytest.importorskip("plotly.graph_objects", reason="plotly draws the figures")
+
+from hilbert_lab.viz.style import compact_number, log_ticks, readable_log_axes, run_colours, separate_overlapping  # noqa: E402
+from hilbert_lab.viz.training import training_curves  # noqa: E402
+
+
+def test_log_ticks_are_one_two_five_steps_with_compact_labels():
+    """plotly's own log ticks label the minor ticks with bare digits: '9 10 2 3 4 5 6'."""
+    assert log_ticks([3.1, 17.9, 58.0]) == [5, 10, 20, 50]
+    assert log_ticks([5.2e6, 7.2e7]) == [5e6, 1e7, 2e7, 5e7]
+    assert log_ticks([1, 1e6]) == [1, 10, 100, 1000, 1e4, 1e5, 1e6]
+    assert log_ticks([0, -1, float("nan")]) == [] and len(log_ticks([0.95, 1.05])) >= 2
+    assert [compact_number(v) for v in (0.5, 20, 1500, 2e6, 7.2e7, 3e9)] == ["0.5", "20", "1.5K", "2M", "72M", "3G"]
+
+
+def test_readable_log_axes_labels_only_log_axes_without_ticks():
+    fig = go.Figure(go.Scatter(x=[512, 1024, 2048], y=[3.1, 7.0, 13.5],
+                               error_y={"type": "data", "array": [0.5, 0.5, 40.0], "arrayminus": [0.1, 0.1, 0.1]}))
+    fig.update_layout(xaxis_type="log", yaxis_type="log", xaxis={"tickvals": [512, 1024, 2048]})
+    readable_log_axes(fig)
+    assert list(fig.layout.xaxis.tickvals) == [512, 1024, 2048]  # explicit ticks are kept
+    assert list(fig.layout.yaxis.ticktext) == ["5", "10", "20", "50"]  # error bars widen the range
+    linear = readable_log_axes(go.Figure(go.Scatter(x=[1, 2], y=[1, 2])))
+    assert linear.layout.yaxis.tickvals is None
+
+
+def test_series_on_top_of_each_other_are_drawn_apart_once():
+    fig = go.Figure([go.Scatter(x=[1, 2], y=[8.25, 33.0], name="triton / identity", mode="lines+markers"),
+                     go.Scatter(x=[1, 2], y=[8.25, 33.0], name="triton / hilbert", mode="lines"),
+                     go.Scatter(x=[1, 2], y=[84.0, 336.0], name="auto / identity")])
+    separate_overlapping(separate_overlapping(fig))
+    first, second, third = fig.data
+    assert first.name == "triton / identity" and first.line.dash is None
+    assert second.name == "triton / hilbert (on top of triton / identity)" and second.line.dash == "dash"
+    assert "markers" in second.mode and second.marker.symbol == "circle-open"
+    assert third.name == "auto / identity" and third.line.dash is None
+
+
+def test_run_colours_are_stable_across_figures():
+    colours = run_colours(["a", "b", "c"])
+    assert run_colours(["c", "a"], colours) == colours and len(set(colours.values())) == 3
+
+
+def test_runs_with_one_curriculum_share_one_set_of_phase_marks():
+    """Two runs with the same phases drew every label twice, one on top of the other ('1K' '1K')."""
+    history = [{"kind": "train", "step": step, "seq_len": 1024 if step <= 20 else 32768, "loss": 4.0}
+               for step in range(10, 70, 10)]
+    figure = training_curves({"1 GPU": history, "2 GPUs": history}, "loss", chance=4.16)
+    labels = [a.text for a in figure.layout.annotations if a.name == "phase"]
+    assert labels == ["1K", "32K"]
+    assert any(a.text == "chance 4.16 nats" for a in figure.layout.annotations)
