@@ -217,10 +217,12 @@ def _estimate_fields(case: dict[str, Any]) -> dict[str, Any]:
 
 def _backend_used(case: dict[str, Any], q, training: bool) -> str:
     """The backend the engine runs for this case ("auto" resolved the way the engine resolves it)."""
-    from hilbert_lab.attention.engine import resolve_backend
+    from hilbert_lab.attention.engine import resolve_executor
+    from hilbert_lab.attention.pattern import DilatedPattern
 
-    return resolve_backend(case["backend"], q, case["segment_lengths"], mode=case["mode"], causal=case["causal"],
-                           training=training).name
+    pattern = DilatedPattern.create(case["segment_lengths"], case["dilation_rates"], mode=case["mode"],
+                                    causal=case["causal"])
+    return resolve_executor(case["backend"], q, pattern, training=training).name
 
 
 def _run_attention(case: dict[str, Any]) -> dict[str, Any]:
