@@ -8,6 +8,7 @@ tensors are meta; kernels report buffers they allocate internally (invisible to 
 """
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Callable, Iterator, Optional
@@ -25,8 +26,13 @@ def device_facts(x: torch.Tensor) -> tuple[str, Optional[tuple[int, int]], bool]
     if x.device.type == "meta" and _TARGET.get() is not None:
         return _TARGET.get()
     if x.device.type == "cuda":
-        return "cuda", torch.cuda.get_device_capability(x.device), torch.backends.cudnn.is_available()
+        return _cuda_facts(x.device.index if x.device.index is not None else torch.cuda.current_device())
     return x.device.type, None, False
+
+
+@functools.lru_cache(maxsize=16)
+def _cuda_facts(index: int) -> tuple[str, tuple[int, int], bool]:
+    return "cuda", torch.cuda.get_device_capability(index), torch.backends.cudnn.is_available()
 
 
 @contextmanager

@@ -137,11 +137,42 @@ def unit_pieces(unit: Unit, role: str, shape: tuple[int, ...], stride: tuple[int
     return tuple(pieces)
 
 
+def plan_views(plan: Plan, tensors: list[tuple[torch.Tensor, str]],
+               folds_given: tuple[bool, ...] | None = None) -> tuple[tuple[bool, ...], list[list[tuple[torch.Tensor, ...]]]]:
+    """(per unit whether its batch folds, per unit per kernel call one (b, L, h, *rest) view of each
+    (tensor, role)). A unit's batch folds with its segments where it folds for every tensor, unless
+    `folds_given` says (a backward repeats its forward's calls; a tensor that does not fold must then be
+    contiguous like one that does). The geometry is cached per plan and tensor shapes and strides, so
+    each call costs its as_strided views alone."""
+    geometry = tuple((tuple(t.shape), t.stride(), role) for t, role in tensors)
+    key = (id(plan), "views", geometry, folds_given)
+    layout = _cached(key, plan, lambda: _plan_layout(plan, geometry, folds_given))
+    fold_flags, per_unit = layout
+    views = []
+    for specs in per_unit:
+        unit_calls = []
+        for call in specs:
+            unit_calls.append(tuple(t.as_strided(size, stride, t.storage_offset() + delta)
+                                    for (t, _), (size, stride, delta) in zip(tensors, call)))
+        views.append(unit_calls)
+    return fold_flags, views
+
+
+def _plan_layout(plan: Plan, geometry, folds_given):
+    fold_flags, per_unit = [], []
+    for index, unit in enumerate(plan_units(plan)):
+        fold = folds(unit, [(shape, stride) for shape, stride, _ in geometry]) if folds_given is None \
+            else folds_given[index]
+        pieces = [unit_pieces(unit, role, shape, stride, fold, plan.query_start) for shape, stride, role in geometry]
+        fold_flags.append(fold)
+        per_unit.append(list(zip(*pieces)))
+    return tuple(fold_flags), per_unit
+
+
 def unit_views(unit: Unit, tensors: list[tuple[torch.Tensor, str]], query_start: int = 0,
                fold: bool | None = None) -> tuple[bool, list[tuple[torch.Tensor, ...]]]:
-    """(fold, per kernel call of the unit one (b, L, h, *rest) view of each (tensor, role)). The batch
-    folds with the segments where it folds for every tensor, unless `fold` is given (a backward repeats
-    its forward's calls; a tensor that does not fold must then be contiguous like one that does)."""
+    """(fold, per kernel call of the unit one (b, L, h, *rest) view of each (tensor, role)): one unit's
+    views, uncached (see `plan_views`)."""
     if fold is None:
         fold = folds(unit, [(tuple(t.shape), t.stride()) for t, _ in tensors])
     per_tensor = []

@@ -186,8 +186,7 @@ def test_eager_kernel_declares_its_chunk_working_set():
 
 def test_cuda_estimates_follow_the_kernel_the_device_would_run():
     """Without a GPU a CUDA estimate assumes a Hopper card: "sdpa" then runs cuDNN (its backward's float32
-    dQ workspace included), D = 192 or float32 take other kernels, and the fused merge replaces the
-    eager one for merged branches."""
+    dQ workspace included), the flash kernel needs more, and gradient totals follow the device's rule."""
     base = dict(seq_len=8192, batch_size=2, num_heads=8, head_dim=64, segment_lengths=(1024, 2048),
                 dilation_rates=(1, 2), dtype="bfloat16", device="cuda")
     if __import__("torch").cuda.is_available():
@@ -196,7 +195,8 @@ def test_cuda_estimates_follow_the_kernel_the_device_would_run():
     assert (auto.forward_bytes, auto.forward_backward_bytes) == (cudnn.forward_bytes, cudnn.forward_backward_bytes)
     assert flash.forward_backward_bytes > cudnn.forward_backward_bytes  # packed copies and softmax_d
     cpu = estimate_memory(MemoryConfig(backend="sdpa", **{**base, "device": "cpu"}))
-    assert cpu.forward_backward_bytes < cudnn.forward_backward_bytes  # no workspace, no float32 accumulators kept
+    # bf16 gradient shares add up in bf16 on CUDA (the kernels round them already), in float32 on the CPU
+    assert cpu.forward_backward_bytes > cudnn.forward_backward_bytes
 
 
 @pytest.mark.parametrize("dtype, head_dim, capability, cudnn, expected", [

@@ -14,9 +14,9 @@ from typing import Callable
 import torch
 
 from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
-from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward
+from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, guard_lse
 from hilbert_lab.attention.plan import Plan
-from hilbert_lab.attention.views import KEY, QUERY, plan_units, unit_views
+from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
 
 
 def _readable(x: torch.Tensor, in_place: bool) -> torch.Tensor:
@@ -24,35 +24,43 @@ def _readable(x: torch.Tensor, in_place: bool) -> torch.Tensor:
 
 
 def blockwise_forward(plan: Plan, q, k, v, slots: Slots, *, scale: float, kernel: DenseKernel,
-                      in_place: bool = True) -> list:
+                      in_place: bool = True) -> tuple:
     """Run every unit of the plan, writing each call's (out, lse) into its branch's slot; returns the
-    per-call states for `blockwise_backward`."""
+    per-unit batch folds and per-call states for `blockwise_backward`."""
+    units = plan_units(plan)
+    outs, lses = slots.outs.unbind(0), slots.lses.unbind(0)
+    need_lse = slots.need_lse or plan.merge
     states = []
-    for unit in plan_units(plan):
-        tensors = [(q, QUERY), (k, KEY), (v, KEY), (slots.out(unit.branch), QUERY), (slots.lse(unit.branch), QUERY)]
+    # Views of the slots per branch: the geometry is the same for every slot, so slot 0's layout serves all.
+    fold_flags, views = plan_views(plan, [(q, QUERY), (k, KEY), (v, KEY), (outs[0], QUERY), (lses[0], QUERY)])
+    for unit, unit_views_ in zip(units, views):
+        slot = slots.slot_of[unit.branch]
         unit_states = []
-        fold, views = unit_views(unit, tensors, plan.query_start)
-        for qv, kv, vv, ov, lv in views:
+        for qv, kv, vv, ov, lv in unit_views_:
+            if slot:
+                ov = outs[slot].as_strided(ov.shape, ov.stride(), ov.storage_offset() + slot * outs[0].numel())
+                lv = lses[slot].as_strided(lv.shape, lv.stride(), lv.storage_offset() + slot * lses[0].numel())
             out_b, lse_b, state = call_forward(kernel, _readable(qv, in_place), _readable(kv, in_place),
                                                _readable(vv, in_place), causal=plan.causal, scale=scale,
-                                               need_lse=slots.need_lse or plan.merge, out=ov)
+                                               need_lse=need_lse, out=ov)
             if out_b is not ov:
                 ov.copy_(out_b)
             if lse_b is not None:
                 lv.copy_(lse_b.transpose(1, 2))
             unit_states.append(state)
-        states.append((fold, unit_states))
-    return states
+        states.append(unit_states)
+    return fold_flags, states
 
 
-def blockwise_backward(plan: Plan, states: list, q, k, v, merged: Merged, grads: Grads, *, scale: float,
+def blockwise_backward(plan: Plan, state: tuple, q, k, v, merged: Merged, grads: Grads, *, scale: float,
                        dense_out_lse: bool = False, in_place: bool = True) -> None:
     """Add (or write) every call's share of dq, dk, dv for the merged (out, lse) into `grads`."""
+    fold_flags, states = state
     out = merged.dense("out") if dense_out_lse or not merged.out.is_contiguous() else merged.out
     grad_out = merged.grad_out
     if grad_out is not None and (dense_out_lse or not grad_out.is_contiguous()):
         grad_out = merged.dense("grad_out")
-    lse = merged.lse.transpose(1, 2).contiguous()  # (B, Nq, H): views of it follow the queries' geometry
+    lse = guard_lse(merged.lse).transpose(1, 2).contiguous()  # (B, Nq, H): views follow the queries' geometry
     grad_lse = None if merged.grad_lse is None else merged.grad_lse.transpose(1, 2).contiguous()
     tensors = [(q, QUERY), (k, KEY), (v, KEY), (out, QUERY), (lse, QUERY), (grads.dq, QUERY), (grads.dk, KEY),
                (grads.dv, KEY)]
@@ -60,15 +68,16 @@ def blockwise_backward(plan: Plan, states: list, q, k, v, merged: Merged, grads:
         tensors.append((grad_out, QUERY))
     if grad_lse is not None:
         tensors.append((grad_lse, QUERY))
-    for unit, (fold, unit_states) in zip(plan_units(plan), states):
-        for views, state in zip(unit_views(unit, tensors, plan.query_start, fold)[1], unit_states, strict=True):
-            qv, kv, vv, ov, lv, dqv, dkv, dvv, *upstream = views
+    _, views = plan_views(plan, tensors, fold_flags)
+    for unit, unit_views_, unit_states in zip(plan_units(plan), views, states):
+        owned = grads.owned(unit.branch)
+        for call_views, call_state in zip(unit_views_, unit_states, strict=True):
+            qv, kv, vv, ov, lv, dqv, dkv, dvv, *upstream = call_views
             gv = upstream.pop(0) if grad_out is not None else None
             glv = upstream.pop(0).transpose(1, 2) if grad_lse is not None else None
-            into = (dqv, dkv, dvv) if grads.owned(unit.branch) else None
-            shares = call_backward(state, gv, _readable(qv, in_place), _readable(kv, in_place),
+            shares = call_backward(call_state, gv, _readable(qv, in_place), _readable(kv, in_place),
                                    _readable(vv, in_place), ov, lv.transpose(1, 2), causal=plan.causal, scale=scale,
-                                   grad_lse=glv, into=into)
+                                   grad_lse=glv, into=(dqv, dkv, dvv) if owned else None, guarded=True)
             for index, (view, share) in enumerate(zip((dqv, dkv, dvv), shares)):
                 if share is not view:
                     grads.store(index, view, share, unit.branch)

@@ -67,7 +67,7 @@ def executors() -> dict:
     return {
         "flash": blockwise_executor("flash", lambda q: FLASH_KERNEL, Capabilities(
             devices=("cuda",), dtypes=HALF_DTYPES, head_dims=(256, 8), min_capability=(8, 0), in_place=False,
-            package="flash_attn", install="flash-attn"),
+            package="flash_attn.flash_attn_interface", install="flash-attn"),
             description="flash-attn on contiguous block copies"),
         "xformers": blockwise_executor("xformers", lambda q: XFORMERS_KERNEL, Capabilities(
             devices=("cuda",), in_place=False, package="xformers"), description="xFormers on contiguous block copies"),

@@ -123,20 +123,27 @@ def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, ne
     return result, lse, CallState(kernel, aux)
 
 
+def guard_lse(lse: torch.Tensor) -> torch.Tensor:
+    """A merged LSE for kernel backwards: rows without keys (-inf) as +inf, so that p = exp(s - lse) = 0."""
+    return torch.where(lse == float("-inf"), torch.full((), float("inf"), dtype=lse.dtype, device=lse.device), lse)
+
+
 def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool, scale: float,
                   grad_lse: Optional[torch.Tensor] = None,
-                  into: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None):
+                  into: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None, guarded: bool = False):
     """(dq, dk, dv) of one call for a given (merged) out and lse (b, h, Lq); grad_out (b, Lq, h, D) and
     grad_lse (b, h, Lq) may each be None (zero). into: views the shares may be written into (the caller
-    owns those entries); a kernel that `writes_into` writes them there and returns those tensors."""
-    lse = torch.where(torch.isfinite(lse) | torch.isnan(lse), lse, torch.full_like(lse, float("inf")))
+    owns those entries); a kernel that `writes_into` writes them there and returns those tensors.
+    guarded: lse already went through `guard_lse` (once for every call of a plan)."""
+    if not guarded:
+        lse = guard_lse(lse)
     kernel = state.kernel
     if state.split is not None:
         prefix, state_a, state_b = state.split
         dq_a, dk_a, dv_a = call_backward(state_a, grad_out, q, k[:, :prefix], v[:, :prefix], out, lse, causal=False,
-                                         scale=scale, grad_lse=grad_lse)
+                                         scale=scale, grad_lse=grad_lse, guarded=True)
         dq_b, dk_b, dv_b = call_backward(state_b, grad_out, q, k[:, prefix:], v[:, prefix:], out, lse, causal=True,
-                                         scale=scale, grad_lse=grad_lse)
+                                         scale=scale, grad_lse=grad_lse, guarded=True)
         return dq_a + dq_b, torch.cat([dk_a, dk_b], 1), torch.cat([dv_a, dv_b], 1)
     groups = q.shape[2] // k.shape[2]
     if not kernel.gqa:

@@ -10,6 +10,7 @@ choice between cuDNN and flash.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
@@ -127,10 +128,15 @@ def _kernel_for(choice: str):
         if device != "cuda":
             return MANUAL_KERNEL if choice == "math" else CPU_FLASH
         if choice == "auto":
-            return KERNELS[cuda_kernel_name(q.dtype, q.shape[-1], capability, cudnn)]
+            return KERNELS[_cuda_choice(q.dtype, q.shape[-1], capability, cudnn)]
         return KERNELS[choice]
 
     return pick
+
+
+@functools.lru_cache(maxsize=64)
+def _cuda_choice(dtype: torch.dtype, head_dim: int, capability: tuple[int, int], cudnn: bool) -> str:
+    return cuda_kernel_name(dtype, head_dim, capability, cudnn)
 
 
 def executors() -> dict:
