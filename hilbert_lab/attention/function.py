@@ -72,8 +72,10 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
     single = job.num_slots == 1
     # One slot is the result: rows no block covers must read 0. Several slots: the merge never reads an
     # entry whose LSE is -inf, so they need no zeros.
-    make = torch.zeros if single and not job.parts[0].covered and not job.parts[0].whole else torch.empty
-    outs = make((job.num_slots, batch, queries, heads, q.shape[3]), dtype=q.dtype, device=q.device)
+    outs = torch.empty((job.num_slots, batch, queries, heads, q.shape[3]), dtype=q.dtype, device=q.device)
+    if single and not job.parts[0].covered and not job.parts[0].whole:
+        clear = getattr(job.parts[0].plan, "clear_unselected", None)
+        clear(outs[0]) if clear is not None else outs.zero_()
     lses = torch.full((job.num_slots, batch, queries, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
     slots = Slots(outs, lses, job.slot_of, need_lse)
     states = [part.executor.forward(part.plan, q, k, v, slots, scale=job.scale) for part in job.parts]
@@ -91,7 +93,8 @@ def run_backward(job: Job, states: list, q, k, v, out, lse, grad_out: Optional[t
     low = device_facts(q)[0] == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
     first = getattr(single.plan, "first_branch", None) if single is not None and not single.whole else None
     grads = Grads((q, k, v), accumulate=job.accumulates, dtype=q.dtype if low else lse_dtype(q.dtype),
-                  written=single is not None and single.covered, first_branch=first)
+                  written=single is not None and single.covered, first_branch=first,
+                  clear=getattr(single.plan, "clear_unselected", None) if single is not None and not single.whole else None)
     order = sorted(range(len(job.parts)), key=lambda i: not job.parts[i].whole)  # whole-tensor shares first
     for i in order:
         part = job.parts[i]

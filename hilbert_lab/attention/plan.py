@@ -149,6 +149,17 @@ class Plan:
     covered: bool = False
     first_branch: Optional[int] = None
     kv_shared: bool = False
+    unselected: Optional[tuple[tuple[slice, int, int], ...]] = None
+
+    def clear_unselected(self, x: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+        """Fill the entries of x (B, N, H, *rest) that no block reads or writes with `value` and return x:
+        by strided views of the unselected residues where the plan knows them (`unselected`: (heads,
+        residue, rate) triples, each the positions p % rate == residue of those heads), else all of x."""
+        if self.unselected is None:
+            return x.fill_(value)
+        for heads, residue, rate in self.unselected:
+            x[:, residue::rate, heads].fill_(value)
+        return x
 
     @property
     def causal(self) -> bool:
@@ -222,9 +233,12 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
     if first is not None and not _covers(pattern, seq_len, num_heads, (first,)):
         first = None
     kv_shared = any(len(readers) > 1 for readers in kv_readers.values())
+    unselected = None
+    if len(documents) == 1 and query_start == 0 and kv == num_heads and max(branches_per_head) <= 1:
+        unselected = _unselected(pattern, seq_len, num_heads, branches)
     return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads, pattern,
                 None if branches is None else tuple(branches), None if num_kv_heads is None else kv, query_len,
-                covered=covered, first_branch=first, kv_shared=kv_shared)
+                covered=covered, first_branch=first, kv_shared=kv_shared, unselected=unselected)
 
 
 def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Optional[tuple[int, ...]]) -> bool:
@@ -239,6 +253,29 @@ def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Opt
             if offsets[branch][h] >= 0 and r == 1:
                 covered[h] = True
     return all(covered)
+
+
+def _unselected(pattern: DilatedPattern, seq_len: int, num_heads: int,
+                branches: Optional[tuple[int, ...]]) -> Optional[tuple[tuple[slice, int, int], ...]]:
+    """Where each head is in at most one planned branch: (heads, residue, rate) triples covering exactly the
+    (position, head) entries no block selects (positions p % rate == residue); None where a segment length
+    is not a multiple of its dilation (selection is then not a residue of the position)."""
+    triples = []
+    in_branch = [False] * num_heads
+    for branch, offsets in enumerate(pattern.head_offsets(num_heads)):
+        if branches is not None and branch not in branches:
+            continue
+        r = pattern.dilation_rates[branch]
+        w = pattern.effective_segment(branch, seq_len)
+        if w % r and w != seq_len:
+            return None
+        for offset in sorted(set(int(o) for o in offsets[offsets >= 0])):
+            heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
+            for h in heads:
+                in_branch[h] = True
+            triples.extend((_slice(heads), residue, r) for residue in range(r) if residue != offset)
+    triples.extend((slice(h, h + 1, 1), 0, 1) for h in range(num_heads) if not in_branch[h])
+    return tuple(triples)
 
 
 def _kv_split(heads: tuple[int, ...], num_heads: int, kv_heads: int) -> list[tuple[slice, slice]]:

@@ -69,3 +69,25 @@ def test_segments_longer_than_the_sequence_are_clipped():
     plan = build_plan(DilatedPattern.create([1 << 40], [1]), 100, 2)
     assert [(b.start, b.count, b.seg, b.length) for b in plan.blocks] == [(0, 1, 100, 100)]
     assert plan.pairs(causal=False) == 2 * 100 * 100 and plan.pairs(causal=True) == 2 * 5050
+
+
+@pytest.mark.parametrize("segments,rates", CONFIGS)
+@pytest.mark.parametrize("seq_len,num_heads", [(64, 12), (80, 7), (29, 5)])
+def test_unselected_entries_are_exactly_the_ones_no_block_reads(segments, rates, seq_len, num_heads):
+    """head_groups (each head in one branch): the residues the plan clears and the blocks' views together
+    touch every (position, head) exactly once; where a segment is not a multiple of its dilation the plan
+    clears everything instead."""
+    pattern = DilatedPattern.create(segments, rates, mode="head_groups")
+    plan = build_plan(pattern, seq_len, num_heads)
+    x = torch.zeros(2, seq_len, num_heads, 1)
+    for blk in plan.blocks:
+        blk.view(x).add_(1)
+    if plan.unselected is None:
+        assert any(min(w, seq_len) % r and min(w, seq_len) != seq_len for w, r in zip(segments, rates))
+        return
+    marks = torch.zeros_like(x)
+    for heads, residue, rate in plan.unselected:
+        marks[:, residue::rate, heads] += 1
+    assert torch.equal(x + marks, torch.ones_like(x))
+    cleared = plan.clear_unselected(torch.full_like(x, 7.0))
+    assert torch.equal(cleared == 0, marks == 1)

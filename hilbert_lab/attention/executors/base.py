@@ -118,8 +118,10 @@ class Grads:
     """
 
     def __init__(self, like: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *, accumulate: bool,
-                 dtype: torch.dtype, written: bool = False, first_branch: Optional[int] = None):
+                 dtype: torch.dtype, written: bool = False, first_branch: Optional[int] = None,
+                 clear: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         self.like, self.accumulate, self.dtype, self.written = like, accumulate, dtype, written
+        self.clear = clear  # zeroes the entries no share writes (plan.clear_unselected), for owned totals
         self.first_branch = first_branch if accumulate else None
         self._totals: list[Optional[torch.Tensor]] = [None, None, None]
 
@@ -128,7 +130,10 @@ class Grads:
             like = self.like[index]
             dtype = self.dtype if self.accumulate else like.dtype
             written = self.first_branch is not None if self.accumulate else self.written
-            self._totals[index] = (torch.empty if written else torch.zeros)(like.shape, dtype=dtype, device=like.device)
+            total = (torch.empty if written else torch.zeros)(like.shape, dtype=dtype, device=like.device) \
+                if written or self.accumulate or self.clear is None or like.shape[2] != self.like[0].shape[2] \
+                else self.clear(torch.empty(like.shape, dtype=dtype, device=like.device))
+            self._totals[index] = total
         return self._totals[index]
 
     @property
