@@ -299,7 +299,7 @@ def main() -> None:
     if args.quick:
         parts, args.repeats = {"headline"}, 7
     began = time.time()
-    result = dict(env=collect_environment(), command=" ".join(sys.argv), headline=[], sweep=[])
+    result = dict(env=collect_environment(str(DEV)), command=" ".join(sys.argv), headline=[], sweep=[])
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     if "headline" in parts:
         for mode in ("head_groups", "longnet"):

@@ -152,9 +152,9 @@ class Plan:
     unselected: Optional[tuple[tuple[slice, int, int], ...]] = None
 
     def clear_unselected(self, x: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-        """Fill the entries of x (B, N, H, *rest) that no block reads or writes with `value` and return x:
-        by strided views of the unselected residues where the plan knows them (`unselected`: (heads,
-        residue, rate) triples, each the positions p % rate == residue of those heads), else all of x."""
+        """Fill at least the entries of x (B, N, H, *rest) that no block writes with `value` and return x:
+        the strided views `unselected` names ((heads, residue, rate): positions p % rate == residue of
+        those heads) where the plan knows them, else all of x."""
         if self.unselected is None:
             return x.fill_(value)
         for heads, residue, rate in self.unselected:
@@ -256,26 +256,27 @@ def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Opt
 
 
 def _unselected(pattern: DilatedPattern, seq_len: int, num_heads: int,
-                branches: Optional[tuple[int, ...]]) -> Optional[tuple[tuple[slice, int, int], ...]]:
-    """Where each head is in at most one planned branch: (heads, residue, rate) triples covering exactly the
-    (position, head) entries no block selects (positions p % rate == residue); None where a segment length
-    is not a multiple of its dilation (selection is then not a residue of the position)."""
-    triples = []
+                branches: Optional[tuple[int, ...]]) -> tuple[tuple[slice, int, int], ...]:
+    """Where each head is in at most one planned branch: the heads whose branch has a dilation > 1 (or no
+    branch), in runs of consecutive heads, as (heads, 0, 1) triples (every position): those entries are
+    cleared whole before the blocks write theirs, a few fills instead of one over every head."""
+    clear = []
     in_branch = [False] * num_heads
     for branch, offsets in enumerate(pattern.head_offsets(num_heads)):
         if branches is not None and branch not in branches:
             continue
-        r = pattern.dilation_rates[branch]
-        w = pattern.effective_segment(branch, seq_len)
-        if w % r and w != seq_len:
-            return None
-        for offset in sorted(set(int(o) for o in offsets[offsets >= 0])):
-            heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
-            for h in heads:
-                in_branch[h] = True
-            triples.extend((_slice(heads), residue, r) for residue in range(r) if residue != offset)
-    triples.extend((slice(h, h + 1, 1), 0, 1) for h in range(num_heads) if not in_branch[h])
-    return tuple(triples)
+        for h in (offsets >= 0).nonzero()[0]:
+            in_branch[int(h)] = True
+            if pattern.dilation_rates[branch] > 1:
+                clear.append(int(h))
+    clear += [h for h in range(num_heads) if not in_branch[h]]
+    runs = []
+    for h in sorted(set(clear)):
+        if runs and runs[-1][1] == h:
+            runs[-1][1] = h + 1
+        else:
+            runs.append([h, h + 1])
+    return tuple((slice(a, b, 1), 0, 1) for a, b in runs)
 
 
 def _kv_split(heads: tuple[int, ...], num_heads: int, kv_heads: int) -> list[tuple[slice, slice]]:

@@ -17,10 +17,14 @@ Rules of `select_backend` (first match wins):
      at 32K, 21.1 vs 26.0 ms at 512K; longnet fwd+bwd 8.64 vs 8.84 ms at 32K, 67.4 vs 70.8 at 512K);
    - D = 128, forward+backward: the fused kernel's backward is 2.6-3.8x slower than cuDNN's
      (longnet 32K: 14.7 vs 40.1 ms), so training takes "sdpa" at every N.
-   When the in-place executor's buffers (per-branch outputs, float32 gradient accumulators for
-   merged branches) would not fit in free GPU memory, the fused kernel (no such buffers) runs
-   instead: the longest-sequence runs need it. Dense-block callers (the ring's local steps,
-   whole_pattern=False) skip this rule.
+   With FlashAttention-4 installed ("fa4", the extra "fa4"), LongNet-mode training from 32K on takes
+   it instead of "sdpa": measured on an H100 at the headline shape (B=2, N=32K, H=12, D=64, one run,
+   reports/results/gpu_attention_fa4.json) fwd+bwd 6.05 vs 7.68 ms (causal 4.62 vs 5.54). Elsewhere
+   its host time per call (the CuTe interface's Python work) outweighs its faster kernels at these
+   sizes: head_groups fwd 0.82 vs 0.66 ms and causal LongNet fwd 1.94 vs 1.51 ms with "sdpa".
+   When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the
+   fused kernel (no such buffers) runs instead: the longest-sequence runs need it. Dense-block callers
+   (the ring's local steps, whole_pattern=False) skip this rule.
 4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
    "triton"/"flex" are opt-in there or chosen by timing.
 Timing is measured in `hilbert_lab.bench.selection` (`measure_selection`, or the CLI
@@ -117,6 +121,7 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_patter
     if head_dim is not None and unavailable_reason("fa4", device, dtype, head_dim) is not None:
         fa4_ok = False
     return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
+                    mode=mode,
                     seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits)
 
 
@@ -176,7 +181,7 @@ INPLACE_MIN_SEQ_LEN = 32768  # rule 3: from here on in-place cuDNN beats the fus
 
 
 def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool = False,
-             flash_ok: bool = False, fa4_ok: bool = False, seq_len: Optional[int] = None, head_dim: Optional[int] = None,
+             flash_ok: bool = False, fa4_ok: bool = False, mode: str = "longnet", seq_len: Optional[int] = None, head_dim: Optional[int] = None,
              training: bool = False, inplace_fits: bool = True) -> str:
     """The module's rules as a pure function of the facts they read (testable without a GPU)."""
     if device_type == "cpu":
@@ -184,7 +189,7 @@ def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: tor
     if device_type != "cuda" or capability is None:
         return "manual"
     half = dtype in (torch.float16, torch.bfloat16)
-    in_place = "fa4" if fa4_ok and capability[0] >= 9 else "sdpa"
+    in_place = "fa4" if fa4_ok and training and mode == "longnet" and capability[0] >= 9 else "sdpa"
     if half and capability[0] >= 9 and triton_ok:
         if not inplace_fits:
             return "triton"
@@ -193,8 +198,6 @@ def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: tor
         if seq_len is not None and seq_len >= INPLACE_MIN_SEQ_LEN:
             return in_place
         return "triton"
-    if half and fa4_ok and capability[0] >= 9:
-        return "fa4"
     if half and capability[0] >= 8:
         return "flash" if flash_ok else "sdpa"
     return "sdpa"
