@@ -222,9 +222,10 @@ def _probe(args: argparse.Namespace) -> int:
     if json_out is not None:
         from hilbert_lab.bench.env import collect_environment
 
+        from hilbert_lab.io import atomic_write
+
         payload = {**report.to_dict(), "base_case": base, "environment": collect_environment(args.device)}
-        with open(json_out, "w") as handle:
-            json.dump(payload, handle, indent=1, default=str)
+        atomic_write(json_out, json.dumps(payload, indent=1, default=str))
     return 0
 
 
@@ -318,7 +319,8 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                         "  matrix: {backend: [sdpa, flex], seq_len: [32768, 65536], mode: [longnet, head_groups]}")
     bench.add_argument("--out", required=True, help="results file (JSON lines; only ever appended to; missing "
                        "folders are created)")
-    bench.add_argument("--matrix", help="YAML/TOML matrix file (instead of the flags below)")
+    bench.add_argument("--matrix", type=arguments.input_file, metavar="FILE",
+                       help="YAML/TOML matrix file (instead of the flags below)")
     bench.add_argument("--selftest", type=choice_list(SELFTEST_BEHAVIORS),
                        help="run built-in self-test cases (checks the runner without the engine)")
     bench.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), help="comma-separated sequence lengths")
