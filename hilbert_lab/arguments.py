@@ -194,15 +194,6 @@ def input_file(text: str) -> str:
     return str(text)
 
 
-def input_folder(text: str) -> str:
-    """Type for a folder the command reads: an existing directory (not a file, dangling or looping link,
-    nor a path too long)."""
-    problem = path_problem(os.path.expanduser(str(text)), folder=True)
-    if problem is not None:
-        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
-    return str(text)
-
-
 def help_formatter(prog: str) -> argparse.HelpFormatter:
     """The `hilbert-lab` help layout: descriptions and examples kept as written."""
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)

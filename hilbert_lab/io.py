@@ -49,9 +49,11 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[IO[bytes]]:
             os.fchmod(handle.fileno(), mode)
             os.fsync(handle.fileno())
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
+        if isinstance(error, OSError) and error.filename in (None, temporary) and error.errno:
+            raise OSError(error.errno, error.strerror, str(path)) from None  # name the file, not its stand-in
         raise
     with contextlib.suppress(OSError):  # make the rename durable (not supported everywhere)
         directory = os.open(path.parent, os.O_RDONLY)
@@ -81,9 +83,11 @@ def append_line(handle: IO, line: str) -> None:
         while data:
             data = data[os.write(descriptor, data):]
         os.fsync(descriptor)
-    except OSError:
+    except OSError as error:
         with contextlib.suppress(OSError):
             os.ftruncate(descriptor, before)
+        if error.filename is None and error.errno and isinstance(getattr(handle, "name", None), str):
+            raise OSError(error.errno, error.strerror, handle.name) from None
         raise
 
 
@@ -144,12 +148,10 @@ def path_problem(path: str | os.PathLike, *, folder: bool = False, must_exist: b
         return f"cannot be used ({error.strerror or error})"
     if stat.S_ISDIR(info.st_mode):
         return None if folder else "is a directory; give a file"
-    if folder:
-        return "is a file; give a directory"
     for test, name in _KINDS:
         if test(info.st_mode):
-            return f"is {name}, not a regular file"
-    return None
+            return f"is {name}, not a {'directory' if folder else 'regular file'}"
+    return "is a file; give a directory" if folder else None
 
 
 def _name_max(text: str) -> int:

@@ -317,7 +317,7 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                         "  base: {kind: attention, num_heads: 8, head_dim: 64, segment_lengths: [2048, 4096],\n"
                         "         dilation_rates: [1, 2], device: cuda, dtype: bfloat16}\n"
                         "  matrix: {backend: [sdpa, flex], seq_len: [32768, 65536], mode: [longnet, head_groups]}")
-    bench.add_argument("--out", required=True, help="results file (JSON lines; only ever appended to; missing "
+    bench.add_argument("--out", required=True, metavar="FILE", help="results file (JSON lines; only ever appended to; missing "
                        "folders are created)")
     bench.add_argument("--matrix", type=arguments.input_file, metavar="FILE",
                        help="YAML/TOML matrix file (instead of the flags below)")
@@ -351,7 +351,7 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                        help="slowest allowed run (default 60)")
     probe.add_argument("--max-memory-fraction", type=number(0, 1), default=None, help="in (0, 1]")
     probe.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help="seconds per run (default 600)")
-    probe.add_argument("--json-out", help="write the report as JSON here (a new file; missing folders are created)")
+    probe.add_argument("--json-out", metavar="FILE", help="write the report as JSON here (a new file; missing folders are created)")
     probe.add_argument("--quiet", action="store_true")
     probe.set_defaults(func=_probe)
 

@@ -14,7 +14,7 @@ from typing import Any
 from hilbert_lab import arguments
 from hilbert_lab.io import read_bounded
 
-from .checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError
+from .checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder
 from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, TrainConfig, parse_curriculum
 from .loop import TrainResult, train
 
@@ -85,12 +85,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["compile"] = True
     if args.quiet:
         values["progress"] = False
-    config = TrainConfig.from_dict(values)
-    try:
-        arguments.available_device(config.device)
-    except argparse.ArgumentTypeError as error:
-        raise ValueError(f"device: {error}") from None
-    return config
+    if isinstance(values.get("device"), str):  # the machine first: a GPU preset on a CPU build says so
+        try:
+            arguments.available_device(values["device"])
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"device: {error}") from None
+    return TrainConfig.from_dict(values)
 
 
 def _rounded(value: float) -> str:
@@ -119,6 +119,8 @@ def summary_lines(result: TrainResult, config: TrainConfig, seconds: float) -> l
 def _run_cli(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if args.resume:  # before prepare_output creates the folder
+            check_run_folder(os.path.expanduser(args.out), resume=True)
         out = arguments.prepare_output(args.out, "--out", folder=True)
         started = time.perf_counter()
         result = train(config, out, resume=args.resume)

@@ -5,11 +5,13 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from hilbert_lab.arguments import input_folder, prepare_output
+from hilbert_lab.arguments import prepare_output
+from hilbert_lab.io import path_problem
 from hilbert_lab.reports.registry import get_report, list_reports, parse_parameter_overrides, report_parameters
 
 
@@ -106,6 +108,9 @@ def _render(args: argparse.Namespace) -> int:
 
     from hilbert_lab.reports.render import committed_gpu_runs, load_run, render_run, render_suite_index
 
+    problem = path_problem(args.run_dir, folder=True)
+    if problem is not None and "does not exist" not in problem:
+        raise ValueError(f"run_dir {args.run_dir!r} {problem}")
     run_dir = Path(args.run_dir)
     metrics, _env = load_run(run_dir)
     if "parts" in metrics:  # a suite run: every part's page and the index (with the committed GPU runs)
@@ -113,10 +118,19 @@ def _render(args: argparse.Namespace) -> int:
         path = render_suite_index(run_dir, parts, title=f"hilbert_lab reports ({metrics.get('report', 'suite')})",
                                   gpu_runs=committed_gpu_runs() if metrics.get("report") == "default" else [])
     else:
-        out = None
-        if args.out is not None:  # another page is never overwritten unless asked
-            out = prepare_output(args.out, "--out", existing="keep" if args.force else "refuse")
-        path = render_run(run_dir, out)
+        if args.out is None:
+            path = render_run(run_dir)
+        else:  # another page is never overwritten unless asked, and never left half-written
+            out = Path(prepare_output(args.out, "--out", existing="keep" if args.force else "refuse"))
+            temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            try:
+                render_run(run_dir, temporary)
+                os.replace(temporary, out)
+            except OSError as error:  # name the page, not its stand-in
+                raise OSError(error.errno, error.strerror, str(out)) from None
+            finally:
+                temporary.unlink(missing_ok=True)
+            path = out
     print(path)
     return 0
 
@@ -145,15 +159,15 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     run.add_argument("name")
     run.add_argument("-p", "--parameter", action="append", metavar="KEY=VALUE",
                      help="override a parameter (YAML value: 3, 0.5, [256,512], cpu); repeatable")
-    run.add_argument("--output-root", default="reports",
+    run.add_argument("--output-root", default="reports", metavar="DIR",
                      help="default: ./reports (created if missing; every run writes a new RUN_ID folder)")
     run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(report_func=_run)
     render = commands.add_parser("render", help="rebuild a run's HTML page from its metrics.json + env.json "
                                               "(no re-run; a suite run: every page and index.html)")
-    render.add_argument("run_dir", type=input_folder)
-    render.add_argument("--out", default=None, help="default: RUN_DIR/NAME.html (rebuilt in place); an existing "
+    render.add_argument("run_dir", metavar="RUN_DIR")
+    render.add_argument("--out", default=None, metavar="FILE", help="default: RUN_DIR/NAME.html (rebuilt in place); an existing "
                         "--out file is refused unless --force")
     render.add_argument("--force", action="store_true", help="replace an existing --out file")
     render.set_defaults(report_func=_render)
