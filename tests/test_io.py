@@ -10,6 +10,16 @@ import pytest
 import hilbert_lab.io as hio
 from hilbert_lab.io import atomic_write
 
+class _OsWith:
+    """The os module with some functions replaced, for one module's view of it."""
+
+    def __init__(self, **replaced):
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
 
 def test_writes_text_and_bytes_and_leaves_no_temporary(tmp_path):
     path = tmp_path / "out.json"
@@ -96,7 +106,7 @@ def test_append_line_writes_whole_lines_and_cuts_back_a_failed_write(tmp_path, m
             raise OSError(28, "No space left on device")
         return real_write(descriptor, data)
 
-    monkeypatch.setattr(hio.os, "write", half_then_full)
+    monkeypatch.setattr(hio, "os", _OsWith(write=half_then_full))  # only hilbert_lab.io sees the failing write
     with open(path, "a") as handle, pytest.raises(OSError, match="No space"):
         hio.append_line(handle, '{"b": 2222222}')
     monkeypatch.undo()

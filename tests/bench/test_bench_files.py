@@ -9,6 +9,16 @@ import pytest
 import hilbert_lab.io as hio
 from hilbert_lab.bench import SafeBenchmarkRunner, expand_matrix, load_matrix_file, normalize_case, read_results
 
+class _OsWith:
+    """The os module with some functions replaced, for one module's view of it."""
+
+    def __init__(self, **replaced):
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+
 
 def _laughs(levels: int) -> str:
     """A YAML matrix whose base value nests `levels` levels of nine aliases each (9**levels strings)."""
@@ -68,9 +78,8 @@ def test_matrix_fields_of_the_wrong_type_or_range_are_refused(fields, needle):
 
 
 def test_a_matrix_that_expands_to_too_many_cases_is_refused_before_expanding():
-    with pytest.raises(ValueError, match="expands to 1000000000000 cases"):
-        expand_matrix({"kind": "selftest"}, {"value": list(range(10 ** 4)), "seq_len": list(range(1, 10 ** 4 + 1)),
-                                             "seconds": list(range(10 ** 4))})
+    with pytest.raises(ValueError, match="expands to 200000 cases, more than the 100000 allowed"):
+        expand_matrix({"kind": "selftest"}, {"value": list(range(500)), "seq_len": list(range(1, 401))})
 
 
 def test_a_full_disk_leaves_no_torn_line_and_the_next_run_resumes(tmp_path, monkeypatch):
@@ -84,7 +93,7 @@ def test_a_full_disk_leaves_no_torn_line_and_the_next_run_resumes(tmp_path, monk
         real_write(descriptor, bytes(data[:10]))
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(hio.os, "write", fill_up)
+    monkeypatch.setattr(hio, "os", _OsWith(write=fill_up))  # only hilbert_lab.io sees the failing write
     with pytest.raises(OSError, match="No space left on device; the record of case .* was not written and the "
                                       "file is as before it"):
         SafeBenchmarkRunner(str(path), progress=False).run(cases)
