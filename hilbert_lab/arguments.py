@@ -14,6 +14,8 @@ import re
 import tempfile
 from typing import Callable, Sequence
 
+from hilbert_lab.io import path_problem
+
 DEVICE_SYNTAX = "cpu | cuda | cuda:N"
 MAX_SEQ_LEN = 1 << 40  # a bound for parsing only; the memory estimate refuses sizes no device holds
 EXIT_BAD_INPUT = 2
@@ -26,11 +28,33 @@ def _bounds(minimum: float | None, maximum: float | None) -> str:
     return f">= {minimum}" if minimum is not None else f"<= {maximum}"
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def parse_int(text: str) -> int:
+    """An integer written in ASCII digits with an optional sign (int() would also take "1_0" and other
+    scripts' digits such as "٤"); ValueError otherwise."""
+    value = str(text).strip()
+    if not _INTEGER.fullmatch(value):
+        raise ValueError(f"expected an integer in ASCII digits, got {text!r}")
+    return int(value)
+
+
+def parse_float(text: str) -> float:
+    """A decimal number in ASCII digits (sign, point, exponent); ValueError otherwise (no "1_0", no
+    other scripts' digits, no inf or nan)."""
+    value = str(text).strip()
+    if not _NUMBER.fullmatch(value):
+        raise ValueError(f"expected a number in ASCII digits, got {text!r}")
+    return float(value)
+
+
 def integer(minimum: int | None = 1, maximum: int | None = None) -> Callable[[str], int]:
-    """Type for one integer in [minimum, maximum] (None: unbounded on that side)."""
+    """Type for one integer in [minimum, maximum] (None: unbounded on that side), in ASCII digits."""
     def parse(text: str) -> int:
         try:
-            value = int(str(text).strip())
+            value = parse_int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected an integer {_bounds(minimum, maximum)}, got {text!r}") from None
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -46,7 +70,7 @@ def number(minimum: float = 0.0, maximum: float | None = None, *, open_minimum: 
 
     def parse(text: str) -> float:
         try:
-            value = float(str(text).strip())
+            value = parse_float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a finite number {allowed}, got {text!r}") from None
         too_low = value <= minimum if open_minimum else value < minimum
@@ -66,7 +90,7 @@ def int_list(minimum: int = 1, maximum: int | None = None) -> Callable[[str], li
 
     def parse(text: str) -> list[int]:
         try:
-            values = [int(part) for part in _items(text)]
+            values = [parse_int(part) for part in _items(text)]
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
         if not values or any(v < minimum or (maximum is not None and v > maximum) for v in values):
@@ -99,7 +123,7 @@ def choice(allowed: Sequence[str]) -> Callable[[str], str]:
 def device(text: str) -> str:
     """Type for a device name: cpu, cuda or cuda:N (not checked against this machine)."""
     value = str(text).strip()
-    if value == "cpu" or re.fullmatch(r"cuda(:\d+)?", value):
+    if value == "cpu" or re.fullmatch(r"cuda(:[0-9]+)?", value):
         return value
     raise argparse.ArgumentTypeError(f"expected {DEVICE_SYNTAX}, got {text!r}")
 
@@ -133,25 +157,23 @@ def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str 
     """
     if existing not in ("refuse", "keep"):
         raise ValueError(f"existing must be 'refuse' or 'keep', got {existing!r}")
-    if not str(path).strip():
-        raise ValueError(f"{flag} must be a path, got {path!r}")
+    problem = path_problem(os.path.expanduser(str(path)), folder=folder, must_exist=False)
+    if problem is not None:
+        raise ValueError(f"{flag} {path!r} {problem}")
     absolute = os.path.abspath(os.path.expanduser(str(path)))
     if folder:
-        if os.path.exists(absolute) and not os.path.isdir(absolute):
-            raise ValueError(f"{flag} {path!r} is a file; give a directory")
         directory = absolute
     else:
-        if os.path.isdir(absolute):
-            raise ValueError(f"{flag} {path!r} is a directory; give a file path")
         if os.path.exists(absolute) and existing == "refuse":
             raise ValueError(f"{flag} {path!r} already exists and results are never overwritten; "
                              "remove it or choose another path")
         directory = os.path.dirname(absolute)
     ancestor = directory
-    while not os.path.exists(ancestor):
+    while not os.path.lexists(ancestor):
         ancestor = os.path.dirname(ancestor)
-    if not os.path.isdir(ancestor):
-        raise ValueError(f"{flag} {path!r}: {ancestor!r} is a file, not a directory")
+    problem = path_problem(ancestor, folder=True)
+    if problem is not None:
+        raise ValueError(f"{flag} {path!r}: {ancestor!r} {problem}")
     try:
         os.makedirs(directory, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
@@ -161,6 +183,15 @@ def prepare_output(path: str, flag: str, *, folder: bool = False, existing: str 
     if not folder and os.path.exists(absolute) and not os.access(absolute, os.W_OK):
         raise ValueError(f"{flag} {path!r} is not writable")
     return absolute
+
+
+def input_file(text: str) -> str:
+    """Type for a file the command reads: a regular file that exists (not a folder, FIFO, device,
+    dangling or looping link, nor a path too long)."""
+    problem = path_problem(os.path.expanduser(str(text)))
+    if problem is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {problem}")
+    return str(text)
 
 
 def help_formatter(prog: str) -> argparse.HelpFormatter:

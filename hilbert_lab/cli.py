@@ -8,8 +8,10 @@ comma-separated; output paths follow hilbert_lab.arguments.OUTPUT_RULE.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import textwrap
+import threading
 from typing import Sequence
 
 from hilbert_lab.arguments import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OUTPUT_RULE, help_formatter
@@ -55,6 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `hilbert-lab` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    if hasattr(signal, "SIGXFSZ") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past a file-size limit a write fails (OSError below)
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -72,6 +76,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not message.startswith("hilbert-lab"):
             message = f"hilbert-lab: error: {message}"
         print(message, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as error:  # a full disk, a file-size limit, a folder gone: one line, results kept
+        if debug:
+            raise
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"hilbert-lab: error: {where}" + " ".join((error.strerror or str(error)).split()), file=sys.stderr)
         return EXIT_BAD_INPUT
 
 

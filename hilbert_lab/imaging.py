@@ -31,10 +31,10 @@ def encode_png(rgb: np.ndarray) -> bytes:
 
 
 def write_png(path: str | os.PathLike, rgb: np.ndarray) -> None:
-    """Write an (H, W, 3) uint8 array as a PNG file."""
-    data = encode_png(rgb)
-    with open(path, "wb") as handle:
-        handle.write(data)
+    """Write an (H, W, 3) uint8 array as a PNG file (all at once: hilbert_lab.io.atomic_write)."""
+    from hilbert_lab.io import atomic_write
+
+    atomic_write(path, encode_png(rgb))
 
 
 def render_path(coords: np.ndarray, cell: int) -> np.ndarray:

@@ -28,8 +28,11 @@ CUDA = torch.cuda.is_available()
 
 # ---------------------------------------------------------------- CLI case generation
 
+NOT_ASCII_DIGITS = ["\u0664", "1_0", "\uff11"]  # an Arabic-Indic 4, an underscore, a fullwidth 1: int() takes them
+
+
 def _int_values(low: int | None, high: int | None) -> list[str]:
-    values = ["abc", "", "1.5", "nan", HUGE, "-" + HUGE]
+    values = ["abc", "", "1.5", "nan", HUGE, "-" + HUGE] + NOT_ASCII_DIGITS
     if low is not None:
         values += [str(low - 1), str(low - 256)]
     if high is not None:
@@ -38,11 +41,12 @@ def _int_values(low: int | None, high: int | None) -> list[str]:
 
 
 def _list_values(low: int = 1) -> list[str]:
-    return [str(low - 1), f"{low},{low - 1}", "-1", "", ",", "a,b", "1.5", f"{low},x", HUGE, "1;2"]
+    return [str(low - 1), f"{low},{low - 1}", "-1", "", ",", "a,b", "1.5", f"{low},x", HUGE, "1;2",
+            f"{low},1_0", "\u0664"]
 
 
 def _float_values(low_open: bool = True) -> list[str]:
-    return ["abc", "", "nan", "inf", "-inf", "-1", "1e400"] + (["0"] if low_open else [])
+    return ["abc", "", "nan", "inf", "-inf", "-1", "1e400", "1_0", "\u0664"] + (["0"] if low_open else [])
 
 
 def _choice_values(first: str | None = None) -> list[str]:
@@ -125,7 +129,7 @@ CLI_ARGUMENTS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
         ("--steps", _int_values(1, 10**9)), ("--batch-size", _int_values(1, 1 << 16)),
         ("--lr", _float_values()), ("--rotary-base", _float_values()), ("--seed", _int_values(0, 2**63 - 1)),
         ("--eval-every", _int_values(1, 10**9)), ("--checkpoint-every", _int_values(1, 10**9)),
-        ("--log-every", _int_values(1, 10**9)), ("--curriculum", ["abc", "16", "16:x", "0:1", "8:0", "1024:1"]),
+        ("--log-every", _int_values(1, 10**9)), ("--curriculum", ["abc", "16", "16:x", "0:1", "8:0", "1024:1", "1_6:2", "16:\u0662"]),
         ("--dtype", _choice_values()), ("--autocast", _choice_values()), ("--mode", _choice_values()),
         ("--backend", ["bogus", ""]), ("--ordering", ["bogus"]), ("--preset", _choice_values()),
         ("--device", _device_values(True)), ("--out", ["/proc/hilbert_lab_sweep/run", "{file}", "{file}/run"]),
@@ -170,6 +174,10 @@ CLI_EXTRA: list[tuple[list[str], str]] = [
     (["report", "run", "benchmark-small", "-p", "nokey=1"], "nokey"),
     (["report", "run", "benchmark-small", "-p", "repeats=abc"], "repeats"),
     (["report", "run", "benchmark-small", "-p", "novalue"], "novalue"),
+    (["report", "run", "benchmark-small", "-p", "repeats=-1"], "repeats"),
+    (["report", "run", "benchmark-small", "-p", "seq_lens=[]"], "seq_lens"),
+    (["report", "run", "benchmark-small", "-p", "repeats=1_0"], "repeats"),
+    (["select", "--seq-len", str(10 ** 9)], "shape"),
     (["report", "run", "benchmark-small", "--output-root", "/proc/hilbert_lab_sweep"], "--output-root"),
     (["report", "run", "benchmark-small", "--output-root", "{file}"], "--output-root"),
     (["report", "run", "benchmark-small", "--output-root", "{tmp}/reports", "--run-id", "taken"], "--run-id"),
@@ -443,3 +451,174 @@ def test_api_bad_value_raises_naming_the_argument(call, needle):
     with pytest.raises((ValueError, TypeError)) as error:
         call()
     assert needle in str(error.value), str(error.value)
+
+
+# ---------------------------------------------------------------- family: config files with a field of the wrong type
+
+def _wrong_json_values(hint: Any) -> list[Any]:
+    """JSON values of another type than the annotation `hint` (two a field: a string, and another type)."""
+    import typing
+
+    optional = type(None) in typing.get_args(hint)
+    if optional:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    values = {int: ["8", 1.5], float: ["0.1", True], bool: ["false", 1], str: [1, ["x"]]}.get(hint, ["8,16", [1.5]])
+    return values + ([] if optional or hint is bool else [None])
+
+
+def _config_cases() -> list[Any]:
+    import typing
+
+    from hilbert_lab.models.config import TrainConfig
+
+    return [pytest.param(name, value, id=f"{name}={value!r}")
+            for name, hint in typing.get_type_hints(TrainConfig).items() for value in _wrong_json_values(hint)]
+
+
+@pytest.mark.parametrize("field, value", _config_cases())
+def test_config_file_with_a_field_of_the_wrong_type_exits_2_naming_it(field, value, tmp_path):
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({field: value}))
+    code, out, err = _run_cli(["train", "--out", str(tmp_path / "run"), "--config", str(config)])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (field, value, out[-300:], err[-1000:])
+    assert f"{field} must be" in lines[0], lines[0]
+    assert not (tmp_path / "run" / "log.jsonl").exists()
+
+
+# ---------------------------------------------------------------- family: filesystem faults on every CLI path argument
+
+RING_RUN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reports", "ring", "h200-gpu")
+# (command, flag or positional dest) -> a valid argv with PATH where the path goes, and whether it is written
+PATH_ARGUMENTS: dict[tuple[str, str], tuple[list[str], bool]] = {
+    ("bench", "--out"): (["bench", "--selftest", "ok", "--out", "PATH", "--quiet"], True),
+    ("bench", "--matrix"): (["bench", "--matrix", "PATH", "--out", "{tmp}/m_{n}.jsonl", "--dry-run"], False),
+    ("probe", "--json-out"): (PROBE_BASE + ["--json-out", "PATH"], True),
+    ("curve", "--out"): (["curve", "--width", "64", "--height", "64", "--out", "PATH"], True),
+    ("train", "--out"): (["train", "--out", "PATH", "--steps", "1", "--checkpoint-every", "1", "--dim", "8", "--depth",
+                          "1", "--batch-size", "2", "--quiet"], True),
+    ("train", "--config"): (["train", "--out", "{tmp}/t_{n}", "--config", "PATH", "--quiet"], False),
+    ("report run", "--output-root"): (["report", "run", "benchmark-small", "--output-root", "PATH"], True),
+    ("report render", "run_dir"): (["report", "render", "PATH"], False),
+    ("report render", "--out"): (["report", "render", RING_RUN, "--out", "PATH"], True),
+}
+_PATH_DEST = __import__("re").compile(r"(^|_)(out|config|matrix|dir|root|path|file)($|_)")
+
+
+def _parser_path_arguments() -> dict[tuple[str, str], str]:
+    """(command, flag) -> metavar of every argument of the `hilbert-lab` parser that names a path: its metavar
+    ends in FILE or DIR (and every argument whose name says path must have such a metavar)."""
+    import argparse
+
+    from hilbert_lab.cli import build_parser
+
+    found: dict[tuple[str, str], str] = {}
+
+    def walk(parser: argparse.ArgumentParser, command: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, child in action.choices.items():
+                    walk(child, f"{command} {name}".strip())
+                continue
+            name = action.option_strings[-1] if action.option_strings else action.dest
+            metavar = str(action.metavar or "")
+            if metavar.endswith(("FILE", "DIR")):
+                found[(command, name)] = metavar
+            elif _PATH_DEST.search(action.dest) and action.nargs != 0:
+                found[(command, name)] = f"(no FILE/DIR metavar: {metavar!r})"
+
+    walk(build_parser(), "")
+    return found
+
+
+def test_every_path_argument_of_the_parser_is_in_the_fault_sweep():
+    found = _parser_path_arguments()
+    assert set(found) == set(PATH_ARGUMENTS), set(found) ^ set(PATH_ARGUMENTS)
+    assert all(metavar.endswith(("FILE", "DIR")) for metavar in found.values()), found
+
+
+def _faults(root: str) -> dict[str, str]:
+    """fault -> a path showing it (made once under `root`)."""
+    faults = {"fifo": os.path.join(root, "fifo"), "dev-full": "/dev/full",
+              "dangling-link": os.path.join(root, "dangling"), "link-loop": os.path.join(root, "loop"),
+              "too-long-name": os.path.join(root, "x" * 300), "too-long-path": os.path.join(root, *(["ab"] * 2100)),
+              "directory": os.path.join(root, "a_dir"), "file": os.path.join(root, "a_file")}
+    if not os.path.exists(faults["fifo"]):
+        os.mkfifo(faults["fifo"])
+        os.symlink(os.path.join(root, "nowhere"), faults["dangling-link"])
+        os.symlink(faults["link-loop"], faults["link-loop"])
+        os.mkdir(faults["directory"])
+    return faults
+
+
+FOLDER_ARGUMENTS = {("train", "--out"), ("report run", "--output-root"), ("report render", "run_dir")}
+
+
+def _fault_cases() -> list[Any]:
+    cases = []
+    for (command, flag), (_, _) in PATH_ARGUMENTS.items():
+        folder = (command, flag) in FOLDER_ARGUMENTS
+        for fault in ("fifo", "dev-full", "dangling-link", "link-loop", "too-long-name", "too-long-path",
+                      "file" if folder else "directory"):
+            cases.append(pytest.param(command, flag, fault, id=f"{command} {flag} {fault}"))
+    return cases
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("command, flag, fault", _fault_cases())
+def test_a_path_argument_with_a_filesystem_fault_exits_2_with_one_line(command, flag, fault, sweep_dir):
+    template, _ = PATH_ARGUMENTS[(command, flag)]
+    argv = [a if a != "PATH" else _faults(sweep_dir)[fault] for a in _fill(template, sweep_dir, next(_counter))]
+    code, out, err = _run_cli(argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (argv[:6], code, out[-300:], err[-1500:])
+    if command == "report run" and missing_notebook_modules():
+        return
+    assert any(name in lines[0] for name in _names(flag)) or flag == "run_dir", lines[0]
+
+
+FSIZE_SCRIPT = r'''
+import contextlib, io, json, os, resource, sys
+from hilbert_lab.cli import main
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[2]), int(sys.argv[2])))
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = main(argv)
+    results.append([code, err.getvalue()])
+print(json.dumps(results))
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_file_size_limit_ends_each_writing_command_with_one_line_and_no_torn_file(tmp_path):
+    """Every writing path argument under RLIMIT_FSIZE (a full disk as the process sees it), in one
+    subprocess: exit 2, one line naming the file, and nothing torn left behind."""
+    import json
+    import subprocess
+    import sys
+
+    limit = 1024
+    runs = {key: [a.replace("PATH", str(tmp_path / f"out_{i}")) for a in _fill(template, str(tmp_path), i)]
+            for i, (key, (template, writes)) in enumerate(PATH_ARGUMENTS.items())
+            if writes and key not in {("report run", "--output-root"), ("probe", "--json-out")}}  # both write late
+    runs[("curve", "--out")][-1] += ".csv"
+    runs[("report render", "--out")][-1] += ".html"
+    runs[("bench", "--out")][-2] += ".jsonl"
+    proc = subprocess.run([sys.executable, "-c", FSIZE_SCRIPT, json.dumps(list(runs.values())), str(limit)],
+                          capture_output=True, text=True, timeout=110, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for (command, flag), (code, err) in zip(runs, json.loads(proc.stdout.strip().splitlines()[-1])):
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "File too large" in lines[0], (command, flag, err[-1500:])
+        assert str(tmp_path / "out_") in lines[0], lines[0]  # names the file
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="replace")
+            assert path.stat().st_size <= limit and not path.name.endswith(".tmp"), path
+            if path.suffix in (".jsonl",):
+                assert all(__import__("json").loads(line) for line in text.splitlines() if line.strip()), path
+    assert not list(tmp_path.glob("out_*.csv")) and not list(tmp_path.glob("out_*.html"))

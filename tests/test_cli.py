@@ -244,3 +244,19 @@ def test_each_command_is_registered_and_handled_by_its_package():
     for name, package in homes.items():
         handler = commands.choices[name].get_default("func")
         assert handler.__module__ == f"hilbert_lab.{package}.cli", (name, handler.__module__)
+
+
+def test_a_curve_file_cut_short_by_a_crash_does_not_block_the_rerun(capsys, tmp_path):
+    out = tmp_path / "c.csv"
+    code, _, _ = run_cli(capsys, "curve", "--width", "8", "--height", "8", "--out", str(out))
+    complete = out.read_text()
+    out.write_text(complete[: len(complete) // 2])  # what a killed non-atomic write left behind
+    code, stdout, _ = run_cli(capsys, "curve", "--width", "8", "--height", "8", "--out", str(out))
+    assert code == 0 and out.read_text() == complete
+    assert f"set aside as {out}.torn" in stdout and (tmp_path / "c.csv.torn").exists()
+    png = tmp_path / "c.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # no end chunk
+    code, stdout, _ = run_cli(capsys, "curve", "--width", "8", "--height", "8", "--out", str(png))
+    assert code == 0 and png.read_bytes().endswith(b"IEND\xaeB`\x82") and "set aside" in stdout
+    code, _, err = run_cli(capsys, "curve", "--width", "8", "--height", "8", "--out", str(out))
+    assert code == 2 and "already exists" in err  # a complete file is never replaced

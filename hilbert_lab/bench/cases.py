@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import time
@@ -14,6 +15,10 @@ CASE_TARGET = "hilbert_lab.bench.cases:run_case"
 KINDS = ("selftest", "attention", "memory")
 SELFTEST_BEHAVIORS = ("ok", "raise", "sleep", "signal", "oom", "exit")
 PASSES = ("forward", "forward_backward")
+MAX_CASE_SEQ_LEN = 1 << 40  # as the CLI's bound; the memory estimate refuses what no device holds
+MAX_SECONDS = 7 * 24 * 3600.0
+MAX_REPEATS = 10 ** 6
+MAX_BYTES = 2 ** 63 - 1  # byte counts are int64 where they are measured
 # Defaults of an attention case (backend names: known_backends, from the engine's registry).
 ATTENTION_DEFAULTS: dict[str, Any] = {
     "batch_size": 1, "num_heads": 4, "head_dim": 32, "segment_lengths": [256, 512],
@@ -40,10 +45,19 @@ def _require(params: dict, name: str, allowed: tuple) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}; got {params[name]!r}")
 
 
-def _positive_int(params: dict, name: str, minimum: int = 1) -> None:
+def _positive_int(params: dict, name: str, minimum: int = 1, maximum: int | None = None) -> None:
     value = params[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            or (maximum is not None and value > maximum)):
+        allowed = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name} must be an integer {allowed}, got {value!r}")
+
+
+def _seconds(params: dict, name: str) -> None:
+    value = params[name]
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or not 0 <= value <= MAX_SECONDS):
+        raise ValueError(f"{name} must be a number of seconds in [0, {MAX_SECONDS:g}], got {value!r}")
 
 
 def normalize_case(params: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +78,13 @@ def normalize_case(params: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"unknown selftest field(s) {sorted(unknown)}; allowed: {sorted(case)}")
         case.update(params)
         _require(case, "behavior", SELFTEST_BEHAVIORS)
-        _positive_int(case, "seq_len")
+        _positive_int(case, "seq_len", maximum=MAX_CASE_SEQ_LEN)
+        _seconds(case, "seconds")
+        _positive_int(case, "bytes_per_token", minimum=0, maximum=MAX_BYTES // case["seq_len"])
+        if case["fail_above"] is not None:
+            _positive_int(case, "fail_above", minimum=0)
+        if not (case["value"] is None or isinstance(case["value"], (bool, int, float, str))):
+            raise ValueError(f"value must be a number, string, bool or null, got {case['value']!r}")
         return case
     case = {"kind": kind, **ATTENTION_DEFAULTS}
     unknown = set(params) - set(case) - {"seq_len"}
@@ -73,9 +93,13 @@ def normalize_case(params: dict[str, Any]) -> dict[str, Any]:
     case.update(params)
     if "seq_len" not in case:
         raise ValueError(f"seq_len is required for a {kind} case")
-    for name in ("seq_len", "batch_size", "num_heads", "head_dim", "repeats"):
+    _positive_int(case, "seq_len", maximum=MAX_CASE_SEQ_LEN)
+    for name in ("batch_size", "num_heads", "head_dim"):
         _positive_int(case, name)
-    _positive_int(case, "warmup", minimum=0)
+    _positive_int(case, "repeats", maximum=MAX_REPEATS)
+    _positive_int(case, "warmup", minimum=0, maximum=MAX_REPEATS)
+    if case["threads"] is not None:
+        _positive_int(case, "threads", maximum=1024)
     for name in ("segment_lengths", "dilation_rates"):
         value = case[name]
         if (not isinstance(value, (list, tuple)) or not value

@@ -222,9 +222,10 @@ def _probe(args: argparse.Namespace) -> int:
     if json_out is not None:
         from hilbert_lab.bench.env import collect_environment
 
+        from hilbert_lab.io import atomic_write
+
         payload = {**report.to_dict(), "base_case": base, "environment": collect_environment(args.device)}
-        with open(json_out, "w") as handle:
-            json.dump(payload, handle, indent=1, default=str)
+        atomic_write(json_out, json.dumps(payload, indent=1, default=str))
     return 0
 
 
@@ -316,9 +317,10 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                         "  base: {kind: attention, num_heads: 8, head_dim: 64, segment_lengths: [2048, 4096],\n"
                         "         dilation_rates: [1, 2], device: cuda, dtype: bfloat16}\n"
                         "  matrix: {backend: [sdpa, flex], seq_len: [32768, 65536], mode: [longnet, head_groups]}")
-    bench.add_argument("--out", required=True, help="results file (JSON lines; only ever appended to; missing "
+    bench.add_argument("--out", required=True, metavar="FILE", help="results file (JSON lines; only ever appended to; missing "
                        "folders are created)")
-    bench.add_argument("--matrix", help="YAML/TOML matrix file (instead of the flags below)")
+    bench.add_argument("--matrix", type=arguments.input_file, metavar="FILE",
+                       help="YAML/TOML matrix file (instead of the flags below)")
     bench.add_argument("--selftest", type=choice_list(SELFTEST_BEHAVIORS),
                        help="run built-in self-test cases (checks the runner without the engine)")
     bench.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), help="comma-separated sequence lengths")
@@ -349,7 +351,7 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                        help="slowest allowed run (default 60)")
     probe.add_argument("--max-memory-fraction", type=number(0, 1), default=None, help="in (0, 1]")
     probe.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help="seconds per run (default 600)")
-    probe.add_argument("--json-out", help="write the report as JSON here (a new file; missing folders are created)")
+    probe.add_argument("--json-out", metavar="FILE", help="write the report as JSON here (a new file; missing folders are created)")
     probe.add_argument("--quiet", action="store_true")
     probe.set_defaults(func=_probe)
 

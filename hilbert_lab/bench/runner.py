@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import fcntl
 import json
 import os
 import time
@@ -15,6 +14,7 @@ from hilbert_lab.bench.env import collect_environment
 from hilbert_lab.bench.checker import MemorySafetyChecker
 from hilbert_lab.bench.config import SafetyConfig
 from hilbert_lab.bench.isolate import clean_stale_case_dirs, run_isolated
+from hilbert_lab.io import append_line, exclusive_lock, path_problem
 
 SCHEMA_VERSION = 1
 FAILED_STATUSES = ("error", "oom", "timeout", "signal", "crash", "refused")
@@ -30,12 +30,15 @@ class RunSummary:
     failed: int = 0
     skipped: int = 0
     interrupted: bool = False
+    torn: int = 0  # torn lines found in the file (writes cut short by a killed run), kept apart and skipped
     records: list[dict[str, Any]] = field(default_factory=list)
 
     def line(self) -> str:
         state = "interrupted" if self.interrupted else "done"
+        torn = (f"; {self.torn} torn line(s) from an interrupted run skipped (their cases run again)"
+                if self.torn else "")
         return (f"{state}: {self.completed} ran ({self.failed} failed), {self.skipped} already finished, "
-                f"{self.total - self.completed - self.skipped} left; results in {self.results_path}")
+                f"{self.total - self.completed - self.skipped} left; results in {self.results_path}{torn}")
 
 
 def _now() -> str:
@@ -89,10 +92,12 @@ class SafeBenchmarkRunner:
       exception, out-of-memory error, timeout, signal or crash becomes a failed record and the run goes on.
     - Before a case runs, its estimated peak is checked against free memory (status "refused" if it
       does not fit; check_memory=False turns this off).
-    - One JSON line per case is appended to results_path and flushed (fsync) as soon as the case ends,
-      with the exact parameters and an environment block. The file is only ever appended to; a line
-      torn by a killed run is ended and skipped (even when it is the only line); a file that is not a
-      results file is refused; an exclusive lock stops two runs writing at once.
+    - One JSON line per case is appended to results_path in one write and fsynced as soon as the case
+      ends, with the exact parameters and an environment block; a write that fails (a full disk, a
+      file-size limit) is cut back, so no torn line is left, and raises OSError saying so. The file is only
+      ever appended to; a line torn by a killed run is ended and skipped (even when it is the only line),
+      and the summary says so; a file that is not a results file, or not a regular file (a FIFO, a
+      device), is refused; an exclusive lock (hilbert_lab.io.exclusive_lock) stops two runs writing at once.
     - Case folders left in the temp directory by a killed run (SIGKILL) are removed at the next run.
     - Re-running skips cases whose id already has a record (failed ones too, unless retry_failed).
     - Ctrl-C kills the running case (not recorded, so a resume runs it) and returns with interrupted=True.
@@ -112,8 +117,9 @@ class SafeBenchmarkRunner:
 
     def _check_path(self) -> None:
         directory = os.path.dirname(self.results_path) or "."
-        if os.path.isdir(self.results_path):
-            raise ValueError(f"results_path {self.results_path!r} is a directory; give a file path")
+        problem = path_problem(self.results_path, must_exist=False)
+        if problem is not None:
+            raise ValueError(f"results_path {self.results_path!r} {problem}")
         if not os.path.isdir(directory):
             raise ValueError(f"results_path {self.results_path!r}: directory {directory!r} does not exist")
         if os.path.exists(self.results_path):
@@ -187,9 +193,12 @@ class SafeBenchmarkRunner:
         return record
 
     def _append(self, handle, record: dict[str, Any]) -> None:
-        handle.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+        try:
+            append_line(handle, json.dumps(record, sort_keys=True, default=str))
+        except OSError as error:
+            raise OSError(error.errno, f"{error.strerror or error}; the record of case {record['case_id']} was not "
+                          "written and the file is as before it (no torn line): make room and run again to resume",
+                          self.results_path) from None
 
     def run(self, cases: Iterable[dict[str, Any]]) -> RunSummary:
         """Run every case not yet finished; returns a RunSummary (interrupted=True after Ctrl-C)."""
@@ -198,18 +207,14 @@ class SafeBenchmarkRunner:
         summary = RunSummary(self.results_path, total=len(pending) + skipped, skipped=skipped)
         run_id = uuid.uuid4().hex[:12]
         clean_stale_case_dirs(before=time.time())
-        with open(self.results_path, "a+", encoding="utf-8") as handle:
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise ValueError(f"results_path {self.results_path!r} is being written by another run") from None
+        with exclusive_lock(self.results_path, f"results_path {self.results_path!r}") as handle:
+            summary.torn = _scan_results(self.results_path)[2]
             handle.seek(0, os.SEEK_END)
             if handle.tell() > 0:  # a torn line from a killed run must not swallow the next record
                 handle.seek(handle.tell() - 1)
                 last = handle.read(1)
-                handle.seek(0, os.SEEK_END)
                 if last != "\n":
-                    handle.write("\n")
+                    append_line(handle, "")
             bar = None
             if self.progress:
                 from tqdm.auto import tqdm

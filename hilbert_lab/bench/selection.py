@@ -36,6 +36,7 @@ def candidate_calls(device: torch.device | str, dtype: torch.dtype, shape: Seque
     if len(shape) != 4 or any(int(extent) < 1 for extent in shape):
         raise ValueError(f"shape must be (B, N, H, D) with positive sizes, got {tuple(shape)!r}")
     rates = list(dilation_rates) if dilation_rates is not None else [1] * len(segment_lengths)
+    _check_fits(device, dtype, shape, segment_lengths, rates, mode=mode, causal=causal)
     generator = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(tuple(int(x) for x in shape), generator=generator).to(device=device, dtype=dtype)
                for _ in range(3))
@@ -57,6 +58,25 @@ def candidate_calls(device: torch.device | str, dtype: torch.dtype, shape: Seque
             outputs[name] = out.to(torch.float64)
         calls[name] = lambda name=name: call(name)
     return calls, outputs, errors
+
+
+def _check_fits(device: torch.device, dtype: torch.dtype, shape: Sequence[int], segment_lengths: Sequence[int],
+                dilation_rates: Sequence[int], *, mode: str, causal: bool) -> None:
+    """ValueError naming the shape, before anything is allocated, when the inputs and one forward of the
+    engine (attention.memory's estimate) do not fit in the device's free memory (bench.checker)."""
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.bench.checker import MemorySafetyChecker
+
+    batch, seq_len, heads, head_dim = (int(extent) for extent in shape)
+    config = MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=heads, head_dim=head_dim,
+                          segment_lengths=tuple(segment_lengths), dilation_rates=tuple(dilation_rates), mode=mode,
+                          causal=causal, dtype=str(dtype).removeprefix("torch."), device=str(device))
+    estimate = estimate_memory(config)
+    fits, reason = MemorySafetyChecker(device=str(device)).check_memory_available(
+        estimate.inputs_bytes + estimate.forward_bytes)
+    if not fits:
+        raise ValueError(f"shape (B, N, H, D) = {tuple(shape)} does not fit: {reason}; choose a smaller seq_len "
+                         "or batch_size")
 
 
 def time_candidates(device: torch.device | str, dtype: torch.dtype, shape: Sequence[int],

@@ -29,8 +29,10 @@ from typing import Any
 
 import numpy as np
 
-from hilbert_lab.curves.codec import MAX_INDEX_BITS, encode
-from hilbert_lab.curves.orderings import GRID_ORDERINGS, _cached_grid_permutation, _read_only_pair
+from hilbert_lab.curves.codec import MAX_INDEX_BITS, _check_fits_memory, encode
+from hilbert_lab.curves.orderings import (
+    GRID_ORDERINGS, PERMUTATION_BYTES_PER_TOKEN, _cached_grid_permutation, _read_only_pair,
+)
 
 TRANSPOSED_SUFFIX = "-trans"
 SERIALIZATIONS = GRID_ORDERINGS + tuple(name + TRANSPOSED_SUFFIX for name in GRID_ORDERINGS)
@@ -66,6 +68,8 @@ def _grid(shape: Any, ordering: str) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"grid shape must be (H, W) or (T, H, W) of positive ints, got {shape!r}")
     dims = tuple(int(v) for v in dims)
     base, transposed = _check_ordering(ordering)
+    _check_fits_memory(math.prod(dims), f"grid shape {dims}: H*W*T", PERMUTATION_BYTES_PER_TOKEN,
+                       "building a permutation")
     if not transposed:
         return _cached_grid_permutation(dims, base)
     return _cached_transposed(dims, base)
@@ -120,22 +124,31 @@ def _cell_keys_numpy(cells: np.ndarray, base: str, order: int) -> np.ndarray:
 
 
 def _quantize(points: np.ndarray, grid_size: float | None) -> np.ndarray:
-    """int64 cells (..., N, d) of points (..., N, d): floor((p - min of its cloud) / grid_size)."""
+    """int64 cells (..., N, d) of points (..., N, d): floor((p - min of its cloud) / grid_size).
+
+    Computed in float64 at half scale when a cloud spans more than the largest float (p - min would
+    overflow): halving is exact, so the cells are the same."""
     low = points.min(axis=-2, keepdims=True)
-    shifted = points - low
+    scale = 1.0
+    with np.errstate(over="ignore", invalid="ignore"):
+        shifted = points - low
+    if not np.isfinite(shifted).all():
+        scale = 0.5
+        shifted = points * scale - low * scale
     if grid_size is None:
         count, ndim = points.shape[-2], points.shape[-1]
         extent = shifted.max(axis=(-2, -1), keepdims=True)
         size = np.where(extent > 0, extent / max(1.0, count ** (1.0 / ndim)), 1.0)
     else:
-        size = grid_size
-    cells = np.floor(shifted / size)
+        size = grid_size * scale
+    with np.errstate(over="ignore"):
+        cells = np.floor(shifted / size)
     _check_cell_range(float(cells.max()), points.shape[-1])
     return cells.astype(np.int64)
 
 
 def _check_cell_range(cells_max: float, ndim: int) -> None:
-    if cells_max >= 2.0 ** (MAX_INDEX_BITS // ndim):
+    if not cells_max < 2.0 ** (MAX_INDEX_BITS // ndim):  # inf included
         raise ValueError(
             f"grid_size is too small: the quantized cloud spans {cells_max:.3g} cells per axis, at most "
             f"2**{MAX_INDEX_BITS // ndim} allowed for {ndim}D points (use a larger grid_size)"
@@ -159,7 +172,8 @@ def _order_for(cells_max: int, ndim: int) -> int:
 
 
 def _points_numpy(points: np.ndarray, base: str, transposed: bool, grid_size: float | None):
-    if not np.issubdtype(points.dtype, np.number) or np.issubdtype(points.dtype, np.complexfloating):
+    if not np.issubdtype(points.dtype, np.number) or np.issubdtype(points.dtype, np.complexfloating) \
+            or points.dtype == np.bool_:
         raise ValueError(f"points must be a real numeric array, got dtype {points.dtype}")
     points = points.astype(np.float64, copy=False)
     if not np.isfinite(points).all():
@@ -178,18 +192,23 @@ def _points_numpy(points: np.ndarray, base: str, transposed: bool, grid_size: fl
 def _points_torch(points: Any, base: str, transposed: bool, grid_size: float | None):
     import torch
 
-    if not points.is_floating_point():
-        points = points.to(torch.float64)
+    if points.is_complex() or points.dtype == torch.bool:
+        raise ValueError(f"points must be a real numeric tensor, got dtype {points.dtype}")
+    points = points.to(torch.float64)
     if not bool(torch.isfinite(points).all()):
         raise ValueError("points must be finite (no NaN or inf)")
-    points = points.to(torch.float64)
-    shifted = points - points.amin(dim=-2, keepdim=True)
+    low = points.amin(dim=-2, keepdim=True)
+    scale = 1.0
+    shifted = points - low
+    if not bool(torch.isfinite(shifted).all()):  # the cloud spans more than the largest float: half scale
+        scale = 0.5
+        shifted = points * scale - low * scale
     if grid_size is None:
         count, ndim = points.shape[-2], points.shape[-1]
         extent = shifted.amax(dim=(-2, -1), keepdim=True)
         size = torch.where(extent > 0, extent / max(1.0, count ** (1.0 / ndim)), torch.ones_like(extent))
     else:
-        size = grid_size
+        size = grid_size * scale
     cells = torch.floor(shifted / size)
     _check_cell_range(float(cells.max()), points.shape[-1])
     cells = cells.to(torch.int64)

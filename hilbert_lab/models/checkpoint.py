@@ -1,7 +1,8 @@
-"""Training checkpoints and logs: atomic writes, checkpoint save/load with a configuration check,
-and the readers of a run's log.jsonl and of a training report JSON."""
+"""Training checkpoints and logs: atomic writes, checkpoints with a checksum of their content and a
+configuration check on load, and the readers of a run's log.jsonl and of a training report JSON."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -17,7 +18,11 @@ from .config import RUN_CONTROL_FIELDS, TrainConfig
 CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "log.jsonl"
 SUMMARY_NAME = "summary.json"
-CHECKPOINT_FORMAT = 1
+LOCK_NAME = ".train.lock"  # held (flock) by the run writing the folder
+# 2: the checkpoint holds "sha256", the digest of the rest of its content (content_digest), checked on
+# every load; 1: written before checksums (read, but nothing can be verified).
+CHECKPOINT_FORMAT = 2
+CHECKSUM_KEY = "sha256"
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -32,6 +37,95 @@ def _atomic_write_text(text: str, path: Path) -> None:
     atomic_write(path, text)
 
 
+def _feed(digest: "hashlib._Hash", value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)};".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        digest.update(f"D{len(value)};".encode())
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"L{len(value)};".encode())
+        for item in value:
+            _feed(digest, item)
+    elif value is None or isinstance(value, (bool, int, float, str, bytes)):
+        digest.update(repr((type(value).__name__, value)).encode() + b";")
+    else:
+        raise ValueError(f"a checkpoint holds tensors, dicts, lists and plain values, got {type(value).__name__}")
+
+
+def content_digest(state: dict[str, Any]) -> str:
+    """sha256 (hex) of a checkpoint's content: every tensor's dtype, shape and bytes, every key and plain
+    value, in order; the same before torch.save and after torch.load."""
+    digest = hashlib.sha256()
+    _feed(digest, state)
+    return digest.hexdigest()
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> None:
+    """atomic_save of ``state`` with its content_digest stored under CHECKSUM_KEY."""
+    atomic_save({**state, CHECKSUM_KEY: content_digest(state)}, path)
+
+
+class RunFolderError(ValueError):
+    """A run folder that cannot be used as asked; ``cli`` says the same in the train command's words."""
+
+    def __init__(self, message: str, *, cli: str) -> None:
+        super().__init__(message)
+        self.cli = cli
+
+
+def check_run_folder(out_dir: str | os.PathLike, *, resume: bool) -> None:
+    """RunFolderError unless ``out_dir`` can take a run: with ``resume`` it must hold a checkpoint;
+    without, it must hold no run (no checkpoint, log or summary: results are never overwritten)."""
+    path = str(out_dir)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise RunFolderError(f"out_dir {path!r} is a file; give a folder", cli=f"--out {path!r} is a file; give a folder")
+    found = [name for name in (CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME) if os.path.exists(os.path.join(path, name))]
+    if resume:
+        if CHECKPOINT_NAME not in found:
+            where = os.path.join(path, CHECKPOINT_NAME)
+            raise RunFolderError(f"resume=True but there is no checkpoint at {where!r}",
+                                 cli=f"--resume but there is no checkpoint at {where!r} (without --resume a new run "
+                                     "starts in an empty folder)")
+        return
+    if not found:
+        return
+    what = ("a finished run" if SUMMARY_NAME in found else "an unfinished run") + f" ({', '.join(found)})"
+    if CHECKPOINT_NAME in found:
+        api, cli = "pass resume=True to continue it", "pass --resume to continue it"
+    else:
+        api = cli = "it has no checkpoint to continue from"
+    rule = "and results are never overwritten"
+    raise RunFolderError(f"out_dir {path!r} already holds {what} {rule}; {api}, or choose another out_dir",
+                         cli=f"--out {path!r} already holds {what} {rule}; {cli}, or choose another --out")
+
+
+def log_tail_note(log_path: str | os.PathLike, step: int, kept: int) -> str | None:
+    """What resuming at ``step`` drops from the log (records written after the checkpoint, a torn last
+    line), in words; None when it drops nothing. ``kept``: the records the checkpoint holds."""
+    try:
+        lines = [line for line in Path(log_path).read_text(encoding="utf-8", errors="replace").splitlines()
+                 if line.strip()]
+    except OSError:
+        return None
+    torn = 0
+    for line in lines:
+        try:
+            json.loads(line)
+        except json.JSONDecodeError:
+            torn += 1
+    extra = max(0, len(lines) - torn - kept)
+    if not extra and not torn:
+        return None
+    parts = ([f"{extra} record(s) written after the checkpoint"] if extra else []) + (
+        [f"{torn} torn line(s)"] if torn else [])
+    return f"resumed at step {step} (the checkpoint); dropped from {LOG_NAME}: {' and '.join(parts)}"
+
+
 def config_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
     """'field: checkpoint X, requested Y' for every loss-curve-defining field that differs."""
     differences = []
@@ -44,16 +138,28 @@ def config_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list
 
 
 def load_checkpoint(path: str | os.PathLike, config: TrainConfig | None = None) -> dict[str, Any]:
-    """Load a checkpoint; with ``config``, ValueError listing every field that differs from it."""
+    """Load a checkpoint and check its content against the checksum stored in it (ValueError naming the
+    file when they differ: a corrupted file is never used); with ``config``, ValueError listing every
+    field that differs from it."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"checkpoint must be an existing file, got {str(path)!r}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, foreign or corrupted file
-        raise ValueError(f"checkpoint {str(path)!r} cannot be read ({type(error).__name__}: {error})") from error
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        detail = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+        raise ValueError(f"checkpoint {str(path)!r} cannot be read ({detail})") from None
+    if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
         raise ValueError(f"checkpoint {str(path)!r} is not a hilbert_lab training checkpoint (format {CHECKPOINT_FORMAT})")
+    if state["format"] == CHECKPOINT_FORMAT:
+        stored = state.pop(CHECKSUM_KEY, None)
+        try:
+            actual = content_digest(state)
+        except ValueError:
+            actual = None
+        if stored != actual:
+            raise ValueError(f"checkpoint {str(path)!r} is corrupted: its content does not match the sha256 stored "
+                             "in it, so it is not used; resume from a copy, or start a new run in another folder")
     if config is not None:
         differences = config_differences(state["config"], config.to_dict())
         if differences:
@@ -69,7 +175,16 @@ def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:
     path = Path(run_dir) / LOG_NAME
     if not path.is_file():
         raise ValueError(f"run_dir must hold a {LOG_NAME} written by train(), got {str(run_dir)!r}")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise ValueError(f"{str(path)!r} line {number} is torn (a write cut short); continue the run with "
+                             "resume=True (--resume), which rewrites the log from its checkpoint") from None
+    return records
 
 
 def read_training_report(path: str | os.PathLike) -> dict[str, Any]:

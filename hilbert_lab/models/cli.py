@@ -1,52 +1,79 @@
-"""The `hilbert-lab train` command: argument parsing (preset, JSON config, flags) and dispatch to
-the training loop (registered by hilbert_lab.cli)."""
+"""The `hilbert-lab train` command: argument parsing (preset, JSON config, flags), dispatch to the
+training loop and the end-of-run summary (registered by hilbert_lab.cli)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
 import sys
-from pathlib import Path
+import time
+import typing
 from typing import Any
 
 from hilbert_lab import arguments
+from hilbert_lab.io import read_bounded
 
-from .config import AUTOCAST_DTYPES, DTYPES, PRESETS, TrainConfig, parse_curriculum
-from .loop import train
+from .checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder
+from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, TrainConfig, parse_curriculum
+from .loop import TrainResult, train
 
+DEFAULT_PRESET = "cpu-tiny"
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes; anything larger is not one
 _MAX_LEN = 1 << 24
+# (field, argparse type, help); every flag's default is the preset's value (shown for DEFAULT_PRESET)
 _OVERRIDES = (
-    ("seq_len", arguments.integer(2, _MAX_LEN)), ("curriculum", parse_curriculum),
-    ("rotary_base", arguments.number(1.0, 1e12)), ("context_length", arguments.integer(2, _MAX_LEN)),
-    ("num_pairs", arguments.integer(1, _MAX_LEN)), ("num_queries", arguments.integer(1, _MAX_LEN)),
-    ("num_keys", arguments.integer(1, 1 << 20)), ("num_values", arguments.integer(1, 1 << 20)),
-    ("dim", arguments.integer(1, 1 << 16)), ("depth", arguments.integer(1, 1024)),
-    ("num_heads", arguments.integer(1, 4096)), ("segment_lengths", arguments.int_list(1, _MAX_LEN)),
-    ("dilation_rates", arguments.int_list(1, _MAX_LEN)), ("mode", arguments.choice(("longnet", "head_groups"))),
-    ("ordering", str), ("backend", str),
-    ("steps", arguments.integer(1, 10 ** 9)), ("batch_size", arguments.integer(1, 1 << 16)),
-    ("lr", arguments.number(0.0, 1e3)), ("seed", arguments.integer(0, 2 ** 63 - 1)),
-    ("dtype", arguments.choice(tuple(DTYPES))), ("autocast", arguments.choice(AUTOCAST_DTYPES)),
-    ("device", arguments.available_device), ("eval_every", arguments.integer(1, 10 ** 9)),
-    ("checkpoint_every", arguments.integer(1, 10 ** 9)), ("log_every", arguments.integer(1, 10 ** 9)),
+    ("seq_len", arguments.integer(2, _MAX_LEN), "tokens per sample (the pairs then lie in its first three "
+                                                "quarters unless --context-length is given)"),
+    ("curriculum", parse_curriculum, "shorter lengths first: SEQ_LEN:UNTIL_STEP pairs, e.g. 1024:800,4096:1000"),
+    ("context_length", arguments.integer(2, _MAX_LEN), "the key-value pairs lie in positions [0, CONTEXT_LENGTH)"),
+    ("num_pairs", arguments.integer(1, _MAX_LEN), "key-value pairs per sample"),
+    ("num_queries", arguments.integer(1, _MAX_LEN), "questions per sample"),
+    ("num_keys", arguments.integer(1, 1 << 20), "distinct key tokens"),
+    ("num_values", arguments.integer(1, 1 << 20), "distinct value tokens (chance accuracy 1/NUM_VALUES)"),
+    ("dim", arguments.integer(1, 1 << 16), "model width"),
+    ("depth", arguments.integer(1, 1024), "transformer blocks"),
+    ("num_heads", arguments.integer(1, 4096), "attention heads"),
+    ("segment_lengths", arguments.int_list(1, _MAX_LEN), "comma-separated segment lengths"),
+    ("dilation_rates", arguments.int_list(1, _MAX_LEN), "comma-separated, one rate a segment length"),
+    ("mode", arguments.choice(("longnet", "head_groups")), "longnet | head_groups"),
+    ("ordering", str, "token layout inside segments: identity | hilbert | morton | snake"),
+    ("backend", str, "attention backend (hilbert-lab info lists them)"),
+    ("steps", arguments.integer(1, 10 ** 9), "optimizer steps"),
+    ("batch_size", arguments.integer(1, 1 << 16), "samples per step"),
+    ("lr", arguments.number(0.0, 1e3), "peak learning rate (warm-up, then cosine to 10%%)"),
+    ("seed", arguments.integer(0, MAX_SEED), "seed of the weights and of the data streams"),
+    ("dtype", arguments.choice(tuple(DTYPES)), " | ".join(DTYPES)),
+    ("autocast", arguments.choice(AUTOCAST_DTYPES), " | ".join(AUTOCAST_DTYPES)),
+    ("device", arguments.available_device, arguments.DEVICE_SYNTAX),
+    ("eval_every", arguments.integer(1, 10 ** 9), "steps between evaluations"),
+    ("checkpoint_every", arguments.integer(1, 10 ** 9), "steps between checkpoints"),
+    ("log_every", arguments.integer(1, 10 ** 9), "steps between log records"),
+    ("rotary_base", arguments.number(1.0, 1e12), "rotary embedding base"),
 )
+
+
+def _load_config_file(path: str) -> dict[str, Any]:
+    """The JSON object of TrainConfig fields in `path` (a regular file of at most MAX_CONFIG_BYTES)."""
+    data = read_bounded(path, "--config", MAX_CONFIG_BYTES)
+    try:
+        loaded = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"--config {path!r} must hold a JSON object of TrainConfig fields: {error}") from None
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    if not isinstance(loaded, dict) or set(loaded) - known:
+        raise ValueError(f"--config {path!r} must hold a JSON object of TrainConfig fields; unknown: "
+                         f"{sorted(set(loaded) - known) if isinstance(loaded, dict) else type(loaded).__name__}; "
+                         f"allowed: {sorted(known)}")
+    return loaded
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
     """Preset, then a JSON config file, then explicit flags (later wins)."""
     values: dict[str, Any] = dict(PRESETS[args.preset])
     if args.config is not None:
-        try:
-            loaded = json.loads(Path(args.config).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ValueError(f"--config must be a readable JSON object file: {error}") from None
-        known = {f.name for f in dataclasses.fields(TrainConfig)}
-        if not isinstance(loaded, dict) or set(loaded) - known:
-            raise ValueError(f"--config {args.config!r} must hold a JSON object of TrainConfig fields; unknown: "
-                             f"{sorted(set(loaded) - known) if isinstance(loaded, dict) else type(loaded).__name__}; "
-                             f"allowed: {sorted(known)}")
-        values.update(loaded)
-    for name, _ in _OVERRIDES:
+        values.update(_load_config_file(args.config))
+    for name, _, _ in _OVERRIDES:
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
@@ -58,23 +85,63 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["compile"] = True
     if args.quiet:
         values["progress"] = False
-    try:
-        arguments.available_device(str(values.get("device", "cpu")))
-    except argparse.ArgumentTypeError as error:
-        raise ValueError(f"device: {error}") from None
+    if isinstance(values.get("device"), str):  # the machine first: a GPU preset on a CPU build says so
+        try:
+            arguments.available_device(values["device"])
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(f"device: {error}") from None
     return TrainConfig.from_dict(values)
+
+
+def _rounded(value: float) -> str:
+    return f"{value:.3g}" if abs(value) >= 1e-3 else f"{value:.2e}"
+
+
+def summary_lines(result: TrainResult, config: TrainConfig, seconds: float) -> list[str]:
+    """A few readable lines on a finished run: steps and time, the final evaluation with its 95% interval
+    against chance, and where the files are."""
+    task = config.task()
+    evaluation = result.final_eval
+    steps = max((record["step"] for record in result.history if record.get("kind") == "train"), default=0)
+    lines = list(result.notes)
+    lines.append(f"trained {steps} of {config.steps} steps in {seconds:.0f} s "
+                 f"(N = {config.seq_len}, segments {config.segment_lengths}, rates {config.dilation_rates})")
+    if evaluation:
+        lines.append(f"final eval on {evaluation.get('count', 0)} answers: accuracy {evaluation['accuracy']:.3f} "
+                     f"[{evaluation['accuracy_low']:.3f}, {evaluation['accuracy_high']:.3f}] (chance "
+                     f"{task.chance_accuracy:.3f}), loss {_rounded(evaluation['loss'])} nats "
+                     f"(chance {_rounded(task.chance_loss)})")
+    if result.out_dir is not None:
+        lines.append(f"files in {result.out_dir}{os.sep}: {LOG_NAME}, {CHECKPOINT_NAME}, {SUMMARY_NAME}")
+    return lines
 
 
 def _run_cli(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        if args.resume:  # before prepare_output creates the folder
+            check_run_folder(os.path.expanduser(args.out), resume=True)
         out = arguments.prepare_output(args.out, "--out", folder=True)
+        started = time.perf_counter()
         result = train(config, out, resume=args.resume)
+    except RunFolderError as error:
+        print("hilbert-lab train: error: " + " ".join(error.cli.split()), file=sys.stderr)
+        return 2
     except ValueError as error:
         print("hilbert-lab train: error: " + " ".join(str(error).split()), file=sys.stderr)
         return 2
-    print(json.dumps({"out": str(result.out_dir), "final_eval": result.final_eval}))
+    if args.json:
+        print(json.dumps({"out": str(result.out_dir), "final_eval": result.final_eval, "notes": result.notes}))
+    else:
+        print("\n".join(summary_lines(result, config, time.perf_counter() - started)))
     return 0
+
+
+def _default_text(name: str) -> str:
+    value = {**TrainConfig().to_dict(), **PRESETS[DEFAULT_PRESET]}[name]
+    if isinstance(value, list):
+        return ",".join(":".join(map(str, v)) if isinstance(v, list) else str(v) for v in value) or "none"
+    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
@@ -82,7 +149,9 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     parser = subparsers.add_parser(
         "train",
         help="train a LongNet LM on the synthetic retrieval task",
-        description="Train a causal LongNetLM on synthetic key-value retrieval (nothing is downloaded).",
+        description=("Train a causal LongNetLM on synthetic key-value retrieval (nothing is downloaded).\n"
+                     f"Values come from --preset, then --config, then the flags; the defaults shown are the "
+                     f"{DEFAULT_PRESET} preset's."),
         epilog=(
             "examples:\n"
             "  hilbert-lab train --out runs/tiny            # cpu-tiny preset, under a minute\n"
@@ -90,25 +159,29 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
             "  hilbert-lab train --preset gpu-32k --out runs/32k --gradient-checkpointing\n"
             "  hilbert-lab train --out runs/short --segment-lengths 16,32 --dilation-rates 1,2"
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=arguments.help_formatter,
     )
-    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu-tiny", help="default: cpu-tiny")
-    parser.add_argument("--config", help="JSON file with TrainConfig fields (applied after the preset)")
-    parser.add_argument("--out", required=True, help="run folder: log.jsonl, checkpoint.pt, summary.json (created if "
-                        "missing; a folder holding a checkpoint is continued only with --resume)")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    notes = {"seq_len": "tokens per sample (the pairs then lie in its first three quarters unless "
-                        "--context-length is given)",
-             "context_length": "the key-value pairs lie in positions [0, CONTEXT_LENGTH)",
-             "segment_lengths": "comma-separated, e.g. 8,16,64", "dilation_rates": "comma-separated, e.g. 1,2,1",
-             "curriculum": "shorter lengths first: SEQ_LEN:UNTIL_STEP pairs, e.g. 1024:800,4096:1000",
-             "dtype": "float32 | float64 | bfloat16", "autocast": "none | bfloat16 | float16"}
-    for name, kind in _OVERRIDES:
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,
-                            help=notes.get(name, f"TrainConfig.{name} (default: the preset's)"))
-    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=DEFAULT_PRESET, metavar="NAME",
+                        help=f"one of {', '.join(sorted(PRESETS))} (default: {DEFAULT_PRESET})")
+    parser.add_argument("--config", type=arguments.input_file, metavar="FILE",
+                        help="JSON file of TrainConfig fields (applied after the preset)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="run folder: log.jsonl, checkpoint.pt, summary.json (created if "
+                        "missing; a folder holding a run is continued only with --resume, never overwritten)")
+    parser.add_argument("--resume", action="store_true", help="continue the run in OUT from its checkpoint.pt")
+    metavars = {int: "N", float: "X", str: "NAME"}
+    hints = typing.get_type_hints(TrainConfig)
+    for name, kind, note in _OVERRIDES:
+        hint = hints[name]
+        if type(None) in typing.get_args(hint):  # Optional[X] -> X
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        metavar = "LEN:STEP,..." if name == "curriculum" else metavars.get(hint, "A,B,...")
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, metavar=metavar,
+                            help=f"{note} (default: {_default_text(name)})")
+    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line (out, final_eval) instead of "
+                        "the summary")
     parser.set_defaults(func=_run_cli)
     return parser
 

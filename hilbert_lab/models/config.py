@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
+import numbers
+import types
+import typing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from hilbert_lab.arguments import parse_int
+from hilbert_lab.attention.backends import BACKENDS
+from hilbert_lab.attention.pattern import MODES
+from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
 
 from .tasks import RetrievalTask
@@ -15,6 +23,8 @@ from .tasks import RetrievalTask
 DTYPES = {name: torch_dtype(name) for name in FLOAT_DTYPES if name != "float16"}  # float16 only through autocast
 AUTOCAST_DTYPES = ("none", "bfloat16", "float16")
 OPTIMIZERS = ("adamw", "sgd")
+RING_LAYOUTS = ("contiguous", "zigzag")
+MAX_SEED = 2 ** 63 - 1
 
 # Fields that only steer a run (where it logs, how often, which device); they may change on resume.
 # Every other field changes the loss curve (``steps`` too: it shapes the cosine schedule), so resuming
@@ -81,34 +91,10 @@ class TrainConfig:
     init_from: str | None = None
 
     def __post_init__(self) -> None:
-        self.segment_lengths = [int(s) for s in self.segment_lengths]
-        self.dilation_rates = [int(r) for r in self.dilation_rates]
-        for name in ("steps", "batch_size", "log_every", "eval_every", "eval_batches", "checkpoint_every"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.final_eval_batches is not None and (
-                isinstance(self.final_eval_batches, bool) or not isinstance(self.final_eval_batches, int)
-                or self.final_eval_batches < 1):
-            raise ValueError(f"final_eval_batches must be None or a positive integer, got {self.final_eval_batches!r}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a positive finite number, got {self.lr}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
-        if self.autocast not in AUTOCAST_DTYPES:
-            raise ValueError(f"autocast must be one of {AUTOCAST_DTYPES}, got {self.autocast!r}")
-        if self.ring_layout not in ("contiguous", "zigzag"):
-            raise ValueError(f"ring_layout must be 'contiguous' or 'zigzag', got {self.ring_layout!r}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be None or > 0, got {self.grad_clip}")
-        if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
-            raise ValueError(f"init_from must be None or a checkpoint path, got {self.init_from!r}")
+        types_ = _field_types()
+        for item in dataclasses.fields(self):
+            setattr(self, item.name, check_field(item.name, getattr(self, item.name), types_[item.name]))
         self.task()  # validates the task fields
-        self.curriculum = [[int(v) for v in phase] for phase in self.curriculum]
         previous_length, previous_step = 0, 0
         for index, phase in enumerate(self.curriculum):
             if len(phase) != 2:
@@ -160,6 +146,102 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {unknown}; allowed: {sorted(known)}")
         return cls(**values)
+
+
+def _choices(allowed: tuple) -> tuple[Callable[[Any], bool], str]:
+    return (lambda value: value in allowed), "one of " + ", ".join(repr(a) for a in allowed)
+
+
+def _at_least(low: int | float, what: str = "an integer") -> tuple[Callable[[Any], bool], str]:
+    return (lambda value: value >= low), f"{what} >= {low}"
+
+
+# The allowed values of every TrainConfig field (its type comes from the annotation, checked first):
+# (predicate on the typed value, the allowed values in words; None is JSON's null). Every field has one.
+FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "seq_len": _at_least(2), "num_pairs": _at_least(1), "num_queries": _at_least(1), "num_keys": _at_least(1),
+    "num_values": _at_least(1), "num_filler": _at_least(1),
+    "curriculum": ((lambda value: True), "a list of [seq_len, until_step] integer pairs"),
+    "context_length": ((lambda value: value >= 2), "None or an integer >= 2"),
+    "dim": _at_least(1), "depth": _at_least(1), "num_heads": _at_least(1),
+    "segment_lengths": ((lambda value: bool(value) and min(value) >= 1), "a non-empty list of integers >= 1"),
+    "dilation_rates": ((lambda value: bool(value) and min(value) >= 1), "a non-empty list of integers >= 1"),
+    "mlp_ratio": ((lambda value: value > 0), "a finite number > 0"),
+    "dropout": ((lambda value: 0 <= value < 1), "a number in [0, 1)"),
+    "mode": _choices(tuple(MODES)),
+    "ordering": ((lambda value: value in ORDERINGS), "None or one of " + ", ".join(repr(o) for o in ORDERINGS)),
+    "backend": _choices(("auto",) + tuple(BACKENDS)),
+    "rotary": ((lambda value: True), "true or false"),
+    "rotary_base": ((lambda value: value > 1), "a finite number > 1"),
+    "steps": _at_least(1), "batch_size": _at_least(1), "optimizer": _choices(OPTIMIZERS),
+    "lr": ((lambda value: value > 0), "a finite number > 0"),
+    "weight_decay": ((lambda value: value >= 0), "a finite number >= 0"),
+    "warmup_steps": _at_least(0),
+    "grad_clip": ((lambda value: value > 0), "None or a finite number > 0"),
+    "seed": ((lambda value: 0 <= value <= MAX_SEED), f"an integer in [0, {MAX_SEED}]"),
+    "dtype": _choices(tuple(DTYPES)), "autocast": _choices(AUTOCAST_DTYPES),
+    "log_every": _at_least(1), "eval_every": _at_least(1), "eval_batches": _at_least(1),
+    "final_eval_batches": ((lambda value: value >= 1), "None or an integer >= 1"),
+    "checkpoint_every": _at_least(1),
+    "device": ((lambda value: value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isascii()
+                                                          and value[5:].isdigit())), "'cpu', 'cuda' or 'cuda:N'"),
+    "gradient_checkpointing": ((lambda value: True), "true or false"),
+    "compile": ((lambda value: True), "true or false"), "progress": ((lambda value: True), "true or false"),
+    "ring": ((lambda value: True), "true or false"), "ring_layout": _choices(RING_LAYOUTS),
+    "init_from": ((lambda value: bool(value)), "None or a checkpoint path"),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(TrainConfig)
+
+
+class _WrongType(Exception):
+    pass
+
+
+def _typed(value: Any, hint: Any) -> Any:
+    """`value` as the annotation `hint` holds it (int for int, float for float, lists as lists); _WrongType
+    for anything else: no bool for a number, no string for a number, no 0/1 or "false" for a bool."""
+    origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in arguments:
+            return None
+        (hint,) = [a for a in arguments if a is not type(None)]
+        origin, arguments = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
+    elif hint is float:
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+            return float(value)
+    elif hint is str:
+        if isinstance(value, str):
+            return value
+    elif origin is list:
+        if isinstance(value, (list, tuple)):
+            return [_typed(item, arguments[0]) for item in value]
+    else:  # pragma: no cover - a field type this checker does not know
+        raise TypeError(f"TrainConfig field type {hint!r} has no check")
+    raise _WrongType
+
+
+def check_field(name: str, value: Any, hint: Any = None) -> Any:
+    """The value of TrainConfig field `name` in its type (e.g. an int for a float field becomes a float);
+    ValueError naming the field and its allowed values (FIELD_RULES) for a value of another type or range."""
+    hint = _field_types()[name] if hint is None else hint
+    predicate, allowed = FIELD_RULES[name]
+    try:
+        typed = _typed(value, hint)
+    except _WrongType:
+        raise ValueError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})") from None
+    if typed is not None and not predicate(typed):
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    return typed
 
 
 # Needle retrieval over 32K tokens on one GPU (bf16 autocast): the pair lies >= 8K tokens before the
@@ -246,6 +328,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 def parse_curriculum(text: str) -> list[list[int]]:
     """'1024:800,4096:1000' -> [[1024, 800], [4096, 1000]] (seq_len:until_step pairs)."""
     try:
-        return [[int(part.split(":")[0]), int(part.split(":")[1])] for part in text.split(",") if part.strip()]
-    except (ValueError, IndexError):
+        pairs = [part.split(":") for part in text.split(",") if part.strip()]
+        return [[parse_int(length), parse_int(until)] for length, until in pairs]
+    except ValueError:
         raise argparse.ArgumentTypeError(f"expected seq_len:until_step pairs like 1024:800,4096:1000, got {text!r}") from None

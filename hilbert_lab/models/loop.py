@@ -3,6 +3,7 @@ atomic checkpoints with exact resume, JSON-lines logs; ring attention over an in
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -15,8 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from .blocks import LongNetLM
+from hilbert_lab.io import append_line, exclusive_lock
+
 from .checkpoint import (
-    CHECKPOINT_FORMAT, CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, _atomic_write_text, atomic_save, load_checkpoint,
+    CHECKPOINT_FORMAT, CHECKPOINT_NAME, LOCK_NAME, LOG_NAME, SUMMARY_NAME, _atomic_write_text,
+    check_run_folder, load_checkpoint, log_tail_note, save_checkpoint,
 )
 from .config import DTYPES, TrainConfig
 from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
@@ -30,6 +34,7 @@ class TrainResult:
     history: list[dict[str, Any]]
     final_eval: dict[str, float]
     out_dir: Path | None
+    notes: list[str] = dataclasses.field(default_factory=list)  # e.g. what a resume dropped from the log
 
 
 def build_model(config: TrainConfig) -> LongNetLM:
@@ -177,8 +182,8 @@ def _make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.
 def _log(record: dict[str, Any], history: list[dict[str, Any]], log_path: Path | None) -> None:
     history.append(record)
     if log_path is not None:
-        with open(log_path, "a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        with open(log_path, "a", encoding="utf-8") as handle:
+            append_line(handle, json.dumps(record))
 
 
 def _load_weights(model: torch.nn.Module, path: str) -> None:
@@ -209,6 +214,9 @@ def train(
     in any field outside RUN_CONTROL_FIELDS); batches are a pure function of (seed, step) and the RNG
     state is restored, so the resumed loss curve is the one an uninterrupted run produces.
     ``stop_at`` ends the run after that many total steps (an interruption; it checkpoints).
+    Results are never overwritten: without ``resume`` a folder that holds a run (its checkpoint, log or
+    summary) is refused, and a folder another ``train`` is writing is refused at once (a lock file,
+    ``.train.lock``); both are RunFolderError / LockedError, ValueErrors naming ``out_dir``.
     Sets the global torch seed (``seed + 1``, the dropout stream) unless resuming. ``config.init_from``
     starts a new run from a checkpoint's model weights (a resumed run continues from its own checkpoint).
 
@@ -222,28 +230,33 @@ def train(
         raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt)")
     positions = {length: _sequence_positions(config, length)
                  for length in {config.seq_len, *(phase[0] for phase in config.curriculum)}}
-    main_rank = _is_main_rank()
     out_path = Path(out_dir) if out_dir is not None else None
-    checkpoint_path = out_path / CHECKPOINT_NAME if out_path is not None else None
-    log_path = out_path / LOG_NAME if out_path is not None and main_rank else None
-    task = config.task()
     model = build_model(config)  # bad model arguments fail here, before anything is written
     if config.ring:
         from .ring import use_ring_attention
 
         use_ring_attention(model, layout=config.ring_layout)
     optimizer = _make_optimizer(model, config)
-    if out_path is not None:
-        if checkpoint_path.exists() and not resume:
-            raise ValueError(
-                f"out_dir {str(out_path)!r} already holds a checkpoint; pass resume=True (--resume) to "
-                "continue it, or choose another out_dir"
-            )
-        if resume and not checkpoint_path.exists():
-            raise ValueError(f"resume=True but there is no checkpoint at {str(checkpoint_path)!r}")
-        if main_rank:
-            out_path.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if out_path is not None:
+            if resume:
+                check_run_folder(out_path, resume=True)  # before anything is created
+            if _is_main_rank():  # the rank that writes holds the folder's lock for the whole run
+                out_path.mkdir(parents=True, exist_ok=True)
+                stack.enter_context(exclusive_lock(out_path / LOCK_NAME, f"run folder {str(out_path)!r}"))
+                check_run_folder(out_path, resume=resume)
+        return _run(config, model, optimizer, out_path, resume=resume, stop_at=stop_at, positions=positions)
+
+
+def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer, out_path: Path | None, *,
+         resume: bool, stop_at: int | None, positions: dict[int, torch.Tensor | None]) -> TrainResult:
+    """The training loop of `train`, once the run folder is checked (and locked)."""
+    main_rank = _is_main_rank()
+    checkpoint_path = out_path / CHECKPOINT_NAME if out_path is not None else None
+    log_path = out_path / LOG_NAME if out_path is not None and main_rank else None
+    task = config.task()
     history: list[dict[str, Any]] = []
+    notes: list[str] = []
     start_step = 0
     if resume:
         state = load_checkpoint(checkpoint_path, config)
@@ -255,6 +268,9 @@ def train(
         start_step = int(state["step"])
         history = list(state["history"])
         if log_path is not None:  # records an interrupted run wrote after its checkpoint are dropped
+            note = log_tail_note(log_path, start_step, len(history))
+            if note:
+                notes.append(note)
             _atomic_write_text("".join(json.dumps(record) + "\n" for record in history), log_path)
     else:
         if config.init_from is not None:
@@ -268,7 +284,7 @@ def train(
     def save(step: int) -> None:
         if checkpoint_path is None or not main_rank:
             return
-        atomic_save(
+        save_checkpoint(
             {
                 "format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
@@ -341,4 +357,4 @@ def train(
         summary = {"config": config.to_dict(), "steps_done": end_step, "final_eval": last_eval,
                    "chance_loss": task.chance_loss, "chance_accuracy": task.chance_accuracy}
         _atomic_write_text(json.dumps(summary, indent=1) + "\n", out_path / SUMMARY_NAME)
-    return TrainResult(model=model, history=history, final_eval=last_eval, out_dir=out_path)
+    return TrainResult(model=model, history=history, final_eval=last_eval, out_dir=out_path, notes=notes)

@@ -4,10 +4,14 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from hilbert_lab.arguments import prepare_output
+from hilbert_lab.io import path_problem
 from hilbert_lab.reports.registry import get_report, list_reports, parse_parameter_overrides, report_parameters
 
 
@@ -33,6 +37,43 @@ def missing_notebook_modules() -> list[str]:
     return [name for name in NOTEBOOK_MODULES if importlib.util.find_spec(name) is None]
 
 
+def _allowed(default: Any) -> tuple[Any, str] | None:
+    """(check, words) for an override of a parameter whose default is `default`: a count or size stays
+    positive (>= 0 where the default is 0), a list stays non-empty with items like the default's."""
+    if isinstance(default, bool):
+        return None
+    if isinstance(default, int):
+        low = 0 if default == 0 else 1
+        return (lambda value: value >= low), f"an integer >= {low}"
+    if isinstance(default, float) and default > 0:
+        return (lambda value: math.isfinite(value) and value > 0), "a finite number > 0"
+    if isinstance(default, (list, tuple)) and default:
+        kinds = {type(item) for item in default}
+        item_rule = _allowed(default[0]) if len(kinds) == 1 else None
+        words = "a non-empty list" + (f" of {item_rule[1].replace('an integer', 'integers')}" if item_rule else "")
+
+        def check(value: Any) -> bool:
+            return bool(value) and (item_rule is None or all(
+                isinstance(item, type(default[0])) and item_rule[0](item) for item in value))
+        return check, words
+    return None
+
+
+def check_parameter_ranges(overrides: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """ValueError naming the parameter for an override outside what its default allows (_allowed)."""
+    for key, value in overrides.items():
+        rule = _allowed(defaults.get(key))
+        if rule is not None and value is not None and not rule[0](value):
+            raise ValueError(f"parameter {key} must be {rule[1]} (default {defaults[key]!r}), got {value!r}")
+
+
+def _check_number_syntax(assignments: list[str]) -> None:
+    for assignment in assignments:
+        key, _, text = assignment.partition("=")
+        if "_" in text and any(ch.isdigit() for ch in text) and not any(ch.isalpha() for ch in text):
+            raise ValueError(f"parameter {key.strip()}: write numbers without '_', got {text!r}")
+
+
 def _run(args: argparse.Namespace) -> int:
     missing = missing_notebook_modules()
     if missing:
@@ -47,7 +88,9 @@ def _run(args: argparse.Namespace) -> int:
             for key, value in part_defaults.items():
                 flat.setdefault(key, value)
         defaults = flat
+    _check_number_syntax(args.parameter or [])
     overrides = parse_parameter_overrides(args.parameter or [], defaults)
+    check_parameter_ranges(overrides, defaults)
     if args.run_id is not None and (args.run_id in ("", ".", "..") or "/" in args.run_id or "\\" in args.run_id):
         raise ValueError(f"--run-id must be a plain folder name (no '/'), got {args.run_id!r}")
     output_root = prepare_output(args.output_root, "--output-root", folder=True)
@@ -65,6 +108,9 @@ def _render(args: argparse.Namespace) -> int:
 
     from hilbert_lab.reports.render import committed_gpu_runs, load_run, render_run, render_suite_index
 
+    problem = path_problem(args.run_dir, folder=True)
+    if problem is not None and "does not exist" not in problem:
+        raise ValueError(f"run_dir {args.run_dir!r} {problem}")
     run_dir = Path(args.run_dir)
     metrics, _env = load_run(run_dir)
     if "parts" in metrics:  # a suite run: every part's page and the index (with the committed GPU runs)
@@ -72,7 +118,19 @@ def _render(args: argparse.Namespace) -> int:
         path = render_suite_index(run_dir, parts, title=f"hilbert_lab reports ({metrics.get('report', 'suite')})",
                                   gpu_runs=committed_gpu_runs() if metrics.get("report") == "default" else [])
     else:
-        path = render_run(run_dir, args.out)
+        if args.out is None:
+            path = render_run(run_dir)
+        else:  # another page is never overwritten unless asked, and never left half-written
+            out = Path(prepare_output(args.out, "--out", existing="keep" if args.force else "refuse"))
+            temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+            try:
+                render_run(run_dir, temporary)
+                os.replace(temporary, out)
+            except OSError as error:  # name the page, not its stand-in
+                raise OSError(error.errno, error.strerror, str(out)) from None
+            finally:
+                temporary.unlink(missing_ok=True)
+            path = out
     print(path)
     return 0
 
@@ -101,15 +159,17 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     run.add_argument("name")
     run.add_argument("-p", "--parameter", action="append", metavar="KEY=VALUE",
                      help="override a parameter (YAML value: 3, 0.5, [256,512], cpu); repeatable")
-    run.add_argument("--output-root", default="reports",
+    run.add_argument("--output-root", default="reports", metavar="DIR",
                      help="default: ./reports (created if missing; every run writes a new RUN_ID folder)")
     run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(report_func=_run)
     render = commands.add_parser("render", help="rebuild a run's HTML page from its metrics.json + env.json "
                                               "(no re-run; a suite run: every page and index.html)")
-    render.add_argument("run_dir")
-    render.add_argument("--out", default=None, help="default: RUN_DIR/NAME.html")
+    render.add_argument("run_dir", metavar="RUN_DIR")
+    render.add_argument("--out", default=None, metavar="FILE", help="default: RUN_DIR/NAME.html (rebuilt in place); an existing "
+                        "--out file is refused unless --force")
+    render.add_argument("--force", action="store_true", help="replace an existing --out file")
     render.set_defaults(report_func=_render)
     parser.set_defaults(func=_dispatch)
     return parser

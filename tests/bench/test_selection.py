@@ -74,3 +74,13 @@ def test_select_command_fills_the_cache_and_refuses_bad_input(tmp_path, monkeypa
     assert "dilation" in capsys.readouterr().err
     assert main(argv + ["--mode", "sparse"]) == 2
     assert "--mode" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(30)
+def test_a_shape_beyond_memory_is_refused_before_anything_is_allocated(monkeypatch):
+    def no_allocation(*args, **kwargs):
+        raise AssertionError("allocated")
+
+    monkeypatch.setattr(torch, "randn", no_allocation)
+    with pytest.raises(ValueError, match=r"shape \(B, N, H, D\) = \(1, 1000000000, 4, 32\) does not fit: needs"):
+        selection.time_candidates("cpu", torch.float32, (1, 10 ** 9, 4, 32), [256, 512], [1, 2])

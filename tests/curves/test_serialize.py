@@ -137,3 +137,28 @@ def test_cuda_points_match_cpu(ordering):
 def test_bad_input_raises_value_error(args, kwargs, match):
     with pytest.raises(ValueError, match=match):
         serialize(*args, **kwargs)
+
+
+def test_a_cloud_spanning_more_than_the_largest_float_is_ordered_like_its_scaled_copy():
+    import warnings
+
+    points = np.array([[-1e308, -1e308], [1e308, 1e308], [0.0, 0.0], [1e307, -1e308], [-5e307, 3e307]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on the way
+        for ordering in ("hilbert", "morton", "snake-trans"):
+            perm, _ = serialize(points, ordering)
+            scaled, _ = serialize(points * 1e-300, ordering)  # the same cloud at a scale without overflow
+            assert perm.tolist() == scaled.tolist(), ordering
+            assert serialize(torch.tensor(points), ordering)[0].tolist() == perm.tolist()
+    with pytest.raises(ValueError, match="grid_size is too small"):
+        serialize(points, "hilbert", grid_size=1.0)
+
+
+def test_complex_points_and_huge_grids_are_refused_naming_them():
+    with pytest.raises(ValueError, match="points must be a real numeric tensor, got dtype torch.complex64"):
+        serialize(torch.tensor([[1 + 1j, 2.0], [3.0, 4.0]]), "hilbert")
+    with pytest.raises(ValueError, match="points must be a real numeric array"):
+        serialize(np.array([[1 + 1j, 2.0], [3.0, 4.0]]), "hilbert")
+    for ordering in ("rowmajor", "snake-trans", "morton"):
+        with pytest.raises(ValueError, match=r"grid shape \(100000, 100000\)"):
+            serialize((100000, 100000), ordering)

@@ -93,7 +93,7 @@ def test_resume_refuses_a_different_configuration(tmp_path):
         train(TrainConfig(steps=2, **{**TINY, "dim": 32, "lr": 1e-3}), tmp_path, resume=True)
     # run-control fields (eval/log cadence, progress) may change
     train(TrainConfig(steps=2, **{**TINY, "eval_every": 1}), tmp_path, resume=True)
-    with pytest.raises(ValueError, match="already holds a checkpoint"):
+    with pytest.raises(ValueError, match=r"already holds a finished run \(checkpoint.pt, log.jsonl, summary.json\)"):
         train(TrainConfig(steps=2, **TINY), tmp_path)
     with pytest.raises(ValueError, match="no checkpoint"):
         train(TrainConfig(steps=2, **TINY), tmp_path / "empty", resume=True)
@@ -203,7 +203,7 @@ def test_cli_trains_resumes_and_reports_bad_input(tmp_path, capsys):
     flags = ["--seq-len", "32", "--segment-lengths", "8,32", "--dilation-rates", "1,2", "--dim", "16",
              "--depth", "1", "--num-heads", "2", "--batch-size", "4", "--eval-every", "2", "--quiet"]
     out = tmp_path / "run"
-    assert _cli(["train", "--out", str(out), "--steps", "2", *flags]) == 0
+    assert _cli(["train", "--out", str(out), "--steps", "2", "--json", *flags]) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {"loss", "accuracy", "accuracy_low", "accuracy_high", "count", "by_distance"} <= set(printed["final_eval"])
     assert load_checkpoint(out / CHECKPOINT_NAME)["step"] == 2

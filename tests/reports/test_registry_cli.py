@@ -163,3 +163,45 @@ def test_report_run_never_overwrites_a_run(capsys, tmp_path):
     err = capsys.readouterr().err
     assert code == 2 and "--run-id" in err and "never overwritten" in err
     assert list((tmp_path / "benchmark-small" / "taken").iterdir()) == []
+
+
+@pytest.mark.parametrize("assignment, message", [
+    ("repeats=-1", "parameter repeats must be an integer >= 1 (default 10), got -1"),
+    ("repeats=0", "repeats must be an integer >= 1"),
+    ("seq_lens=[]", "parameter seq_lens must be a non-empty list of integers >= 1"),
+    ("seq_lens=[512, -4]", "seq_lens must be a non-empty list of integers >= 1"),
+    ("seq_lens=[512, 1.5]", "seq_lens must be"),
+    ("case_timeout_s=-3", "case_timeout_s must be a finite number > 0"),
+    ("case_timeout_s=.inf", "case_timeout_s must be a finite number > 0"),
+    ("repeats=1_0", "write numbers without '_'"),
+])
+def test_cli_run_refuses_values_outside_what_the_default_allows(monkeypatch, capsys, assignment, message):
+    monkeypatch.setattr("hilbert_lab.reports.runner.run_report", lambda *a, **k: pytest.fail("ran"))
+    args = _parser().parse_args(["report", "run", "benchmark-small", "-p", assignment])
+    assert args.func(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_cli_run_keeps_accepting_what_the_defaults_allow(monkeypatch, tmp_path, capsys):
+    from hilbert_lab.reports.cli import check_parameter_ranges
+
+    for name in ("benchmark-small", "locality", "claims-small", "training", "serialization"):
+        defaults = report_parameters(name)
+        check_parameter_ranges(defaults, defaults)  # every default passes its own rule
+    check_parameter_ranges({"cpu_train_steps": 0, "window_examples": [[16, "snake", 32, 2]]},
+                           report_parameters("training") | report_parameters("serialization"))
+
+
+def test_render_never_overwrites_another_page_unless_forced(tmp_path, capsys):
+    from pathlib import Path
+
+    run = Path(__file__).resolve().parents[2] / "reports" / "ring" / "h200-gpu"
+    out = tmp_path / "page.html"
+    out.write_text("my page")
+    args = _parser().parse_args(["report", "render", str(run), "--out", str(out)])
+    assert args.func(args) == 2 and out.read_text() == "my page"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--out" in err and "already exists" in err
+    args = _parser().parse_args(["report", "render", str(run), "--out", str(out), "--force"])
+    assert args.func(args) == 0 and "Ring attention" in out.read_text()
