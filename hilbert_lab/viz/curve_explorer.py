@@ -7,8 +7,10 @@ from hilbert_lab.viz.curves import (
     CURVE_FAMILIES,
     CURVE_LABELS,
     ORDER_FAMILIES,
+    TRAVERSAL_METRIC_LABELS,
     curve_coordinates,
     curve_figure,
+    format_metric,
     traversal_metrics,
 )
 from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
@@ -75,7 +77,8 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
         replace_figure(figure, plain)
         metrics = traversal_metrics(coords)
         state.update(coords=coords, metrics=metrics, parameters=kwargs | {"family": chosen})
-        rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{value:.3f}</td></tr>" for name, value in metrics.items())
+        rows = "".join(f"<tr><td>{html.escape(TRAVERSAL_METRIC_LABELS.get(name, name))}</td>"
+                       f"<td>{format_metric(value)}</td></tr>" for name, value in metrics.items())
         metrics_html.value = f"<b>locality</b><table>{rows}</table>"
         show_message(message, notes)
 

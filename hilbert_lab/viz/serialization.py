@@ -215,14 +215,16 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
         plain = windows_figure((side, side), chosen, segment, dilation, show_path=controls["show_path"].value)
         replace_figure(figure, plain)
         metrics = serialization_metrics((side, side), chosen, [segment], [dilation], ks=(4, 8, 26))
-        baseline = serialization_metrics((side, side), "rowmajor", [segment], [dilation], ks=(4, 8, 26))
+        baseline = metrics if chosen == "rowmajor" else serialization_metrics((side, side), "rowmajor", [segment],
+                                                                               [dilation], ks=(4, 8, 26))
         state.update(metrics=metrics, baseline=baseline,
                      parameters={"size": side, "ordering": chosen, "segment_length": segment, "dilation_rate": dilation})
-        rows = "".join(
-            f"<tr><td>{html.escape(METRIC_LABELS.get(name, name))}</td><td>{value:.3f}</td>"
-            f"<td>{baseline[name]:.3f}</td></tr>" for name, value in metrics.items())
-        metrics_html.value = (f"<b>locality (exact)</b><table><tr><th></th><th>{html.escape(chosen)}</th>"
-                              f"<th>rowmajor</th></tr>{rows}</table>")
+        # row-major is the baseline column; chosen itself, it is shown once
+        columns = [(chosen, metrics)] + ([("rowmajor", baseline)] if chosen != "rowmajor" else [])
+        rows = "".join(f"<tr><td>{html.escape(METRIC_LABELS.get(name, name))}</td>"
+                       + "".join(f"<td>{values[name]:.3f}</td>" for _, values in columns) + "</tr>" for name in metrics)
+        header = "".join(f"<th>{html.escape(name)}</th>" for name, _ in columns)
+        metrics_html.value = f"<b>locality (exact)</b><table><tr><th></th>{header}</tr>{rows}</table>"
         show_message(message, notes)
 
     observer = guarded(refresh, message)
