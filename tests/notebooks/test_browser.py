@@ -85,10 +85,10 @@ KERNEL_IDLE = """() => {
     && widget.sessionContext.session.kernel;
   return kernel && kernel.status === 'idle';
 }"""
-# every plotly plot in the outputs: its title, and per trace the name and the x / y / z values (as drawn:
+# every plotly plot in the outputs: its title as drawn, and per trace the name and the x / y / z values (as drawn:
 # _fullData holds decoded arrays where data may hold plotly's base64 form)
 PLOTS = """() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot')).map(plot => ({
-  title: plot.layout && plot.layout.title ? (plot.layout.title.text || '') : '',
+  title: ((plot._fullLayout || plot.layout || {}).title || {}).text || '',
   traces: (plot._fullData || []).map(trace => ({name: trace.name || '', x: trace.x ? Array.from(trace.x) : [],
     y: trace.y ? Array.from(trace.y) : [], z: trace.z ? Array.from(trace.z).map(row => Array.from(row)) : []}))
 }))"""
@@ -118,7 +118,7 @@ def _wait_for_plot(page, title_part: str, check=lambda plot: True, timeout_s: fl
 # its x tick labels and its annotations (subplot titles included), as the browser laid them out
 GEOMETRY = """(titlePart) => {
   const plot = Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot'))
-    .find(p => p.layout && p.layout.title && (p.layout.title.text || '').includes(titlePart));
+    .find(p => (((p._fullLayout || p.layout || {}).title || {}).text || '').includes(titlePart));
   if (!plot) return null;
   const box = e => { const r = e.getBoundingClientRect();
     return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, text: e.textContent}; };
