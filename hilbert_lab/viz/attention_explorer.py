@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 MAX_EXPLORER_TOKENS = 256
 MAX_EXPLORER_HEADS = 8
@@ -41,13 +41,12 @@ def reference_check_html(result: dict) -> str:
 
 def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,4", mode: str = "longnet",
                        causal: bool = False, seq_len: int = 64, num_heads: int = 2, block_size: int = 4) -> Panel:
-    """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`.
+    """Build the attention-pattern explorer; its figures (FigureView) are in `panel.figures`.
 
     At the defaults every query has keys and the orderings differ: Hilbert / Morton lay each
     16-token segment on a 4x4 square, so the long branch's every-4th tokens (a column) share tiles.
     """
     import ipywidgets as widgets
-    import plotly.graph_objects as go
 
     from hilbert_lab.attention.pattern import MODES, DilatedPattern
     from hilbert_lab.viz import attention as figures_module
@@ -74,7 +73,7 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
     message = widgets.HTML()
     check_html = widgets.HTML()
     table_html = widgets.HTML()
-    figures = {name: go.FigureWidget() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
+    figures = {name: FigureView() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
     state: dict = {}
 
     def current_pattern(notes: list[str]):
@@ -131,7 +130,7 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
         widgets.HBox([controls["orderings"], compare_button]),
         check_html,
         message,
-        figures["branches"], figures["heads"], figures["multiplicity"], figures["coverage"], figures["tiles"],
+        *(figures[name].widget for name in ("branches", "heads", "multiplicity", "coverage", "tiles")),
         table_html,
     ])
     observer()

@@ -199,7 +199,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
     import plotly.graph_objects as go
 
     from hilbert_lab.viz.attention_explorer import parse_int_list
-    from hilbert_lab.viz.panels import replace_figure
+    from hilbert_lab.viz.panels import FigureView, replace_figure
 
     devices = ["cpu"] + [f"cuda:{index}" for index in range(torch.cuda.device_count())]
     controls = {
@@ -214,7 +214,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
     }
     run_button = widgets.Button(description="time backends", button_style="primary")
     message, info_html, table_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
-    figure = go.FigureWidget()
+    figure = FigureView()
     state: dict = {}
 
     def describe(*_args: Any) -> None:
@@ -241,11 +241,13 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
         if "timings" not in state:
             return
         changed = changes()
-        heading = state["timing_title"].split("<br>")[0]
-        with figure.batch_update():
-            figure.layout.title.text = (f"<b>out of date</b>: {heading}<br><sub>the controls changed since this "
-                                        "timing; press 'time backends'</sub>" if changed else state["timing_title"])
-            figure.update_traces(opacity=0.35 if changed else 1.0)
+        shown = go.Figure(state["timing_figure"])
+        if changed:
+            heading = shown.layout.title.text.split("<br>")[0]
+            shown.update_layout(title=f"<b>out of date</b>: {heading}<br><sub>the controls changed since this "
+                                      "timing; press 'time backends'</sub>")
+            shown.update_traces(opacity=0.35)
+        replace_figure(figure, shown)
         table_html.value = (f"<div style='color:#a15c00'><b>out of date</b>: the controls changed since this timing "
                             f"({html.escape(', '.join(changed))}); press 'time backends'</div>"
                             f"<div style='opacity:0.45'>{state['timing_html']}</div>"
@@ -270,7 +272,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
             "CPU timings on a shared machine are indicative only (backends run round-robin, one pinned thread)"])
         plain = timing_figure(table, f"forward time, {tokens} tokens, {controls['dtype'].value}")
         remarks_html = "".join(f"<div style='color:#a15c00'>{html.escape(remark)}</div>" for remark in remarks)
-        state.update(timings=table, timing_title=plain.layout.title.text,
+        state.update(timings=table, timing_figure=plain,
                      timing_html=remarks_html + timing_display(table).to_html(index=False),
                      timed_controls={name: control.value for name, control in controls.items()})
         replace_figure(figure, plain)
@@ -285,7 +287,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
         info_html,
         widgets.HBox([controls["device"], controls["dtype"], controls["seq_len"], controls["num_heads"]]),
         widgets.HBox([controls["head_dim"], controls["segment_lengths"], controls["dilation_rates"], controls["repeats"]]),
-        run_button, message, figure, table_html,
+        run_button, message, figure.widget, table_html,
     ])
     describe()
     return Panel(widget=layout, figures={"timing": figure}, controls=controls, message=message, refresh=run,

@@ -13,7 +13,7 @@ from hilbert_lab.viz.curves import (
     format_metric,
     traversal_metrics,
 )
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 MAX_ORDER = {2: 7, 3: 4}  # 16384 cells in 2D, 4096 in 3D: what a browser redraws smoothly
 MAX_SIDE = {2: 128, 3: 16}
@@ -21,9 +21,8 @@ MAX_SIDE = {2: 128, 3: 16}
 
 def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width: int = 12, height: int = 8,
                    depth: int = 4) -> Panel:
-    """Build the curve explorer; `panel.figures['curve']` is the FigureWidget it redraws."""
+    """Build the curve explorer; `panel.figures['curve']` is the FigureView it redraws."""
     import ipywidgets as widgets
-    import plotly.graph_objects as go
 
     if family not in CURVE_FAMILIES:
         raise ValueError(f"family must be one of {CURVE_FAMILIES}, got {family!r}")
@@ -47,7 +46,7 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
     controls["play"] = play
     message = widgets.HTML()
     metrics_html = widgets.HTML()
-    figure = go.FigureWidget()
+    figure = FigureView()
     state: dict = {}
 
     def refresh() -> None:
@@ -93,7 +92,7 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
         size_box,
         widgets.HBox([play, controls["drawn_percent"]]),
         message,
-        widgets.HBox([figure, metrics_html]),
+        widgets.HBox([figure.widget, metrics_html]),
     ])
     observer()
     return Panel(widget=layout, figures={"curve": figure}, controls=controls, message=message, refresh=refresh,

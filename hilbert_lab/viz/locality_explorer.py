@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 MAX_GRID_SIDE = 64
 MAX_SEQUENCE_TOKENS = 8192
@@ -108,12 +108,11 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, ki
 
 def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 4, dilation_rate: int = 2,
                       max_cache_lines: int = 256, line_bytes: int = 128) -> Panel:
-    """Build the locality explorer; figures 'heatmaps' and 'misses' are FigureWidgets, under them the misses table.
+    """Build the locality explorer; figures 'heatmaps' and 'misses' (FigureView), under them the misses table.
 
     max_cache_lines: the largest LRU capacity of the miss curves, one of CACHE_LINE_CHOICES (powers of two).
     """
     import ipywidgets as widgets
-    import plotly.graph_objects as go
 
     from hilbert_lab.viz.axes import readable_log_axis
     from hilbert_lab.viz.locality import miss_curve_figure
@@ -138,7 +137,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
     }
     message = widgets.HTML()
     table_html = widgets.HTML()
-    figures = {"heatmaps": go.FigureWidget(), "misses": go.FigureWidget()}
+    figures = {"heatmaps": FigureView(), "misses": FigureView()}
     state: dict = {}
 
     def refresh() -> None:
@@ -196,7 +195,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
         controls["kind"],
         widgets.HBox([controls["size"], controls["box_or_segment"], controls["dilation_rate"]]),
         widgets.HBox([controls["max_cache_lines"], controls["line_bytes"]]),
-        message, figures["heatmaps"], figures["misses"], table_html,
+        message, figures["heatmaps"].widget, figures["misses"].widget, table_html,
     ])
     observer()
     return Panel(widget=layout, figures=figures, controls=controls, message=message, refresh=refresh, state=state)

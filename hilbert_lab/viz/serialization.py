@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 __all__ = [
     "accuracy_figure",
@@ -186,7 +186,6 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
                         dilation_rate: int = 1) -> Panel:
     """Pick image size, ordering, segment length and dilation; see the windows on the grid and the metrics."""
     import ipywidgets as widgets  # noqa: PLC0415
-    import plotly.graph_objects as go  # noqa: PLC0415
 
     from hilbert_lab.curves import SERIALIZATIONS  # noqa: PLC0415
     from hilbert_lab.locality.serialization import serialization_metrics  # noqa: PLC0415
@@ -202,7 +201,7 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
     }
     message = widgets.HTML()
     metrics_html = widgets.HTML()
-    figure = go.FigureWidget()
+    figure = FigureView()
     state: dict = {}
 
     def refresh() -> None:
@@ -234,7 +233,7 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
         widgets.HBox([controls["size"], controls["ordering"]]),
         widgets.HBox([controls["segment_length"], controls["dilation_rate"], controls["show_path"]]),
         message,
-        widgets.HBox([figure, metrics_html]),
+        widgets.HBox([figure.widget, metrics_html]),
     ])
     observer()
     return Panel(widget=layout, figures={"windows": figure}, controls=controls, message=message, refresh=refresh,

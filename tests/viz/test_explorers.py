@@ -291,31 +291,24 @@ def test_locality_misses_table_follows_the_controls():
     assert "window 5" in table_widget.value
 
 
-def test_replace_figure_sends_whole_layout_entries():
-    """plotly.js refuses a relayout holding `xaxis2` and `xaxis2.anchor` together (the redraw is then lost)."""
-    import plotly.graph_objects as go
+def test_replace_figure_shows_the_whole_figure_in_one_output():
+    """A redraw is one output holding the whole figure (plotly's mime bundle): nothing of the figure before
+    is kept, and there are no incremental relayout messages that a busy front-end could lose."""
+    from hilbert_lab.viz.panels import FigureView, replace_figure
 
-    from hilbert_lab.viz.panels import replace_figure
-
-    widget = go.FigureWidget()
-    sent: list[dict] = []
-    for method, position in (("_send_update_msg", 1), ("_send_relayout_msg", 0)):
-        original = getattr(widget, method)
-
-        def capture(*args, _original=original, _position=position, **kwargs):
-            sent.append(dict(args[_position]))
-            return _original(*args, **kwargs)
-
-        setattr(widget, method, capture)
+    view = FigureView()
+    assert view.widget.outputs == () and len(view.data) == 0
     pattern = DilatedPattern.create([4, 8], [1, 2])
     figures = [attention_viz.head_mask_figure(pattern, 16, 4), attention_viz.head_mask_figure(pattern, 16, 2),
                attention_viz.coverage_figure(pattern, 16, 2)]
     for figure in figures:
-        sent.clear()
-        replace_figure(widget, figure)
-        for relayout in sent:
-            keys = set(relayout)
-            assert not [key for key in keys if any(key.startswith(other + ".") for other in keys)], sorted(keys)
-        assert widget.layout.to_plotly_json() == figure.layout.to_plotly_json()  # stale subplots gone
-        assert [trace.name for trace in widget.data] == [trace.name for trace in figure.data]
-        assert all(np.array_equal(shown.z, drawn.z) for shown, drawn in zip(widget.data, figure.data))
+        replace_figure(view, figure)
+        (output,) = view.widget.outputs
+        spec = output["data"]["application/vnd.plotly.v1+json"]
+        assert spec["layout"]["title"]["text"] == figure.layout.title.text
+        axes = {key for key in spec["layout"] if key.startswith(("xaxis", "yaxis"))}
+        assert len(spec["data"]) == len(figure.data) and axes == {
+            key for key in figure.layout.to_plotly_json() if key.startswith(("xaxis", "yaxis"))}  # none left over
+        assert view.layout.to_plotly_json() == figure.layout.to_plotly_json()
+        assert [trace.name for trace in view.data] == [trace.name for trace in figure.data]
+        assert all(np.array_equal(shown.z, drawn.z) for shown, drawn in zip(view.data, figure.data))
