@@ -57,8 +57,8 @@ def _run(args: argparse.Namespace) -> int:
     run_dir = run_report(args.name, overrides, output_root=args.output_root, run_id=args.run_id,
                          progress=not args.quiet)
     if not args.quiet:
-        print(f"finished {args.name}: every number, the executed notebooks and the pages are in {run_dir}/; "
-              "open this page in a browser:", file=sys.stderr)
+        print(f"finished {args.name} (its data, executed notebooks and pages are in {run_dir}/); open this page "
+              "in a browser:", file=sys.stderr)
     print(report_page(run_dir, args.name))
     return 0
 

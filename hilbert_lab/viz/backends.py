@@ -150,7 +150,8 @@ def auto_runs(device: str, dtype: str, shape: Sequence[int], segment_lengths: Se
     """The backend that backend="auto" runs for (B, N, H, D) `shape` on (device, dtype), as the engine resolves it."""
     from hilbert_lab.attention.engine import resolve_backend
 
-    probe = torch.empty(tuple(int(extent) for extent in shape), device=device, dtype=DTYPES[dtype])
+    # a view with the input's shape, device and dtype, and no memory of its own: all the choice reads
+    probe = torch.empty((), device=device, dtype=DTYPES[dtype]).expand(tuple(int(extent) for extent in shape))
     return resolve_backend("auto", probe, segment_lengths).name
 
 
