@@ -102,7 +102,7 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
         part_metrics = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
                                       kernel_name=kernel_name, execution_timeout_s=execution_timeout_s, label=step)
         page = run_dir / part / f"{part}.html"
-        _announce(progress, f"{step}: done after {time.monotonic() - started:.0f} s -> {page}")
+        _announce(progress, f"{step}: done ({time.monotonic() - started:.0f} s since the start) -> {page}")
         # the suite's file indexes its parts (their numbers; tables and figures stay in the part's own file)
         merged["parts"][part] = {"report": part_metrics.get("report"), "parameters": part_metrics.get("parameters"),
                                  "metrics": part_metrics.get("metrics", {}),
