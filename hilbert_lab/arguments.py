@@ -8,6 +8,7 @@ hilbert_lab, so any command module can use it.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import re
@@ -194,9 +195,31 @@ def input_file(text: str) -> str:
     return str(text)
 
 
+def default_text(value: object) -> str:
+    """A default as it is typed on the command line: lists comma-separated, None in a list as `none`."""
+    if isinstance(value, (list, tuple)):
+        return ",".join("none" if item is None else str(item) for item in value)
+    return str(value)
+
+
+class DefaultsHelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples kept as written; each option's help ends with its default, as typed
+    (`(default: 256,512)`), unless the option has none (None, a flag) or its help already names it."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        default = action.default
+        shown = (action.option_strings and default is not None and default is not argparse.SUPPRESS
+                 and not isinstance(default, bool) and "default" not in (action.help or ""))
+        if shown:
+            action = copy.copy(action)
+            suffix = f"(default: {default_text(default)})".replace("%", "%%")
+            action.help = f"{action.help} {suffix}" if action.help else suffix
+        return super()._format_action(action)
+
+
 def help_formatter(prog: str) -> argparse.HelpFormatter:
-    """The `hilbert-lab` help layout: descriptions and examples kept as written."""
-    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+    """The `hilbert-lab` help layout: descriptions and examples kept as written, defaults shown."""
+    return DefaultsHelpFormatter(prog, max_help_position=32)
 
 
 def add_command(subparsers, name: str, help_text: str, examples: str) -> argparse.ArgumentParser:

@@ -27,13 +27,30 @@ class _Parser(argparse.ArgumentParser):
         raise CliError(f"{self.prog}: {message}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full `hilbert-lab` parser; every command is registered by its package."""
-    from hilbert_lab.bench.cli import register_cli as register_bench
-    from hilbert_lab.curves.cli import register_cli as register_curve
-    from hilbert_lab.distributed.cli import register_cli as register_ring
-    from hilbert_lab.models.cli import register_cli as register_train
-    from hilbert_lab.reports.cli import register_cli as register_report
+# Every command: the module whose register_cli adds it, and the one line `hilbert-lab --help` shows for it
+# (the same line that module registers; tests/test_cli.py checks they agree). Only the module of the command
+# being run is imported, so `hilbert-lab --help` loads no torch, numba or plotly.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("hilbert_lab.bench.cli", "hardware, available backends and what 'auto' picks per dtype"),
+    "bench": ("hilbert_lab.bench.cli", "run a benchmark matrix safely (isolated cases, append-only JSONL, resume)"),
+    "probe": ("hilbert_lab.bench.cli", "find the largest sequence length that runs (doubling, then bisecting)"),
+    "estimate": ("hilbert_lab.bench.cli", "estimated peak memory of the engine (and whether it fits)"),
+    "select": ("hilbert_lab.bench.cli", "time the backends that run here on one input per shape and store the "
+                                        "fastest for select_backend(..., timed=True)"),
+    "curve": ("hilbert_lab.curves.cli", "export a curve over a grid as CSV (index,x,y[,z]) or PNG"),
+    "report": ("hilbert_lab.reports.cli", "list / inspect / run papermill reports"),
+    "train": ("hilbert_lab.models.cli", "train a LongNet LM on the synthetic retrieval task"),
+    "ring": ("hilbert_lab.distributed.cli", "ring attention: self-check vs the engine, then tokens/s per rank"),
+}
+
+
+def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The `hilbert-lab` parser with every command registered by its package.
+
+    lazy=True: only the package of `command` (None: no package) is imported and registers its commands;
+    the others are listed by name and summary only (enough for the top-level help and "invalid choice").
+    """
+    import importlib
 
     parser = _Parser(prog="hilbert-lab", formatter_class=help_formatter,
                      description="hilbert_lab: dilated attention with space-filling-curve orderings.",
@@ -44,13 +61,20 @@ def build_parser() -> argparse.ArgumentParser:
                             + textwrap.fill(OUTPUT_RULE, 100))
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-
-    register_bench(subparsers)
-    register_curve(subparsers)
-    register_report(subparsers)
-    register_train(subparsers)
-    register_ring(subparsers)
+    wanted = COMMANDS.get(command, (None,))[0] if lazy else None
+    for module in dict.fromkeys(home for home, _ in COMMANDS.values()):
+        if not lazy or module == wanted:
+            importlib.import_module(module).register_cli(subparsers)
+        else:
+            for name, (home, summary) in COMMANDS.items():
+                if home == module:
+                    subparsers.add_parser(name, help=summary, add_help=False)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The command named in argv (its first word that is not an option), or None."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(signal, "SIGXFSZ") and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past a file-size limit a write fails (OSError below)
     try:
-        parser = build_parser()
+        parser = build_parser(_command_of(argv), lazy=True)
         args = parser.parse_args(argv)
         if getattr(args, "func", None) is None:
             parser.print_help()

@@ -50,5 +50,9 @@ panel.widget
 # (the button above redoes it for the current controls; the tile numbers are under the bars)
 
 # %%
+from IPython.display import HTML
+
+from hilbert_lab.viz.attention_explorer import reference_check_html
+
 panel.state["compare"]()
-panel.state.get("reference_check")
+HTML(reference_check_html(panel.state["reference_check"]))

@@ -18,8 +18,9 @@
 # you choose (press "time backends"). The backends run round-robin (every repeat runs each once, in a
 # rotating order, one pinned CPU thread) so machine noise hits them alike; the table gives each median
 # with its 95% bootstrap interval and warns when an interval is wide or two backends are within noise of
-# each other. Every timed backend must produce the same output: the table shows the largest difference
-# to the first backend. The table and figure update in place on every press.
+# each other. `auto` is timed too, and its row says which backend it ran for this input. Every timed
+# backend must produce the same output: the table shows the largest difference to the first backend.
+# When a control changes, the figure and table are marked out of date until the next press.
 
 # %% tags=["parameters"]
 device = "cpu"

@@ -39,9 +39,8 @@ panel.widget
 # Locality metrics of every family on the same 16 x 16 grid (Hilbert/Morton: order 4).
 
 # %%
-import pandas as pd
-
-from hilbert_lab.viz.curves import CURVE_FAMILIES, ORDER_FAMILIES, curve_coordinates, metrics_figure, traversal_metrics
+from hilbert_lab.viz.curves import (CURVE_FAMILIES, ORDER_FAMILIES, curve_coordinates, metrics_figure,
+                                    traversal_metrics, traversal_metrics_table)
 
 side_order = 4
 metrics_by_family = {
@@ -51,7 +50,7 @@ metrics_by_family = {
     )
     for name in CURVE_FAMILIES
 }
-display(pd.DataFrame(metrics_by_family).T.round(3))
+display(traversal_metrics_table(metrics_by_family))
 metrics_figure(metrics_by_family)
 
 # %% [markdown]

@@ -260,3 +260,62 @@ def test_a_curve_file_cut_short_by_a_crash_does_not_block_the_rerun(capsys, tmp_
     assert code == 0 and png.read_bytes().endswith(b"IEND\xaeB`\x82") and "set aside" in stdout
     code, _, err = run_cli(capsys, "curve", "--width", "8", "--height", "8", "--out", str(out))
     assert code == 2 and "already exists" in err  # a complete file is never replaced
+
+def test_top_level_help_imports_no_heavy_module():
+    """`hilbert-lab --help` lists every command without importing torch, numba or plotly (it took seconds)."""
+    code = ("import contextlib, io, sys\nfrom hilbert_lab.cli import main\nout = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out):\n    try:\n        main(['--help'])\n    except SystemExit:\n"
+            "        pass\nassert 'estimate' in out.getvalue() and 'ring' in out.getvalue(), out.getvalue()\n"
+            "print(sorted(name for name in ('torch', 'numba', 'plotly', 'numpy', 'pandas') if name in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", f"--help imported {proc.stdout.strip()}"
+
+
+def test_top_level_summaries_are_the_ones_each_package_registers():
+    from hilbert_lab.cli import COMMANDS, build_parser
+
+    commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
+    registered = {choice.dest: choice.help for choice in commands._choices_actions}
+    assert registered == {name: summary for name, (_, summary) in COMMANDS.items()}
+    lazy = next(action for action in build_parser("curve", lazy=True)._actions
+                if isinstance(action, argparse._SubParsersAction))
+    assert list(lazy.choices) == list(COMMANDS) and lazy.choices["curve"].get_default("func") is not None
+
+
+def _parsers_and_names(parser, prefix=""):
+    """(command path, parser) for every command and sub-command under `parser`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield f"{prefix}{name}", child
+                yield from _parsers_and_names(child, f"{prefix}{name} ")
+
+
+@pytest.mark.parametrize("command", ["info", "bench", "probe", "estimate", "select", "curve", "report run",
+                                     "report render", "ring"])
+def test_help_shows_every_default(command):
+    """Every option with a default (not a flag, not None) says it in --help, as it would be typed."""
+    from hilbert_lab.cli import build_parser
+
+    parser = dict(_parsers_and_names(build_parser()))[command]
+    formatter = parser._get_formatter()
+    missing = [action.option_strings[-1] for action in parser._actions
+               if action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
+               and "default" not in formatter._format_action(action)]
+    assert not missing, f"hilbert-lab {command} --help shows no default for {missing}"
+    if command == "estimate":
+        text = " ".join(parser.format_help().split())
+        assert "(default: 256,512)" in text and "(default: longnet)" in text and "(default: none)" in text
+
+
+def test_estimate_prints_the_shape_and_pattern_it_assumed(capsys):
+    code, out, _ = run_cli(capsys, "estimate", "--seq-len", "8192", "--num-heads", "6", "--head-dim", "16",
+                           "--segment-lengths", "1024,2048", "--dilation-rates", "1,2", "--causal")
+    assert code == 0
+    assumed = out.splitlines()[0]
+    assert "(B, N, H, D) = (1, N, 6, 16)" in assumed and "float32 on cpu" in assumed, assumed
+    assert "segment lengths 1024,2048, dilation rates 1,2, causal" in assumed and "backend auto" in assumed
+    code, out, _ = run_cli(capsys, "estimate", "--seq-len", "8192", "--num-heads", "6", "--json")
+    (row,) = json.loads(out)
+    assert row["assumed"]["shape"] == [1, 8192, 6, 32] and row["assumed"]["segment_lengths"] == [256, 512]

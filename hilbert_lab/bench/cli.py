@@ -36,13 +36,13 @@ def _backends() -> tuple[str, ...]:
 
 def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     """Batch, heads, head dim and the pattern's lists: the flags every attention command takes."""
-    parser.add_argument("--batch-size", type=integer(1), default=1)
-    parser.add_argument("--num-heads", type=integer(1), default=4)
-    parser.add_argument("--head-dim", type=integer(1), default=32)
+    parser.add_argument("--batch-size", type=integer(1), default=1, help="B of the (B, N, H, D) inputs")
+    parser.add_argument("--num-heads", type=integer(1), default=4, help="H, attention heads")
+    parser.add_argument("--head-dim", type=integer(1), default=32, help="D, channels per head")
     parser.add_argument("--segment-lengths", type=int_list(), default=[256, 512],
                         help="comma-separated, e.g. 2048,4096,8192")
     parser.add_argument("--dilation-rates", type=int_list(), default=[1, 2], help="comma-separated, e.g. 1,2,4")
-    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--causal", action="store_true", help="causal attention (default: not causal)")
 
 
 def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, run: bool = True) -> None:
@@ -57,7 +57,7 @@ def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, ru
     parser.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"], help=f"{many}{' | '.join(DTYPES)}")
     parser.add_argument("--ordering", type=_ordering_list, default=[None],
                         help=f"{many}none | {' | '.join(o for o in _orderings() if o != 'identity')}")
-    device_help = f"{arguments.DEVICE_SYNTAX} (default: cpu)" + ("" if run else "; need not exist here")
+    device_help = arguments.DEVICE_SYNTAX + ("" if run else "; need not exist here")
     parser.add_argument("--device", type=available_device if run else arguments.device, default="cpu",
                         help=device_help)
     _add_shape_arguments(parser)
@@ -95,16 +95,10 @@ def _validate_pattern(args: argparse.Namespace, seq_lens: Sequence[int] = ()) ->
 def _safety_config(args: argparse.Namespace):
     from hilbert_lab.bench.config import SafetyConfig
 
-    fields = {}
-    if getattr(args, "timeout", None) is not None:
-        fields["case_timeout_s"] = args.timeout
-    if getattr(args, "max_seq_len", None) is not None:
-        fields["max_seq_len"] = args.max_seq_len
-    if getattr(args, "max_case_seconds", None) is not None:
-        fields["max_case_seconds"] = args.max_case_seconds
-    if getattr(args, "max_memory_fraction", None) is not None:
-        fields["max_memory_fraction"] = args.max_memory_fraction
-    return SafetyConfig(**fields)
+    fields = {"timeout": "case_timeout_s", "max_seq_len": "max_seq_len", "max_case_seconds": "max_case_seconds",
+              "max_memory_fraction": "max_memory_fraction"}  # flag -> SafetyConfig field, where the flag was given
+    return SafetyConfig(**{field: getattr(args, flag) for flag, field in fields.items()
+                           if getattr(args, flag, None) is not None})
 
 
 # ---------------------------------------------------------------- info
@@ -248,11 +242,14 @@ def _estimate(args: argparse.Namespace) -> int:
             fits, reason = MemorySafetyChecker(_safety_config(args), args.device).check_memory_available(required)
         except ValueError as error:  # e.g. a CUDA estimate on a machine without CUDA
             fits, reason = None, str(error)
-        rows.append({"seq_len": seq_len, **estimate.to_dict(), "fits": fits, "fit_reason": reason})
+        assumed = {"shape": [args.batch_size, seq_len, args.num_heads, args.head_dim], **base, "pass": args.pass_,
+                   "world_size": args.world_size}  # backend: as requested ("auto"); the row's backend: as resolved
+        rows.append({"seq_len": seq_len, **estimate.to_dict(), "fits": fits, "fit_reason": reason, "assumed": assumed})
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
     unit = "per rank " if args.world_size > 1 else ""
+    print(_assumed_line(args, base))
     print(f"{'seq_len':>9} {'backend':>9} {'executor':>13} {'inputs':>11} {'forward':>11} {'fwd+bwd':>11} "
           f"{'total':>11}  fits")
     for row in rows:
@@ -263,6 +260,19 @@ def _estimate(args: argparse.Namespace) -> int:
               f"{format_bytes(total):>11}  {fits}" + ("" if row["fits"] else f" ({row['fit_reason']})"))
     print(f"(bytes {unit}above the inputs unless 'total'; device {args.device})")
     return 0
+
+
+def _assumed_line(args: argparse.Namespace, base: dict[str, Any]) -> str:
+    """The inputs and pattern an estimate assumes, in one line: shape, dtype, device, pattern, backend, pass."""
+    from hilbert_lab.arguments import default_text
+
+    ring = f", ring of {args.world_size} ranks" if args.world_size > 1 else ""
+    ordering = f", ordering {base['ordering']}" if base["ordering"] else ""
+    return (f"assumed: q, k, v of shape (B, N, H, D) = ({args.batch_size}, N, {args.num_heads}, {args.head_dim}) "
+            f"{base['dtype']} on {base['device']}{ring}; {base['mode']} pattern, segment lengths "
+            f"{default_text(base['segment_lengths'])}, dilation rates {default_text(base['dilation_rates'])}, "
+            f"{'causal' if base['causal'] else 'not causal'}{ordering}; backend {base['backend']}; "
+            f"pass {args.pass_.replace('_', '+')}")
 
 
 # ---------------------------------------------------------------- select
@@ -325,7 +335,7 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                        help="run built-in self-test cases (checks the runner without the engine)")
     bench.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), help="comma-separated sequence lengths")
     _add_attention_arguments(bench, sweep=True)
-    bench.add_argument("--pass", dest="pass_", choices=PASSES, default="forward")
+    bench.add_argument("--pass", dest="pass_", choices=PASSES, default="forward", help="what each case times")
     bench.add_argument("--warmup", type=integer(0, 1000), default=1, help="untimed runs per case, 0..1000")
     bench.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed runs per case, 1..1000")
     bench.add_argument("--threads", type=integer(1, 1024), default=None, help="torch threads per case (default: torch's)")
@@ -342,17 +352,17 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
                         "  hilbert-lab probe --backend manual --pass forward_backward --max-case-seconds 20 "
                         "--json-out probe.json")
     _add_attention_arguments(probe, sweep=False)
-    probe.add_argument("--pass", dest="pass_", choices=PASSES, default="forward")
-    probe.add_argument("--start-len", type=integer(1, MAX_SEQ_LEN), default=1024)
+    probe.add_argument("--pass", dest="pass_", choices=PASSES, default="forward", help="what each run executes")
+    probe.add_argument("--start-len", type=integer(1, MAX_SEQ_LEN), default=1024, help="first sequence length tried")
     probe.add_argument("--multiple-of", type=integer(1, 1 << 20), default=256, help="bisection granularity (default 256)")
-    probe.add_argument("--bisect-steps", type=integer(0, 30), default=3)
+    probe.add_argument("--bisect-steps", type=integer(0, 30), default=3, help="bisections after the first failure")
     probe.add_argument("--max-seq-len", type=integer(1, MAX_SEQ_LEN), default=None, help="upper limit (default 4194304)")
     probe.add_argument("--max-case-seconds", type=number(0, MAX_SECONDS), default=None,
                        help="slowest allowed run (default 60)")
     probe.add_argument("--max-memory-fraction", type=number(0, 1), default=None, help="in (0, 1]")
     probe.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help="seconds per run (default 600)")
     probe.add_argument("--json-out", metavar="FILE", help="write the report as JSON here (a new file; missing folders are created)")
-    probe.add_argument("--quiet", action="store_true")
+    probe.add_argument("--quiet", action="store_true", help="no progress lines")
     probe.set_defaults(func=_probe)
 
     estimate = add_command(subparsers, "estimate", "estimated peak memory of the engine (and whether it fits)",
@@ -363,9 +373,10 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
     estimate.add_argument("--seq-len", type=int_list(1, MAX_SEQ_LEN), required=True,
                           help="comma-separated sequence lengths")
     _add_attention_arguments(estimate, sweep=False, run=False)
-    estimate.add_argument("--pass", dest="pass_", choices=PASSES, default="forward_backward")
+    estimate.add_argument("--pass", dest="pass_", choices=PASSES, default="forward_backward",
+                          help="the peak of this pass decides 'fits'")
     estimate.add_argument("--world-size", type=integer(1, 1 << 20), default=1, help="ring attention: estimate per rank")
-    estimate.add_argument("--json", action="store_true")
+    estimate.add_argument("--json", action="store_true", help="machine-readable output")
     estimate.set_defaults(func=_estimate)
 
     from hilbert_lab.attention.pattern import MODES

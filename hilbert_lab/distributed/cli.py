@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hilbert_lab.arguments import MAX_SEQ_LEN, int_list, integer
+from hilbert_lab.arguments import MAX_SEQ_LEN, help_formatter, int_list, integer
 from hilbert_lab.distributed import comm
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import shard_positions
@@ -143,7 +143,7 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     """Add the `ring` command to the `hilbert-lab` parser (run it under torchrun for several ranks)."""
     parser = subparsers.add_parser(
         "ring", help="ring attention: self-check vs the engine, then tokens/s per rank",
-        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n")[0], formatter_class=help_formatter,
         epilog="examples:\n"
                "  hilbert-lab ring --check-only                                   # one process\n"
                "  torchrun --nproc_per_node=4 -m hilbert_lab.cli ring --seq-len 65536 --segment-lengths 2048,8192 "

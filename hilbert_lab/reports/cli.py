@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hilbert_lab.arguments import prepare_output
+from hilbert_lab.arguments import help_formatter, prepare_output
 from hilbert_lab.io import path_problem
 from hilbert_lab.reports.registry import get_report, list_reports, parse_parameter_overrides, report_parameters
 
@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
     missing = missing_notebook_modules()
     if missing:
         raise ValueError(f"report run needs the notebooks extra (missing: {', '.join(missing)}): {NOTEBOOKS_EXTRA}")
-    from hilbert_lab.reports.runner import run_report
+    from hilbert_lab.reports.runner import report_page, run_report
 
     spec = get_report(args.name)
     defaults = report_parameters(args.name)
@@ -99,7 +99,10 @@ def _run(args: argparse.Namespace) -> int:
                          "never overwritten; choose another run id")
     run_dir = run_report(args.name, overrides, output_root=args.output_root, run_id=args.run_id,
                          progress=not args.quiet)
-    print(run_dir)
+    if not args.quiet:
+        print(f"finished {args.name} (its data, executed notebooks and pages are in {run_dir}/); open this page "
+              "in a browser:", file=sys.stderr)
+    print(report_page(run_dir, args.name))
     return 0
 
 
@@ -149,23 +152,26 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
     """Add the `report` command to a parent parser's subparsers; sets `func` to the handler."""
-    parser = subparsers.add_parser("report", help="list / inspect / run papermill reports")
+    summary = "list / inspect / run papermill reports"
+    parser = subparsers.add_parser("report", help=summary, description=summary, formatter_class=help_formatter)
     commands = parser.add_subparsers(dest="report_command", required=True)
-    commands.add_parser("list", help="registered reports").set_defaults(report_func=_list)
-    params = commands.add_parser("params", help="default parameters of a report (JSON)")
-    params.add_argument("name")
+    formatted = {"formatter_class": help_formatter}
+    commands.add_parser("list", help="registered reports", **formatted).set_defaults(report_func=_list)
+    params = commands.add_parser("params", help="default parameters of a report (JSON)", **formatted)
+    params.add_argument("name", help="a report name (hilbert-lab report list)")
     params.set_defaults(report_func=_params)
-    run = commands.add_parser("run", help="execute a report into OUTPUT_ROOT/NAME/RUN_ID/")
-    run.add_argument("name")
+    run = commands.add_parser("run", help="execute a report into OUTPUT_ROOT/NAME/RUN_ID/", **formatted)
+    run.add_argument("name", help="a report name (hilbert-lab report list); 'default' is the CPU suite of make report")
     run.add_argument("-p", "--parameter", action="append", metavar="KEY=VALUE",
                      help="override a parameter (YAML value: 3, 0.5, [256,512], cpu); repeatable")
     run.add_argument("--output-root", default="reports", metavar="DIR",
                      help="default: ./reports (created if missing; every run writes a new RUN_ID folder)")
     run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--quiet", action="store_true", help="no progress lines or bars; print only the page's path")
     run.set_defaults(report_func=_run)
     render = commands.add_parser("render", help="rebuild a run's HTML page from its metrics.json + env.json "
-                                              "(no re-run; a suite run: every page and index.html)")
+                                              "(no re-run; a suite run: every page and index.html)",
+                                  formatter_class=help_formatter)
     render.add_argument("run_dir", metavar="RUN_DIR")
     render.add_argument("--out", default=None, metavar="FILE", help="default: RUN_DIR/NAME.html (rebuilt in place); an existing "
                         "--out file is refused unless --force")

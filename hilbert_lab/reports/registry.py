@@ -71,7 +71,8 @@ REPORTS: dict[str, ReportSpec] = {
         ),
         ReportSpec(
             "claims",
-            "every predecessor claim (the package's claims.md) reproduced: claimed vs measured, verdict, why",
+            "the claims of an earlier Hilbert dilated-attention implementation (reports/claims.md) measured: claimed vs "
+            "measured, verdict, why",
             REPORT_NOTEBOOK_DIR / "claims_report.ipynb",
         ),
         ReportSpec(

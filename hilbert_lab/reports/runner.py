@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -38,11 +40,12 @@ def _check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, A
 
 
 def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *, progress: bool,
-             kernel_name: str | None, execution_timeout_s: int | None,
-             plotly_path: Path | None = None, command: str | None = None) -> dict[str, Any]:
+                   kernel_name: str | None, execution_timeout_s: int | None, plotly_path: Path | None = None,
+                   command: str | None = None, label: str | None = None) -> dict[str, Any]:
     """Run one notebook report into `run_dir`; returns its metrics.json content. The page loads `plotly_path`
     (a suite's one plotly.min.js; default: one beside the page); env.json records `command` (default: the
-    `hilbert-lab report run` command of this report and its overrides)."""
+    `hilbert-lab report run` command of this report and its overrides); progress: a bar of the executed
+    cells on stderr, named `label` (default: the report's name)."""
     import papermill
 
     assert spec.notebook is not None
@@ -60,7 +63,8 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
     try:
         papermill.execute_notebook(
             str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
-            progress_bar=progress, kernel_name=kernel_name, execution_timeout=execution_timeout_s,
+            progress_bar={"desc": label or spec.name} if progress else False, kernel_name=kernel_name,
+            execution_timeout=execution_timeout_s,
             report_mode=False,
         )
     except BaseException:
@@ -93,19 +97,26 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     overrides = dict(parameters or {})
     run_dir = Path(output_root) / name / (run_id or new_run_id())
     if not spec.is_suite:
+        _announce(progress, f"{name}: {spec.description}")
         execute_report(spec, overrides, run_dir, progress=progress, kernel_name=kernel_name,
-                 execution_timeout_s=execution_timeout_s)
+                       execution_timeout_s=execution_timeout_s)
         return run_dir
     defaults = report_parameters(name)
     known = set().union(*(set(part_defaults) for part_defaults in defaults.values()))
     _check_overrides(name, dict.fromkeys(known), overrides)
     merged: dict[str, Any] = {"report": name, "parts": {}}
     run_dir.mkdir(parents=True, exist_ok=True)
-    for part in spec.parts:
+    started = time.monotonic()
+    for number, part in enumerate(spec.parts, start=1):
         part_overrides = {key: value for key, value in overrides.items() if key in defaults[part]}
+        step = f"[{number}/{len(spec.parts)}] {part}"
+        _announce(progress, f"{step}: {get_report(part).description}")
         part_metrics = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
                                       kernel_name=kernel_name, execution_timeout_s=execution_timeout_s,
-                                      plotly_path=write_plotly(run_dir), command=report_command(name, overrides))
+                                      plotly_path=write_plotly(run_dir), command=report_command(name, overrides),
+                                      label=step)
+        page = run_dir / part / f"{part}.html"
+        _announce(progress, f"{step}: done ({time.monotonic() - started:.0f} s since the start) -> {page}")
         # the suite's file indexes its parts (their numbers; tables and figures stay in the part's own file)
         merged["parts"][part] = {"report": part_metrics.get("report"), "parameters": part_metrics.get("parameters"),
                                  "metrics": part_metrics.get("metrics", {}),
@@ -115,6 +126,18 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     environment = collect_environment({"report": name, "overrides": overrides})
     environment["command"] = report_command(name, overrides)
     (run_dir / "env.json").write_text(json.dumps(to_jsonable(environment), indent=1), encoding="utf-8")
+    _announce(progress, "index: every page above and the committed GPU runs, rendered from their data")
     render_suite_index(run_dir, list(spec.parts), title=f"hilbert_lab reports ({name})",
                        gpu_runs=committed_gpu_runs() if name == "default" else [])
     return run_dir
+
+
+def report_page(run_dir: str | Path, name: str) -> Path:
+    """The page to open for a run of report `name`: a suite's index.html, else NAME.html."""
+    return Path(run_dir) / ("index.html" if get_report(name).is_suite else f"{name}.html")
+
+
+def _announce(progress: bool, line: str) -> None:
+    """One progress line on stderr (beside the bars), when progress is shown."""
+    if progress:
+        print(line, file=sys.stderr, flush=True)

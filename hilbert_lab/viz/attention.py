@@ -1,6 +1,7 @@
 """Attention-pattern figures: per-branch / per-head masks, multiplicity, token coverage, tile density."""
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Sequence
 
 import numpy as np
@@ -67,13 +68,33 @@ def _heatmap_grid(mats: Sequence[np.ndarray], titles: Sequence[str], title: str,
     return fig
 
 
+def empty_branch_reason(pattern: DilatedPattern, seq_len: int, num_heads: int, head: int, branch: int) -> str:
+    """Why `head` attends no pair through `branch` (its mask is empty), in words."""
+    heads = sorted({h for group in pattern.groups(seq_len, num_heads) if group.branch == branch for h in group.heads})
+    if head not in heads:
+        runs_on = ", ".join(str(h) for h in heads) or "none"
+        return (f"head {head} does not run this branch: {pattern.mode} gives branch {branch} "
+                f"head{'s' if len(heads) != 1 else ''} {runs_on} of {num_heads}")
+    return f"head {head} selects no pair of this branch at N={seq_len} (its dilation offset lies past the tokens)"
+
+
 def branch_mask_figure(pattern: DilatedPattern, seq_len: int, num_heads: int, head: int = 0) -> Any:
-    """One heatmap per branch: which keys (x) each query (y) of `head` attends through that branch."""
+    """One heatmap per branch: which keys (x) each query (y) of `head` attends through that branch; an empty
+    panel says why (in head_groups mode a branch runs on some heads only)."""
     if not 0 <= head < num_heads:
         raise ValueError(f"head must be in [0, {num_heads - 1}], got {head}")
     masks = branch_masks(pattern, seq_len, num_heads)[:, head]
     titles = [f"branch {b}: w={pattern.segment_lengths[b]}, r={pattern.dilation_rates[b]}" for b in range(len(masks))]
-    return _heatmap_grid(masks, titles, f"per-branch masks, head {head} (N={seq_len}, mode={pattern.mode})", zmax=1)
+    fig = _heatmap_grid(masks, titles, f"per-branch masks, head {head} (N={seq_len}, mode={pattern.mode})", zmax=1)
+    for branch, mask in enumerate(masks):
+        if not mask.any():
+            reason = "<br>".join(textwrap.wrap(empty_branch_reason(pattern, seq_len, num_heads, head, branch), 26))
+            # the middle of the panel, in the panel's own axis coordinates (0..1 of its domain)
+            axis = "" if branch == 0 else str(branch + 1)
+            fig.add_annotation(text=f"<b>empty</b><br>{reason}", xref=f"x{axis} domain", yref=f"y{axis} domain", x=0.5,
+                               y=0.5, showarrow=False, font={"size": 11, "color": "#a15c00"},
+                               bgcolor="rgba(255,255,255,0.85)")
+    return fig
 
 
 def head_mask_figure(pattern: DilatedPattern, seq_len: int, num_heads: int) -> Any:

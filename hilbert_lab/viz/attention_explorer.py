@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import html
 
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 MAX_EXPLORER_TOKENS = 256
 MAX_EXPLORER_HEADS = 8
@@ -23,15 +23,30 @@ def parse_int_list(text: str, name: str) -> list[int]:
     return values
 
 
+REFERENCE_TOLERANCE = 1e-10  # float64 engine vs float64 oracle: rounding only
+
+
+def reference_check_html(result: dict) -> str:
+    """A `viz.attention.reference_check` result as one sentence: does the engine match the float64 oracle,
+    by how much, and do the queries without keys agree."""
+    ok = (result["max_abs_out_error"] < REFERENCE_TOLERANCE and result["max_abs_lse_error"] < REFERENCE_TOLERANCE
+          and result["empty_rows_agree"])
+    empty = ("the queries with no keys are the same in both" if result["empty_rows_agree"]
+             else "the queries with no keys differ")
+    return (f"<b>{'matches' if ok else 'DIFFERS FROM'} the float64 reference</b> (engine in float64, backend "
+            f"{html.escape(str(result['backend']))}): largest output error {result['max_abs_out_error']:.1e}, "
+            f"largest log-sum-exp error {result['max_abs_lse_error']:.1e} (tolerance {REFERENCE_TOLERANCE:.0e}); "
+            f"{empty}.")
+
+
 def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,4", mode: str = "longnet",
                        causal: bool = False, seq_len: int = 64, num_heads: int = 2, block_size: int = 4) -> Panel:
-    """Build the attention-pattern explorer; its FigureWidgets are in `panel.figures`.
+    """Build the attention-pattern explorer; its figures (FigureView) are in `panel.figures`.
 
     At the defaults every query has keys and the orderings differ: Hilbert / Morton lay each
     16-token segment on a 4x4 square, so the long branch's every-4th tokens (a column) share tiles.
     """
     import ipywidgets as widgets
-    import plotly.graph_objects as go
 
     from hilbert_lab.attention.pattern import MODES, DilatedPattern
     from hilbert_lab.viz import attention as figures_module
@@ -58,7 +73,7 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
     message = widgets.HTML()
     check_html = widgets.HTML()
     table_html = widgets.HTML()
-    figures = {name: go.FigureWidget() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
+    figures = {name: FigureView() for name in ("branches", "heads", "multiplicity", "coverage", "tiles")}
     state: dict = {}
 
     def current_pattern(notes: list[str]):
@@ -103,9 +118,7 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
             show_message(message, [f"{type(error).__name__}: {error}"], error=True)
             return
         state["reference_check"] = result
-        ok = result["max_abs_out_error"] < 1e-10 and result["max_abs_lse_error"] < 1e-10 and result["empty_rows_agree"]
-        check_html.value = (f"<b>{'matches' if ok else 'DIFFERS FROM'} the float64 reference</b>: "
-                            + ", ".join(f"{key}={value}" for key, value in result.items()))
+        check_html.value = reference_check_html(result)
 
     observer = guarded(refresh, message)
     for control in controls.values():
@@ -114,9 +127,10 @@ def attention_explorer(segment_lengths: str = "16,64", dilation_rates: str = "1,
     layout = widgets.VBox([
         widgets.HBox([controls["segment_lengths"], controls["dilation_rates"], controls["mode"], controls["causal"]]),
         widgets.HBox([controls["seq_len"], controls["num_heads"], controls["head"], controls["block_size"]]),
-        widgets.HBox([controls["orderings"], compare_button, check_html]),
+        widgets.HBox([controls["orderings"], compare_button]),
+        check_html,
         message,
-        figures["branches"], figures["heads"], figures["multiplicity"], figures["coverage"], figures["tiles"],
+        *(figures[name].widget for name in ("branches", "heads", "multiplicity", "coverage", "tiles")),
         table_html,
     ])
     observer()

@@ -50,7 +50,7 @@ def timing_display(table: Any) -> Any:
         return f"{row.median_ms:.3g} [{row.low_ms:.3g}, {row.high_ms:.3g}]"
 
     return pd.DataFrame({
-        "backend": table["backend"],
+        "backend": [backend_label(row) for row in table.itertuples()],
         "median ms [95%]": [interval(row) for row in table.itertuples()],
         "repeats": [len(times) for times in table["times_ms"]],
         "tokens/s": [f"{value:,.0f}" if value == value else "-" for value in table["tokens_per_s"]],
@@ -101,8 +101,9 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
 
     DataFrame per backend: median_ms with its 95% bootstrap interval (low_ms, high_ms), min / max ms,
     times_ms (every repeat), tokens/s, spread (high_ms / low_ms), max |out - out of the first backend|
-    (every backend must compute the same attention) and error (a backend that raises gets NaN times).
-    `threads` pins torch's CPU threads while timing (None leaves them).
+    (every backend must compute the same attention), runs (the backend that ran: for "auto", the one it
+    chose for this input) and error (a backend that raises gets NaN times). backends: default, every
+    backend available here and then "auto". `threads` pins torch's CPU threads while timing (None leaves them).
     """
     import pandas as pd
 
@@ -115,7 +116,7 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    names = list(backends) if backends is not None else available_backends(device, DTYPES[dtype])
+    names = list(backends) if backends is not None else available_backends(device, DTYPES[dtype]) + ["auto"]
     if seq_len > REFERENCE_MAX_TOKENS:
         names = [name for name in names if name != "reference"]
     # each backend runs once (the output check; one that raises is left out of the timing), then round-robin
@@ -130,17 +131,34 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     baseline = next(iter(outputs.values()), None)
     rows = []
     for name in names:
+        runs = auto_runs(device, dtype, (1, seq_len, num_heads, head_dim), segment_lengths) if name == "auto" else name
         if name in errors:
             rows.append({"backend": name, "median_ms": float("nan"), "low_ms": float("nan"), "high_ms": float("nan"),
                          "min_ms": float("nan"), "max_ms": float("nan"), "times_ms": [], "tokens_per_s": float("nan"),
-                         "spread": float("nan"), "max_abs_diff_vs_first": float("nan"), "error": errors[name]})
+                         "spread": float("nan"), "max_abs_diff_vs_first": float("nan"), "runs": runs,
+                         "error": errors[name]})
             continue
         median, low, high = bootstrap_median_ci(samples[name])
         rows.append({"backend": name, "median_ms": median, "low_ms": low, "high_ms": high,
                      "min_ms": min(samples[name]), "max_ms": max(samples[name]), "times_ms": samples[name],
                      "tokens_per_s": seq_len / (median / 1e3), "spread": high / low if low > 0 else float("nan"),
-                     "max_abs_diff_vs_first": float((outputs[name] - baseline).abs().max()), "error": ""})
+                     "max_abs_diff_vs_first": float((outputs[name] - baseline).abs().max()), "runs": runs, "error": ""})
     return pd.DataFrame(rows)
+
+
+def auto_runs(device: str, dtype: str, shape: Sequence[int], segment_lengths: Sequence[int]) -> str:
+    """The backend that backend="auto" runs for (B, N, H, D) `shape` on (device, dtype), as the engine resolves it."""
+    from hilbert_lab.attention.engine import resolve_backend
+
+    # a view with the input's shape, device and dtype, and no memory of its own: all the choice reads
+    probe = torch.empty((), device=device, dtype=DTYPES[dtype]).expand(tuple(int(extent) for extent in shape))
+    return resolve_backend("auto", probe, segment_lengths).name
+
+
+def backend_label(row: Any) -> str:
+    """A timing row's backend as shown: "auto (runs sdpa)" for auto, else its name."""
+    runs = getattr(row, "runs", None)
+    return f"{row.backend} (runs {runs})" if row.backend == "auto" and runs else str(row.backend)
 
 
 def timing_warnings(table: Any, max_spread: float = 1.25) -> list[str]:
@@ -162,11 +180,15 @@ def timing_figure(table: Any, title: str = "forward time per backend") -> Any:
     import plotly.graph_objects as go
 
     ok = table[table["error"] == ""]
-    fig = go.Figure(go.Bar(x=list(ok["backend"]), y=list(ok["median_ms"]), name="median ms",
+    repeats = max((len(times) for times in ok["times_ms"]), default=0)
+    fig = go.Figure(go.Bar(x=[backend_label(row) for row in ok.itertuples()], y=list(ok["median_ms"]),
+                           name="median ms",
                            error_y=dict(type="data", symmetric=False, array=list(ok["high_ms"] - ok["median_ms"]),
                                         arrayminus=list(ok["median_ms"] - ok["low_ms"]))))
-    fig.update_layout(title=title, xaxis_title="backend",
-                      yaxis_title="forward time (ms, median; bars: 95% interval; lower is better)", height=350)
+    # the axis title stays shorter than the axis; what the bars mean goes under the title
+    fig.update_layout(title=f"{title}<br><sub>median of {repeats} repeats, error bars: 95% interval; lower is "
+                            "better</sub>", xaxis_title="backend", yaxis_title="forward time (ms)", height=380,
+                      margin={"t": 80})
     return fig
 
 
@@ -178,7 +200,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
     import plotly.graph_objects as go
 
     from hilbert_lab.viz.attention_explorer import parse_int_list
-    from hilbert_lab.viz.panels import replace_figure
+    from hilbert_lab.viz.panels import FigureView, replace_figure
 
     devices = ["cpu"] + [f"cuda:{index}" for index in range(torch.cuda.device_count())]
     controls = {
@@ -193,7 +215,7 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
     }
     run_button = widgets.Button(description="time backends", button_style="primary")
     message, info_html, table_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
-    figure = go.FigureWidget()
+    figure = FigureView()
     state: dict = {}
 
     def describe(*_args: Any) -> None:
@@ -209,6 +231,29 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
                            f"{html.escape(choice['auto'])}</b>: {html.escape(choice['why'])}<br>"
                            + availability.to_html(index=False))
 
+    def changes() -> list[str]:
+        """The controls changed since the timing shown: "tokens 1024 -> 512", ..."""
+        timed = state.get("timed_controls") or {}
+        return [f"{control.description} {timed[name]} -> {control.value}" for name, control in controls.items()
+                if name in timed and control.value != timed[name]]
+
+    def mark_out_of_date(*_args: Any) -> None:
+        """The figure, notes and table show the last timing; when the controls differ from it, they say so."""
+        if "timings" not in state:
+            return
+        changed = changes()
+        shown = go.Figure(state["timing_figure"])
+        if changed:
+            heading = shown.layout.title.text.split("<br>")[0]
+            shown.update_layout(title=f"<b>out of date</b>: {heading}<br><sub>the controls changed since this "
+                                      "timing; press 'time backends'</sub>")
+            shown.update_traces(opacity=0.35)
+        replace_figure(figure, shown)
+        table_html.value = (f"<div style='color:#a15c00'><b>out of date</b>: the controls changed since this timing "
+                            f"({html.escape(', '.join(changed))}); press 'time backends'</div>"
+                            f"<div style='opacity:0.45'>{state['timing_html']}</div>"
+                            if changed else state["timing_html"])
+
     def run(_button: Any = None) -> None:
         notes: list[str] = []
         try:
@@ -223,23 +268,27 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
         except Exception as error:
             show_message(message, [f"{type(error).__name__}: {error}"], error=True)
             return
-        state["timings"] = table
-        replace_figure(figure, timing_figure(table, f"forward time, {tokens} tokens, {controls['dtype'].value}"))
-        table_html.value = timing_display(table).to_html(index=False)
-        notes += timing_warnings(table)
-        if not chosen_device.startswith("cuda"):
-            notes.append("CPU timings on a shared machine are indicative only (backends run round-robin, "
-                         "one pinned thread)")
-        show_message(message, notes)
+        show_message(message, notes)  # clamped input; the notes on the timing itself go with its table
+        remarks = timing_warnings(table) + ([] if chosen_device.startswith("cuda") else [
+            "CPU timings on a shared machine are indicative only (backends run round-robin, one pinned thread)"])
+        plain = timing_figure(table, f"forward time, {tokens} tokens, {controls['dtype'].value}")
+        remarks_html = "".join(f"<div style='color:#a15c00'>{html.escape(remark)}</div>" for remark in remarks)
+        state.update(timings=table, timing_figure=plain,
+                     timing_html=remarks_html + timing_display(table).to_html(index=False),
+                     timed_controls={name: control.value for name, control in controls.items()})
+        replace_figure(figure, plain)
+        table_html.value = state["timing_html"]
 
     controls["device"].observe(describe, names="value")
     controls["dtype"].observe(describe, names="value")
+    for control in controls.values():
+        control.observe(mark_out_of_date, names="value")
     run_button.on_click(run)
     layout = widgets.VBox([
         info_html,
         widgets.HBox([controls["device"], controls["dtype"], controls["seq_len"], controls["num_heads"]]),
         widgets.HBox([controls["head_dim"], controls["segment_lengths"], controls["dilation_rates"], controls["repeats"]]),
-        run_button, message, figure, table_html,
+        run_button, message, figure.widget, table_html,
     ])
     describe()
     return Panel(widget=layout, figures={"timing": figure}, controls=controls, message=message, refresh=run,

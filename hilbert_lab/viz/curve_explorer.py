@@ -7,11 +7,13 @@ from hilbert_lab.viz.curves import (
     CURVE_FAMILIES,
     CURVE_LABELS,
     ORDER_FAMILIES,
+    TRAVERSAL_METRIC_LABELS,
     curve_coordinates,
     curve_figure,
+    format_metric,
     traversal_metrics,
 )
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 MAX_ORDER = {2: 7, 3: 4}  # 16384 cells in 2D, 4096 in 3D: what a browser redraws smoothly
 MAX_SIDE = {2: 128, 3: 16}
@@ -19,9 +21,8 @@ MAX_SIDE = {2: 128, 3: 16}
 
 def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width: int = 12, height: int = 8,
                    depth: int = 4) -> Panel:
-    """Build the curve explorer; `panel.figures['curve']` is the FigureWidget it redraws."""
+    """Build the curve explorer; `panel.figures['curve']` is the FigureView it redraws."""
     import ipywidgets as widgets
-    import plotly.graph_objects as go
 
     if family not in CURVE_FAMILIES:
         raise ValueError(f"family must be one of {CURVE_FAMILIES}, got {family!r}")
@@ -45,7 +46,7 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
     controls["play"] = play
     message = widgets.HTML()
     metrics_html = widgets.HTML()
-    figure = go.FigureWidget()
+    figure = FigureView()
     state: dict = {}
 
     def refresh() -> None:
@@ -75,7 +76,8 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
         replace_figure(figure, plain)
         metrics = traversal_metrics(coords)
         state.update(coords=coords, metrics=metrics, parameters=kwargs | {"family": chosen})
-        rows = "".join(f"<tr><td>{html.escape(name)}</td><td>{value:.3f}</td></tr>" for name, value in metrics.items())
+        rows = "".join(f"<tr><td>{html.escape(TRAVERSAL_METRIC_LABELS.get(name, name))}</td>"
+                       f"<td>{format_metric(value)}</td></tr>" for name, value in metrics.items())
         metrics_html.value = f"<b>locality</b><table>{rows}</table>"
         show_message(message, notes)
 
@@ -90,7 +92,7 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
         size_box,
         widgets.HBox([play, controls["drawn_percent"]]),
         message,
-        widgets.HBox([figure, metrics_html]),
+        widgets.HBox([figure.widget, metrics_html]),
     ])
     observer()
     return Panel(widget=layout, figures={"curve": figure}, controls=controls, message=message, refresh=refresh,

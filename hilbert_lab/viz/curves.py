@@ -19,7 +19,7 @@ CURVE_LABELS = {
 def traversal_metrics(coords: np.ndarray, window: int = 16) -> dict[str, float]:
     """Locality of a traversal (N, ndim): step lengths and how compact runs of `window` cells are.
 
-    mean_step / max_step: Euclidean distance between consecutive cells (1 for a continuous curve);
+    cells: N (an int); mean_step / max_step: Euclidean distance between consecutive cells (1 for a continuous curve);
     unit_step_fraction: share of steps to a face neighbour; window_spread: mean over non-overlapping
     runs of `window` cells of (largest bounding-box side) / window**(1/ndim), 1 for a perfect cube-like
     run, window**(1-1/ndim) for a straight line.
@@ -42,7 +42,7 @@ def traversal_metrics(coords: np.ndarray, window: int = 16) -> dict[str, float]:
     else:
         spread = float("nan")
     return {
-        "cells": float(count),
+        "cells": int(count),
         "mean_step": float(euclid.mean()),
         "max_step": float(euclid.max()),
         "unit_step_fraction": float((manhattan == 1).mean()),
@@ -119,6 +119,23 @@ TRAVERSAL_METRIC_LABELS = {
     "unit_step_fraction": "steps to a neighbour (share, higher is better)",
     "window_spread": "spread of runs (1 = compact block, lower is better)",
 }
+
+
+def format_metric(value: float) -> str:
+    """A metric as shown in a table: counts as integers (64), measures with three decimals (1.557)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value))
+    return "-" if value != value else f"{value:.3f}"
+
+
+def traversal_metrics_table(metrics_by_family: dict[str, dict[str, float]]) -> Any:
+    """pandas DataFrame of traversal_metrics per curve family (rows), columns named with unit and direction;
+    cell counts stay integers."""
+    import pandas as pd
+
+    table = pd.DataFrame(metrics_by_family).T
+    table["cells"] = table["cells"].astype(int)
+    return table.rename(columns=TRAVERSAL_METRIC_LABELS).round(3)
 
 
 def metrics_figure(metrics_by_family: dict[str, dict[str, float]]) -> Any:

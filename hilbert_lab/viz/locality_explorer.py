@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 MAX_GRID_SIDE = 64
 MAX_SEQUENCE_TOKENS = 8192
@@ -69,6 +69,15 @@ def misses_table(study: dict[str, Any]) -> Any:
     return pd.DataFrame(study["misses"], index=pd.Index(study["capacities"], name="capacity (lines)"))
 
 
+def coinciding_curves(study: dict[str, Any]) -> list[str]:
+    """One line per group of orderings whose miss curves are identical (drawn over one another)."""
+    groups: dict[tuple[int, ...], list[str]] = {}
+    for ordering, misses in study["misses"].items():
+        groups.setdefault(tuple(misses), []).append(ordering)
+    return [f"{', '.join(names[:-1])} and {names[-1]} have the same misses at every capacity: their curves coincide"
+            for names in groups.values() if len(names) > 1]
+
+
 def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, kind: str = "grid") -> Any:
     """Access-order heatmaps of all orderings side by side (built from viz.locality.access_order_heatmap).
 
@@ -79,7 +88,11 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, ki
     from hilbert_lab.viz.locality import access_order_heatmap
 
     names = list(index_grids)
-    fig = make_subplots(rows=1, cols=max(1, len(names)), subplot_titles=names, horizontal_spacing=0.03)
+    x_title, y_title = ("column (cells)", "row (cells)") if kind == "grid" else ("position in segment (tokens)",
+                                                                                 "segment")
+    # one x title under the whole row: a title per panel is wider than a panel and overlaps its neighbours
+    fig = make_subplots(rows=1, cols=max(1, len(names)), subplot_titles=names, horizontal_spacing=0.03,
+                        x_title=f"{x_title}, one panel per ordering")
     for column, name in enumerate(names, start=1):
         grid = index_grids[name]
         single = access_order_heatmap(grid, show_path=grid.size <= 4096)
@@ -88,9 +101,6 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, ki
                 trace.showscale = column == 1
             fig.add_trace(trace, row=1, col=column)
         fig.update_yaxes(autorange="reversed", row=1, col=column)
-    x_title, y_title = ("column (cells)", "row (cells)") if kind == "grid" else ("position in segment (tokens)",
-                                                                                 "segment")
-    fig.update_xaxes(title_text=x_title)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
     fig.update_layout(title=title, height=380, width=min(1000, 220 * len(names) + 150), showlegend=False)
     return fig
@@ -98,13 +108,13 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, ki
 
 def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 4, dilation_rate: int = 2,
                       max_cache_lines: int = 256, line_bytes: int = 128) -> Panel:
-    """Build the locality explorer; figures 'heatmaps' and 'misses' are FigureWidgets, under them the misses table.
+    """Build the locality explorer; figures 'heatmaps' and 'misses' (FigureView), under them the misses table.
 
     max_cache_lines: the largest LRU capacity of the miss curves, one of CACHE_LINE_CHOICES (powers of two).
     """
     import ipywidgets as widgets
-    import plotly.graph_objects as go
 
+    from hilbert_lab.viz.axes import readable_log_axis
     from hilbert_lab.viz.locality import miss_curve_figure
 
     if max_cache_lines not in CACHE_LINE_CHOICES:
@@ -127,7 +137,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
     }
     message = widgets.HTML()
     table_html = widgets.HTML()
-    figures = {"heatmaps": go.FigureWidget(), "misses": go.FigureWidget()}
+    figures = {"heatmaps": FigureView(), "misses": FigureView()}
     state: dict = {}
 
     def refresh() -> None:
@@ -153,10 +163,12 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
                  else f"{size_value} tokens, segment {box}, dilation {rate}")
         replace_figure(figures["heatmaps"], access_heatmaps_figure(study["index_grids"], f"access order: {label}",
                                                                    kind=chosen))
-        replace_figure(figures["misses"], miss_curve_figure(study["capacities"], study["misses"],
-                                                           title=f"LRU misses of the K/V line trace: {label}"))
+        misses = miss_curve_figure(study["capacities"], study["misses"],
+                                   title=f"LRU misses of the K/V line trace: {label}")
+        replace_figure(figures["misses"], readable_log_axis(misses, "x", study["capacities"]))
         table = misses_table(study)
         table_html.value = (f"<b>LRU misses at each capacity: {html.escape(label)}</b> (lower is better)"
+                            + "".join(f"<div>{html.escape(line)}</div>" for line in coinciding_curves(study))
                             + table.to_html(border=0))
         state.update(study=study, label=label, misses_table=table)
         show_message(message, notes)
@@ -183,7 +195,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
         controls["kind"],
         widgets.HBox([controls["size"], controls["box_or_segment"], controls["dilation_rate"]]),
         widgets.HBox([controls["max_cache_lines"], controls["line_bytes"]]),
-        message, figures["heatmaps"], figures["misses"], table_html,
+        message, figures["heatmaps"].widget, figures["misses"].widget, table_html,
     ])
     observer()
     return Panel(widget=layout, figures=figures, controls=controls, message=message, refresh=refresh, state=state)

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import html
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
 @dataclass
 class Panel:
-    """An interactive panel: `widget` to display, `figures` it redraws, named `controls`, `message` line.
+    """An interactive panel: `widget` to display, `figures` it redraws (FigureView), named `controls`,
+    `message` line.
 
     `refresh()` recomputes everything from the controls (observers call it on every change); errors in
     a refresh are shown in `message`, never raised into the notebook.
@@ -45,20 +47,40 @@ def show_message(message_widget: Any, notes: list[str], *, error: bool = False) 
     message_widget.value = f"<div style='color:{colour}'>{items}</div>"
 
 
-def replace_figure(target: Any, source: Any) -> None:
-    """Make FigureWidget `target` show plain figure `source` (traces and layout).
+class FigureView:
+    """A plotly figure shown in a panel and replaced whole on every redraw.
 
-    The layout goes over as whole top-level entries (never `xaxis2` together with `xaxis2.anchor`,
-    which plotly.js refuses), after clearing the entries that `source` no longer has.
+    `widget` is an ipywidgets Output holding one output: the figure as plotly's mime bundle, which the
+    notebook draws from scratch. Replacing it is one state update of the Output, so a redraw cannot
+    arrive in pieces (a FigureWidget's relayout messages can be lost on a busy front-end: a redrawn plot
+    then has no title). Attributes other than `widget` and `figure` (data, layout, select_xaxes...) read the
+    figure shown.
     """
-    layout = source.layout.to_plotly_json()
-    with target.batch_update():
-        target.data = []
-        target.add_traces(list(source.data))
-    stale = [key for key in target.layout.to_plotly_json() if key not in layout]
-    if stale:
-        target.plotly_relayout({key: None for key in stale})
-    target.layout = layout
+
+    def __init__(self) -> None:
+        import ipywidgets as widgets
+        import plotly.graph_objects as go
+
+        self.widget = widgets.Output()
+        self.figure = go.Figure()
+
+    def show(self, figure: Any) -> None:
+        """Draw plain plotly `figure` in place of the one shown."""
+        spec = json.loads(figure.to_json())
+        bundle = {"application/vnd.plotly.v1+json": {**spec, "config": {"displaylogo": False}},
+                  "text/plain": f"<figure: {html.escape(str(figure.layout.title.text or ''))}>"}
+        self.figure = figure
+        self.widget.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("figure", "widget"):
+            raise AttributeError(name)
+        return getattr(self.figure, name)
+
+
+def replace_figure(target: FigureView, source: Any) -> None:
+    """Make `target` show plain figure `source` (traces and layout, nothing kept from before)."""
+    target.show(source)
 
 
 def guarded(refresh: Callable[[], None], message_widget: Any) -> Callable[..., None]:

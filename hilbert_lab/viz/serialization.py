@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from hilbert_lab.viz.panels import Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
 
 __all__ = [
     "accuracy_figure",
@@ -186,7 +186,6 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
                         dilation_rate: int = 1) -> Panel:
     """Pick image size, ordering, segment length and dilation; see the windows on the grid and the metrics."""
     import ipywidgets as widgets  # noqa: PLC0415
-    import plotly.graph_objects as go  # noqa: PLC0415
 
     from hilbert_lab.curves import SERIALIZATIONS  # noqa: PLC0415
     from hilbert_lab.locality.serialization import serialization_metrics  # noqa: PLC0415
@@ -202,7 +201,7 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
     }
     message = widgets.HTML()
     metrics_html = widgets.HTML()
-    figure = go.FigureWidget()
+    figure = FigureView()
     state: dict = {}
 
     def refresh() -> None:
@@ -215,14 +214,16 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
         plain = windows_figure((side, side), chosen, segment, dilation, show_path=controls["show_path"].value)
         replace_figure(figure, plain)
         metrics = serialization_metrics((side, side), chosen, [segment], [dilation], ks=(4, 8, 26))
-        baseline = serialization_metrics((side, side), "rowmajor", [segment], [dilation], ks=(4, 8, 26))
+        baseline = metrics if chosen == "rowmajor" else serialization_metrics((side, side), "rowmajor", [segment],
+                                                                               [dilation], ks=(4, 8, 26))
         state.update(metrics=metrics, baseline=baseline,
                      parameters={"size": side, "ordering": chosen, "segment_length": segment, "dilation_rate": dilation})
-        rows = "".join(
-            f"<tr><td>{html.escape(METRIC_LABELS.get(name, name))}</td><td>{value:.3f}</td>"
-            f"<td>{baseline[name]:.3f}</td></tr>" for name, value in metrics.items())
-        metrics_html.value = (f"<b>locality (exact)</b><table><tr><th></th><th>{html.escape(chosen)}</th>"
-                              f"<th>rowmajor</th></tr>{rows}</table>")
+        # row-major is the baseline column; chosen itself, it is shown once
+        columns = [(chosen, metrics)] + ([("rowmajor", baseline)] if chosen != "rowmajor" else [])
+        rows = "".join(f"<tr><td>{html.escape(METRIC_LABELS.get(name, name))}</td>"
+                       + "".join(f"<td>{values[name]:.3f}</td>" for _, values in columns) + "</tr>" for name in metrics)
+        header = "".join(f"<th>{html.escape(name)}</th>" for name, _ in columns)
+        metrics_html.value = f"<b>locality (exact)</b><table><tr><th></th>{header}</tr>{rows}</table>"
         show_message(message, notes)
 
     observer = guarded(refresh, message)
@@ -232,7 +233,7 @@ def serialization_panel(size: int = 32, ordering: str = "hilbert", segment_lengt
         widgets.HBox([controls["size"], controls["ordering"]]),
         widgets.HBox([controls["segment_length"], controls["dilation_rate"], controls["show_path"]]),
         message,
-        widgets.HBox([figure, metrics_html]),
+        widgets.HBox([figure.widget, metrics_html]),
     ])
     observer()
     return Panel(widget=layout, figures={"windows": figure}, controls=controls, message=message, refresh=refresh,

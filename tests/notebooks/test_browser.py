@@ -1,6 +1,9 @@
-"""Real browser: JupyterLab in headless Debian chromium runs each explorer notebook; one control change redraws it.
+"""Real browser: JupyterLab in headless Debian chromium runs each explorer notebook and changes its controls.
 
-Screenshots of every notebook before and after the change are kept in test-artifacts/.
+Each explorer's steps check the first drawing, change controls as a user would and check the redraw, and
+check what a reader sees: axis titles that fit their figure and do not overlap, counts printed as integers,
+readable log-axis ticks, sentences instead of raw dicts, results marked out of date when the controls change.
+Screenshots of every stage are kept in test-artifacts/ (NAME_STAGE.png).
 
 Also opens an exported report page with every network request blocked: the plots must still render.
 """
@@ -82,10 +85,10 @@ KERNEL_IDLE = """() => {
     && widget.sessionContext.session.kernel;
   return kernel && kernel.status === 'idle';
 }"""
-# every plotly plot in the outputs: its title, and per trace the name and the x / y / z values (as drawn:
+# every plotly plot in the outputs: its title as drawn, and per trace the name and the x / y / z values (as drawn:
 # _fullData holds decoded arrays where data may hold plotly's base64 form)
 PLOTS = """() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot')).map(plot => ({
-  title: plot.layout && plot.layout.title ? (plot.layout.title.text || '') : '',
+  title: ((plot._fullLayout || plot.layout || {}).title || {}).text || '',
   traces: (plot._fullData || []).map(trace => ({name: trace.name || '', x: trace.x ? Array.from(trace.x) : [],
     y: trace.y ? Array.from(trace.y) : [], z: trace.z ? Array.from(trace.z).map(row => Array.from(row)) : []}))
 }))"""
@@ -111,6 +114,70 @@ def _wait_for_plot(page, title_part: str, check=lambda plot: True, timeout_s: fl
         time.sleep(0.5)
 
 
+# the drawn geometry of the plot whose title contains the argument: the figure's svg, its x / y axis titles,
+# its x tick labels and its annotations (subplot titles included), as the browser laid them out
+GEOMETRY = """(titlePart) => {
+  const plot = Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot'))
+    .find(p => (((p._fullLayout || p.layout || {}).title || {}).text || '').includes(titlePart));
+  if (!plot) return null;
+  const box = e => { const r = e.getBoundingClientRect();
+    return {left: r.left, right: r.right, top: r.top, bottom: r.bottom, text: e.textContent}; };
+  const title = plot.querySelector('.infolayer .gtitle');
+  return {svg: box(plot.querySelector('.main-svg')), title: title ? box(title) : null,
+          xtitles: Array.from(plot.querySelectorAll('.infolayer g[class^="g-x"][class$="title"] text')).map(box),
+          ytitles: Array.from(plot.querySelectorAll('.infolayer g[class^="g-y"][class$="title"] text')).map(box),
+          xticks: Array.from(plot.querySelectorAll('.xaxislayer-above .xtick text')).map(e => e.textContent),
+          annotations: ((plot._fullLayout || {}).annotations || []).map(a => a.text || '')};
+}"""
+# rows of every table in the outputs: the cell texts of each row (header rows included)
+TABLES = """() => Array.from(document.querySelectorAll('.jp-OutputArea table')).map(table =>
+  Array.from(table.querySelectorAll('tr')).map(row => Array.from(row.querySelectorAll('th, td')).map(cell =>
+    cell.innerText.trim())))"""
+
+
+def _geometry(page, title_part: str) -> dict:
+    geometry = page.evaluate(GEOMETRY, title_part)
+    assert geometry is not None, f"no plot titled {title_part!r}"
+    return geometry
+
+
+def _check(page, condition: bool, problem: str) -> None:
+    """Record a problem a reader would see; the test fails at the end with all of them."""
+    if not condition:
+        page.problems.append(problem)
+
+
+def _inside(inner: dict, outer: dict, slack: float = 1.0) -> bool:
+    return (inner["left"] >= outer["left"] - slack and inner["right"] <= outer["right"] + slack
+            and inner["top"] >= outer["top"] - slack and inner["bottom"] <= outer["bottom"] + slack)
+
+
+def _overlapping(boxes: list[dict]) -> list[tuple[str, str]]:
+    """Pairs of boxes (by text) that overlap horizontally and vertically."""
+    return [(a["text"], b["text"]) for index, a in enumerate(boxes) for b in boxes[index + 1:]
+            if a["left"] < b["right"] - 1 and b["left"] < a["right"] - 1
+            and a["top"] < b["bottom"] - 1 and b["top"] < a["bottom"] - 1]
+
+
+def _column(page, header: str) -> list[str]:
+    """The values under the first column headed `header` in a table's <thead> (a pandas table's columns)."""
+    columns = page.evaluate("""(header) => {
+      for (const table of document.querySelectorAll('.jp-OutputArea table')) {
+        const heads = Array.from(table.querySelectorAll('thead tr:last-child th')).map(cell => cell.innerText.trim());
+        const index = heads.indexOf(header);
+        if (index >= 0) return Array.from(table.querySelectorAll('tbody tr')).map(row =>
+          (row.querySelectorAll('th, td')[index] || {innerText: ''}).innerText.trim());
+      }
+      return [];
+    }""", header)
+    return columns
+
+
+def _row(page, label: str) -> list[str]:
+    """The cells of the first table row whose first cell is `label`."""
+    return next((row for rows in page.evaluate(TABLES) for row in rows if row and row[0] == label), [])
+
+
 def _control(page, kind: str, label: str):
     """The widget of class `kind` (widget-slider, widget-text, widget-checkbox...) whose label is `label`."""
     return page.locator(f".{kind}", has=page.locator("label", has_text=label)).first
@@ -126,8 +193,21 @@ def _curve_explorer(page) -> None:
     handle.press("ArrowRight")  # a real user interaction on the noUiSlider handle
     after = _wait_for_plot(page, "Hilbert", lambda plot: len(plot["traces"][0]["x"]) == 256)
     assert sorted(set(after["traces"][0]["x"])) == list(range(16))
+    yield "after"
     animation = _wait_for_plot(page, "generalized Hilbert 12 x 8")
     assert sorted(set(animation["traces"][0]["x"])) == list(range(12))  # drawn in full before play
+    # counts are integers: the panel's locality table and the side-by-side table ("cells 64.000" before)
+    cells = _row(page, "cells")
+    _check(page, cells[1:2] == ["256"], f"the curve panel shows its cell count as {cells[1:2]}, not 256")
+    counts = _column(page, "cells")
+    _check(page, counts and all(value.isdigit() for value in counts), f"the side-by-side table shows cells as {counts}")
+    # the serialization panel compares an ordering with row-major: row-major itself is one column
+    _control(page, "widget-dropdown", "ordering").locator("select").select_option("rowmajor")
+    _wait_for_plot(page, "rowmajor: ")
+    page.wait_for_timeout(500)
+    headers = next((rows[0] for rows in page.evaluate(TABLES) if rows and "rowmajor" in rows[0]), [])
+    _check(page, headers.count("rowmajor") == 1, f"the serialization table's header reads {headers}")
+    yield "rowmajor"
 
 
 def _locality_explorer(page) -> None:
@@ -145,6 +225,23 @@ def _locality_explorer(page) -> None:
     cells = {text.strip() for text in table.locator("td").all_inner_texts()}
     for trace in after["traces"]:
         assert {str(int(value)) for value in trace["y"]} <= cells, trace["name"]
+    yield "after"
+    # the capacity axis is logarithmic: its ticks are the capacities, not "4 5 6 7 8 9 10 2 3"
+    capacities = {str(int(value)) for value in after["traces"][0]["x"]}
+    ticks = _geometry(page, title)["xticks"]
+    _check(page, ticks and set(ticks) <= capacities, f"the miss curves' capacity ticks read {ticks}")
+    # the 1D study: five orderings side by side, each axis title readable (they overlapped)
+    page.locator(".widget-toggle-buttons button", has_text="1D sequence").click()
+    _wait_for_plot(page, "access order: 1024 tokens")
+    page.wait_for_timeout(1000)
+    heatmaps = _geometry(page, "access order: 1024 tokens")
+    _check(page, any("position in segment" in text for text in heatmaps["xtitles"] + heatmaps["annotations"]),
+           "the 1D heatmaps have no x axis title")
+    titles = heatmaps["xtitles"] + heatmaps["ytitles"]
+    _check(page, not _overlapping(titles), f"axis titles overlap in the 1D study: {_overlapping(titles)}")
+    _check(page, all(_inside(box, heatmaps["svg"]) for box in titles),
+           f"an axis title leaves its figure: {[box['text'] for box in titles if not _inside(box, heatmaps['svg'])]}")
+    yield "sequence"
 
 
 def _attention_explorer(page) -> None:
@@ -157,10 +254,61 @@ def _attention_explorer(page) -> None:
     after = _wait_for_plot(page, title, lambda plot: "causal=True" in plot["title"])
     assert not any(row[key] for trace in after["traces"] for index, row in enumerate(trace["z"])
                    for key in range(index + 1, len(row)))  # causal: no key after its query
+    yield "after"
+    # the reference check reads as a sentence, in the panel and in the notebook's last cell (raw dicts before)
+    page.locator(".widget-button", has_text="compare with reference").click()
+    page.wait_for_function("() => document.body.innerText.includes('float64 reference')")
+    page.wait_for_timeout(500)
+    text = page.locator(".jp-OutputArea").all_inner_texts()
+    _check(page, not any("max_abs_out_error" in part or "{'" in part for part in text),
+           "the reference check is printed as a raw dict")
+    _check(page, any("matches the float64 reference" in part and "largest output error" in part for part in text),
+           "the reference check does not say in words what matched")
+    # head_groups: a branch that does not run on the head shown is empty, and its panel says why
+    _control(page, "widget-dropdown", "mode").locator("select").select_option("head_groups")
+    branches = _wait_for_plot(page, "per-branch masks", lambda plot: "head_groups" in plot["title"])
+    empty = [trace["name"] for trace in branches["traces"] if not any(any(row) for row in trace["z"])]
+    notes = [text for text in _geometry(page, "per-branch masks")["annotations"] if "head 0" in text and "not" in text]
+    _check(page, empty, "no branch panel is empty for head 0 in head_groups mode (the check needs one)")
+    _check(page, len(notes) >= len(empty) > 0, f"empty branch panels {empty} do not say why (annotations: {notes})")
+    yield "head_groups"
+
+
+def _backend_dashboard(page) -> None:
+    title = "forward time"
+    before = _wait_for_plot(page, title, lambda plot: "1024 tokens" in plot["title"])
+    # `auto` is timed too, and says which backend it ran
+    bars = [str(name) for name in before["traces"][0]["x"]]
+    _check(page, any(name.startswith("auto") and "(" in name for name in bars),
+           f"auto is not timed (or does not say what it ran): bars {bars}")
+    auto_row = next((row for rows in page.evaluate(TABLES) for row in rows if row and row[0].startswith("auto")), [])
+    _check(page, bool(auto_row) and "runs " in auto_row[0], f"the table's auto row reads {auto_row}")
+    # the y axis title fits its figure
+    geometry = _geometry(page, title)
+    _check(page, all(_inside(box, geometry["svg"]) for box in geometry["ytitles"]),
+           f"the y axis title leaves its figure: {[box['text'] for box in geometry['ytitles']]}")
+    yield "before"
+    # a control change marks the timing as out of date, plot and table alike
+    tokens = _control(page, "widget-text", "tokens").locator("input")
+    tokens.fill("512")
+    tokens.press("Enter")
+    page.wait_for_timeout(1500)
+    stale = _plot(page, title)
+    _check(page, stale is not None and "out of date" in stale["title"], f"the plot is not marked out of date: "
+           f"{stale and stale['title']!r}")
+    _check(page, page.locator(".jp-OutputArea .widget-html", has_text="out of date").count() > 0,
+           "the table is not marked out of date")
+    marked = _geometry(page, title)["title"]
+    _check(page, marked is not None and _inside(marked, _geometry(page, title)["svg"]),
+           f"the out-of-date title leaves its figure: {marked and marked['text']!r}")
+    yield "out_of_date"
+    page.locator(".widget-button", has_text="time backends").click()
+    after = _wait_for_plot(page, title, lambda plot: "512 tokens" in plot["title"])
+    _check(page, "out of date" not in after["title"], "the new timing is still marked out of date")
 
 
 EXPLORERS = {"curve_explorer": _curve_explorer, "locality_explorer": _locality_explorer,
-             "attention_explorer": _attention_explorer}
+             "attention_explorer": _attention_explorer, "backend_dashboard": _backend_dashboard}
 
 
 @pytest.mark.parametrize("name", sorted(EXPLORERS))
@@ -185,18 +333,20 @@ def test_explorer_notebook_in_jupyterlab(name, browser, jupyter_lab):
     page.wait_for_function(KERNEL_IDLE)
     # run every cell through JupyterLab's own command (not awaited: it resolves when all cells are done)
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); return true; }")
-    steps = EXPLORERS[name](page)
-    next(steps)  # first drawing checked
-    page.wait_for_function(KERNEL_IDLE)
-    page.wait_for_timeout(1000)  # let plotly finish laying out
+    page.problems = []  # what a reader would see wrong, collected by _check
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}_before.png"))
-    next(steps, None)  # one control change and its redraw checked
+    # each step yields after checking a state (the first: the first drawing); a screenshot of every state
+    for number, stage in enumerate(EXPLORERS[name](page)):
+        if number == 0:
+            page.wait_for_function(KERNEL_IDLE)
+        page.wait_for_timeout(1000)  # let plotly finish laying out
+        page.screenshot(path=str(ARTIFACTS / f"{name}_{stage or 'before'}.png"))
     page.wait_for_timeout(1000)
-    page.screenshot(path=str(ARTIFACTS / f"{name}_after.png"))
+    page.screenshot(path=str(ARTIFACTS / f"{name}_end.png"))
     errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
     assert not errors.count(), errors.all_inner_texts()
     assert not page.locator(".jp-OutputArea div[style*='color:#b00020']").count(), "a panel shows an error"
+    assert not page.problems, "\n".join(page.problems)
 
 
 def test_exported_report_renders_offline(browser, tmp_path, monkeypatch):

@@ -98,7 +98,7 @@ def test_cli_run_passes_typed_overrides(monkeypatch, tmp_path, capsys):
     assert args.func(args) == 0
     assert calls["parameters"] == {"repeats": 2, "seq_lens": [128, 256]}
     assert calls["run_id"] == "r1" and calls["output_root"] == str(tmp_path) and calls["progress"] is False
-    assert capsys.readouterr().out.strip() == str(tmp_path / "run")
+    assert capsys.readouterr().out.strip() == str(tmp_path / "run" / "benchmark.html")  # the page to open
     # a bad parameter is an error message and exit status 2, not a traceback
     args = _parser().parse_args(["report", "run", "benchmark", "-p", "repeats=lots"])
     assert args.func(args) == 2
@@ -205,3 +205,29 @@ def test_render_never_overwrites_another_page_unless_forced(tmp_path, capsys):
     assert err.count("\n") == 1 and "--out" in err and "already exists" in err
     args = _parser().parse_args(["report", "render", str(run), "--out", str(out), "--force"])
     assert args.func(args) == 0 and "Ring attention" in out.read_text()
+
+def test_report_run_names_each_report_and_ends_with_the_page_to_open(capsys, monkeypatch, tmp_path):
+    """`make report` prints a named line per report (and names its cell bar), then the path of index.html."""
+    from hilbert_lab.cli import main
+    from hilbert_lab.reports import runner
+
+    labels = []
+
+    def fake_execute(spec, overrides, run_dir, **kwargs):
+        labels.append(kwargs.get("label"))
+        run_dir.mkdir(parents=True)
+        return {"report": spec.name}
+
+    monkeypatch.setattr(runner, "execute_report", fake_execute)
+    monkeypatch.setattr(runner, "committed_gpu_runs", lambda: [])
+    assert main(["report", "run", "default", "--output-root", str(tmp_path), "--run-id", "rid"]) == 0
+    captured = capsys.readouterr()
+    parts = get_report("default").parts
+    assert labels == [f"[{number}/{len(parts)}] {part}" for number, part in enumerate(parts, start=1)]
+    for number, part in enumerate(parts, start=1):
+        assert f"[{number}/{len(parts)}] {part}: {get_report(part).description}" in captured.err
+    page = tmp_path / "default" / "rid" / "index.html"
+    assert captured.out.strip().splitlines()[-1] == str(page) and page.exists()
+    assert main(["report", "run", "locality", "--output-root", str(tmp_path), "--run-id", "one", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(tmp_path / "locality" / "one" / "locality.html") and captured.err == ""

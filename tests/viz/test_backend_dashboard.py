@@ -9,7 +9,9 @@ pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures
 pytest.importorskip("ipywidgets", reason="ipywidgets (notebooks extra) builds the panels")
 pytest.importorskip("hilbert_lab.attention.engine", reason="the engine has not landed")
 
-from hilbert_lab.viz.backends import backend_availability, backend_dashboard, explain_auto_choice, time_backends  # noqa: E402
+from hilbert_lab.viz.backends import (  # noqa: E402
+    backend_availability, backend_dashboard, backend_label, explain_auto_choice, time_backends, timing_figure,
+)
 
 
 def test_auto_choice_matches_the_engine_rules():
@@ -57,7 +59,8 @@ def test_dashboard_button_times_and_draws():
     assert len(panel.figures["timing"].data) == 0
     panel.refresh()
     timings = panel.state["timings"]
-    assert list(panel.figures["timing"].data[0].x) == list(timings[timings["error"] == ""]["backend"])
+    assert list(panel.figures["timing"].data[0].x) == [backend_label(row) for row in
+                                                      timings[timings["error"] == ""].itertuples()]
     panel.controls["seq_len"].value = 10**9
     panel.controls["segment_lengths"].value = "16,abc"
     panel.refresh()  # refused with a visible message
@@ -89,3 +92,44 @@ def test_hardware_table_is_html_not_a_dict():
 
     text = hardware_html(hardware_summary("cpu"))
     assert text.startswith("<table>") and "torch CPU threads" in text and "{" not in text
+
+
+def test_auto_is_timed_and_names_the_backend_it_ran():
+    from hilbert_lab.attention.engine import resolve_backend
+    import torch
+
+    table = time_backends(seq_len=64, num_heads=2, head_dim=16, segment_lengths=(16, 32), repeats=1)
+    auto = table[table["backend"] == "auto"].iloc[0]
+    expected = resolve_backend("auto", torch.empty(1, 64, 2, 16), (16, 32)).name
+    assert auto["runs"] == expected and auto["error"] == "" and auto["median_ms"] > 0
+    assert backend_label(auto) == f"auto (runs {expected})"
+    assert auto["max_abs_diff_vs_first"] < 1e-5  # the same attention as the other backends
+    assert "auto" not in time_backends(seq_len=64, num_heads=2, head_dim=16, segment_lengths=(16, 32), repeats=1,
+                                       backends=["manual"])["backend"].tolist()  # only when asked for every backend
+
+
+def test_timing_axis_title_is_short_and_the_details_are_under_the_title():
+    table = time_backends(seq_len=64, num_heads=2, head_dim=16, segment_lengths=(16, 32), repeats=2,
+                          backends=["manual"])
+    figure = timing_figure(table, "forward time, 64 tokens")
+    assert figure.layout.yaxis.title.text == "forward time (ms)"  # a 380 px figure holds it
+    assert "95% interval" in figure.layout.title.text and "2 repeats" in figure.layout.title.text
+
+
+def test_a_control_change_marks_the_timing_out_of_date_until_the_next_press():
+    panel = backend_dashboard(seq_len=64, num_heads=2, head_dim=16, segment_lengths="16,32", dilation_rates="1,2",
+                              repeats=1)
+    panel.controls["seq_len"].value = 32  # before any timing: nothing to mark
+    assert "out of date" not in panel.widget.children[-1].value
+    panel.refresh()
+    figure, table = panel.figures["timing"], panel.widget.children[-1]
+    assert "out of date" not in figure.layout.title.text and "out of date" not in table.value
+    panel.controls["seq_len"].value = 48
+    assert figure.layout.title.text.startswith("<b>out of date</b>") and "32 tokens" in figure.layout.title.text
+    assert "out of date" in table.value and "tokens 32 -&gt; 48" in table.value
+    assert all(trace.opacity == 0.35 for trace in figure.data)
+    panel.controls["seq_len"].value = 32  # back to what was timed: current again
+    assert "out of date" not in figure.layout.title.text and "out of date" not in table.value
+    panel.controls["head_dim"].value = 32
+    panel.refresh()
+    assert "out of date" not in figure.layout.title.text and "out of date" not in table.value

@@ -50,6 +50,20 @@ def test_continuous_curves_have_unit_steps_and_morton_jumps():
     assert rowmajor["window_spread"] == pytest.approx(4.0)
 
 
+def test_counts_are_integers_in_the_panel_and_the_table():
+    from hilbert_lab.viz.curves import format_metric, traversal_metrics_table
+
+    metrics = traversal_metrics(curve_coordinates("hilbert", order=3))
+    assert metrics["cells"] == 64 and isinstance(metrics["cells"], int)
+    assert format_metric(metrics["cells"]) == "64" and format_metric(metrics["mean_step"]) == "1.000"
+    panel = curve_explorer(order=3)
+    assert "<td>cells</td><td>64</td>" in panel.widget.children[-1].children[1].value
+    table = traversal_metrics_table({"hilbert": metrics, "snake": traversal_metrics(curve_coordinates(
+        "snake", width=8, height=8))})
+    assert table["cells"].tolist() == [64, 64] and str(table["cells"].dtype).startswith("int")
+    assert "mean step (cells, lower is better)" in table.columns and "mean_step" not in table.columns
+
+
 def test_traversal_metrics_hand_computed():
     coords = np.array([[0, 0], [1, 0], [1, 1], [3, 1]])
     metrics = traversal_metrics(coords, window=2)

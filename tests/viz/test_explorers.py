@@ -166,6 +166,31 @@ def test_attention_explorer_reference_check():
     assert "matches" in panel.state["check_html"].value
 
 
+def test_reference_check_reads_as_a_sentence():
+    from hilbert_lab.viz.attention_explorer import reference_check_html
+
+    result = {"backend": "auto", "max_abs_out_error": 8.881784197001252e-16, "max_abs_lse_error": 4.4e-16,
+              "empty_rows_agree": True}
+    text = reference_check_html(result)
+    assert text.startswith("<b>matches the float64 reference</b>") and "largest output error 8.9e-16" in text
+    assert "max_abs" not in text and "=" not in text and "queries with no keys are the same" in text
+    assert "DIFFERS FROM" in reference_check_html({**result, "max_abs_out_error": 1e-3})
+    assert "queries with no keys differ" in reference_check_html({**result, "empty_rows_agree": False})
+
+
+def test_an_empty_branch_panel_says_why():
+    from hilbert_lab.viz.attention import branch_mask_figure
+
+    pattern = DilatedPattern.create([16, 64], [1, 4], mode="head_groups")
+    figure = branch_mask_figure(pattern, 64, 2, head=0)  # head_groups: branch 1 runs on head 1 only
+    notes = [note for note in figure.layout.annotations if "empty" in note.text]
+    assert len(notes) == 1 and notes[0].xref == "x2 domain"
+    assert "head 0 does not run this branch" in notes[0].text.replace("<br>", " ")
+    assert "head 1 of 2" in notes[0].text.replace("<br>", " ")
+    longnet = DilatedPattern.create([16, 64], [1, 4])
+    assert not [note for note in branch_mask_figure(longnet, 64, 2, head=0).layout.annotations if "empty" in note.text]
+
+
 # --- locality explorer ---------------------------------------------------------------------------
 
 def test_capacity_points():
@@ -204,6 +229,34 @@ def test_locality_explorer_callbacks():
     assert panel.state["study"]["index_grids"]["identity"].shape[1] == 256
 
 
+def test_locality_heatmaps_share_one_x_title_and_the_miss_axis_ticks_at_the_capacities():
+    panel = locality_explorer(kind="sequence", size=256, box_or_segment=64, max_cache_lines=256)
+    heatmaps = panel.figures["heatmaps"]
+    assert len(heatmaps.data) >= 5 and not any(axis.title.text for axis in heatmaps.select_xaxes())
+    shared = [note.text for note in heatmaps.layout.annotations if "position in segment (tokens)" in note.text]
+    assert shared == ["position in segment (tokens), one panel per ordering"]  # one title for the row of panels
+    assert ("identity, hilbert, morton, snake and dilation_major have the same misses at every capacity"
+            in panel.widget.children[-1].value)  # 256 lines hold every row: only compulsory misses
+    axis = panel.figures["misses"].layout.xaxis
+    assert axis.type == "log" and list(axis.tickvals) == [4, 8, 16, 32, 64, 128, 256]
+    assert list(axis.ticktext) == ["4", "8", "16", "32", "64", "128", "256"]
+
+
+def test_log_ticks_are_the_values_of_a_sweep_or_decades():
+    from hilbert_lab.viz.axes import log_ticks, readable_log_axis, tick_label
+    import plotly.graph_objects as go
+
+    assert log_ticks([4, 8, 16, 32]) == [4, 8, 16, 32]
+    assert log_ticks([2 ** power for power in range(2, 15)]) == [4, 16, 64, 256, 1024, 4096, 16384]
+    assert log_ticks(range(1, 50)) == [1, 2, 5, 10, 20]
+    assert log_ticks(range(1, 5000)) == [1, 10, 100, 1000]
+    assert [tick_label(value) for value in (64, 16384, 2e6, 0.25, 1.5e9)] == ["64", "16384", "2M", "0.25", "1.5G"]
+    with pytest.raises(ValueError, match="positive"):
+        log_ticks([0, -1])
+    figure = readable_log_axis(go.Figure(go.Scatter(x=[1e3, 1e4, 1e5], y=[1, 2, 3])), "x")
+    assert figure.layout.xaxis.type == "log" and list(figure.layout.xaxis.ticktext) == ["1000", "10000", "100000"]
+
+
 def test_locality_dilation_only_active_for_sequences():
     panel = locality_explorer(kind="grid", size=8, box_or_segment=2, max_cache_lines=16)
     assert panel.controls["dilation_rate"].disabled
@@ -238,31 +291,24 @@ def test_locality_misses_table_follows_the_controls():
     assert "window 5" in table_widget.value
 
 
-def test_replace_figure_sends_whole_layout_entries():
-    """plotly.js refuses a relayout holding `xaxis2` and `xaxis2.anchor` together (the redraw is then lost)."""
-    import plotly.graph_objects as go
+def test_replace_figure_shows_the_whole_figure_in_one_output():
+    """A redraw is one output holding the whole figure (plotly's mime bundle): nothing of the figure before
+    is kept, and there are no incremental relayout messages that a busy front-end could lose."""
+    from hilbert_lab.viz.panels import FigureView, replace_figure
 
-    from hilbert_lab.viz.panels import replace_figure
-
-    widget = go.FigureWidget()
-    sent: list[dict] = []
-    for method, position in (("_send_update_msg", 1), ("_send_relayout_msg", 0)):
-        original = getattr(widget, method)
-
-        def capture(*args, _original=original, _position=position, **kwargs):
-            sent.append(dict(args[_position]))
-            return _original(*args, **kwargs)
-
-        setattr(widget, method, capture)
+    view = FigureView()
+    assert view.widget.outputs == () and len(view.data) == 0
     pattern = DilatedPattern.create([4, 8], [1, 2])
     figures = [attention_viz.head_mask_figure(pattern, 16, 4), attention_viz.head_mask_figure(pattern, 16, 2),
                attention_viz.coverage_figure(pattern, 16, 2)]
     for figure in figures:
-        sent.clear()
-        replace_figure(widget, figure)
-        for relayout in sent:
-            keys = set(relayout)
-            assert not [key for key in keys if any(key.startswith(other + ".") for other in keys)], sorted(keys)
-        assert widget.layout.to_plotly_json() == figure.layout.to_plotly_json()  # stale subplots gone
-        assert [trace.name for trace in widget.data] == [trace.name for trace in figure.data]
-        assert all(np.array_equal(shown.z, drawn.z) for shown, drawn in zip(widget.data, figure.data))
+        replace_figure(view, figure)
+        (output,) = view.widget.outputs
+        spec = output["data"]["application/vnd.plotly.v1+json"]
+        assert spec["layout"]["title"]["text"] == figure.layout.title.text
+        axes = {key for key in spec["layout"] if key.startswith(("xaxis", "yaxis"))}
+        assert len(spec["data"]) == len(figure.data) and axes == {
+            key for key in figure.layout.to_plotly_json() if key.startswith(("xaxis", "yaxis"))}  # none left over
+        assert view.layout.to_plotly_json() == figure.layout.to_plotly_json()
+        assert [trace.name for trace in view.data] == [trace.name for trace in figure.data]
+        assert all(np.array_equal(shown.z, drawn.z) for shown, drawn in zip(view.data, figure.data))

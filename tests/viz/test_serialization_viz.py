@@ -50,8 +50,11 @@ def test_locality_and_accuracy_figures():
 def test_panel_redraws_and_clamps():
     panel = serialization_panel(size=16, ordering="hilbert", segment_length=16)
     assert panel.state["metrics"]["recall@4"] > panel.state["baseline"]["recall@4"]
+    assert panel.widget.children[-1].children[1].value.count("<th>") == 3  # blank, hilbert, rowmajor
     panel.controls["ordering"].value = "rowmajor"
     assert panel.state["metrics"] == panel.state["baseline"]
+    table = panel.widget.children[-1].children[1].value
+    assert table.count("<th>rowmajor</th>") == 1 and table.count("<th>") == 2  # the baseline itself: one column
     panel.controls["dilation_rate"].value = 99
     assert panel.state["parameters"]["dilation_rate"] == 16
     assert "clamped" in panel.message.value

@@ -1,0 +1,132 @@
+"""The README is a newcomer's page that stays true: its tour runs, its headline numbers are those of the
+committed result files, it names what `make report` runs, it stays short and uses no undefined jargon."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+RESULTS = REPO / "reports" / "results"
+FLAT = " ".join(README.split())  # whitespace-normalized, for phrases that wrap
+
+
+def _section(title: str) -> str:
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", README, flags=re.S | re.M)
+    assert match, f"the README has no section {title!r}"
+    return match.group(1)
+
+
+def _blocks(text: str, language: str) -> list[str]:
+    return [code for lang, code in re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S) if lang == language]
+
+
+TOUR = _section("A 5-minute tour (CPU)")
+
+
+def test_the_tour_python_block_runs(tmp_path):
+    (code,) = _blocks(TOUR, "python")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_the_tour_commands_run(tmp_path, monkeypatch, capsys):
+    """Every `hilbert-lab` line of the tour (but `report run`, which tests/reports covers) exits 0."""
+    from hilbert_lab.cli import main
+
+    (shell,) = _blocks(TOUR, "bash")
+    lines = [line.split("#")[0] for line in shell.splitlines() if line.startswith(".venv/bin/hilbert-lab ")]
+    assert len(lines) >= 4
+    monkeypatch.chdir(tmp_path)
+    for line in lines:
+        argv = shlex.split(line)[1:]
+        if argv[:2] == ["report", "run"]:
+            continue
+        try:
+            code = main(argv)
+        except SystemExit as exit_:  # --help
+            code = exit_.code
+        out = capsys.readouterr().out
+        assert code == 0, (line, out)
+        if argv[0] == "estimate":
+            assert out.startswith("assumed: q, k, v of shape (B, N, H, D)"), out
+    jupyter = next(line for line in shell.splitlines() if "jupyter lab" in line)
+    assert "--allow-root" in jupyter  # JupyterLab refuses to start as root without it
+
+
+def test_the_readme_is_a_short_page_with_the_reference_in_docs():
+    assert len(README.splitlines()) <= 150
+    for package in ("curves", "attention", "distributed", "locality", "models", "bench", "viz", "reports", "cli"):
+        assert f"docs/{package}.md" in README and (REPO / "docs" / f"{package}.md").is_file()
+
+
+@pytest.mark.parametrize("term", ["the predecessor", "w/r max", "dil8", "relay", "inlined once", "4-GPU"])
+def test_no_undefined_term_or_stale_statement(term):
+    assert term not in README
+
+
+def test_it_names_the_reports_make_report_runs():
+    from hilbert_lab.reports.registry import get_report
+
+    parts = get_report("default").parts
+    count = {4: "four", 5: "five", 6: "six"}[len(parts)]
+    assert f"runs {count} reports ({', '.join(parts)})" in FLAT
+
+
+def _interval(value: float, low: float, high: float) -> str:
+    return f"{value:.3f} [{low:.3f}, {high:.3f}]"
+
+
+def _pooled(row: dict) -> str:
+    pooled = row["pooled"]
+    return _interval(pooled["accuracy"], pooled["accuracy_low"], pooled["accuracy_high"])
+
+
+def _load(name: str) -> dict:
+    return json.loads((RESULTS / name).read_text())
+
+
+def _expected_numbers() -> list[str]:
+    grid = _load("retrieval_grid_h100.json")["rows"]
+    dilated, dense = grid["gpu-32k-dil8-long1k"], grid["gpu-32k"]
+    share = dilated["attention"]["flops_per_token"] / dense["attention"]["flops_per_token"]
+    expected = [f"dilated {_pooled(dilated)}", f"dense top {_pooled(dense)}", _pooled(grid["gpu-32k-local"]),
+                f"{share:.1%} of the attention FLOPs"]
+    assert dilated["curriculum"] == [[1024, 1600], [16384, 1900]]
+    expected.append("1,024 tokens until step 1,600, then 16,384 until step 1,900, then 32,768")
+    long = _load("train_gpu_h100_128k.json")
+    final = long["training"]["final_eval"]
+    expected.append(f"{_interval(final['accuracy'], final['accuracy_low'], final['accuracy_high'])} over "
+                    f"{final['count']} answers")
+    fitted = [row for row in long["longest_trainable"] if row.get("peak_memory_gib")]
+    failed = [row for row in long["longest_trainable"] if not row.get("peak_memory_gib")]
+    expected.append(f"{fitted[-1]['seq_len']:,} tokens at {fitted[-1]['peak_memory_gib']:.1f} GiB peak; "
+                    f"{failed[0]['seq_len']:,} runs out of memory")
+    cpu = _load("retrieval_grid_cpu.json")["rows"]
+    expected.append(f"{_pooled(cpu['cpu-512-dil8'])} vs {_pooled(cpu['cpu-512-local'])}")
+    (task,) = [task for task in _load("serialization_h100.json")["tasks"] if task["name"].endswith("window 64")
+               and task["task"]["kind"] == "grid"]
+    summary = {row["ordering"]: _interval(row["mean"], row["low"], row["high"]) for row in task["summary"]}
+    expected += [f"Morton {summary['morton']}", f"transpose {summary['hilbert/hilbert-trans']}",
+                 f"row-major {summary['rowmajor']}"]
+    ring, single = _load("ring_2gpu_h200.json"), _load("ring_1gpu_h200.json")
+    parallel = ring["context_parallel"]
+    ours, theirs = parallel["ring_zigzag"], parallel["context_parallel_cudnn_attention_allgather"]
+    ratio = theirs["speed_vs_ring_zigzag"]
+    expected.append(f"{ours['median_ms']:.1f} ms [{ours['ci_ms'][0]:.1f}, {ours['ci_ms'][1]:.1f}] vs "
+                    f"{theirs['median_ms']:.1f} ms [{theirs['ci_ms'][0]:.1f}, {theirs['ci_ms'][1]:.1f}]: PyTorch "
+                    f"{ratio['ratio']:.3f}x [{ratio['ci'][0]:.3f}, {ratio['ci'][1]:.3f}] faster")
+    expected.append(f"{ring['longest']['longnet']['seq_len']:,} tokens on 2 GPUs, "
+                    f"{single['longest']['longnet']['seq_len']:,} on 1")
+    return expected
+
+
+@pytest.mark.parametrize("number", _expected_numbers())
+def test_headline_numbers_are_those_of_the_committed_results(number):
+    assert number in FLAT, f"the README does not show {number!r} (computed from reports/results/)"
