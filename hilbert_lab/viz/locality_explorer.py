@@ -114,7 +114,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
     """
     import ipywidgets as widgets
 
-    from hilbert_lab.viz.axes import readable_log_axis
+    from hilbert_lab.viz.style import log_axis_at
     from hilbert_lab.viz.locality import miss_curve_figure
 
     if max_cache_lines not in CACHE_LINE_CHOICES:
@@ -165,7 +165,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
                                                                    kind=chosen))
         misses = miss_curve_figure(study["capacities"], study["misses"],
                                    title=f"LRU misses of the K/V line trace: {label}")
-        replace_figure(figures["misses"], readable_log_axis(misses, "x", study["capacities"]))
+        replace_figure(figures["misses"], log_axis_at(misses, "x", study["capacities"]))
         table = misses_table(study)
         table_html.value = (f"<b>LRU misses at each capacity: {html.escape(label)}</b> (lower is better)"
                             + "".join(f"<div>{html.escape(line)}</div>" for line in coinciding_curves(study))

@@ -87,6 +87,17 @@ def readable_log_axes(fig: Any) -> Any:
     return fig
 
 
+def log_axis_at(fig: Any, axis: str, values: Iterable[float], *, most: int = 9) -> Any:
+    """Log axis `axis` ("x", "y", "x2", ...) of `fig` labelled at `values` (a sweep's points, such as cache
+    capacities 4, 8, ..., 256; every other one dropped until at most `most` remain); returns `fig`."""
+    ticks = sorted({float(v) for v in values if v is not None and np.isfinite(v) and float(v) > 0})
+    while len(ticks) > most:
+        ticks = ticks[::2]
+    fig.update_layout({f"{axis[0]}axis{axis[1:]}": {"type": "log", "tickmode": "array", "tickvals": ticks,
+                                                   "ticktext": [compact_number(t) for t in ticks]}})
+    return fig
+
+
 def _points(trace: Any) -> tuple[tuple[Any, ...], np.ndarray] | None:
     if getattr(trace, "type", None) != "scatter" or trace.x is None or trace.y is None:
         return None

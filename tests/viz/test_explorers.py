@@ -242,19 +242,15 @@ def test_locality_heatmaps_share_one_x_title_and_the_miss_axis_ticks_at_the_capa
     assert list(axis.ticktext) == ["4", "8", "16", "32", "64", "128", "256"]
 
 
-def test_log_ticks_are_the_values_of_a_sweep_or_decades():
-    from hilbert_lab.viz.axes import log_ticks, readable_log_axis, tick_label
+def test_log_axis_at_a_sweep_labels_its_values():
+    from hilbert_lab.viz.style import log_axis_at
     import plotly.graph_objects as go
 
-    assert log_ticks([4, 8, 16, 32]) == [4, 8, 16, 32]
-    assert log_ticks([2 ** power for power in range(2, 15)]) == [4, 16, 64, 256, 1024, 4096, 16384]
-    assert log_ticks(range(1, 50)) == [1, 2, 5, 10, 20]
-    assert log_ticks(range(1, 5000)) == [1, 10, 100, 1000]
-    assert [tick_label(value) for value in (64, 16384, 2e6, 0.25, 1.5e9)] == ["64", "16384", "2M", "0.25", "1.5G"]
-    with pytest.raises(ValueError, match="positive"):
-        log_ticks([0, -1])
-    figure = readable_log_axis(go.Figure(go.Scatter(x=[1e3, 1e4, 1e5], y=[1, 2, 3])), "x")
-    assert figure.layout.xaxis.type == "log" and list(figure.layout.xaxis.ticktext) == ["1000", "10000", "100000"]
+    figure = log_axis_at(go.Figure(go.Scatter(x=[4, 8, 16, 32], y=[1, 2, 3, 4])), "x", [4, 8, 16, 32])
+    assert figure.layout.xaxis.type == "log" and list(figure.layout.xaxis.tickvals) == [4, 8, 16, 32]
+    many = log_axis_at(go.Figure(), "y", [2 ** power for power in range(2, 15)])
+    assert list(many.layout.yaxis.tickvals) == [4, 16, 64, 256, 1024, 4096, 16384]
+    assert list(many.layout.yaxis.ticktext) == ["4", "16", "64", "256", "1.02K", "4.1K", "16.4K"]
 
 
 def test_locality_dilation_only_active_for_sequences():
