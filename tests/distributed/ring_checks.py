@@ -234,7 +234,7 @@ def check_configuration_agreement(rank, world):
     _raises_everywhere(lambda: ring_dilated_attention(*local, **backends), "backend", "rank 0: manual on cpu")
     if world == 4:
         sized = dict(base, segment_lengths=[3, 2 * n], ring_size=2 if rank == 0 else None)
-        _raises_everywhere(lambda: ring_dilated_attention(*local, **sized), "ring size", "rank 0: 2")
+        _raises_everywhere(lambda: ring_dilated_attention(*local, **sized), "ring_size", "rank 0: 2")
     # nothing moved: the group still works, exactly
     compare(rank, world, seq_len, base["segment_lengths"], base["dilation_rates"], "longnet", False, heads=2, dim=4)
 

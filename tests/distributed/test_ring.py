@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
 from hilbert_lab.distributed import comm  # noqa: E402
-from hilbert_lab.distributed.ring import RingLayout, plan_branches  # noqa: E402
+from hilbert_lab.distributed.branches import RingLayout, plan_branches  # noqa: E402
 from hilbert_lab.distributed.sharding import (  # noqa: E402
     check_divisible, shard, shard_positions, unshard, zigzag_shard, zigzag_unshard,
 )
