@@ -28,7 +28,8 @@ pytestmark = pytest.mark.skipif(NO_GLOO, reason="torch.distributed with gloo is 
 
 ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_message_counts",
               "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm",
-              "check_configuration_agreement", "check_inputs_validated"]
+              "check_configuration_agreement", "check_inputs_validated", "check_ring_size_disagreement",
+              "check_nonfinite_like_engine"]
 
 
 def test_world_of_one_is_the_engine(tmp_path):
