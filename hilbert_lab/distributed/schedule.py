@@ -9,7 +9,7 @@
   its rows and heads sliced; several one-head groups whose rows and heads shift by constant steps are one
   diagonal strided view; other bundles are gathered.
 - packets: per bundle the K then V rows of all of a member's parts, stored (B, h, L, D) (the kernels'
-  layout, so that neither the calls nor the dK/dV sums copy), packed into one uint8 buffer (comm.pack).
+  layout, so that neither the calls nor the dK/dV sums copy) in one uint8 buffer (comm.unpack's layout).
 - calls: per packet the kernel calls that attend (masked cells skipped), joined by the layout's algorithm.
 - routes: holders[j], the members that hold member j's packet, in hop order (the algorithm's routes).
 """
@@ -22,7 +22,7 @@ import torch
 
 from hilbert_lab.attention.pattern import is_selected
 from hilbert_lab.distributed.branches import RingBranch, RingLayout
-from hilbert_lab.distributed.comm import pack, packed_size
+from hilbert_lab.distributed.comm import packed_size, unpack
 
 Rows = Union[slice, torch.Tensor]  # storage rows of a shard: a slice, or an int64 index tensor
 
@@ -197,12 +197,14 @@ class BranchSchedule:
         return self._bytes[(origin, dtype)]
 
     def pack(self, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """This rank's packet: its selected K and V rows of every bundle."""
-        tensors = []
+        """This rank's packet: its selected K and V rows of every bundle, copied into one uint8 buffer."""
+        packet = torch.empty(self.packet_bytes(self.me, k.dtype), dtype=torch.uint8, device=k.device)
+        tensors = unpack(packet, self.specs(self.me, k.dtype))
         for b in range(len(self.bundles)):
             every = self.every(self.me, b)
-            tensors += [self.gather(k, b, every).transpose(1, 2), self.gather(v, b, every).transpose(1, 2)]
-        return pack(tensors)
+            tensors[2 * b].transpose(1, 2).copy_(self.gather(k, b, every))
+            tensors[2 * b + 1].transpose(1, 2).copy_(self.gather(v, b, every))
+        return packet
 
     def split(self, tensors: list[torch.Tensor], origin: int, b: int,
               parts: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:

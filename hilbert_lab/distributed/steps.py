@@ -92,8 +92,8 @@ class RingSteps:
                         acc.copy_(out[:, rows])
                         running[(b, part)] = acc, lse[:, :, rows].to(acc_dtype).contiguous()
 
-        own = schedule.pack(k, v)
-        held, pending = {me: own}, [(me, own)]
+        held = {me: schedule.pack(k, v)}  # packets to pass on at the next step
+        pending = list(held.items())  # packets to compute while the next ones travel
         for step in range(1, schedule.num_steps() + 1):
             sends, recvs = schedule.forward_hops(step, q.dtype)
             buffers = {j: torch.empty(schedule.packet_bytes(j, q.dtype), dtype=torch.uint8, device=q.device)
