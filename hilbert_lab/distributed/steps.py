@@ -35,9 +35,9 @@ def _copy(view: torch.Tensor, value: torch.Tensor) -> None:
     view.copy_(value)
 
 
-def _kernel_layout_zeros(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Zeros of like's shape (B, L, h, D), stored (B, h, L, D)."""
-    return torch.zeros(like.transpose(1, 2).shape, dtype=dtype, device=like.device).transpose(1, 2)
+def _kernel_layout(like: torch.Tensor, dtype: torch.dtype, make=torch.zeros) -> torch.Tensor:
+    """A tensor of like's shape (B, L, h, D) stored (B, h, L, D), the kernels' layout."""
+    return make(like.transpose(1, 2).shape, dtype=dtype, device=like.device).transpose(1, 2)
 
 
 @dataclass
@@ -88,7 +88,7 @@ class RingSteps:
                     if (b, part) in running:
                         merge_into(*running[(b, part)], out[:, rows], lse[:, :, rows])
                     else:  # the running result, stored (B, h, L, D) in the LSE dtype
-                        acc = _kernel_layout_zeros(out[:, rows], acc_dtype)
+                        acc = _kernel_layout(out[:, rows], acc_dtype, torch.empty)
                         acc.copy_(out[:, rows])
                         running[(b, part)] = acc, lse[:, :, rows].to(acc_dtype).contiguous()
 
@@ -120,7 +120,7 @@ class RingSteps:
             schedule.gather(merged.grad_lse.transpose(1, 2), b, every).transpose(1, 2).contiguous()
         grad_out = None if merged.grad_out is None else schedule.dense(merged.grad_out, b)
         return _QueryRows(q_rows, schedule.dense(merged.out, b), grad_out, lse, grad_lse,
-                          _kernel_layout_zeros(q_rows, acc_dtype))
+                          _kernel_layout(q_rows, acc_dtype))
 
     def backward(self, schedule: BranchSchedule, states: dict, q, k, v, merged: Merged, grads: Grads, *,
                  scale: float) -> None:
