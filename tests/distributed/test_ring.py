@@ -1,7 +1,8 @@
 """Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
 
 The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
-start-up. Pure (single-process) tests cover sharding, packing and the branch planner.
+start-up. Pure (single-process) tests cover sharding, packet buffers, the branch planner and the per-rank
+memory model (against a dry run of the ring job on meta tensors).
 """
 from __future__ import annotations
 
