@@ -35,7 +35,6 @@ MAX_LINES = 400
 # the only modules allowed over MAX_LINES: one algorithm each, not split further
 ONE_ALGORITHM_MODULES = {
     "hilbert_lab/kernels/triton_dilated.py": "the fused Triton dilated-attention kernel, forward and backward",
-    "hilbert_lab/distributed/ring.py": "the ring attention autograd Function and its schedule",
 }
 
 

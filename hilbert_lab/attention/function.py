@@ -77,7 +77,7 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
         clear = getattr(job.parts[0].plan, "clear_unselected", None)
         clear(outs[0]) if clear is not None else outs.zero_()
     lses = torch.full((job.num_slots, batch, queries, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-    slots = Slots(outs, lses, job.slot_of, need_lse)
+    slots = Slots(outs, lses, job.slot_of, need_lse or job.num_slots > 1)  # several slots merge by their LSEs
     states = [part.executor.forward(part.plan, q, k, v, slots, scale=job.scale) for part in job.parts]
     out, lse = merge_slots(outs, lses, q.dtype)
     return out, lse, states

@@ -1,82 +1,176 @@
-"""The memory model of ring attention per rank (hilbert_lab.distributed); the public API is
-attention.memory (estimate_memory with world_size > 1)."""
+"""The per-rank memory of ring attention (hilbert_lab.distributed, contiguous layout); the public API is
+attention.memory (estimate_memory with world_size > 1).
+
+The ring lives above attention in the layering, so the buffers its pipelines hold (distributed/steps.py)
+are placed here term by term, while everything that runs attention code is a dry run on meta tensors
+(attention.memory): the shard's local part, one kernel call of a ring step (forward and backward: its
+outputs and work), the running merge of a step's result and the merge of the slots.
+
+Per rank (shard n = N / P), a ring branch of m members selects rows = B * ceil(n / r) * h rows of its h heads
+on each member: its packet holds K and V (2 g, g = rows * D * element), the running result S = rows * (D + 1)
+* lse bytes. Forward, per ring branch: the packet being computed and the one in flight (one alone when m = 1;
+the own packet is released once sent, so with m = 2 the second call holds one), this rank's query rows
+(none gathered when they form one strided view), the call, the running result and its merge. Backward (every
+part with the merged out and LSE, into shared gradient totals): the kept out and LSE, the totals, and per
+ring branch its query rows, out and upstream gradient in kernel layout, the dq sum, the K/V packets (one
+step ahead), the dK/dV sums (own share, this step's, the one passing on, the one arriving) and one call.
+On the CPU the slots' outputs are allocated empty, so a slot's pages count once written (a ring branch's at
+the end of its steps).
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from hilbert_lab.attention.executors import get_executor
-from hilbert_lab.attention.executors.manual import MAX_SCORE_ELEMENTS
+from hilbert_lab.attention.executors.base import lse_dtype
+from hilbert_lab.attention.executors.kernel import call_backward, call_forward
+from hilbert_lab.attention.merge import merge_into, merge_slots
 from hilbert_lab.attention.plan import cached_plan
 
 if TYPE_CHECKING:
     from hilbert_lab.attention.memory import MemoryConfig
 
 
-def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, dict[str, int]]]:
-    """(forward, forward+backward, breakdown) of ring attention per rank (contiguous layout), shard n = N / P.
+def _peak(device: str, run: Callable[[], object], *exclude: torch.Tensor) -> int:
+    """Peak bytes that run() allocates above `exclude` (meta tensors standing for `device`)."""
+    from hilbert_lab.attention.memory import _Allocations, _target
+    from hilbert_lab.attention.target import estimating
 
-    Forward, as the ring runs it: (1) the branches whose segments fit in a shard run on the shard's plan
-    (their peak is a dry run of the executor, attention.memory.dry_run); (2) each branch spanning ranks
-    packs this rank's selected K/V (B * ceil(n/r) * H_branch * D each), holds its own packet and one in
-    flight, and attends the shard's selected queries to each packet in one call with all of the
-    branch's heads stacked, keeping a running (out, lse) in the LSE dtype; (3) the LSE merge of the
-    slots. Backward (the one attention function, every part's backward with the merged out and LSE):
-    the merged (out, lse), the q/k/v gradient accumulators, and per ring branch its gathered rows, K/V
-    packets, dK/dV shares and sums and one call's gradient shares.
-    """
-    from hilbert_lab.attention.memory import DTYPE_BYTES, dry_run
+    tracker = _Allocations()
+    tracker.exclude(*exclude)
+    with estimating(*_target(device), tracker.transient), tracker:
+        result = run()
+        del result
+    return tracker.peak
 
+
+def _meta(shape, dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _call_peaks(backend: str, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,
+                causal: bool) -> tuple[int, int]:
+    """(forward, backward) peak bytes of one ring-step kernel call on (b, L, h, D) rows: its outputs and work."""
+    from hilbert_lab.attention.target import estimating
+    from hilbert_lab.attention.memory import _target
+
+    q, k, v, grad = (_meta(shape, dtype) for _ in range(4))
+    with estimating(*_target(device), lambda nbytes: None):
+        kernel = get_executor(backend).kernel_for(q)
+    forward = backward = 0
+    for masked in {causal, False}:
+        calls = {}
+        forward = max(forward, _peak(device, lambda: calls.setdefault(
+            "result", call_forward(kernel, q, k, v, causal=masked, scale=1.0)), q, k, v))
+        out, lse, state = calls["result"]
+        backward = max(backward, _peak(device, lambda: call_backward(state, grad, q, k, v, out, lse, causal=masked,
+                                                                     scale=1.0), q, k, v, grad, out, lse))
+    return forward, backward
+
+
+def _merge_into_peak(rows: int, dim: int, dtype: torch.dtype, device: str) -> int:
+    """Peak bytes of merging one call's (out, lse) of `rows` (b * L * h) rows into a running result."""
+    acc_dtype = lse_dtype(dtype)
+    acc = _meta((1, rows, 1, dim), acc_dtype)
+    acc_lse, lse = _meta((1, 1, rows), acc_dtype), _meta((1, 1, rows), acc_dtype)
+    out = _meta((1, rows, 1, dim), dtype)
+    return _peak(device, lambda: merge_into(acc, acc_lse, out, lse), acc, acc_lse, out, lse)
+
+
+def _branches(config: MemoryConfig) -> tuple[list[int], list[tuple[int, int, int, int, bool]]]:
+    """(local branches, ring branches as (branch, heads, dilation, members, query rows are one view))."""
     pattern = config.pattern
-    element = DTYPE_BYTES[config.dtype]
-    lse = accumulate = 8 if config.dtype == "float64" else 4
     n = config.seq_len // config.world_size
-    tokens = config.batch_size * n * config.num_heads * config.head_dim
-    rows = config.batch_size * config.num_heads * n
     local, ring = [], []
     for branch, offsets in enumerate(pattern.head_offsets(config.num_heads)):
         segment = min(pattern.segment_lengths[branch], config.seq_len)
         if n % segment == 0:
             local.append(branch)
         elif segment % n == 0:
-            ring.append((branch, int((offsets >= 0).sum()), pattern.dilation_rates[branch]))
+            groups = [int((offsets == o).sum()) for o in sorted(set(offsets[offsets >= 0].tolist()))]
+            view = len(groups) == 1 or max(groups) == 1
+            ring.append((branch, int((offsets >= 0).sum()), pattern.dilation_rates[branch],
+                         min(segment // n, config.world_size), view))
         else:
             raise ValueError(f"segment_lengths[{branch}] = {pattern.segment_lengths[branch]} must divide the shard "
                              f"length {n} (N / world_size) or be a multiple of it")
-    forward_terms: dict[str, int] = {}
-    backward_terms: dict[str, int] = {}
-    forward = forward_backward = 0
+    return local, ring
+
+
+def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, dict[str, int]]]:
+    """(forward, forward+backward, breakdown) of ring attention per rank (contiguous layout); see the module
+    docstring."""
+    from hilbert_lab.attention.memory import DTYPE_BYTES, dry_run
+
+    pattern, dtype, device = config.pattern, getattr(torch, config.dtype), config.device
+    element, accumulate = DTYPE_BYTES[config.dtype], lse_dtype(dtype).itemsize
+    batch, heads, dim = config.batch_size, config.num_heads, config.head_dim
+    n = config.seq_len // config.world_size
+    tokens, rows = batch * n * heads * dim, batch * n * heads
+    local, ring = _branches(config)
+    executor = get_executor(backend)
+    terms: dict[str, dict[str, int]] = {"forward": {}, "forward_backward": {}}
+    local_forward = local_backward = 0
     if local:
-        plan = cached_plan(pattern, n, config.num_heads, tuple(local))
-        shape = (config.batch_size, n, config.num_heads, config.head_dim)
-        forward, forward_backward = dry_run(get_executor(backend), plan, shape, getattr(torch, config.dtype),
-                                            config.device)
-        forward_terms["local"], backward_terms["local"] = forward, forward_backward
+        local_plan = cached_plan(pattern, n, heads, tuple(local))
+        local_forward, local_backward = dry_run(executor, local_plan, (batch, n, heads, dim), dtype, device)
+        terms["forward"]["local"], terms["forward_backward"]["local"] = local_forward, local_backward
     if not ring:  # every branch is local: the ring is exactly the engine on the shard
-        return int(forward), int(forward_backward), {"forward": forward_terms, "forward_backward": backward_terms}
-    eager = backend in ("manual", "reference", "sdpa_math")
-    slots = (1 if local else 0) + len(ring)
-    buffers = slots * (tokens * element + rows * lse)
-    for branch, branch_heads, dilation in ring:
+        return int(local_forward), int(local_backward), terms
+    if executor.kernel_for is None:
+        raise ValueError(f"backend {backend!r} runs whole patterns only; the ring's steps need an executor with a "
+                         f"dense kernel (e.g. 'sdpa', 'manual')")
+    whole = executor.capabilities.whole_pattern
+    slot = tokens * element + rows * accumulate
+    local_slots = (1 if whole else len(local)) if local else 0
+    num_slots = local_slots + len(ring) if local or len(ring) > 1 else 1
+
+    def slots(written: int) -> int:
+        """The job's slots when `written` of them hold outputs (on the CPU, empty pages do not count yet)."""
+        if device == "cpu" and num_slots > 1:  # one slot is the zeroed result itself
+            return num_slots * rows * accumulate + written * tokens * element
+        return num_slots * slot
+
+    kept = slot  # the merged out and LSE, kept for the backward
+    totals = 3 * tokens * (element if whole or (not local and len(ring) == 1) else accumulate)
+    forward_phases, backward_phases = [], []
+    if local:  # the local part alone holds its own slots and gradient totals; here it uses the job's
+        merges = local_plan.merge and not whole
+        alone, alone_totals = (len(local) if merges else 1) * slot, 3 * tokens * (accumulate if merges else element)
+        forward_phases.append(local_forward - alone + slots(local_slots))
+        backward_phases.append(kept + totals + max(0, local_backward - slot - alone_totals))
+    for index, (branch, branch_heads, dilation, members, view) in enumerate(ring):
         selected = -(-n // dilation)
-        rows_block = config.batch_size * selected * branch_heads
-        packet = 2 * rows_block * config.head_dim * element
-        gathered = rows_block * config.head_dim * element
-        state = rows_block * (config.head_dim * lse + lse)
-        work = min(rows_block * selected, MAX_SCORE_ELEMENTS) * 4 * 4 if eager else 0
-        phase = buffers + 2 * packet + 2 * gathered + rows_block * lse + work + 3 * state
-        forward = max(forward, phase)
-        forward_terms[f"ring_branch{branch}"] = phase
-        acc_packet = packet // element * accumulate
-        ring_rows = 2 * gathered + rows_block * lse + rows_block * config.head_dim * accumulate
-        backward_terms[f"ring_branch{branch}"] = ring_rows + 2 * packet + 3 * acc_packet + 3 * gathered + work
-    merge = buffers + 3 * slots * rows * lse + 3 * tokens * lse
-    forward = max(forward, merge)
-    forward_terms["merge"] = merge
-    kept = tokens * element + rows * lse
-    accumulators = 3 * tokens * accumulate
-    phases = [forward, forward_backward + accumulators] + [kept + accumulators + backward_terms[f"ring_branch{b}"]
-                                                           for b, _, _ in ring]
-    backward_terms.update(kept_out_lse=kept, grad_accumulators=accumulators)
-    return int(forward), int(max(phases)), {"forward": forward_terms, "forward_backward": backward_terms}
+        block = batch * selected * branch_heads  # this rank's selected rows of the branch (b * L * h)
+        g = block * dim * element
+        packet, sums, state = 2 * g, 2 * block * dim * accumulate, block * (dim + 1) * accumulate
+        call_f, call_b = _call_peaks(backend, (batch, selected, branch_heads, dim), dtype, device, pattern.causal)
+        outputs, merge = g + block * accumulate, _merge_into_peak(block, dim, dtype, device)
+        q_rows = 0 if view else g
+        first = max(q_rows + call_f, outputs + state)  # a call, then its result copied into the running one
+        later = state + max(q_rows + call_f, outputs + merge)  # a call, then its result merged into it
+        steps = {1: packet + first, 2: max(2 * packet + first, packet + later)}.get(members, 2 * packet + later)
+        phase = max(slots(local_slots + index) + steps, slots(local_slots + index + 1) + state)
+        terms["forward"][f"ring_branch{branch}"] = phase
+        forward_phases.append(phase)
+        query_rows = q_rows + 2 * g + block * accumulate + block * dim * accumulate  # q, out, dO, lse, dq sum
+        # K/V held and in flight, dK/dV sums: own share, this step's, the one passing on, the one arriving
+        held = {1: packet + sums, 2: max(2 * packet + sums, packet + 2 * sums),
+                3: max(2 * packet + 2 * sums, packet + 4 * sums)}.get(members, 2 * packet + 4 * sums)
+        terms["forward_backward"][f"ring_branch{branch}"] = query_rows + held + call_b
+        earlier = totals if local or index else 0  # the totals exist once a part before has written into them
+        backward_phases += [kept + earlier + query_rows + max(held + call_b, 3 * sums),
+                            kept + totals + query_rows + sums]  # this branch's shares stored into the totals
+    if num_slots > 1:
+        outs = _meta((num_slots, batch, n, heads, dim), dtype)
+        lses = _meta((num_slots, batch, n, heads), lse_dtype(dtype))
+        merged = slots(num_slots) + _peak(device, lambda: merge_slots(outs, lses, dtype), outs, lses)
+        terms["forward"]["merge"] = merged
+        forward_phases.append(merged)
+    if totals != 3 * tokens * element:  # the totals returned in the inputs' dtype
+        backward_phases.append(kept + totals + 3 * tokens * element)
+    terms["forward_backward"].update(kept_out_lse=kept, grad_totals=totals)
+    forward = max(forward_phases)
+    return int(forward), int(max([forward] + backward_phases)), terms

@@ -99,3 +99,19 @@ def merge_slots(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> t
         return out, lse.transpose(1, 2)
     out, lse = merge_lse(list(outs), [t.transpose(1, 2) for t in lses])
     return out.to(dtype).contiguous(), lse
+
+
+def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """Merge one partial result into a running one, in place (a ring step's result into its rows' running
+    result): acc (B, N, H, D) and acc_lse (B, H, N) in the LSE dtype become `merge_lse` of themselves and
+    out (B, N, H, D) / lse (B, H, N). The fused Triton merge where `merge_slots` takes it and acc is stored
+    (B, H, N, D)."""
+    if fused_merge_applies(acc, acc_lse) and acc.transpose(1, 2).is_contiguous() and acc_lse.is_contiguous():
+        dim = acc.shape[-1]
+        if acc.device.type != "meta":
+            triton_merge.accumulate(acc.transpose(1, 2).view(-1, dim), acc_lse.view(-1),
+                                    out.transpose(1, 2).contiguous().view(-1, dim), lse.float().contiguous().view(-1))
+        return
+    merged, merged_lse = merge_lse([acc, out], [acc_lse, lse.to(acc_lse.dtype)])
+    acc.copy_(merged)
+    acc_lse.copy_(merged_lse)

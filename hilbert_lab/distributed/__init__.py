@@ -1,10 +1,12 @@
-"""Ring dilated attention over torch.distributed: sharding, ring communicator, autograd, modules."""
+"""Ring dilated attention over torch.distributed: sharding, the communicator, branch schedules, the ring
+algorithms (contiguous, zigzag), the step pipelines, the configuration agreement, modules."""
 from __future__ import annotations
 
 from hilbert_lab.distributed import comm
+from hilbert_lab.distributed.branches import plan_branches
 from hilbert_lab.distributed.comm import STATS, CommStats, RingComm, RingCommError, RingTimeoutError, reset_stats
 from hilbert_lab.distributed.modules import RingDilatedAttention, RingMultiheadDilatedAttention
-from hilbert_lab.distributed.ring import plan_branches, ring_dilated_attention
+from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import (
     LAYOUTS, all_gather_sequence, check_divisible, shard, shard_positions, unshard, zigzag_shard, zigzag_unshard,
 )

@@ -245,22 +245,8 @@ class RingComm:
         )
 
 
-def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Concatenate tensors of any dtypes into one uint8 buffer (each part 8-byte aligned)."""
-    parts = []
-    for t in tensors:
-        raw = t.contiguous().reshape(-1).view(torch.uint8)
-        parts.append(raw)
-        pad = (-raw.numel()) % 8
-        if pad:
-            parts.append(torch.zeros(pad, dtype=torch.uint8, device=raw.device))
-    if not parts:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.cat(parts)
-
-
 def packed_size(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> int:
-    """Bytes of `pack` for tensors of the given (shape, dtype) specs."""
+    """Bytes of one uint8 buffer holding tensors of the given (shape, dtype) specs, each 8-byte aligned."""
     total = 0
     for shape, dtype in specs:
         n = int(torch.Size(shape).numel()) * torch.empty(0, dtype=dtype).element_size()
@@ -269,7 +255,7 @@ def packed_size(specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> int:
 
 
 def unpack(buffer: torch.Tensor, specs: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[torch.Tensor]:
-    """Views into a `pack`ed uint8 buffer for the given (shape, dtype) specs."""
+    """Views (shape, dtype) into a uint8 buffer of `packed_size(specs)` bytes, in order, each 8-byte aligned."""
     if packed_size(specs) != buffer.numel():
         raise ValueError(f"buffer has {buffer.numel()} bytes but the specs describe {packed_size(specs)}")
     out, start = [], 0

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hilbert_lab.attention.engine import dilated_attention
-from hilbert_lab.attention.merge import merge_lse, safe_logsumexp
+from hilbert_lab.attention.merge import merge_into, merge_lse, safe_logsumexp
 
 from ._oracle import max_diff, random_qkv
 
@@ -114,3 +114,22 @@ def test_merge_at_large_scores_has_finite_gradients_that_sum_like_weights(dtype,
     assert all(torch.equal(t, torch.full_like(t, 0.5)) for t in g)  # d lse / d lse_i = w_i / sum w = 1/2
     g = torch.autograd.grad(out.sum(), outs)
     assert all(torch.equal(t, torch.full_like(t, 0.5)) for t in g)
+
+
+def test_merge_into_is_merge_lse_in_place_with_empty_and_nan_rows():
+    """The running merge (the ring's steps): acc, acc_lse become merge_lse of themselves and a part, in place;
+    a row empty on one side takes the other side, empty on both stays 0 / -inf, NaN on either side gives NaN."""
+    gen = torch.Generator().manual_seed(3)
+    outs = [torch.randn(2, 5, 3, 4, dtype=torch.float64, generator=gen) for _ in range(2)]
+    lses = [torch.randn(2, 3, 5, dtype=torch.float64, generator=gen) for _ in range(2)]
+    lses[0][0, 0, 1] = lses[1][0, 1, 2] = float("-inf")
+    lses[0][1, 2, 3] = lses[1][1, 2, 3] = float("-inf")
+    lses[1][1, 0, 4] = float("nan")
+    expected_out, expected_lse = merge_lse(outs, lses)
+    acc = torch.empty(2, 3, 5, 4, dtype=torch.float64).transpose(1, 2)  # stored (B, H, N, D)
+    acc.copy_(outs[0])
+    acc_lse = lses[0].clone()
+    merge_into(acc, acc_lse, outs[1], lses[1])
+    torch.testing.assert_close(acc, expected_out, atol=0, rtol=0, equal_nan=True)
+    torch.testing.assert_close(acc_lse, expected_lse, atol=0, rtol=0, equal_nan=True)
+    assert acc_lse[1, 0, 4].isnan() and acc[1, 4, 0].isnan().all() and acc_lse[1, 2, 3] == float("-inf")

@@ -89,10 +89,10 @@ def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(mon
 
 
 def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monkeypatch):
-    """The engine tells select_backend the pattern's mode; the ring's local steps ask for dense-block
-    backends (whole_pattern=False), so auto never hands them the fused kernel."""
+    """The engine tells select_backend the pattern's mode; the ring's steps ask for an executor with a dense
+    kernel (whole_pattern=False), so auto never hands them the fused kernel."""
     from hilbert_lab.attention.engine import resolve_executor
-    from hilbert_lab.distributed.ring import resolve_backend as ring_resolve_backend
+    from hilbert_lab.distributed.ring import resolve_step_executor
 
     seen = []
     real = selection.select_backend
@@ -107,7 +107,7 @@ def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monke
     dilated_attention(q, k, v, mode="head_groups", **kwargs)
     dilated_attention(q, k, v, mode="longnet", **kwargs)
     assert resolve_executor("auto", q).name == "sdpa"
-    assert ring_resolve_backend("auto", q, [8, 16]).name == "sdpa"
+    assert resolve_step_executor("auto", q).name == "sdpa"
     assert seen == [("head_groups", True), ("longnet", True), ("longnet", True), ("longnet", False)]
 
 

@@ -234,9 +234,48 @@ def check_configuration_agreement(rank, world):
     _raises_everywhere(lambda: ring_dilated_attention(*local, **backends), "backend", "rank 0: manual on cpu")
     if world == 4:
         sized = dict(base, segment_lengths=[3, 2 * n], ring_size=2 if rank == 0 else None)
-        _raises_everywhere(lambda: ring_dilated_attention(*local, **sized), "ring size", "rank 0: 2")
+        _raises_everywhere(lambda: ring_dilated_attention(*local, **sized), "ring_size", "rank 0: 2")
     # nothing moved: the group still works, exactly
     compare(rank, world, seq_len, base["segment_lengths"], base["dilation_rates"], "longnet", False, heads=2, dim=4)
+
+
+@check
+def check_ring_size_disagreement(rank, world):
+    """Rank 0 asks for a ring of one rank, the others for the whole group: every rank raises one ValueError
+    naming ring_size in bounded time (the agreement runs before the one-rank shortcut), then the group works."""
+    if world == 1:
+        return
+    n = 4
+    q, k, v, _ = _full_inputs(13, 1, n * world, 2, 2)
+    local = [t[:, rank * n:(rank + 1) * n] for t in (q, k, v)]
+    args = dict(segment_lengths=[2, n * world], dilation_rates=[1, 2], ring_size=1 if rank == 0 else None, timeout_s=20)
+    others = ", ".join(map(str, range(1, world)))
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **args), "ring_size", "rank 0: 1",
+                       f"rank{'s' if world > 2 else ''} {others}: {world}")
+    compare(rank, world, n * world, [2, n * world], [1, 2], "longnet", True, heads=2, dim=2, batch=1)
+
+
+@check
+def check_nonfinite_like_engine(rank, world):
+    """A NaN in a later rank's value and an inf in a key show up on the ring exactly where the engine shows
+    them: a row's output and LSE depend only on the keys it attends (CPU semantics of every kernel call)."""
+    from hilbert_lab.attention.engine import dilated_attention
+
+    n = 6
+    seq_len = n * world
+    q, k, v, _ = _full_inputs(14, 1, seq_len, 4, 3)
+    v[0, seq_len - 2, :, 1] = float("nan")  # on the last rank
+    k[0, min(n + 1, seq_len - 1), 2, 0] = float("inf")  # on rank 1 (a world of one: rank 0)
+    for causal, layout in ((True, "contiguous"), (False, "contiguous"), (True, "zigzag")):
+        args = dict(segment_lengths=[3, seq_len], dilation_rates=[1, 2], causal=causal, return_lse=True)
+        ref_out, ref_lse = dilated_attention(q, k, v, **args)
+        pos = shard_positions(rank, world, seq_len, layout)
+        out, lse = ring_dilated_attention(q[:, pos], k[:, pos], v[:, pos], layout=layout, **args)
+        what = f"rank {rank}/{world} causal={causal} {layout}"
+        torch.testing.assert_close(out, ref_out[:, pos], atol=ATOL, rtol=0, equal_nan=True, msg=lambda m: f"out {what}: {m}")
+        torch.testing.assert_close(lse, ref_lse[:, :, pos], atol=ATOL, rtol=0, equal_nan=True,
+                                   msg=lambda m: f"lse {what}: {m}")
+        assert ref_out.isnan().any() and not ref_out.isnan().all(), "the case must hold NaN and finite rows"
 
 
 @check

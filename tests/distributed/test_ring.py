@@ -1,7 +1,8 @@
 """Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
 
 The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
-start-up. Pure (single-process) tests cover sharding, packing and the branch planner.
+start-up. Pure (single-process) tests cover sharding, packet buffers, the branch planner and the per-rank
+memory model (against a dry run of the ring job on meta tensors).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
 from hilbert_lab.distributed import comm  # noqa: E402
-from hilbert_lab.distributed.ring import RingLayout, plan_branches  # noqa: E402
+from hilbert_lab.distributed.branches import RingLayout, plan_branches  # noqa: E402
 from hilbert_lab.distributed.sharding import (  # noqa: E402
     check_divisible, shard, shard_positions, unshard, zigzag_shard, zigzag_unshard,
 )
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.skipif(NO_GLOO, reason="torch.distributed with gloo is 
 
 ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_message_counts",
               "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm",
-              "check_configuration_agreement", "check_inputs_validated"]
+              "check_configuration_agreement", "check_inputs_validated", "check_ring_size_disagreement",
+              "check_nonfinite_like_engine"]
 
 
 def test_world_of_one_is_the_engine(tmp_path):
@@ -110,13 +112,15 @@ def test_planner_rejects_misaligned_segments():
         plan_branches(DilatedPattern.create([12], [1]), zigzag, num_heads=2)
 
 
-def test_pack_unpack_round_trip_mixed_dtypes():
+def test_unpack_views_round_trip_mixed_dtypes():
     tensors = [torch.randn(3, 5).to(torch.bfloat16), torch.randn(2, 3, dtype=torch.float64),
                torch.randn(7), torch.zeros(0, 4)]
     specs = [(tuple(t.shape), t.dtype) for t in tensors]
-    buffer = comm.pack(tensors)
-    assert buffer.dtype == torch.uint8 and buffer.numel() == comm.packed_size(specs)
-    for original, restored in zip(tensors, comm.unpack(buffer, specs)):
+    buffer = torch.empty(comm.packed_size(specs), dtype=torch.uint8)
+    assert buffer.numel() == 8 * (4 + 6 + 4 + 0)  # each part 8-byte aligned
+    for view, original in zip(comm.unpack(buffer, specs), tensors):
+        view.copy_(original)
+    for original, restored in zip(tensors, comm.unpack(buffer.clone(), specs)):
         assert restored.dtype == original.dtype and torch.equal(restored, original)
     with pytest.raises(ValueError, match="bytes but the specs describe"):
         comm.unpack(buffer[:-8], specs)
@@ -127,3 +131,76 @@ def test_pack_unpack_round_trip_mixed_dtypes():
 def test_two_gpus_nccl(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     run_world(2, tmp_path, ["check_nccl_gpus"], timeout_s=300, backend="nccl")
+
+
+class _Silent:
+    """A communicator that moves nothing (receive buffers keep what they hold), for dry runs."""
+
+    class _Done:
+        def wait(self) -> None:
+            return None
+
+    def exchange(self, sends=(), recvs=(), label="", step=None):
+        return self._Done()
+
+    def global_rank(self, member: int) -> int:
+        return member
+
+
+def _ring_dry_run(config, index: int) -> tuple[int, int]:
+    """(forward, forward+backward) peaks of rank `index`'s ring job on meta tensors (attention.memory's counter)."""
+    from hilbert_lab.attention.executors import get_executor
+    from hilbert_lab.attention.function import attention
+    from hilbert_lab.attention.memory import _Allocations, _target
+    from hilbert_lab.attention.target import estimating
+    from hilbert_lab.distributed.ring import ring_job
+    from hilbert_lab.distributed.steps import RingSteps
+
+    n = config.seq_len // config.world_size
+    shape = (config.batch_size, n, config.num_heads, config.head_dim)
+    q, k, v, upstream = (torch.empty(shape, dtype=getattr(torch, config.dtype), device="meta") for _ in range(4))
+    geometry = RingLayout(config.world_size, index, config.seq_len, "contiguous")
+    branches = plan_branches(config.pattern, geometry, config.num_heads)
+    executor = get_executor(config.backend)
+    peaks = []
+    for training in (False, True):
+        for t in (q, k, v):
+            t.requires_grad_(training)
+        tracker = _Allocations()
+        tracker.exclude(q, k, v, upstream)
+        with estimating(*_target(config.device), tracker.transient), tracker, torch.set_grad_enabled(training):
+            steps = RingSteps(_Silent(), executor.kernel_for(q), executor.capabilities.in_place)
+            job = ring_job(config.pattern, branches, geometry, q, executor, steps, config.head_dim ** -0.5)
+            out, _ = attention(job, q, k, v, need_lse=training or job.num_slots > 1)
+            if training:
+                out.backward(upstream)
+            del out
+        peaks.append(tracker.peak)
+    return peaks[0], peaks[1]
+
+
+@pytest.mark.parametrize("case", [
+    dict(seq_len=16384, segment_lengths=(2048, 16384), dilation_rates=(1, 2), num_heads=4, head_dim=32),
+    dict(seq_len=32768, segment_lengths=(2048, 32768), dilation_rates=(1, 4), num_heads=8, head_dim=64,
+         dtype="bfloat16"),
+    dict(seq_len=8192, segment_lengths=(512, 8192), dilation_rates=(1, 2), num_heads=4, head_dim=32, backend="manual"),
+    dict(seq_len=16384, segment_lengths=(1024, 16384), dilation_rates=(1, 2), num_heads=6, head_dim=32,
+         mode="head_groups"),
+    dict(seq_len=16384, segment_lengths=(1024, 8192, 16384), dilation_rates=(1, 2, 8), num_heads=8, head_dim=32,
+         causal=True, world_size=4),
+    dict(seq_len=12288, segment_lengths=(12288,), dilation_rates=(2,), num_heads=4, head_dim=32, world_size=3,
+         dtype="float64"),
+])
+def test_ring_memory_model_matches_a_dry_run_of_the_ring_job(case):
+    """attention.memory_ring places the ring pipelines' buffers by hand (the ring lives above attention in the
+    layering): a dry run of the ring's own job (meta tensors, a communicator that moves nothing; the allocation
+    count, so the CUDA estimate) on every rank must agree with it."""
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+
+    config = MemoryConfig(**{"backend": "sdpa", "world_size": 2, "device": "cuda", **case})
+    estimate = estimate_memory(config)
+    peaks = [_ring_dry_run(config, index) for index in range(config.world_size)]
+    forward, forward_backward = (max(p[i] for p in peaks) for i in range(2))
+    assert 0.97 * estimate.forward_bytes <= forward <= estimate.forward_bytes * 1.01, (forward, estimate)
+    assert 0.97 * estimate.forward_backward_bytes <= forward_backward <= estimate.forward_backward_bytes * 1.01, \
+        (forward_backward, estimate)

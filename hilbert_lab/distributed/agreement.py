@@ -1,0 +1,110 @@
+"""The configuration agreement of a ring call: every rank of the group stops together on a mismatch.
+
+Before any data moves (and before a rank takes the one-rank shortcut), one all_gather over the whole
+group of a fixed-size int64 row per rank: an error flag and the error's text, then per field of the
+configuration a digest and the value's text. A rank that rejected its inputs raises its own error, the
+others a ValueError naming it; ranks that hold different values of a field (pattern, dtype, scale, shard
+shape, layout, ring_size, backend) all raise the same ValueError naming the field and which ranks hold
+which value. The wait is bounded (comm.wait_bounded: RingTimeoutError).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+
+import torch
+import torch.distributed as dist
+
+from hilbert_lab.distributed.comm import wait_bounded
+
+FIELDS = ("segment_lengths", "dilation_rates", "mode", "causal", "dtype", "scale", "shard shape", "layout",
+          "ring_size", "backend")
+_VALUE_BYTES = 64  # each field's value travels as text (truncated) so that the error can show every rank's
+_ERROR_BYTES = 512  # the first bytes of a rank's own input error
+
+
+def describe(value) -> str:
+    """Text of an argument, the same on every rank for equal arguments."""
+    if isinstance(value, (list, tuple)):
+        return repr(tuple(value))
+    return repr(value)
+
+
+def _text_row(text: str, size: int) -> list[int]:
+    """`text` as UTF-8, cut or zero-padded to `size` bytes, as size/8 int64 values."""
+    raw = text.encode("utf-8")[:size].ljust(size, b"\0")
+    return torch.frombuffer(bytearray(raw), dtype=torch.int64).tolist()
+
+
+def _row_text(values: torch.Tensor) -> str:
+    return values.cpu().contiguous().numpy().tobytes().rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little", signed=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _fields_row(values: tuple[str, ...]) -> list[int]:
+    """Per field value: its digest, then its text (cached: a model calls with few configurations)."""
+    row = []
+    for text in values:
+        row += [_digest(text)] + _text_row(text, _VALUE_BYTES)
+    return row
+
+
+def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
+    backend = str(dist.get_backend(group))
+    if "nccl" in backend and "gloo" not in backend:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _mismatches(table: torch.Tensor, ranks: list[int]) -> list[str]:
+    """'field: rank a: value; ranks b, c: value' for every field the ranks disagree on."""
+    words = _VALUE_BYTES // 8
+    base = 1 + _ERROR_BYTES // 8
+    problems = []
+    for index, name in enumerate(FIELDS):
+        start = base + index * (1 + words)
+        holders: dict[int, list[int]] = {}
+        for rank, line in zip(ranks, table):
+            holders.setdefault(int(line[start]), []).append(rank)
+        if len(holders) > 1:
+            values = []
+            for members in holders.values():
+                text = _row_text(table[ranks.index(members[0])][start + 1: start + 1 + words])
+                values.append(f"rank{'s' if len(members) > 1 else ''} {', '.join(map(str, members))}: {text}")
+            hint = (" (all ranks must hold equal shards: the sequence length N must be divisible by the number of "
+                    "ranks P)") if name == "shard shape" else ""
+            problems.append(f"{name}{hint}: " + "; ".join(values))
+    return problems
+
+
+def agree_on_configuration(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
+                           timeout_s: float) -> None:
+    """Raise on every rank of `group` unless all ranks hold equal `fields` (every name of FIELDS) and none
+    rejected its inputs (`error`); see the module docstring."""
+    row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
+    row += _fields_row(tuple(fields[name] for name in FIELDS))
+    mine = torch.tensor(row, dtype=torch.int64, device=_collective_device(group))
+    world = dist.get_world_size(group)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    work = dist.all_gather(rows, mine, group=group, async_op=True)
+    ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
+    wait_bounded([(work, f"gather the configuration of the ranks {ranks}")], timeout_s,
+                 f"rank {dist.get_rank()}: ring configuration check")
+    table = torch.stack(rows).cpu()
+    rejected = [rank for rank, line in zip(ranks, table) if line[0] != 0]
+    if rejected:
+        if error is not None:
+            raise error
+        first = table[ranks.index(rejected[0])]
+        others = f" (and ranks {rejected[1:]})" if len(rejected) > 1 else ""
+        raise ValueError(f"rank {rejected[0]}{others} of the ring rejected its inputs, so every rank stops: "
+                         f"{_row_text(first[1: 1 + _ERROR_BYTES // 8])}")
+    problems = _mismatches(table, ranks)
+    if problems:
+        raise ValueError("the ranks of the ring disagree on their configuration (every rank must call "
+                         "ring_dilated_attention with the same arguments, dtype and shard shape): "
+                         + " | ".join(problems))

@@ -1,0 +1,98 @@
+"""Which branches of a dilated pattern a ring computes inside each shard and which around a sub-ring.
+
+`RingLayout` is the geometry: P ranks hold equal shards of n = N / P tokens, laid out by a ring algorithm
+(`ALGORITHMS`: contiguous.py, zigzag.py), which also says how a member's positions form runs. Per branch
+(effective segment w = min(w_i, N)) the algorithm classifies:
+- local: every segment lies inside one shard; the branch runs as the engine runs it on the shard (the job's
+  local part) and sends nothing;
+- ring: the members of this rank's sub-ring, the ranks sharing its segment; the branch is one job part
+  whose steps move keys and values between them (steps.py);
+anything else raises a ValueError naming the constraint.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.distributed import contiguous, zigzag
+from hilbert_lab.distributed.sharding import shard_positions
+
+ALGORITHMS = {contiguous.NAME: contiguous, zigzag.NAME: zigzag}
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """Geometry of the sharded sequence: ring size P, this rank's index in the ring, N and the layout."""
+
+    ring_size: int
+    index: int
+    seq_len: int
+    layout: str
+
+    @property
+    def shard_len(self) -> int:
+        return self.seq_len // self.ring_size
+
+    @property
+    def algorithm(self):
+        return ALGORITHMS[self.layout]
+
+    def positions(self, member: int) -> torch.Tensor:
+        """int64 (n,): the global positions member `member` holds, in storage order."""
+        return shard_positions(member, self.ring_size, self.seq_len, self.layout)
+
+    def runs(self, member: int) -> tuple[tuple[int, slice], ...]:
+        """(chunk id, storage slice) of the member's contiguous runs; chunk ids order positions."""
+        return self.algorithm.runs(member, self.ring_size, self.shard_len)
+
+
+@dataclass(frozen=True)
+class HeadGroup:
+    """Heads of one branch that share a dilation offset (an arithmetic progression of head indices)."""
+
+    offset: int
+    head_indices: tuple[int, ...]
+
+    @property
+    def heads(self) -> slice:
+        first, step = self.head_indices[0], (self.head_indices[1] - self.head_indices[0]
+                                             if len(self.head_indices) > 1 else 1)
+        return slice(first, self.head_indices[-1] + 1, step)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.head_indices)
+
+
+@dataclass(frozen=True)
+class RingBranch:
+    """How one branch runs on this rank: inside the shard (local), or around the sub-ring `members`."""
+
+    branch: int
+    segment_length: int  # effective: min(w, N)
+    dilation_rate: int
+    groups: tuple[HeadGroup, ...]
+    members: tuple[int, ...]  # ring indices sharing this rank's segments; (me,) when local
+    local: bool
+
+
+def head_groups(pattern: DilatedPattern, branch: int, num_heads: int) -> tuple[HeadGroup, ...]:
+    """The branch's heads grouped by offset, offsets ascending."""
+    offsets = pattern.head_offsets(num_heads)[branch]
+    groups = []
+    for offset in sorted({int(o) for o in offsets[offsets >= 0]}):
+        heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
+        groups.append(HeadGroup(offset, heads))
+    return tuple(groups)
+
+
+def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int) -> list[RingBranch]:
+    """Per branch: local or ring, and its sub-ring; ValueError naming the violated constraint."""
+    plans = []
+    for branch, (requested, rate) in enumerate(zip(pattern.segment_lengths, pattern.dilation_rates)):
+        segment = min(requested, geometry.seq_len)
+        local, members = geometry.algorithm.classify(branch, requested, segment, geometry)
+        plans.append(RingBranch(branch, segment, rate, head_groups(pattern, branch, num_heads), members, local))
+    return plans

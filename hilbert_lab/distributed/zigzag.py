@@ -1,0 +1,63 @@
+"""The zigzag ring (causal load balance): the sequence is cut into 2P chunks of c = n / 2 tokens and rank i
+holds chunks i and 2P-1-i, an early and a late one, so that every rank does the same causal work.
+
+What this layout decides (branches.py and schedule.py ask it):
+- runs: a member's positions are two runs, its early chunk then its late one (chunk ids order positions);
+- classify: a branch whose effective segment w divides c is local; one with w == N spans all ranks;
+  anything else is a ValueError (segments spanning a few ranks need the contiguous layout);
+- routes: every packet visits every other member (a rotation), causal or not: every rank's late chunk
+  attends every earlier rank's keys;
+- join: the own packet is one causal call (early and late rows against early and late keys, masked by
+  position order); a remote packet is one full call (an earlier rank's early chunk for both query chunks,
+  or both chunks of a later rank for the late query chunk); other shapes fall back to one call per cell.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hilbert_lab.distributed import contiguous
+from hilbert_lab.distributed.contiguous import Call, Cells
+
+if TYPE_CHECKING:
+    from hilbert_lab.distributed.branches import RingLayout
+
+NAME = "zigzag"
+
+
+def runs(member: int, ring_size: int, shard_len: int) -> tuple[tuple[int, slice], ...]:
+    """(chunk id, storage slice) of the member's two chunks."""
+    chunk = shard_len // 2
+    return (member, slice(0, chunk)), (2 * ring_size - 1 - member, slice(chunk, shard_len))
+
+
+def classify(branch: int, requested: int, segment: int, geometry: RingLayout) -> tuple[bool, tuple[int, ...]]:
+    """(local, members of this rank's ring) of a branch with effective segment length `segment`."""
+    chunk = geometry.shard_len // 2
+    if chunk % segment == 0:
+        return True, (geometry.index,)
+    if segment == geometry.seq_len:
+        return False, tuple(range(geometry.ring_size))
+    raise ValueError(
+        f"segment_lengths[{branch}] = {requested}: the zigzag layout with {geometry.ring_size} ranks (chunks of "
+        f"{chunk} tokens, N = {geometry.seq_len}) needs every segment length to divide the chunk length {chunk} "
+        f"or be >= N (use layout='contiguous' for segments spanning a few ranks)")
+
+
+def routes(members: int, causal: bool) -> list[list[int]]:
+    """holders[j]: every member, starting at j (a rotation)."""
+    return [[(j + s) % members for s in range(members)] for j in range(members)]
+
+
+_JOINED: list[tuple[Cells, Call]] = [
+    ({(0, 0): "diagonal", (1, 0): "full", (1, 1): "diagonal"}, ((0, 1), (0, 1), True)),  # the own packet
+    ({(0, 0): "full", (1, 0): "full"}, ((0, 1), (0,), False)),  # an earlier rank's early chunk
+    ({(1, 0): "full", (1, 1): "full"}, ((1,), (0, 1), False)),  # a later rank's chunks, for the late rows
+]
+
+
+def join(cells: Cells) -> list[Call]:
+    """The cells of one packet as one call where they form a rectangle of parts, else one call per cell."""
+    for shape, call in _JOINED:
+        if cells == shape:
+            return [call]
+    return contiguous.join(cells)
