@@ -34,11 +34,12 @@ def _atomic_write_text(text: str, path: Path) -> None:
 
 def config_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
     """'field: checkpoint X, requested Y' for every loss-curve-defining field that differs."""
+    defaults = TrainConfig().to_dict()  # a field newer than the checkpoint reads as its default there
     differences = []
     for name in sorted(set(saved) | set(requested)):
         if name in RUN_CONTROL_FIELDS:
             continue
-        if saved.get(name) != requested.get(name):
+        if saved.get(name, defaults.get(name)) != requested.get(name, defaults.get(name)):
             differences.append(f"{name}: checkpoint {saved.get(name)!r}, requested {requested.get(name)!r}")
     return differences
 

@@ -21,7 +21,8 @@ _OVERRIDES = (
     ("num_pairs", arguments.integer(1, _MAX_LEN)), ("num_queries", arguments.integer(1, _MAX_LEN)),
     ("num_keys", arguments.integer(1, 1 << 20)), ("num_values", arguments.integer(1, 1 << 20)),
     ("dim", arguments.integer(1, 1 << 16)), ("depth", arguments.integer(1, 1024)),
-    ("num_heads", arguments.integer(1, 4096)), ("segment_lengths", arguments.int_list(1, _MAX_LEN)),
+    ("num_heads", arguments.integer(1, 4096)), ("num_kv_heads", arguments.integer(1, 4096)),
+    ("segment_lengths", arguments.int_list(1, _MAX_LEN)),
     ("dilation_rates", arguments.int_list(1, _MAX_LEN)), ("mode", arguments.choice(("longnet", "head_groups"))),
     ("ordering", str), ("backend", str),
     ("steps", arguments.integer(1, 10 ** 9)), ("batch_size", arguments.integer(1, 1 << 16)),
@@ -58,6 +59,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["compile"] = True
     if args.quiet:
         values["progress"] = False
+    if args.pack:
+        values["pack"] = True
     try:
         arguments.available_device(str(values.get("device", "cpu")))
     except argparse.ArgumentTypeError as error:
@@ -88,7 +91,8 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
             "  hilbert-lab train --out runs/tiny            # cpu-tiny preset, under a minute\n"
             "  hilbert-lab train --out runs/tiny --resume   # continue an interrupted run (same flags)\n"
             "  hilbert-lab train --preset gpu-32k --out runs/32k --gradient-checkpointing\n"
-            "  hilbert-lab train --out runs/short --segment-lengths 16,32 --dilation-rates 1,2"
+            "  hilbert-lab train --out runs/short --segment-lengths 16,32 --dilation-rates 1,2\n"
+            "  hilbert-lab train --out runs/packed --pack --num-kv-heads 2   # packed documents, grouped-query heads"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -102,13 +106,16 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
              "context_length": "the key-value pairs lie in positions [0, CONTEXT_LENGTH)",
              "segment_lengths": "comma-separated, e.g. 8,16,64", "dilation_rates": "comma-separated, e.g. 1,2,1",
              "curriculum": "shorter lengths first: SEQ_LEN:UNTIL_STEP pairs, e.g. 1024:800,4096:1000",
-             "dtype": "float32 | float64 | bfloat16", "autocast": "none | bfloat16 | float16"}
+             "dtype": "float32 | float64 | bfloat16", "autocast": "none | bfloat16 | float16",
+             "num_kv_heads": "key/value heads (grouped-query attention; must divide --num-heads; default: num_heads)"}
     for name, kind in _OVERRIDES:
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,
                             help=notes.get(name, f"TrainConfig.{name} (default: the preset's)"))
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--pack", action="store_true", help="packed batches: each step's tokens as one row of documents "
+                        "of random lengths, each attended as its own sequence (evaluation stays unpacked)")
     parser.set_defaults(func=_run_cli)
     return parser
 

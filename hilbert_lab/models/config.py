@@ -44,6 +44,7 @@ class TrainConfig:
     dim: int = 64
     depth: int = 2
     num_heads: int = 4
+    num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: num_heads
     segment_lengths: list[int] = field(default_factory=lambda: [16, 32, 128])
     dilation_rates: list[int] = field(default_factory=lambda: [1, 2, 4])
     mlp_ratio: float = 2.0
@@ -53,6 +54,9 @@ class TrainConfig:
     backend: str = "auto"
     rotary: bool = True
     rotary_base: float = 10000.0
+    # Packed batches (models.packing): each step's batch_size x seq_len tokens as one row of documents of
+    # random lengths, each attended as its own sequence (cu_seqlens); evaluation stays on the unpacked stream.
+    pack: bool = False
     # optimisation
     steps: int = 200
     batch_size: int = 16
@@ -101,6 +105,16 @@ class TrainConfig:
             raise ValueError(f"dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
         if self.autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"autocast must be one of {AUTOCAST_DTYPES}, got {self.autocast!r}")
+        if self.num_kv_heads is not None and (
+                isinstance(self.num_kv_heads, bool) or not isinstance(self.num_kv_heads, int) or self.num_kv_heads < 1
+                or not isinstance(self.num_heads, int) or self.num_heads % self.num_kv_heads):
+            raise ValueError(f"num_kv_heads must be None or a positive integer dividing num_heads={self.num_heads}, got "
+                             f"{self.num_kv_heads!r}")
+        if not isinstance(self.pack, bool):
+            raise ValueError(f"pack must be True or False, got {self.pack!r}")
+        if self.pack and self.ring:
+            raise ValueError("pack=True (packed documents) does not run with ring=True: ring attention takes one "
+                             "sequence per row; use one of them")
         if self.ring_layout not in ("contiguous", "zigzag"):
             raise ValueError(f"ring_layout must be 'contiguous' or 'zigzag', got {self.ring_layout!r}")
         if self.grad_clip is not None and not self.grad_clip > 0:
@@ -144,6 +158,7 @@ class TrainConfig:
     def model_kwargs(self) -> dict[str, Any]:
         return dict(
             vocab_size=self.task().vocab_size, dim=self.dim, depth=self.depth, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
             segment_lengths=self.segment_lengths, dilation_rates=self.dilation_rates, max_seq_len=self.seq_len,
             mlp_ratio=self.mlp_ratio, dropout=self.dropout, mode=self.mode, ordering=self.ordering,
             backend=self.backend, rotary=self.rotary, rotary_base=self.rotary_base,
