@@ -64,12 +64,12 @@ def _varlen_forward(q, k, v, runs: Runs, *, causal, scale, out, lse):
 def _varlen_backward(state, grad_out, q, k, v, out, lse, runs: Runs, *, causal, scale, grad_lse=None, into=None):
     from flash_attn.cute.interface import _flash_attn_bwd
 
-    lse = lse.transpose(0, 1).float()
+    lse = lse.transpose(0, 1)  # float32 for the kernel's dtypes
     lse = torch.where(torch.isfinite(lse) | torch.isnan(lse), lse, torch.full_like(lse, float("inf"))).contiguous()
     dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device) if grad_out is None else grad_out.to(q.dtype)
     dq, dk, dv = into if into is not None else (None, None, None)
     result = _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=scale, causal=causal, dq=dq, dk=dk, dv=dv,
-                             dlse=None if grad_lse is None else grad_lse.transpose(0, 1).float().contiguous(),
+                             dlse=None if grad_lse is None else grad_lse.transpose(0, 1).contiguous(),
                              **_varlen_arguments(runs))
     return result[0], result[1], result[2]
 
