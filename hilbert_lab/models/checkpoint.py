@@ -39,8 +39,9 @@ def config_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list
     for name in sorted(set(saved) | set(requested)):
         if name in RUN_CONTROL_FIELDS:
             continue
-        if saved.get(name, defaults.get(name)) != requested.get(name, defaults.get(name)):
-            differences.append(f"{name}: checkpoint {saved.get(name)!r}, requested {requested.get(name)!r}")
+        before, after = saved.get(name, defaults.get(name)), requested.get(name, defaults.get(name))
+        if before != after:
+            differences.append(f"{name}: checkpoint {before!r}, requested {after!r}")
     return differences
 
 
