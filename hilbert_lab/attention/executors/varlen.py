@@ -245,13 +245,20 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
 
 def _store_rows(grads: Grads, index: int, view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor],
                 branch: int) -> None:
-    """Write or add a share into a pack's view of dq / dk / dv at the runs' rows only."""
+    """Write or add a share into a pack's view of dq / dk / dv at the runs' rows only (one gather of the
+    share's rows and one indexed write or add, where the totals' dtype takes the share's)."""
     if rows is None:
         grads.store(index, view, share, branch)
         return
-    current = view.index_select(0, rows)
-    grads.store(index, current, share.index_select(0, rows), branch)
-    view.index_copy_(0, rows, current)
+    picked = share.index_select(0, rows)
+    if grads.owned(branch):
+        view.index_copy_(0, rows, picked.to(view.dtype))
+    elif picked.dtype.itemsize <= view.dtype.itemsize:
+        view.index_add_(0, rows, picked.to(view.dtype))
+    else:  # a wider share into a narrower total: Grads.store's one rounding of the exact sum
+        current = view.index_select(0, rows)
+        grads.store(index, current, picked, branch)
+        view.index_copy_(0, rows, current)
 
 
 def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, merged: Merged, grads: Grads, *,
