@@ -151,16 +151,20 @@ def pack_runs(plan: Plan, packs: tuple[Pack, ...], device: torch.device) -> tupl
 
     def build():
         ints, longs, spans = [], [], []
+        used_rows = 0
         for pack in packs:
             cu = list(pack.starts) + [pack.rows]
             used = list(pack.lengths) if pack.gaps else []
-            index = [r for start, length in zip(pack.starts, pack.lengths) for r in range(start, start + length)] \
-                if pack.gaps else []
-            spans.append((len(ints), len(cu), len(used), len(longs), len(index)))
+            covered = sum(pack.lengths) if pack.gaps else 0
+            spans.append((len(ints), len(cu), len(used), used_rows, covered))
             ints.extend(cu + used)
-            longs.extend(index)
+            if pack.gaps:
+                starts, lengths = torch.tensor(pack.starts), torch.tensor(pack.lengths)
+                first = torch.cumsum(lengths, 0) - lengths  # where each run begins in the index
+                longs.append(torch.arange(covered) + torch.repeat_interleave(starts - first, lengths))
+            used_rows += covered
         int_tensor = torch.tensor(ints, dtype=torch.int32).to(device)
-        long_tensor = torch.tensor(longs, dtype=torch.int64).to(device)
+        long_tensor = (torch.cat(longs) if longs else torch.empty(0, dtype=torch.int64)).to(device)
         out = []
         for pack, (i0, n_cu, n_used, l0, n_index) in zip(packs, spans):
             out.append(Runs(pack.starts, pack.lengths, pack.rows, int_tensor[i0:i0 + n_cu],
