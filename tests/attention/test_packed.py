@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from hilbert_lab.attention import DilatedPattern, dilated_attention, reference_attention
+from hilbert_lab.attention import DilatedPattern, dilated_attention, reference_attention, validate_attention_inputs
 from hilbert_lab.attention.engine import resolve_executor
 from hilbert_lab.attention.executors import Capabilities, Executor, unavailable_reason
 from hilbert_lab.attention.executors.blockwise import blockwise_executor
@@ -213,3 +213,21 @@ def test_whole_pattern_executors_and_hilbert_pattern_refuse_documents():
         dilated_attention(q, q[:, :, :1], q[:, :, :1], segment_lengths=[4], dilation_rates=[1], backend=whole)
     with pytest.raises(ValueError, match="hilbert_pattern"):
         dilated_attention(q, q, q, segment_lengths=[4], dilation_rates=[1], hilbert_pattern=True, cu_seqlens=cu)
+
+
+def test_a_row_of_64_documents_is_a_few_varlen_calls_not_hundreds():
+    """Per branch at most (offsets x residues) = r * r packs, whatever the number of documents."""
+    gen = torch.Generator().manual_seed(0)
+    cuts = sorted((torch.randperm(8191, generator=gen)[:63] + 1).tolist())
+    bounds = [0, *cuts, 8192]
+    documents = tuple((a, b - a) for a, b in zip(bounds, bounds[1:]))
+    plan = cached_plan(DilatedPattern.create([256, 512, 1024], [1, 2, 4], causal=True), 8192, 8, documents=documents)
+    packs = packs_for(plan, torch.empty(1, 8192, 8, 4))
+    assert len(plan.blocks) > 300 and packs is not None and len(packs) <= 1 + 2 * 2 + 4 * 4
+
+
+def test_the_shared_input_check_takes_fewer_key_value_heads_only_when_asked():
+    q, k = torch.randn(1, 8, 4, 4), torch.randn(1, 8, 2, 4)
+    with pytest.raises(ValueError, match="same shape"):
+        validate_attention_inputs(q, k, k)
+    assert validate_attention_inputs(q, k, k, grouped_heads=True) == 0.5
