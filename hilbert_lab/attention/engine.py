@@ -19,18 +19,22 @@ from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.function import Part, attention, make_job
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
-from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs
+from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
 
 
 def resolve_executor(backend: str | Executor, q: torch.Tensor, pattern: Optional[DilatedPattern] = None, *,
-                     training: bool = False, whole_pattern: bool = True) -> Executor:
+                     training: bool = False, whole_pattern: bool = True, packed: bool = False) -> Executor:
     """The executor for `backend` ("auto": selection.select_backend), checked to run on q.
-    whole_pattern=False: the caller runs dense calls of its own (auto then never picks a whole-pattern
-    executor)."""
+    whole_pattern=False: the caller runs dense calls of its own, or the plan has geometry a whole-pattern
+    executor does not take (auto then never picks one). packed: the plan holds several documents; auto
+    then takes the first executor that runs here and declares `varlen` (one kernel call for the blocks
+    of many documents), else the rule's."""
     if isinstance(backend, Executor):
         chosen = backend
+    elif backend == "auto" and packed and _varlen_executor(q, training) is not None:
+        chosen = _varlen_executor(q, training)
     elif backend == "auto":
         from hilbert_lab.attention.selection import select_backend
 
@@ -46,6 +50,18 @@ def resolve_executor(backend: str | Executor, q: torch.Tensor, pattern: Optional
     if reason is not None:
         raise BackendUnavailableError(f"backend {chosen.name!r} cannot run on {q.device} / {q.dtype}: {reason}")
     return chosen
+
+
+def _varlen_executor(q: torch.Tensor, training: bool) -> Optional[Executor]:
+    """The first executor of the table that runs on q and declares `varlen` (and a backward when training)."""
+    from hilbert_lab.attention.executors import EXECUTORS
+
+    for executor in EXECUTORS.values():
+        caps = executor.capabilities
+        if caps.varlen and (caps.backward or not training) and \
+                executor.unavailable_reason(q.device, q.dtype, q.shape[-1]) is None:
+            return executor
+    return None
 
 
 def plan_part(executor: Executor, plan: Plan) -> Part:
@@ -76,8 +92,9 @@ def dilated_attention(
     dropout_p: float = 0.0,
     return_lse: bool = False,
     hilbert_pattern: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ):
-    """LongNet dilated attention on q, k, v (B, N, H, D) -> out (B, N, H, D) [, lse (B, H, N)].
+    """LongNet dilated attention on q (B, N, H, D), k, v (B, N, H_kv, D) -> out (B, N, H, D) [, lse (B, H, N)].
 
     segment_lengths / dilation_rates: one entry per branch (see pattern.py for the semantics on
     original positions, incl. ragged N and w > N). mode: "longnet" or "head_groups". backend: a name
@@ -91,6 +108,15 @@ def dilated_attention(
     rows with no keys give out 0 and lse -inf; a row's output and LSE depend only on the keys it attends
     (on the CPU also for NaN/inf inputs; see executors.kernel). Any strides are accepted; inputs whose
     last dimension is not contiguous are copied once.
+
+    Grouped-query attention: k and v may have H_kv heads (H % H_kv == 0); query head h reads key/value
+    head h // (H / H_kv) (LongNet head offsets belong to the query heads). K/V are never repeated to H
+    heads; their gradients sum over the query heads of a group.
+    cu_seqlens: packed documents (the flash-attn convention): a 1-D integer tensor [0, n1, n1 + n2, ..., N]
+    on q's device with B = 1. Each document is attended as its own sequence (positions, segments,
+    dilation offsets and causality restart at its start; its last segment is ragged; a segment longer
+    than the document is the document); no query sees a key of another document. Executors declaring
+    `varlen` run the blocks of all documents in a few kernel calls (auto prefers them for packed rows).
     """
     if isinstance(q, torch.Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(q.device.type):
         # Like SDPA under autocast: run in the autocast dtype, with autocast off inside (explicit casts).
@@ -99,8 +125,10 @@ def dilated_attention(
         with torch.autocast(q.device.type, enabled=False):
             return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                      causal=causal, mode=mode, backend=backend, ordering=ordering, scale=scale,
-                                     dropout_p=dropout_p, return_lse=return_lse, hilbert_pattern=hilbert_pattern)
-    scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p)
+                                     dropout_p=dropout_p, return_lse=return_lse, hilbert_pattern=hilbert_pattern,
+                                     cu_seqlens=cu_seqlens)
+    scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p, grouped_heads=True)
+    documents = validate_cu_seqlens(cu_seqlens, q)
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
     allowed = tuple(ORDERINGS)
     if ordering not in IDENTITY_ORDERINGS and ordering not in allowed:
@@ -109,15 +137,26 @@ def dilated_attention(
         raise ValueError(f"hilbert_pattern must be True or False, got {hilbert_pattern!r}")
     if not isinstance(return_lse, bool):
         raise ValueError(f"return_lse must be True or False, got {return_lse!r}")
+    if hilbert_pattern and documents is not None:
+        raise ValueError("hilbert_pattern=True permutes the whole row; it does not apply with cu_seqlens (packed "
+                         "documents): use hilbert_pattern=False")
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    executor = resolve_executor(backend, q, pattern, training=training)
     batch, seq_len, num_heads, _ = q.shape
+    kv_heads = k.shape[2]
+    plain = documents is None and kv_heads == num_heads
+    executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=plain,
+                                packed=documents is not None)
+    if not plain and executor.capabilities.whole_pattern:
+        what = "cu_seqlens (packed documents)" if documents is not None else f"{kv_heads} key/value heads for {num_heads}"
+        raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head per "
+                         f"query head; it does not take {what}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
     if hilbert_pattern:
         order = "hilbert" if ordering in IDENTITY_ORDERINGS else ordering
         perm, inverse = layout_permutation(seq_len, min(max(pattern.segment_lengths), seq_len), order, device=q.device)
         q, k, v = (permute_sequence(t, perm) for t in (q, k, v))
-    plan = cached_plan(pattern, seq_len, num_heads)
+    plan = cached_plan(pattern, seq_len, num_heads, num_kv_heads=None if kv_heads == num_heads else kv_heads,
+                       documents=documents)
     if dropout_p > 0.0:  # weights dropped inside the softmax: the eager autograd path, whatever the executor
         out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
     else:

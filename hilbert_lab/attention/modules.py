@@ -34,11 +34,25 @@ def _check_options(backend, ordering, scale, hilbert_pattern) -> Optional[float]
     return None if scale is None else float(scale)
 
 
+def _check_heads(num_kv_heads, num_heads: Optional[int] = None) -> Optional[int]:
+    """ValueError naming num_kv_heads unless it is None or a positive integer dividing num_heads."""
+    if num_kv_heads is None:
+        return None
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, numbers.Integral) or num_kv_heads <= 0:
+        raise ValueError(f"num_kv_heads must be None or a positive integer, got {num_kv_heads!r}")
+    if num_heads is not None and num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads ({num_kv_heads}) must divide num_heads ({num_heads}): query head h reads "
+                         f"key/value head h // (num_heads / num_kv_heads)")
+    return int(num_kv_heads)
+
+
 class DilatedAttention(nn.Module):
-    """Dilated attention on q, k, v (B, N, H, D) -> (B, N, H, D); dropout only in training mode.
+    """Dilated attention on q (B, N, H, D), k, v (B, N, H_kv, D) -> (B, N, H, D); dropout only in training mode.
 
     Arguments as in `hilbert_lab.attention.engine.dilated_attention`; `dropout` is the attention
-    weight dropout probability applied when `self.training`.
+    weight dropout probability applied when `self.training`. num_kv_heads: the key/value heads the
+    module expects (None: any count dividing H, grouped-query attention when fewer than H); forward
+    checks k and v against it. forward(..., cu_seqlens=...) attends the documents of a packed row.
     """
 
     def __init__(
@@ -53,30 +67,39 @@ class DilatedAttention(nn.Module):
         scale: Optional[float] = None,
         dropout: float = 0.0,
         hilbert_pattern: bool = False,
+        num_kv_heads: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
+        self.num_kv_heads = _check_heads(num_kv_heads)
         self.scale = _check_options(backend, ordering, scale, hilbert_pattern)
         self.backend, self.ordering = backend, ordering
         self.dropout = _check_dropout(dropout)
         self.hilbert_pattern = hilbert_pattern
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Optional[bool] = None,
-                return_lse: bool = False):
-        """q, k, v (B, N, H, D) -> out (B, N, H, D) [, lse (B, H, N)]; `causal` overrides the default."""
+                return_lse: bool = False, cu_seqlens: Optional[torch.Tensor] = None):
+        """q (B, N, H, D), k, v (B, N, H_kv, D) -> out (B, N, H, D) [, lse (B, H, N)]; `causal` overrides the
+        default; cu_seqlens [0, n1, ..., N] (B = 1) packs documents (see dilated_attention)."""
+        if self.num_kv_heads is not None:
+            for name, t in (("k", k), ("v", v)):
+                if isinstance(t, torch.Tensor) and t.dim() == 4 and t.shape[2] != self.num_kv_heads:
+                    raise ValueError(f"{name} must have num_kv_heads={self.num_kv_heads} heads (B, N, H_kv, D), got "
+                                     f"shape {tuple(t.shape)}")
         return dilated_attention(
             q, k, v,
             segment_lengths=self.pattern.segment_lengths, dilation_rates=self.pattern.dilation_rates,
             causal=self.pattern.causal if causal is None else causal, mode=self.pattern.mode,
             backend=self.backend, ordering=self.ordering, scale=self.scale,
             dropout_p=self.dropout if self.training else 0.0, return_lse=return_lse,
-            hilbert_pattern=self.hilbert_pattern,
+            hilbert_pattern=self.hilbert_pattern, cu_seqlens=cu_seqlens,
         )
 
     def extra_repr(self) -> str:
         p = self.pattern
+        kv = "" if self.num_kv_heads is None else f", num_kv_heads={self.num_kv_heads}"
         return (f"segment_lengths={list(p.segment_lengths)}, dilation_rates={list(p.dilation_rates)}, mode={p.mode!r}, "
-                f"causal={p.causal}, backend={self.backend!r}, ordering={self.ordering!r}, dropout={self.dropout}")
+                f"causal={p.causal}, backend={self.backend!r}, ordering={self.ordering!r}, dropout={self.dropout}{kv}")
 
 
 class MultiheadDilatedAttention(nn.Module):
@@ -84,8 +107,10 @@ class MultiheadDilatedAttention(nn.Module):
 
     MultiheadDilatedAttention(embed_dim, num_heads, segment_lengths, dilation_rates, ...); `dim` and
     `heads` are accepted as aliases of embed_dim and num_heads. embed_dim must be divisible by
-    num_heads. Other keywords go to DilatedAttention (scale defaults to head_dim**-0.5). Every
-    argument is checked here, in __init__ (ValueError naming it), not at the first forward.
+    num_heads. num_kv_heads (default num_heads) must divide num_heads: k_proj and v_proj then map to
+    num_kv_heads * head_dim features (grouped-query attention; K/V are never repeated to num_heads).
+    Other keywords go to DilatedAttention (scale defaults to head_dim**-0.5). Every argument is
+    checked here, in __init__ (ValueError naming it), not at the first forward.
     """
 
     def __init__(
@@ -105,6 +130,7 @@ class MultiheadDilatedAttention(nn.Module):
         ordering: Optional[str] = None,
         hilbert_pattern: bool = False,
         scale: Optional[float] = None,
+        num_kv_heads: Optional[int] = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -121,22 +147,25 @@ class MultiheadDilatedAttention(nn.Module):
         if not isinstance(bias, bool):
             raise ValueError(f"bias must be True or False, got {bias!r}")
         self.embed_dim, self.num_heads, self.head_dim = int(embed_dim), int(num_heads), int(embed_dim) // int(num_heads)
+        self.num_kv_heads = _check_heads(num_kv_heads, self.num_heads) or self.num_heads
+        kv_dim = self.num_kv_heads * self.head_dim
         factory = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.k_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.v_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
+        self.v_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.attention = DilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode, backend=backend,
                                           ordering=ordering, scale=scale, dropout=dropout,
-                                          hilbert_pattern=hilbert_pattern)
+                                          hilbert_pattern=hilbert_pattern, num_kv_heads=self.num_kv_heads)
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             if proj.bias is not None:
                 nn.init.zeros_(proj.bias)
 
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor] = None, value: Optional[torch.Tensor] = None,
-                *, causal: Optional[bool] = None) -> torch.Tensor:
-        """query (B, N, E) (key/value default to query) -> (B, N, E)."""
+                *, causal: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """query (B, N, E) (key/value default to query) -> (B, N, E); cu_seqlens [0, n1, ..., N] (B = 1)
+        attends the documents of a packed row each as its own sequence."""
         key = query if key is None else key
         value = key if value is None else value
         weight = self.q_proj.weight
@@ -151,8 +180,9 @@ class MultiheadDilatedAttention(nn.Module):
         if key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
             raise ValueError(f"query, key and value must share (B, N), got {tuple(query.shape)}, {tuple(key.shape)}, "
                              f"{tuple(value.shape)}")
-        split = lambda x: x.unflatten(-1, (self.num_heads, self.head_dim))  # noqa: E731
-        out = self.attention(split(self.q_proj(query)), split(self.k_proj(key)), split(self.v_proj(value)), causal=causal)
+        split = lambda x: x.unflatten(-1, (-1, self.head_dim))  # noqa: E731
+        out = self.attention(split(self.q_proj(query)), split(self.k_proj(key)), split(self.v_proj(value)), causal=causal,
+                             cu_seqlens=cu_seqlens)
         return self.out_proj(out.flatten(-2))
 
 

@@ -6,6 +6,9 @@ A serialization is a pair (perm, inverse) of int64 tensors, (N,) for all samples
 sample (point clouds), with ``x_serialized = x[:, perm]`` and ``x = x_serialized[:, inverse]``
 (``hilbert_lab.curves.serialize``). One pair serves every branch; a list of one pair per branch
 gives each branch its own ordering (longnet mode), merged exactly by the branches' LSEs.
+k and v may have fewer heads than q (grouped-query attention, as in `dilated_attention`). Packed
+documents (cu_seqlens, B = 1) need a serialization that keeps every document's tokens inside its
+range (each document serialized on its own, as SerializedDilatedAttention does for point clouds).
 """
 from __future__ import annotations
 
@@ -42,6 +45,18 @@ def _check_serialization(pair, seq_len: int, batch: int, device: torch.device, n
     return perm, inverse
 
 
+def _check_documents(pair: Serialization, cu_seqlens: torch.Tensor, seq_len: int, name: str) -> None:
+    """ValueError unless the serialization maps every document of the packed row onto its own positions."""
+    perm = pair[0].reshape(-1)
+    if perm.numel() != seq_len:
+        raise ValueError(f"{name} must be one (N,) or (1, N) pair with cu_seqlens (one packed row)")
+    bounds = cu_seqlens.to(device=perm.device, dtype=torch.int64)[1:]
+    document = torch.searchsorted(bounds, torch.arange(seq_len, device=perm.device), right=True)
+    if not torch.equal(document[perm], document):
+        raise ValueError(f"{name} moves tokens between the documents of cu_seqlens: serialize each document on its "
+                         f"own (positions of document d must map into document d)")
+
+
 def serialized_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -56,13 +71,16 @@ def serialized_attention(
     scale: Optional[float] = None,
     dropout_p: float = 0.0,
     return_lse: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
 ):
-    """Dilated attention on serialized tokens: q, k, v (B, N, H, D) in input order -> out (B, N, H, D)
-    [, lse (B, H, N)] in input order.
+    """Dilated attention on serialized tokens: q (B, N, H, D), k, v (B, N, H_kv, D) in input order ->
+    out (B, N, H, D) [, lse (B, H, N)] in input order.
 
     serialization: (perm, inverse) (N,) or (B, N), or a list with one pair per branch (mode
     "longnet" only: each branch attends along its own ordering; branches merge by LSE). Segments,
-    dilation and causality apply to serialized positions. Other arguments as in `dilated_attention`.
+    dilation and causality apply to serialized positions. cu_seqlens: packed documents (B = 1); each
+    serialization must keep every document's tokens in its range (ValueError otherwise). Other
+    arguments as in `dilated_attention`.
     """
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
@@ -77,8 +95,13 @@ def serialized_attention(
     if per_branch and pattern.mode != "longnet" and pattern.num_branches > 1:
         raise ValueError(f"mode must be 'longnet' for one serialization per branch, got {pattern.mode!r}")
     pairs = [_check_serialization(p, seq_len, batch, q.device, "serialization") for p in pairs]
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor):
+            raise ValueError(f"cu_seqlens must be None or a 1-D integer tensor, got {type(cu_seqlens).__name__}")
+        for pair in pairs:
+            _check_documents(pair, cu_seqlens, seq_len, "serialization")
     kwargs = dict(causal=pattern.causal, mode=pattern.mode, backend=backend, scale=scale, dropout_p=dropout_p,
-                  return_lse=True)
+                  return_lse=True, cu_seqlens=cu_seqlens)
     if len(pairs) == 1:
         branches = [(pattern.segment_lengths, pattern.dilation_rates, pairs[0])]
     else:
@@ -139,12 +162,19 @@ class SerializedDilatedAttention(nn.Module):
         self.dropout = float(dropout)
         self._grid_cache: dict[str, list[Serialization]] = {}
 
-    def serializations(self, device: torch.device, points: Optional[torch.Tensor] = None) -> list[Serialization]:
-        """One (perm, inverse) pair per distinct entry of `self.orderings` (tensors on `device`)."""
+    def serializations(self, device: torch.device, points: Optional[torch.Tensor] = None,
+                       cu_seqlens: Optional[torch.Tensor] = None) -> list[Serialization]:
+        """One (perm, inverse) pair per distinct entry of `self.orderings` (tensors on `device`); with
+        cu_seqlens each document's points are serialized on their own (a packed row of point clouds)."""
         from hilbert_lab.curves import serialize  # noqa: PLC0415
 
         if points is None and self.grid_shape is None:
             raise ValueError("points are required when the module has no grid_shape")
+        if cu_seqlens is not None:
+            if points is None:
+                raise ValueError("cu_seqlens needs points: a module with grid_shape serializes one grid per row; pack "
+                                 "point clouds (points (N, d) of the whole row) or call serialized_attention")
+            return [self._packed(points, cu_seqlens, ordering, device) for ordering in self.orderings]
         if points is None and str(device) in self._grid_cache:
             return self._grid_cache[str(device)]
         pairs = []
@@ -159,15 +189,33 @@ class SerializedDilatedAttention(nn.Module):
             self._grid_cache[str(device)] = pairs
         return pairs
 
+    def _packed(self, points: torch.Tensor, cu_seqlens: torch.Tensor, ordering: str, device) -> Serialization:
+        """(perm, inverse) (N,) of a packed row: each document's points serialized on their own."""
+        from hilbert_lab.curves import serialize  # noqa: PLC0415
+
+        cloud = points[0] if points.dim() == 3 and points.shape[0] == 1 else points
+        if cloud.dim() != 2:
+            raise ValueError(f"points must be (N, d) or (1, N, d) with cu_seqlens, got {tuple(points.shape)}")
+        bounds = [int(b) for b in cu_seqlens.tolist()]
+        perms = []
+        for start, end in zip(bounds, bounds[1:]):
+            if end > start:
+                perm, _ = serialize(cloud[start:end], ordering, grid_size=self.grid_size)
+                perms.append(torch.as_tensor(perm if isinstance(perm, torch.Tensor) else perm.copy(), device=device)
+                             + start)
+        perm = torch.cat(perms).to(torch.int64)
+        return perm, torch.argsort(perm)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, points: Optional[torch.Tensor] = None,
-                return_lse: bool = False):
-        """q, k, v (B, N, H, D) in grid (row-major) or point order -> out (B, N, H, D) [, lse (B, H, N)]."""
-        pairs = self.serializations(q.device, points)
+                return_lse: bool = False, cu_seqlens: Optional[torch.Tensor] = None):
+        """q (B, N, H, D), k, v (B, N, H_kv, D) in grid (row-major) or point order -> out (B, N, H, D)
+        [, lse (B, H, N)]; cu_seqlens (with points, B = 1): a packed row of point clouds."""
+        pairs = self.serializations(q.device, points, cu_seqlens)
         p = self.pattern
         return serialized_attention(
             q, k, v, pairs if len(pairs) > 1 else pairs[0], segment_lengths=p.segment_lengths,
             dilation_rates=p.dilation_rates, causal=p.causal, mode=p.mode, backend=self.backend, scale=self.scale,
-            dropout_p=self.dropout if self.training else 0.0, return_lse=return_lse,
+            dropout_p=self.dropout if self.training else 0.0, return_lse=return_lse, cu_seqlens=cu_seqlens,
         )
 
     def extra_repr(self) -> str:

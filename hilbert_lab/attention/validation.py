@@ -9,12 +9,13 @@ import torch
 
 
 def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout_p: float = 0.0,
-                              shape: str = "(B, N, H, D)") -> float:
+                              shape: str = "(B, N, H, D)", grouped_heads: bool = False) -> float:
     """ValueError naming the argument unless q, k, v are valid attention inputs; returns the scale to use.
 
     q, k, v: non-empty 4D floating tensors of one shape `shape` (e.g. "(B, N/P, H, D)" for ring
-    shards), dtype and device. scale: None (then D**-0.5) or a finite number > 0. dropout_p: a
-    number in [0, 1).
+    shards), dtype and device; with grouped_heads, k and v may have H_kv heads where H % H_kv == 0
+    (grouped-query attention: query head h reads key/value head h // (H / H_kv)), B, N and D as q's.
+    scale: None (then D**-0.5) or a finite number > 0. dropout_p: a number in [0, 1).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -25,15 +26,23 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
             raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a tensor on the meta device")
         if t.is_complex() or not t.is_floating_point():
             raise ValueError(f"{name} must have a floating dtype (float16, bfloat16, float32, float64), got {t.dtype}")
-    if not (q.shape == k.shape == v.shape):
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape {shape}, got {tuple(k.shape)}, {tuple(v.shape)}")
+    if not grouped_heads and q.shape != k.shape:
         raise ValueError(f"q, k, v must have the same shape {shape}, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
+    if grouped_heads and (q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]):
+        raise ValueError(f"k and v must have q's B, N and D with H_kv heads (B, N, H_kv, D), got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if grouped_heads and k.shape[2] and q.shape[2] % k.shape[2]:
+        raise ValueError(f"k and v heads (H_kv = {k.shape[2]}) must divide q's heads (H = {q.shape[2]}): query head h "
+                         f"reads key/value head h // (H / H_kv)")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
-    if min(q.shape) == 0:
-        raise ValueError(f"q, k, v must be non-empty, got shape {tuple(q.shape)} {shape}")
+    if min(q.shape) == 0 or min(k.shape) == 0:
+        raise ValueError(f"q, k, v must be non-empty, got shapes {tuple(q.shape)}, {tuple(k.shape)} {shape}")
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
     if scale is None:
@@ -47,3 +56,36 @@ def kernel_layout(x: torch.Tensor) -> torch.Tensor:
     """x itself when its last dimension is contiguous (every kernel reads such views in place), else one
     contiguous copy: kernels read rows of D elements at unit stride."""
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def validate_cu_seqlens(cu_seqlens, q: torch.Tensor) -> Optional[tuple[tuple[int, int], ...]]:
+    """The documents ((start, length), ...) of a packed row, or None for one document of N tokens.
+
+    cu_seqlens: None, or a 1-D integer tensor [0, n1, n1 + n2, ..., N] on q's device (the flash-attn
+    convention of one packed row) with q (1, N, H, D). Documents of length 0 (repeated entries) are
+    dropped. Reads the values on the host (one device synchronisation on CUDA)."""
+    if cu_seqlens is None:
+        return None
+    if not isinstance(cu_seqlens, torch.Tensor):
+        raise ValueError(f"cu_seqlens must be None or a 1-D integer tensor [0, n1, n1 + n2, ..., N], got "
+                         f"{type(cu_seqlens).__name__}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N] of at least 2 entries, got "
+                         f"shape {tuple(cu_seqlens.shape)}")
+    if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+        raise ValueError(f"cu_seqlens must have an integer dtype (int32 or int64), got {cu_seqlens.dtype}")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"cu_seqlens must be on q's device {q.device}, got {cu_seqlens.device}")
+    if q.shape[0] != 1:
+        raise ValueError(f"cu_seqlens packs documents into one row: q, k, v must be (1, N, H, D), got batch "
+                         f"{q.shape[0]}")
+    values = [int(x) for x in cu_seqlens.tolist()]
+    seq_len = q.shape[1]
+    if values[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0, got {values[0]}")
+    if values[-1] != seq_len:
+        raise ValueError(f"cu_seqlens must end at N = {seq_len} (q's sequence length), got {values[-1]}")
+    if any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(f"cu_seqlens must be non-decreasing, got {values[:12]}{' ...' if len(values) > 12 else ''}")
+    documents = tuple((a, b - a) for a, b in zip(values, values[1:]) if b > a)
+    return None if len(documents) == 1 else documents

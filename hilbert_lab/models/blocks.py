@@ -18,7 +18,9 @@ from .rotary import apply_rotary
 
 class DilatedTransformerBlock(nn.Module):
     """Pre-norm block: x + Attn(LN(x)), then x + MLP(LN(x)); dropout on both residual branches.
-    x (B, N, C), positions (N,) int64 original positions -> (B, N, C).
+    x (B, N, C), positions (N,) int64 original positions -> (B, N, C); with cu_seqlens (B = 1) the
+    documents of a packed row attend each as its own sequence (positions then restart per document).
+    num_kv_heads: key/value heads (grouped-query attention; default num_heads).
 
     ``attention`` is a ``MultiheadDilatedAttention`` (or, after ``models.ring.use_ring_attention``,
     a ``RingMultiheadDilatedAttention`` with the same parameters). The block runs its q/k/v
@@ -43,6 +45,7 @@ class DilatedTransformerBlock(nn.Module):
         rotary: bool = True,
         rotary_base: float = 10000.0,
         norm_eps: float = 1e-5,
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if not 0.0 <= dropout < 1.0:
@@ -55,30 +58,34 @@ class DilatedTransformerBlock(nn.Module):
         self.attention_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.attention = MultiheadDilatedAttention(
             dim, num_heads, segment_lengths, dilation_rates, dropout=attention_dropout, causal=causal,
-            mode=mode, backend=backend, ordering=ordering,
+            mode=mode, backend=backend, ordering=ordering, num_kv_heads=num_kv_heads,
         )
         hidden = max(1, int(round(dim * mlp_ratio)))
         self.mlp_norm = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C)."""
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens:
+        the documents of a packed row (B = 1)."""
         mha = self.attention
-        split = lambda t: t.unflatten(-1, (mha.num_heads, mha.head_dim))  # noqa: E731
+        split = lambda t: t.unflatten(-1, (-1, mha.head_dim))  # noqa: E731
         q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
         if self.rotary:
             q = apply_rotary(q, positions, base=self.rotary_base)
             k = apply_rotary(k, positions, base=self.rotary_base)
-        return mha.out_proj(mha.attention(q, k, v).flatten(-2))
+        if cu_seqlens is None:
+            return mha.out_proj(mha.attention(q, k, v).flatten(-2))
+        return mha.out_proj(mha.attention(q, k, v, cu_seqlens=cu_seqlens).flatten(-2))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.attend(self.attention_norm(x), positions))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
 
-def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: int, device) -> torch.Tensor:
-    if length > max_seq_len:
+def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: int, device,
+                     packed: bool = False) -> torch.Tensor:
+    if length > max_seq_len and not packed:  # a packed row may be longer; its documents' positions are checked
         raise ValueError(f"sequence length must be <= max_seq_len={max_seq_len}, got {length}")
     if positions is None:
         return torch.arange(length, device=device)
@@ -97,9 +104,25 @@ def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: i
     return positions.to(device)
 
 
+def document_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
+    """int64 (N,): each token's position inside its document of a packed row, for cu_seqlens
+    [0, n1, n1 + n2, ..., N] (positions restart at 0 at every document start)."""
+    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
+            or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N], got "
+                         f"{getattr(cu_seqlens, 'shape', type(cu_seqlens).__name__)}")
+    cu = cu_seqlens.to(torch.int64)
+    lengths = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0 or bool((lengths < 0).any()):
+        raise ValueError(f"cu_seqlens must start at 0 and be non-decreasing, got {cu.tolist()[:12]}")
+    return torch.arange(int(cu[-1]), device=cu.device) - torch.repeat_interleave(cu[:-1], lengths)
+
+
 class LongNetEncoder(nn.Module):
     """A stack of ``depth`` DilatedTransformerBlocks and a final LayerNorm.
-    x (B, N, C), positions (N,) or None (= arange(N)) -> (B, N, C)."""
+    x (B, N, C), positions (N,) or None (= arange(N), or each token's position in its document with
+    cu_seqlens) -> (B, N, C). cu_seqlens [0, n1, ..., N] (B = 1): a packed row of documents, each
+    attended as its own sequence."""
 
     def __init__(
         self,
@@ -126,16 +149,19 @@ class LongNetEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
         if x.dim() != 3:
             raise ValueError(f"x must have shape (B, N, C), got {tuple(x.shape)}")
         limit = self.max_seq_len if self.max_seq_len is not None else math.inf
-        positions = _check_positions(positions, x.shape[1], limit, x.device)
+        if positions is None and cu_seqlens is not None:
+            positions = document_positions(cu_seqlens).to(x.device)
+        positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, positions, use_reentrant=False)
+                x = checkpoint(block, x, positions, cu_seqlens, use_reentrant=False)
             else:
-                x = block(x, positions)
+                x = block(x, positions, cu_seqlens)
         return self.norm(x)
 
 
@@ -166,6 +192,7 @@ class LongNetLM(nn.Module):
         rotary_base: float = 10000.0,
         tie_weights: bool = True,
         gradient_checkpointing: bool = False,
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("dim", dim), ("max_seq_len", max_seq_len)):
@@ -176,7 +203,7 @@ class LongNetLM(nn.Module):
             segment_lengths=[int(s) for s in segment_lengths], dilation_rates=[int(r) for r in dilation_rates],
             max_seq_len=max_seq_len, mlp_ratio=mlp_ratio, dropout=dropout, attention_dropout=attention_dropout,
             mode=mode, ordering=ordering, backend=backend, rotary=rotary, rotary_base=rotary_base,
-            tie_weights=tie_weights,
+            tie_weights=tie_weights, num_kv_heads=num_kv_heads,
         )
         self.vocab_size, self.max_seq_len = vocab_size, max_seq_len
         self.embedding = nn.Embedding(vocab_size, dim)
@@ -185,7 +212,7 @@ class LongNetLM(nn.Module):
             dim, depth, num_heads, segment_lengths, dilation_rates, max_seq_len=max_seq_len,
             gradient_checkpointing=gradient_checkpointing, mlp_ratio=mlp_ratio, dropout=dropout,
             attention_dropout=attention_dropout, causal=True, mode=mode, ordering=ordering, backend=backend,
-            rotary=rotary, rotary_base=rotary_base,
+            rotary=rotary, rotary_base=rotary_base, num_kv_heads=num_kv_heads,
         )
         self.head = nn.Linear(dim, vocab_size, bias=False)
         self.reset_parameters(depth)
@@ -215,11 +242,12 @@ class LongNetLM(nn.Module):
     def gradient_checkpointing(self, enabled: bool) -> None:
         self.encoder.gradient_checkpointing = bool(enabled)
 
-    def check_tokens(self, tokens: torch.Tensor) -> None:
-        """ValueError unless tokens is (B, N) integer with ids in [0, vocab_size) and N <= max_seq_len."""
+    def check_tokens(self, tokens: torch.Tensor, packed: bool = False) -> None:
+        """ValueError unless tokens is (B, N) integer with ids in [0, vocab_size) and N <= max_seq_len
+        (packed: a row of documents, whose positions the encoder checks instead)."""
         if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"tokens must be an integer tensor (B, N), got {tuple(tokens.shape)} {tokens.dtype}")
-        if tokens.shape[1] > self.max_seq_len:
+        if tokens.shape[1] > self.max_seq_len and not packed:
             raise ValueError(f"sequence length must be <= max_seq_len={self.max_seq_len}, got {tokens.shape[1]}")
         if tokens.numel() and not torch.compiler.is_compiling():
             low, high = int(tokens.min()), int(tokens.max())
@@ -228,11 +256,14 @@ class LongNetLM(nn.Module):
                     f"tokens must be ids in [0, vocab_size={self.vocab_size}), got values in [{low}, {high}]"
                 )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange)."""
-        self.check_tokens(tokens)
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange).
+        cu_seqlens [0, n1, ..., N] with B = 1: a packed row of documents, each its own causal sequence
+        (positions default to each token's position in its document; every document <= max_seq_len)."""
+        self.check_tokens(tokens, packed=cu_seqlens is not None)
         x = self.embedding_dropout(self.embedding(tokens))
-        return self.head(self.encoder(x, positions))
+        return self.head(self.encoder(x, positions, cu_seqlens))
 
     @torch.no_grad()
     def generate(

@@ -128,12 +128,14 @@ def log_tail_note(log_path: str | os.PathLike, step: int, kept: int) -> str | No
 
 def config_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[str]:
     """'field: checkpoint X, requested Y' for every loss-curve-defining field that differs."""
+    defaults = TrainConfig().to_dict()  # a field newer than the checkpoint reads as its default there
     differences = []
     for name in sorted(set(saved) | set(requested)):
         if name in RUN_CONTROL_FIELDS:
             continue
-        if saved.get(name) != requested.get(name):
-            differences.append(f"{name}: checkpoint {saved.get(name)!r}, requested {requested.get(name)!r}")
+        before, after = saved.get(name, defaults.get(name)), requested.get(name, defaults.get(name))
+        if before != after:
+            differences.append(f"{name}: checkpoint {before!r}, requested {after!r}")
     return differences
 
 

@@ -34,6 +34,7 @@ _OVERRIDES = (
     ("dim", arguments.integer(1, 1 << 16), "model width"),
     ("depth", arguments.integer(1, 1024), "transformer blocks"),
     ("num_heads", arguments.integer(1, 4096), "attention heads"),
+    ("num_kv_heads", arguments.integer(1, 4096), "key/value heads (grouped-query attention; must divide --num-heads)"),
     ("segment_lengths", arguments.int_list(1, _MAX_LEN), "comma-separated segment lengths"),
     ("dilation_rates", arguments.int_list(1, _MAX_LEN), "comma-separated, one rate a segment length"),
     ("mode", arguments.choice(("longnet", "head_groups")), "longnet | head_groups"),
@@ -85,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
         values["compile"] = True
     if args.quiet:
         values["progress"] = False
+    if args.pack:
+        values["pack"] = True
     if isinstance(values.get("device"), str):  # the machine first: a GPU preset on a CPU build says so
         try:
             arguments.available_device(values["device"])
@@ -157,7 +160,8 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
             "  hilbert-lab train --out runs/tiny            # cpu-tiny preset, under a minute\n"
             "  hilbert-lab train --out runs/tiny --resume   # continue an interrupted run (same flags)\n"
             "  hilbert-lab train --preset gpu-32k --out runs/32k --gradient-checkpointing\n"
-            "  hilbert-lab train --out runs/short --segment-lengths 16,32 --dilation-rates 1,2"
+            "  hilbert-lab train --out runs/short --segment-lengths 16,32 --dilation-rates 1,2\n"
+            "  hilbert-lab train --out runs/packed --pack --num-kv-heads 2   # packed documents, grouped-query heads"
         ),
         formatter_class=arguments.help_formatter,
     )
@@ -182,6 +186,8 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="end with one JSON line (out, final_eval) instead of "
                         "the summary")
+    parser.add_argument("--pack", action="store_true", help="packed batches: each step's tokens as one row of "
+                        "documents of random lengths (attention and positions restart at each; no target crosses one)")
     parser.set_defaults(func=_run_cli)
     return parser
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from hilbert_lab.arguments import parse_int
-from hilbert_lab.attention.backends import BACKENDS
+from hilbert_lab.attention.executors import BACKENDS
 from hilbert_lab.attention.pattern import MODES
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
@@ -54,6 +54,7 @@ class TrainConfig:
     dim: int = 64
     depth: int = 2
     num_heads: int = 4
+    num_kv_heads: int | None = None  # key/value heads (grouped-query attention); None: num_heads
     segment_lengths: list[int] = field(default_factory=lambda: [16, 32, 128])
     dilation_rates: list[int] = field(default_factory=lambda: [1, 2, 4])
     mlp_ratio: float = 2.0
@@ -63,6 +64,9 @@ class TrainConfig:
     backend: str = "auto"
     rotary: bool = True
     rotary_base: float = 10000.0
+    # Packed batches (models.packing): each step's batch_size x seq_len tokens as one row of documents of
+    # random lengths, each attended as its own sequence (cu_seqlens); evaluation stays on the unpacked stream.
+    pack: bool = False
     # optimisation
     steps: int = 200
     batch_size: int = 16
@@ -94,6 +98,12 @@ class TrainConfig:
         types_ = _field_types()
         for item in dataclasses.fields(self):
             setattr(self, item.name, check_field(item.name, getattr(self, item.name), types_[item.name]))
+        if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must be None or a positive integer dividing num_heads={self.num_heads}, got "
+                             f"{self.num_kv_heads!r}")
+        if self.pack and self.ring:
+            raise ValueError("pack=True (packed documents) does not run with ring=True: ring attention takes one "
+                             "sequence per row; use one of them")
         self.task()  # validates the task fields
         previous_length, previous_step = 0, 0
         for index, phase in enumerate(self.curriculum):
@@ -130,6 +140,7 @@ class TrainConfig:
     def model_kwargs(self) -> dict[str, Any]:
         return dict(
             vocab_size=self.task().vocab_size, dim=self.dim, depth=self.depth, num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
             segment_lengths=self.segment_lengths, dilation_rates=self.dilation_rates, max_seq_len=self.seq_len,
             mlp_ratio=self.mlp_ratio, dropout=self.dropout, mode=self.mode, ordering=self.ordering,
             backend=self.backend, rotary=self.rotary, rotary_base=self.rotary_base,
@@ -189,6 +200,8 @@ FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "compile": ((lambda value: True), "true or false"), "progress": ((lambda value: True), "true or false"),
     "ring": ((lambda value: True), "true or false"), "ring_layout": _choices(RING_LAYOUTS),
     "init_from": ((lambda value: bool(value)), "None or a checkpoint path"),
+    "num_kv_heads": ((lambda value: value >= 1), "None or an integer >= 1 dividing num_heads"),
+    "pack": ((lambda value: True), "true or false"),
 }
 
 

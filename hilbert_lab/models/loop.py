@@ -24,6 +24,7 @@ from .checkpoint import (
 )
 from .config import DTYPES, TrainConfig
 from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
+from .packing import make_packed_batch
 from .tasks import IGNORE_INDEX, answer_positions, make_batch
 
 @dataclass
@@ -93,19 +94,33 @@ def _all_reduce_sum(values: list[float], config: TrainConfig) -> list[float]:
     return buffer.tolist()
 
 
-def _batch_logits(runner, tokens, targets, positions, config: TrainConfig):
-    """(logits, targets) of this rank's part of the batch (the whole batch without ring)."""
+def _batch_logits(runner, tokens, targets, positions, config: TrainConfig, cu_seqlens=None):
+    """(logits, targets) of this rank's part of the batch (the whole batch without ring); cu_seqlens: the
+    documents of a packed row."""
     tokens, targets = tokens.to(config.device), targets.to(config.device)
     with _autocast(config):
+        if cu_seqlens is not None:
+            return runner(tokens, cu_seqlens=cu_seqlens.to(config.device)), targets
         if positions is None:
             return runner(tokens), targets
         positions = positions.to(config.device)
         return runner(tokens[:, positions], positions), targets[:, positions]
 
 
-def _batch_loss(runner, tokens, targets, positions, config: TrainConfig):
+def _batch_loss(runner, tokens, targets, positions, config: TrainConfig, cu_seqlens=None):
     """(summed loss, hits, answers) of this rank's part of the batch (the whole batch without ring)."""
-    return answer_loss(*_batch_logits(runner, tokens, targets, positions, config))
+    return answer_loss(*_batch_logits(runner, tokens, targets, positions, config, cu_seqlens))
+
+
+def _training_batch(config: TrainConfig, step: int):
+    """(tokens, targets, cu_seqlens or None) of training `step`: batch_size samples, or with config.pack one
+    packed row of documents holding the same number of tokens."""
+    task = config.task(step)
+    if config.pack:
+        packed = make_packed_batch(task, config.batch_size, seed=config.seed, split="train", step=step)
+        return packed.tokens, packed.targets, packed.cu_seqlens
+    tokens, targets = make_batch(task, config.batch_size, seed=config.seed, split="train", step=step)
+    return tokens, targets, None
 
 
 @torch.no_grad()
@@ -309,11 +324,13 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
             for group in optimizer.param_groups:
                 group["lr"] = lr
             length = config.seq_len_at(step)
-            tokens, targets = make_batch(config.task(step), config.batch_size, seed=config.seed, split="train",
-                                         step=step)
-            loss_sum, hits, _ = _batch_loss(runner, tokens, targets, positions[length], config)
+            tokens, targets, cu_seqlens = _training_batch(config, step)
+            loss_sum, hits, answers = _batch_loss(runner, tokens, targets, positions[length], config, cu_seqlens)
+            # a packed row holds as many answers as it has documents with questions; otherwise every rank
+            # divides by the whole batch's answers
+            answers = max(answers, 1) if config.pack else answers_per_batch
             optimizer.zero_grad(set_to_none=True)
-            (loss_sum / answers_per_batch).backward()
+            (loss_sum / answers).backward()
             if config.ring:
                 import torch.distributed as dist
 
@@ -333,8 +350,8 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - window_start
                 record = {
-                    "kind": "train", "step": done, "seq_len": length, "loss": loss_total / answers_per_batch,
-                    "accuracy": hits_total / answers_per_batch, "lr": lr, "grad_norm": grad_norm,
+                    "kind": "train", "step": done, "seq_len": length, "loss": loss_total / answers,
+                    "accuracy": hits_total / answers, "lr": lr, "grad_norm": grad_norm,
                     "tokens_per_s": window_tokens / elapsed,
                 }
                 if on_cuda:

@@ -25,8 +25,8 @@ def use_ring_attention(model: nn.Module, *, group=None, ring_size: int | None = 
                        layout: str = "contiguous") -> nn.Module:
     """Replace each block's MultiheadDilatedAttention by a RingMultiheadDilatedAttention holding the
     same parameters (in place; returns ``model``). ``group``/``ring_size``/``layout`` as in
-    ``hilbert_lab.distributed.ring_dilated_attention``. The ring has no attention dropout and no
-    ``ordering`` (ValueError if the model uses them)."""
+    ``hilbert_lab.distributed.ring_dilated_attention``. The ring has no attention dropout, no
+    ``ordering`` and one key/value head per query head (ValueError if the model uses them)."""
     from hilbert_lab.distributed import RingMultiheadDilatedAttention
 
     for block in _blocks(model):
@@ -38,6 +38,9 @@ def use_ring_attention(model: nn.Module, *, group=None, ring_size: int | None = 
             raise ValueError(f"attention_dropout must be 0 for ring attention, got {inner.dropout}")
         if inner.ordering not in (None, "identity") or inner.hilbert_pattern:
             raise ValueError(f"ordering must be None for ring attention, got {inner.ordering!r}")
+        if local.num_kv_heads != local.num_heads:
+            raise ValueError(f"num_kv_heads must equal num_heads ({local.num_heads}) for ring attention (one key/value "
+                             f"head per query head there), got {local.num_kv_heads}")
         pattern = inner.pattern
         weight = local.q_proj.weight
         ring = RingMultiheadDilatedAttention(

@@ -46,7 +46,9 @@ class Capabilities:
     fallback kernel. grad_lse: its backward takes an LSE gradient itself (else the executor adds the
     LSE's share through the identity of `lse_share_inputs`). gqa: a kernel call may read fewer key/value
     heads than query heads. bottom_right: a causal kernel call may have fewer queries than keys aligned at
-    the bottom right. backward / dropout: whether it differentiates / drops attention weights.
+    the bottom right. varlen: its kernel takes many sequences of different lengths in one call
+    (cu_seqlens), so the blocks of the documents of a packed row run in a few calls
+    (executors.varlen). backward / dropout: whether it differentiates / drops attention weights.
     package / install: an optional package it imports and what installs it (a pip requirement). oracle: exact and
     slow (the float64 reference), never a speed candidate.
     """
@@ -62,6 +64,7 @@ class Capabilities:
     grad_lse: bool = False
     gqa: bool = False
     bottom_right: bool = False
+    varlen: bool = False
     backward: bool = True
     dropout: bool = False
     package: Optional[str] = None

@@ -5,16 +5,19 @@ output and LSE into views of the caller's slots; its backward is the kernel's ba
 output and LSE (exact gradients, through the merge weights too), its shares written into views of the
 gradient totals. Kernels that cannot read strided views (capability in_place False) get contiguous
 copies of each call's q, k, v. Every call goes through kernel.call_forward / call_backward (fallbacks,
-grouped-query heads, bottom-right causal, the LSE gradient, non-finite inputs).
+grouped-query heads, bottom-right causal, the LSE gradient, non-finite inputs). An executor whose
+kernel takes many sequences in one call (capability varlen) runs the plan of a packed row as packs
+(executors.varlen: one call for the blocks of many documents) where that saves most of the calls.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, guard_lse
+from hilbert_lab.attention.executors.varlen import VarlenKernel, packed_backward, packed_forward, packs_for
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
 
@@ -84,16 +87,27 @@ def blockwise_backward(plan: Plan, state: tuple, q, k, v, merged: Merged, grads:
 
 
 def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKernel], capabilities: Capabilities,
-                       unavailable=None, description: str = "") -> Executor:
-    """An Executor running plans with the dense kernel `kernel_for(q)` picks for the inputs."""
+                       unavailable=None, description: str = "",
+                       varlen_for: Optional[Callable[[torch.Tensor], VarlenKernel]] = None) -> Executor:
+    """An Executor running plans with the dense kernel `kernel_for(q)` picks for the inputs; with
+    `varlen_for` (capabilities.varlen) the plans of packed rows run as packs on `varlen_for(q)`."""
+    if capabilities.varlen != (varlen_for is not None):
+        raise ValueError(f"executor {name!r}: capabilities.varlen must be declared exactly when varlen_for is given")
 
     def forward(plan: Plan, q, k, v, slots: Slots, *, scale: float):
+        packs = packs_for(plan, q) if varlen_for is not None else None
+        if packs is not None:
+            varlen = varlen_for(q)
+            return varlen, packs, packed_forward(plan, packs, q, k, v, slots, scale=scale, kernel=varlen)
         kernel = kernel_for(q)
-        return kernel, blockwise_forward(plan, q, k, v, slots, scale=scale, kernel=kernel,
-                                         in_place=capabilities.in_place)
+        return kernel, None, blockwise_forward(plan, q, k, v, slots, scale=scale, kernel=kernel,
+                                               in_place=capabilities.in_place)
 
     def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
-        kernel, states = state
+        kernel, packs, states = state
+        if packs is not None:
+            packed_backward(plan, packs, states, q, k, v, merged, grads, scale=scale, kernel=kernel)
+            return
         blockwise_backward(plan, states, q, k, v, merged, grads, scale=scale, dense_out_lse=kernel.dense_out_lse,
                            in_place=capabilities.in_place)
 

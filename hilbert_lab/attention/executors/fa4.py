@@ -15,6 +15,7 @@ from hilbert_lab.attention.executors.base import HALF_DTYPES, Capabilities
 from hilbert_lab.attention.executors.blockwise import blockwise_executor
 from hilbert_lab.attention.executors.kernel import DenseKernel
 from hilbert_lab.attention.executors.manual import MANUAL_KERNEL
+from hilbert_lab.attention.executors.varlen import Runs, VarlenKernel
 
 PACKAGE = "flash_attn.cute"
 
@@ -36,6 +37,46 @@ def _backward(grad_out, q, k, v, out, lse, aux=None, *, causal, scale, grad_lse=
     return result[0], result[1], result[2]
 
 
+def _varlen_arguments(runs: Runs) -> dict:
+    return dict(cu_seqlens_q=runs.cu, cu_seqlens_k=runs.cu, seqused_q=runs.used, seqused_k=runs.used,
+                max_seqlen_q=runs.max_length, max_seqlen_k=runs.max_length)
+
+
+def _write_rows(dst: torch.Tensor, value: torch.Tensor, index) -> None:
+    """dst (rows, ...) <- value at the rows `index` (every row when None)."""
+    if index is None:
+        dst.copy_(value)
+    else:
+        dst.index_copy_(0, index, value.index_select(0, index).to(dst.dtype))
+
+
+def _varlen_forward(q, k, v, runs: Runs, *, causal, scale, out, lse):
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    result = _flash_attn_fwd(q, k, v, softmax_scale=scale, causal=causal, return_lse=True, out=out,
+                             **_varlen_arguments(runs))
+    if result[0] is not out:
+        _write_rows(out, result[0], runs.index)
+    _write_rows(lse, result[1].transpose(0, 1), runs.index)  # the kernel's LSE is (h, rows)
+    return None
+
+
+def _varlen_backward(state, grad_out, q, k, v, out, lse, runs: Runs, *, causal, scale, grad_lse=None, into=None):
+    from flash_attn.cute.interface import _flash_attn_bwd
+
+    lse = lse.transpose(0, 1)  # float32 for the kernel's dtypes
+    lse = torch.where(torch.isfinite(lse) | torch.isnan(lse), lse, torch.full_like(lse, float("inf"))).contiguous()
+    dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device) if grad_out is None else grad_out.to(q.dtype)
+    dq, dk, dv = into if into is not None else (None, None, None)
+    result = _flash_attn_bwd(q, k, v, out, dout, lse, softmax_scale=scale, causal=causal, dq=dq, dk=dk, dv=dv,
+                             dlse=None if grad_lse is None else grad_lse.transpose(0, 1).contiguous(),
+                             **_varlen_arguments(runs))
+    return result[0], result[1], result[2]
+
+
+FA4_VARLEN = VarlenKernel("fa4_varlen", _varlen_forward, _varlen_backward)
+
+
 def _workspace(q: torch.Tensor, k: torch.Tensor, backward: bool) -> int:
     """The backward's float32 dQ accumulator (b, h, Lq_rounded * D_rounded) and its two row buffers
     (b, h, Lq_rounded), Lq rounded up to 128 and D to 64."""
@@ -49,11 +90,12 @@ def _workspace(q: torch.Tensor, k: torch.Tensor, backward: bool) -> int:
 FA4_KERNEL = DenseKernel("fa4", _forward, _backward, gqa=True, bottom_right=True, grad_lse=True, writes_into=True,
                          fallback=MANUAL_KERNEL, workspace=_workspace, meta=False)
 CAPABILITIES = Capabilities(devices=("cuda",), dtypes=HALF_DTYPES, head_dims=(256, 8), min_capability=(9, 0),
-                            grad_lse=True, gqa=True, bottom_right=True, package=PACKAGE,
+                            grad_lse=True, gqa=True, bottom_right=True, varlen=True, package=PACKAGE,
                             install="hilbert-lab[fa4]")
 
 
 def executors() -> dict:
     """The FlashAttention-4 executor (name -> Executor)."""
     return {"fa4": blockwise_executor("fa4", lambda q: FA4_KERNEL, CAPABILITIES,
-                                      description="FlashAttention-4 on the plan's views, reading and writing in place")}
+                                      description="FlashAttention-4 on the plan's views, reading and writing in place",
+                                      varlen_for=lambda q: FA4_VARLEN)}

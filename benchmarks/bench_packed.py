@@ -1,0 +1,244 @@
+"""Packed documents and grouped-query heads on one GPU: ours on a packed row against a loop over its
+documents and the FlashAttention-4 varlen floor of the same kernel calls, all in one run.
+
+The row: --tokens T (default 131072) tokens cut into --documents (default 64) documents of random
+lengths (mean T / documents; cut points uniform, so lengths are roughly exponential, some tiny), bf16,
+--heads H (16), --head-dim 64, the pattern --segment-lengths 1024,2048,4096 --dilation-rates 1,2,4,
+causal unless --not-causal, longnet mode. For "fwd" (no_grad) and "fwd+bwd" (a fixed random upstream
+gradient) it times, in the same process:
+- ours[auto|sdpa|fa4]: dilated_attention(q, k, v, cu_seqlens=...) on the packed row (auto takes the
+  executor declaring varlen where one runs: fa4's packs, a few FlashAttention-4 varlen calls);
+- loop[auto|fa4]: a Python loop calling dilated_attention on each document (the caller's fallback);
+- floor[fa4-varlen]: FlashAttention-4's varlen kernels on the same packs (the calls fa4 makes), each
+  pack's runs pre-gathered contiguous: no strided views, no rows between runs, no LSE copies, no merge;
+and prints loop/ours (target >= 5x) and ours/floor (target <= 1.15x), with each of ours' relative
+error against the loop. GQA: ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd
+time and peak CUDA memory above the inputs, and the K/V bytes (target: time <= MHA's, K/V memory H_kv/H).
+Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
+test of this script: no FlashAttention-4, no floor; small --tokens).
+
+Usage: python benchmarks/bench_packed.py [--out PATH] [--tokens 131072] [--documents 64] [--repeats 10]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
+from hilbert_lab.attention.executors.varlen import packs_for, plan_packs  # noqa: E402
+from hilbert_lab.attention.plan import cached_plan  # noqa: E402
+from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.timing import time_function  # noqa: E402
+
+
+def document_bounds(tokens: int, documents: int, seed: int = 0) -> list[int]:
+    """[0, n1, n1 + n2, ..., tokens]: documents - 1 distinct cut points drawn uniformly."""
+    gen = torch.Generator().manual_seed(seed)
+    cuts = torch.randperm(tokens - 1, generator=gen)[:documents - 1] + 1
+    return [0, *sorted(int(c) for c in cuts), tokens]
+
+
+def make_inputs(args, kv_heads: int, device, dtype, requires_grad: bool):
+    gen = torch.Generator(device=device).manual_seed(0)
+    shape = lambda h: (1, args.tokens, h, args.head_dim)  # noqa: E731
+    q = torch.randn(shape(args.heads), device=device, dtype=dtype, generator=gen)
+    k, v = (torch.randn(shape(kv_heads), device=device, dtype=dtype, generator=gen) for _ in range(2))
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def ours(pattern, backend, cu):
+    def run(q, k, v):
+        return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+                                 mode=pattern.mode, causal=pattern.causal, backend=backend, cu_seqlens=cu)
+    return run
+
+
+def loop(pattern, backend, bounds):
+    def run(q, k, v):
+        return torch.cat([dilated_attention(q[:, a:b], k[:, a:b], v[:, a:b], segment_lengths=pattern.segment_lengths,
+                                            dilation_rates=pattern.dilation_rates, mode=pattern.mode,
+                                            causal=pattern.causal, backend=backend)
+                          for a, b in zip(bounds, bounds[1:])], 1)
+    return run
+
+
+def varlen_floor(pattern, q, k, v, bounds, scale):
+    """A step running FlashAttention-4's varlen forward (and with grad_out its backward) on every pack of
+    the plan, each pack's runs gathered contiguous once beforehand (the time of the kernels alone)."""
+    from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
+
+    documents = tuple((a, b - a) for a, b in zip(bounds, bounds[1:]) if b > a)
+    plan = cached_plan(pattern, q.shape[1], q.shape[2], num_kv_heads=None if k.shape[2] == q.shape[2] else k.shape[2],
+                       documents=documents)
+    calls = []
+    for pack in plan_packs(plan):
+        rows = torch.cat([torch.arange(s, s + n) for s, n in zip(pack.starts, pack.lengths)]).to(q.device)
+        gathered = [pack.view(t, role).index_select(0, rows).contiguous() for t, role in ((q, QUERY), (k, KEY), (v, KEY))]
+        cu = torch.tensor([0, *pack.lengths], dtype=torch.int32).cumsum(0).to(torch.int32).to(q.device)
+        calls.append((gathered, cu, pack.max_length, torch.randn_like(gathered[0])))
+
+    def step(backward: bool):
+        for (qg, kg, vg), cu, longest, grad in calls:
+            varlen = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest,
+                          softmax_scale=scale, causal=pattern.causal)
+            out, lse = _flash_attn_fwd(qg, kg, vg, return_lse=True, **varlen)[:2]
+            if backward:
+                _flash_attn_bwd(qg, kg, vg, out, grad, lse, **varlen)
+    return step, len(calls)
+
+
+def timed(fn, q, k, v, grad, direction, device, repeats):
+    if direction == "fwd+bwd":
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+
+        def step():
+            torch.autograd.backward(fn(*leaves), grad)
+            for t in leaves:
+                t.grad = None
+    else:
+        def step():
+            with torch.no_grad():
+                fn(q, k, v)
+    return time_function(step, device=device, warmup=2, repeats=repeats).as_dict()
+
+
+def rel(a, b) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
+
+
+def peak_bytes(fn, q, k, v, grad, device) -> int:
+    """Peak CUDA memory above what is allocated before one fwd+bwd (inputs and their gradients' home)."""
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.autograd.backward(fn(*leaves), grad)
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    pattern = DilatedPattern.create([int(w) for w in args.segment_lengths.split(",")],
+                                    [int(r) for r in args.dilation_rates.split(",")], causal=not args.not_causal)
+    bounds = document_bounds(args.tokens, args.documents)
+    cu = torch.tensor(bounds, device=device)
+    scale = args.head_dim ** -0.5
+    backends = [b for b in ("auto", "sdpa", "fa4") if b == "auto" or unavailable_reason(b, device, dtype) is None]
+    q, k, v = make_inputs(args, args.heads, device, dtype, False)
+    grad = torch.randn_like(q)
+    documents = tuple((a, b - a) for a, b in zip(bounds, bounds[1:]))
+    plan = cached_plan(pattern, args.tokens, args.heads, documents=documents)
+    packs = packs_for(plan, q)
+    result = {"shape": [1, args.tokens, args.heads, args.head_dim], "dtype": str(dtype), "documents": args.documents,
+              "lengths": {"min": min(n for _, n in documents), "max": max(n for _, n in documents),
+                          "mean": args.tokens / args.documents},
+              "segment_lengths": list(pattern.segment_lengths), "dilation_rates": list(pattern.dilation_rates),
+              "causal": pattern.causal, "blocks": len(plan.blocks), "packs": None if packs is None else len(packs),
+              "cells": {}}
+    with torch.no_grad():
+        expected = loop(pattern, "auto", bounds)(q, k, v)
+    for direction in ("fwd", "fwd+bwd"):
+        cell: dict = {"times_ms": {}, "errors": {}}
+        variants = {f"ours[{b}]": ours(pattern, b, cu) for b in backends}
+        variants.update({f"loop[{b}]": loop(pattern, b, bounds) for b in backends if b != "sdpa"})
+        for name, fn in variants.items():
+            try:
+                if name.startswith("ours"):
+                    with torch.no_grad():
+                        cell["errors"][name] = rel(fn(q, k, v), expected)
+                cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
+            except Exception as error:  # a backend that cannot run this shape is reported with why
+                cell["times_ms"][name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+        if "fa4" in backends:
+            try:
+                step, calls = varlen_floor(pattern, q, k, v, bounds, scale)
+                cell["floor_calls"] = calls
+                cell["times_ms"]["floor[fa4-varlen]"] = time_function(
+                    lambda: step(direction == "fwd+bwd"), device=device, warmup=2, repeats=args.repeats).as_dict()
+            except Exception as error:
+                cell["times_ms"]["floor[fa4-varlen]"] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+        result["cells"][direction] = cell
+    gqa: dict = {}
+    for label, kv_heads in (("mha", args.heads), ("gqa", args.heads // 4)):
+        q, k, v = make_inputs(args, kv_heads, device, dtype, False)
+        fn = ours(pattern, "auto", cu)
+        row = {"kv_heads": kv_heads, "kv_bytes": 2 * k.numel() * k.element_size(),
+               "fwd+bwd": timed(fn, q, k, v, grad, "fwd+bwd", device, args.repeats)}
+        if cuda:
+            row["peak_bytes"] = peak_bytes(fn, q, k, v, grad, device)
+        gqa[label] = row
+    result["gqa"] = gqa
+    return result
+
+
+def median(cell, name):
+    value = cell["times_ms"].get(name, {})
+    return value.get("median")
+
+
+def report(result) -> None:
+    print(f"row {result['shape']} {result['dtype']}: {result['documents']} documents (lengths {result['lengths']}), "
+          f"w {result['segment_lengths']} r {result['dilation_rates']} causal={result['causal']}: "
+          f"{result['blocks']} blocks, {result['packs']} packs")
+    for direction, cell in result["cells"].items():
+        print(f"\n{direction}:")
+        for name, value in cell["times_ms"].items():
+            error = cell["errors"].get(name)
+            text = f"{value['median']:.3f} ms" if "median" in value else value["error"]
+            print(f"  {name:20s} {text}" + (f"  (rel err vs loop {error:.2e})" if error is not None else ""))
+        best_loop = min((median(cell, n) for n in cell["times_ms"] if n.startswith("loop") and median(cell, n)),
+                        default=None)
+        floor = median(cell, "floor[fa4-varlen]")
+        for name in cell["times_ms"]:
+            time = median(cell, name)
+            if name.startswith("ours") and time:
+                line = f"  {name}: loop/ours {best_loop / time:.2f}x (target >= 5)" if best_loop else f"  {name}:"
+                if floor:
+                    line += f", ours/floor {time / floor:.3f} (target <= 1.15)"
+                print(line)
+    gqa = result["gqa"]
+    mha_ms, gqa_ms = gqa["mha"]["fwd+bwd"]["median"], gqa["gqa"]["fwd+bwd"]["median"]
+    print(f"\nGQA fwd+bwd ours[auto]: H_kv={gqa['gqa']['kv_heads']} {gqa_ms:.3f} ms vs MHA {mha_ms:.3f} ms "
+          f"(ratio {gqa_ms / mha_ms:.3f}, target <= 1); K/V bytes {gqa['gqa']['kv_bytes']} vs {gqa['mha']['kv_bytes']}"
+          + (f"; peak above inputs {gqa['gqa']['peak_bytes'] / 2**20:.1f} MiB vs {gqa['mha']['peak_bytes'] / 2**20:.1f} MiB"
+             if "peak_bytes" in gqa["gqa"] else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="reports/results/packed_gpu.json")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokens", type=int, default=131072)
+    parser.add_argument("--documents", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--segment-lengths", default="1024,2048,4096")
+    parser.add_argument("--dilation-rates", default="1,2,4")
+    parser.add_argument("--not-causal", action="store_true")
+    parser.add_argument("--repeats", type=int, default=10)
+    args = parser.parse_args()
+    if args.heads % 4:
+        parser.error("--heads must be a multiple of 4 (the GQA comparison uses H / 4 key/value heads)")
+    out = Path(args.out)
+    if out.exists():
+        parser.error(f"--out {out} exists; choose another path (results are never overwritten)")
+    result = run(args)
+    result["environment"] = collect_environment()
+    report(result)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\nwrote {out}")
+
+
+if __name__ == "__main__":
+    main()

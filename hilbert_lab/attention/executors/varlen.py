@@ -1,0 +1,287 @@
+"""Packed documents in few kernel calls: a plan's blocks grouped into packs, each one varlen kernel call.
+
+The plan of a packed row has blocks per document. A pack holds the blocks of one (branch, offset,
+query heads, key/value heads, step) whose runs (one segment of one document each: positions
+p0 + j * step, j < length) start at positions of one residue modulo the step. Every run is then a
+range of consecutive rows of the row's residue view x[0, residue::step] (strided, no copy), so one
+call of a kernel that takes sequences of different lengths reads them all in place: cu_seqlens[i]
+is the row where run i starts, seqused[i] its length (given only where the runs leave rows between
+them: other residues' documents, ragged last segments). The kernel writes outputs, LSEs and
+gradients at the runs' rows only.
+
+A `VarlenKernel` is such a kernel (FlashAttention-4's varlen entry points, executors.fa4);
+`per_sequence(kernel)` runs any dense kernel run by run through kernel.call_forward / call_backward
+(the exact reference of this path on the CPU). Packs replace the plan's units where they need at most
+half their kernel calls (rows of many documents); a single sequence keeps its units.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from hilbert_lab.attention.executors.base import Grads, Merged, Slots
+from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward
+from hilbert_lab.attention.plan import Plan
+from hilbert_lab.attention.views import KEY, QUERY, plan_units
+
+__all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
+           "per_sequence", "plan_packs"]
+
+
+def _count(heads: slice) -> int:
+    return len(range(heads.start, heads.stop, heads.step or 1))
+
+
+@dataclass(frozen=True)
+class Pack:
+    """Runs of one (branch, offset, heads, kv_heads, step) on the rows of one residue view.
+
+    Row i of the pack's view is position first + i * step; run j covers rows [starts[j],
+    starts[j] + lengths[j]) (increasing, disjoint). heads / kv_heads: the query heads and the key/value
+    heads they read (call head j reads kv head j // (h / h_kv))."""
+
+    branch: int
+    heads: slice
+    kv_heads: slice
+    step: int
+    first: int
+    rows: int
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+
+    @property
+    def gaps(self) -> bool:
+        """Whether some row of the view belongs to no run."""
+        return sum(self.lengths) != self.rows
+
+    @property
+    def max_length(self) -> int:
+        return max(self.lengths)
+
+    def geometry(self, shape, stride, storage_offset: int, role: str) -> tuple[tuple, tuple, int]:
+        """(size, stride, storage offset) of the pack's view (rows, h, *rest) of a (1, N, H, *rest) tensor."""
+        s_n, s_h, *rest = stride[1:]
+        heads = self.heads if role == QUERY else self.kv_heads
+        size = (self.rows, _count(heads), *shape[3:])
+        return size, (self.step * s_n, (heads.step or 1) * s_h, *rest), storage_offset + self.first * s_n + heads.start * s_h
+
+    def view(self, x: torch.Tensor, role: str) -> torch.Tensor:
+        """The pack's rows of x (1, N, H, *rest) as a strided view (rows, h, *rest); no copy."""
+        return x.as_strided(*self.geometry(tuple(x.shape), x.stride(), x.storage_offset(), role))
+
+
+def plan_packs(plan: Plan) -> tuple[Pack, ...]:
+    """The plan's blocks as packs (plans whose queries are all positions), in the order of their blocks."""
+    runs: dict[tuple, list[tuple[int, int]]] = {}
+    for blk in plan.blocks:
+        kv = blk.key_heads
+        for s in range(blk.count):
+            p0 = blk.start + s * blk.seg + blk.offset
+            key = (blk.branch, blk.heads.start, blk.heads.stop, blk.heads.step or 1, kv.start, kv.stop, kv.step or 1,
+                   blk.step, p0 % blk.step)
+            runs.setdefault(key, []).append((p0 // blk.step, blk.length))
+    packs = []  # in the order of their branches (a first branch's shares are written before others add)
+    for (branch, h0, h1, hs, k0, k1, ks, step, residue), members in runs.items():
+        members.sort()
+        begin = members[0][0]
+        end = max(row + length for row, length in members)
+        packs.append(Pack(branch, slice(h0, h1, hs), slice(k0, k1, ks), step, residue + begin * step, end - begin,
+                          tuple(row - begin for row, _ in members), tuple(length for _, length in members)))
+    return tuple(sorted(packs, key=lambda pack: pack.branch))
+
+
+def _pack_keys(plan: Plan) -> int:
+    """How many packs the plan makes, counted without listing runs (a segment run's residue cycles with
+    period step / gcd(seg, step))."""
+    keys = set()
+    for blk in plan.blocks:
+        kv = blk.key_heads
+        for s in range(min(blk.count, blk.step)):
+            keys.add((blk.branch, blk.heads.start, blk.heads.stop, blk.heads.step, kv.start, kv.stop, kv.step,
+                      blk.step, (blk.start + s * blk.seg + blk.offset) % blk.step))
+    return len(keys)
+
+
+_CACHE: dict[tuple, tuple] = {}  # (id(plan), what) -> (plan, value): the plan is kept so its id stays its own
+
+
+def _cached(key: tuple, plan: Plan, compute):
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is plan:
+        return hit[1]
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    value = compute()
+    _CACHE[key] = (plan, value)
+    return value
+
+
+def packs_for(plan: Plan, q: torch.Tensor) -> Optional[tuple[Pack, ...]]:
+    """The plan's packs when they replace its units here: one batch element, queries at every position,
+    data on a device, and at most half the units' kernel calls; else None."""
+    if q.shape[0] != 1 or q.device.type == "meta" or plan.query_len is not None or not plan.blocks:
+        return None
+
+    def decide():
+        unit_calls = sum(unit.calls_per_piece for unit in plan_units(plan))
+        return plan_packs(plan) if 2 * _pack_keys(plan) <= unit_calls else None
+
+    return _cached((id(plan), "packs"), plan, decide)
+
+
+@dataclass(frozen=True)
+class Runs:
+    """A pack's runs on a device: cu (int32 (n + 1,)): the row where each run starts, then the view's rows;
+    used (int32 (n,)) the runs' lengths and index (int64) the rows they cover, both None when the runs
+    tile the view; max_length the longest run (a host integer)."""
+
+    starts: tuple[int, ...]
+    lengths: tuple[int, ...]
+    rows: int
+    cu: torch.Tensor
+    used: Optional[torch.Tensor]
+    index: Optional[torch.Tensor]
+    max_length: int
+
+
+def pack_runs(plan: Plan, packs: tuple[Pack, ...], device: torch.device) -> tuple[Runs, ...]:
+    """Every pack's Runs on `device`, moved there in one copy per dtype (cached per plan and device)."""
+
+    def build():
+        ints, longs, spans = [], [], []
+        used_rows = 0
+        for pack in packs:
+            cu = list(pack.starts) + [pack.rows]
+            used = list(pack.lengths) if pack.gaps else []
+            covered = sum(pack.lengths) if pack.gaps else 0
+            spans.append((len(ints), len(cu), len(used), used_rows, covered))
+            ints.extend(cu + used)
+            if pack.gaps:
+                starts, lengths = torch.tensor(pack.starts), torch.tensor(pack.lengths)
+                first = torch.cumsum(lengths, 0) - lengths  # where each run begins in the index
+                longs.append(torch.arange(covered) + torch.repeat_interleave(starts - first, lengths))
+            used_rows += covered
+        int_tensor = torch.tensor(ints, dtype=torch.int32).to(device)
+        long_tensor = (torch.cat(longs) if longs else torch.empty(0, dtype=torch.int64)).to(device)
+        out = []
+        for pack, (i0, n_cu, n_used, l0, n_index) in zip(packs, spans):
+            out.append(Runs(pack.starts, pack.lengths, pack.rows, int_tensor[i0:i0 + n_cu],
+                            int_tensor[i0 + n_cu:i0 + n_cu + n_used] if n_used else None,
+                            long_tensor[l0:l0 + n_index] if n_index else None, pack.max_length))
+        return tuple(out)
+
+    return _cached((id(plan), "runs", str(device)), plan, build)
+
+
+@dataclass(frozen=True)
+class VarlenKernel:
+    """A kernel over many sequences of one call (see the module docstring).
+
+    forward(q (rows, h, D), k, v (rows, h_kv, D), runs, *, causal, scale, out (rows, h, D), lse (rows, h))
+    -> state: writes each run's output and LSE into out and lse at the runs' rows only.
+    backward(state, grad_out (rows, h, D) or None, q, k, v, out, lse (rows, h), runs, *, causal, scale,
+    grad_lse (rows, h) or None, into (dq, dk, dv) views or None) -> (dq, dk, dv) for the given (merged)
+    out and LSE, valid at the runs' rows: the `into` views themselves where it wrote them (the caller
+    owns those entries), else tensors of its own."""
+
+    name: str
+    forward: Callable[..., Any]
+    backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def _groups(runs: Runs) -> list[tuple[int, int, int]]:
+    """(first row, runs, length): maximal spans of adjacent runs of one length (one batched dense call each)."""
+    groups: list[list[int]] = []
+    for start, length in zip(runs.starts, runs.lengths):
+        last = groups[-1] if groups else None
+        if last is not None and last[2] == length and last[0] + last[1] * length == start:
+            last[1] += 1
+        else:
+            groups.append([start, 1, length])
+    return [tuple(g) for g in groups]
+
+
+def _batched(x: torch.Tensor, start: int, count: int, length: int) -> torch.Tensor:
+    return x[start:start + count * length].unflatten(0, (count, length))
+
+
+def per_sequence(kernel: DenseKernel) -> VarlenKernel:
+    """A VarlenKernel running `kernel` on each span of adjacent runs of one length (batched), through
+    call_forward / call_backward (fallbacks, grouped-query heads, the LSE gradient, non-finite inputs)."""
+
+    def forward(q, k, v, runs: Runs, *, causal: bool, scale: float, out, lse):
+        states = []
+        for start, count, length in _groups(runs):
+            o, l, state = call_forward(kernel, *(_batched(t, start, count, length) for t in (q, k, v)), causal=causal,
+                                       scale=scale)
+            _batched(out, start, count, length).copy_(o)
+            _batched(lse, start, count, length).copy_(l.transpose(1, 2))
+            states.append(state)
+        return states
+
+    def backward(states, grad_out, q, k, v, out, lse, runs: Runs, *, causal: bool, scale: float, grad_lse=None,
+                 into=None):
+        shares = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
+        for (start, count, length), state in zip(_groups(runs), states, strict=True):
+            part = lambda t: None if t is None else _batched(t, start, count, length)  # noqa: E731
+            glse = None if grad_lse is None else part(grad_lse).transpose(1, 2)
+            results = call_backward(state, part(grad_out), part(q), part(k), part(v), part(out),
+                                    part(lse).transpose(1, 2), causal=causal, scale=scale, grad_lse=glse)
+            for share, result in zip(shares, results):
+                part(share).copy_(result)
+        return tuple(shares)
+
+    return VarlenKernel(f"{kernel.name}_per_sequence", forward, backward)
+
+
+def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *, scale: float,
+                   kernel: VarlenKernel) -> list:
+    """One call per pack, each writing its runs' output and LSE into its branch's slot; the states."""
+    states = []
+    for pack, runs in zip(packs, pack_runs(plan, packs, q.device)):
+        states.append(kernel.forward(pack.view(q, QUERY), pack.view(k, KEY), pack.view(v, KEY), runs,
+                                     causal=plan.causal, scale=scale, out=pack.view(slots.out(pack.branch), QUERY),
+                                     lse=pack.view(slots.lse(pack.branch), QUERY)))
+    return states
+
+
+def _store_rows(grads: Grads, index: int, view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor],
+                branch: int) -> None:
+    """Write or add a share into a pack's view of dq / dk / dv at the runs' rows only (one gather of the
+    share's rows and one indexed write or add, where the totals' dtype takes the share's)."""
+    if rows is None:
+        grads.store(index, view, share, branch)
+        return
+    picked = share.index_select(0, rows)
+    if grads.owned(branch):
+        view.index_copy_(0, rows, picked.to(view.dtype))
+    elif picked.dtype.itemsize <= view.dtype.itemsize:
+        view.index_add_(0, rows, picked.to(view.dtype))
+    else:  # a wider share into a narrower total: Grads.store's one rounding of the exact sum
+        current = view.index_select(0, rows)
+        grads.store(index, current, picked, branch)
+        view.index_copy_(0, rows, current)
+
+
+def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, merged: Merged, grads: Grads, *,
+                    scale: float, kernel: VarlenKernel) -> None:
+    """Every pack's share of dq, dk, dv for the merged (out, lse), written or added into `grads`."""
+    out = merged.out if merged.out.stride(-1) == 1 else merged.dense("out")
+    grad_out = merged.grad_out
+    if grad_out is not None and grad_out.stride(-1) != 1:
+        grad_out = merged.dense("grad_out")
+    lse = merged.lse.transpose(1, 2).contiguous()  # (1, N, H): views of it follow the queries' geometry
+    grad_lse = None if merged.grad_lse is None else merged.grad_lse.transpose(1, 2).contiguous()
+    for pack, runs, state in zip(packs, pack_runs(plan, packs, q.device), states, strict=True):
+        views = (pack.view(grads.dq, QUERY), pack.view(grads.dk, KEY), pack.view(grads.dv, KEY))
+        owned = grads.owned(pack.branch) and all(view.dtype == q.dtype for view in views)
+        shares = kernel.backward(state, None if grad_out is None else pack.view(grad_out, QUERY), pack.view(q, QUERY),
+                                 pack.view(k, KEY), pack.view(v, KEY), pack.view(out, QUERY), pack.view(lse, QUERY),
+                                 runs, causal=plan.causal, scale=scale,
+                                 grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY),
+                                 into=views if owned else None)
+        for index, (view, share) in enumerate(zip(views, shares)):
+            if share is not view:
+                _store_rows(grads, index, view, share, runs.index, pack.branch)
