@@ -79,6 +79,11 @@ def dilated_attention(
 ):
     """LongNet dilated attention on q, k, v (B, N, H, D) -> out (B, N, H, D) [, lse (B, H, N)].
 
+    q may have fewer rows than k and v (decoding): q (B, Nq, H, D) with Nq <= N holds the queries of the
+    last Nq positions (bottom-right, as flash-attn aligns them) -> out (B, Nq, H, D), lse (B, H, Nq),
+    equal to the last Nq rows of the full computation (pattern positions are the original positions).
+    The fused "triton" executor and hilbert_pattern=True take Nq == N only (ValueError).
+
     segment_lengths / dilation_rates: one entry per branch (see pattern.py for the semantics on
     original positions, incl. ragged N and w > N). mode: "longnet" or "head_groups". backend: a name
     from executors.BACKENDS or "auto". ordering: a memory layout of the tokens inside each block of
@@ -100,7 +105,8 @@ def dilated_attention(
             return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                      causal=causal, mode=mode, backend=backend, ordering=ordering, scale=scale,
                                      dropout_p=dropout_p, return_lse=return_lse, hilbert_pattern=hilbert_pattern)
-    scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p)
+    scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p, fewer_queries=True)
+    query_len = q.shape[1] if q.shape[1] < k.shape[1] else None  # queries at the last positions
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
     allowed = tuple(ORDERINGS)
     if ordering not in IDENTITY_ORDERINGS and ordering not in allowed:
@@ -111,13 +117,16 @@ def dilated_attention(
         raise ValueError(f"return_lse must be True or False, got {return_lse!r}")
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    executor = resolve_executor(backend, q, pattern, training=training)
-    batch, seq_len, num_heads, _ = q.shape
+    if query_len is not None and hilbert_pattern:
+        raise ValueError("hilbert_pattern=True needs q, k, v of one length (the pattern permutes the whole "
+                         f"sequence), got {q.shape[1]} queries and {k.shape[1]} keys")
+    executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=query_len is None)
+    batch, seq_len, num_heads = k.shape[0], k.shape[1], q.shape[2]
     if hilbert_pattern:
         order = "hilbert" if ordering in IDENTITY_ORDERINGS else ordering
         perm, inverse = layout_permutation(seq_len, min(max(pattern.segment_lengths), seq_len), order, device=q.device)
         q, k, v = (permute_sequence(t, perm) for t in (q, k, v))
-    plan = cached_plan(pattern, seq_len, num_heads)
+    plan = cached_plan(pattern, seq_len, num_heads, query_len=query_len)
     if dropout_p > 0.0:  # weights dropped inside the softmax: the eager autograd path, whatever the executor
         out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
     else:

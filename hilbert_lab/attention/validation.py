@@ -9,12 +9,13 @@ import torch
 
 
 def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout_p: float = 0.0,
-                              shape: str = "(B, N, H, D)") -> float:
+                              shape: str = "(B, N, H, D)", fewer_queries: bool = False) -> float:
     """ValueError naming the argument unless q, k, v are valid attention inputs; returns the scale to use.
 
     q, k, v: non-empty 4D floating tensors of one shape `shape` (e.g. "(B, N/P, H, D)" for ring
     shards), dtype and device. scale: None (then D**-0.5) or a finite number > 0. dropout_p: a
-    number in [0, 1).
+    number in [0, 1). fewer_queries=True: q may have fewer rows than k and v (q (B, Nq, H, D) with
+    Nq <= N, the queries at the last Nq positions).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -25,7 +26,13 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
             raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a tensor on the meta device")
         if t.is_complex() or not t.is_floating_point():
             raise ValueError(f"{name} must have a floating dtype (float16, bfloat16, float32, float64), got {t.dtype}")
-    if not (q.shape == k.shape == v.shape):
+    if fewer_queries and k.shape == v.shape and q.dim() == 4 and q.shape[1] <= k.shape[1] \
+            and (q.shape[0], *q.shape[2:]) == (k.shape[0], *k.shape[2:]):
+        pass  # queries fewer than keys: (B, Nq, H, D) against (B, N, H, D)
+    elif fewer_queries:
+        raise ValueError(f"q must be (B, Nq, H, D) with Nq <= N and k, v one shape {shape}, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    elif not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have the same shape {shape}, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
