@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention
 
 from .rotary import apply_rotary
@@ -62,18 +63,20 @@ class DilatedTransformerBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C)."""
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cache: DilatedKVCache | None = None) -> torch.Tensor:
+        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); with a ``cache``
+        the tokens follow those it holds (their keys and values are appended to it)."""
         mha = self.attention
         split = lambda t: t.unflatten(-1, (mha.num_heads, mha.head_dim))  # noqa: E731
         q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
         if self.rotary:
             q = apply_rotary(q, positions, base=self.rotary_base)
             k = apply_rotary(k, positions, base=self.rotary_base)
-        return mha.out_proj(mha.attention(q, k, v).flatten(-2))
+        attended = mha.attention(q, k, v) if cache is None else cache.attend(q, k, v)
+        return mha.out_proj(attended.flatten(-2))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.attend(self.attention_norm(x), positions))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache: DilatedKVCache | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.attend(self.attention_norm(x), positions, cache))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
 
@@ -126,10 +129,24 @@ class LongNetEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                caches: Sequence[DilatedKVCache] | None = None) -> torch.Tensor:
+        """caches: one DilatedKVCache per block (models.generate.new_caches); x then holds the tokens after
+        those the caches hold (positions default to theirs)."""
         if x.dim() != 3:
             raise ValueError(f"x must have shape (B, N, C), got {tuple(x.shape)}")
         limit = self.max_seq_len if self.max_seq_len is not None else math.inf
+        if caches is not None:
+            if len(caches) != len(self.blocks):
+                raise ValueError(f"caches must hold one DilatedKVCache per block ({len(self.blocks)}), got {len(caches)}")
+            past = caches[0].length
+            if past + x.shape[1] > limit:
+                raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
+            positions = torch.arange(past, past + x.shape[1], device=x.device) if positions is None else \
+                _check_positions(positions, x.shape[1], limit, x.device)
+            for block, cache in zip(self.blocks, caches):
+                x = block(x, positions, cache)
+            return self.norm(x)
         positions = _check_positions(positions, x.shape[1], limit, x.device)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -228,13 +245,15 @@ class LongNetLM(nn.Module):
                     f"tokens must be ids in [0, vocab_size={self.vocab_size}), got values in [{low}, {high}]"
                 )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange)."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
+                caches: Sequence[DilatedKVCache] | None = None) -> torch.Tensor:
+        """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange).
+        caches (models.generate.new_caches): tokens follow those the caches hold, whose keys and values
+        they append (decoding)."""
         self.check_tokens(tokens)
         x = self.embedding_dropout(self.embedding(tokens))
-        return self.head(self.encoder(x, positions))
+        return self.head(self.encoder(x, positions, caches))
 
-    @torch.no_grad()
     def generate(
         self,
         prompt: torch.Tensor,
@@ -243,41 +262,18 @@ class LongNetLM(nn.Module):
         top_k: int | None = None,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        use_cache: bool | None = None,
     ) -> torch.Tensor:
         """Extend prompt (B, N0) by max_new_tokens tokens -> (B, N0 + max_new_tokens).
 
         Greedy when ``top_k`` is None (or 1), else sampling among the ``top_k`` most likely tokens at
-        ``temperature``. Each step recomputes the full forward pass on the whole prefix (no KV
-        cache): exact, since the causal dilated pattern depends only on absolute positions, so the
-        logits of a prefix equal the teacher-forced logits of any longer sequence; cost per step is
-        one forward pass over N0 + t tokens.
+        ``temperature``. With the cache (default where every layer is a local MultiheadDilatedAttention,
+        ``use_cache=True`` insists) the prompt runs once and each new token is one decoding step per layer
+        (attention.DilatedKVCache: cost of the keys it sees, memory of the longest segment);
+        ``use_cache=False`` recomputes the whole prefix per token. Both are exact: the causal dilated
+        pattern depends only on absolute positions, so they give the same tokens.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-        if prompt.dim() != 2 or prompt.shape[1] < 1:
-            raise ValueError(f"prompt must be (B, N0) with N0 >= 1, got {tuple(prompt.shape)}")
-        if prompt.shape[1] + max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt length + max_new_tokens must be <= max_seq_len={self.max_seq_len}, got "
-                f"{prompt.shape[1]} + {max_new_tokens}"
-            )
-        if top_k is not None and not 1 <= top_k <= self.vocab_size:
-            raise ValueError(f"top_k must be None or in [1, vocab_size={self.vocab_size}], got {top_k}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        was_training = self.training
-        self.eval()
-        tokens = prompt
-        try:
-            for _ in range(max_new_tokens):
-                logits = self(tokens)[:, -1].float()
-                if top_k is None or top_k == 1:
-                    next_token = logits.argmax(dim=-1, keepdim=True)
-                else:
-                    top_logits, top_ids = (logits / temperature).topk(top_k, dim=-1)
-                    choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=generator)
-                    next_token = top_ids.gather(-1, choice)
-                tokens = torch.cat((tokens, next_token.to(tokens.dtype)), dim=1)
-        finally:
-            self.train(was_training)
-        return tokens
+        from .generate import generate
+
+        return generate(self, prompt, max_new_tokens, top_k=top_k, temperature=temperature, generator=generator,
+                        use_cache=use_cache)

@@ -4,8 +4,19 @@ from __future__ import annotations
 import torch
 
 
+# The tables of the last call: the layers of a model rotate by one positions tensor (kept here, so its
+# identity and version identify its values).
+_LAST: list = [None]
+
+
 def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, each (N, head_dim // 2) float64, for integer ``positions`` (N,)."""
+    compiling = torch.compiler.is_compiling()
+    last = _LAST[0]
+    if not compiling:
+        key = (positions._version, head_dim, base, torch.is_inference_mode_enabled())
+        if last is not None and last[0] is positions and last[1] == key:
+            return last[2]
     if head_dim % 2:
         raise ValueError(f"head_dim must be even for rotary embedding, got {head_dim}")
     if base <= 1.0:
@@ -13,7 +24,10 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000
     exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim
     inv_freq = base ** (-exponents)  # (D/2,)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (N, D/2)
-    return angles.cos(), angles.sin()
+    tables = angles.cos(), angles.sin()
+    if not compiling:
+        _LAST[0] = (positions, key, tables)
+    return tables
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
