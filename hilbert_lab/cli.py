@@ -1,7 +1,8 @@
-"""`hilbert-lab` command line: info, bench, probe, estimate, select, curve, report, train, ring.
+"""`hilbert-lab` command line: info, bench, probe, estimate, select, curve, report, train, generate, ring.
 
 Only parsing and dispatch: each package registers its commands (bench/cli.py: info, bench, probe,
-estimate, select; curves/cli.py: curve; reports/cli.py: report; models/cli.py: train; distributed/cli.py: ring).
+estimate, select; curves/cli.py: curve; reports/cli.py: report; models/cli.py: train, generate;
+distributed/cli.py: ring).
 Bad input exits with code 2 and one line on stderr (a traceback only with --debug). Lists are
 comma-separated; output paths follow hilbert_lab.arguments.OUTPUT_RULE.
 """
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     from hilbert_lab.curves.cli import register_cli as register_curve
     from hilbert_lab.distributed.cli import register_cli as register_ring
     from hilbert_lab.models.cli import register_cli as register_train
+    from hilbert_lab.models.cli import register_generate_cli as register_generate
     from hilbert_lab.reports.cli import register_cli as register_report
 
     parser = _Parser(prog="hilbert-lab", formatter_class=help_formatter,
@@ -47,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     register_curve(subparsers)
     register_report(subparsers)
     register_train(subparsers)
+    register_generate(subparsers)
     register_ring(subparsers)
     return parser
 
