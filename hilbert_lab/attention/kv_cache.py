@@ -24,7 +24,7 @@ import torch
 from hilbert_lab.attention.engine import dilated_attention, execute_plan, resolve_executor
 from hilbert_lab.attention.executors.base import lse_dtype
 from hilbert_lab.attention.executors.kernel import call_forward
-from hilbert_lab.attention.merge import merge_lse, merge_slots
+from hilbert_lab.attention.merge import fused_merge_applies, merge_lse, merge_slots, shifted_exp
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import _kv_split, cached_plan
 from hilbert_lab.attention.validation import validate_attention_inputs
@@ -71,7 +71,7 @@ class DilatedKVCache:
         self.values: Optional[torch.Tensor] = None
         self._heads: Optional[tuple] = None
         self._executor: Optional[tuple] = None
-        self._finite = True  # every stored key and value is finite (CPU steps may then skip call_forward's check)
+        self._finite = True  # every key, value and query so far is finite (CPU steps then skip call_forward's check)
 
     # -- geometry ---------------------------------------------------------------------------------------
     def segment_start(self, branch: int, position: int) -> int:
@@ -135,8 +135,6 @@ class DilatedKVCache:
         self.keys[:, row:row + steps] = k
         self.values[:, row:row + steps] = v
         self.length += steps
-        if k.device.type == "cpu" and self._finite:
-            self._finite = bool(torch.isfinite(k).all() & torch.isfinite(v).all())
 
     def _allocate(self, k: torch.Tensor, v: torch.Tensor, capacity: int, offset: int = 0, kept: int = 0) -> None:
         """New buffers of `capacity` rows holding the `kept` stored rows from row `offset` on."""
@@ -151,6 +149,8 @@ class DilatedKVCache:
     def _prompt_tail(self, k: torch.Tensor, v: torch.Tensor) -> None:
         """After a prompt of T tokens: store only the rows later queries can see."""
         keep = self.keep_from(k.shape[1])
+        if k.device.type == "cpu":
+            self._finite = bool(torch.isfinite(k[:, keep:]).all() & torch.isfinite(v[:, keep:]).all())
         self.length, self.keys = keep, None
         self._append(k[:, keep:], v[:, keep:])
 
@@ -178,9 +178,12 @@ class DilatedKVCache:
         if self.length == 0:
             out, lse = self._prompt(q, k, v, scale)
         elif q.shape[1] == 1:
+            if q.device.type == "cpu" and self._finite:  # one reduction over the new token's q, k, v
+                self._finite = bool(torch.isfinite(torch.cat([q.reshape(-1), k.reshape(-1), v.reshape(-1)])).all())
             self._append(k, v)
             out, lse = self._step(q, scale)
         else:
+            self._finite = False  # chunks run the plan (call_forward checks every call)
             self._append(k, v)
             out, lse = self._chunk(q, scale)
         return (out, lse) if return_lse else out
@@ -214,12 +217,11 @@ class DilatedKVCache:
         batch, _, heads, dim = q.shape
         self._dense_executor(q)
         kernel = self._executor[2]
-        finite = self._finite and bool(torch.isfinite(q).all()) if q.device.type == "cpu" else False
+        finite = self._finite and q.device.type == "cpu"
         position = self.length - 1
         branches = self._head_calls(heads, self.keys.shape[2])
         parts = len(branches)
-        make = torch.zeros if parts == 1 else torch.empty
-        outs = make((parts, batch, 1, heads, dim), dtype=q.dtype, device=q.device)
+        outs = torch.zeros((parts, batch, 1, heads, dim), dtype=q.dtype, device=q.device)
         lses = torch.full((parts, batch, 1, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
         s_b, s_n, s_h, s_d = self.keys.stride()
         read = 0
@@ -246,7 +248,7 @@ class DilatedKVCache:
                 lses[branch, :, :, q_heads] = lse.transpose(1, 2)
                 read += count * out.shape[2]
         self.keys_read = read
-        return merge_slots(outs, lses, q.dtype)
+        return merge_step(outs, lses, q.dtype)
 
     def _chunk(self, q: torch.Tensor, scale: float):
         """T > 1 new tokens after a prompt: each branch's plan over its segments from the one holding the first
@@ -285,3 +287,14 @@ def plan_keys(pattern: DilatedPattern, seq_len: int, num_heads: int, queries: in
     plan = cached_plan(pattern, seq_len, num_heads, query_len=None if queries == seq_len else queries)
     return sum(b.count * b.length * b.num_heads for b in plan.blocks)
 
+
+def merge_step(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """A step's branch slots outs (P, B, 1, H, D) (zero where a branch wrote nothing) and lses (P, B, 1, H) merged
+    by LSE -> (out (B, 1, H, D), lse (B, H, 1)): merge_slots (its fused pass on CUDA), elsewhere the same
+    arithmetic in one stacked pass without autograd (the guarded attention.merge.shifted_exp: weights of -inf
+    slots are 0, NaN propagates, rows without keys give 0 and -inf)."""
+    if outs.shape[0] == 1 or fused_merge_applies(outs, lses):
+        return merge_slots(outs, lses, dtype)
+    weights, total, lse = shifted_exp(lses, dim=0)
+    out = (weights.unsqueeze(-1) * outs.to(weights.dtype)).sum(0) / total[0].unsqueeze(-1)
+    return out.to(dtype), lse.transpose(1, 2)

@@ -49,7 +49,8 @@ def check_generation(model, prompt: torch.Tensor, max_new_tokens: int, top_k: in
 def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | None = None,
              temperature: float = 1.0, generator: torch.Generator | None = None,
              use_cache: bool | None = None) -> torch.Tensor:
-    """prompt (B, N0) -> (B, N0 + max_new_tokens); see LongNetLM.generate."""
+    """prompt (B, N0) -> (B, N0 + max_new_tokens); see LongNetLM.generate. The steps run in inference mode (less
+    work per small op); the result is an ordinary tensor."""
     check_generation(model, prompt, max_new_tokens, top_k, temperature)
     model.check_tokens(prompt)
     caches = new_caches(model) if use_cache is not False else None
@@ -60,12 +61,13 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
     model.eval()
     tokens = prompt
     try:
-        step_input = prompt
-        for _ in range(max_new_tokens):
-            logits = model(step_input, caches=caches)[:, -1] if caches is not None else model(tokens)[:, -1]
-            chosen = next_token(logits, top_k, temperature, generator).to(tokens.dtype)
-            tokens = torch.cat((tokens, chosen), dim=1)
-            step_input = chosen
+        with torch.inference_mode():
+            step_input = prompt
+            for _ in range(max_new_tokens):
+                logits = model(step_input, caches=caches)[:, -1] if caches is not None else model(tokens)[:, -1]
+                chosen = next_token(logits, top_k, temperature, generator).to(tokens.dtype)
+                tokens = torch.cat((tokens, chosen), dim=1)
+                step_input = chosen
     finally:
         model.train(was_training)
-    return tokens
+    return tokens.clone() if tokens.is_inference() else tokens
