@@ -138,3 +138,30 @@ def test_for_module_and_bad_input():
         cache.attend(q[:1, 4:5], k[:1, 4:5], v[:1, 4:5])
     cache.reset()
     assert cache.length == 0 and cache.memory_bytes() == 0
+
+
+GPU_BACKENDS = ["auto", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "fa4", "triton"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU executors)")
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+def test_gpu_decoding_in_bf16_matches_the_float64_engine(backend):
+    """bf16 decoding on every GPU executor (a whole-pattern one runs the prompt, auto's dense kernel the steps)
+    against the float64 engine: relative error of bf16; the queries-fewer-than-keys engine path alike."""
+    from hilbert_lab.attention.executors import unavailable_reason
+
+    reason = unavailable_reason(backend, "cuda", torch.bfloat16) if backend != "auto" else None
+    if reason is not None:
+        pytest.skip(f"{backend}: {reason}")
+    segments, rates = [16, 32, 64], [1, 2, 4]
+    q, k, v = (t.cuda() for t in _qkv(150, 8, 8, batch=2))
+    want, _ = _engine(segments, rates, "longnet", q, k, v)
+    low = [t.to(torch.bfloat16) for t in (q, k, v)]
+    out, _ = _decode(DilatedKVCache(segments, rates, backend=backend), *low, 70, 1)
+    scale = want.abs().max()
+    assert ((out.double() - want).abs().max() / scale) < 3e-2
+    if backend != "triton":
+        last = dilated_attention(low[0][:, -5:], low[1], low[2], segment_lengths=segments, dilation_rates=rates,
+                                 causal=True, backend=backend)
+        assert ((last.double() - want[:, -5:]).abs().max() / scale) < 3e-2

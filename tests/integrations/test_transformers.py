@@ -142,3 +142,25 @@ def test_what_the_pattern_cannot_express_is_refused():
     use_dilated_attention(qwen, *PATTERN)
     with pytest.raises(ValueError, match="sliding_window = None"):
         qwen(ids)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_bf16_prefill_and_cached_steps_match_sdpa():
+    """On the GPU in bf16: one whole-sequence branch of rate 1 gives sdpa's logits, and the logits of cached
+    decoding steps under a dilated pattern equal the teacher-forced ones (bf16 tolerance)."""
+    model = _model("llama").to("cuda", torch.bfloat16)
+    ids = _ids(2, 300).cuda()
+    with torch.no_grad():
+        dense = model(ids).logits.float()
+        use_dilated_attention(model, [1 << 20], [1])
+        assert (model(ids).logits.float() - dense).abs().max() < 5e-2 * dense.abs().max()
+        use_dilated_attention(model, [64, 128, 256], [1, 2, 4])
+        full = model(ids).logits.float()
+        out = model(ids[:, :200], use_cache=True)
+        cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        steps = [out.logits.float()]
+        for position in range(200, 300):
+            out = model(ids[:, position:position + 1], use_cache=True, past_key_values=cache)
+            steps.append(out.logits.float())
+    assert (torch.cat(steps, 1) - full).abs().max() < 5e-2 * full.abs().max()
