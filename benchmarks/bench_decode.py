@@ -35,10 +35,11 @@ from hilbert_lab.models import LongNetLM  # noqa: E402
 from hilbert_lab.models.generate import new_caches  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-GPU = dict(contexts=[32768, 131072, 524288], recompute=[8192, 32768], dense=[32768, 131072], hf_dilated=[32768],
+GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto", "sdpa_flash"], recompute=[8192, 32768],
+           dense=[32768, 131072], hf_dilated=[32768],
            segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,
            vocab=256, dtype="bf16", steps=32)
-QUICK = dict(contexts=[1024, 4096], recompute=[1024], dense=[1024, 4096], hf_dilated=[1024],
+QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], recompute=[1024], dense=[1024, 4096], hf_dilated=[1024],
              segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8], dim=64, depth=3, heads=8, vocab=64,
              dtype="fp32", steps=16)
 
@@ -57,10 +58,10 @@ def timed(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def longnet(args, context: int, device) -> LongNetLM:
+def longnet(args, context: int, device, backend: str | None = None) -> LongNetLM:
     torch.manual_seed(0)
     model = LongNetLM(args.vocab, args.dim, args.depth, args.heads, args.segment_lengths, args.dilation_rates,
-                      max_seq_len=context + args.steps + 8, backend=args.backend)
+                      max_seq_len=context + args.steps + 8, backend=backend or args.backend)
     return model.to(device=device, dtype=DTYPES[args.dtype]).eval()
 
 
@@ -77,8 +78,8 @@ def per_token(generate, steps: int, device) -> dict:
 
 
 @torch.no_grad()
-def measure_cache(args, context: int, device) -> dict:
-    model = longnet(args, context, device)
+def measure_cache(args, context: int, device, backend: str) -> dict:
+    model = longnet(args, context, device, backend)
     prompt = prompt_of(args, context, device)
     result = per_token(lambda n: model.generate(prompt, n), args.steps, device)
     caches = new_caches(model)
@@ -90,7 +91,9 @@ def measure_cache(args, context: int, device) -> dict:
             nonlocal token
             token = model(token, caches=caches)[:, -1].argmax(-1, keepdim=True)
         steps.append(timed(step, device))
-    result.update(step_ms=1e3 * statistics.median(steps[4:]), cache_bytes=sum(c.memory_bytes() for c in caches),
+    kernel = caches[0]._executor[2].name if caches[0]._executor is not None else None
+    result.update(backend=backend, step_kernel=kernel, step_ms=1e3 * statistics.median(steps[4:]),
+                  cache_bytes=sum(c.memory_bytes() for c in caches),
                   cache_rows=caches[0].capacity, keys_read_last_step=sum(c.keys_read for c in caches))
     return result
 
@@ -183,8 +186,9 @@ def run(args, write) -> dict:
 
     if args.quick:
         record("cpu_target", 1024, lambda: measure_cpu_target(args, device))
-    for context in args.contexts:
-        record("longnet_cache", context, lambda: measure_cache(args, context, device))
+    for backend in args.cache_backends:
+        for context in args.contexts:
+            record("longnet_cache", context, lambda: measure_cache(args, context, device, backend))
     for context in args.recompute:
         record("longnet_recompute", context, lambda: measure_recompute(args, context, device))
     for context in args.dense:
@@ -199,7 +203,11 @@ def parse_args(argv=None):
     parser.add_argument("--out", required=True, help="JSON output path (an existing file is refused)")
     parser.add_argument("--quick", action="store_true", help="CPU-sized run (tiny model, short contexts, the CPU target)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--backend", default="auto", help="executor of the dilated attention (default auto)")
+    parser.add_argument("--backend", default="auto", help="executor of the dilated attention outside the cache "
+                        "runs (default auto)")
+    parser.add_argument("--cache-backends", type=lambda text: [x for x in text.split(",") if x], default=None,
+                        help="executors of the cached decoding, one run each (default: auto,sdpa_flash; --quick: "
+                             "auto); the steps use the executor's dense kernel")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "recompute", "dense", "hf_dilated", "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
@@ -212,7 +220,7 @@ def parse_args(argv=None):
     for name, value in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-        elif isinstance(value, list):
+        elif isinstance(value, list) and name != "cache_backends":
             setattr(args, name, [x for x in getattr(args, name) if x > 0])
     return args
 

@@ -159,9 +159,9 @@ class DilatedKVCache:
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, return_lse: bool = False):
         """Append k, v (B, T, H_kv, D) and attend the new queries q (B, T, H, D) causally over every key so far
         -> out (B, T, H, D) [, lse (B, H, T)]: the last T rows of dilated attention on the whole sequence."""
-        if k.shape[1:2] != q.shape[1:2] or v.shape != k.shape or q.dim() != 4 \
+        if q.dim() != 4 or k.shape[1:2] != q.shape[1:2] or v.shape != k.shape or q.shape[1] == 0 \
                 or q.shape[2] % max(k.shape[2], 1) or (q.shape[0], q.shape[3]) != (k.shape[0], k.shape[3]):
-            raise ValueError(f"q must be (B, T, H, D) and k, v (B, T, H_kv, D) with H a multiple of H_kv, got "
+            raise ValueError(f"q must be (B, T, H, D) and k, v (B, T, H_kv, D), T >= 1, H a multiple of H_kv, got "
                              f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
         device = q.device.type
         if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):  # run in the autocast dtype

@@ -30,8 +30,8 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
             and (q.shape[0], *q.shape[2:]) == (k.shape[0], *k.shape[2:]):
         pass  # queries fewer than keys: (B, Nq, H, D) against (B, N, H, D)
     elif fewer_queries:
-        raise ValueError(f"q must be (B, Nq, H, D) with Nq <= N and k, v one shape {shape}, got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"q, k, v must have the same shape {shape}, except that q may have fewer rows (B, Nq, H, D) "
+                         f"with Nq <= N, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     elif not (q.shape == k.shape == v.shape):
         raise ValueError(f"q, k, v must have the same shape {shape}, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")

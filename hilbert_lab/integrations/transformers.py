@@ -187,8 +187,7 @@ _LAST: list = [None]  # the layouts of the last call: every layer of a forward p
 def _layouts(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor], batch: int, keys: int,
              queries: int) -> list[tuple[Optional[torch.Tensor], Optional[tuple[tuple[int, int], ...]]]]:
     """[(rows (None: all), documents (None: one)), ...]: rows of the batch grouped by their documents."""
-    key = (mask, None if mask is None else mask._version, positions,
-           None if positions is None else positions._version, batch, keys, queries)
+    key = (mask, _version(mask), positions, _version(positions), batch, keys, queries)
     last = _LAST[0]
     if last is not None and all(a is b if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else a == b
                                 for a, b in zip(last[0], key)):
@@ -196,6 +195,12 @@ def _layouts(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor], ba
     layouts = _compute_layouts(mask, positions, batch, keys, queries)
     _LAST[0] = (key, layouts)
     return layouts
+
+
+def _version(t: Optional[torch.Tensor]) -> Optional[int]:
+    """The version counter of t (in-place changes bump it); None for None, -1 for inference tensors (no counter:
+    identity alone, as kept by _LAST, tells them apart)."""
+    return None if t is None else (-1 if t.is_inference() else t._version)
 
 
 def _compute_layouts(mask, positions, batch, keys, queries):

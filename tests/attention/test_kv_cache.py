@@ -132,6 +132,8 @@ def test_for_module_and_bad_input():
         DilatedKVCache([4], [8])
     q, k, v = _qkv(8, 4, 2)
     with pytest.raises(ValueError, match="multiple of H_kv"):
+        cache.attend(q[:, :0], k[:, :0], v[:, :0])
+    with pytest.raises(ValueError, match="multiple of H_kv"):
         cache.attend(q, k[:, :4], v[:, :4])
     cache.attend(q[:, :4], k[:, :4], v[:, :4])
     with pytest.raises(ValueError, match="reset"):

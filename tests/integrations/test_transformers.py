@@ -164,3 +164,16 @@ def test_gpu_bf16_prefill_and_cached_steps_match_sdpa():
             out = model(ids[:, position:position + 1], use_cache=True, past_key_values=cache)
             steps.append(out.logits.float())
     assert (torch.cat(steps, 1) - full).abs().max() < 5e-2 * full.abs().max()
+
+
+def test_inference_mode_and_padding_inside_a_row():
+    """Under torch.inference_mode (no version counters) and with right padding: the real tokens of each row get
+    the logits they get alone."""
+    model = use_dilated_attention(_model("llama"), *PATTERN)
+    ids = _ids(2, 30)
+    mask = torch.ones_like(ids)
+    mask[1, 21:] = 0
+    with torch.inference_mode():
+        both = model(ids, attention_mask=mask).logits
+        alone = model(ids[1:, :21]).logits
+    assert (both[1, :21] - alone[0]).abs().max() < 1e-10
