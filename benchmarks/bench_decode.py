@@ -8,11 +8,13 @@ CPU smoke check, with the CPU target (64 new tokens after a 1024-token prompt ag
 1088 tokens, a tiny model):
     python benchmarks/bench_decode.py --quick --out /tmp/bench_decode.json
 
-Per method and context N (prompt length): "ms_per_token" = (time of generate(prompt, 1 + S) - time of
-generate(prompt, 1)) / S, S new tokens, greedy, wall clock with a device sync (so host time counts, as a user
-sees it); the cache method also gives the median of single steps ("step_ms") and the cache's bytes; recompute:
-one forward pass over N + 1 tokens (what LongNetLM.generate(use_cache=False) does per token). Every finished
-measurement is written at once (a run that stops keeps what it measured); an existing --out is refused.
+Per method and context N (prompt length), "ms_per_token" is the median latency of one new token after 4 warm-up
+tokens, greedy, wall clock with a device sync after each token (host time counts, as a user sees it): the loop
+of LongNetLM.generate on the cache (with "prefill_s", the executor's dense kernel of the steps, the cache's bytes
+and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
+(a stopping criterion notes the time); for the recompute, one forward pass over N + 1 tokens (what
+LongNetLM.generate(use_cache=False) does per token). Every finished measurement is written at once (a run that
+stops keeps what it measured); an existing --out is refused.
 transformers is optional (extra "hf"): without it the dense and hf methods are recorded as skipped.
 """
 from __future__ import annotations
@@ -69,21 +71,21 @@ def prompt_of(args, context: int, device) -> torch.Tensor:
     return torch.randint(0, args.vocab, (1, context), generator=torch.Generator().manual_seed(1)).to(device)
 
 
-def per_token(generate, steps: int, device) -> dict:
-    """ms per new token from generate(n) timings: (t(1 + steps) - t(1)) / steps, medians of 2 runs each."""
-    generate(2)  # warm-up (kernel selection, autotuning, allocator)
-    one = min(timed(lambda: generate(1), device) for _ in range(2))
-    many = min(timed(lambda: generate(1 + steps), device) for _ in range(2))
-    return {"ms_per_token": 1e3 * (many - one) / steps, "prefill_s": one, "new_tokens": steps}
-
-
 @torch.no_grad()
 def measure_cache(args, context: int, device, backend: str) -> dict:
+    """The prompt once (timed), then greedy steps of one token, each timed with a device sync (the loop of
+    LongNetLM.generate); the median of the steps after 4 warm-up steps."""
     model = longnet(args, context, device, backend)
     prompt = prompt_of(args, context, device)
-    result = per_token(lambda n: model.generate(prompt, n), args.steps, device)
+    model.generate(prompt[:, :64], 2)  # warm-up (kernel selection, autotuning)
     caches = new_caches(model)
-    logits = model(prompt, caches=caches)
+    logits = None
+
+    def prefill():
+        nonlocal logits
+        logits = model(prompt, caches=caches)
+
+    prefill_s = timed(prefill, device)
     token = logits[:, -1].argmax(-1, keepdim=True)
     steps = []
     for _ in range(args.steps + 4):
@@ -92,10 +94,9 @@ def measure_cache(args, context: int, device, backend: str) -> dict:
             token = model(token, caches=caches)[:, -1].argmax(-1, keepdim=True)
         steps.append(timed(step, device))
     kernel = caches[0]._executor[2].name if caches[0]._executor is not None else None
-    result.update(backend=backend, step_kernel=kernel, step_ms=1e3 * statistics.median(steps[4:]),
-                  cache_bytes=sum(c.memory_bytes() for c in caches),
-                  cache_rows=caches[0].capacity, keys_read_last_step=sum(c.keys_read for c in caches))
-    return result
+    return {"ms_per_token": 1e3 * statistics.median(steps[4:]), "prefill_s": prefill_s, "new_tokens": args.steps,
+            "backend": backend, "step_kernel": kernel, "cache_bytes": sum(c.memory_bytes() for c in caches),
+            "cache_rows": caches[0].capacity, "keys_read_last_step": sum(c.keys_read for c in caches)}
 
 
 @torch.no_grad()
@@ -125,18 +126,36 @@ def llama(args, context: int, device, dilated: bool):
 
 @torch.no_grad()
 def measure_hf(args, context: int, device, dilated: bool) -> dict:
+    """transformers' generate (greedy, min_new_tokens = max_new_tokens) with a stopping criterion that notes the
+    time after each token (device synced): the median gap between consecutive tokens after 4 warm-up tokens."""
+    import transformers
+
     model = llama(args, context, device, dilated)
     prompt = prompt_of(args, context, device)
-    mask = torch.ones_like(prompt)
     extra = {} if dilated else {"cache_implementation": "static"}
 
-    def generate(n):
-        return model.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                              pad_token_id=0, **extra)
+    class Clock(transformers.StoppingCriteria):
+        def __init__(self):
+            self.times = []
 
-    result = per_token(generate, args.steps, device)
-    result["cache"] = "dynamic" if dilated else "static"
-    return result
+        def __call__(self, input_ids, scores, **kwargs):
+            sync(device)
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def generate(tokens, n, clock=None):
+        return model.generate(tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0,
+                              stopping_criteria=transformers.StoppingCriteriaList([clock] if clock else []), **extra)
+
+    generate(prompt[:, :64], 2)  # warm-up
+    clock = Clock()
+    sync(device)
+    start = time.perf_counter()
+    generate(prompt, args.steps + 5, clock)
+    gaps = [b - a for a, b in zip(clock.times, clock.times[1:])]
+    return {"ms_per_token": 1e3 * statistics.median(gaps[4:]), "prefill_s": clock.times[0] - start,
+            "new_tokens": args.steps, "cache": "dynamic" if dilated else "static"}
 
 
 @torch.inference_mode()
