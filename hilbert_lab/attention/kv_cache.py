@@ -24,7 +24,7 @@ import torch
 from hilbert_lab.attention.engine import dilated_attention, execute_plan, resolve_executor
 from hilbert_lab.attention.executors.base import lse_dtype
 from hilbert_lab.attention.executors.kernel import call_forward
-from hilbert_lab.attention.merge import fused_merge_applies, merge_lse, merge_slots, shifted_exp
+from hilbert_lab.attention.merge import fused_merge_applies, merge_lse, merge_slots
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import _kv_split, cached_plan
 from hilbert_lab.attention.validation import validate_attention_inputs
@@ -92,15 +92,17 @@ class DilatedKVCache:
         return longest if nested else 2 * longest
 
     def _head_calls(self, num_heads: int, num_kv_heads: int) -> tuple:
-        """Per branch, {offset: ((query heads, key/value heads), ...)} as the slices of a kernel call."""
+        """Per branch (w, r, {offset: ((query heads, first kv head, kv heads, kv head step), ...)}): the slices of
+        the kernel calls of a step (call head j reads kv head j // (h / h_kv), plan._kv_split)."""
         if self._heads is None or self._heads[0] != (num_heads, num_kv_heads):
             per_branch = []
-            for offsets in self.pattern.head_offsets(num_heads):
+            for branch, offsets in enumerate(self.pattern.head_offsets(num_heads)):
                 calls = {}
                 for offset in sorted(set(int(o) for o in offsets if o >= 0)):
                     heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
-                    calls[offset] = tuple(_kv_split(heads, num_heads, num_kv_heads))
-                per_branch.append(calls)
+                    calls[offset] = tuple((q_heads, kv.start, len(range(kv.start, kv.stop, kv.step)), kv.step)
+                                          for q_heads, kv in _kv_split(heads, num_heads, num_kv_heads))
+                per_branch.append((self.pattern.segment_lengths[branch], self.pattern.dilation_rates[branch], calls))
             self._heads = ((num_heads, num_kv_heads), tuple(per_branch))
         return self._heads[1]
 
@@ -224,22 +226,22 @@ class DilatedKVCache:
         outs = torch.zeros((parts, batch, 1, heads, dim), dtype=q.dtype, device=q.device)
         lses = torch.full((parts, batch, 1, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
         s_b, s_n, s_h, s_d = self.keys.stride()
+        key_base, value_base = self.keys.storage_offset(), self.values.storage_offset()
         read = 0
-        for branch, calls in enumerate(branches):
-            w, r = self.pattern.segment_lengths[branch], self.pattern.dilation_rates[branch]
+        for branch, (w, r, calls) in enumerate(branches):
             residue = (position % w) % r
             if residue not in calls:
                 continue
             first = position - position % w + residue
             count = (position - first) // r + 1
-            size = (batch, count, self.keys.shape[2], dim)
-            stride = (s_b, r * s_n, s_h, s_d)
             base = (first - self.start) * s_n
-            keys = self.keys.as_strided(size, stride, self.keys.storage_offset() + base)
-            values = self.values.as_strided(size, stride, self.values.storage_offset() + base)
-            for q_heads, kv_heads in calls[residue]:
-                qv, kv, vv = q[:, :, q_heads], keys[:, :, kv_heads], values[:, :, kv_heads]
-                if finite and count >= kernel.min_length and (kernel.gqa or qv.shape[2] == kv.shape[2]):
+            for q_heads, kv_first, kv_count, kv_step in calls[residue]:
+                # the strided view (B, keys seen, kv heads, D) of the stored keys and values: no copy
+                size, stride = (batch, count, kv_count, dim), (s_b, r * s_n, kv_step * s_h, s_d)
+                kv = self.keys.as_strided(size, stride, key_base + base + kv_first * s_h)
+                vv = self.values.as_strided(size, stride, value_base + base + kv_first * s_h)
+                qv = q[:, :, q_heads]
+                if finite and count >= kernel.min_length and (kernel.gqa or qv.shape[2] == kv_count):
                     # call_forward would only check finiteness (known here): the kernel itself
                     out, lse, _ = kernel.forward(qv, kv, vv, causal=False, scale=scale, need_lse=True)
                 else:
@@ -290,11 +292,13 @@ def plan_keys(pattern: DilatedPattern, seq_len: int, num_heads: int, queries: in
 
 def merge_step(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """A step's branch slots outs (P, B, 1, H, D) (zero where a branch wrote nothing) and lses (P, B, 1, H) merged
-    by LSE -> (out (B, 1, H, D), lse (B, H, 1)): merge_slots (its fused pass on CUDA), elsewhere the same
-    arithmetic in one stacked pass without autograd (the guarded attention.merge.shifted_exp: weights of -inf
-    slots are 0, NaN propagates, rows without keys give 0 and -inf)."""
+    by LSE -> (out (B, 1, H, D), lse (B, H, 1)): merge_slots (its fused pass on CUDA), elsewhere merge_lse's
+    arithmetic in one stacked pass without autograd: max-subtracted and sum-normalised, -inf slots weigh 0, a
+    NaN LSE makes its row NaN, rows without keys give 0 and -inf."""
     if outs.shape[0] == 1 or fused_merge_applies(outs, lses):
         return merge_slots(outs, lses, dtype)
-    weights, total, lse = shifted_exp(lses, dim=0)
-    out = (weights.unsqueeze(-1) * outs.to(weights.dtype)).sum(0) / total[0].unsqueeze(-1)
-    return out.to(dtype), lse.transpose(1, 2)
+    peak = lses.amax(0).clamp_min(torch.finfo(lses.dtype).min)  # rows without keys: a finite peak, weights 0
+    weights = (lses - peak).exp()
+    total = weights.sum(0)
+    out = (weights.unsqueeze(-1) * outs.to(weights.dtype)).sum(0) / total.clamp_min(1.0).unsqueeze(-1)
+    return out.to(dtype), (peak + total.log()).transpose(1, 2)
