@@ -177,3 +177,18 @@ def test_inference_mode_and_padding_inside_a_row():
         both = model(ids, attention_mask=mask).logits
         alone = model(ids[1:, :21]).logits
     assert (both[1, :21] - alone[0]).abs().max() < 1e-10
+
+
+def test_attn_implementation_at_construction_and_the_pattern_in_a_saved_config(tmp_path):
+    name = register()
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, attn_implementation=name,
+                                      dilated_segment_lengths=[8, 16], dilated_dilation_rates=[1, 2])
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    assert model.config._attn_implementation == name
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=name)
+    assert loaded.config.dilated_segment_lengths == [8, 16] and loaded.config.dilated_dilation_rates == [1, 2]
+    ids = _ids(1, 20)
+    with torch.no_grad():
+        assert (loaded(ids).logits - model(ids).logits).abs().max() < 1e-6
