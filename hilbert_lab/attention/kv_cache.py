@@ -11,12 +11,14 @@ never holds more than the longest segment (for a pattern without a whole-sequenc
 `DilatedKVCache.attend(q, k, v)` appends k, v (B, T, H_kv, D) at positions [N, N + T) and returns the
 causal dilated attention of the new queries q (B, T, H, D) over every key so far: exactly the last T
 rows of `dilated_attention` on the whole sequence. Paths: the first call (empty cache) is the engine
-on the prompt; one new token is one strided view of the stored keys per branch and one kernel call per
-head group (executors.kernel.call_forward), merged by LSE (attention.merge); several new tokens after
-a prompt run each branch's plan over its current segments (queries fewer than keys). No gradients.
+on the prompt; one new token is `step_attention`: one strided view of the stored keys per branch and one kernel
+call per head group (executors.kernel.call_forward), merged by LSE (merge_step); several new tokens after a
+prompt run each branch's plan over its current segments (queries fewer than keys). No gradients.
+`step_attention` also serves callers that hold the keys themselves (transformers' cache).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -29,7 +31,7 @@ from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import _kv_split, cached_plan
 from hilbert_lab.attention.validation import validate_attention_inputs
 
-__all__ = ["DilatedKVCache"]
+__all__ = ["DilatedKVCache", "dense_executor", "merge_step", "step_attention", "step_calls"]
 
 
 class DilatedKVCache:
@@ -69,7 +71,6 @@ class DilatedKVCache:
         self.length, self.start, self.keys_read, self.capacity = 0, 0, 0, 0
         self.keys: Optional[torch.Tensor] = None
         self.values: Optional[torch.Tensor] = None
-        self._heads: Optional[tuple] = None
         self._executor: Optional[tuple] = None
         self._finite = True  # every key, value and query so far is finite (CPU steps then skip call_forward's check)
 
@@ -90,21 +91,6 @@ class DilatedKVCache:
         longest = max(lengths)
         nested = all(longest % w == 0 for w in lengths)
         return longest if nested else 2 * longest
-
-    def _head_calls(self, num_heads: int, num_kv_heads: int) -> tuple:
-        """Per branch (w, r, {offset: ((query heads, first kv head, kv heads, kv head step), ...)}): the slices of
-        the kernel calls of a step (call head j reads kv head j // (h / h_kv), plan._kv_split)."""
-        if self._heads is None or self._heads[0] != (num_heads, num_kv_heads):
-            per_branch = []
-            for branch, offsets in enumerate(self.pattern.head_offsets(num_heads)):
-                calls = {}
-                for offset in sorted(set(int(o) for o in offsets if o >= 0)):
-                    heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
-                    calls[offset] = tuple((q_heads, kv.start, len(range(kv.start, kv.stop, kv.step)), kv.step)
-                                          for q_heads, kv in _kv_split(heads, num_heads, num_kv_heads))
-                per_branch.append((self.pattern.segment_lengths[branch], self.pattern.dilation_rates[branch], calls))
-            self._heads = ((num_heads, num_kv_heads), tuple(per_branch))
-        return self._heads[1]
 
     # -- storage ----------------------------------------------------------------------------------------
     def _append(self, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -191,13 +177,10 @@ class DilatedKVCache:
         return (out, lse) if return_lse else out
 
     def _dense_executor(self, q: torch.Tensor):
-        """The executor of the steps (a dense one: whole-pattern executors leave the steps to auto's), per
-        device and dtype."""
+        """The executor of the steps (dense_executor), per device, dtype and head dim."""
         key = (q.device, q.dtype, q.shape[-1])
         if self._executor is None or self._executor[0] != key:
-            executor = resolve_executor(self.backend, q, self.pattern, whole_pattern=False)
-            if executor.kernel_for is None:
-                executor = resolve_executor("auto", q, self.pattern, whole_pattern=False)
+            executor = dense_executor(self.backend, q, self.pattern)
             self._executor = (key, executor, executor.kernel_for(q))
         return self._executor[1]
 
@@ -214,43 +197,12 @@ class DilatedKVCache:
         return out, lse
 
     def _step(self, q: torch.Tensor, scale: float):
-        """One new token at position length - 1: per branch one strided view of its current segment's keys
-        of the token's residue, one kernel call per head group, merged by LSE."""
-        batch, _, heads, dim = q.shape
+        """One new token at position length - 1 over the stored keys (step_attention)."""
         self._dense_executor(q)
-        kernel = self._executor[2]
-        finite = self._finite and q.device.type == "cpu"
-        position = self.length - 1
-        branches = self._head_calls(heads, self.keys.shape[2])
-        parts = len(branches)
-        outs = torch.zeros((parts, batch, 1, heads, dim), dtype=q.dtype, device=q.device)
-        lses = torch.full((parts, batch, 1, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-        s_b, s_n, s_h, s_d = self.keys.stride()
-        key_base, value_base = self.keys.storage_offset(), self.values.storage_offset()
-        read = 0
-        for branch, (w, r, calls) in enumerate(branches):
-            residue = (position % w) % r
-            if residue not in calls:
-                continue
-            first = position - position % w + residue
-            count = (position - first) // r + 1
-            base = (first - self.start) * s_n
-            for q_heads, kv_first, kv_count, kv_step in calls[residue]:
-                # the strided view (B, keys seen, kv heads, D) of the stored keys and values: no copy
-                size, stride = (batch, count, kv_count, dim), (s_b, r * s_n, kv_step * s_h, s_d)
-                kv = self.keys.as_strided(size, stride, key_base + base + kv_first * s_h)
-                vv = self.values.as_strided(size, stride, value_base + base + kv_first * s_h)
-                qv = q[:, :, q_heads]
-                if finite and count >= kernel.min_length and (kernel.gqa or qv.shape[2] == kv_count):
-                    # call_forward would only check finiteness (known here): the kernel itself
-                    out, lse, _ = kernel.forward(qv, kv, vv, causal=False, scale=scale, need_lse=True)
-                else:
-                    out, lse, _ = call_forward(kernel, qv, kv, vv, causal=False, scale=scale)
-                outs[branch, :, :, q_heads] = out
-                lses[branch, :, :, q_heads] = lse.transpose(1, 2)
-                read += count * out.shape[2]
-        self.keys_read = read
-        return merge_step(outs, lses, q.dtype)
+        out, lse, self.keys_read = step_attention(self.pattern, q, self.keys, self.values, self.length - 1,
+                                                  start=self.start, kernel=self._executor[2], scale=scale,
+                                                  finite=self._finite and q.device.type == "cpu")
+        return out, lse
 
     def _chunk(self, q: torch.Tensor, scale: float):
         """T > 1 new tokens after a prompt: each branch's plan over its segments from the one holding the first
@@ -282,6 +234,71 @@ class DilatedKVCache:
         p = self.pattern
         return (f"DilatedKVCache(segment_lengths={list(p.segment_lengths)}, dilation_rates={list(p.dilation_rates)}, "
                 f"mode={p.mode!r}, length={self.length}, start={self.start}, capacity={self.capacity})")
+
+
+def dense_executor(backend, q: torch.Tensor, pattern: DilatedPattern):
+    """The executor `backend` names, or auto's dense one where it is a whole-pattern executor (which has no dense
+    kernel for single calls): the executor of decoding steps."""
+    executor = resolve_executor(backend, q, pattern, whole_pattern=False)
+    if executor.kernel_for is None:
+        executor = resolve_executor("auto", q, pattern, whole_pattern=False)
+    return executor
+
+
+@functools.lru_cache(maxsize=64)
+def step_calls(pattern: DilatedPattern, num_heads: int, num_kv_heads: int) -> tuple:
+    """Per branch (w, r, {offset: ((query heads, first kv head, kv heads, kv head step), ...)}): the kernel calls of
+    a decoding step by the residue of its position (call head j reads kv head j // (h / h_kv), plan._kv_split)."""
+    per_branch = []
+    for branch, offsets in enumerate(pattern.head_offsets(num_heads)):
+        calls = {}
+        for offset in sorted(set(int(o) for o in offsets if o >= 0)):
+            heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
+            calls[offset] = tuple((q_heads, kv.start, len(range(kv.start, kv.stop, kv.step)), kv.step)
+                                  for q_heads, kv in _kv_split(heads, num_heads, num_kv_heads))
+        per_branch.append((pattern.segment_lengths[branch], pattern.dilation_rates[branch], calls))
+    return tuple(per_branch)
+
+
+def step_attention(pattern: DilatedPattern, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, position: int,
+                   *, start: int = 0, kernel, scale: float, finite: bool = False):
+    """Causal dilated attention of one query per row at `position` -> (out (B, 1, H, D), lse (B, H, 1), key rows
+    x query heads read). q (B, 1, H, D); keys, values (B, M, H_kv, D), any strides, row i holding position
+    start + i and every position the query sees (its segment in each branch) among them. Per branch: the
+    residue of `position` picks the heads that see anything, and one strided view of the keys of that residue
+    in the current segment (no copy) goes to `kernel` (executors.kernel.DenseKernel) through call_forward, or
+    straight to the kernel when `finite` says the caller knows every input is finite (CPU: the check is all
+    call_forward would add); the branches merge by LSE (merge_step). No autograd."""
+    batch, _, heads, dim = q.shape
+    branches = step_calls(pattern, heads, keys.shape[2])
+    outs = torch.zeros((len(branches), batch, 1, heads, dim), dtype=q.dtype, device=q.device)
+    lses = torch.full((len(branches), batch, 1, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
+    k_b, k_n, k_h, k_d = keys.stride()
+    v_b, v_n, v_h, v_d = values.stride()
+    read = 0
+    for branch, (w, r, calls) in enumerate(branches):
+        residue = (position % w) % r
+        if residue not in calls:
+            continue
+        first = position - position % w + residue
+        count = (position - first) // r + 1
+        row = first - start
+        for q_heads, kv_first, kv_count, kv_step in calls[residue]:
+            size = (batch, count, kv_count, dim)
+            kv = keys.as_strided(size, (k_b, r * k_n, kv_step * k_h, k_d),
+                                 keys.storage_offset() + row * k_n + kv_first * k_h)
+            vv = values.as_strided(size, (v_b, r * v_n, kv_step * v_h, v_d),
+                                   values.storage_offset() + row * v_n + kv_first * v_h)
+            qv = q[:, :, q_heads]
+            if finite and count >= kernel.min_length and (kernel.gqa or qv.shape[2] == kv_count):
+                out, lse, _ = kernel.forward(qv, kv, vv, causal=False, scale=scale, need_lse=True)
+            else:
+                out, lse, _ = call_forward(kernel, qv, kv, vv, causal=False, scale=scale)
+            outs[branch, :, :, q_heads] = out
+            lses[branch, :, :, q_heads] = lse.transpose(1, 2)
+            read += count * out.shape[2]
+    out, lse = merge_step(outs, lses, q.dtype)
+    return out, lse, read
 
 
 def plan_keys(pattern: DilatedPattern, seq_len: int, num_heads: int, queries: int) -> int:

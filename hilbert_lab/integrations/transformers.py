@@ -7,7 +7,8 @@ a model whose config carries `dilated_segment_lengths` and `dilated_dilation_rat
 `attn_implementation=<name>` or `model.set_attn_implementation(<name>)`; `use_dilated_attention(model, ...)`
 does all three. Every call runs the plan of the pattern (attention.plan) on the layer's q (B, H, Nq, D) and
 k, v (B, H_kv, Nk, D) as transformers passes them (never repeating K/V for grouped heads):
-- queries fewer than keys (transformers' cache, generation): the queries are the last Nq valid keys;
+- queries fewer than keys (transformers' cache, generation): the queries are the last Nq valid keys; one new
+  token (no gradient) reads only the keys it sees (attention.kv_cache.step_attention), with no plan;
 - packed rows: position_ids that restart (transformers' flattening collator) split a row into documents,
   each attended as its own sequence;
 - padding (a 2D attention mask, e.g. left-padded prompts in `generate`): every run of real tokens and every
@@ -25,6 +26,7 @@ import torch
 
 from hilbert_lab.attention.engine import execute_plan, resolve_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
+from hilbert_lab.attention.kv_cache import dense_executor, step_attention
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.plan import cached_plan
 
@@ -141,11 +143,16 @@ def dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
             plan = cached_plan(pattern, keys, heads, num_kv_heads=None if k.shape[2] == heads else k.shape[2],
                                documents=documents, query_len=None if queries == keys else queries)
             sub = (q, k, v) if rows is None else (q[rows], k[rows], v[rows])
+            training = torch.is_grad_enabled() and any(t.requires_grad for t in sub)
             if dropout > 0.0 and module.training:
                 result, _ = dropout_attention(plan, *sub, scale=scale, dropout_p=float(dropout))
+            elif queries == 1 and causal and not training:  # a decoding step: the keys its query sees, no plan
+                start, length = (0, keys) if documents is None else documents[-1]
+                executor = dense_executor(backend, sub[0], pattern)
+                result, _, _ = step_attention(pattern, sub[0], sub[1][:, start:], sub[2][:, start:], length - 1,
+                                              kernel=executor.kernel_for(sub[0]), scale=scale)
             else:
                 plain = documents is None and queries == keys and k.shape[2] == heads
-                training = torch.is_grad_enabled() and any(t.requires_grad for t in sub)
                 executor = resolve_executor(backend, sub[0], pattern, training=training, whole_pattern=plain)
                 result, _ = execute_plan(plan, executor, *sub, scale, need_lse=False)
             if rows is None:
