@@ -19,6 +19,7 @@ sliding windows, soft-capping, attention sinks.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Optional, Sequence
 
@@ -138,36 +139,30 @@ def dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     mask = None if attention_mask is None else attention_mask[:, :keys]
     scale = q.shape[-1] ** -0.5 if scaling is None else float(scaling)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    with torch.autocast(device, enabled=False) if device in ("cpu", "cuda") else _null():
+    with torch.autocast(device, enabled=False) if device in ("cpu", "cuda") else contextlib.nullcontext():
         for rows, documents in _layouts(mask, positions, batch, keys, queries):
-            plan = cached_plan(pattern, keys, heads, num_kv_heads=None if k.shape[2] == heads else k.shape[2],
-                               documents=documents, query_len=None if queries == keys else queries)
             sub = (q, k, v) if rows is None else (q[rows], k[rows], v[rows])
             training = torch.is_grad_enabled() and any(t.requires_grad for t in sub)
-            if dropout > 0.0 and module.training:
-                result, _ = dropout_attention(plan, *sub, scale=scale, dropout_p=float(dropout))
-            elif queries == 1 and causal and not training:  # a decoding step: the keys its query sees, no plan
+            dropping = dropout > 0.0 and module.training
+            if queries == 1 and causal and not training and not dropping:  # a decoding step: no plan
                 start, length = (0, keys) if documents is None else documents[-1]
                 executor = dense_executor(backend, sub[0], pattern)
                 result, _, _ = step_attention(pattern, sub[0], sub[1][:, start:], sub[2][:, start:], length - 1,
                                               kernel=executor.kernel_for(sub[0]), scale=scale)
             else:
-                plain = documents is None and queries == keys and k.shape[2] == heads
-                executor = resolve_executor(backend, sub[0], pattern, training=training, whole_pattern=plain)
-                result, _ = execute_plan(plan, executor, *sub, scale, need_lse=False)
+                plan = cached_plan(pattern, keys, heads, num_kv_heads=None if k.shape[2] == heads else k.shape[2],
+                                   documents=documents, query_len=None if queries == keys else queries)
+                if dropping:
+                    result, _ = dropout_attention(plan, *sub, scale=scale, dropout_p=float(dropout))
+                else:
+                    plain = documents is None and queries == keys and k.shape[2] == heads
+                    executor = resolve_executor(backend, sub[0], pattern, training=training, whole_pattern=plain)
+                    result, _ = execute_plan(plan, executor, *sub, scale, need_lse=False)
             if rows is None:
                 out = result
             else:
                 out = out.index_copy(0, rows, result)
     return out.contiguous(), None
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def _valid_keys(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor], keys: int, queries: int) -> int:
