@@ -40,7 +40,6 @@ __all__ = ["NAME", "dilated_attention_forward", "dilated_mask", "layer_pattern",
 def register(name: str = NAME) -> str:
     """Register the dilated attention function and its mask function under `name`; returns `name`."""
     try:
-        import transformers
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface
     except ImportError as error:
@@ -50,7 +49,6 @@ def register(name: str = NAME) -> str:
         raise ValueError(f"name must be a new attention implementation name such as {NAME!r}, got {name!r}")
     AttentionInterface.register(name, dilated_attention_forward)
     AttentionMaskInterface.register(name, dilated_mask)
-    del transformers
     return name
 
 
