@@ -121,7 +121,7 @@ def dilated_attention(
         raise ValueError("hilbert_pattern=True needs q, k, v of one length (the pattern permutes the whole "
                          f"sequence), got {q.shape[1]} queries and {k.shape[1]} keys")
     executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=query_len is None)
-    batch, seq_len, num_heads = k.shape[0], k.shape[1], q.shape[2]
+    seq_len, num_heads = k.shape[1], q.shape[2]
     if hilbert_pattern:
         order = "hilbert" if ordering in IDENTITY_ORDERINGS else ordering
         perm, inverse = layout_permutation(seq_len, min(max(pattern.segment_lengths), seq_len), order, device=q.device)

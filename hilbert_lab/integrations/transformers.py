@@ -33,7 +33,6 @@ from hilbert_lab.attention.plan import cached_plan
 
 NAME = "hilbert_dilated"
 MIN_VERSION = "5.17"
-CONFIG_FIELDS = ("dilated_segment_lengths", "dilated_dilation_rates", "dilated_mode", "dilated_backend")
 __all__ = ["NAME", "dilated_attention_forward", "dilated_mask", "layer_pattern", "register", "use_dilated_attention"]
 
 
