@@ -1,7 +1,8 @@
-"""`hilbert-lab` command line: info, bench, probe, estimate, select, curve, report, train, ring.
+"""`hilbert-lab` command line: info, bench, probe, estimate, select, curve, report, train, generate, ring.
 
 Only parsing and dispatch: each package registers its commands (bench/cli.py: info, bench, probe,
-estimate, select; curves/cli.py: curve; reports/cli.py: report; models/cli.py: train; distributed/cli.py: ring).
+estimate, select; curves/cli.py: curve; reports/cli.py: report; models/cli.py: train, generate;
+distributed/cli.py: ring).
 Bad input exits with code 2 and one line on stderr (a traceback only with --debug). Lists are
 comma-separated; output paths follow hilbert_lab.arguments.OUTPUT_RULE.
 """
@@ -40,6 +41,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "curve": ("hilbert_lab.curves.cli", "export a curve over a grid as CSV (index,x,y[,z]) or PNG"),
     "report": ("hilbert_lab.reports.cli", "list / inspect / run papermill reports"),
     "train": ("hilbert_lab.models.cli", "train a LongNet LM on the synthetic retrieval task"),
+    "generate": ("hilbert_lab.models.cli", "continue prompts with a trained LongNet checkpoint (dilated KV cache)"),
     "ring": ("hilbert_lab.distributed.cli", "ring attention: self-check vs the engine, then tokens/s per rank"),
 }
 

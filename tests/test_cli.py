@@ -238,7 +238,7 @@ def test_each_command_is_registered_and_handled_by_its_package():
     from hilbert_lab.cli import build_parser
 
     homes = {"info": "bench", "bench": "bench", "probe": "bench", "estimate": "bench", "select": "bench",
-             "curve": "curves", "report": "reports", "train": "models", "ring": "distributed"}
+             "curve": "curves", "report": "reports", "train": "models", "generate": "models", "ring": "distributed"}
     commands = next(action for action in build_parser()._actions if isinstance(action, argparse._SubParsersAction))
     assert list(commands.choices) == list(homes)
     for name, package in homes.items():

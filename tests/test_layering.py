@@ -1,6 +1,6 @@
 """The layering of hilbert_lab, read from the AST of every module (lazy imports inside functions included).
 
-kernels -> curves -> attention -> {distributed, locality, models, bench} -> viz -> reports -> cli: a
+kernels -> curves -> attention -> {distributed, locality, models, integrations, bench} -> viz -> reports -> cli: a
 package imports only from its own layer or below, and packages never import each other in a circle.
 The leaf modules io, dtypes, imaging and arguments may be imported by anyone and import only each other.
 No module imports a private name (`_x`) of another package, and no other package is imported under
@@ -20,7 +20,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hilbert_lab"
 
-LAYERS = {"kernels": 0, "curves": 1, "attention": 2, "distributed": 3, "locality": 3, "models": 3, "bench": 3,
+LAYERS = {"kernels": 0, "curves": 1, "attention": 2, "distributed": 3, "locality": 3, "models": 3, "integrations": 3, "bench": 3,
           "viz": 4, "reports": 5, "cli": 6, "examples": 6}
 LEAVES = {"io", "dtypes", "imaging", "arguments"}
 

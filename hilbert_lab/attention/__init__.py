@@ -1,4 +1,5 @@
-"""Dilated attention: pattern, plan, executors, the one attention function, engine, modules, selection."""
+"""Dilated attention: pattern, plan, executors, the one attention function, engine, modules, the decoding cache,
+selection."""
 from __future__ import annotations
 
 from hilbert_lab.attention.engine import dilated_attention, execute_plan
@@ -7,6 +8,7 @@ from hilbert_lab.attention.executors import (
     unavailable_reason,
 )
 from hilbert_lab.attention.grid import deserialize_grid, serialize_grid
+from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.modules import DilatedAttention, MultiheadDilatedAttention
 from hilbert_lab.attention.pattern import MODES, DilatedPattern, Group
@@ -17,7 +19,8 @@ from hilbert_lab.attention.serialized import SerializedDilatedAttention, permute
 from hilbert_lab.attention.validation import validate_attention_inputs
 
 __all__ = [
-    "BACKENDS", "EXECUTORS", "BackendUnavailableError", "Block", "Capabilities", "DilatedAttention", "DilatedPattern",
+    "BACKENDS", "EXECUTORS", "BackendUnavailableError", "Block", "Capabilities", "DilatedAttention", "DilatedKVCache",
+    "DilatedPattern",
     "Executor", "Group", "MODES", "MultiheadDilatedAttention", "Plan", "SerializedDilatedAttention",
     "available_backends", "build_plan", "cached_plan", "deserialize_grid", "dilated_attention", "execute_plan",
     "get_executor", "get_gpu_info", "is_selected", "merge_lse", "permute_tokens", "recommended_dtype",

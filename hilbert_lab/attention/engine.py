@@ -96,6 +96,11 @@ def dilated_attention(
 ):
     """LongNet dilated attention on q (B, N, H, D), k, v (B, N, H_kv, D) -> out (B, N, H, D) [, lse (B, H, N)].
 
+    q may have fewer rows than k and v (decoding): q (B, Nq, H, D) with Nq <= N holds the queries of the
+    last Nq positions (bottom-right, as flash-attn aligns them) -> out (B, Nq, H, D), lse (B, H, Nq),
+    equal to the last Nq rows of the full computation (pattern positions are the original positions).
+    The fused "triton" executor and hilbert_pattern=True take Nq == N only (ValueError).
+
     segment_lengths / dilation_rates: one entry per branch (see pattern.py for the semantics on
     original positions, incl. ragged N and w > N). mode: "longnet" or "head_groups". backend: a name
     from executors.BACKENDS or "auto". ordering: a memory layout of the tokens inside each block of
@@ -127,8 +132,13 @@ def dilated_attention(
                                      causal=causal, mode=mode, backend=backend, ordering=ordering, scale=scale,
                                      dropout_p=dropout_p, return_lse=return_lse, hilbert_pattern=hilbert_pattern,
                                      cu_seqlens=cu_seqlens)
-    scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p, grouped_heads=True)
-    documents = validate_cu_seqlens(cu_seqlens, q)
+    scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p, grouped_heads=True,
+                                      fewer_queries=True)
+    documents = validate_cu_seqlens(cu_seqlens, k)
+    query_len = q.shape[1] if q.shape[1] < k.shape[1] else None  # queries at the last positions
+    if query_len is not None and documents is not None:
+        raise ValueError("cu_seqlens (packed documents) needs q, k, v of one length; fewer queries than keys are "
+                         "for decoding one sequence")
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
     allowed = tuple(ORDERINGS)
     if ordering not in IDENTITY_ORDERINGS and ordering not in allowed:
@@ -142,13 +152,17 @@ def dilated_attention(
                          "documents): use hilbert_pattern=False")
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    batch, seq_len, num_heads, _ = q.shape
-    kv_heads = k.shape[2]
-    plain = documents is None and kv_heads == num_heads
+    seq_len, num_heads, kv_heads = k.shape[1], q.shape[2], k.shape[2]
+    if query_len is not None and hilbert_pattern:
+        raise ValueError("hilbert_pattern=True needs q, k, v of one length (the pattern permutes the whole "
+                         f"sequence), got {q.shape[1]} queries and {k.shape[1]} keys")
+    plain = documents is None and kv_heads == num_heads and query_len is None
     executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=plain,
                                 packed=documents is not None)
     if not plain and executor.capabilities.whole_pattern:
-        what = "cu_seqlens (packed documents)" if documents is not None else f"{kv_heads} key/value heads for {num_heads}"
+        what = ("cu_seqlens (packed documents)" if documents is not None else
+                f"{kv_heads} key/value heads for {num_heads}" if kv_heads != num_heads else
+                f"{q.shape[1]} queries for {seq_len} keys")
         raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head per "
                          f"query head; it does not take {what}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
     if hilbert_pattern:
@@ -156,7 +170,7 @@ def dilated_attention(
         perm, inverse = layout_permutation(seq_len, min(max(pattern.segment_lengths), seq_len), order, device=q.device)
         q, k, v = (permute_sequence(t, perm) for t in (q, k, v))
     plan = cached_plan(pattern, seq_len, num_heads, num_kv_heads=None if kv_heads == num_heads else kv_heads,
-                       documents=documents)
+                       documents=documents, query_len=query_len)
     if dropout_p > 0.0:  # weights dropped inside the softmax: the eager autograd path, whatever the executor
         out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
     else:

@@ -164,8 +164,9 @@ class MultiheadDilatedAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor] = None, value: Optional[torch.Tensor] = None,
                 *, causal: Optional[bool] = None, cu_seqlens: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """query (B, N, E) (key/value default to query) -> (B, N, E); cu_seqlens [0, n1, ..., N] (B = 1)
-        attends the documents of a packed row each as its own sequence."""
+        """query (B, N, E) (key/value default to query) -> (B, N, E); a query (B, Nq, E) shorter than key and
+        value holds their last Nq positions; cu_seqlens [0, n1, ..., N] (B = 1) attends the documents of a
+        packed row each as its own sequence."""
         key = query if key is None else key
         value = key if value is None else value
         weight = self.q_proj.weight
@@ -177,9 +178,9 @@ class MultiheadDilatedAttention(nn.Module):
             if x.device != weight.device or (x.dtype != weight.dtype and not autocast):
                 raise ValueError(f"{name} must be {weight.dtype} on {weight.device} like the module's weights, got "
                                  f"{x.dtype} on {x.device} (use module.to(...) or cast the input)")
-        if key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
-            raise ValueError(f"query, key and value must share (B, N), got {tuple(query.shape)}, {tuple(key.shape)}, "
-                             f"{tuple(value.shape)}")
+        if value.shape[:2] != key.shape[:2] or query.shape[0] != key.shape[0] or query.shape[1] > key.shape[1]:
+            raise ValueError(f"query, key and value must share (B, N) (query may be shorter: the last positions), got "
+                             f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
         split = lambda x: x.unflatten(-1, (-1, self.head_dim))  # noqa: E731
         out = self.attention(split(self.q_proj(query)), split(self.k_proj(key)), split(self.v_proj(value)), causal=causal,
                              cu_seqlens=cu_seqlens)

@@ -9,12 +9,14 @@ import torch
 
 
 def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout_p: float = 0.0,
-                              shape: str = "(B, N, H, D)", grouped_heads: bool = False) -> float:
+                              shape: str = "(B, N, H, D)", grouped_heads: bool = False,
+                              fewer_queries: bool = False) -> float:
     """ValueError naming the argument unless q, k, v are valid attention inputs; returns the scale to use.
 
     q, k, v: non-empty 4D floating tensors of one shape `shape` (e.g. "(B, N/P, H, D)" for ring
     shards), dtype and device; with grouped_heads, k and v may have H_kv heads where H % H_kv == 0
-    (grouped-query attention: query head h reads key/value head h // (H / H_kv)), B, N and D as q's.
+    (grouped-query attention: query head h reads key/value head h // (H / H_kv)); with fewer_queries, q
+    may have fewer rows than k and v (q (B, Nq, H, D) with Nq <= N, the queries at the last Nq positions).
     scale: None (then D**-0.5) or a finite number > 0. dropout_p: a number in [0, 1).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -28,12 +30,13 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
             raise ValueError(f"{name} must have a floating dtype (float16, bfloat16, float32, float64), got {t.dtype}")
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape {shape}, got {tuple(k.shape)}, {tuple(v.shape)}")
-    if not grouped_heads and q.shape != k.shape:
-        raise ValueError(f"q, k, v must have the same shape {shape}, got {tuple(q.shape)}, {tuple(k.shape)}, "
+    rows_ok = q.shape[1] == k.shape[1] or (fewer_queries and q.shape[1] <= k.shape[1])
+    heads_ok = q.shape[2] == k.shape[2] or grouped_heads
+    if not (q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3] and rows_ok and heads_ok):
+        allowed = "".join([" (q may have fewer rows: the last positions)" if fewer_queries else "",
+                           " (k, v may have H_kv heads dividing H)" if grouped_heads else ""])
+        raise ValueError(f"q, k, v must have the same shape {shape}{allowed}, got {tuple(q.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}")
-    if grouped_heads and (q.shape[:2] != k.shape[:2] or q.shape[3] != k.shape[3]):
-        raise ValueError(f"k and v must have q's B, N and D with H_kv heads (B, N, H_kv, D), got q "
-                         f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if grouped_heads and k.shape[2] and q.shape[2] % k.shape[2]:
         raise ValueError(f"k and v heads (H_kv = {k.shape[2]}) must divide q's heads (H = {q.shape[2]}): query head h "
                          f"reads key/value head h // (H / H_kv)")

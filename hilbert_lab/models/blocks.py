@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention
 
 from .rotary import apply_rotary
@@ -65,21 +65,28 @@ class DilatedTransformerBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens:
-        the documents of a packed row (B = 1)."""
+    def attend(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+               cache: DilatedKVCache | None = None) -> torch.Tensor:
+        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens: the
+        documents of a packed row (B = 1); with a ``cache`` the tokens follow those it holds (their keys and
+        values are appended to it)."""
         mha = self.attention
         split = lambda t: t.unflatten(-1, (-1, mha.head_dim))  # noqa: E731
         q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
         if self.rotary:
             q = apply_rotary(q, positions, base=self.rotary_base)
             k = apply_rotary(k, positions, base=self.rotary_base)
-        if cu_seqlens is None:
-            return mha.out_proj(mha.attention(q, k, v).flatten(-2))
-        return mha.out_proj(mha.attention(q, k, v, cu_seqlens=cu_seqlens).flatten(-2))
+        if cache is not None:
+            attended = cache.attend(q, k, v)
+        elif cu_seqlens is None:
+            attended = mha.attention(q, k, v)
+        else:
+            attended = mha.attention(q, k, v, cu_seqlens=cu_seqlens)
+        return mha.out_proj(attended.flatten(-2))
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens))
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+                cache: DilatedKVCache | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
 
@@ -150,10 +157,26 @@ class LongNetEncoder(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DilatedKVCache] | None = None) -> torch.Tensor:
+        """cu_seqlens: a packed row of documents (B = 1); caches: one DilatedKVCache per block
+        (models.generate.new_caches): x then holds the tokens after those the caches hold (positions default
+        to theirs)."""
         if x.dim() != 3:
             raise ValueError(f"x must have shape (B, N, C), got {tuple(x.shape)}")
         limit = self.max_seq_len if self.max_seq_len is not None else math.inf
+        if caches is not None:
+            if cu_seqlens is not None:
+                raise ValueError("caches (decoding) and cu_seqlens (packed documents) do not go together")
+            if len(caches) != len(self.blocks):
+                raise ValueError(f"caches must hold one DilatedKVCache per block ({len(self.blocks)}), got {len(caches)}")
+            past = caches[0].length
+            if past + x.shape[1] > limit:
+                raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
+            positions = torch.arange(past, past + x.shape[1], device=x.device) if positions is None else \
+                _check_positions(positions, x.shape[1], limit, x.device)
+            for block, cache in zip(self.blocks, caches):
+                x = block(x, positions, None, cache)
+            return self.norm(x)
         if positions is None and cu_seqlens is not None:
             positions = document_positions(cu_seqlens).to(x.device)
         positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
@@ -257,15 +280,16 @@ class LongNetLM(nn.Module):
                 )
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DilatedKVCache] | None = None) -> torch.Tensor:
         """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange).
         cu_seqlens [0, n1, ..., N] with B = 1: a packed row of documents, each its own causal sequence
-        (positions default to each token's position in its document; every document <= max_seq_len)."""
+        (positions default to each token's position in its document; every document <= max_seq_len).
+        caches (models.generate.new_caches): tokens follow those the caches hold, whose keys and values
+        they append (decoding)."""
         self.check_tokens(tokens, packed=cu_seqlens is not None)
         x = self.embedding_dropout(self.embedding(tokens))
-        return self.head(self.encoder(x, positions, cu_seqlens))
+        return self.head(self.encoder(x, positions, cu_seqlens, caches))
 
-    @torch.no_grad()
     def generate(
         self,
         prompt: torch.Tensor,
@@ -274,41 +298,18 @@ class LongNetLM(nn.Module):
         top_k: int | None = None,
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
+        use_cache: bool | None = None,
     ) -> torch.Tensor:
         """Extend prompt (B, N0) by max_new_tokens tokens -> (B, N0 + max_new_tokens).
 
         Greedy when ``top_k`` is None (or 1), else sampling among the ``top_k`` most likely tokens at
-        ``temperature``. Each step recomputes the full forward pass on the whole prefix (no KV
-        cache): exact, since the causal dilated pattern depends only on absolute positions, so the
-        logits of a prefix equal the teacher-forced logits of any longer sequence; cost per step is
-        one forward pass over N0 + t tokens.
+        ``temperature``. With the cache (default where every layer is a local MultiheadDilatedAttention,
+        ``use_cache=True`` insists) the prompt runs once and each new token is one decoding step per layer
+        (attention.DilatedKVCache: cost of the keys it sees, memory of the longest segment);
+        ``use_cache=False`` recomputes the whole prefix per token. Both are exact: the causal dilated
+        pattern depends only on absolute positions, so they give the same tokens.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
-        if prompt.dim() != 2 or prompt.shape[1] < 1:
-            raise ValueError(f"prompt must be (B, N0) with N0 >= 1, got {tuple(prompt.shape)}")
-        if prompt.shape[1] + max_new_tokens > self.max_seq_len:
-            raise ValueError(
-                f"prompt length + max_new_tokens must be <= max_seq_len={self.max_seq_len}, got "
-                f"{prompt.shape[1]} + {max_new_tokens}"
-            )
-        if top_k is not None and not 1 <= top_k <= self.vocab_size:
-            raise ValueError(f"top_k must be None or in [1, vocab_size={self.vocab_size}], got {top_k}")
-        if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        was_training = self.training
-        self.eval()
-        tokens = prompt
-        try:
-            for _ in range(max_new_tokens):
-                logits = self(tokens)[:, -1].float()
-                if top_k is None or top_k == 1:
-                    next_token = logits.argmax(dim=-1, keepdim=True)
-                else:
-                    top_logits, top_ids = (logits / temperature).topk(top_k, dim=-1)
-                    choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=generator)
-                    next_token = top_ids.gather(-1, choice)
-                tokens = torch.cat((tokens, next_token.to(tokens.dtype)), dim=1)
-        finally:
-            self.train(was_training)
-        return tokens
+        from .generate import generate
+
+        return generate(self, prompt, max_new_tokens, top_k=top_k, temperature=temperature, generator=generator,
+                        use_cache=use_cache)

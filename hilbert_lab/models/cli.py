@@ -1,5 +1,7 @@
-"""The `hilbert-lab train` command: argument parsing (preset, JSON config, flags), dispatch to the
-training loop and the end-of-run summary (registered by hilbert_lab.cli)."""
+"""The `hilbert-lab train` and `generate` commands (registered by hilbert_lab.cli): argument parsing (preset,
+JSON config, flags), dispatch to the training loop and the end-of-run summary; a trained checkpoint
+continuing token-id prompts, or answering samples of its retrieval task, on the dilated KV cache (one line
+of output per sample)."""
 from __future__ import annotations
 
 import argparse
@@ -11,12 +13,15 @@ import time
 import typing
 from typing import Any
 
+import torch
+
 from hilbert_lab import arguments
 from hilbert_lab.io import read_bounded
 
-from .checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder
+from .checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, load_checkpoint
 from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, TrainConfig, parse_curriculum
-from .loop import TrainResult, train
+from .loop import TrainResult, build_model, train
+from .tasks import make_batch
 
 DEFAULT_PRESET = "cpu-tiny"
 MAX_CONFIG_BYTES = 1 << 20  # a config file is a few hundred bytes; anything larger is not one
@@ -189,6 +194,72 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
     parser.add_argument("--pack", action="store_true", help="packed batches: each step's tokens as one row of "
                         "documents of random lengths (attention and positions restart at each; no target crosses one)")
     parser.set_defaults(func=_run_cli)
+    register_generate_cli(subparsers)
+    return parser
+
+
+def load_model(path: str, device: str = "cpu"):
+    """(model in eval mode on `device`, TrainConfig) from a checkpoint file or the run folder holding one."""
+    file = Path(path) / CHECKPOINT_NAME if Path(path).is_dir() else Path(path)
+    state = load_checkpoint(file)
+    config = TrainConfig.from_dict({**state["config"], "device": device})
+    model = build_model(config)
+    model.load_state_dict(state["model"])
+    return model.eval(), config
+
+
+def _generation_prompts(args: argparse.Namespace, model, config: TrainConfig) -> list[tuple[torch.Tensor, dict]]:
+    """(prompt (1, N0), what to report beside the generated tokens) per sample."""
+    if args.prompt:
+        return [(torch.tensor([ids]), {}) for ids in args.prompt]
+    task = config.task()
+    tokens, targets = make_batch(task, args.retrieval, seed=config.seed, split="eval", step=args.seed)
+    first = task.first_query_position
+    return [(tokens[i:i + 1, :first + 1], {"sample": i, "key": int(tokens[i, first]), "expected": int(targets[i, first])})
+            for i in range(args.retrieval)]
+
+
+def _run_generate(args: argparse.Namespace) -> int:
+    if (args.prompt is None) == (args.retrieval is None):
+        raise ValueError("give either --prompt (token ids, repeatable) or --retrieval N (samples of the task)")
+    model, config = load_model(args.checkpoint, args.device)
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else (1 if args.retrieval else 16)
+    generator = torch.Generator(device=args.device).manual_seed(args.seed)
+    for prompt, info in _generation_prompts(args, model, config):
+        prompt = prompt.to(args.device)
+        out = model.generate(prompt, max_new, top_k=args.top_k, temperature=args.temperature, generator=generator,
+                             use_cache=False if args.no_cache else None)
+        new = out[0, prompt.shape[1]:].tolist()
+        if info:
+            print(json.dumps({**info, "generated": new, "correct": bool(new) and new[0] == info["expected"]}))
+        else:
+            print(",".join(str(token) for token in new))
+    return 0
+
+
+def register_generate_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
+    """Add the `generate` command to a parent parser's subparsers; sets `func` to the handler."""
+    parser = arguments.add_command(
+        subparsers, "generate", "continue prompts with a trained LongNet checkpoint (dilated KV cache)",
+        "  hilbert-lab generate --checkpoint runs/tiny --prompt 3,7,1,9 --max-new-tokens 8\n"
+        "  hilbert-lab generate --checkpoint runs/tiny --prompt 3,7 --prompt 5,5,5 --top-k 4 --seed 1\n"
+        "  hilbert-lab generate --checkpoint runs/tiny/checkpoint.pt --retrieval 8   # one JSON line per sample")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint.pt of `hilbert-lab train`, or its run folder")
+    parser.add_argument("--prompt", action="append", type=arguments.int_list(0), default=None,
+                        help="token ids, comma-separated (repeat for several samples); prints the new ids per line")
+    parser.add_argument("--retrieval", type=arguments.integer(1, 1 << 16), default=None,
+                        help="N samples of the checkpoint's retrieval task (eval stream): the prompt ends at the first "
+                             "question; prints one JSON line per sample (key, expected, generated, correct)")
+    parser.add_argument("--max-new-tokens", type=arguments.integer(0, 1 << 24), default=None,
+                        help="tokens to generate (default 16, or 1 with --retrieval)")
+    parser.add_argument("--top-k", type=arguments.integer(1), default=None, help="sample among the K best (default: "
+                        "greedy)")
+    parser.add_argument("--temperature", type=arguments.number(0.0), default=1.0, help="sampling temperature (> 0)")
+    parser.add_argument("--seed", type=arguments.integer(0, 2 ** 63 - 1), default=0,
+                        help="sampling seed; with --retrieval also which eval batch")
+    parser.add_argument("--device", type=arguments.available_device, default="cpu")
+    parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix per token (same tokens)")
+    parser.set_defaults(func=_run_generate)
     return parser
 
 

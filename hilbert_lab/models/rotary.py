@@ -4,6 +4,11 @@ from __future__ import annotations
 import torch
 
 
+# The tables of the last call: every layer of a model rotates by one positions tensor (kept here, so its identity
+# and version identify its values; inference tensors have no version: identity alone), in each dtype asked for.
+_LAST: list = [None]
+
+
 def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, each (N, head_dim // 2) float64, for integer ``positions`` (N,)."""
     if head_dim % 2:
@@ -14,6 +19,23 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000
     inv_freq = base ** (-exponents)  # (D/2,)
     angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (N, D/2)
     return angles.cos(), angles.sin()
+
+
+def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
+    """(cos, sin), each (1, N, 1, head_dim // 2) in `dtype`: rotary_angles cast for (B, N, H, D) tensors,
+    computed once for the layers that share a positions tensor (decoding steps call them per token)."""
+    if torch.compiler.is_compiling():
+        cos, sin = rotary_angles(positions, head_dim, base=base)
+        return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+    version = -1 if positions.is_inference() else positions._version
+    key = (version, head_dim, base, torch.is_inference_mode_enabled())
+    last = _LAST[0]
+    if last is None or last[0] is not positions or last[1] != key:
+        last = _LAST[0] = (positions, key, rotary_angles(positions, head_dim, base=base), {})
+    if dtype not in last[3]:
+        cos, sin = last[2]
+        last[3][dtype] = cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+    return last[3][dtype]
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
@@ -27,8 +49,6 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 1000
         raise ValueError(f"x must have shape (B, N, H, D), got {tuple(x.shape)}")
     if positions.shape != (x.shape[1],):
         raise ValueError(f"positions must have shape (N,) = ({x.shape[1]},), got {tuple(positions.shape)}")
-    cos, sin = rotary_angles(positions, x.shape[-1], base=base)
-    cos = cos.to(x.dtype)[None, :, None, :]
-    sin = sin.to(x.dtype)[None, :, None, :]
+    cos, sin = rotary_tables(positions, x.shape[-1], base, x.dtype)
     first, second = x.chunk(2, dim=-1)
     return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)

@@ -1,0 +1,269 @@
+"""Per-token decoding latency of LongNetLM on the dilated KV cache, beside today's recompute of the whole prefix,
+beside a dense transformers Llama of the same width and depth with sdpa and its static cache, and beside that
+Llama running dilated attention through hilbert_lab.integrations.transformers (transformers' own cache).
+
+GPU (H100, bf16; the LongNet pattern [2048, 8192, 32768, 131072] / [1, 2, 4, 8], dim 256, depth 4, 8 heads):
+    python benchmarks/bench_decode.py --out reports/results/bench_decode_h100.json
+CPU smoke check, with the CPU target (64 new tokens after a 1024-token prompt against one forward pass over
+1088 tokens, a tiny model):
+    python benchmarks/bench_decode.py --quick --out /tmp/bench_decode.json
+
+Per method and context N (prompt length), "ms_per_token" is the median latency of one new token after 4 warm-up
+tokens, greedy, wall clock with a device sync after each token (host time counts, as a user sees it): the loop
+of LongNetLM.generate on the cache (with "prefill_s", the executor's dense kernel of the steps, the cache's bytes
+and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
+(a stopping criterion notes the time); for the recompute, one forward pass over N + 1 tokens (what
+LongNetLM.generate(use_cache=False) does per token). Every finished measurement is written at once (a run that
+stops keeps what it measured); an existing --out is refused.
+transformers is optional (extra "hf"): without it the dense and hf methods are recorded as skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hilbert_lab.arguments import int_list, prepare_output  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.io import atomic_write  # noqa: E402
+from hilbert_lab.models import LongNetLM  # noqa: E402
+from hilbert_lab.models.generate import new_caches  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto", "sdpa_flash"], recompute=[8192, 32768],
+           dense=[32768, 131072], hf_dilated=[32768],
+           segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,
+           vocab=256, dtype="bf16", steps=32)
+QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], recompute=[1024], dense=[1024, 4096], hf_dilated=[1024],
+             segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8], dim=64, depth=3, heads=8, vocab=64,
+             dtype="fp32", steps=16)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device) -> float:
+    """Seconds of one call of fn, device work included."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def longnet(args, context: int, device, backend: str | None = None) -> LongNetLM:
+    torch.manual_seed(0)
+    model = LongNetLM(args.vocab, args.dim, args.depth, args.heads, args.segment_lengths, args.dilation_rates,
+                      max_seq_len=context + args.steps + 8, backend=backend or args.backend)
+    return model.to(device=device, dtype=DTYPES[args.dtype]).eval()
+
+
+def prompt_of(args, context: int, device) -> torch.Tensor:
+    return torch.randint(0, args.vocab, (1, context), generator=torch.Generator().manual_seed(1)).to(device)
+
+
+@torch.no_grad()
+def measure_cache(args, context: int, device, backend: str) -> dict:
+    """The prompt once (timed), then greedy steps of one token, each timed with a device sync (the loop of
+    LongNetLM.generate); the median of the steps after 4 warm-up steps."""
+    model = longnet(args, context, device, backend)
+    prompt = prompt_of(args, context, device)
+    model.generate(prompt[:, :64], 2)  # warm-up (kernel selection, autotuning)
+    caches = new_caches(model)
+    logits = None
+
+    def prefill():
+        nonlocal logits
+        logits = model(prompt, caches=caches)
+
+    prefill_s = timed(prefill, device)
+    token = logits[:, -1].argmax(-1, keepdim=True)
+    steps = []
+    for _ in range(args.steps + 4):
+        def step():
+            nonlocal token
+            token = model(token, caches=caches)[:, -1].argmax(-1, keepdim=True)
+        steps.append(timed(step, device))
+    kernel = caches[0]._executor[2].name if caches[0]._executor is not None else None
+    return {"ms_per_token": 1e3 * statistics.median(steps[4:]), "prefill_s": prefill_s, "new_tokens": args.steps,
+            "backend": backend, "step_kernel": kernel, "cache_bytes": sum(c.memory_bytes() for c in caches),
+            "cache_rows": caches[0].capacity, "keys_read_last_step": sum(c.keys_read for c in caches)}
+
+
+@torch.no_grad()
+def measure_recompute(args, context: int, device) -> dict:
+    model = longnet(args, context, device)
+    tokens = prompt_of(args, context + 1, device)
+    model(tokens)
+    seconds = sorted(timed(lambda: model(tokens), device) for _ in range(3))
+    return {"ms_per_token": 1e3 * seconds[1], "forward_tokens": context + 1}
+
+
+def llama(args, context: int, device, dilated: bool):
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=4 * args.dim, num_hidden_layers=args.depth,
+        num_attention_heads=args.heads, num_key_value_heads=args.heads, max_position_embeddings=context + args.steps + 8,
+        pad_token_id=0, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")
+    model = transformers.LlamaForCausalLM(config).to(device=device, dtype=DTYPES[args.dtype]).eval()
+    if dilated:
+        from hilbert_lab.integrations.transformers import use_dilated_attention
+
+        use_dilated_attention(model, args.segment_lengths, args.dilation_rates, backend=args.backend)
+    return model
+
+
+@torch.no_grad()
+def measure_hf(args, context: int, device, dilated: bool) -> dict:
+    """transformers' generate (greedy, min_new_tokens = max_new_tokens) with a stopping criterion that notes the
+    time after each token (device synced): the median gap between consecutive tokens after 4 warm-up tokens."""
+    import transformers
+
+    model = llama(args, context, device, dilated)
+    prompt = prompt_of(args, context, device)
+    extra = {} if dilated else {"cache_implementation": "static"}
+
+    class Clock(transformers.StoppingCriteria):
+        def __init__(self):
+            self.times = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            sync(device)
+            self.times.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def generate(tokens, n, clock=None):
+        return model.generate(tokens, attention_mask=torch.ones_like(tokens), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, pad_token_id=0,
+                              stopping_criteria=transformers.StoppingCriteriaList([clock] if clock else []), **extra)
+
+    generate(prompt[:, :64], 2)  # warm-up
+    clock = Clock()
+    sync(device)
+    start = time.perf_counter()
+    generate(prompt, args.steps + 5, clock)
+    gaps = [b - a for a, b in zip(clock.times, clock.times[1:])]
+    return {"ms_per_token": 1e3 * statistics.median(gaps[4:]), "prefill_s": clock.times[0] - start,
+            "new_tokens": args.steps, "cache": "dynamic" if dilated else "static"}
+
+
+@torch.inference_mode()
+def measure_cpu_target(args, device, repeats: int = 7) -> dict:
+    """The CPU target: 64 new tokens after a 1024-token prompt, against one forward pass over 1088 tokens (both in
+    inference mode, as generate runs). Interleaved: each repeat times a forward pass, the cached generation and
+    another forward pass, and divides by their mean (a shared machine's load drifts); the median ratio is reported
+    with every repeat's."""
+    model = longnet(args, 1088, device)
+    prompt = prompt_of(args, 1024, device)
+    full = prompt_of(args, 1088, device)
+    model(full)
+    model.generate(prompt, 2)
+    ratios, forwards, generations = [], [], []
+    for _ in range(repeats):
+        before = timed(lambda: model(full), device)
+        generation = timed(lambda: model.generate(prompt, 64), device)
+        after = timed(lambda: model(full), device)
+        forwards.append((before + after) / 2)
+        generations.append(generation)
+        ratios.append(generation / forwards[-1])
+    recompute = timed(lambda: model.generate(prompt, 64, use_cache=False), device)
+    return {"ratio": statistics.median(ratios), "ratios": ratios, "forward_1088_s": statistics.median(forwards),
+            "generate_64_after_1024_s": statistics.median(generations), "recompute_64_after_1024_s": recompute,
+            "recompute_ratio": recompute / statistics.median(forwards), "target_ratio": 8.0}
+
+
+def run(args, write) -> dict:
+    device = torch.device(args.device)
+    report = {"command": " ".join(sys.argv), "config": {k: v for k, v in vars(args).items() if k != "out"},
+              "environment": collect_environment(str(device)), "results": []}
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report["config"]["torch_threads"] = torch.get_num_threads()
+
+    def record(method: str, context, fn) -> None:
+        entry = {"method": method, "context": context}
+        try:
+            entry.update(fn())
+        except ImportError as error:  # transformers not installed: the 'hf' extra
+            entry.update(status="skipped", reason=f"{type(error).__name__}: {error}")
+        except (RuntimeError, ValueError) as error:  # out of memory, a backend that does not run: recorded
+            entry.update(status="failed", reason=f"{type(error).__name__}: {str(error)[:300]}")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        else:
+            entry["status"] = "ok"
+            if device.type == "cuda":
+                entry["peak_bytes"] = torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        report["results"].append(entry)
+        write(report)
+        shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in entry.items() if k != "reason"}
+        print(json.dumps(shown), flush=True)
+
+    if args.quick:
+        record("cpu_target", 1024, lambda: measure_cpu_target(args, device))
+    for backend in args.cache_backends:
+        for context in args.contexts:
+            record("longnet_cache", context, lambda: measure_cache(args, context, device, backend))
+    for context in args.recompute:
+        record("longnet_recompute", context, lambda: measure_recompute(args, context, device))
+    for context in args.dense:
+        record("llama_sdpa_static_cache", context, lambda: measure_hf(args, context, device, dilated=False))
+    for context in args.hf_dilated:
+        record("llama_dilated_dynamic_cache", context, lambda: measure_hf(args, context, device, dilated=True))
+    return report
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON output path (an existing file is refused)")
+    parser.add_argument("--quick", action="store_true", help="CPU-sized run (tiny model, short contexts, the CPU target)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", default="auto", help="executor of the dilated attention outside the cache "
+                        "runs (default auto)")
+    parser.add_argument("--cache-backends", type=lambda text: [x for x in text.split(",") if x], default=None,
+                        help="executors of the cached decoding, one run each (default: auto,sdpa_flash; --quick: "
+                             "auto); the steps use the executor's dense kernel")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    for name in ("contexts", "recompute", "dense", "hf_dilated", "segment_lengths", "dilation_rates"):
+        parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
+                            help=f"comma-separated (default: {GPU[name]}; --quick: {QUICK[name]}); 0 for none")
+    for name in ("dim", "depth", "heads", "vocab", "steps"):
+        parser.add_argument("--" + name, type=int, default=None, help=f"default {GPU[name]} (--quick: {QUICK[name]})")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp32)")
+    args = parser.parse_args(argv)
+    defaults = QUICK if args.quick else GPU
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+        elif isinstance(value, list) and name != "cache_backends":
+            setattr(args, name, [x for x in getattr(args, name) if x > 0])
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        out = prepare_output(args.out, "--out")
+    except ValueError as error:
+        print(f"bench_decode: error: {error}", file=sys.stderr)
+        return 2
+    run(args, lambda report: atomic_write(out, json.dumps(report, indent=1)))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Dilated attention inside Hugging Face transformers models (extra "hf": pip install 'hilbert-lab[hf]').
+
+`register()` adds an attention function to transformers' `AttentionInterface` and its mask function to
+`AttentionMaskInterface` (without the latter transformers drops the padding mask) under a name it returns;
+a model whose config carries `dilated_segment_lengths` and `dilated_dilation_rates` (optionally
+`dilated_mode`, "longnet" or "head_groups", and `dilated_backend`, a `backend=` name) then runs with
+`attn_implementation=<name>` or `model.set_attn_implementation(<name>)`; `use_dilated_attention(model, ...)`
+does all three. Every call runs the plan of the pattern (attention.plan) on the layer's q (B, H, Nq, D) and
+k, v (B, H_kv, Nk, D) as transformers passes them (never repeating K/V for grouped heads):
+- queries fewer than keys (transformers' cache, generation): the queries are the last Nq valid keys; one new
+  token (no gradient) reads only the keys it sees (attention.kv_cache.step_attention), with no plan;
+- packed rows: position_ids that restart (transformers' flattening collator) split a row into documents,
+  each attended as its own sequence;
+- padding (a 2D attention mask, e.g. left-padded prompts in `generate`): every run of real tokens and every
+  run of padding is its own document, so each prompt gets exactly what it gets alone;
+- a static cache: keys past the mask's length (or past the last position id) are unwritten and left out.
+Refused with a ValueError saying what to do: a config without the pattern, a 4D (custom) attention mask,
+sliding windows, soft-capping, attention sinks.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Optional, Sequence
+
+import torch
+
+from hilbert_lab.attention.engine import execute_plan, resolve_executor
+from hilbert_lab.attention.executors.manual import dropout_attention
+from hilbert_lab.attention.kv_cache import dense_executor, step_attention
+from hilbert_lab.attention.pattern import MODES, DilatedPattern
+from hilbert_lab.attention.plan import cached_plan
+
+NAME = "hilbert_dilated"
+MIN_VERSION = "5.17"
+__all__ = ["NAME", "dilated_attention_forward", "dilated_mask", "layer_pattern", "register", "use_dilated_attention"]
+
+
+def register(name: str = NAME) -> str:
+    """Register the dilated attention function and its mask function under `name`; returns `name`."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as error:
+        raise ImportError(f"the transformers integration needs transformers >= {MIN_VERSION} "
+                          f"(pip install 'hilbert-lab[hf]'): {error}") from None
+    if not isinstance(name, str) or not name or name in ("eager", "sdpa") or name.startswith(("flash", "flex", "paged")):
+        raise ValueError(f"name must be a new attention implementation name such as {NAME!r}, got {name!r}")
+    AttentionInterface.register(name, dilated_attention_forward)
+    AttentionMaskInterface.register(name, dilated_mask)
+    return name
+
+
+def use_dilated_attention(model, segment_lengths: Sequence[int], dilation_rates: Sequence[int], *,
+                          mode: str = "longnet", backend: str = "auto", name: str = NAME):
+    """Write the pattern into `model.config`, register `name` and switch the model to it (in place; returns
+    the model). The model's weights are unchanged: only which keys each query attends changes."""
+    pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode)
+    config = model.config
+    config.dilated_segment_lengths = list(pattern.segment_lengths)
+    config.dilated_dilation_rates = list(pattern.dilation_rates)
+    config.dilated_mode, config.dilated_backend = pattern.mode, backend
+    model.set_attn_implementation(register(name))
+    return model
+
+
+def layer_pattern(config: Any, causal: bool) -> tuple[DilatedPattern, str]:
+    """(pattern, backend) from a model config's dilated_* fields (ValueError naming the field)."""
+    lengths = getattr(config, "dilated_segment_lengths", None)
+    rates = getattr(config, "dilated_dilation_rates", None)
+    if lengths is None or rates is None:
+        raise ValueError("the model config must carry dilated_segment_lengths and dilated_dilation_rates (lists of "
+                         "positive integers, e.g. config.dilated_segment_lengths = [2048, 8192] and "
+                         "config.dilated_dilation_rates = [1, 4]) to run the dilated attention implementation; "
+                         "hilbert_lab.integrations.transformers.use_dilated_attention(model, ...) sets them")
+    mode = getattr(config, "dilated_mode", None) or "longnet"
+    backend = getattr(config, "dilated_backend", None) or "auto"
+    try:
+        return _pattern(tuple(lengths), tuple(rates), mode, bool(causal)), backend
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"config.dilated_segment_lengths / dilated_dilation_rates / dilated_mode (one of {MODES}): "
+                         f"{error}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _pattern(lengths: tuple, rates: tuple, mode: str, causal: bool) -> DilatedPattern:
+    return DilatedPattern.create(list(lengths), list(rates), mode=mode, causal=causal)
+
+
+def dilated_mask(batch_size: int, q_length: int, kv_length: int, *args, attention_mask=None, **kwargs):
+    """The mask function registered beside the attention function: the 2D padding mask (B, kv_length) as
+    bool, or None when no token is padding. The attention function reads documents and padding from it
+    and from position_ids; the pattern itself is never a dense (N, N) mask."""
+    if attention_mask is None or attention_mask.dim() != 2:
+        return attention_mask
+    mask = attention_mask[:, -kv_length:].bool()
+    return None if mask.shape[1] == kv_length and bool(mask.all()) else mask
+
+
+def _refuse(kwargs: dict) -> None:
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(f"this layer has a sliding window ({kwargs['sliding_window']}); the dilated pattern replaces "
+                         "the attention pattern: set config.sliding_window = None (or use_sliding_window = False)")
+    if kwargs.get("softcap") is not None:
+        raise ValueError("attention logit soft-capping (softcap) is not supported by dilated attention; use a model "
+                         "without it")
+    if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None:
+        raise ValueError("attention sinks are not supported by dilated attention; use a model without them")
+
+
+def dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                              scaling: Optional[float] = None, is_causal: Optional[bool] = None, **kwargs):
+    """transformers' attention-function convention: query (B, H, Nq, D), key, value (B, H_kv, Nk, D) ->
+    (out (B, Nq, H, D), None). See the module docstring for masks, documents and caches."""
+    _refuse(kwargs)
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    pattern, backend = layer_pattern(getattr(module, "config", None), causal)
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise ValueError(f"a {attention_mask.dim()}D attention mask cannot be combined with the dilated pattern: pass "
+                         "a 2D padding mask (B, N) or position_ids that restart at document starts")
+    q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, N, heads, D) views
+    device = q.device.type
+    if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):  # run in the autocast dtype, like sdpa
+        low = torch.get_autocast_dtype(device)
+        q, k, v = q.to(low), k.to(low), v.to(low)
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"query, key and value must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    batch, queries, heads, dim = q.shape
+    if k.shape[2] == 0 or heads % k.shape[2]:
+        raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({k.shape[2]})")
+    positions = kwargs.get("position_ids")
+    positions = positions if isinstance(positions, torch.Tensor) and positions.dim() == 2 else None
+    keys = _valid_keys(attention_mask, positions, k.shape[1], queries)
+    k, v = k[:, :keys], v[:, :keys]
+    mask = None if attention_mask is None else attention_mask[:, :keys]
+    scale = q.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    with torch.autocast(device, enabled=False) if device in ("cpu", "cuda") else contextlib.nullcontext():
+        for rows, documents in _layouts(mask, positions, batch, keys, queries):
+            sub = (q, k, v) if rows is None else (q[rows], k[rows], v[rows])
+            training = torch.is_grad_enabled() and any(t.requires_grad for t in sub)
+            dropping = dropout > 0.0 and module.training
+            if queries == 1 and causal and not training and not dropping:  # a decoding step: no plan
+                start, length = (0, keys) if documents is None else documents[-1]
+                executor = dense_executor(backend, sub[0], pattern)
+                result, _, _ = step_attention(pattern, sub[0], sub[1][:, start:], sub[2][:, start:], length - 1,
+                                              kernel=executor.kernel_for(sub[0]), scale=scale)
+            else:
+                plan = cached_plan(pattern, keys, heads, num_kv_heads=None if k.shape[2] == heads else k.shape[2],
+                                   documents=documents, query_len=None if queries == keys else queries)
+                if dropping:
+                    result, _ = dropout_attention(plan, *sub, scale=scale, dropout_p=float(dropout))
+                else:
+                    plain = documents is None and queries == keys and k.shape[2] == heads
+                    executor = resolve_executor(backend, sub[0], pattern, training=training, whole_pattern=plain)
+                    result, _ = execute_plan(plan, executor, *sub, scale, need_lse=False)
+            if rows is None:
+                out = result
+            else:
+                out = out.index_copy(0, rows, result)
+    return out.contiguous(), None
+
+
+def _valid_keys(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor], keys: int, queries: int) -> int:
+    """Keys actually written: a static cache holds more rows than tokens seen (the mask is then shorter, or
+    the last position id tells); a dynamic cache or no cache: all of them."""
+    if mask is not None:
+        if mask.shape[1] > keys:
+            raise ValueError(f"the attention mask ({mask.shape[1]} tokens) is longer than the keys ({keys})")
+        return mask.shape[1]
+    if positions is not None and queries < keys:
+        last = positions[:, -1]
+        written = int(last.max()) + 1
+        if int(last.min()) + 1 != written:
+            raise ValueError("rows of a batch with a cache must share their positions without an attention mask; "
+                             "pass the attention mask (left padding) to generate")
+        if queries <= written < keys:
+            return written
+    return keys
+
+
+_LAST: list = [None]  # the layouts of the last call: every layer of a forward pass sees the same mask and positions
+
+
+def _layouts(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor], batch: int, keys: int,
+             queries: int) -> list[tuple[Optional[torch.Tensor], Optional[tuple[tuple[int, int], ...]]]]:
+    """[(rows (None: all), documents (None: one)), ...]: rows of the batch grouped by their documents."""
+    key = (mask, _version(mask), positions, _version(positions), batch, keys, queries)
+    last = _LAST[0]
+    if last is not None and all(a is b if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else a == b
+                                for a, b in zip(last[0], key)):
+        return last[1]
+    layouts = _compute_layouts(mask, positions, batch, keys, queries)
+    _LAST[0] = (key, layouts)
+    return layouts
+
+
+def _version(t: Optional[torch.Tensor]) -> Optional[int]:
+    """The version counter of t (in-place changes bump it); None for None, -1 for inference tensors (no counter:
+    identity alone, as kept by _LAST, tells them apart)."""
+    return None if t is None else (-1 if t.is_inference() else t._version)
+
+
+def _compute_layouts(mask, positions, batch, keys, queries):
+    starts = torch.zeros(batch, keys, dtype=torch.bool, device="cpu")
+    starts[:, 0] = True
+    real = None if mask is None else mask.to("cpu", torch.bool).expand(batch, keys)
+    if real is not None:
+        starts[:, 1:] |= real[:, 1:] != real[:, :-1]
+    if positions is not None and queries == keys and keys > 1:
+        pos = positions.to("cpu").expand(batch, keys)
+        restart = pos[:, 1:] != pos[:, :-1] + 1
+        if real is not None:
+            restart &= real[:, 1:]
+        starts[:, 1:] |= restart
+    if not bool(starts[:, 1:].any()):
+        return [(None, None)]
+    groups: dict[tuple, list[int]] = {}
+    for row in range(batch):
+        bounds = starts[row].nonzero().flatten().tolist() + [keys]
+        documents = tuple((a, b - a) for a, b in zip(bounds, bounds[1:]))
+        groups.setdefault(documents if len(documents) > 1 else None, []).append(row)
+    if len(groups) == 1:
+        return [(None, next(iter(groups)))]
+    device = mask.device if mask is not None else positions.device
+    return [(torch.tensor(rows, device=device), documents) for documents, rows in groups.items()]
