@@ -28,15 +28,13 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
             raise ValueError(f"{name} must hold data (a CPU or CUDA tensor), got a tensor on the meta device")
         if t.is_complex() or not t.is_floating_point():
             raise ValueError(f"{name} must have a floating dtype (float16, bfloat16, float32, float64), got {t.dtype}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape {shape}, got {tuple(k.shape)}, {tuple(v.shape)}")
     rows_ok = q.shape[1] == k.shape[1] or (fewer_queries and q.shape[1] <= k.shape[1])
     heads_ok = q.shape[2] == k.shape[2] or grouped_heads
-    if not (q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3] and rows_ok and heads_ok):
-        allowed = "".join([" (q may have fewer rows: the last positions)" if fewer_queries else "",
+    if not (k.shape == v.shape and q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3] and rows_ok and heads_ok):
+        allowed = "".join([" (q may have fewer rows Nq <= N: the last positions)" if fewer_queries else "",
                            " (k, v may have H_kv heads dividing H)" if grouped_heads else ""])
-        raise ValueError(f"q, k, v must have the same shape {shape}{allowed}, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")
+        raise ValueError(f"q, k, v must have the same shape {shape}{allowed}: k and v one shape with q's B and D, "
+                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if grouped_heads and k.shape[2] and q.shape[2] % k.shape[2]:
         raise ValueError(f"k and v heads (H_kv = {k.shape[2]}) must divide q's heads (H = {q.shape[2]}): query head h "
                          f"reads key/value head h // (H / H_kv)")

@@ -30,10 +30,6 @@ def _ordering_list(text: str) -> list[str | None]:
     return [None if v in ("none", "identity") else v for v in choice_list(allowed)(text)]
 
 
-def _backends() -> tuple[str, ...]:
-    return known_backends()
-
-
 def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
     """Batch, heads, head dim and the pattern's lists: the flags every attention command takes."""
     parser.add_argument("--batch-size", type=integer(1), default=1, help="B of the (B, N, H, D) inputs")
@@ -51,8 +47,8 @@ def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, ru
     from hilbert_lab.attention.pattern import MODES
 
     many = "comma-separated list; " if sweep else ""
-    parser.add_argument("--backend", type=choice_list(_backends()), default=["manual"] if sweep else ["auto"],
-                        help=f"{many}one of: {', '.join(_backends())}")
+    parser.add_argument("--backend", type=choice_list(known_backends()), default=["manual"] if sweep else ["auto"],
+                        help=f"{many}one of: {', '.join(known_backends())}")
     parser.add_argument("--mode", type=choice_list(MODES), default=["longnet"], help=f"{many}{' | '.join(MODES)}")
     parser.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"], help=f"{many}{' | '.join(DTYPES)}")
     parser.add_argument("--ordering", type=_ordering_list, default=[None],

@@ -11,6 +11,7 @@ import os
 import sys
 import time
 import typing
+from pathlib import Path
 from typing import Any
 
 import torch

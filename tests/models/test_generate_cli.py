@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from hilbert_lab.models.checkpoint import CHECKPOINT_FORMAT, atomic_save
+from hilbert_lab.models.checkpoint import CHECKPOINT_FORMAT, save_checkpoint
 from hilbert_lab.models.config import TrainConfig
 from hilbert_lab.models.loop import build_model
 
@@ -31,7 +31,7 @@ def checkpoint(tmp_path_factory):
     config = TrainConfig(seq_len=48, segment_lengths=[8, 16, 48], dilation_rates=[1, 2, 4], dim=32, steps=1)
     model = build_model(config)
     path = tmp_path_factory.mktemp("run") / "checkpoint.pt"
-    atomic_save({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "model": model.state_dict()}, path)
+    save_checkpoint({"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "model": model.state_dict()}, path)
     return path, model.eval()
 
 
