@@ -10,7 +10,8 @@ asked for, aux); backward(grad_out, q, k, v, out, lse, aux, grad_lse=None) -> (d
 - fewer key/value heads than query heads on a kernel without `gqa`: the call reads k, v repeated per
   query head and sums dk, dv back over each group;
 - causal with fewer queries than keys on a kernel without `bottom_right`: the keys before the queries'
-  segment part are one non-causal call and the last Lq keys one causal call, merged by LSE;
+  segment part are one non-causal call and the last Lq keys one causal call, merged by LSE (one query, a
+  decoding step, sees every key: one call without a mask);
 - the LSE gradient on a kernel without `grad_lse`: one more backward call with dO = e_0, O = -g e_0,
   V = 0 (base.lse_share_inputs);
 - non-finite inputs on the CPU: a row's output and LSE depend only on the keys it attends, so the
@@ -104,6 +105,8 @@ def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, ne
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     kernel = _pick(kernel, q, k)
     lq, lk = q.shape[1], k.shape[1]
+    if causal and lq == 1:  # one query at the bottom right sees every key: no mask (a decoding step)
+        causal = False
     if causal and lq < lk and not kernel.bottom_right:
         prefix = lk - lq
         out_a, lse_a, state_a = call_forward(kernel, q, k[:, :prefix], v[:, :prefix], causal=False, scale=scale)
@@ -135,6 +138,8 @@ def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool
     grad_lse (b, h, Lq) may each be None (zero). into: views the shares may be written into (the caller
     owns those entries); a kernel that `writes_into` writes them there and returns those tensors.
     guarded: lse already went through `guard_lse` (once for every call of a plan)."""
+    if causal and q.shape[1] == 1:  # as in call_forward
+        causal = False
     if not guarded:
         lse = guard_lse(lse)
     kernel = state.kernel
