@@ -17,7 +17,7 @@ CORE_VENV ?= build/core-venv
 # tests/conftest.py says what that changes: one torch thread per worker, long tests first, a module's tests
 # that share a module-scoped fixture on one worker (loadgroup), gloo ranks forked from a preloaded server.
 PYTEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
 .PHONY: setup test test-fast test-core-install report browser clean-venv
 
