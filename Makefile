@@ -14,10 +14,11 @@ unexport PYTHONDONTWRITEBYTECODE
 
 CORE_VENV ?= build/core-venv
 # The suite runs on PYTEST_WORKERS pytest-xdist processes (2: one per core here; 0 runs it in this process).
-# tests/conftest.py says what that changes: one torch thread per worker, long tests first, a module's tests
-# that share a module-scoped fixture on one worker (loadgroup), gloo ranks forked from a preloaded server.
+# tests/conftest.py says what that changes: one torch thread per worker, long tests first (handed out in
+# collection order: --no-loadscope-reorder), a module's tests that share a module-scoped fixture on one worker
+# (loadgroup), and so the modules that compile the numba kernels; gloo ranks forked from a preloaded server.
 PYTEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 .PHONY: setup test test-fast test-core-install report browser clean-venv
 

@@ -1,15 +1,16 @@
 """Shared pytest fixtures: seeded RNG and torch defaults, the headless browser; how the suite runs in parallel.
 
-`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup`, see the Makefile):
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup --no-loadscope-reorder`):
 - each worker runs torch on one thread (two workers already fill two cores; more threads only contend),
   and its subprocesses inherit OMP_NUM_THREADS=1;
 - tests marked slow or browser are collected first, so that the run ends on short tests, not on one
   long test that started last;
 - the tests of a module that share a module-scoped fixture of that module run on one worker (an
-  xdist_group per module), so the fixture is built once;
+  xdist_group per module), so the fixture is built once, and so do the modules that compile the numba kernels;
 - multi-process tests (gloo rings) fork their ranks from a fork server that has imported torch and the
   library once per worker, instead of spawning interpreters that import torch anew (seconds of CPU each).
-Everything that runs in parallel keeps its files under pytest's tmp_path; servers take free ports.
+Tests that run in parallel keep their files under pytest's tmp_path (screenshots: one file per test in
+test-artifacts/); servers take free ports; gloo worlds meet through a file in tmp_path.
 """
 from __future__ import annotations
 
@@ -52,8 +53,16 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+# Modules that compile many specialisations of the numba kernels (a dtype, a layout, the parallel path: seconds
+# each in a fresh checkout): one worker compiles them and caches them on disk, instead of two compiling the same.
+JIT_MODULES = ("tests/curves/test_codec.py", "tests/curves/test_gilbert.py", "tests/kernels/test_numba_curves.py")
+
+
 def _module_fixture_group(item) -> Optional[str]:
-    """The module's name when the test uses a module- (or wider-) scoped fixture defined in its own module."""
+    """The group of tests that should share one worker: the numba-compiling modules, or the module's name when
+    the test uses a module- (or wider-) scoped fixture defined in its own module."""
+    if item.nodeid.split("::")[0] in JIT_MODULES:
+        return "numba-kernels"
     info = getattr(item, "_fixtureinfo", None)
     module = getattr(item, "module", None)
     if info is None or module is None:
