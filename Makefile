@@ -8,9 +8,19 @@ EXTRAS ?= dev,notebooks,hf
 # A GPU machine keeps its own torch (venv sees the system site-packages); elsewhere the CPU build.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU := torch==2.13.0
-PIP := $(PY) -m pip install -q --disable-pip-version-check
+# pip does not byte-compile every file it installs (most are never imported: a minute of CPU for the dev venv);
+# Python compiles a module on its first import and keeps the bytecode in the venv, so make lets it write
+# bytecode (PYTHONDONTWRITEBYTECODE, set on some images, is lifted for make's commands).
+PIP := $(PY) -m pip install -q --disable-pip-version-check --no-compile
+unexport PYTHONDONTWRITEBYTECODE
 
 CORE_VENV ?= build/core-venv
+# The suite runs on PYTEST_WORKERS pytest-xdist processes (2: one per core here; 0 runs it in this process).
+# tests/conftest.py says what that changes: one torch thread per worker, long tests first (handed out in
+# collection order: --no-loadscope-reorder), a module's tests that share a module-scoped fixture on one worker
+# (loadgroup), and so the modules that compile the numba kernels; gloo ranks forked from a preloaded server.
+PYTEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
 
 .PHONY: setup test test-fast test-core-install report browser clean-venv
 
@@ -18,6 +28,7 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
 	@if [ -z "$(HAS_GPU)" ]; then $(PIP) "$(TORCH_CPU)"; fi
 	$(PIP) -e ".[$(EXTRAS)]"
+	@$(PY) -c "import torch, numba, hilbert_lab.attention.engine"  # their bytecode, once, before the parallel workers
 	@touch $@
 
 setup: $(VENV)/.installed
@@ -30,11 +41,19 @@ browser:
 test-core-install:
 	TORCH_SPEC="$(TORCH_CPU)" .ci/core_install_check $(CORE_VENV)
 
-test: setup browser test-core-install
-	$(PY) -m pytest -q
+# The core-install check (its own venv: pip, then one process per command) runs in the background, alongside the
+# dev venv's set-up and the suite; its log is build/core-install.log, its result is printed after the suite's.
+# Either failing fails `make test`.
+test: browser
+	@mkdir -p build
+	@$(MAKE) --no-print-directory test-core-install >build/core-install.log 2>&1 & core=$$!; \
+	$(MAKE) --no-print-directory setup && $(PYTEST); status=$$?; \
+	if wait $$core; then echo "core install check passed (log: build/core-install.log)"; \
+	else tail -n 25 build/core-install.log; echo "core install check FAILED (log: build/core-install.log)"; status=1; fi; \
+	exit $$status
 
 test-fast: setup
-	$(PY) -m pytest -q -m "not slow and not browser"
+	$(PYTEST) -m "not slow and not browser"
 
 report: setup
 	$(PY) -m hilbert_lab.cli report run default

@@ -1,7 +1,22 @@
-"""Shared pytest fixtures: seeded RNG and torch defaults, the headless browser."""
+"""Shared pytest fixtures: seeded RNG and torch defaults, the headless browser; how the suite runs in parallel.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup --no-loadscope-reorder`):
+- each worker runs torch on one thread (two workers already fill two cores; more threads only contend),
+  and its subprocesses inherit OMP_NUM_THREADS=1;
+- tests marked slow or browser are collected first, so that the run ends on short tests, not on one
+  long test that started last;
+- the tests of a module that share a module-scoped fixture of that module run on one worker (an
+  xdist_group per module), so the fixture is built once, and so do the modules that compile the numba kernels;
+- multi-process tests (gloo rings) fork their ranks from a fork server that has imported torch and the
+  library once per worker, instead of spawning interpreters that import torch anew (seconds of CPU each).
+Tests that run in parallel keep their files under pytest's tmp_path (screenshots: one file per test in
+test-artifacts/); servers take free ports; gloo worlds meet through a file in tmp_path.
+"""
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
+import os
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -24,6 +39,55 @@ def _seed_torch():
 
 def pytest_report_header(config):
     return f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"
+
+
+# What every forked rank needs; imported once in the fork server.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "hilbert_lab.attention.engine", "hilbert_lab.distributed.ring",
+                      "hilbert_lab.models"]
+
+
+def pytest_configure(config):
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+# Modules that compile many specialisations of the numba kernels (a dtype, a layout, the parallel path: seconds
+# each in a fresh checkout): one worker compiles them and caches them on disk, instead of two compiling the same.
+JIT_MODULES = ("tests/curves/test_codec.py", "tests/curves/test_gilbert.py", "tests/kernels/test_numba_curves.py")
+
+
+def _module_fixture_group(item) -> Optional[str]:
+    """The group of tests that should share one worker: the numba-compiling modules, or the module's name when
+    the test uses a module- (or wider-) scoped fixture defined in its own module."""
+    if item.nodeid.split("::")[0] in JIT_MODULES:
+        return "numba-kernels"
+    info = getattr(item, "_fixtureinfo", None)
+    module = getattr(item, "module", None)
+    if info is None or module is None:
+        return None
+    for definitions in info.name2fixturedefs.values():
+        definition = definitions[-1]
+        if definition.scope != "function" and getattr(definition.func, "__module__", None) == module.__name__:
+            return module.__name__
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    grouped = config.pluginmanager.hasplugin("xdist")
+    groups = {item.nodeid: _module_fixture_group(item) for item in items}
+    if grouped:
+        for item in items:
+            if groups[item.nodeid]:
+                item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+
+    def long_first(item) -> int:
+        long = item.get_closest_marker("slow") or item.get_closest_marker("browser")
+        return 0 if long and not groups[item.nodeid] else 1
+
+    items.sort(key=long_first)  # stable: the collection order otherwise
 
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

@@ -29,7 +29,7 @@ def test_time_interleaved_rotates_the_order_and_restores_threads():
     calls: list[str] = []
     before = torch.get_num_threads()
     result = time_interleaved({name: (lambda name=name: calls.append(name)) for name in "abc"}, warmup=1, rounds=4,
-                              threads=1, max_seconds=float("inf"))
+                              threads=before + 1, max_seconds=float("inf"))  # another count than the current one
     assert calls == list("abc") + list("abc") + list("bca") + list("cab") + list("abc")
     assert {name: len(t.samples) for name, t in result.items()} == {"a": 4, "b": 4, "c": 4}
     assert all(s >= 0 for t in result.values() for s in t.samples)

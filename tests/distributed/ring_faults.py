@@ -2,7 +2,8 @@
 
 Unlike ring_worlds (which fails a test as soon as a rank fails), each rank here writes a JSON
 outcome (error type, message, seconds) to a folder, so that the test can check that the healthy
-ranks failed in bounded time with an error naming rank, branch and step.
+ranks failed in bounded time with an error naming rank, branch and step. Ranks are forked from the fork
+server (see ring_worlds).
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def run_faulty_world(world: int, tmp_path: Path, fault: str, limit_s: float = 45
     folder.mkdir()
     init_file = str(tmp_path / f"rendezvous_{fault}_{world}_{time.monotonic_ns()}")
     context = mp.start_processes(_entry, args=(world, init_file, fault, str(folder)), nprocs=world, join=False,
-                                 start_method="spawn")
+                                 start_method="forkserver")
     deadline = time.monotonic() + limit_s
     try:
         while time.monotonic() < deadline and any(p.is_alive() for p in context.processes):

@@ -1,4 +1,8 @@
-"""Multiprocess harness for the ring tests: spawn gloo ranks with a file rendezvous and a deadline.
+"""Multiprocess harness for the ring tests: gloo ranks with a file rendezvous and a deadline.
+
+Gloo ranks are forked from the fork server (tests/conftest.py preloads torch and the library in it, so a
+rank starts in a fraction of a second instead of importing torch anew); its environment is the one it
+started with. NCCL ranks (one GPU each) are spawned fresh.
 
 Checks run inside every rank (`CHECKS[name](rank, world_size)`); a failed assertion in any rank
 fails the test with its traceback, and a rank that hangs (deadlock) fails it at the deadline.
@@ -48,10 +52,10 @@ def _entry(rank: int, world_size: int, init_file: str, names: list[str], backend
 
 def run_world(world_size: int, tmp_path: Path, names: list[str], timeout_s: float = 150.0,
               backend: str = "gloo") -> None:
-    """Run the named checks in `world_size` spawned ranks (gloo, or nccl: one GPU each); raise on failure or timeout."""
+    """Run the named checks in `world_size` ranks (gloo, or nccl: one GPU each); raise on failure or timeout."""
     init_file = str(tmp_path / f"rendezvous_{world_size}_{time.monotonic_ns()}")
     context = mp.start_processes(_entry, args=(world_size, init_file, names, backend), nprocs=world_size,
-                                 join=False, start_method="spawn")
+                                 join=False, start_method="spawn" if backend == "nccl" else "forkserver")
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:

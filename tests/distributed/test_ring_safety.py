@@ -1,6 +1,7 @@
 """Ring safety: bounded waits (a stalled, raising or exiting rank makes the others fail in seconds, naming
-rank, branch and step), and the timeout setting itself. Each world takes 10-20 s on 2 busy cores (spawn and
-import): the fast selection keeps one stall of 2 and of 3 ranks and one exit; `make test` runs them all."""
+rank, branch and step), and the timeout setting itself. Each world takes a few seconds (its ranks are forked
+from the fork server, then wait out the ring timeout): the fast selection keeps one stall of 2 and of 3 ranks and
+one exit; `make test` runs them all."""
 from __future__ import annotations
 
 import datetime
