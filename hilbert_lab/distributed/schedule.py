@@ -142,6 +142,8 @@ class BranchSchedule:
                 any(later - earlier != head_step for earlier, later in zip(firsts, firsts[1:])):
             return None
         s_b, s_n, s_h, *rest = x.stride()
+        if row_step * s_n + head_step * s_h <= 0:  # later groups' rows start earlier: no strided view
+            return None
         size = (x.shape[0], count_rows(selections[0]), len(groups), *x.shape[3:])
         stride = (s_b, (selections[0].step or 1) * s_n, row_step * s_n + head_step * s_h, *rest)
         return x.as_strided(size, stride, x.storage_offset() + starts[0] * s_n + firsts[0] * s_h)

@@ -94,6 +94,8 @@ def check_zigzag(rank, world):
     seq_len = 8 * world
     for causal, mode in itertools.product((False, True), ("longnet", "head_groups")):
         compare(rank, world, seq_len, [2, 4, seq_len], [1, 2, 2], mode, causal, layout="zigzag")
+    # chunks of 3 tokens: on rank 1 the offset-1 head's rows start before the offset-0 head's
+    compare(rank, world, 6 * world, [6 * world], [2], "longnet", False, layout="zigzag", heads=2, dim=2, batch=1)
 
 
 def _count_sent(prefix):
