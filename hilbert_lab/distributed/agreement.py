@@ -4,8 +4,8 @@ Before any data moves (and before a rank takes the one-rank shortcut), one all_g
 group of a fixed-size int64 row per rank: an error flag and the error's text, then per field of the
 configuration a digest and the value's text. A rank that rejected its inputs raises its own error, the
 others a ValueError naming it; ranks that hold different values of a field (pattern, dtype, scale, shard
-shape, layout, ring_size, backend) all raise the same ValueError naming the field and which ranks hold
-which value. The wait is bounded (comm.wait_bounded: RingTimeoutError).
+shape, layout, ring_size, backend, the packed row's cu_seqlens) all raise the same ValueError naming the
+field and which ranks hold which value. The wait is bounded (comm.wait_bounded: RingTimeoutError).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 from hilbert_lab.distributed.comm import wait_bounded
 
 FIELDS = ("segment_lengths", "dilation_rates", "mode", "causal", "dtype", "scale", "shard shape", "layout",
-          "ring_size", "backend")
+          "ring_size", "backend", "cu_seqlens")
 _VALUE_BYTES = 64  # each field's value travels as text (truncated) so that the error can show every rank's
 _ERROR_BYTES = 512  # the first bytes of a rank's own input error
 
@@ -28,6 +28,18 @@ def describe(value) -> str:
     if isinstance(value, (list, tuple)):
         return repr(tuple(value))
     return repr(value)
+
+
+def describe_documents(cu_seqlens, documents, error: Exception | None) -> str:
+    """Text of a packed row's documents ((start, length), ...) for the agreement: its entries' count and a
+    digest of their values first (the text travels cut to 64 bytes), then the values ("None" without
+    cu_seqlens; "not checked" on a rank that rejected its inputs, whose error is reported instead)."""
+    if cu_seqlens is None:
+        return "None"
+    if documents is None:
+        return "not checked"
+    bounds = [0] + [start + length for start, length in documents]
+    return f"{len(bounds)} entries, digest {_digest(repr(bounds)) & (2**64 - 1):016x}: {bounds}"
 
 
 def _text_row(text: str, size: int) -> list[int]:

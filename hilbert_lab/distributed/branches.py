@@ -12,6 +12,7 @@ anything else raises a ValueError naming the constraint.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -68,14 +69,19 @@ class HeadGroup:
 
 @dataclass(frozen=True)
 class RingBranch:
-    """How one branch runs on this rank: inside the shard (local), or around the sub-ring `members`."""
+    """How one branch runs on this rank: inside the shard (local), or around the sub-ring `members`.
+
+    span: None (the branch's segments are aligned at position 0), or the positions [a, b) of one segment
+    of a packed row's document crossing a shard border (documents.py): its members select the positions
+    p of [a, b) with (p - a) % r == offset."""
 
     branch: int
-    segment_length: int  # effective: min(w, N)
+    segment_length: int  # effective: min(w, N); a span's: b - a
     dilation_rate: int
     groups: tuple[HeadGroup, ...]
     members: tuple[int, ...]  # ring indices sharing this rank's segments; (me,) when local
     local: bool
+    span: Optional[tuple[int, int]] = None
 
 
 def head_groups(pattern: DilatedPattern, branch: int, num_heads: int) -> tuple[HeadGroup, ...]:

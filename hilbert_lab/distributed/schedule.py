@@ -61,15 +61,22 @@ def _join(first: Rows, second: Rows, device: torch.device) -> Rows:
 
 @functools.lru_cache(maxsize=4096)
 def member_parts(geometry: RingLayout, member: int, segment: int, rate: int, offset: int, causal: bool,
-                 device: torch.device) -> tuple[tuple[int, Rows], ...]:
-    """((chunk id, selected storage rows), ...) of a member for one (branch, offset); cached."""
+                 device: torch.device, span: tuple[int, int] | None = None) -> tuple[tuple[int, Rows], ...]:
+    """((chunk id, selected storage rows), ...) of a member for one (branch, offset); cached. span: the
+    positions [a, b) of one segment starting at a (a document's), else segments start at multiples of
+    `segment`."""
     positions = geometry.positions(member)
     runs = geometry.runs(member)
     if not causal:
         runs = ((runs[0][0], slice(0, geometry.shard_len)),)
     parts = []
     for chunk, run in runs:
-        index = is_selected(positions[run], segment, rate, offset).nonzero().flatten() + run.start
+        held = positions[run]
+        if span is None:
+            selected = is_selected(held, segment, rate, offset)
+        else:
+            selected = (held >= span[0]) & (held < span[1]) & is_selected(held - span[0], segment, rate, offset)
+        index = selected.nonzero().flatten() + run.start
         rows = _as_slice(index)
         parts.append((chunk, index.to(device) if rows is None else rows))
     return tuple(parts)
@@ -87,7 +94,8 @@ class BranchSchedule:
         self.batch, self.head_dim, self.device = q.shape[0], q.shape[3], q.device
         # parts[j][g]: ((chunk id, selected rows), ...) of member j for head group g
         self.parts = [[member_parts(geometry, member, branch.segment_length, branch.dilation_rate, group.offset,
-                                    causal, q.device) for group in branch.groups] for member in branch.members]
+                                    causal, q.device, branch.span) for group in branch.groups]
+                      for member in branch.members]
         bundles: dict[tuple, list[int]] = {}
         for g in range(len(branch.groups)):
             key = tuple(count_rows(rows) for j in range(self.size) for _, rows in self.parts[j][g])
@@ -97,7 +105,8 @@ class BranchSchedule:
 
     @property
     def label(self) -> str:
-        return f"branch{self.branch.branch}"
+        span = self.branch.span
+        return f"branch{self.branch.branch}" + ("" if span is None else f"[{span[0]}:{span[1]}]")
 
     # -- rows of a bundle -------------------------------------------------------------------------------
     def chunks(self, member: int, b: int) -> list[tuple[int, int]]:
