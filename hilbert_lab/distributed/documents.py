@@ -80,7 +80,7 @@ def split_documents(pattern: DilatedPattern, geometry: RingLayout, num_heads: in
     branches = []
     for branch, begin, end in sorted(spans, key=lambda s: (s[0], _border_index(geometry, s[1]) % 2, s[1])):
         branches.append(RingBranch(branch, end - begin, pattern.dilation_rates[branch],
-                                   head_groups(pattern, branch, num_heads), holders(geometry, begin, end),
+                                   head_groups(pattern, branch, num_heads, num_kv_heads), holders(geometry, begin, end),
                                    local=False, span=(begin, end)))
     return _local_plan(plan, tuple(local), geometry.shard_len), tuple(branches)
 

@@ -76,7 +76,8 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
     """Multi-head ring dilated attention: x shard (B, N/P, E) -> (B, N/P, E).
 
     The projections, their initialisation and forward are MultiheadDilatedAttention's (so a single-process
-    state_dict loads directly); only the inner attention is the ring.
+    state_dict loads directly; num_kv_heads: grouped-query key/value heads, as there); only the inner
+    attention is the ring. forward(x, cu_seqlens=...) takes the whole row's packed documents.
     """
 
     def __init__(
@@ -94,11 +95,12 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
         ring_size: Optional[int] = None,
         layout: str = "contiguous",
         timeout_s: Optional[float] = None,
+        num_kv_heads: Optional[int] = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, bias=bias, causal=causal, mode=mode,
-                         backend=backend, device=device, dtype=dtype)
+                         backend=backend, num_kv_heads=num_kv_heads, device=device, dtype=dtype)
         self.attention = RingDilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode,
                                               backend=backend, group=group, ring_size=ring_size, layout=layout,
                                               timeout_s=timeout_s)

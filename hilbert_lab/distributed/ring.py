@@ -53,6 +53,26 @@ def resolve_step_executor(backend: str | Executor, q: torch.Tensor, pattern: Dil
     return executor
 
 
+def _local_executor(backend: str | Executor, q: torch.Tensor, pattern: DilatedPattern, training: bool,
+                    refused: str | None, packed: bool = False) -> Executor:
+    """The executor of the local part: the engine's choice for the shard; `refused`: what the plan holds that
+    a whole-pattern executor does not take (packed documents, fewer key/value heads), then none is chosen."""
+    executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=refused is None, packed=packed)
+    if refused is not None and executor.capabilities.whole_pattern:
+        raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head per "
+                         f"query head; it does not take {refused}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
+    return executor
+
+
+def _shapes(q, k) -> str:
+    """The shard shape for the agreement (with k's where it has fewer heads)."""
+    if not isinstance(q, torch.Tensor):
+        return type(q).__name__
+    if not isinstance(k, torch.Tensor) or k.shape == q.shape:
+        return str(tuple(q.shape))
+    return f"{tuple(q.shape)}; k, v {tuple(k.shape)}"
+
+
 def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list[int]:
     """Global ranks of this process's ring: consecutive blocks of `ring_size` ranks of `group`."""
     world = [dist.get_global_rank(group, r) if group is not None else r for r in range(dist.get_world_size(group))]
@@ -135,24 +155,25 @@ def ring_dilated_attention(
         pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        resolved_scale = validate_attention_inputs(q, k, v, scale=scale, shape="(B, N/P, H, D)")
+        resolved_scale = validate_attention_inputs(q, k, v, scale=scale, shape="(B, N/P, H, D)", grouped_heads=True)
+        grouped = None if k.shape[2] == q.shape[2] else k.shape[2]  # key/value heads of grouped-query attention
         geometry = RingLayout(len(members), members.index(dist.get_rank()), q.shape[1] * len(members), layout)
         check_divisible(geometry.seq_len, len(members), layout)
         documents = validate_cu_seqlens(cu_seqlens, q, seq_len=geometry.seq_len)
         if cu_seqlens is not None and documents is None:  # one document: still the packed path (any segment length)
             documents = ((0, geometry.seq_len),)
         if len(members) > 1 and documents is not None:
-            local_plan, branches = split_documents(pattern, geometry, q.shape[2], documents)
+            local_plan, branches = split_documents(pattern, geometry, q.shape[2], documents, grouped)
             # Resolved alike on every rank (the configuration check compares them), whatever this rank's split.
-            local = resolve_executor(backend, q, pattern, training=training, whole_pattern=False, packed=True)
-            if local.capabilities.whole_pattern:
-                raise ValueError(f"backend {local.name!r} runs the whole pattern on one sequence; it does not take "
-                                 f"cu_seqlens (packed documents): use backend 'auto', 'sdpa', 'fa4' or 'manual'")
+            local = _local_executor(backend, q, pattern, training, "cu_seqlens (packed documents)", packed=True)
             step = resolve_step_executor(backend, q, pattern, training=training)
         elif len(members) > 1:
-            branches = plan_branches(pattern, geometry, q.shape[2])
+            branches = plan_branches(pattern, geometry, q.shape[2], grouped)
             if any(b.local for b in branches):
-                local = resolve_executor(backend, q, pattern, training=training)
+                local = _local_executor(backend, q, pattern, training, None if grouped is None else
+                                        f"{grouped} key/value heads for {q.shape[2]}")
+                local_plan = cached_plan(pattern, geometry.shard_len, q.shape[2],
+                                         tuple(b.branch for b in branches if b.local), num_kv_heads=grouped)
             if not all(b.local for b in branches):
                 step = resolve_step_executor(backend, q, pattern, training=training)
     except (ValueError, TypeError) as exc:
@@ -166,7 +187,7 @@ def ring_dilated_attention(
             "causal": describe(pattern.causal if pattern is not None else causal),
             "dtype": str(getattr(q, "dtype", type(q).__name__)),
             "scale": describe(resolved_scale),
-            "shard shape": str(tuple(q.shape)) if isinstance(q, torch.Tensor) else type(q).__name__,
+            "shard shape": _shapes(q, k),
             "layout": describe(layout),
             "ring_size": str(len(members)) if members is not None else describe(ring_size),
             "backend": (f"{resolved.name} on {q.device.type}" if resolved is not None else

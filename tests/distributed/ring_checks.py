@@ -35,12 +35,14 @@ def _full_inputs(seed, batch, seq_len, heads, dim):
 
 
 def compare(rank, world, seq_len, segment_lengths, dilation_rates, mode, causal, *, layout="contiguous",
-            heads=4, dim=3, batch=2, seed=0, cu_seqlens=None):
+            heads=4, dim=3, batch=2, seed=0, cu_seqlens=None, kv_heads=None):
     """Assert this rank's output, LSE and q/k/v gradients equal the engine's (atol 1e-10); cu_seqlens: a
-    packed row's documents (a list; batch 1)."""
+    packed row's documents (a list; batch 1); kv_heads: k and v with fewer heads (grouped-query)."""
     if cu_seqlens is not None:
         cu_seqlens, batch = torch.tensor(cu_seqlens), 1
     q, k, v, grad = _full_inputs(seed, batch, seq_len, heads, dim)
+    if kv_heads is not None:
+        k, v = k[:, :, :kv_heads].contiguous(), v[:, :, :kv_heads].contiguous()
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     ref_out, ref_lse = single_process(*leaves, segment_lengths, dilation_rates, mode, causal, cu_seqlens)
     grad_lse = torch.randn(ref_lse.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
@@ -53,6 +55,8 @@ def compare(rank, world, seq_len, segment_lengths, dilation_rates, mode, causal,
     what = f"rank {rank}/{world} N={seq_len} w={segment_lengths} r={dilation_rates} {mode} causal={causal} {layout}"
     if cu_seqlens is not None:
         what += f" cu_seqlens={cu_seqlens.tolist()}"
+    if kv_heads is not None:
+        what += f" kv_heads={kv_heads}"
     torch.testing.assert_close(out, ref_out[:, positions], atol=ATOL, rtol=0, msg=lambda m: f"out {what}: {m}")
     ref_lse_local = ref_lse[:, :, positions]
     assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse_local)), f"lse -inf rows differ {what}"
@@ -355,7 +359,7 @@ def check_modules(rank, world):
     n, embed, heads = 6, 8, 4
     seq_len = n * world
     torch.manual_seed(5)
-    kwargs = dict(causal=True, mode="head_groups", dtype=torch.float64)
+    kwargs = dict(causal=True, mode="head_groups", dtype=torch.float64, num_kv_heads=2)
     single = MultiheadDilatedAttention(embed, heads, [3, seq_len], [1, 2], **kwargs)
     ring = RingMultiheadDilatedAttention(embed, heads, [3, seq_len], [1, 2], **kwargs)
     ring.load_state_dict(single.state_dict())
@@ -369,6 +373,9 @@ def check_modules(rank, world):
     (out * grad[:, part]).sum().backward()
     torch.testing.assert_close(out, single(x)[:, part], atol=ATOL, rtol=0)
     torch.testing.assert_close(x_local.grad, x_full.grad[:, part], atol=ATOL, rtol=0)
+    cu = torch.tensor([0, n - 1, n + 1, seq_len])  # a packed row: one document across the first border
+    torch.testing.assert_close(ring(x[:1, part], cu_seqlens=cu), single(x[:1], cu_seqlens=cu)[:, part], atol=ATOL,
+                               rtol=0)
     # Parameter gradients are per-rank partial sums: their all-reduce is the single-process gradient.
     for (name, p_ring), p_single in zip(ring.named_parameters(), single.parameters()):
         total = p_ring.grad.clone()
@@ -504,3 +511,17 @@ def check_packed_documents(rank, world):
     compare(rank, world, 24, [6, 24], [1, 2], "longnet", True, cu_seqlens=rows[2])  # one document: a plain row
     for causal in (False, True):
         compare(rank, world, 24, [4, 8, 100], [1, 2, 3], "longnet", causal, layout="zigzag", cu_seqlens=rows[0])
+    # grouped-query heads: 6 query heads read 2 key/value heads (offset groups that straddle kv heads split)
+    compare(rank, world, 24, [4, 8, 100], [1, 4, 3], "longnet", True, heads=6, kv_heads=2, cu_seqlens=rows[0])
+    compare(rank, world, 24, [5, 100], [2, 4], "head_groups", False, heads=6, kv_heads=3, cu_seqlens=rows[1])
+
+
+@check
+def check_grouped_heads(rank, world):
+    """k, v with fewer heads than q on plain rows: local branches, sub-rings and the whole sequence."""
+    n = 8
+    seq_len = n * world
+    compare(rank, world, seq_len, [4, 2 * n, seq_len], [1, 4, 2], "longnet", True, heads=6, kv_heads=2)
+    compare(rank, world, seq_len, [2, seq_len], [1, 2], "longnet", False, heads=4, kv_heads=1, batch=1)
+    compare(rank, world, seq_len, [2, seq_len], [1, 2], "head_groups", True, heads=4, kv_heads=2, layout="zigzag",
+            batch=1)

@@ -1,7 +1,7 @@
 """Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
 
 The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
-start-up (packed rows, whose documents cross shard borders, on 2 and 3 ranks). Pure (single-process)
+start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks). Pure (single-process)
 tests cover sharding, packet buffers, the branch planner, the split of a packed row's plan and the
 per-rank memory model (against a dry run of the ring job on meta tensors).
 """
@@ -40,7 +40,7 @@ def test_world_of_one_is_the_engine(tmp_path):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_world_matches_engine(tmp_path, world_size):
-    run_world(world_size, tmp_path, ALL_CHECKS + ["check_packed_documents"])
+    run_world(world_size, tmp_path, ALL_CHECKS + ["check_packed_documents", "check_grouped_heads"])
 
 
 def test_world_of_four_matches_engine_and_sub_rings(tmp_path):
