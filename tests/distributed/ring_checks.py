@@ -511,6 +511,16 @@ def check_packed_documents(rank, world):
     compare(rank, world, 24, [6, 24], [1, 2], "longnet", True, cu_seqlens=rows[2])  # one document: a plain row
     for causal in (False, True):
         compare(rank, world, 24, [4, 8, 100], [1, 2, 3], "longnet", causal, layout="zigzag", cu_seqlens=rows[0])
+    # messages: documents inside shards send nothing; a causal document across a border sends its earlier
+    # rank's K/V once forward, and K/V plus the dK/dV sum back once backward
+    n = 24 // world
+    comm.reset_stats()
+    compare(rank, world, 24, [4, 100], [1, 2], "longnet", True, cu_seqlens=list(range(0, 25, n)))
+    assert _count_sent("forward") == [0, 0] and _count_sent("backward") == [0, 0], comm.STATS.by_label
+    comm.reset_stats()
+    compare(rank, world, 24, [100], [1], "longnet", True, cu_seqlens=[0, n - 1, n + 1, 24])  # 3 ranks: [9, 24) too
+    sent = _count_sent("forward")[0], _count_sent("backward")[0]
+    assert sent == (world - 1, 2 * (world - 1)), (sent, comm.STATS.by_label)
     # grouped-query heads: 6 query heads read 2 key/value heads (offset groups that straddle kv heads split)
     compare(rank, world, 24, [4, 8, 100], [1, 4, 3], "longnet", True, heads=6, kv_heads=2, cu_seqlens=rows[0])
     compare(rank, world, 24, [5, 100], [2, 4], "head_groups", False, heads=6, kv_heads=3, cu_seqlens=rows[1])
