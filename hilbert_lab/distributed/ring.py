@@ -59,8 +59,8 @@ def _local_executor(backend: str | Executor, q: torch.Tensor, pattern: DilatedPa
     a whole-pattern executor does not take (packed documents, fewer key/value heads), then none is chosen."""
     executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=refused is None, packed=packed)
     if refused is not None and executor.capabilities.whole_pattern:
-        raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head per "
-                         f"query head; it does not take {refused}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
+        raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head "
+                         f"per query head; it does not take {refused}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
     return executor
 
 
@@ -121,17 +121,18 @@ def ring_dilated_attention(
     """This rank's shard of the single-process engine's dilated attention over the whole sequence.
 
     q, k, v: (B, N/P, H, D) shards (layout "contiguous" or "zigzag") of a length-N sequence over the P
-    ranks of this ring (`group`'s ranks, split into consecutive rings of `ring_size`). Returns out
-    (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact gradients. Without
-    cu_seqlens, segment lengths must divide N/P, be multiples of it, or be >= N (zigzag: divide N/2P or be
-    >= N).
+    ranks of this ring (`group`'s ranks, split into consecutive rings of `ring_size`); k and v may have
+    H_kv heads (grouped-query attention as in dilated_attention; the K/V rows that travel carry H_kv
+    heads). Returns out (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact
+    gradients. Without cu_seqlens, segment lengths must divide N/P, be multiples of it, or be >= N
+    (zigzag: divide N/2P or be >= N).
 
     Every rank of the group must call it with the same arguments and equal shards. check_config (one
     small all_gather over `group` before anything else) makes every rank raise a ValueError when the
     ranks disagree (pattern, dtype, scale, shard shape, layout, ring_size, backend, cu_seqlens) or one
-    rank's inputs are invalid, instead of a wrong result or a hang. timeout_s bounds every wait of the ring (default
-    $HILBERT_LAB_RING_TIMEOUT_S or 120 s; inf: none): a rank that stalls or dies makes the others raise
-    RingTimeoutError / RingCommError naming rank, branch and step.
+    rank's inputs are invalid, instead of a wrong result or a hang. timeout_s bounds every wait of the
+    ring (default $HILBERT_LAB_RING_TIMEOUT_S or 120 s; inf: none): a rank that stalls or dies makes the
+    others raise RingTimeoutError / RingCommError naming rank, branch and step.
 
     cu_seqlens: packed documents of the whole row (B = 1), as dilated_attention takes them: every rank
     passes the same full-row tensor [0, n1, n1 + n2, ..., N] (N = shard length x P) on its device. Each

@@ -1,9 +1,9 @@
 """Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
 
 The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
-start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks). Pure (single-process)
-tests cover sharding, packet buffers, the branch planner, the split of a packed row's plan and the
-per-rank memory model (against a dry run of the ring job on meta tensors).
+start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks).
+Pure (single-process) tests cover sharding, packet buffers, the branch planner, the split of a packed
+row's plan and the per-rank memory model (against a dry run of the ring job on meta tensors).
 """
 from __future__ import annotations
 
