@@ -134,8 +134,9 @@ def ring_dilated_attention(
     ring (default $HILBERT_LAB_RING_TIMEOUT_S or 120 s; inf: none): a rank that stalls or dies makes the
     others raise RingTimeoutError / RingCommError naming rank, branch and step.
 
-    cu_seqlens: packed documents of the whole row (B = 1), as dilated_attention takes them: every rank
-    passes the same full-row tensor [0, n1, n1 + n2, ..., N] (N = shard length x P) on its device. Each
+    cu_seqlens: packed documents of the whole row (B = 1), as dilated_attention takes them: every rank of
+    the ring passes the same full-row tensor [0, n1, n1 + n2, ..., N] (N = shard length x P) on its device
+    (rings of `ring_size` ranks each hold their own row and documents). Each
     document is attended as its own sequence; documents may span shards, and any segment length works
     (a segment crossing a shard border is a sub-ring of the ranks holding it: documents.py). The
     configuration check compares its length and a digest of its values.
@@ -195,7 +196,7 @@ def ring_dilated_attention(
                         describe(getattr(backend, "name", backend))),
             "cu_seqlens": describe_documents(cu_seqlens, documents, error),
         }
-        agree_on_configuration(fields, error, group, timeout)
+        agree_on_configuration(fields, error, group, timeout, ring=-1 if members is None else members[0])
     if error is not None:
         raise error
     if len(members) == 1:  # one rank holds the whole sequence: exactly the local engine

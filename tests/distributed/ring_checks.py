@@ -348,6 +348,15 @@ def check_sub_rings(rank, world):
     torch.testing.assert_close(out, ref[:, part], atol=ATOL, rtol=0)
     for mine, full in zip(local, leaves):
         torch.testing.assert_close(mine.grad, full.grad[:, part], atol=ATOL, rtol=0)
+    # packed rows: each ring its own documents (agreed within the ring only)
+    cu = torch.tensor([0, n - 1 - ring, 2 * n])
+    packed = dict(args, cu_seqlens=cu)
+    ref = single_process(q, k, v, args["segment_lengths"], args["dilation_rates"], "longnet", True, cu)[0]
+    out = ring_dilated_attention(*(t.detach() for t in local), ring_size=ring_size, **packed)
+    torch.testing.assert_close(out, ref[:, part], atol=ATOL, rtol=0)
+    odd = dict(packed, cu_seqlens=cu + (rank == ring_size) * torch.tensor([0, 1, 0]))  # rank 2 disagrees with rank 3
+    _raises_everywhere(lambda: ring_dilated_attention(*(t.detach() for t in local), ring_size=ring_size, **odd),
+                       "cu_seqlens", "rank 2: 3 entries")
 
 
 @check
