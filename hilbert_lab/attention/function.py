@@ -50,7 +50,8 @@ class Job:
 
 def make_job(parts: Sequence[Part], scale: float) -> Job:
     """Slots for the parts: one per branch, except that a whole part's branches share one; a single part
-    that does not merge writes one slot, which is the result itself."""
+    that does not merge writes one slot, which is the result itself. Parts that write one branch (at
+    disjoint rows: the ring's local blocks and its segments crossing shard borders) share its slot."""
     slot_of: dict[int, int] = {}
     count = 0
     single = len(parts) == 1 and (parts[0].whole or not parts[0].merges)
@@ -61,8 +62,9 @@ def make_job(parts: Sequence[Part], scale: float) -> Job:
             count += 1
         else:
             for branch in part.branches:
-                slot_of[branch] = count
-                count += 1
+                if branch not in slot_of:
+                    slot_of[branch] = count
+                    count += 1
     return Job(tuple(parts), slot_of, max(count, 1), float(scale))
 
 

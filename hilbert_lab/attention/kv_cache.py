@@ -28,7 +28,7 @@ from hilbert_lab.attention.executors.base import lse_dtype
 from hilbert_lab.attention.executors.kernel import call_forward
 from hilbert_lab.attention.merge import fused_merge_applies, merge_lse, merge_slots
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.attention.plan import _kv_split, cached_plan
+from hilbert_lab.attention.plan import cached_plan, kv_split
 from hilbert_lab.attention.validation import validate_attention_inputs
 
 __all__ = ["DilatedKVCache", "dense_executor", "merge_step", "step_attention", "step_calls"]
@@ -248,14 +248,14 @@ def dense_executor(backend, q: torch.Tensor, pattern: DilatedPattern):
 @functools.lru_cache(maxsize=64)
 def step_calls(pattern: DilatedPattern, num_heads: int, num_kv_heads: int) -> tuple:
     """Per branch (w, r, {offset: ((query heads, first kv head, kv heads, kv head step), ...)}): the kernel calls of
-    a decoding step by the residue of its position (call head j reads kv head j // (h / h_kv), plan._kv_split)."""
+    a decoding step by the residue of its position (call head j reads kv head j // (h / h_kv), plan.kv_split)."""
     per_branch = []
     for branch, offsets in enumerate(pattern.head_offsets(num_heads)):
         calls = {}
         for offset in sorted(set(int(o) for o in offsets if o >= 0)):
             heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
             calls[offset] = tuple((q_heads, kv.start, len(range(kv.start, kv.stop, kv.step)), kv.step)
-                                  for q_heads, kv in _kv_split(heads, num_heads, num_kv_heads))
+                                  for q_heads, kv in kv_split(heads, num_heads, num_kv_heads))
         per_branch.append((pattern.segment_lengths[branch], pattern.dilation_rates[branch], calls))
     return tuple(per_branch)
 

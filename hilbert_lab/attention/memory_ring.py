@@ -11,7 +11,8 @@ on each member: its packet holds K and V (2 g, g = rows * D * element), the runn
 * lse bytes. Forward, per ring branch: the packet being computed and the one in flight (one alone when m = 1;
 the own packet is released once sent, so with m = 2 the second call holds one), this rank's query rows
 (none gathered when they form one strided view), the call, the running result and its merge. Backward (every
-part with the merged out and LSE, into shared gradient totals): the kept out and LSE, the totals, and per
+part with the merged out and LSE, into shared gradient totals, which add up in the LSE dtype, in the input
+dtype for half-precision CUDA inputs): the kept out and LSE, the totals, and per
 ring branch its query rows, out and upstream gradient in kernel layout, the dq sum, the K/V packets (one
 step ahead), the dK/dV sums (own share, this step's, the one passing on, the one arriving) and one call.
 On the CPU the slots' outputs are allocated empty, so a slot's pages count once written (a ring branch's at
@@ -106,6 +107,9 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
 
     pattern, dtype, device = config.pattern, getattr(torch, config.dtype), config.device
     element, accumulate = DTYPE_BYTES[config.dtype], lse_dtype(dtype).itemsize
+    # Gradient totals of half-precision CUDA inputs add up in the input dtype (attention.function.run_backward).
+    low = device.startswith("cuda") and config.dtype in ("float16", "bfloat16")
+    total_bytes = element if low else accumulate
     batch, heads, dim = config.batch_size, config.num_heads, config.head_dim
     n = config.seq_len // config.world_size
     tokens, rows = batch * n * heads * dim, batch * n * heads
@@ -134,11 +138,11 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
         return num_slots * slot
 
     kept = slot  # the merged out and LSE, kept for the backward
-    totals = 3 * tokens * (element if whole or (not local and len(ring) == 1) else accumulate)
+    totals = 3 * tokens * (element if whole or (not local and len(ring) == 1) else total_bytes)
     forward_phases, backward_phases = [], []
     if local:  # the local part alone holds its own slots and gradient totals; here it uses the job's
         merges = local_plan.merge and not whole
-        alone, alone_totals = (len(local) if merges else 1) * slot, 3 * tokens * (accumulate if merges else element)
+        alone, alone_totals = (len(local) if merges else 1) * slot, 3 * tokens * (total_bytes if merges else element)
         forward_phases.append(local_forward - alone + slots(local_slots))
         backward_phases.append(kept + totals + max(0, local_backward - slot - alone_totals))
     for index, (branch, branch_heads, dilation, members, view) in enumerate(ring):

@@ -27,7 +27,7 @@ import torch
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
 
 IDENTITY_ORDERINGS = (None, "identity")
-__all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected"]
+__all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected", "kv_split"]
 
 
 def _count(heads: slice) -> int:
@@ -221,7 +221,7 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
                 selected = len(range(offset, length, step))
                 if selected == 0:
                     continue
-                for heads, kv_heads in _kv_split(group.heads, num_heads, kv):
+                for heads, kv_heads in kv_split(group.heads, num_heads, kv):
                     for kv_head in range(kv_heads.start, kv_heads.stop, kv_heads.step):
                         kv_readers.setdefault(kv_head, set()).add(group.branch)
                     kv_slice = None if kv == num_heads else kv_heads
@@ -279,7 +279,7 @@ def _unselected(pattern: DilatedPattern, seq_len: int, num_heads: int,
     return tuple((slice(a, b, 1), 0, 1) for a, b in runs)
 
 
-def _kv_split(heads: tuple[int, ...], num_heads: int, kv_heads: int) -> list[tuple[slice, slice]]:
+def kv_split(heads: tuple[int, ...], num_heads: int, kv_heads: int) -> list[tuple[slice, slice]]:
     """The group's query heads (an arithmetic progression) with the key/value heads they read, as
     (query heads, kv heads) slices a grouped-query kernel call takes (call head j reads kv head
     j // (h / h_kv)); split per kv head where the group's heads do not line up with the kv groups."""

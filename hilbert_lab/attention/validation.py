@@ -59,12 +59,14 @@ def kernel_layout(x: torch.Tensor) -> torch.Tensor:
     return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
 
 
-def validate_cu_seqlens(cu_seqlens, q: torch.Tensor) -> Optional[tuple[tuple[int, int], ...]]:
+def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
+                        seq_len: Optional[int] = None) -> Optional[tuple[tuple[int, int], ...]]:
     """The documents ((start, length), ...) of a packed row, or None for one document of N tokens.
 
     cu_seqlens: None, or a 1-D integer tensor [0, n1, n1 + n2, ..., N] on q's device (the flash-attn
-    convention of one packed row) with q (1, N, H, D). Documents of length 0 (repeated entries) are
-    dropped. Reads the values on the host (one device synchronisation on CUDA)."""
+    convention of one packed row) with q (1, N, H, D). seq_len: the row's length N when q holds a part
+    of it (a ring shard: N = shard length x ranks); default q's. Documents of length 0 (repeated
+    entries) are dropped. Reads the values on the host (one device synchronisation on CUDA)."""
     if cu_seqlens is None:
         return None
     if not isinstance(cu_seqlens, torch.Tensor):
@@ -81,11 +83,13 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor) -> Optional[tuple[tuple[int
         raise ValueError(f"cu_seqlens packs documents into one row: q, k, v must be (1, N, H, D), got batch "
                          f"{q.shape[0]}")
     values = [int(x) for x in cu_seqlens.tolist()]
-    seq_len = q.shape[1]
+    what = "q's sequence length" if seq_len is None else \
+        f"the row's length: {q.shape[1]} tokens per shard x {seq_len // max(q.shape[1], 1)} ranks"
+    seq_len = q.shape[1] if seq_len is None else seq_len
     if values[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {values[0]}")
     if values[-1] != seq_len:
-        raise ValueError(f"cu_seqlens must end at N = {seq_len} (q's sequence length), got {values[-1]}")
+        raise ValueError(f"cu_seqlens must end at N = {seq_len} ({what}), got {values[-1]}")
     if any(b < a for a, b in zip(values, values[1:])):
         raise ValueError(f"cu_seqlens must be non-decreasing, got {values[:12]}{' ...' if len(values) > 12 else ''}")
     documents = tuple((a, b - a) for a, b in zip(values, values[1:]) if b > a)

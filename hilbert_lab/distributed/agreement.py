@@ -4,8 +4,8 @@ Before any data moves (and before a rank takes the one-rank shortcut), one all_g
 group of a fixed-size int64 row per rank: an error flag and the error's text, then per field of the
 configuration a digest and the value's text. A rank that rejected its inputs raises its own error, the
 others a ValueError naming it; ranks that hold different values of a field (pattern, dtype, scale, shard
-shape, layout, ring_size, backend) all raise the same ValueError naming the field and which ranks hold
-which value. The wait is bounded (comm.wait_bounded: RingTimeoutError).
+shape, layout, ring_size, backend; the packed row's cu_seqlens among the ranks of one ring, each ring holding
+its own sequence) all raise the same ValueError naming the field and which ranks hold which value. The wait is bounded (comm.wait_bounded: RingTimeoutError).
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import torch.distributed as dist
 from hilbert_lab.distributed.comm import wait_bounded
 
 FIELDS = ("segment_lengths", "dilation_rates", "mode", "causal", "dtype", "scale", "shard shape", "layout",
-          "ring_size", "backend")
+          "ring_size", "backend", "cu_seqlens")
+PER_RING = ("cu_seqlens",)  # compared among the ranks of one ring only (each ring holds its own sequence)
 _VALUE_BYTES = 64  # each field's value travels as text (truncated) so that the error can show every rank's
 _ERROR_BYTES = 512  # the first bytes of a rank's own input error
 
@@ -28,6 +29,18 @@ def describe(value) -> str:
     if isinstance(value, (list, tuple)):
         return repr(tuple(value))
     return repr(value)
+
+
+def describe_documents(cu_seqlens, documents, error: Exception | None) -> str:
+    """Text of a packed row's documents ((start, length), ...) for the agreement: its entries' count and a
+    digest of their values first (the text travels cut to 64 bytes), then the values ("None" without
+    cu_seqlens; "not checked" on a rank that rejected its inputs, whose error is reported instead)."""
+    if cu_seqlens is None:
+        return "None"
+    if documents is None:
+        return "not checked"
+    bounds = [0] + [start + length for start, length in documents]
+    return f"{len(bounds)} entries, digest {_digest(repr(bounds)) & (2**64 - 1):016x}: {bounds}"
 
 
 def _text_row(text: str, size: int) -> list[int]:
@@ -61,15 +74,18 @@ def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
 
 
 def _mismatches(table: torch.Tensor, ranks: list[int]) -> list[str]:
-    """'field: rank a: value; ranks b, c: value' for every field the ranks disagree on."""
+    """'field: rank a: value; ranks b, c: value' for every field the ranks (of one ring, for PER_RING
+    fields) disagree on."""
     words = _VALUE_BYTES // 8
     base = 1 + _ERROR_BYTES // 8
     problems = []
     for index, name in enumerate(FIELDS):
         start = base + index * (1 + words)
-        holders: dict[int, list[int]] = {}
+        rings: dict[int, dict[int, list[int]]] = {}
         for rank, line in zip(ranks, table):
-            holders.setdefault(int(line[start]), []).append(rank)
+            ring = int(line[-1]) if name in PER_RING else 0
+            rings.setdefault(ring, {}).setdefault(int(line[start]), []).append(rank)
+        holders = next((found for found in rings.values() if len(found) > 1), {})
         if len(holders) > 1:
             values = []
             for members in holders.values():
@@ -82,11 +98,12 @@ def _mismatches(table: torch.Tensor, ranks: list[int]) -> list[str]:
 
 
 def agree_on_configuration(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
-                           timeout_s: float) -> None:
-    """Raise on every rank of `group` unless all ranks hold equal `fields` (every name of FIELDS) and none
-    rejected its inputs (`error`); see the module docstring."""
+                           timeout_s: float, ring: int = 0) -> None:
+    """Raise on every rank of `group` unless all ranks hold equal `fields` (every name of FIELDS; those of
+    PER_RING equal among the ranks of one `ring`, e.g. its first global rank) and none rejected its inputs
+    (`error`); see the module docstring."""
     row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
-    row += _fields_row(tuple(fields[name] for name in FIELDS))
+    row += _fields_row(tuple(fields[name] for name in FIELDS)) + [int(ring)]
     mine = torch.tensor(row, dtype=torch.int64, device=_collective_device(group))
     world = dist.get_world_size(group)
     rows = [torch.empty_like(mine) for _ in range(world)]

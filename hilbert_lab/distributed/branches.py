@@ -12,10 +12,12 @@ anything else raises a ValueError naming the constraint.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.plan import kv_split
 from hilbert_lab.distributed import contiguous, zigzag
 from hilbert_lab.distributed.sharding import shard_positions
 
@@ -54,45 +56,73 @@ class HeadGroup:
 
     offset: int
     head_indices: tuple[int, ...]
+    kv_indices: Optional[tuple[int, ...]] = None  # the key/value heads they read (None: the same heads)
 
     @property
     def heads(self) -> slice:
-        first, step = self.head_indices[0], (self.head_indices[1] - self.head_indices[0]
-                                             if len(self.head_indices) > 1 else 1)
-        return slice(first, self.head_indices[-1] + 1, step)
+        return _as_slice(self.head_indices)
 
     @property
     def num_heads(self) -> int:
         return len(self.head_indices)
 
+    @property
+    def kv_heads(self) -> slice:
+        """The key/value heads of the group's calls: query head j of the group reads kv head j // (h / h_kv)."""
+        return self.heads if self.kv_indices is None else _as_slice(self.kv_indices)
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_heads if self.kv_indices is None else len(self.kv_indices)
+
+
+def _as_slice(indices: tuple[int, ...]) -> slice:
+    step = indices[1] - indices[0] if len(indices) > 1 else 1
+    return slice(indices[0], indices[-1] + 1, step)
+
 
 @dataclass(frozen=True)
 class RingBranch:
-    """How one branch runs on this rank: inside the shard (local), or around the sub-ring `members`."""
+    """How one branch runs on this rank: inside the shard (local), or around the sub-ring `members`.
+
+    span: None (the branch's segments are aligned at position 0), or the positions [a, b) of one segment
+    of a packed row's document crossing a shard border (documents.py): its members select the positions
+    p of [a, b) with (p - a) % r == offset."""
 
     branch: int
-    segment_length: int  # effective: min(w, N)
+    segment_length: int  # effective: min(w, N); a span's: b - a
     dilation_rate: int
     groups: tuple[HeadGroup, ...]
     members: tuple[int, ...]  # ring indices sharing this rank's segments; (me,) when local
     local: bool
+    span: Optional[tuple[int, int]] = None
 
 
-def head_groups(pattern: DilatedPattern, branch: int, num_heads: int) -> tuple[HeadGroup, ...]:
-    """The branch's heads grouped by offset, offsets ascending."""
+def head_groups(pattern: DilatedPattern, branch: int, num_heads: int,
+                num_kv_heads: Optional[int] = None) -> tuple[HeadGroup, ...]:
+    """The branch's heads grouped by offset, offsets ascending. With fewer key/value heads (num_kv_heads),
+    a group whose heads do not line up with the kv heads is split as the plan splits it (attention.plan.
+    kv_split), so that every group's query heads read its kv heads evenly."""
     offsets = pattern.head_offsets(num_heads)[branch]
     groups = []
     for offset in sorted({int(o) for o in offsets[offsets >= 0]}):
         heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
-        groups.append(HeadGroup(offset, heads))
+        if num_kv_heads is None or num_kv_heads == num_heads:
+            groups.append(HeadGroup(offset, heads))
+            continue
+        for query, kv in kv_split(heads, num_heads, num_kv_heads):
+            groups.append(HeadGroup(offset, tuple(range(query.start, query.stop, query.step or 1)),
+                                    tuple(range(kv.start, kv.stop, kv.step or 1))))
     return tuple(groups)
 
 
-def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int) -> list[RingBranch]:
+def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int,
+                  num_kv_heads: Optional[int] = None) -> list[RingBranch]:
     """Per branch: local or ring, and its sub-ring; ValueError naming the violated constraint."""
     plans = []
     for branch, (requested, rate) in enumerate(zip(pattern.segment_lengths, pattern.dilation_rates)):
         segment = min(requested, geometry.seq_len)
         local, members = geometry.algorithm.classify(branch, requested, segment, geometry)
-        plans.append(RingBranch(branch, segment, rate, head_groups(pattern, branch, num_heads), members, local))
+        plans.append(RingBranch(branch, segment, rate, head_groups(pattern, branch, num_heads, num_kv_heads),
+                                members, local))
     return plans

@@ -55,14 +55,15 @@ class RingDilatedAttention(nn.Module):
         self.ring_size = None if ring_size is None else int(ring_size)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: Optional[bool] = None,
-                return_lse: bool = False):
-        """Shards (B, N/P, H, D) -> out shard (B, N/P, H, D) [, lse (B, H, N/P)]."""
+                return_lse: bool = False, cu_seqlens: Optional[torch.Tensor] = None):
+        """Shards (B, N/P, H, D) -> out shard (B, N/P, H, D) [, lse (B, H, N/P)]; cu_seqlens: the whole row's
+        packed documents [0, n1, ..., N] (B = 1), the same on every rank (see ring_dilated_attention)."""
         p = self.pattern
         return ring_dilated_attention(
             q, k, v, segment_lengths=p.segment_lengths, dilation_rates=p.dilation_rates,
             causal=p.causal if causal is None else causal, mode=p.mode, group=self.group,
             ring_size=self.ring_size, layout=self.layout, backend=self.backend, scale=self.scale,
-            return_lse=return_lse, timeout_s=self.timeout_s,
+            return_lse=return_lse, timeout_s=self.timeout_s, cu_seqlens=cu_seqlens,
         )
 
     def extra_repr(self) -> str:
@@ -75,7 +76,8 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
     """Multi-head ring dilated attention: x shard (B, N/P, E) -> (B, N/P, E).
 
     The projections, their initialisation and forward are MultiheadDilatedAttention's (so a single-process
-    state_dict loads directly); only the inner attention is the ring.
+    state_dict loads directly; num_kv_heads: grouped-query key/value heads, as there); only the inner
+    attention is the ring. forward(x, cu_seqlens=...) takes the whole row's packed documents.
     """
 
     def __init__(
@@ -93,11 +95,12 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
         ring_size: Optional[int] = None,
         layout: str = "contiguous",
         timeout_s: Optional[float] = None,
+        num_kv_heads: Optional[int] = None,
         device=None,
         dtype=None,
     ) -> None:
         super().__init__(embed_dim, num_heads, segment_lengths, dilation_rates, bias=bias, causal=causal, mode=mode,
-                         backend=backend, device=device, dtype=dtype)
+                         backend=backend, num_kv_heads=num_kv_heads, device=device, dtype=dtype)
         self.attention = RingDilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode,
                                               backend=backend, group=group, ring_size=ring_size, layout=layout,
                                               timeout_s=timeout_s)

@@ -9,6 +9,9 @@ of `group`, or consecutive blocks of `ring_size` of them), laid out "contiguous"
 - one part per ring branch: its schedule (schedule.py) run by `RingSteps` (steps.py) on the dense kernel
   of `resolve_step_executor`; only the dilated K/V rows of the ranks sharing a segment travel, around
   their sub-ring.
+A packed row (cu_seqlens) is split per segment instead (documents.py): the local part runs the blocks of
+the whole row's plan that lie inside this rank's shard (any executor declaring no whole pattern), and
+every segment crossing a shard border is a sub-ring part of its own, run by `RingSteps` the same way.
 Every part writes its (out, LSE) into a slot, the slots merge once, and the backward runs every part's
 backward with the merged out and LSE (exact gradients). Per-rank memory stays O(N/P).
 
@@ -27,11 +30,12 @@ from hilbert_lab.attention.engine import dilated_attention, plan_part, resolve_e
 from hilbert_lab.attention.executors import Executor
 from hilbert_lab.attention.function import Job, Part, attention, make_job
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.attention.plan import cached_plan
-from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe
+from hilbert_lab.attention.plan import Plan, cached_plan
+from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
+from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents
 from hilbert_lab.distributed.branches import RingBranch, RingLayout, plan_branches
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, RingComm, resolve_timeout
+from hilbert_lab.distributed.documents import split_documents
 from hilbert_lab.distributed.schedule import BranchSchedule
 from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible
 from hilbert_lab.distributed.steps import RingSteps
@@ -49,6 +53,26 @@ def resolve_step_executor(backend: str | Executor, q: torch.Tensor, pattern: Dil
     return executor
 
 
+def _local_executor(backend: str | Executor, q: torch.Tensor, pattern: DilatedPattern, training: bool,
+                    refused: str | None, packed: bool = False) -> Executor:
+    """The executor of the local part: the engine's choice for the shard; `refused`: what the plan holds that
+    a whole-pattern executor does not take (packed documents, fewer key/value heads), then none is chosen."""
+    executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=refused is None, packed=packed)
+    if refused is not None and executor.capabilities.whole_pattern:
+        raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head "
+                         f"per query head; it does not take {refused}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
+    return executor
+
+
+def _shapes(q, k) -> str:
+    """The shard shape for the agreement (with k's where it has fewer heads)."""
+    if not isinstance(q, torch.Tensor):
+        return type(q).__name__
+    if not isinstance(k, torch.Tensor) or k.shape == q.shape:
+        return str(tuple(q.shape))
+    return f"{tuple(q.shape)}; k, v {tuple(k.shape)}"
+
+
 def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list[int]:
     """Global ranks of this process's ring: consecutive blocks of `ring_size` ranks of `group`."""
     world = [dist.get_global_rank(group, r) if group is not None else r for r in range(dist.get_world_size(group))]
@@ -60,12 +84,15 @@ def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list
 
 
 def ring_job(pattern: DilatedPattern, branches: Sequence[RingBranch], geometry: RingLayout, q: torch.Tensor,
-             local: Executor | None, steps: RingSteps | None, scale: float) -> Job:
-    """The job of one ring call: the local part (if any branch is local) and one part per ring branch."""
+             local: Executor | None, steps: RingSteps | None, scale: float, local_plan: Plan | None = None) -> Job:
+    """The job of one ring call: the local part (if any branch is local, or `local_plan`: the blocks of a
+    packed row inside this rank's pieces) and one part per ring branch (or span of a packed row)."""
     parts = []
     inside = tuple(b.branch for b in branches if b.local)
-    if inside:
-        parts.append(plan_part(local, cached_plan(pattern, geometry.shard_len, q.shape[2], inside)))
+    if local_plan is None and inside:
+        local_plan = cached_plan(pattern, geometry.shard_len, q.shape[2], inside)
+    if local_plan is not None:
+        parts.append(plan_part(local, local_plan))
     for branch in branches:
         if not branch.local:
             parts.append(Part(steps, BranchSchedule(branch, geometry, pattern.causal, q), (branch.branch,)))
@@ -89,27 +116,37 @@ def ring_dilated_attention(
     return_lse: bool = False,
     check_config: bool = True,
     timeout_s: float | None = None,
+    cu_seqlens: torch.Tensor | None = None,
 ):
     """This rank's shard of the single-process engine's dilated attention over the whole sequence.
 
     q, k, v: (B, N/P, H, D) shards (layout "contiguous" or "zigzag") of a length-N sequence over the P
-    ranks of this ring (`group`'s ranks, split into consecutive rings of `ring_size`). Returns out
-    (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact gradients. Segment
-    lengths must divide N/P, be multiples of it, or be >= N (zigzag: divide N/2P or be >= N).
+    ranks of this ring (`group`'s ranks, split into consecutive rings of `ring_size`); k and v may have
+    H_kv heads (grouped-query attention as in dilated_attention; the K/V rows that travel carry H_kv
+    heads). Returns out (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact
+    gradients. Without cu_seqlens, segment lengths must divide N/P, be multiples of it, or be >= N
+    (zigzag: divide N/2P or be >= N).
 
     Every rank of the group must call it with the same arguments and equal shards. check_config (one
     small all_gather over `group` before anything else) makes every rank raise a ValueError when the
-    ranks disagree (pattern, dtype, scale, shard shape, layout, ring_size, backend) or one rank's inputs
-    are invalid, instead of a wrong result or a hang. timeout_s bounds every wait of the ring (default
-    $HILBERT_LAB_RING_TIMEOUT_S or 120 s; inf: none): a rank that stalls or dies makes the others raise
-    RingTimeoutError / RingCommError naming rank, branch and step.
+    ranks disagree (pattern, dtype, scale, shard shape, layout, ring_size, backend, cu_seqlens) or one
+    rank's inputs are invalid, instead of a wrong result or a hang. timeout_s bounds every wait of the
+    ring (default $HILBERT_LAB_RING_TIMEOUT_S or 120 s; inf: none): a rank that stalls or dies makes the
+    others raise RingTimeoutError / RingCommError naming rank, branch and step.
+
+    cu_seqlens: packed documents of the whole row (B = 1), as dilated_attention takes them: every rank of
+    the ring passes the same full-row tensor [0, n1, n1 + n2, ..., N] (N = shard length x P) on its device
+    (rings of `ring_size` ranks each hold their own row and documents). Each
+    document is attended as its own sequence; documents may span shards, and any segment length works
+    (a segment crossing a shard border is a sub-ring of the ranks holding it: documents.py). The
+    configuration check compares its length and a digest of its values.
     """
     if not dist.is_initialized():
         raise RuntimeError("ring_dilated_attention needs torch.distributed to be initialised (dist.init_process_group)")
     error: Exception | None = None
     members: list[int] | None = None
-    pattern = local = step = None
-    branches: list[RingBranch] = []
+    pattern = local = step = documents = local_plan = None
+    branches: list[RingBranch] | tuple[RingBranch, ...] = []
     resolved_scale, timeout = scale, DEFAULT_TIMEOUT_S
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     try:
@@ -120,13 +157,25 @@ def ring_dilated_attention(
         pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        resolved_scale = validate_attention_inputs(q, k, v, scale=scale, shape="(B, N/P, H, D)")
+        resolved_scale = validate_attention_inputs(q, k, v, scale=scale, shape="(B, N/P, H, D)", grouped_heads=True)
+        grouped = None if k.shape[2] == q.shape[2] else k.shape[2]  # key/value heads of grouped-query attention
         geometry = RingLayout(len(members), members.index(dist.get_rank()), q.shape[1] * len(members), layout)
         check_divisible(geometry.seq_len, len(members), layout)
-        if len(members) > 1:
-            branches = plan_branches(pattern, geometry, q.shape[2])
+        documents = validate_cu_seqlens(cu_seqlens, q, seq_len=geometry.seq_len)
+        if cu_seqlens is not None and documents is None:  # one document: still the packed path (any segment length)
+            documents = ((0, geometry.seq_len),)
+        if len(members) > 1 and documents is not None:
+            local_plan, branches = split_documents(pattern, geometry, q.shape[2], documents, grouped)
+            # Resolved alike on every rank (the configuration check compares them), whatever this rank's split.
+            local = _local_executor(backend, q, pattern, training, "cu_seqlens (packed documents)", packed=True)
+            step = resolve_step_executor(backend, q, pattern, training=training)
+        elif len(members) > 1:
+            branches = plan_branches(pattern, geometry, q.shape[2], grouped)
             if any(b.local for b in branches):
-                local = resolve_executor(backend, q, pattern, training=training)
+                local = _local_executor(backend, q, pattern, training, None if grouped is None else
+                                        f"{grouped} key/value heads for {q.shape[2]}")
+                local_plan = cached_plan(pattern, geometry.shard_len, q.shape[2],
+                                         tuple(b.branch for b in branches if b.local), num_kv_heads=grouped)
             if not all(b.local for b in branches):
                 step = resolve_step_executor(backend, q, pattern, training=training)
     except (ValueError, TypeError) as exc:
@@ -140,24 +189,25 @@ def ring_dilated_attention(
             "causal": describe(pattern.causal if pattern is not None else causal),
             "dtype": str(getattr(q, "dtype", type(q).__name__)),
             "scale": describe(resolved_scale),
-            "shard shape": str(tuple(q.shape)) if isinstance(q, torch.Tensor) else type(q).__name__,
+            "shard shape": _shapes(q, k),
             "layout": describe(layout),
             "ring_size": str(len(members)) if members is not None else describe(ring_size),
             "backend": (f"{resolved.name} on {q.device.type}" if resolved is not None else
                         describe(getattr(backend, "name", backend))),
+            "cu_seqlens": describe_documents(cu_seqlens, documents, error),
         }
-        agree_on_configuration(fields, error, group, timeout)
+        agree_on_configuration(fields, error, group, timeout, ring=-1 if members is None else members[0])
     if error is not None:
         raise error
     if len(members) == 1:  # one rank holds the whole sequence: exactly the local engine
         return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                  causal=causal, mode=mode, backend=backend, scale=resolved_scale,
-                                 return_lse=return_lse)
+                                 return_lse=return_lse, cu_seqlens=cu_seqlens)
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     steps = None
     if step is not None:
         steps = RingSteps(RingComm(members, group, timeout_s=timeout), step.kernel_for(q),
                           step.capabilities.in_place)
-    job = ring_job(pattern, branches, geometry, q, local, steps, resolved_scale)
+    job = ring_job(pattern, branches, geometry, q, local, steps, resolved_scale, local_plan)
     out, lse = attention(job, q, k, v, need_lse=return_lse or training or job.num_slots > 1)
     return (out, lse) if return_lse else out

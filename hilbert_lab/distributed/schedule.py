@@ -25,6 +25,7 @@ from hilbert_lab.distributed.branches import RingBranch, RingLayout
 from hilbert_lab.distributed.comm import packed_size, unpack
 
 Rows = Union[slice, torch.Tensor]  # storage rows of a shard: a slice, or an int64 index tensor
+QUERY, KEY = "query", "key"  # which heads of a group: its query heads, or the key/value heads they read
 
 
 def _as_slice(index: torch.Tensor) -> slice | None:
@@ -61,15 +62,22 @@ def _join(first: Rows, second: Rows, device: torch.device) -> Rows:
 
 @functools.lru_cache(maxsize=4096)
 def member_parts(geometry: RingLayout, member: int, segment: int, rate: int, offset: int, causal: bool,
-                 device: torch.device) -> tuple[tuple[int, Rows], ...]:
-    """((chunk id, selected storage rows), ...) of a member for one (branch, offset); cached."""
+                 device: torch.device, span: tuple[int, int] | None = None) -> tuple[tuple[int, Rows], ...]:
+    """((chunk id, selected storage rows), ...) of a member for one (branch, offset); cached. span: the
+    positions [a, b) of one segment starting at a (a document's), else segments start at multiples of
+    `segment`."""
     positions = geometry.positions(member)
     runs = geometry.runs(member)
     if not causal:
         runs = ((runs[0][0], slice(0, geometry.shard_len)),)
     parts = []
     for chunk, run in runs:
-        index = is_selected(positions[run], segment, rate, offset).nonzero().flatten() + run.start
+        held = positions[run]
+        if span is None:
+            selected = is_selected(held, segment, rate, offset)
+        else:
+            selected = (held >= span[0]) & (held < span[1]) & is_selected(held - span[0], segment, rate, offset)
+        index = selected.nonzero().flatten() + run.start
         rows = _as_slice(index)
         parts.append((chunk, index.to(device) if rows is None else rows))
     return tuple(parts)
@@ -87,17 +95,19 @@ class BranchSchedule:
         self.batch, self.head_dim, self.device = q.shape[0], q.shape[3], q.device
         # parts[j][g]: ((chunk id, selected rows), ...) of member j for head group g
         self.parts = [[member_parts(geometry, member, branch.segment_length, branch.dilation_rate, group.offset,
-                                    causal, q.device) for group in branch.groups] for member in branch.members]
+                                    causal, q.device, branch.span) for group in branch.groups]
+                      for member in branch.members]
         bundles: dict[tuple, list[int]] = {}
-        for g in range(len(branch.groups)):
+        for g, group in enumerate(branch.groups):  # stacked groups keep query head j reading kv head j // ratio
             key = tuple(count_rows(rows) for j in range(self.size) for _, rows in self.parts[j][g])
-            bundles.setdefault(key, []).append(g)
+            bundles.setdefault(key + (group.num_heads // group.num_kv_heads,), []).append(g)
         self.bundles = tuple(tuple(groups) for groups in bundles.values())
         self._bytes: dict[tuple[int, torch.dtype], int] = {}
 
     @property
     def label(self) -> str:
-        return f"branch{self.branch.branch}"
+        span = self.branch.span
+        return f"branch{self.branch.branch}" + ("" if span is None else f"[{span[0]}:{span[1]}]")
 
     # -- rows of a bundle -------------------------------------------------------------------------------
     def chunks(self, member: int, b: int) -> list[tuple[int, int]]:
@@ -113,8 +123,10 @@ class BranchSchedule:
         start = sum(counts[: parts[0]])
         return slice(start, start + sum(counts[p] for p in parts))
 
-    def heads(self, b: int) -> int:
-        return sum(self.branch.groups[g].num_heads for g in self.bundles[b])
+    def heads(self, b: int, role: str = QUERY) -> int:
+        """Heads of bundle b stacked: its groups' query heads, or (role KEY) the key/value heads they read."""
+        groups = [self.branch.groups[g] for g in self.bundles[b]]
+        return sum(group.num_heads if role == QUERY else group.num_kv_heads for group in groups)
 
     def _rows(self, member: int, b: int, parts: tuple[int, ...]) -> list[Rows]:
         """Per group of bundle b, the member's selected rows of `parts` (ascending)."""
@@ -127,53 +139,59 @@ class BranchSchedule:
             selections.append(joined)
         return selections
 
-    def _view(self, x: torch.Tensor, b: int, selections: list[Rows]) -> torch.Tensor | None:
+    def _view(self, x: torch.Tensor, b: int, selections: list[Rows], role: str) -> torch.Tensor | None:
         """The bundle's rows of x (B, n, H, ...) as one strided view (B, L, h, ...), or None."""
         if not all(isinstance(rows, slice) for rows in selections):
             return None
         groups = [self.branch.groups[g] for g in self.bundles[b]]
+        heads = [group.heads if role == QUERY else group.kv_heads for group in groups]
         if len(groups) == 1:
-            return x[:, selections[0], groups[0].heads]
-        if any(group.num_heads != 1 for group in groups) or len({rows.step or 1 for rows in selections}) != 1:
+            return x[:, selections[0], heads[0]]
+        if any(len(range(h.start, h.stop, h.step)) != 1 for h in heads) or \
+                len({rows.step or 1 for rows in selections}) != 1:
             return None
-        starts, firsts = [rows.start for rows in selections], [group.head_indices[0] for group in groups]
+        starts, firsts = [rows.start for rows in selections], [h.start for h in heads]
         row_step, head_step = starts[1] - starts[0], firsts[1] - firsts[0]
         if any(later - earlier != row_step for earlier, later in zip(starts, starts[1:])) or \
                 any(later - earlier != head_step for earlier, later in zip(firsts, firsts[1:])):
             return None
         s_b, s_n, s_h, *rest = x.stride()
+        if row_step * s_n + head_step * s_h <= 0 or head_step <= 0:  # no view; a kv head read by several groups
+            return None  # is gathered, so that writes into a view never alias
         size = (x.shape[0], count_rows(selections[0]), len(groups), *x.shape[3:])
         stride = (s_b, (selections[0].step or 1) * s_n, row_step * s_n + head_step * s_h, *rest)
         return x.as_strided(size, stride, x.storage_offset() + starts[0] * s_n + firsts[0] * s_h)
 
-    def _pieces(self, b: int):
+    def _pieces(self, b: int, role: str):
         """[(heads of the group in (B, n, H, ...), its heads in the stacked bundle)] of bundle b."""
         pieces, start = [], 0
         for g in self.bundles[b]:
             group = self.branch.groups[g]
-            pieces.append((group.heads, slice(start, start + group.num_heads)))
-            start += group.num_heads
+            heads, count = (group.heads, group.num_heads) if role == QUERY else (group.kv_heads, group.num_kv_heads)
+            pieces.append((heads, slice(start, start + count)))
+            start += count
         return pieces
 
-    def gather(self, x: torch.Tensor, b: int, parts: tuple[int, ...], member: int | None = None) -> torch.Tensor:
-        """x (B, n, H, ...) -> bundle b's selected rows of `parts`, heads stacked: (B, L, h, ...) (a view
-        where one exists)."""
+    def gather(self, x: torch.Tensor, b: int, parts: tuple[int, ...], member: int | None = None,
+               role: str = QUERY) -> torch.Tensor:
+        """x (B, n, H, ...) (role KEY: (B, n, H_kv, ...)) -> bundle b's selected rows of `parts`, heads
+        stacked: (B, L, h, ...) (a view where one exists)."""
         selections = self._rows(self.me if member is None else member, b, parts)
-        view = self._view(x, b, selections)
+        view = self._view(x, b, selections, role)
         if view is not None:
             return view
-        return torch.cat([x[:, rows, heads] for rows, (heads, _) in zip(selections, self._pieces(b))], dim=2)
+        return torch.cat([x[:, rows, heads] for rows, (heads, _) in zip(selections, self._pieces(b, role))], dim=2)
 
     def scatter(self, dst: torch.Tensor, value: torch.Tensor, b: int, parts: tuple[int, ...],
-                write: Callable[[torch.Tensor, torch.Tensor], None]) -> None:
-        """write(view, piece) for this rank's rows `parts` of bundle b in dst (B, n, H, ...), value
-        (B, L, h, ...) stacked; rows without a view are read, written and stored back."""
+                write: Callable[[torch.Tensor, torch.Tensor], None], role: str = QUERY) -> None:
+        """write(view, piece) for this rank's rows `parts` of bundle b in dst (B, n, H, ...) (role KEY:
+        H_kv heads), value (B, L, h, ...) stacked; rows without a view are read, written and stored back."""
         selections = self._rows(self.me, b, parts)
-        view = self._view(dst, b, selections)
+        view = self._view(dst, b, selections, role)
         if view is not None:
             write(view, value)
             return
-        for rows, (heads, stacked) in zip(selections, self._pieces(b)):
+        for rows, (heads, stacked) in zip(selections, self._pieces(b, role)):
             piece = dst[:, rows, heads]
             write(piece, value[:, :, stacked])
             dst[:, rows, heads] = piece
@@ -184,10 +202,10 @@ class BranchSchedule:
 
     # -- packets --------------------------------------------------------------------------------------------
     def specs(self, origin: int, dtype: torch.dtype) -> list[tuple[tuple[int, ...], torch.dtype]]:
-        """Packet layout of member `origin`: per bundle K then V of all its parts, (B, h, L, D) each."""
+        """Packet layout of member `origin`: per bundle K then V of all its parts, (B, h_kv, L, D) each."""
         specs = []
         for b in range(len(self.bundles)):
-            shape = (self.batch, self.heads(b), sum(count for _, count in self.chunks(origin, b)), self.head_dim)
+            shape = (self.batch, self.heads(b, KEY), sum(count for _, count in self.chunks(origin, b)), self.head_dim)
             specs += [(shape, dtype), (shape, dtype)]
         return specs
 
@@ -202,8 +220,8 @@ class BranchSchedule:
         tensors = unpack(packet, self.specs(self.me, k.dtype))
         for b in range(len(self.bundles)):
             every = self.every(self.me, b)
-            tensors[2 * b].transpose(1, 2).copy_(self.gather(k, b, every))
-            tensors[2 * b + 1].transpose(1, 2).copy_(self.gather(v, b, every))
+            tensors[2 * b].transpose(1, 2).copy_(self.gather(k, b, every, role=KEY))
+            tensors[2 * b + 1].transpose(1, 2).copy_(self.gather(v, b, every, role=KEY))
         return packet
 
     def split(self, tensors: list[torch.Tensor], origin: int, b: int,

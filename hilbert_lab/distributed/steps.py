@@ -28,7 +28,7 @@ from hilbert_lab.attention.executors.base import Grads, Merged, Slots, lse_dtype
 from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward
 from hilbert_lab.attention.merge import merge_into
 from hilbert_lab.distributed.comm import RingComm, unpack
-from hilbert_lab.distributed.schedule import BranchSchedule
+from hilbert_lab.distributed.schedule import KEY, BranchSchedule
 
 
 def _copy(view: torch.Tensor, value: torch.Tensor) -> None:
@@ -150,8 +150,8 @@ class RingSteps:
             every = schedule.every(me, b)
             schedule.scatter(grads.dq, mine.dq, b, every, lambda view, share: grads.store(0, view, share))
             dk_share, dv_share = schedule.split(own, me, b, every)
-            schedule.scatter(grads.dk, dk_share, b, every, lambda view, share: grads.store(1, view, share))
-            schedule.scatter(grads.dv, dv_share, b, every, lambda view, share: grads.store(2, view, share))
+            schedule.scatter(grads.dk, dk_share, b, every, lambda view, share: grads.store(1, view, share), KEY)
+            schedule.scatter(grads.dv, dv_share, b, every, lambda view, share: grads.store(2, view, share), KEY)
 
     def _backward_pipeline(self, schedule: BranchSchedule, q, k, v, compute, acc_dtype) -> torch.Tensor:
         """Run every call of the backward on the packets this rank holds, step by step; returns this rank's

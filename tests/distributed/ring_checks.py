@@ -15,17 +15,12 @@ from ring_worlds import check
 ATOL = 1e-10
 
 
-def single_process(q, k, v, segment_lengths, dilation_rates, mode, causal):
-    """(out, lse) of the single-process engine on the full sequence (float64 reference if absent)."""
-    try:
-        from hilbert_lab.attention.engine import dilated_attention
-    except ImportError:
-        from hilbert_lab.attention.reference import reference_attention
+def single_process(q, k, v, segment_lengths, dilation_rates, mode, causal, cu_seqlens=None):
+    """(out, lse) of the single-process engine on the full sequence (its documents: cu_seqlens)."""
+    from hilbert_lab.attention.engine import dilated_attention
 
-        pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
-        return reference_attention(q, k, v, pattern)
     return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                             causal=causal, mode=mode, return_lse=True)
+                             causal=causal, mode=mode, return_lse=True, cu_seqlens=cu_seqlens)
 
 
 def _finite(lse):
@@ -40,19 +35,28 @@ def _full_inputs(seed, batch, seq_len, heads, dim):
 
 
 def compare(rank, world, seq_len, segment_lengths, dilation_rates, mode, causal, *, layout="contiguous",
-            heads=4, dim=3, batch=2, seed=0):
-    """Assert this rank's output, LSE and q/k/v gradients equal the engine's (atol 1e-10)."""
+            heads=4, dim=3, batch=2, seed=0, cu_seqlens=None, kv_heads=None):
+    """Assert this rank's output, LSE and q/k/v gradients equal the engine's (atol 1e-10); cu_seqlens: a
+    packed row's documents (a list; batch 1); kv_heads: k and v with fewer heads (grouped-query)."""
+    if cu_seqlens is not None:
+        cu_seqlens, batch = torch.tensor(cu_seqlens), 1
     q, k, v, grad = _full_inputs(seed, batch, seq_len, heads, dim)
+    if kv_heads is not None:
+        k, v = k[:, :, :kv_heads].contiguous(), v[:, :, :kv_heads].contiguous()
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    ref_out, ref_lse = single_process(*leaves, segment_lengths, dilation_rates, mode, causal)
+    ref_out, ref_lse = single_process(*leaves, segment_lengths, dilation_rates, mode, causal, cu_seqlens)
     grad_lse = torch.randn(ref_lse.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
     ((ref_out * grad).sum() + (_finite(ref_lse) * grad_lse).sum()).backward()  # LSE is an output too
     positions = shard_positions(rank, world, seq_len, layout)
     local = [t[:, positions].clone().requires_grad_(True) for t in (q, k, v)]
     out, lse = ring_dilated_attention(*local, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                      causal=causal, mode=mode, layout=layout, return_lse=True)
+                                      causal=causal, mode=mode, layout=layout, return_lse=True, cu_seqlens=cu_seqlens)
     ((out * grad[:, positions]).sum() + (_finite(lse) * grad_lse[:, :, positions]).sum()).backward()
     what = f"rank {rank}/{world} N={seq_len} w={segment_lengths} r={dilation_rates} {mode} causal={causal} {layout}"
+    if cu_seqlens is not None:
+        what += f" cu_seqlens={cu_seqlens.tolist()}"
+    if kv_heads is not None:
+        what += f" kv_heads={kv_heads}"
     torch.testing.assert_close(out, ref_out[:, positions], atol=ATOL, rtol=0, msg=lambda m: f"out {what}: {m}")
     ref_lse_local = ref_lse[:, :, positions]
     assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse_local)), f"lse -inf rows differ {what}"
@@ -94,6 +98,8 @@ def check_zigzag(rank, world):
     seq_len = 8 * world
     for causal, mode in itertools.product((False, True), ("longnet", "head_groups")):
         compare(rank, world, seq_len, [2, 4, seq_len], [1, 2, 2], mode, causal, layout="zigzag")
+    # chunks of 3 tokens: on rank 1 the offset-1 head's rows start before the offset-0 head's
+    compare(rank, world, 6 * world, [6 * world], [2], "longnet", False, layout="zigzag", heads=2, dim=2, batch=1)
 
 
 def _count_sent(prefix):
@@ -151,6 +157,10 @@ def check_world_one_is_engine(rank, world):
         out, lse = ring_dilated_attention(q, k, v, **args)
         ref_out, ref_lse = dilated_attention(q, k, v, **args)
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), f"1-rank ring differs ({mode}, causal={causal})"
+        packed = dict(args, cu_seqlens=torch.tensor([0, 7, 8, 20]))
+        out, lse = ring_dilated_attention(q[:1], k[:1], v[:1], **packed)
+        ref_out, ref_lse = dilated_attention(q[:1], k[:1], v[:1], **packed)
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), f"1-rank packed ring differs ({mode})"
     compare(rank, world, 20, [4, 8, 40], [1, 2, 4], "longnet", True)
 
 
@@ -232,6 +242,16 @@ def check_configuration_agreement(rank, world):
     _raises_everywhere(lambda: ring_dilated_attention(*local, **moded), "mode", "rank 0: 'head_groups'")
     backends = dict(base, backend="manual" if rank == 0 else "sdpa")
     _raises_everywhere(lambda: ring_dilated_attention(*local, **backends), "backend", "rank 0: manual on cpu")
+    # packed rows: the documents differ on the last rank; one rank without documents; ends at the shard length
+    cu = torch.tensor([0, 2, seq_len - 1, seq_len] if rank == last else [0, 2, 5, seq_len])
+    packed = dict(base, cu_seqlens=cu)
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **packed), "disagree", "cu_seqlens",
+                       f"rank {last}: 4 entries, digest")
+    some = dict(base, cu_seqlens=None if rank == 0 else torch.tensor([0, 5, seq_len]))
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **some), "cu_seqlens", "rank 0: None")
+    short = dict(base, cu_seqlens=torch.tensor([0, 2, n]))
+    _raises_everywhere(lambda: ring_dilated_attention(*local, **short), f"cu_seqlens must end at N = {seq_len}",
+                       f"{n} tokens per shard x {world} ranks")
     if world == 4:
         sized = dict(base, segment_lengths=[3, 2 * n], ring_size=2 if rank == 0 else None)
         _raises_everywhere(lambda: ring_dilated_attention(*local, **sized), "ring_size", "rank 0: 2")
@@ -328,6 +348,15 @@ def check_sub_rings(rank, world):
     torch.testing.assert_close(out, ref[:, part], atol=ATOL, rtol=0)
     for mine, full in zip(local, leaves):
         torch.testing.assert_close(mine.grad, full.grad[:, part], atol=ATOL, rtol=0)
+    # packed rows: each ring its own documents (agreed within the ring only)
+    cu = torch.tensor([0, n - 1 - ring, 2 * n])
+    packed = dict(args, cu_seqlens=cu)
+    ref = single_process(q, k, v, args["segment_lengths"], args["dilation_rates"], "longnet", True, cu)[0]
+    out = ring_dilated_attention(*(t.detach() for t in local), ring_size=ring_size, **packed)
+    torch.testing.assert_close(out, ref[:, part], atol=ATOL, rtol=0)
+    odd = dict(packed, cu_seqlens=cu + (rank == ring_size) * torch.tensor([0, 1, 0]))  # rank 2 disagrees with rank 3
+    _raises_everywhere(lambda: ring_dilated_attention(*(t.detach() for t in local), ring_size=ring_size, **odd),
+                       "cu_seqlens", "rank 2: 3 entries")
 
 
 @check
@@ -339,7 +368,7 @@ def check_modules(rank, world):
     n, embed, heads = 6, 8, 4
     seq_len = n * world
     torch.manual_seed(5)
-    kwargs = dict(causal=True, mode="head_groups", dtype=torch.float64)
+    kwargs = dict(causal=True, mode="head_groups", dtype=torch.float64, num_kv_heads=2)
     single = MultiheadDilatedAttention(embed, heads, [3, seq_len], [1, 2], **kwargs)
     ring = RingMultiheadDilatedAttention(embed, heads, [3, seq_len], [1, 2], **kwargs)
     ring.load_state_dict(single.state_dict())
@@ -353,6 +382,9 @@ def check_modules(rank, world):
     (out * grad[:, part]).sum().backward()
     torch.testing.assert_close(out, single(x)[:, part], atol=ATOL, rtol=0)
     torch.testing.assert_close(x_local.grad, x_full.grad[:, part], atol=ATOL, rtol=0)
+    cu = torch.tensor([0, n - 1, n + 1, seq_len])  # a packed row: one document across the first border
+    torch.testing.assert_close(ring(x[:1, part], cu_seqlens=cu), single(x[:1], cu_seqlens=cu)[:, part], atol=ATOL,
+                               rtol=0)
     # Parameter gradients are per-rank partial sums: their all-reduce is the single-process gradient.
     for (name, p_ring), p_single in zip(ring.named_parameters(), single.parameters()):
         total = p_ring.grad.clone()
@@ -465,3 +497,50 @@ def check_nccl_gpus(rank, world):
             engine_error = (theirs.double() - truth).abs().max().item()
             assert ring_error <= 2 * engine_error + 1e-3, \
                 f"{args} {layout} {name}: ring bf16 error {ring_error} vs engine {engine_error}"
+
+
+def packed_rows(world):
+    """cu_seqlens of 24-token rows over `world` ranks (shards of 24 / world): a document longer than a shard,
+    length-1 documents on both sides of every shard border, and one document that is the whole row."""
+    n = 24 // world
+    borders = [b * n for b in range(1, world)]
+    around = sorted({0, 24} | {b + d for b in borders for d in (-1, 0, 1)})
+    return [[0, 3, 4, 19, 22, 24], around, [0, 24]]
+
+
+@check
+def check_packed_documents(rank, world):
+    """Packed rows (cu_seqlens) whose documents cross shard borders: exact against the engine on the whole
+    row, causal and not, both modes, segment lengths that divide no shard, zigzag too."""
+    rows = packed_rows(world)
+    patterns = [([4, 8, 100], [1, 2, 3]), ([5, 1 << 40], [2, 4])]
+    for cu_seqlens, (segment_lengths, dilation_rates), causal in itertools.product(rows[:2], patterns, (False, True)):
+        compare(rank, world, 24, segment_lengths, dilation_rates, "longnet", causal, cu_seqlens=cu_seqlens)
+    compare(rank, world, 24, [4, 8, 100], [1, 2, 3], "head_groups", True, heads=6, cu_seqlens=rows[0])
+    compare(rank, world, 24, [6, 24], [1, 2], "longnet", True, cu_seqlens=rows[2])  # one document: a plain row
+    for causal in (False, True):
+        compare(rank, world, 24, [4, 8, 100], [1, 2, 3], "longnet", causal, layout="zigzag", cu_seqlens=rows[0])
+    # messages: documents inside shards send nothing; a causal document across a border sends its earlier
+    # rank's K/V once forward, and K/V plus the dK/dV sum back once backward
+    n = 24 // world
+    comm.reset_stats()
+    compare(rank, world, 24, [4, 100], [1, 2], "longnet", True, cu_seqlens=list(range(0, 25, n)))
+    assert _count_sent("forward") == [0, 0] and _count_sent("backward") == [0, 0], comm.STATS.by_label
+    comm.reset_stats()
+    compare(rank, world, 24, [100], [1], "longnet", True, cu_seqlens=[0, n - 1, n + 1, 24])  # 3 ranks: [9, 24) too
+    sent = _count_sent("forward")[0], _count_sent("backward")[0]
+    assert sent == (world - 1, 2 * (world - 1)), (sent, comm.STATS.by_label)
+    # grouped-query heads: 6 query heads read 2 key/value heads (offset groups that straddle kv heads split)
+    compare(rank, world, 24, [4, 8, 100], [1, 4, 3], "longnet", True, heads=6, kv_heads=2, cu_seqlens=rows[0])
+    compare(rank, world, 24, [5, 100], [2, 4], "head_groups", False, heads=6, kv_heads=3, cu_seqlens=rows[1])
+
+
+@check
+def check_grouped_heads(rank, world):
+    """k, v with fewer heads than q on plain rows: local branches, sub-rings and the whole sequence."""
+    n = 8
+    seq_len = n * world
+    compare(rank, world, seq_len, [4, 2 * n, seq_len], [1, 4, 2], "longnet", True, heads=6, kv_heads=2)
+    compare(rank, world, seq_len, [2, seq_len], [1, 2], "longnet", False, heads=4, kv_heads=1, batch=1)
+    compare(rank, world, seq_len, [2, seq_len], [1, 2], "head_groups", True, heads=4, kv_heads=2, layout="zigzag",
+            batch=1)

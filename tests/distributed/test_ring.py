@@ -1,8 +1,9 @@
 """Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
 
 The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
-start-up. Pure (single-process) tests cover sharding, packet buffers, the branch planner and the per-rank
-memory model (against a dry run of the ring job on meta tensors).
+start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks).
+Pure (single-process) tests cover sharding, packet buffers, the branch planner, the split of a packed
+row's plan and the per-rank memory model (against a dry run of the ring job on meta tensors).
 """
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def test_world_of_one_is_the_engine(tmp_path):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_world_matches_engine(tmp_path, world_size):
-    run_world(world_size, tmp_path, ALL_CHECKS)
+    run_world(world_size, tmp_path, ALL_CHECKS + ["check_packed_documents", "check_grouped_heads"])
 
 
 def test_world_of_four_matches_engine_and_sub_rings(tmp_path):
@@ -204,3 +205,43 @@ def test_ring_memory_model_matches_a_dry_run_of_the_ring_job(case):
     assert 0.97 * estimate.forward_bytes <= forward <= estimate.forward_bytes * 1.01, (forward, estimate)
     assert 0.97 * estimate.forward_backward_bytes <= forward_backward <= estimate.forward_backward_bytes * 1.01, \
         (forward_backward, estimate)
+
+
+@pytest.mark.parametrize("layout,world_size", [("contiguous", 2), ("contiguous", 3), ("zigzag", 3)])
+def test_packed_row_split_covers_every_run_once(layout, world_size):
+    """A packed row's plan split over the ranks (documents.split_documents): every (branch, head, position) of
+    the whole row's plan is in exactly one rank's local blocks or one span; spans are listed in the same order
+    on all their members; a document shorter than a shard crosses one border at most."""
+    from hilbert_lab.attention.plan import cached_plan
+    from hilbert_lab.distributed.documents import split_documents
+
+    pattern = DilatedPattern.create([4, 8, 100], [1, 2, 3], causal=True)
+    documents = ((0, 3), (3, 1), (4, 15), (19, 3), (22, 2))
+    seq_len, heads = 24, 4
+
+    def entries(blk, positions):
+        return {(blk.branch, h, int(p)) for h in range(blk.heads.start, blk.heads.stop, blk.heads.step or 1)
+                for p in positions.flatten()}
+
+    expected = set().union(*(entries(b, b.positions()) for b in cached_plan(pattern, seq_len, heads,
+                                                                              documents=documents).blocks))
+    found, orders = [], {}
+    for rank in range(world_size):
+        geometry = RingLayout(world_size, rank, seq_len, layout)
+        local, spans = split_documents(pattern, geometry, heads, documents)
+        held = geometry.positions(rank)
+        for blk in local.blocks:
+            found += sorted(entries(blk, held[blk.positions()]))
+        for span in spans:
+            orders.setdefault(span.members, []).append([s.span for s in spans if s.members == span.members])
+            if rank == span.members[0]:  # each span once: its selected positions of every head group
+                a, b = span.span
+                for group in span.groups:
+                    found += [(span.branch, h, p) for h in group.head_indices for p in range(a + group.offset, b,
+                                                                                             span.dilation_rate)]
+            start, stop = span.span
+            if any(d0 <= start and stop <= d0 + n for d0, n in documents if n < seq_len // world_size):
+                assert len(span.members) == 2, span
+    assert len(found) == len(set(found)) and set(found) == expected
+    for lists in orders.values():
+        assert all(order == lists[0] for order in lists)
