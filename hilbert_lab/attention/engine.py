@@ -77,6 +77,14 @@ def execute_plan(plan: Plan, executor: Executor, q: torch.Tensor, k: torch.Tenso
     return attention(make_job([plan_part(executor, plan)], scale), q, k, v, need_lse=need_lse)
 
 
+def read_through_layout(x: torch.Tensor, ordering: str, block: int) -> torch.Tensor:
+    """x (B, N, H, D) stored in the `ordering` layout (tokens permuted inside blocks of `block`, clipped to N)
+    and read back into original positions through the layout's index map: the same values (and gradients),
+    with the layout's memory traffic. Two permute_sequence calls (each one gather, differentiable)."""
+    perm, inverse = layout_permutation(x.shape[1], min(block, x.shape[1]), ordering, device=x.device)
+    return permute_sequence(permute_sequence(x, perm), inverse)
+
+
 def dilated_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -104,8 +112,9 @@ def dilated_attention(
     segment_lengths / dilation_rates: one entry per branch (see pattern.py for the semantics on
     original positions, incl. ragged N and w > N). mode: "longnet" or "head_groups". backend: a name
     from executors.BACKENDS or "auto". ordering: a memory layout of the tokens inside each block of
-    max(segment_lengths) tokens (hilbert_lab.curves.ORDERINGS); executors address tokens by their
-    original position, so it changes neither the result nor the cost. hilbert_pattern=True is a
+    max(segment_lengths) tokens (hilbert_lab.curves.ORDERINGS): q, k, v are stored in that layout and read
+    back through its index map (`read_through_layout`; executors address tokens by their original
+    position), so the result is unchanged and the cost is the layout's memory traffic. hilbert_pattern=True is a
     *different pattern* (the predecessor's): the sequence is permuted by `ordering` (default "hilbert")
     and dilation/segments/causality are then applied to layout positions; the output is returned in
     original order. scale defaults to D**-0.5. dropout_p > 0 drops attention weights (callers pass 0 in
@@ -169,6 +178,8 @@ def dilated_attention(
         order = "hilbert" if ordering in IDENTITY_ORDERINGS else ordering
         perm, inverse = layout_permutation(seq_len, min(max(pattern.segment_lengths), seq_len), order, device=q.device)
         q, k, v = (permute_sequence(t, perm) for t in (q, k, v))
+    elif ordering not in IDENTITY_ORDERINGS:
+        q, k, v = (read_through_layout(t, ordering, max(pattern.segment_lengths)) for t in (q, k, v))
     plan = cached_plan(pattern, seq_len, num_heads, num_kv_heads=None if kv_heads == num_heads else kv_heads,
                        documents=documents, query_len=query_len)
     if dropout_p > 0.0:  # weights dropped inside the softmax: the eager autograd path, whatever the executor

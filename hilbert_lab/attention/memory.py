@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
 from hilbert_lab.attention.function import attention, make_job
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
-from hilbert_lab.attention.plan import Plan, cached_plan
+from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
 from hilbert_lab.attention.target import estimating
 from hilbert_lab.dtypes import DTYPES
 
@@ -43,8 +43,8 @@ MAX_NUM_HEADS = 1 << 16
 class MemoryConfig:
     """One attention call to estimate: shapes (B, N, H, D), pattern, backend, dtype and device.
 
-    world_size > 1 estimates ring attention per rank (N is the global length). ordering is accepted for
-    benchmark cases and changes nothing (executors address tokens by original position).
+    world_size > 1 estimates ring attention per rank (N is the global length). ordering: the layout the
+    engine reads q, k, v through (its copies count; hilbert_lab.attention.engine.read_through_layout).
     """
 
     seq_len: int
@@ -175,18 +175,24 @@ def _target(device: str) -> tuple[str, Optional[tuple[int, int]], bool]:
 
 
 def dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,
-            kv_heads: Optional[int] = None) -> tuple[int, int]:
+            kv_heads: Optional[int] = None, ordering: Optional[str] = None) -> tuple[int, int]:
     """(forward, forward+backward) peak bytes of `executor` running `plan` on inputs of (B, N, H, D) `shape`
     on `device`, measured on meta tensors: inference (no LSE wanted, no gradient), then a training pass
-    (forward with autograd, backward with an upstream gradient on the output; q, k, v gradients count)."""
+    (forward with autograd, backward with an upstream gradient on the output; q, k, v gradients count).
+    ordering: a layout the inputs are read through first (engine.read_through_layout), counted too."""
     batch, seq_len, heads, dim = shape
     kv_shape = (batch, plan.seq_len, kv_heads or heads, dim)
     q = torch.empty((batch, plan.queries, heads, dim), dtype=dtype, device="meta")
     k, v = (torch.empty(kv_shape, dtype=dtype, device="meta") for _ in range(2))
     upstream = torch.empty(q.shape, dtype=dtype, device="meta")
-    from hilbert_lab.attention.engine import plan_part
+    from hilbert_lab.attention.engine import plan_part, read_through_layout
 
     job = make_job([plan_part(executor, plan)], dim ** -0.5)
+    block = max(plan.pattern.segment_lengths)
+    layout = ordering is not None and ordering not in IDENTITY_ORDERINGS
+    if layout:  # the layout's index maps are built (and cached) outside the count, as a warm engine has them
+        for t in (q, k):
+            read_through_layout(t, ordering, block)
     peaks = []
     for training in (False, True):
         for t in (q, k, v):
@@ -196,7 +202,9 @@ def dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dt
         tracker.exclude(q, k, v, upstream)
         with estimating(*_target(device), tracker.transient), tracker:
             with torch.set_grad_enabled(training):
-                out, lse = attention(job, q, k, v, need_lse=training)
+                read = [read_through_layout(t, ordering, block) if layout else t for t in (q, k, v)]
+                out, lse = attention(job, *read, need_lse=training)
+                del read
                 if training:
                     out.backward(upstream)
             del out, lse
@@ -239,7 +247,8 @@ def _estimate(config: MemoryConfig) -> MemoryEstimate:
     executor = get_executor(backend)
     plan = cached_plan(config.pattern, config.seq_len, config.num_heads)
     shape = (config.batch_size, config.seq_len, config.num_heads, config.head_dim)
-    forward, forward_backward = dry_run(executor, plan, shape, getattr(torch, config.dtype), config.device)
+    forward, forward_backward = dry_run(executor, plan, shape, getattr(torch, config.dtype), config.device,
+                                        ordering=config.ordering)
     inputs = 3 * config.batch_size * config.seq_len * config.num_heads * config.head_dim * element
     breakdown = {"forward": {"peak": forward}, "forward_backward": {"peak": forward_backward}}
     return MemoryEstimate(forward, forward_backward, inputs, backend, False, breakdown, executor.name)

@@ -5,7 +5,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -123,17 +122,9 @@ def _render(args: argparse.Namespace) -> int:
     else:
         if args.out is None:
             path = render_run(run_dir)
-        else:  # another page is never overwritten unless asked, and never left half-written
+        else:  # another page is never overwritten unless asked, and never left half-written (written atomically)
             out = Path(prepare_output(args.out, "--out", existing="keep" if args.force else "refuse"))
-            temporary = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-            try:
-                render_run(run_dir, temporary)
-                os.replace(temporary, out)
-            except OSError as error:  # name the page, not its stand-in
-                raise OSError(error.errno, error.strerror, str(out)) from None
-            finally:
-                temporary.unlink(missing_ok=True)
-            path = out
+            path = render_run(run_dir, out)
     print(path)
     return 0
 

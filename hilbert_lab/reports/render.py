@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from hilbert_lab.io import atomic_write
 from hilbert_lab.reports.html import PLOTLY_FILE, index_html, page_html, write_plotly
 from hilbert_lab.reports.page import Page, Section, device_label, fmt, is_gpu_env
 
@@ -91,8 +92,8 @@ def render_run(run_dir: str | Path, out_path: str | Path | None = None, *, name:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     plotly_path = write_plotly(out_path.parent) if plotly_path is None else Path(plotly_path)
     notebook = f"{name}.ipynb" if (run_dir / f"{name}.ipynb").exists() else None
-    out_path.write_text(page_html(page, env, notebook=notebook, index_href=index_href,
-                                  plotly_src=_relative(plotly_path, out_path.parent)), encoding="utf-8")
+    atomic_write(out_path, page_html(page, env, notebook=notebook, index_href=index_href,
+                                     plotly_src=_relative(plotly_path, out_path.parent)))
     return out_path
 
 

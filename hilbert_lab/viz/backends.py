@@ -131,7 +131,8 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     baseline = next(iter(outputs.values()), None)
     rows = []
     for name in names:
-        runs = auto_runs(device, dtype, (1, seq_len, num_heads, head_dim), segment_lengths) if name == "auto" else name
+        runs = auto_runs(device, dtype, (1, seq_len, num_heads, head_dim), segment_lengths,
+                                 dilation_rates) if name == "auto" else name
         if name in errors:
             rows.append({"backend": name, "median_ms": float("nan"), "low_ms": float("nan"), "high_ms": float("nan"),
                          "min_ms": float("nan"), "max_ms": float("nan"), "times_ms": [], "tokens_per_s": float("nan"),
@@ -146,13 +147,16 @@ def time_backends(*, device: str = "cpu", dtype: str = "float32", seq_len: int =
     return pd.DataFrame(rows)
 
 
-def auto_runs(device: str, dtype: str, shape: Sequence[int], segment_lengths: Sequence[int]) -> str:
-    """The backend that backend="auto" runs for (B, N, H, D) `shape` on (device, dtype), as the engine resolves it."""
-    from hilbert_lab.attention.engine import resolve_backend
+def auto_runs(device: str, dtype: str, shape: Sequence[int], segment_lengths: Sequence[int],
+              dilation_rates: Sequence[int]) -> str:
+    """The backend that backend="auto" runs for (B, N, H, D) `shape` and the pattern on (device, dtype), as the
+    engine resolves it for a forward call."""
+    from hilbert_lab.attention.engine import resolve_executor
+    from hilbert_lab.attention.pattern import DilatedPattern
 
     # a view with the input's shape, device and dtype, and no memory of its own: all the choice reads
     probe = torch.empty((), device=device, dtype=DTYPES[dtype]).expand(tuple(int(extent) for extent in shape))
-    return resolve_backend("auto", probe, segment_lengths).name
+    return resolve_executor("auto", probe, DilatedPattern.create(segment_lengths, dilation_rates)).name
 
 
 def backend_label(row: Any) -> str:

@@ -95,12 +95,13 @@ def test_hardware_table_is_html_not_a_dict():
 
 
 def test_auto_is_timed_and_names_the_backend_it_ran():
-    from hilbert_lab.attention.engine import resolve_backend
+    from hilbert_lab.attention.engine import resolve_executor
+    from hilbert_lab.attention.pattern import DilatedPattern
     import torch
 
     table = time_backends(seq_len=64, num_heads=2, head_dim=16, segment_lengths=(16, 32), repeats=1)
     auto = table[table["backend"] == "auto"].iloc[0]
-    expected = resolve_backend("auto", torch.empty(1, 64, 2, 16), (16, 32)).name
+    expected = resolve_executor("auto", torch.empty(1, 64, 2, 16), DilatedPattern.create((16, 32), (1, 2))).name
     assert auto["runs"] == expected and auto["error"] == "" and auto["median_ms"] > 0
     assert backend_label(auto) == f"auto (runs {expected})"
     assert auto["max_abs_diff_vs_first"] < 1e-5  # the same attention as the other backends
