@@ -33,8 +33,9 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
     if not (k.shape == v.shape and q.shape[0] == k.shape[0] and q.shape[3] == k.shape[3] and rows_ok and heads_ok):
         allowed = "".join([" (q may have fewer rows Nq <= N: the last positions)" if fewer_queries else "",
                            " (k, v may have H_kv heads dividing H)" if grouped_heads else ""])
-        raise ValueError(f"q, k, v must have the same shape {shape}{allowed}: k and v one shape with q's B and D, "
-                         f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        rows = " (or more rows than q)" if fewer_queries else ""
+        raise ValueError(f"q, k, v must have the same shape {shape}{allowed}: k and v one shape with q's B, N and "
+                         f"D{rows}, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if grouped_heads and k.shape[2] and q.shape[2] % k.shape[2]:
         raise ValueError(f"k and v heads (H_kv = {k.shape[2]}) must divide q's heads (H = {q.shape[2]}): query head h "
                          f"reads key/value head h // (H / H_kv)")

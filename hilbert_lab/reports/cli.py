@@ -124,7 +124,10 @@ def _render(args: argparse.Namespace) -> int:
             path = render_run(run_dir)
         else:  # another page is never overwritten unless asked, and never left half-written (written atomically)
             out = Path(prepare_output(args.out, "--out", existing="keep" if args.force else "refuse"))
-            path = render_run(run_dir, out)
+            try:
+                path = render_run(run_dir, out)
+            except OSError as error:  # the page named, whichever of its files failed
+                raise OSError(error.errno, error.strerror, str(out)) from None
     print(path)
     return 0
 

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
+from hilbert_lab.io import atomic_write
 from hilbert_lab.reports.page import Page, env_rows, fmt, parameter_rows
 from hilbert_lab.reports.provenance import SOURCE_FIELDS, env_source, strip_paths
 
@@ -78,7 +79,7 @@ def write_plotly(folder: str | Path) -> Path:
     bundle = get_plotlyjs()
     if not path.is_file() or path.stat().st_size != len(bundle.encode("utf-8")):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(bundle, encoding="utf-8")
+        atomic_write(path, bundle)
     return path
 
 
