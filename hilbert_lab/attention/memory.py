@@ -180,6 +180,12 @@ def dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dt
     on `device`, measured on meta tensors: inference (no LSE wanted, no gradient), then a training pass
     (forward with autograd, backward with an upstream gradient on the output; q, k, v gradients count).
     ordering: a layout the inputs are read through first (engine.read_through_layout), counted too."""
+    with torch.inference_mode(False):  # called under inference mode too (auto's choice in a generate loop)
+        return _dry_run(executor, plan, shape, dtype, device, kv_heads, ordering)
+
+
+def _dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,
+             kv_heads: Optional[int], ordering: Optional[str]) -> tuple[int, int]:
     batch, seq_len, heads, dim = shape
     kv_shape = (batch, plan.seq_len, kv_heads or heads, dim)
     q = torch.empty((batch, plan.queries, heads, dim), dtype=dtype, device="meta")

@@ -262,3 +262,16 @@ def test_estimate_within_20_percent_of_cuda_max_memory_allocated(backend):
     estimate = estimate_memory(MemoryConfig.from_case(case))
     assert 0.8 <= estimate.forward_bytes / outcome.result["forward_peak_bytes"] <= 1.2
     assert 0.8 <= estimate.forward_backward_bytes / outcome.result["forward_backward_peak_bytes"] <= 1.2
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_estimate_under_inference_mode_is_the_same(world_size):
+    """auto's choice may run a dry run inside a caller's torch.inference_mode (a generate loop on a GPU)."""
+    import torch
+
+    fields = dict(seq_len=4096, segment_lengths=(256, 512), dilation_rates=(1, 2), num_heads=2, head_dim=16,
+                  world_size=world_size)
+    with torch.inference_mode():
+        inside = estimate_memory(MemoryConfig(**fields, batch_size=3))
+    outside = estimate_memory(MemoryConfig(**fields, batch_size=3, dtype="float64"))
+    assert inside.forward_backward_bytes > 0 and outside.forward_backward_bytes == 2 * inside.forward_backward_bytes
