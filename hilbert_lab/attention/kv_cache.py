@@ -31,7 +31,7 @@ from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import cached_plan, kv_split
 from hilbert_lab.attention.validation import validate_attention_inputs
 
-__all__ = ["DilatedKVCache", "dense_executor", "merge_step", "step_attention", "step_calls"]
+__all__ = ["DilatedKVCache", "dense_executor", "merge_step", "step_attention", "step_calls", "step_kernel"]
 
 
 class DilatedKVCache:
@@ -181,7 +181,7 @@ class DilatedKVCache:
         key = (q.device, q.dtype, q.shape[-1])
         if self._executor is None or self._executor[0] != key:
             executor = dense_executor(self.backend, q, self.pattern)
-            self._executor = (key, executor, executor.kernel_for(q))
+            self._executor = (key, executor, step_kernel(executor, q))
         return self._executor[1]
 
     def _prompt(self, q, k, v, scale):
@@ -243,6 +243,13 @@ def dense_executor(backend, q: torch.Tensor, pattern: DilatedPattern):
     if executor.kernel_for is None:
         executor = resolve_executor("auto", q, pattern, whole_pattern=False)
     return executor
+
+
+def step_kernel(executor, q: torch.Tensor):
+    """The dense kernel of decoding steps with `executor` on q: its kernel, or the one that kernel declares for
+    calls whose key count changes from call to call (each step sees one key more)."""
+    kernel = executor.kernel_for(q)
+    return kernel.varying_lengths or kernel
 
 
 @functools.lru_cache(maxsize=64)

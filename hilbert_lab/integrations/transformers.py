@@ -27,7 +27,7 @@ import torch
 
 from hilbert_lab.attention.engine import execute_plan, resolve_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
-from hilbert_lab.attention.kv_cache import dense_executor, step_attention
+from hilbert_lab.attention.kv_cache import dense_executor, step_attention, step_kernel
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.plan import cached_plan
 
@@ -145,7 +145,7 @@ def dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
                 start, length = (0, keys) if documents is None else documents[-1]
                 executor = dense_executor(backend, sub[0], pattern)
                 result, _, _ = step_attention(pattern, sub[0], sub[1][:, start:], sub[2][:, start:], length - 1,
-                                              kernel=executor.kernel_for(sub[0]), scale=scale)
+                                              kernel=step_kernel(executor, sub[0]), scale=scale)
             else:
                 plan = cached_plan(pattern, keys, heads, num_kv_heads=None if k.shape[2] == heads else k.shape[2],
                                    documents=documents, query_len=None if queries == keys else queries)

@@ -167,3 +167,17 @@ def test_gpu_decoding_in_bf16_matches_the_float64_engine(backend):
         last = dilated_attention(low[0][:, -5:], low[1], low[2], segment_lengths=segments, dilation_rates=rates,
                                  causal=True, backend=backend)
         assert ((last.double() - want[:, -5:]).abs().max() / scale) < 3e-2
+
+
+def test_steps_leave_cudnn_for_a_kernel_without_per_shape_set_up():
+    """Each decoding step sees one key more: cuDNN would build an execution graph per step (tens to hundreds of
+    ms), so its kernel declares the flash kernel for such calls, and the steps take it."""
+    from types import SimpleNamespace
+
+    from hilbert_lab.attention.executors.sdpa import KERNELS
+    from hilbert_lab.attention.kv_cache import step_kernel
+
+    q = torch.zeros(1, 1, 2, 8)
+    assert step_kernel(SimpleNamespace(kernel_for=lambda q: KERNELS["cudnn"]), q) is KERNELS["flash"]
+    for name in ("flash", "efficient", "math"):
+        assert step_kernel(SimpleNamespace(kernel_for=lambda q, name=name: KERNELS[name]), q) is KERNELS[name]

@@ -49,6 +49,9 @@ class DenseKernel:
     workspace: Optional[Callable[[torch.Tensor, torch.Tensor, bool], int]] = None
     meta: bool = True
     writes_into: bool = False
+    # the kernel for calls whose key count changes from call to call (decoding steps), where this one pays a
+    # per-shape set-up on each new count (cuDNN builds an execution graph per shape: tens to hundreds of ms)
+    varying_lengths: Optional["DenseKernel"] = None
 
     def note(self, q: torch.Tensor, k: torch.Tensor, backward: bool) -> None:
         """Report the call's internal workspace (bytes the kernel allocates out of sight) to a dry run."""
