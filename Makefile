@@ -24,14 +24,16 @@ PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscop
 
 .PHONY: setup test test-fast test-core-install report browser clean-venv
 
-$(VENV)/.installed: pyproject.toml
+# One stamp per set of extras: `make report` installs only what the reports need (no test tools, no Triton
+# interpreter, no transformers); `make test` adds the rest to the same venv.
+$(VENV)/.installed-%: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
 	@if [ -z "$(HAS_GPU)" ]; then $(PIP) "$(TORCH_CPU)"; fi
-	$(PIP) -e ".[$(EXTRAS)]"
+	$(PIP) -e ".[$*]"
 	@$(PY) -c "import torch, numba, hilbert_lab.attention.engine"  # their bytecode, once, before the parallel workers
 	@touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed-$(EXTRAS)
 
 # Debian's chromium for the one real-browser test (never a downloaded browser build).
 browser:
@@ -55,7 +57,9 @@ test: browser
 test-fast: setup
 	$(PYTEST) -m "not slow and not browser"
 
-report: setup
+REPORT_EXTRAS ?= notebooks
+
+report: $(VENV)/.installed-$(REPORT_EXTRAS)
 	$(PY) -m hilbert_lab.cli report run default
 
 clean-venv:
