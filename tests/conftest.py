@@ -37,6 +37,15 @@ def _seed_torch():
     yield
 
 
+@pytest.fixture
+def single_thread():
+    """torch on one thread for the test (tiny ops: a shared 2-core machine wakes idle OpenMP workers slowly)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def pytest_report_header(config):
     return f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"
 

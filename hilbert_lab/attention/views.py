@@ -52,7 +52,9 @@ class Unit:
 _CACHE: dict[tuple, tuple] = {}  # (id(plan), ...) -> (plan, value): the plan is kept so its id stays its own
 
 
-def _cached(key: tuple, plan: Plan, compute):
+def plan_cached(key: tuple, plan: Plan, compute):
+    """compute() for `plan`, remembered under key ((id(plan), what, ...)) while that plan object lives in the
+    cache: per-plan call geometry that the executors derive once and reuse on every call."""
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is plan:
         return hit[1]
@@ -65,7 +67,7 @@ def _cached(key: tuple, plan: Plan, compute):
 
 def plan_units(plan: Plan) -> tuple[Unit, ...]:
     """The plan's blocks grouped into units (fewer kernel calls where offsets fold into one view)."""
-    return _cached((id(plan), "units"), plan, lambda: _units(plan))
+    return plan_cached((id(plan), "units"), plan, lambda: _units(plan))
 
 
 def _units(plan: Plan) -> tuple[Unit, ...]:
@@ -146,7 +148,7 @@ def plan_views(plan: Plan, tensors: list[tuple[torch.Tensor, str]],
     each call costs its as_strided views alone."""
     geometry = tuple((tuple(t.shape), t.stride(), role) for t, role in tensors)
     key = (id(plan), "views", geometry, folds_given)
-    layout = _cached(key, plan, lambda: _plan_layout(plan, geometry, folds_given))
+    layout = plan_cached(key, plan, lambda: _plan_layout(plan, geometry, folds_given))
     fold_flags, per_unit = layout
     views = []
     for specs in per_unit:

@@ -14,13 +14,7 @@ from ._oracle import max_diff
 TOL = 1e-10
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Steps are tiny ops: one thread (a shared 2-core machine wakes idle OpenMP workers slowly)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # decoding steps are tiny ops
 
 
 def _qkv(seq_len, heads, kv_heads, seed=0, batch=2):

@@ -18,12 +18,7 @@ VOCAB = 48
 PATTERN = ([8, 16, 32], [1, 2, 4])
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # decoding steps are tiny ops
 
 
 def _model(family: str, *, kv_heads: int = 2, attention_dropout: float = 0.0, **extra):

@@ -2,12 +2,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _single_thread(single_thread):
     yield
-    torch.set_num_threads(threads)

@@ -24,7 +24,7 @@ import torch
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward
 from hilbert_lab.attention.plan import Plan
-from hilbert_lab.attention.views import KEY, QUERY, plan_units
+from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
 
 __all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
            "per_sequence", "plan_packs"]
@@ -104,20 +104,6 @@ def _pack_keys(plan: Plan) -> int:
     return len(keys)
 
 
-_CACHE: dict[tuple, tuple] = {}  # (id(plan), what) -> (plan, value): the plan is kept so its id stays its own
-
-
-def _cached(key: tuple, plan: Plan, compute):
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is plan:
-        return hit[1]
-    if len(_CACHE) > 256:
-        _CACHE.clear()
-    value = compute()
-    _CACHE[key] = (plan, value)
-    return value
-
-
 def packs_for(plan: Plan, q: torch.Tensor) -> Optional[tuple[Pack, ...]]:
     """The plan's packs when they replace its units here: one batch element, queries at every position,
     data on a device, and at most half the units' kernel calls; else None."""
@@ -128,7 +114,7 @@ def packs_for(plan: Plan, q: torch.Tensor) -> Optional[tuple[Pack, ...]]:
         unit_calls = sum(unit.calls_per_piece for unit in plan_units(plan))
         return plan_packs(plan) if 2 * _pack_keys(plan) <= unit_calls else None
 
-    return _cached((id(plan), "packs"), plan, decide)
+    return plan_cached((id(plan), "packs"), plan, decide)
 
 
 @dataclass(frozen=True)
@@ -172,7 +158,7 @@ def pack_runs(plan: Plan, packs: tuple[Pack, ...], device: torch.device) -> tupl
                             long_tensor[l0:l0 + n_index] if n_index else None, pack.max_length))
         return tuple(out)
 
-    return _cached((id(plan), "runs", str(device)), plan, build)
+    return plan_cached((id(plan), "runs", str(device)), plan, build)
 
 
 @dataclass(frozen=True)
