@@ -5,8 +5,17 @@
 a model whose config carries `dilated_segment_lengths` and `dilated_dilation_rates` (optionally
 `dilated_mode`, "longnet" or "head_groups", and `dilated_backend`, a `backend=` name) then runs with
 `attn_implementation=<name>` or `model.set_attn_implementation(<name>)`; `use_dilated_attention(model, ...)`
-does all three. Every call runs the plan of the pattern (attention.plan) on the layer's q (B, H, Nq, D) and
-k, v (B, H_kv, Nk, D) as transformers passes them (never repeating K/V for grouped heads):
+does all three.
+
+Saving: the config records the running implementation as `attn_implementation` (written by
+`use_dilated_attention` and by every forward pass), the field that transformers' `from_pretrained` reads, so a
+saved model loads dilated where `register()` has run, and elsewhere transformers refuses the unknown name;
+`from_pretrained(..., attn_implementation="sdpa")` loads it dense on purpose. (A model built with
+`attn_implementation=<name>` in its config and saved before any forward pass has no record yet: set
+`config.attn_implementation = <name>`.)
+
+Every call runs the plan of the pattern (attention.plan) on the layer's q (B, H, Nq, D) and k, v (B, H_kv, Nk, D)
+as transformers passes them (never repeating K/V for grouped heads):
 - queries fewer than keys (transformers' cache, generation): the queries are the last Nq valid keys; one new
   token (no gradient) reads only the keys it sees (attention.kv_cache.step_attention), with no plan;
 - packed rows: position_ids that restart (transformers' flattening collator) split a row into documents,
@@ -14,8 +23,11 @@ k, v (B, H_kv, Nk, D) as transformers passes them (never repeating K/V for group
 - padding (a 2D attention mask, e.g. left-padded prompts in `generate`): every run of real tokens and every
   run of padding is its own document, so each prompt gets exactly what it gets alone;
 - a static cache: keys past the mask's length (or past the last position id) are unwritten and left out.
+Documents and padding are read anew on every call (position ids may change in place between calls); the mask
+that `dilated_mask` returns, a copy made for one forward pass, keeps the layout of its padding for the layers.
 Refused with a ValueError saying what to do: a config without the pattern, a 4D (custom) attention mask,
-sliding windows, soft-capping, attention sinks.
+sliding windows, soft-capping, attention sinks, chunked attention, and overlays that transformers composes into
+the mask function (`or_mask_function`, `and_mask_function`, `block_sequence_ids`, e.g. bidirectional image tokens).
 """
 from __future__ import annotations
 
@@ -61,6 +73,7 @@ def use_dilated_attention(model, segment_lengths: Sequence[int], dilation_rates:
     config.dilated_dilation_rates = list(pattern.dilation_rates)
     config.dilated_mode, config.dilated_backend = pattern.mode, backend
     model.set_attn_implementation(register(name))
+    config.attn_implementation = name  # saved with the config: from_pretrained loads the model dilated
     return model
 
 
@@ -87,14 +100,74 @@ def _pattern(lengths: tuple, rates: tuple, mode: str, causal: bool) -> DilatedPa
     return DilatedPattern.create(list(lengths), list(rates), mode=mode, causal=causal)
 
 
-def dilated_mask(batch_size: int, q_length: int, kv_length: int, *args, attention_mask=None, **kwargs):
+def dilated_mask(batch_size: int, q_length: int, kv_length: int, *args, attention_mask=None, mask_function=None,
+                 config=None, **kwargs):
     """The mask function registered beside the attention function: the 2D padding mask (B, kv_length) as
-    bool, or None when no token is padding. The attention function reads documents and padding from it
-    and from position_ids; the pattern itself is never a dense (N, N) mask."""
+    bool (a copy for this forward pass, which keeps the layout of its padding for the layers), or None when no
+    token is padding. The attention function reads documents and padding from it and from position_ids; the
+    pattern itself is never a dense (N, N) mask. Overlays composed into `mask_function` are refused (ValueError);
+    `config` records the running implementation as `config.attn_implementation` (saved with the model)."""
+    _check_mask_function(mask_function)
+    if config is not None:
+        _record_implementation(config)
     if attention_mask is None or attention_mask.dim() != 2:
         return attention_mask
-    mask = attention_mask[:, -kv_length:].bool()
-    return None if mask.shape[1] == kv_length and bool(mask.all()) else mask
+    mask = attention_mask[:, -kv_length:]
+    if mask.shape[1] == kv_length and bool(mask.all()):
+        return None
+    mask = mask.to(torch.bool, copy=True)  # this forward pass's own: nothing else holds it to change it
+    setattr(mask, _LAYOUTS, {})
+    return mask
+
+
+_LAYOUTS = "_dilated_layouts"  # attribute of a mask made by dilated_mask: {(batch, keys): layouts of its padding}
+_MASKING = "transformers.masking_utils"
+_BASES = ("causal_mask_function", "bidirectional_mask_function",
+          "packed_sequence_mask_function.<locals>.inner_mask",  # documents: the layer reads them from position_ids
+          "padding_mask_function.<locals>.inner_mask")  # padding: the layer reads it from the 2D mask
+_WRAPPERS = {"remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_function",
+             "add_offsets_to_mask_function.<locals>.inner_mask": "mask_function",
+             "and_masks.<locals>.and_mask": "mask_functions", "or_masks.<locals>.or_mask": "mask_functions"}
+
+
+def _check_mask_function(function, overlay: Optional[str] = None) -> None:
+    """Accept only the mask functions the layer reproduces (causal or bidirectional, packed documents, padding);
+    a ValueError names any overlay that transformers composed into it (or_mask_function, and_mask_function,
+    block_sequence_ids, a sliding window, chunks)."""
+    if function is None:
+        return
+    name = getattr(function, "__qualname__", type(function).__name__)
+    ours = getattr(function, "__module__", None) == _MASKING
+    if ours and name in _BASES:
+        return
+    if ours and name in _WRAPPERS:
+        cells = dict(zip(function.__code__.co_freevars, (c.cell_contents for c in function.__closure__ or ())))
+        inner = cells.get(_WRAPPERS[name])
+        if inner is not None:
+            where = {"and_masks.<locals>.and_mask": "and_mask_function",
+                     "or_masks.<locals>.or_mask": "or_mask_function"}.get(name, overlay)
+            for part in inner if isinstance(inner, (tuple, list)) else (inner,):
+                _check_mask_function(part, where)
+            return
+    if ours and name.startswith("sliding_window"):
+        raise ValueError("the mask has a sliding window; the dilated pattern replaces the attention pattern: set "
+                         "config.sliding_window = None (or use_sliding_window = False)")
+    if ours and name.startswith("chunked"):
+        raise ValueError("the mask has chunked attention; the dilated pattern replaces the attention pattern: set "
+                         "config.attention_chunk_size = None")
+    what = "block_sequence_ids (bidirectional blocks)" if ours and name.startswith("blockwise_overlay") else \
+        f"{overlay or 'mask_function'} ({getattr(function, '__module__', '?')}.{name})"
+    raise ValueError(f"the attention mask carries an overlay, {what}, that the dilated pattern cannot express "
+                     "(e.g. bidirectional image tokens); dilated attention supports causal or bidirectional "
+                     "attention, padding and packed documents (position_ids restarting) only")
+
+
+def _record_implementation(config: Any) -> None:
+    """Keep config.attn_implementation (a field that save_pretrained writes and from_pretrained reads) equal to
+    the implementation running, so that a saved model loads with it."""
+    name = getattr(config, "_attn_implementation", None)
+    if isinstance(name, str) and config.__dict__.get("attn_implementation") != name:
+        config.attn_implementation = name
 
 
 def _refuse(kwargs: dict) -> None:
@@ -134,10 +207,11 @@ def dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
     keys = _valid_keys(attention_mask, positions, k.shape[1], queries)
     k, v = k[:, :keys], v[:, :keys]
     mask = None if attention_mask is None else attention_mask[:, :keys]
+    layouts = _layouts(mask, positions, batch, keys, queries, getattr(attention_mask, _LAYOUTS, None))
     scale = q.shape[-1] ** -0.5 if scaling is None else float(scaling)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     with torch.autocast(device, enabled=False) if device in ("cpu", "cuda") else contextlib.nullcontext():
-        for rows, documents in _layouts(mask, positions, batch, keys, queries):
+        for rows, documents in layouts:
             sub = (q, k, v) if rows is None else (q[rows], k[rows], v[rows])
             training = torch.is_grad_enabled() and any(t.requires_grad for t in sub)
             dropping = dropout > 0.0 and module.training
@@ -180,48 +254,46 @@ def _valid_keys(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor],
     return keys
 
 
-_LAST: list = [None]  # the layouts of the last call: every layer of a forward pass sees the same mask and positions
-
-
-def _layouts(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor], batch: int, keys: int,
-             queries: int) -> list[tuple[Optional[torch.Tensor], Optional[tuple[tuple[int, int], ...]]]]:
-    """[(rows (None: all), documents (None: one)), ...]: rows of the batch grouped by their documents."""
-    key = (mask, _version(mask), positions, _version(positions), batch, keys, queries)
-    last = _LAST[0]
-    if last is not None and all(a is b if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) else a == b
-                                for a, b in zip(last[0], key)):
-        return last[1]
-    layouts = _compute_layouts(mask, positions, batch, keys, queries)
-    _LAST[0] = (key, layouts)
-    return layouts
-
-
-def _version(t: Optional[torch.Tensor]) -> Optional[int]:
-    """The version counter of t (in-place changes bump it); None for None, -1 for inference tensors (no counter:
-    identity alone, as kept by _LAST, tells them apart)."""
-    return None if t is None else (-1 if t.is_inference() else t._version)
+def _layouts(mask: Optional[torch.Tensor], positions: Optional[torch.Tensor], batch: int, keys: int, queries: int,
+             memo: Optional[dict] = None) -> list[tuple[Optional[torch.Tensor], Optional[tuple[tuple[int, int], ...]]]]:
+    """[(rows (None: all), documents (None: one)), ...]: rows of the batch grouped by their documents, from the
+    padding mask (B, keys) and position ids (B or 1, keys), read on this call. `memo`, the dict of a mask made by
+    dilated_mask for one forward pass, keeps the layout of that mask alone (position ids not involved)."""
+    if positions is not None and queries == keys and keys > 1:
+        return _compute_layouts(mask, positions, batch, keys, queries)
+    if mask is None:
+        return [(None, None)]
+    if memo is None:
+        return _compute_layouts(mask, None, batch, keys, queries)
+    if (batch, keys) not in memo:
+        memo[batch, keys] = _compute_layouts(mask, None, batch, keys, queries)
+    return memo[batch, keys]
 
 
 def _compute_layouts(mask, positions, batch, keys, queries):
-    starts = torch.zeros(batch, keys, dtype=torch.bool, device="cpu")
-    starts[:, 0] = True
-    real = None if mask is None else mask.to("cpu", torch.bool).expand(batch, keys)
+    """_layouts without the memo: the document starts are found on the tensors' device, and only their indices
+    come to the host (one transfer)."""
+    device = mask.device if mask is not None else positions.device
+    starts = torch.zeros(batch, keys, dtype=torch.bool, device=device)
+    real = None if mask is None else mask.to(torch.bool).expand(batch, keys)
     if real is not None:
         starts[:, 1:] |= real[:, 1:] != real[:, :-1]
     if positions is not None and queries == keys and keys > 1:
-        pos = positions.to("cpu").expand(batch, keys)
+        pos = positions.to(device).expand(batch, keys)
         restart = pos[:, 1:] != pos[:, :-1] + 1
         if real is not None:
             restart &= real[:, 1:]
         starts[:, 1:] |= restart
-    if not bool(starts[:, 1:].any()):
+    bounds: list[list[int]] = [[0] for _ in range(batch)]
+    for row, column in starts.nonzero().tolist():
+        bounds[row].append(column)
+    if all(len(cuts) == 1 for cuts in bounds):
         return [(None, None)]
     groups: dict[tuple, list[int]] = {}
-    for row in range(batch):
-        bounds = starts[row].nonzero().flatten().tolist() + [keys]
-        documents = tuple((a, b - a) for a, b in zip(bounds, bounds[1:]))
+    for row, cuts in enumerate(bounds):
+        cuts.append(keys)
+        documents = tuple((a, b - a) for a, b in zip(cuts, cuts[1:]))
         groups.setdefault(documents if len(documents) > 1 else None, []).append(row)
     if len(groups) == 1:
         return [(None, next(iter(groups)))]
-    device = mask.device if mask is not None else positions.device
     return [(torch.tensor(rows, device=device), documents) for documents, rows in groups.items()]

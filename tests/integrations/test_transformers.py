@@ -1,10 +1,18 @@
 """Dilated attention inside tiny random transformers models (Llama and Qwen3, built from configs, nothing
 downloaded), on the CPU in float64: (a) one whole-sequence branch of rate 1 gives sdpa's logits; (b) generation
 with transformers' cache gives the tokens of generation without it; (c) packed documents (position_ids
-restarting) give each document its own logits; (d) a training step gives finite gradients; (e) a config
-without the pattern is refused; (f) left-padded prompts of different lengths get the tokens each gets alone;
-grouped key/value heads are read as they are (no repeat)."""
+restarting) give each document its own logits; (d) training gradients equal those of a dense float64 reference
+model (the pattern's multiplicities from tests/attention/_oracle.py, same weights); (e) a config without the
+pattern is refused; (f) left-padded prompts of different lengths get the tokens each gets alone; (g) position ids
+changed in place between calls are read anew; (h) a saved model loads dilated; (i) mask-function overlays are
+refused; grouped key/value heads are read as they are (no repeat)."""
 from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,7 +20,13 @@ import torch
 transformers = pytest.importorskip("transformers", reason="the transformers integration needs the 'hf' extra "
                                                           "(pip install 'hilbert-lab[hf]')")
 
-from hilbert_lab.integrations.transformers import NAME, register, use_dilated_attention  # noqa: E402
+from hilbert_lab.integrations.transformers import (NAME, dilated_attention_forward, register,  # noqa: E402
+                                                   use_dilated_attention)
+
+_ORACLE_FILE = Path(__file__).parents[1] / "attention" / "_oracle.py"  # the pattern written from its definition
+_spec = importlib.util.spec_from_file_location("_attention_oracle", _ORACLE_FILE)
+_oracle = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_oracle)
 
 VOCAB = 48
 PATTERN = ([8, 16, 32], [1, 2, 4])
@@ -31,6 +45,58 @@ def _model(family: str, *, kv_heads: int = 2, attention_dropout: float = 0.0, **
     else:
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=8, **common))
     return model.double().eval()
+
+
+ORACLE = "dilated_float64_oracle"
+
+
+def _oracle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
+                      **kwargs):
+    """The reference: dense float64 softmax attention over the pattern's multiplicities (tests/attention/_oracle.py,
+    written from the definition), each document (position ids restarting) on its own; transformers' convention."""
+    assert attention_mask is None and dropout == 0.0
+    batch, heads, n, dim = query.shape
+    config = module.config
+    causal = is_causal if is_causal is not None else module.is_causal
+    groups = heads // key.shape[1]
+    k, v = key.double().repeat_interleave(groups, 1), value.double().repeat_interleave(groups, 1)
+    positions = kwargs.get("position_ids")
+    positions = (torch.arange(n)[None] if positions is None else positions).expand(batch, n).tolist()
+    bias = torch.full((batch, heads, n, n), -math.inf, dtype=torch.float64)
+    for row, pos in enumerate(positions):
+        bounds = [0] + [i for i in range(1, n) if pos[i] != pos[i - 1] + 1] + [n]
+        for a, b in zip(bounds, bounds[1:]):
+            bias[row, :, a:b, a:b] = _log_multiplicity(tuple(config.dilated_segment_lengths),
+                                                       tuple(config.dilated_dilation_rates),
+                                                       getattr(config, "dilated_mode", "longnet"), causal, b - a, heads)
+    scale = dim ** -0.5 if scaling is None else scaling
+    scores = query.double() @ k.transpose(-1, -2) * scale + bias
+    return (scores.softmax(-1) @ v).to(query.dtype).transpose(1, 2).contiguous(), None
+
+
+@functools.lru_cache(maxsize=None)
+def _log_multiplicity(lengths, rates, mode, causal, n, heads):
+    return torch.from_numpy(_oracle.brute_multiplicity(lengths, rates, mode, causal, n, heads)).double().log()
+
+
+def _oracle_model(model):
+    """A copy of `model` (same weights, same config) whose attention is the float64 reference."""
+    transformers.AttentionInterface.register(ORACLE, _oracle_attention)
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation(ORACLE)
+    return reference
+
+
+def _gradients(model, ids, position_ids):
+    """(gradients of the summed next-token loss w.r.t. every parameter, the loss)."""
+    model.zero_grad(set_to_none=True)
+    logits = model(ids, position_ids=position_ids, use_cache=False).logits  # sdpa finds documents without a cache
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1),
+                                             reduction="sum")
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads, float(loss.detach())
 
 
 def _ids(batch, length, seed=1):
@@ -84,20 +150,35 @@ def test_packed_documents_get_their_own_logits(family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_training_step_gives_finite_gradients(family):
-    model = use_dilated_attention(_model(family, attention_dropout=0.1), *PATTERN).train()
+def test_training_gradients_equal_the_float64_reference(family):
+    """The gradients of a training step, one sequence per row and packed documents, equal the dense float64
+    reference model's (same weights) and, for one whole-sequence branch of rate 1, sdpa's."""
+    model = use_dilated_attention(_model(family), *PATTERN).train()
+    reference = _oracle_model(model)
     ids = _ids(2, 45)
-    loss = model(ids, labels=ids).loss
-    loss.backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads) and float(loss.detach()) > 0
-    model.zero_grad()
-    model.config.attention_dropout = 0.0
-    for layer in model.model.layers:
-        layer.self_attn.attention_dropout = 0.0
-    packed = model(ids[:1], labels=ids[:1], position_ids=torch.cat([torch.arange(20), torch.arange(25)])[None]).loss
-    packed.backward()
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    packed = torch.cat([torch.arange(20), torch.arange(25)])[None].expand(2, -1)
+    for position_ids in (None, packed):
+        got, loss = _gradients(model, ids, position_ids)
+        want, want_loss = _gradients(reference, ids, position_ids)
+        assert abs(loss - want_loss) < 1e-12
+        assert max((a - b).abs().max().item() for a, b in zip(got, want)) < 1e-10
+    dense = copy.deepcopy(model)
+    dense.set_attn_implementation("sdpa")
+    use_dilated_attention(model, [1 << 20], [1])
+    for position_ids in (None, packed):
+        got, _ = _gradients(model, ids, position_ids)
+        want, _ = _gradients(dense, ids, position_ids)
+        assert max((a - b).abs().max().item() for a, b in zip(got, want)) < 1e-10
+
+
+def test_a_training_step_with_attention_dropout_drops():
+    model = use_dilated_attention(_model("llama", attention_dropout=0.5), *PATTERN).train()
+    ids = _ids(2, 45)
+    dropped, loss = _gradients(model, ids, None)
+    plain, plain_loss = _gradients(_oracle_model(model).eval(), ids, None)  # eval mode: no dropout
+    assert all(torch.isfinite(g).all() for g in dropped) and loss != plain_loss
+    model.eval()
+    assert max((a - b).abs().max().item() for a, b in zip(_gradients(model, ids, None)[0], plain)) < 1e-10
 
 
 def test_a_config_without_the_pattern_is_refused():
@@ -175,15 +256,109 @@ def test_inference_mode_and_padding_inside_a_row():
 
 
 def test_attn_implementation_at_construction_and_the_pattern_in_a_saved_config(tmp_path):
+    """A model built with attn_implementation in its config records it on its first forward pass: saved after it,
+    it loads dilated without naming the implementation."""
     name = register()
     config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                       num_attention_heads=4, num_key_value_heads=2, attn_implementation=name,
                                       dilated_segment_lengths=[8, 16], dilated_dilation_rates=[1, 2])
     model = transformers.AutoModelForCausalLM.from_config(config)
     assert model.config._attn_implementation == name
-    model.save_pretrained(tmp_path)
-    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=name)
-    assert loaded.config.dilated_segment_lengths == [8, 16] and loaded.config.dilated_dilation_rates == [1, 2]
     ids = _ids(1, 20)
     with torch.no_grad():
-        assert (loaded(ids).logits - model(ids).logits).abs().max() < 1e-6
+        want = model(ids).logits
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config._attn_implementation == name
+    assert loaded.config.dilated_segment_lengths == [8, 16] and loaded.config.dilated_dilation_rates == [1, 2]
+    with torch.no_grad():
+        assert (loaded(ids).logits - want).abs().max() < 1e-6
+        loaded.set_attn_implementation("sdpa")
+        assert (loaded(ids).logits - want).abs().max() > 1e-3
+
+
+RESTARTS = (torch.arange(40), torch.cat([torch.arange(13), torch.arange(27)]),
+            torch.cat([torch.arange(5), torch.arange(30), torch.arange(5)]), torch.arange(40))
+
+
+def test_position_ids_changed_in_place_under_inference_mode():
+    """Packed rows whose position ids restart elsewhere, written in place into one tensor between calls (no version
+    counter under inference mode): each call gets the logits of a fresh tensor and of the float64 reference."""
+    model = use_dilated_attention(_model("llama"), *PATTERN)
+    reference = _oracle_model(model)
+    ids = _ids(2, 40)
+    with torch.inference_mode():
+        positions = torch.zeros(1, 40, dtype=torch.long)
+        reused = [model(ids, position_ids=positions.copy_(values)).logits for values in RESTARTS]
+        for values, got in zip(RESTARTS, reused):
+            fresh = model(ids, position_ids=values[None].clone()).logits
+            want = reference(ids, position_ids=values[None].clone()).logits
+            assert (got - fresh).abs().max().item() < 1e-10 and (fresh - want).abs().max().item() < 1e-10
+
+
+def test_dilated_attention_forward_reads_position_ids_changed_in_place():
+    config = transformers.LlamaConfig(dilated_segment_lengths=PATTERN[0], dilated_dilation_rates=PATTERN[1],
+                                      dilated_mode="longnet")
+    module = torch.nn.Module()
+    module.config, module.is_causal = config, True
+    gen = torch.Generator().manual_seed(3)
+    query = torch.randn(2, 4, 40, 8, generator=gen, dtype=torch.float64)
+    key, value = (torch.randn(2, 2, 40, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    with torch.inference_mode():
+        positions = torch.zeros(2, 40, dtype=torch.long)
+        reused = [dilated_attention_forward(module, query, key, value, None, position_ids=positions.copy_(values))[0]
+                  for values in RESTARTS]
+        for values, got in zip(RESTARTS, reused):
+            fresh, _ = dilated_attention_forward(module, query, key, value, None,
+                                                 position_ids=values[None].expand(2, -1).clone())
+            want, _ = _oracle_attention(module, query, key, value, None, position_ids=values[None].clone())
+            assert (got - fresh).abs().max().item() < 1e-12 and (fresh - want).abs().max().item() < 1e-12
+
+
+def test_a_saved_dilated_model_loads_dilated(tmp_path):
+    """save_pretrained -> from_pretrained (no attn_implementation) gives the dilated model's logits, and so does a
+    second round trip of the loaded model; the config file names the implementation."""
+    model = use_dilated_attention(_model("llama"), *PATTERN)
+    ids = _ids(2, 40)
+    model.save_pretrained(tmp_path / "first")
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "first", dtype=torch.float64)
+    assert loaded.config._attn_implementation == NAME
+    with torch.no_grad():
+        want = model(ids).logits
+        assert (loaded(ids).logits - want).abs().max() < 1e-10
+        loaded.save_pretrained(tmp_path / "second")
+        again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "second", dtype=torch.float64)
+        assert (again(ids).logits - want).abs().max() < 1e-10
+        model.set_attn_implementation("sdpa")  # the pattern matters: dense attention gives other logits
+        assert (model(ids).logits - want).abs().max() > 1e-3
+
+
+def test_a_saved_dilated_model_is_refused_where_its_attention_is_not_registered(tmp_path, monkeypatch):
+    from transformers.masking_utils import AttentionMaskInterface
+
+    name = register("hilbert_dilated_saved")
+    use_dilated_attention(_model("llama"), *PATTERN, name=name).save_pretrained(tmp_path)
+    monkeypatch.delitem(transformers.AttentionInterface._global_mapping, name)
+    monkeypatch.delitem(AttentionMaskInterface._global_mapping, name)
+    with pytest.raises(ValueError, match=name):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_mask_function_overlays_are_refused():
+    """Overlays that transformers composes into the mask function (or_mask_function, and_mask_function,
+    block_sequence_ids) are refused by name; padding and packed documents, which the layer reads itself, pass."""
+    from transformers.masking_utils import create_causal_mask
+
+    model = use_dilated_attention(_model("llama"), *PATTERN)
+    embeds = torch.zeros(1, 6, 32, dtype=torch.float64)
+    prefix = lambda batch, head, q, kv: kv < 3  # noqa: E731 (bidirectional prefix, like image tokens)
+    with pytest.raises(ValueError, match="or_mask_function"):
+        create_causal_mask(model.config, embeds, None, None, or_mask_function=prefix)
+    with pytest.raises(ValueError, match="and_mask_function"):
+        create_causal_mask(model.config, embeds, None, None, and_mask_function=prefix)
+    with pytest.raises(ValueError, match="block_sequence_ids"):
+        create_causal_mask(model.config, embeds, None, None, block_sequence_ids=torch.tensor([[0, 0, 0, 1, 1, -1]]))
+    packed = torch.tensor([[0, 1, 2, 0, 1, 2]])
+    assert create_causal_mask(model.config, embeds, None, None, position_ids=packed) is None
+    padding = torch.tensor([[0, 1, 1, 1, 1, 1]])
+    assert torch.equal(create_causal_mask(model.config, embeds, padding, None, position_ids=packed), padding.bool())
