@@ -30,6 +30,8 @@ _spec.loader.exec_module(_oracle)
 
 VOCAB = 48
 PATTERN = ([8, 16, 32], [1, 2, 4])
+RESTARTS = (torch.arange(40), torch.cat([torch.arange(13), torch.arange(27)]),
+            torch.cat([torch.arange(5), torch.arange(30), torch.arange(5)]), torch.arange(40))
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # decoding steps are tiny ops
@@ -242,6 +244,30 @@ def test_gpu_bf16_prefill_and_cached_steps_match_sdpa():
     assert (torch.cat(steps, 1) - full).abs().max() < 5e-2 * full.abs().max()
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_layouts_from_device_tensors():
+    """On the GPU (float32): position ids changed in place under inference mode give a fresh tensor's logits, and
+    left-padded rows (the layout kept on the per-forward mask) give the logits of each row alone."""
+    model = use_dilated_attention(_model("llama"), *PATTERN).to("cuda", torch.float32)
+    ids = _ids(2, 40).cuda()
+    with torch.inference_mode():
+        positions = torch.zeros(1, 40, dtype=torch.long, device="cuda")
+        reused = [model(ids, position_ids=positions.copy_(values)).logits for values in RESTARTS]
+        for values, got in zip(RESTARTS, reused):
+            fresh = model(ids, position_ids=values[None].cuda()).logits
+            assert (got - fresh).abs().max().item() < 1e-5
+        mask = torch.ones_like(ids)
+        mask[0, :15] = 0  # row 0: 15 tokens of left padding; decoding steps read its layout from the mask's copy
+        settings = dict(max_new_tokens=8, do_sample=False, pad_token_id=0, output_logits=True,
+                        return_dict_in_generate=True)
+        both = model.generate(ids, attention_mask=mask, **settings)
+        alone = model.generate(ids[:1, 15:], attention_mask=mask[:1, 15:], **settings)
+    want = alone.sequences[0, 25:]  # alone may stop earlier, at its end-of-sequence token
+    assert torch.equal(both.sequences[0, 40:40 + len(want)], want)
+    assert max((a[0] - b[0]).abs().max().item() for a, b in zip(both.logits, alone.logits)) < 1e-4
+
+
 def test_inference_mode_and_padding_inside_a_row():
     """Under torch.inference_mode (no version counters) and with right padding: the real tokens of each row get
     the logits they get alone."""
@@ -276,9 +302,6 @@ def test_attn_implementation_at_construction_and_the_pattern_in_a_saved_config(t
         loaded.set_attn_implementation("sdpa")
         assert (loaded(ids).logits - want).abs().max() > 1e-3
 
-
-RESTARTS = (torch.arange(40), torch.cat([torch.arange(13), torch.arange(27)]),
-            torch.cat([torch.arange(5), torch.arange(30), torch.arange(5)]), torch.arange(40))
 
 
 def test_position_ids_changed_in_place_under_inference_mode():
