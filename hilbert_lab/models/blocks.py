@@ -2,6 +2,7 @@
 positions + MLP), the encoder stack and the causal language model with weight tying and generation."""
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention
 
-from .rotary import apply_rotary
+from .rotary import apply_rotary, shared_rotary_tables
 
 
 class DilatedTransformerBlock(nn.Module):
@@ -174,18 +175,26 @@ class LongNetEncoder(nn.Module):
                 raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
             positions = torch.arange(past, past + x.shape[1], device=x.device) if positions is None else \
                 _check_positions(positions, x.shape[1], limit, x.device)
-            for block, cache in zip(self.blocks, caches):
-                x = block(x, positions, None, cache)
+            with _one_pass():
+                for block, cache in zip(self.blocks, caches):
+                    x = block(x, positions, None, cache)
             return self.norm(x)
         if positions is None and cu_seqlens is not None:
             positions = document_positions(cu_seqlens).to(x.device)
         positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
-        for block in self.blocks:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, positions, cu_seqlens, use_reentrant=False)
-            else:
-                x = block(x, positions, cu_seqlens)
+        with _one_pass():
+            for block in self.blocks:
+                if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                    x = checkpoint(block, x, positions, cu_seqlens, use_reentrant=False)
+                else:
+                    x = block(x, positions, cu_seqlens)
         return self.norm(x)
+
+
+def _one_pass():
+    """The scope of one forward pass: its layers share the rotary tables of its positions (not traced: a
+    compiled graph computes them as it goes)."""
+    return contextlib.nullcontext() if torch.compiler.is_compiling() else shared_rotary_tables()
 
 
 class LongNetLM(nn.Module):

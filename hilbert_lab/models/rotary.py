@@ -1,12 +1,27 @@
 """Rotary position embedding (RoPE) applied on original token positions."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator, Optional
+
 import torch
 
+# The tables of the layers of one forward pass (shared_rotary_tables): positions -> (angles, {dtype: tables}).
+# Nothing outlives the pass, so positions changed in place between two calls (inference tensors carry no version
+# counter) are read anew.
+_SHARED: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("rotary_tables", default=None)
 
-# The tables of the last call: every layer of a model rotates by one positions tensor (kept here, so its identity
-# and version identify its values; inference tensors have no version: identity alone), in each dtype asked for.
-_LAST: list = [None]
+
+@contextlib.contextmanager
+def shared_rotary_tables() -> Iterator[None]:
+    """Inside it, the layers that rotate by one positions tensor compute its tables once (a model's forward
+    opens it around its layers); the tables are dropped on exit."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
 
 
 def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,20 +37,20 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
-    """(cos, sin), each (1, N, 1, head_dim // 2) in `dtype`: rotary_angles cast for (B, N, H, D) tensors,
-    computed once for the layers that share a positions tensor (decoding steps call them per token)."""
-    if torch.compiler.is_compiling():
+    """(cos, sin), each (1, N, 1, head_dim // 2) in `dtype`: rotary_angles cast for (B, N, H, D) tensors;
+    inside shared_rotary_tables computed once for the layers that share a positions tensor."""
+    shared = None if torch.compiler.is_compiling() else _SHARED.get()
+    if shared is None:
         cos, sin = rotary_angles(positions, head_dim, base=base)
         return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
-    version = -1 if positions.is_inference() else positions._version
-    key = (version, head_dim, base, torch.is_inference_mode_enabled())
-    last = _LAST[0]
-    if last is None or last[0] is not positions or last[1] != key:
-        last = _LAST[0] = (positions, key, rotary_angles(positions, head_dim, base=base), {})
-    if dtype not in last[3]:
-        cos, sin = last[2]
-        last[3][dtype] = cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
-    return last[3][dtype]
+    key = (id(positions), head_dim, base)
+    entry = shared.get(key)
+    if entry is None or entry[0] is not positions:
+        entry = shared[key] = (positions, rotary_angles(positions, head_dim, base=base), {})
+    if dtype not in entry[2]:
+        cos, sin = entry[1]
+        entry[2][dtype] = cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+    return entry[2][dtype]
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:

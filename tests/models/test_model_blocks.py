@@ -81,6 +81,27 @@ def test_rotary_is_a_relative_position_rotation():
     assert not torch.allclose(apply_rotary(q, positions), q)
 
 
+@pytest.mark.parametrize("mode", ["inference", "no_grad"])
+def test_positions_changed_in_place_between_calls_are_read_anew(mode):
+    """A positions tensor reused with new values (packed rows whose positions restart) rotates by its new
+    values: the logits equal a fresh tensor's and, on the first call, a model whose positions never changed."""
+    model = LongNetLM(50, dim=32, depth=2, num_heads=4, segment_lengths=[4, 8], dilation_rates=[1, 2],
+                      max_seq_len=64).double().eval()
+    tokens = torch.randint(0, 50, (1, 8))
+    restarting = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3])
+    context = torch.inference_mode() if mode == "inference" else torch.no_grad()
+    with context:
+        positions = torch.arange(8)
+        before = model(tokens, positions=positions)
+        positions.copy_(restarting)
+        after = model(tokens, positions=positions)
+        fresh = model(tokens, positions=restarting.clone())
+        plain = model(tokens)
+    torch.testing.assert_close(after, fresh, atol=0, rtol=0)
+    torch.testing.assert_close(before, plain, atol=0, rtol=0)
+    assert (after - before).abs().max() > 1e-6  # the restart changes the logits
+
+
 @pytest.mark.parametrize("ordering", ["hilbert", "morton", "snake"])
 def test_orderings_leave_the_lm_output_unchanged(ordering):
     """Rotary acts on original positions, so a memory layout (curve ordering) changes nothing."""
