@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from hilbert_lab.attention.pattern import DilatedPattern
@@ -90,6 +89,7 @@ def test_dilation_mask_sparsity_by_hand():
 
 
 def test_claim_summary_counts_verdicts():
+    pd = pytest.importorskip("pandas", reason="pandas (notebooks extra) holds the tables")
     frame = pd.DataFrame([
         {"claim": "C1", "verdict": "refuted"}, {"claim": "C1", "verdict": "not reproducible here"},
         {"claim": "C2", "verdict": "confirmed"}])
@@ -101,6 +101,8 @@ def test_claim_summary_counts_verdicts():
 
 def test_recorder_writes_json_safe_metrics(tmp_path):
     import numpy as np
+
+    pd = pytest.importorskip("pandas", reason="pandas (notebooks extra) holds the tables")
 
     recorder = ReportRecorder(tmp_path, "unit", {"sizes": (1, 2)}, show=False)
     recorder.metric("nan", float("nan"))
