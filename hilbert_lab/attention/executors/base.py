@@ -41,8 +41,9 @@ class Capabilities:
 
     devices / dtypes / head_dims: where it runs (head_dims: (largest, multiple), the head dims D it takes:
     D <= largest and D % multiple == 0); cuda_head_dims: the same for its CUDA kernels where they take fewer
-    (None: head_dims). min_capability: CUDA compute capability it needs. in_place: its kernels read the plan's strided views of q, k, v (no
-    gather) and its results land in views of the caller's buffers. whole_pattern: it runs every branch
+    (None: head_dims); `auto` reads them (attention.selection). min_capability: CUDA compute capability it
+    needs. in_place: its kernels read the plan's strided views of q, k, v (no gather) and its results land
+    in views of the caller's buffers. whole_pattern: it runs every branch
     of the plan in one pass (the merged result, no per-branch partials). dense_out_lse: its backward
     reads out and grad_out in one dense (B, N, H, D) layout. min_block_length: shorter blocks go to the
     fallback kernel. grad_lse: its backward takes an LSE gradient itself (else the executor adds the
