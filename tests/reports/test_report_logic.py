@@ -124,7 +124,7 @@ def _kaleido_ready() -> bool:
 
 @pytest.mark.skipif(not _kaleido_ready(), reason="PNG export needs kaleido>=1 and a chromium on PATH")
 def test_recorder_writes_png(tmp_path):
-    import plotly.graph_objects as go
+    go = pytest.importorskip("plotly.graph_objects", reason="plotly (notebooks extra) draws the figure")
 
     recorder = ReportRecorder(tmp_path, "png", show=False)
     recorder.figure("bars", go.Figure(go.Bar(x=["a", "b"], y=[1, 2], name="b1")), png=True)
