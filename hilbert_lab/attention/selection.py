@@ -27,6 +27,10 @@ Rules of `select_backend` (first match wins):
    (the ring's local steps, whole_pattern=False) skip this rule.
 4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
    "triton"/"flex" are opt-in there or chosen by timing.
+Head dims (with the shape known): a choice that does not declare the call's head dim D on the device
+(executors.base.Capabilities.head_dims / cuda_head_dims; e.g. the CUDA SDPA kernels take D multiple of 8 up
+to 256, the fused kernel D up to 256) gives way to the first that does of the fused kernel (where rule 3
+applies), "sdpa" and "manual" (any D): `auto` never picks an executor that cannot run the call.
 Timing is measured in `hilbert_lab.bench.selection` (`measure_selection`, or the CLI
 `hilbert-lab select`): it times the candidates that can run once per (device name, dtype, shape,
 segment_lengths, dilation_rates, mode, causal) key and stores the fastest in a JSON file
@@ -181,9 +185,33 @@ INPLACE_MIN_SEQ_LEN = 32768  # rule 3: from here on in-place cuDNN beats the fus
 
 
 def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool = False,
-             flash_ok: bool = False, fa4_ok: bool = False, mode: str = "longnet", seq_len: Optional[int] = None, head_dim: Optional[int] = None,
-             training: bool = False, inplace_fits: bool = True) -> str:
-    """The module's rules as a pure function of the facts they read (testable without a GPU)."""
+             flash_ok: bool = False, fa4_ok: bool = False, mode: str = "longnet", seq_len: Optional[int] = None,
+             head_dim: Optional[int] = None, training: bool = False, inplace_fits: bool = True) -> str:
+    """The module's rules as a pure function of the facts they read (testable without a GPU), then the head-dim
+    rule: with head_dim known, a choice that does not declare that head dim on the device gives way to the first
+    of `head_dim_fallbacks` that does."""
+    choice = _rule_choice(device_type, capability, dtype, triton_ok=triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
+                          mode=mode, seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=inplace_fits)
+    if head_dim is None:
+        return choice
+    fused = device_type == "cuda" and capability is not None and capability[0] >= 9 and triton_ok and \
+        dtype in (torch.float16, torch.bfloat16)
+    for name in (choice, *head_dim_fallbacks(fused)):
+        if EXECUTORS[name].capabilities.takes_head_dim(head_dim, device_type):
+            return name
+    return "manual"
+
+
+def head_dim_fallbacks(fused: bool) -> tuple[str, ...]:
+    """Where auto goes, in order, when its choice does not take the head dim: the fused kernel (fused: where rule 3
+    applies; any D up to 256), "sdpa" (D multiple of 8 up to 256 on CUDA, any on the CPU), "manual" (any D)."""
+    return ("triton", "sdpa", "manual") if fused else ("sdpa", "manual")
+
+
+def _rule_choice(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool,
+                 flash_ok: bool, fa4_ok: bool, mode: str, seq_len: Optional[int], head_dim: Optional[int],
+                 training: bool, inplace_fits: bool) -> str:
+    """Rules 1-4 (the module docstring)."""
     if device_type == "cpu":
         return "sdpa" if dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) else "manual"
     if device_type != "cuda" or capability is None:
@@ -276,7 +304,8 @@ def select_backend(
         key = selection_key(device, dtype, shape if shape is not None else (), segment_lengths, dilation_rates,
                             mode=mode, causal=causal)
         stored = read_selection_cache().get(key)
-        if stored in BACKENDS and unavailable_reason(stored, device, dtype) is None:
+        head_dim = int(shape[3]) if shape is not None and len(shape) == 4 else None
+        if stored in BACKENDS and unavailable_reason(stored, device, dtype, head_dim) is None:
             return stored
     return rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape, segment_lengths=segment_lengths,
                         dilation_rates=dilation_rates, mode=mode, causal=causal, training=training)

@@ -12,7 +12,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from hilbert_lab.kernels.cuda_build import load_extension
+from hilbert_lab.kernels import cuda_build  # load_extension is looked up at each call (a replaced one is seen)
 
 CURVES = {"hilbert": 0, "morton": 1}
 _INT_DTYPES = (torch.int32, torch.int64)
@@ -82,7 +82,7 @@ def encode(coords: torch.Tensor, order: int, curve: str = "hilbert", *, out: Opt
         raise ValueError(f"out must be a contiguous int32/int64 tensor of shape {tuple(shape)} on {coords.device}")
     if out.dtype == torch.int32 and ndim * order > 31:
         raise ValueError(f"out dtype int32 holds indices of ndim * order <= 31 bits; got {ndim * order}")
-    ext = load_extension()
+    ext = cuda_build.load_extension()
     ext.curve_encode(coords.data_ptr(), out.data_ptr(), out.numel(), ndim, order, curve_id,
                      coords.dtype == torch.int64, out.dtype == torch.int64, method_id, _stream())
     return out
@@ -114,7 +114,7 @@ def decode(index: torch.Tensor, order: int, ndim: int, curve: str = "hilbert", *
         out = torch.empty(shape, dtype=torch.int64, device=index.device)
     elif tuple(out.shape) != shape or out.dtype not in _INT_DTYPES or out.device != index.device or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous int32/int64 tensor of shape {shape} on {index.device}")
-    ext = load_extension()
+    ext = cuda_build.load_extension()
     ext.curve_decode(index.data_ptr(), out.data_ptr(), index.numel(), ndim, order, curve_id,
                      index.dtype == torch.int64, out.dtype == torch.int64, method_id, _stream())
     return out
@@ -132,7 +132,7 @@ def set_launch_config(items: int = 4, threads: int = 256, encode_points: int = 4
     for name, value in (("encode_points", encode_points), ("decode_points", decode_points)):
         if value not in (2, 4):
             raise ValueError(f"{name} must be 2 or 4, got {value!r}")
-    load_extension().curve_launch_config(int(items), int(threads), int(encode_points), int(decode_points))
+    cuda_build.load_extension().curve_launch_config(int(items), int(threads), int(encode_points), int(decode_points))
 
 
 def _perm_tensor(perm, length: int, name: str, device: torch.device, validate: bool) -> torch.Tensor:
@@ -182,7 +182,7 @@ def apply_segment_permutation(x: torch.Tensor, perm, segment_length: int, *, tai
     elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device or not out.is_contiguous():
         raise ValueError("out must be a contiguous tensor of x's shape, dtype and device")
     row_bytes = x.shape[2] * x.shape[3] * x.element_size()
-    ext = load_extension()
+    ext = cuda_build.load_extension()
     ext.permute_rows(x.data_ptr(), out.data_ptr(), batch, seq_len, row_bytes, perm_t.data_ptr(), segment_length,
                      tail_t.data_ptr(), _stream())
     return out

@@ -126,11 +126,55 @@ def test_every_length_runs_on_every_gpu_executor(backend, causal):
 
 
 def test_auto_runs_ragged_lengths_of_the_longnet_pattern():
-    """The lengths that crashed cuDNN through auto (a one-token block): forward and backward, bf16, causal."""
+    """The lengths that crashed cuDNN through auto (a one-token block): forward and backward, bf16, causal, against
+    the float64 engine on the oracle executor "reference" (dense float64 per block; the dense oracle would need
+    H N^2 entries at these N)."""
     pattern = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 4, 8, 32], causal=True)
     for seq_len in (32768, 32773):
-        q, k, v = (torch.randn(1, seq_len, 8, 32, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        gen = torch.Generator(device="cuda").manual_seed(seq_len)
+        q, k, v = (torch.randn(1, seq_len, 8, 32, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
                    for _ in range(3))
-        out = dilated_attention(q, k, v, **pattern)
-        out.float().square().mean().backward()
-        assert torch.isfinite(out).all() and all(torch.isfinite(t.grad).all() for t in (q, k, v))
+        out, lse = dilated_attention(q, k, v, **pattern, return_lse=True)
+        exact = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+        expected_out, expected_lse = dilated_attention(*exact, **pattern, backend="reference", return_lse=True)
+        assert _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2, seq_len
+        g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
+        got = torch.autograd.grad(out, (q, k, v), g_out.to(torch.bfloat16))
+        expected = torch.autograd.grad(expected_out, exact, g_out)
+        for name, a, b in zip("qkv", got, expected):
+            assert _relative(a, b) < 5e-2, f"d{name} at N={seq_len}"
+
+
+@pytest.mark.parametrize("head_dim", [4, 12, 64, 100, 128, 256])
+def test_auto_runs_every_head_dim_in_bf16_like_the_oracle(head_dim):
+    """auto at head dims that no one GPU kernel takes (4, 12, 100: not multiples of 8; 256: beyond cuDNN's 128), in
+    bf16, against the float64 oracle: inference and training (auto's rule differs), the last queries alone (dense
+    blocks) and decoding steps (auto's dense kernel): outputs, LSE and gradients."""
+    from hilbert_lab.attention import DilatedKVCache
+
+    dtype = torch.bfloat16
+    segment_lengths, dilation_rates = [16, 32, 64], [1, 2, 4]
+    kwargs = dict(segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=True, backend="auto")
+    pattern = DilatedPattern.create(segment_lengths, dilation_rates, causal=True)
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    q, k, v = (torch.randn(2, 80, 4, head_dim, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
+               for _ in range(3))
+    expected_out, expected_lse = reference_attention(q, k, v, pattern)
+    with torch.no_grad():
+        out, lse = dilated_attention(q, k, v, **kwargs, return_lse=True)
+    assert out.dtype == dtype and _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2
+    out, lse = dilated_attention(q, k, v, **kwargs, return_lse=True)
+    assert _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2
+    g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
+    g_lse = torch.randn(lse.shape, device="cuda", dtype=torch.float64, generator=gen)
+    expected = torch.autograd.grad((expected_out, expected_lse), (q, k, v), (g_out, g_lse))
+    got = torch.autograd.grad((out, lse), (q, k, v), (g_out.to(dtype), g_lse.float()))
+    for name, a, b in zip("qkv", got, expected):
+        assert _relative(a, b) < 5e-2, f"d{name}"
+    q, k, v = (t.detach() for t in (q, k, v))
+    last = dilated_attention(q[:, -5:], k, v, **kwargs)
+    assert _relative(last, expected_out[:, -5:]) < 3e-2
+    cache = DilatedKVCache(segment_lengths, dilation_rates, backend="auto")
+    steps = [cache.attend(q[:, :40], k[:, :40], v[:, :40])]
+    steps += [cache.attend(q[:, n:n + 1], k[:, n:n + 1], v[:, n:n + 1]) for n in range(40, 80)]
+    assert _relative(torch.cat(steps, 1), expected_out) < 3e-2

@@ -144,14 +144,17 @@ GPU_BACKENDS = ["auto", "sdpa", "sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "f
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 def test_gpu_decoding_in_bf16_matches_the_float64_engine(backend):
     """bf16 decoding on every GPU executor (a whole-pattern one runs the prompt, auto's dense kernel the steps)
-    against the float64 engine: relative error of bf16; the queries-fewer-than-keys engine path alike."""
+    against the float64 engine: relative error of bf16; the queries-fewer-than-keys engine path alike. Head dim
+    64, which every GPU kernel takes (auto at other head dims: test_gpu.py)."""
     from hilbert_lab.attention.executors import unavailable_reason
 
-    reason = unavailable_reason(backend, "cuda", torch.bfloat16) if backend != "auto" else None
+    head_dim = 64
+    reason = unavailable_reason(backend, "cuda", torch.bfloat16, head_dim) if backend != "auto" else None
     if reason is not None:
         pytest.skip(f"{backend}: {reason}")
     segments, rates = [16, 32, 64], [1, 2, 4]
-    q, k, v = (t.cuda() for t in _qkv(150, 8, 8, batch=2))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 150, 8, head_dim, device="cuda", dtype=torch.float64, generator=gen) for _ in range(3))
     want, _ = _engine(segments, rates, "longnet", q, k, v)
     low = [t.to(torch.bfloat16) for t in (q, k, v)]
     out, _ = _decode(DilatedKVCache(segments, rates, backend=backend), *low, 70, 1)

@@ -86,3 +86,29 @@ def test_the_fused_kernel_refuses_documents_and_grouped_heads():
         dilated_attention(q, q, q, **KW, backend="triton", cu_seqlens=torch.tensor([0, 20, 64], device="cuda"))
     with pytest.raises(ValueError, match="key/value heads"):
         dilated_attention(q, q[:, :, :2], q[:, :, :2], **KW, backend="triton")
+
+
+@pytest.mark.parametrize("head_dim", [4, 12, 64, 100, 128, 256])
+def test_packed_auto_runs_every_head_dim_in_bf16(head_dim):
+    """auto on packed documents with grouped heads at head dims FlashAttention-4's varlen packs take (multiples of 8
+    up to 256) and do not: the oracle per document, outputs, LSE and gradients."""
+    dtype = torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    total = sum(LENGTHS)
+    q = torch.randn(1, total, 4, head_dim, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
+    k, v = (torch.randn(1, total, 2, head_dim, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
+            for _ in range(2))
+    cu = torch.tensor([0, *LENGTHS], device="cuda").cumsum(0)
+    pattern = DilatedPattern.create(**KW, causal=True)
+    out, lse = dilated_attention(q, k, v, **KW, causal=True, backend="auto", return_lse=True, cu_seqlens=cu)
+    bounds = cu.tolist()
+    parts = [reference_attention(q[:, a:b], k[:, a:b].repeat_interleave(2, 2), v[:, a:b].repeat_interleave(2, 2),
+                                 pattern) for a, b in zip(bounds, bounds[1:])]
+    expected_out, expected_lse = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)
+    assert _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2
+    g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
+    g_lse = torch.randn(lse.shape, device="cuda", dtype=torch.float64, generator=gen)
+    expected = torch.autograd.grad((expected_out, expected_lse), (q, k, v), (g_out, g_lse))
+    got = torch.autograd.grad((out, lse), (q, k, v), (g_out.to(dtype), g_lse.float()))
+    for name, a, b in zip("qkv", got, expected):
+        assert _relative(a, b) < 5e-2, f"d{name}"

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.reference import reference_attention
+
+from property_testing import given, settings, st
 
 from ._oracle import max_diff, random_qkv
 

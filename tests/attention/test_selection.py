@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 
 import pytest
@@ -133,3 +134,71 @@ def test_timed_selection_reads_the_stored_winner_and_falls_back_to_the_rule(tmp_
     assert select_backend("cpu", torch.float32, **kwargs) == "sdpa"
     with pytest.raises(ValueError, match="shape"):
         select_backend("cpu", torch.float32, timed=True)
+
+
+# Every head dim class the engine takes (it takes any D >= 1): small, odd, multiples of 8 and not, the CUDA
+# kernels' limits 128 and 256 and either side of them, and far beyond.
+HEAD_DIMS = sorted(set(range(1, 41)) | {48, 60, 64, 72, 96, 100, 120, 127, 128, 129, 136, 192, 200, 248, 255, 256,
+                                         257, 264, 320, 512, 4096})
+
+
+def test_executors_declare_the_head_dims_their_kernels_take():
+    """The CUDA SDPA kernels (flash, cuDNN, efficient) take D multiple of 8 up to 256 (cuDNN here up to 128), the
+    CPU flash kernel and the eager ones any D, the fused kernel any D up to 256, FlashAttention-4 multiples of 8 up
+    to 256; unavailable_reason names the head dim."""
+    from hilbert_lab.attention.executors import EXECUTORS, unavailable_reason
+
+    def takes(name, device_type):
+        return [d for d in HEAD_DIMS if EXECUTORS[name].capabilities.takes_head_dim(d, device_type)]
+
+    multiples_of_8 = [d for d in HEAD_DIMS if d % 8 == 0 and d <= 256]
+    for name in ("sdpa", "sdpa_flash", "sdpa_efficient", "fa4", "flash"):
+        assert takes(name, "cuda") == multiples_of_8, name
+    assert takes("sdpa_cudnn", "cuda") == [d for d in multiples_of_8 if d <= 128]
+    assert takes("triton", "cuda") == [d for d in HEAD_DIMS if d <= 256]
+    for name in ("sdpa", "sdpa_flash", "sdpa_math", "manual", "reference"):
+        assert takes(name, "cpu") == HEAD_DIMS, name
+    for name in ("manual", "reference", "sdpa_math"):
+        assert takes(name, "cuda") == HEAD_DIMS, name
+    assert takes("sdpa", None) == multiples_of_8  # on every device it runs on
+    assert unavailable_reason("sdpa", "cpu", torch.bfloat16, 4) is None
+    reason = EXECUTORS["sdpa"].unavailable_reason(None, torch.bfloat16, 4)
+    assert reason == "head dim must be a multiple of 8 up to 256; got 4"
+
+
+def test_auto_picks_an_executor_that_declares_the_head_dim():
+    """For every head dim the engine takes and every combination of the facts the rules read (GPU architecture,
+    dtype, which optional kernels run, mode, N, training, whether the in-place buffers fit: stand-ins, so no GPU is
+    needed), auto's executor declares that head dim on the device."""
+    from hilbert_lab.attention.executors import EXECUTORS
+
+    facts = itertools.product([(7, 5), (8, 0), (8, 9), (9, 0), (10, 0)],
+                              [torch.bfloat16, torch.float16, torch.float32, torch.float64],
+                              [False, True], [False, True], [False, True], ["longnet", "head_groups"], [8192, 65536],
+                              [False, True], [True, False])
+    for capability, dtype, triton_ok, flash_ok, fa4_ok, mode, seq_len, training, fits in facts:
+        for head_dim in HEAD_DIMS:
+            name = selection.rule_for("cuda", capability, dtype, triton_ok=triton_ok, flash_ok=flash_ok,
+                                      fa4_ok=fa4_ok, mode=mode, seq_len=seq_len, head_dim=head_dim,
+                                      training=training, inplace_fits=fits)
+            assert EXECUTORS[name].capabilities.takes_head_dim(head_dim, "cuda"), (name, capability, dtype, head_dim)
+    for dtype, head_dim in itertools.product((torch.float32, torch.float64, torch.bfloat16), HEAD_DIMS):
+        assert selection.rule_for("cpu", None, dtype, head_dim=head_dim) == "sdpa"  # the CPU flash kernel takes all
+
+
+def test_auto_falls_back_where_the_head_dim_is_not_taken(monkeypatch):
+    """select_backend on a stand-in Hopper with triton and flash-attn: the rule's choice where it takes D, else the
+    fused kernel (whole patterns), else "sdpa", else "manual" (dense blocks: the ring's steps, decoding)."""
+    monkeypatch.setattr(selection, "_cuda_facts", lambda device, dtype: ((9, 0), True, True, False))
+    monkeypatch.setattr(selection, "_inplace_fits", lambda *args: True)
+
+    def pick(head_dim, **kwargs):
+        return select_backend("cuda", torch.bfloat16, shape=(1, 1024, 4, head_dim), segment_lengths=(256, 512),
+                              **kwargs)
+
+    assert [pick(d) for d in (4, 12, 64, 100, 128, 256, 264)] == ["triton"] * 6 + ["manual"]
+    training = [pick(d, training=True) for d in (4, 12, 64, 100, 128, 256, 264)]
+    assert training == ["triton", "triton", "triton", "triton", "sdpa", "sdpa", "manual"]
+    dense = [pick(d, whole_pattern=False) for d in (4, 12, 64, 100, 128, 256, 264)]
+    assert dense == ["manual", "manual", "flash", "manual", "flash", "flash", "manual"]
+    assert select_backend("cuda", torch.bfloat16) == "triton"  # no shape: no head-dim rule

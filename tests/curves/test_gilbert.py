@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from hilbert_lab.curves import decode, gilbert, gilbert3d
+
+from property_testing import given, settings, st
 
 
 def assert_bijection(points: np.ndarray, sizes: tuple[int, ...]) -> None:

@@ -201,22 +201,58 @@ def test_block_registry_forgets_evicted_layouts():
     assert not any(key in layouts._BLOCKS for key in keys)
 
 
+@pytest.fixture
+def fresh_kernel_lookup():
+    """layouts' remembered CUDA kernel module (or None after a failed build), forgotten before and after the test:
+    a failure that a test patches in is not kept for later tests."""
+    layouts._cuda_kernels.cache_clear()
+    yield
+    layouts._cuda_kernels.cache_clear()
+
+
 @pytest.mark.parametrize("error", [NotImplementedError("could not build hilbert_lab CUDA kernels: no nvcc"),
                                    ImportError("no nvcc: undefined symbol in hilbert_lab_cuda.so")])
-def test_failed_extension_build_falls_back_with_one_warning(monkeypatch, error):
+def test_failed_extension_build_falls_back_with_one_warning(monkeypatch, fresh_kernel_lookup, error):
     from hilbert_lab.kernels import cuda_build
 
     def fail(*args, **kwargs):
         raise error
 
     monkeypatch.setattr(cuda_build, "load_extension", fail)
-    layouts._cuda_kernels.cache_clear()
-    try:
+    with pytest.warns(RuntimeWarning, match="no nvcc"):
+        assert layouts._cuda_kernels() is None
+    assert layouts._cuda_kernels() is None  # remembered: no second build attempt
+
+
+def test_a_build_failure_patched_in_at_first_import_ends_with_the_patch(monkeypatch, fresh_kernel_lookup):
+    """cuda_curves imported for the first time while load_extension fails (as in the test above) calls the
+    load_extension of the moment afterwards, not the failing one."""
+    import importlib
+    import sys
+
+    from hilbert_lab import kernels
+    from hilbert_lab.kernels import cuda_build
+
+    def fail(*args, **kwargs):
+        raise NotImplementedError("could not build hilbert_lab CUDA kernels: no nvcc")
+
+    monkeypatch.delitem(sys.modules, "hilbert_lab.kernels.cuda_curves", raising=False)
+    monkeypatch.delattr(kernels, "cuda_curves", raising=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(cuda_build, "load_extension", fail)
         with pytest.warns(RuntimeWarning, match="no nvcc"):
             assert layouts._cuda_kernels() is None
-        assert layouts._cuda_kernels() is None  # remembered: no second build attempt
-    finally:
-        layouts._cuda_kernels.cache_clear()
+        fresh = importlib.import_module("hilbert_lab.kernels.cuda_curves")
+    seen = []
+
+    class Extension:
+        @staticmethod
+        def curve_launch_config(*args):
+            seen.append(args)
+
+    monkeypatch.setattr(cuda_build, "load_extension", lambda: Extension)
+    fresh.set_launch_config(items=2, threads=64)
+    assert seen == [(2, 64, 4, 2)]
 
 
 def test_engine_permutes_through_permute_sequence(monkeypatch):

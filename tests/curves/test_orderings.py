@@ -6,8 +6,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from hilbert_lab.curves import (
     GRID_ORDERINGS,
@@ -20,6 +18,8 @@ from hilbert_lab.curves import (
     segment_permutation,
 )
 from hilbert_lab.curves.orderings import CACHE_SIZE, _cached_grid_permutation
+
+from property_testing import given, settings, st
 
 
 def assert_permutation_pair(perm: np.ndarray, inverse: np.ndarray, length: int) -> None:

@@ -5,8 +5,6 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from hilbert_lab.locality import (
     CacheLevel,
@@ -19,6 +17,8 @@ from hilbert_lab.locality import (
     reuse_distances,
     simulate_hierarchy,
 )
+
+from property_testing import given, settings, st
 
 
 def reference_miss_mask(trace, capacity, ways=None):

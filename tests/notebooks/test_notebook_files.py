@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
 
 jupytext = pytest.importorskip("jupytext", reason="jupytext (notebooks extra) is needed to check the pairs")
+nbformat = pytest.importorskip("nbformat", reason="nbformat (notebooks extra) reads the notebooks")
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.rglob("*.ipynb"))

@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import nbformat
 import pytest
 
 papermill = pytest.importorskip("papermill", reason="papermill (notebooks extra) executes the notebooks")
+nbformat = pytest.importorskip("nbformat", reason="nbformat (notebooks extra) reads the notebooks")
 
 from hilbert_lab.reports.export import page_loads_plotly_offline  # noqa: E402
 from hilbert_lab.reports.runner import run_report  # noqa: E402

@@ -4,7 +4,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from hilbert_lab.attention.pattern import DilatedPattern
@@ -90,6 +89,7 @@ def test_dilation_mask_sparsity_by_hand():
 
 
 def test_claim_summary_counts_verdicts():
+    pd = pytest.importorskip("pandas", reason="pandas (notebooks extra) holds the tables")
     frame = pd.DataFrame([
         {"claim": "C1", "verdict": "refuted"}, {"claim": "C1", "verdict": "not reproducible here"},
         {"claim": "C2", "verdict": "confirmed"}])
@@ -101,6 +101,8 @@ def test_claim_summary_counts_verdicts():
 
 def test_recorder_writes_json_safe_metrics(tmp_path):
     import numpy as np
+
+    pd = pytest.importorskip("pandas", reason="pandas (notebooks extra) holds the tables")
 
     recorder = ReportRecorder(tmp_path, "unit", {"sizes": (1, 2)}, show=False)
     recorder.metric("nan", float("nan"))
@@ -122,7 +124,7 @@ def _kaleido_ready() -> bool:
 
 @pytest.mark.skipif(not _kaleido_ready(), reason="PNG export needs kaleido>=1 and a chromium on PATH")
 def test_recorder_writes_png(tmp_path):
-    import plotly.graph_objects as go
+    go = pytest.importorskip("plotly.graph_objects", reason="plotly (notebooks extra) draws the figure")
 
     recorder = ReportRecorder(tmp_path, "png", show=False)
     recorder.figure("bars", go.Figure(go.Bar(x=["a", "b"], y=[1, 2], name="b1")), png=True)

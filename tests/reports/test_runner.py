@@ -5,7 +5,6 @@ import json
 import re
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from hilbert_lab.reports.export import html_has_inline_plotly, page_loads_plotly_offline
@@ -13,6 +12,7 @@ from hilbert_lab.reports.registry import ReportSpec
 from hilbert_lab.reports.runner import execute_report
 
 pytest.importorskip("papermill", reason="papermill (notebooks extra) runs the reports")
+nbformat = pytest.importorskip("nbformat", reason="nbformat (notebooks extra) writes the notebooks")
 
 TINY_SOURCE = [
     ("parameters", "scale = 2.0\nlabels = ['a', 'b', 'c']\noutput_dir = '.'"),

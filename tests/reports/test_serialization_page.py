@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
+pd = pytest.importorskip("pandas", reason="pandas (notebooks extra) holds the tables")
 
 from hilbert_lab.reports import serialization, serialization_page  # noqa: E402
 from hilbert_lab.reports.page import figure_axis_titles  # noqa: E402

@@ -41,7 +41,7 @@ def _metrics(tables):
 
 
 def test_grid_sections_from_tables(tmp_path):
-    import pandas as pd
+    pd = pytest.importorskip("pandas", reason="pandas (notebooks extra) holds the tables")
 
     grids, missing = load_grids({"CPU": str(_grid(tmp_path)), "GPU": str(tmp_path / "absent.json")})
     assert list(grids) == ["CPU"] and missing == [f"GPU ({tmp_path / 'absent.json'})"]

@@ -68,7 +68,7 @@ def test_dashboard_button_times_and_draws():
 
 
 def test_timing_warnings_flag_wide_and_overlapping_intervals():
-    import pandas as pd
+    pd = pytest.importorskip("pandas", reason="pandas (notebooks extra) holds the tables")
 
     from hilbert_lab.viz.backends import timing_display, timing_warnings
 

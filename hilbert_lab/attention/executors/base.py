@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -38,9 +39,11 @@ def lse_dtype(dtype: torch.dtype) -> torch.dtype:
 class Capabilities:
     """What an executor can run, as data.
 
-    devices / dtypes / head_dims: where it runs (head_dims: (largest, multiple)). min_capability: CUDA
-    compute capability it needs. in_place: its kernels read the plan's strided views of q, k, v (no
-    gather) and its results land in views of the caller's buffers. whole_pattern: it runs every branch
+    devices / dtypes / head_dims: where it runs (head_dims: (largest, multiple), the head dims D it takes:
+    D <= largest and D % multiple == 0); cuda_head_dims: the same for its CUDA kernels where they take fewer
+    (None: head_dims); `auto` reads them (attention.selection). min_capability: CUDA compute capability it
+    needs. in_place: its kernels read the plan's strided views of q, k, v (no gather) and its results land
+    in views of the caller's buffers. whole_pattern: it runs every branch
     of the plan in one pass (the merged result, no per-branch partials). dense_out_lse: its backward
     reads out and grad_out in one dense (B, N, H, D) layout. min_block_length: shorter blocks go to the
     fallback kernel. grad_lse: its backward takes an LSE gradient itself (else the executor adds the
@@ -56,6 +59,7 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu", "cuda")
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     head_dims: tuple[int, int] = (1 << 30, 1)
+    cuda_head_dims: Optional[tuple[int, int]] = None
     min_capability: tuple[int, int] = (0, 0)
     in_place: bool = True
     whole_pattern: bool = False
@@ -70,6 +74,21 @@ class Capabilities:
     package: Optional[str] = None
     install: Optional[str] = None
     oracle: bool = False
+
+    def head_dims_on(self, device_type: Optional[str] = None) -> tuple[int, int]:
+        """(largest, multiple) head dims it takes on `device_type`; None: on every device it runs on."""
+        if self.cuda_head_dims is None or device_type not in (None, "cuda"):
+            return self.head_dims
+        if device_type == "cuda" or self.devices == ("cuda",):
+            return self.cuda_head_dims
+        largest, multiple = self.head_dims
+        cuda_largest, cuda_multiple = self.cuda_head_dims
+        return min(largest, cuda_largest), math.lcm(multiple, cuda_multiple)
+
+    def takes_head_dim(self, head_dim: int, device_type: Optional[str] = None) -> bool:
+        """Whether it takes head dim `head_dim` on `device_type` (None: on every device it runs on)."""
+        largest, multiple = self.head_dims_on(device_type)
+        return 1 <= head_dim <= largest and head_dim % multiple == 0
 
 
 @dataclass
@@ -215,9 +234,10 @@ class Executor:
         if dtype is not None and dtype not in caps.dtypes:
             names = ", ".join(str(d).removeprefix("torch.") for d in caps.dtypes)
             return f"dtype must be one of {names}; got {str(dtype).removeprefix('torch.')}"
-        largest, multiple = caps.head_dims
-        if head_dim is not None and (head_dim > largest or head_dim % multiple):
-            return f"head dim must be a multiple of {multiple} up to {largest}; got {head_dim}"
+        if head_dim is not None and not caps.takes_head_dim(head_dim, None if device is None else device.type):
+            largest, multiple = caps.head_dims_on(None if device is None else device.type)
+            where = f" on {device.type}" if device is not None else ""
+            return f"head dim must be a multiple of {multiple} up to {largest}{where}; got {head_dim}"
         if device is not None and device.type == "cuda" and caps.min_capability > (0, 0) and torch.cuda.is_available():
             capability = torch.cuda.get_device_capability(device)
             if capability < caps.min_capability:

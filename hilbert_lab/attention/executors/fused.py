@@ -18,8 +18,8 @@ from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.kernels import triton_dilated
 
-CAPABILITIES = Capabilities(dtypes=(torch.float16, torch.bfloat16, torch.float32), whole_pattern=True,
-                            grad_lse=True, package="triton", install="hilbert-lab[gpu]")
+CAPABILITIES = Capabilities(dtypes=(torch.float16, torch.bfloat16, torch.float32), head_dims=(256, 1),
+                            whole_pattern=True, grad_lse=True, package="triton", install="hilbert-lab[gpu]")
 
 
 def unavailable(device: Optional[torch.device] = None, dtype: Optional[torch.dtype] = None) -> Optional[str]:

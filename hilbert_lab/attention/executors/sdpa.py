@@ -143,16 +143,21 @@ def _cuda_choice(dtype: torch.dtype, head_dim: int, capability: tuple[int, int],
     return cuda_kernel_name(dtype, head_dim, capability, cudnn)
 
 
+# Head dims (largest, multiple) of the CUDA flash, cuDNN and efficient kernels: 16-byte aligned rows of fp16/bf16
+# (the efficient kernel found no kernel to launch for bf16 D = 4 on an H100), at most 256 (flash).
+CUDA_HEAD_DIMS = (256, 8)
+
+
 def executors() -> dict:
     """The SDPA executors (name -> Executor)."""
     half_cuda = dict(dtypes=HALF_DTYPES, dense_out_lse=True)
     return {
-        "sdpa": blockwise_executor("sdpa", _kernel_for("auto"), Capabilities(),
+        "sdpa": blockwise_executor("sdpa", _kernel_for("auto"), Capabilities(cuda_head_dims=CUDA_HEAD_DIMS),
                                    description="PyTorch SDPA kernels on the plan's strided views: cuDNN (Hopper) or "
                                                "flash (Ampere/Ada) for fp16/bf16 on CUDA, efficient otherwise; the CPU "
                                                "flash kernel on the CPU"),
         "sdpa_flash": blockwise_executor("sdpa_flash", _kernel_for("flash"), Capabilities(
-            dtypes=ALL_DTYPES, min_capability=(8, 0), dense_out_lse=True),
+            dtypes=ALL_DTYPES, cuda_head_dims=CUDA_HEAD_DIMS, min_capability=(8, 0), dense_out_lse=True),
             unavailable=lambda device, dtype: (
                 "the SDPA flash kernel on CUDA needs float16/bfloat16" if device is not None and device.type == "cuda"
                 and dtype is not None and dtype not in HALF_DTYPES else None),
@@ -161,7 +166,7 @@ def executors() -> dict:
             devices=("cuda",), head_dims=(128, 8), min_capability=(8, 0), min_block_length=2, **half_cuda),
             description="the cuDNN kernel on strided views"),
         "sdpa_efficient": blockwise_executor("sdpa_efficient", _kernel_for("efficient"), Capabilities(
-            devices=("cuda",), dtypes=(torch.float16, torch.bfloat16, torch.float32)),
+            devices=("cuda",), dtypes=(torch.float16, torch.bfloat16, torch.float32), head_dims=CUDA_HEAD_DIMS),
             description="the memory-efficient kernel; eager exact backward"),
         "sdpa_math": blockwise_executor("sdpa_math", _kernel_for("math"), EAGER_CAPABILITIES,
                                         description="PyTorch's math formula, eager and chunked"),
