@@ -158,7 +158,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
 
     from hilbert_lab.bench.stats import bootstrap_median_ci
     from hilbert_lab.reports.page import (CPU_TIMING_NOTE, Page, Section, fmt, fmt_count, fmt_interval, is_gpu_env,
-                                          out_of_memory, style_axes)
+                                          older_code_page, out_of_memory, style_axes)
+    from hilbert_lab.reports.provenance import older_code
 
     gpu = is_gpu_env(env)
     parameters = metrics.get("parameters") or {}
@@ -275,5 +276,6 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
              f"{', '.join(sorted({row['backend'] for row in results}))}, orderings "
              f"{', '.join(sorted({row['ordering'] for row in results}))}; {len(ok)} of {len(results)} cases finished. "
              "Times are medians with 95% bootstrap intervals; a ratio whose interval contains 1 reads 'no difference'.")
-    return Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
+    page = Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
                 sections=sections, notes=[] if gpu else [CPU_TIMING_NOTE])
+    return older_code_page(page, older_code(env.get("git")) if gpu else "")

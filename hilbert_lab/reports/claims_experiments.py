@@ -257,9 +257,10 @@ def claim_c10() -> list[dict]:
     gpus_needed = int(np.ceil(8 * billion / (141e9)))
     return [
         _row("C10", "O(n/p) memory per device", "1M tokens, H=8, D=64, fp16, forward, model estimate",
-             "O(n/p)", scaling, "confirmed" if halving else "refuted",
+             "O(n/p)", scaling, "inconclusive",
              "per-rank memory from hilbert_lab.attention.memory.estimate_memory's ring model (an estimate, not a "
-             "multi-GPU measurement): from p=2 on each doubling of p halves it; p=1 runs no ring buffers"),
+             f"multi-GPU measurement): from p=2 on each doubling of p {'halves' if halving else 'does not halve'} it; "
+             "p=1 runs no ring buffers"),
         _row("C10", "billions of tokens", "2^30 tokens on 8 ranks, fp16, forward",
              "supports billions of tokens", f"{billion / 2**30:.0f} GiB per rank on 8 ranks",
              "not reproducible here",

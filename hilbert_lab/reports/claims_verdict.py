@@ -45,10 +45,15 @@ def _is_absolute_rate(row: Mapping[str, Any]) -> bool:
     return "tokens/s" in str(row.get("aspect", "")) and bool(re.fullmatch(r"[\d,]+", str(row.get("claimed", ""))))
 
 
+def _is_estimate(row: Mapping[str, Any]) -> bool:
+    """A row computed from a model ('model estimate'), not measured: it cannot confirm or refute a claim."""
+    return "estimate" in str(row.get("configuration", "")).lower()
+
+
 def settle_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """The row as the page states it: 'nan' -> 'not measured', a negative reduction written as an increase,
     renamed package names updated; its verdict made to follow from what it records: a ratio without an
-    interval cannot confirm or refute (inconclusive), a claimed absolute throughput on other hardware is not
+    interval or a model estimate cannot confirm or refute (inconclusive), a claimed absolute throughput on other hardware is not
     reproducible here, a row that measured nothing is not reproducible here."""
     measured = _NEGATIVE_LOWER.sub(lambda m: f"{m.group(1)}% higher", _NAN.sub("not measured", str(row["measured"])))
     bare = [ratio for ratio in _RATIO.findall(measured) if ratio != "nanx"]
@@ -59,7 +64,9 @@ def settle_row(row: Mapping[str, Any]) -> dict[str, Any]:
                                                      else ""), measured)
     verdict, why = row["verdict"], _renamed(str(row.get("why") or ""))
     if verdict in ("confirmed", "refuted"):
-        if bare:
+        if _is_estimate(row):
+            verdict, why = "inconclusive", f"A model estimate, not a measurement of what the claim states, settles nothing. {why}"
+        elif bare:
             verdict, why = "inconclusive", f"{', '.join(bare)} was recorded without an interval, so it settles nothing. {why}"
         elif _is_absolute_rate(row):
             verdict = "not reproducible here"

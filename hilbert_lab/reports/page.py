@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from hilbert_lab.reports.provenance import env_source
@@ -55,6 +55,23 @@ class Page:
             raise ValueError(f"findings must be at most {MAX_FINDINGS} sentences, got {len(self.findings)}: "
                              f"{self.findings}")
         self.headline = self.headline or (self.findings[0] if self.findings else self.about)
+
+
+def older_code_page(page: Page, label: str, keep: Sequence[str] = ()) -> Page:
+    """`page` when `label` is '' (its figures come from the current code); else the page with its figures under
+    `label` ('measured with older code (rev 530aee9)', provenance.older_code): its findings move into a first
+    section of that heading, every section heading names it, and the findings (hence the index card) quote none
+    of its figures, only `keep` (sentences without figures, e.g. definitions)."""
+    if not label:
+        return page
+    from hilbert_lab.reports.provenance import CURRENT_CODE
+
+    first = (f"Every figure on this page was {label}, before the current attention core ({CURRENT_CODE[:7]}), and "
+             "is not re-measured: no figure of it is stated as a current finding.")
+    old = Section(label[0].upper() + label[1:], "These were the page's findings when it was measured; they hold "
+                  "for that revision only.", text=list(page.findings))
+    sections = [old] + [replace(section, heading=f"{section.heading}: {label}") for section in page.sections]
+    return replace(page, findings=[first, *keep][:MAX_FINDINGS], headline=first, sections=sections)
 
 
 def is_missing(value: Any) -> bool:

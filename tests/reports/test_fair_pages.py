@@ -1,0 +1,70 @@
+"""Pages a careful reader cannot catch out: figures of older code are labelled with their revision and
+quoted by no finding or card, configs are defined, verdicts follow from what was measured."""
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
+
+from hilbert_lab.reports import claims_verdict, provenance  # noqa: E402
+from hilbert_lab.reports.render import build_page, load_run  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _head() -> str:
+    return subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_older_code_names_the_revision_or_says_unrecorded():
+    assert provenance.older_code({"commit": _head(), "dirty": False}) == ""
+    assert provenance.older_code({"commit": provenance.CURRENT_CODE}) == ""
+    label = provenance.older_code({"commit": "530aee9cc7654194312dc063ce92929560f35304", "dirty": True})
+    assert label == "measured with older code (rev 530aee9 + uncommitted changes)"
+    assert provenance.older_code({}) == provenance.older_code(None) == "measured with older code (rev unrecorded)"
+    assert provenance.older_code({"commit": "0" * 40}).startswith("measured with older code (rev 0000000")
+
+
+def test_ring_page_quotes_no_older_figure_and_defines_its_configs():
+    page = build_page(*load_run(REPO / "reports" / "ring" / "h200-gpu"))
+    summary = " ".join(page.findings + [page.headline])
+    for stale in ("11.9M", "23.9M", "in proportion", "GiB", "ms"):
+        assert stale not in summary, stale
+    assert "older code (rev 530aee9 + uncommitted changes)" in page.headline
+    # the config that communicates is defined first, the one that sends nothing says so
+    definitions = [line for line in page.findings if line.startswith("'")]
+    assert definitions[0].startswith("'spanning'") and "travel around the ring" in definitions[0]
+    assert definitions[1].startswith("'longnet'") and "sends no byte" in definitions[1]
+    assert all("older code (rev 530aee9" in section.heading for section in page.sections)
+    assert not any("final code" in note for note in page.notes)
+    longest = next(section for section in page.sections if section.heading.startswith("Longest sequence"))
+    assert "proportion" not in longest.conclusion and "too few to state how the length grows" in longest.conclusion
+    assert longest.conclusion.index("spanning") < longest.conclusion.index("longnet")
+    assert "spanning (sends keys/values around the ring): 11.9M tokens on 1 GPU; on 2 GPUs not measured" \
+        in longest.conclusion
+
+
+@pytest.mark.parametrize("run", ["benchmark", "claims"])
+def test_gpu_runs_without_a_revision_are_shown_as_older_code(run):
+    page = build_page(*load_run(REPO / "reports" / run / "h200-gpu"))
+    assert page.headline == page.findings[0] and "older code (rev unrecorded)" in page.headline
+    assert "sdpa" not in page.headline and "auto" not in page.headline
+    assert page.sections[0].heading == "Measured with older code (rev unrecorded)"
+    assert any("sdpa" in line for line in page.sections[0].text) or run == "claims"
+
+
+def test_a_model_estimate_confirms_no_claim():
+    row = {"claim": "C10", "aspect": "O(n/p) memory per device",
+           "configuration": "1M tokens, H=8, D=64, fp16, forward, model estimate", "claimed": "O(n/p)",
+           "measured": "p=1: 1.00 GiB, p=2: 0.50 GiB", "verdict": "confirmed",
+           "why": "per-rank memory from the ring model (an estimate, not a multi-GPU measurement)"}
+    settled = claims_verdict.settle_row(row)
+    assert settled["verdict"] == "inconclusive" and "not a measurement" in settled["why"]
+    page = build_page(*load_run(REPO / "reports" / "claims" / "h200-gpu"))
+    overview = next(s.table for s in page.sections if s.heading.startswith("Claimed vs measured"))
+    c10 = overview.set_index(overview["claim"].str[:4]).loc["C10:"]
+    assert c10["verdict"] != "confirmed"
