@@ -23,7 +23,7 @@ CURRENT_CODE = "b3d5760abbdabd847aa2afe72a66f55381f0e619"
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/[\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
 
 __all__ = ["CURRENT_CODE", "NOT_RECORDED", "SOURCE_FIELDS", "committed_in", "document_source", "env_source",
-           "gpus_used", "older_code", "revision_text", "strip_paths", "when"]
+           "gpus_used", "older_code", "older_code_of_revision", "revision_text", "strip_paths", "when"]
 
 
 def strip_paths(text: Any) -> str:
@@ -85,6 +85,15 @@ def older_code(git: Mapping[str, Any] | None, repo_root: str | Path = REPO_ROOT)
     if _contains_current_code(commit, str(repo_root)):
         return ""
     return f"measured with older code (rev {revision_text(git)})"
+
+
+def older_code_of_revision(revision: Any) -> str:
+    """older_code of a revision as revision_text writes it ('ca29081 + uncommitted changes (results committed in
+    91678e4)', 'not recorded (...)'): how a page built from a table's revision column labels its figures."""
+    text = str(revision or "")
+    if not text or text.startswith(NOT_RECORDED) or text in ("nan", "None", "-"):
+        return older_code(None)
+    return older_code({"commit": text.split()[0], "dirty": "uncommitted" in text.split(" (")[0]})
 
 
 def gpus_used(env: Mapping[str, Any]) -> int | None:

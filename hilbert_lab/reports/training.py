@@ -302,7 +302,7 @@ def _curves(group: str, group_finals: Any, history: Any, phases: Any) -> list[An
     return sections
 
 
-def _sources(finals: Any, grid_rows: Any) -> list[dict[str, str]]:
+def _sources(finals: Any, grid_rows: Any, probes: Any) -> list[dict[str, str]]:
     from hilbert_lab.reports.provenance import NOT_RECORDED
 
     def field(row: dict, key: str) -> str:
@@ -317,6 +317,11 @@ def _sources(finals: Any, grid_rows: Any) -> list[dict[str, str]]:
         for row in grid_rows.drop_duplicates("grid").to_dict(orient="records"):
             sources.append({"what": row["grid"], **{key: field(row, key) for key in ("device", "revision", "recorded",
                                                                                       "command")}})
+    if len(probes) and "command" in probes:
+        for row in probes.drop_duplicates(["run", "command"]).to_dict(orient="records"):
+            sources.append({"what": f"length probe (stored in {row.get('stored_in') or row['run']})",
+                            "device": f"{row.get('device') or '?'}, 1 GPU", "revision": field(row, "revision"),
+                            "recorded": NOT_RECORDED, "command": field(row, "command")})
     return sources
 
 
@@ -324,12 +329,13 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     """Training page: findings (the retrieval grid's main result, its control, the 128K fine-tunes, the ring
     against one GPU, the longest trainable length), the grids, curves per group, tables behind closed sections."""
     from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, percent_interval
+    from hilbert_lab.reports.provenance import older_code_of_revision
     from hilbert_lab.viz.training import throughput_bars
 
     finals, history, phases = (metrics_table(metrics, name) for name in ("final_evals", "history", "phases"))
     grid_parts, grid_findings = grid_sections(metrics)
     sections = list(grid_parts)
-    findings = [line for line in grid_findings if line.startswith(("Main result", "The control"))]
+    findings = [line for line in grid_findings if line.startswith(("Main result", "Against", "The control"))]
     with_interval = finals[finals["accuracy_low"].notna()] if len(finals) else finals
     if len(with_interval):
         findings.append("Runs evaluated with answer counts: " + "; ".join(
@@ -343,18 +349,30 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         sections += _curves(group, finals[finals["group"] == group], history, phases)
     comparison = metrics_table(metrics, "ring_comparison")
     if len(comparison):
-        lines = []
+        lines, labels = [], []
+        by_run = {row["run"]: row for row in finals.to_dict(orient="records")} if len(finals) else {}
         for row in comparison.to_dict(orient="records"):
             value = row.get("recomputed_max_rel_loss_difference")
             value = value if value is not None and value == value else row.get("max_rel_loss_difference")
-            lines.append(f"{row['run']} against {row['against']}: the losses agree to {100 * float(value):.2f}% "
-                         f"(largest relative difference over {fmt(row.get('recomputed_points') or row.get('points'))} "
-                         "logged points)")
-        sections.append(Section("Ring attention against one GPU", "; ".join(lines) + ".", table=comparison.rename(
+            pair = [by_run[name] for name in (row["run"], row["against"]) if name in by_run]
+            line = (f"{row['run']} against {row['against']}: the losses agree to {100 * float(value):.2f}% "
+                    f"(largest relative difference over {fmt(row.get('recomputed_points') or row.get('points'))} "
+                    "logged points)")
+            if pair and all(not is_missing(r.get("chance_loss")) and r["final_loss"] >= r["chance_loss"] for r in pair):
+                line += (f", over {fmt(max(r['steps'] for r in pair))} steps in which neither run learned (final loss "
+                         f"{' and '.join(fmt(r['final_loss']) for r in pair)}, chance {fmt(pair[0]['chance_loss'])}): "
+                         "the ring computes the same steps as one GPU; whether it trains the same cannot be told "
+                         "from runs that never left chance")
+            labels += [older_code_of_revision(r.get("revision")) for r in pair]
+            lines.append(line)
+        older = next((label for label in labels if label), "")
+        sections.append(Section("Ring attention against one GPU" + (f": {older}" if older else ""),
+                                "; ".join(lines) + ".", table=comparison.rename(
             columns={"max_abs_loss_difference": "max abs loss diff", "max_rel_loss_difference": "max rel loss diff",
                      "recomputed_points": "points (recomputed)", "world_size": "GPUs",
                      "recomputed_max_rel_loss_difference": "max rel loss diff (recomputed)"}), collapsed=True))
-        findings.append("; ".join(lines) + ": sharding the sequence over GPUs does not change the training.")
+        if not older:
+            findings.append("; ".join(lines) + ".")
     probe_sections, probe_findings = longest_trainable_sections(metrics)
     sections += probe_sections
     findings += probe_findings + [line for line in grid_findings if line not in findings]
@@ -366,7 +384,10 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=2)
         fig.update_layout(template="plotly_white", height=400)
         top = throughput.sort_values("tokens_per_s", ascending=False).iloc[0]
-        sections.append(Section("Training throughput and memory",
+        revisions = finals.set_index("run")["revision"].to_dict() if "revision" in finals else {}
+        older = next((label for label in (older_code_of_revision(revisions.get(run))
+                                          for run in dict.fromkeys(throughput["run"])) if label), "")
+        sections.append(Section("Training throughput and memory" + (f": {older}" if older else ""),
                                 f"Fastest: {top['run']} at {fmt(top['tokens_per_s'])} tokens/s "
                                 f"({'with' if top['gradient_checkpointing'] else 'without'} gradient checkpointing, "
                                 f"{fmt(top['peak_memory_gib'])} GiB peak); single measurements, no interval.",
@@ -394,4 +415,5 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     live = any(str(device).lower() == "cpu" for device in finals.get("device", [])) if len(finals) else False
     return Page(title="Training: LongNet on 32K- and 128K-token needle retrieval", findings=findings[:5], about=about,
                 sections=sections, device="committed runs trained on " + ", ".join(devices) if devices else "",
-                sources=_sources(finals, metrics_table(metrics, "grid_rows")), measured_here=live)
+                sources=_sources(finals, metrics_table(metrics, "grid_rows"),
+                                                 metrics_table(metrics, "longest_trainable")), measured_here=live)

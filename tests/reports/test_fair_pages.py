@@ -68,3 +68,51 @@ def test_a_model_estimate_confirms_no_claim():
     overview = next(s.table for s in page.sections if s.heading.startswith("Claimed vs measured"))
     c10 = overview.set_index(overview["claim"].str[:4]).loc["C10:"]
     assert c10["verdict"] != "confirmed"
+
+
+TRAINING_RUN = REPO / "reports" / "default" / "20261125T201010Z-9391a95-3de4" / "training"
+
+
+def test_training_findings_quote_no_older_cost_figure_and_no_unsupported_conclusion():
+    page = build_page(*load_run(TRAINING_RUN))
+    summary = " ".join(page.findings)
+    assert "trains 4M" not in summary and "does not change the training" not in summary
+    headings = {section.heading.split(":")[0]: section for section in page.sections}
+    assert headings["Longest trainable sequence"].heading.endswith("measured with older code (rev unrecorded)")
+    assert "length probe" in headings["Longest trainable sequence"].conclusion
+    ring = headings["Ring attention against one GPU"]
+    assert ring.heading.endswith("measured with older code (rev ca29081 + uncommitted changes)")
+    assert "neither run learned" in ring.conclusion and "does not change" not in ring.conclusion
+    assert headings["Training throughput and memory"].heading.endswith("(rev ca29081 + uncommitted changes)")
+    # seeds shown where they disagree; a contrast resting on one seed says so; both 128K fine-tunes shown
+    assert any("seeds 99.8, 64.5, 100.0%" in line and "rests on one seed" in line for line in page.findings)
+    assert any("88.7% [85.6, 91.1]" in line and "97.3%" in line for line in page.findings)
+
+
+def test_length_probe_keeps_its_own_command_and_no_revision_it_did_not_record():
+    from hilbert_lab.reports.provenance import NOT_RECORDED
+    from hilbert_lab.reports.training import load_runs
+    from hilbert_lab.reports.training_length import longest_trainable_sections, longest_trainable_table
+
+    groups = load_runs({"128K": {"fine-tune": "reports/results/train_gpu_h100_128k.json"}})
+    table = longest_trainable_table(groups)
+    assert set(table["revision"]) == {NOT_RECORDED} and set(table["stored_in"]) == {"train_gpu_h100_128k.json"}
+    assert all("--probe-lengths" in command and "longest_h100.json" in command for command in table["command"])
+    metrics = {"tables": {"longest_trainable": {"columns": list(table.columns),
+                                                "rows": table.to_dict(orient="records")}}}
+    (section,), findings = longest_trainable_sections(metrics)
+    assert findings == [] and section.heading.endswith("measured with older code (rev unrecorded)")
+    assert "stored in train_gpu_h100_128k.json" in section.conclusion
+    assert "The file that command names is not in the repository" in section.conclusion
+
+
+def test_a_contrast_carried_by_one_seed_is_named():
+    from hilbert_lab.reports.training_grid import seed_contrast
+
+    dilated = {"row": "dilated", "accuracy": 0.965, "accuracy_low": 0.955, "accuracy_high": 0.974,
+               "run_accuracies": [0.984, 0.941, 0.971]}
+    dense = {"row": "dense", "accuracy": 0.881, "accuracy_low": 0.864, "accuracy_high": 0.896,
+             "run_accuracies": [0.998, 0.645, 1.0]}
+    assert "only through one dense seed (64.5%)" in seed_contrast(dilated, dense)
+    assert seed_contrast(dilated, {**dense, "run_accuracies": [0.80, 0.85, 0.90]}) is None  # every seed behind
+    assert seed_contrast(dilated, {**dense, "accuracy_high": 0.96}) is None  # pooled intervals overlap
