@@ -116,3 +116,18 @@ def test_a_contrast_carried_by_one_seed_is_named():
     assert "only through one dense seed (64.5%)" in seed_contrast(dilated, dense)
     assert seed_contrast(dilated, {**dense, "run_accuracies": [0.80, 0.85, 0.90]}) is None  # every seed behind
     assert seed_contrast(dilated, {**dense, "accuracy_high": 0.96}) is None  # pooled intervals overlap
+
+
+def test_readme_headline_shows_disagreeing_seeds_and_every_fine_tune():
+    import json
+
+    flat = " ".join((REPO / "README.md").read_text().split())
+    rows = json.loads((REPO / "reports" / "results" / "retrieval_grid_h100.json").read_text())["rows"]
+    for name, label in (("gpu-32k-dil8-long1k", "dilated"), ("gpu-32k", "dense top")):
+        pooled = rows[name]["pooled"]
+        seeds = ", ".join(f"{a:.3f}" for a in pooled["run_accuracies"])
+        assert seeds in flat, f"{label}: seeds {seeds} not shown"
+    assert "the contrast rests on one seed" in flat
+    for name in ("train_gpu_h100_128k.json", "train_gpu_h100_128k_seed1.json"):
+        final = json.loads((REPO / "reports" / "results" / name).read_text())["training"]["final_eval"]
+        assert f"{final['accuracy']:.3f} [{final['accuracy_low']:.3f}, {final['accuracy_high']:.3f}]" in flat, name
