@@ -131,3 +131,34 @@ def test_readme_headline_shows_disagreeing_seeds_and_every_fine_tune():
     for name in ("train_gpu_h100_128k.json", "train_gpu_h100_128k_seed1.json"):
         final = json.loads((REPO / "reports" / "results" / name).read_text())["training"]["final_eval"]
         assert f"{final['accuracy']:.3f} [{final['accuracy_low']:.3f}, {final['accuracy_high']:.3f}]" in flat, name
+
+
+DEFAULT_RUN = TRAINING_RUN.parent
+
+
+def test_serialization_page_explains_chance_ranks_only_disjoint_intervals_and_names_renamed_files():
+    import re
+
+    page = build_page(*load_run(DEFAULT_RUN / "serialization-small"))
+    trained = [s for s in page.sections if s.heading.startswith("Trained comparison on") and s.figure is not None]
+    assert trained
+    for section in trained:
+        assert any(line.startswith("The dashed line at 0.5 is chance: ") for line in section.text)
+        for line in (t for t in section.text if t.startswith("Ranking, ")):
+            entries = re.findall(r"(\d\.\d{3}) \[(\d\.\d{3}), (\d\.\d{3})\]", line)
+            signs = re.findall(r"\] ([>~]) ", line)
+            assert len(signs) == len(entries) - 1 > 0, line
+            for (_m, low, _h), (_m2, _l2, high), sign in zip(entries, entries[1:], signs):
+                assert (sign == ">") == (float(low) > float(high)), line
+    text = " ".join(page.findings + [s.conclusion for s in page.sections] + [t for s in page.sections for t in s.text])
+    assert "rowmajor" not in text and "hilbert/hilbert-trans" not in text
+    cpu = next(source for source in page.sources if "serialization_cpu.json" in source["what"])
+    assert "its command wrote serialization_cpu_300.json, committed as serialization_cpu.json" in cpu["what"]
+
+
+def test_locality_findings_say_where_the_winner_loses():
+    page = build_page(*load_run(DEFAULT_RUN / "locality"))
+    assert page.findings[0].startswith("Hilbert has 49% fewer LRU misses than row-major")
+    assert page.findings[1].startswith("Where Hilbert loses: Hilbert has 19% more LRU misses than row-major "
+                                       "(2,444 vs 2,048)")
+    assert "at 5 of 18 (configuration, cache) points" in page.findings[1]
