@@ -95,25 +95,59 @@ def _backend_finding(ok: list[dict[str, Any]]) -> str | None:
             f"{fmt_interval(best['median'], best['low'], best['high'], 'ms')} per call: " + "; ".join(others) + ".")
 
 
-def _ordering_findings(table: Any) -> tuple[str, str]:
-    """(finding, conclusion) of the ordering comparisons."""
-    counts = table["verdict"].value_counts()
+def unsettled(metrics: dict[str, Any], table: Any) -> dict[tuple[Any, ...], str]:
+    """{(backend, seq_len, ordering): the separate runs' ratio} of the interleaved comparisons whose verdict the
+    same cases timed in separate processes contradict (one says slower or faster, the other something else):
+    the run could not settle those."""
+    from hilbert_lab.bench.stats import compare
+
+    if not len(table) or table["timing"].iloc[0] != "interleaved":
+        return {}
+    cases = {(r["backend"], r["seq_len"], r["ordering"]): r for r in _rows(metrics, "results")
+             if r.get("status") == "ok" and r.get("times_ms") and r.get("pass", "forward") == "forward"}
+    out = {}
+    for row in table.itertuples():
+        ordered, identity = cases.get((row.backend, row.seq_len, row.ordering)), cases.get((row.backend, row.seq_len,
+                                                                                              "identity"))
+        if ordered and identity:
+            separate = compare(ordered["times_ms"], identity["times_ms"], row.ordering, "identity", paired=False)
+            if separate["verdict"] != row.verdict:
+                out[(row.backend, row.seq_len, row.ordering)] = _ratio(separate)
+    return out
+
+
+def _ordering_findings(table: Any, open_cases: dict[tuple[Any, ...], str] | None = None) -> tuple[str, str]:
+    """(finding, conclusion) of the ordering comparisons; `open_cases` (unsettled) are counted as not settled,
+    never as faster or slower."""
+    open_cases = open_cases or {}
+    settled = [(r.backend, r.seq_len, r.ordering) not in open_cases for r in table.itertuples()]
+    counts = table[settled]["verdict"].value_counts()
     slower = int(counts.get("identity faster", 0))
     same = int(counts.get("no difference", 0))
-    faster = len(table) - slower - same
+    faster = int(sum(settled)) - slower - same
+    unknown = len(table) - int(sum(settled))
     timing = table["timing"].iloc[0]
     orderings = ", ".join(dict.fromkeys(table["ordering"]))
     by_length = table.sort_values(["seq_len", "backend"])
     shown = by_length if len(by_length) <= 4 else by_length.iloc[[0, -1]]
-    spread = ("; " if len(shown) > 2 else " and ").join(
-        f"{_ratio(r._asdict())} at {int(r.seq_len):,} tokens ({r.backend})" for r in shown.itertuples())
+    def said(r: Any) -> str:
+        key = (r.backend, r.seq_len, r.ordering)
+        if key in open_cases:
+            return (f"not settled at {int(r.seq_len):,} tokens ({r.backend}): {_ratio(r._asdict())} interleaved but "
+                    f"{open_cases[key]} in separate runs")
+        return f"{_ratio(r._asdict())} at {int(r.seq_len):,} tokens ({r.backend})"
+
+    spread = ("; " if len(shown) > 2 else " and ").join(said(r) for r in shown.itertuples())
     tally = ", ".join(f"{word} in {count}" for word, count in (("faster", faster), ("slower", slower),
-                                                               ("no different", same)) if count)
+                                                               ("no different", same), ("not settled", unknown))
+                      if count)
     finding = (f"The {orderings} layout against identity (the same attention, only the memory order differs; "
                f"{'timed alternately in one process' if timing == 'interleaved' else 'timed in separate processes'}):"
                f" {tally} of {len(table)} comparisons, speed-up {spread}.")
     conclusion = (f"Speed-up = identity time / ordered time (above 1: the ordering is faster); {len(table)} "
-                  f"comparisons, {timing}: faster in {faster}, slower in {slower}, no difference in {same}.")
+                  f"comparisons, {timing}: faster in {faster}, slower in {slower}, no difference in {same}"
+                  + (f", not settled in {unknown} (the same cases timed in separate processes give another verdict, "
+                     "so this run cannot tell)" if unknown else "") + ".")
     return finding, conclusion
 
 
@@ -158,7 +192,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
 
     from hilbert_lab.bench.stats import bootstrap_median_ci
     from hilbert_lab.reports.page import (CPU_TIMING_NOTE, Page, Section, fmt, fmt_count, fmt_interval, is_gpu_env,
-                                          older_code_page, out_of_memory, style_axes)
+                                          memory_change, memory_resolution_mib, older_code_page, out_of_memory,
+                                          style_axes)
     from hilbert_lab.reports.provenance import older_code
 
     gpu = is_gpu_env(env)
@@ -174,7 +209,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     findings, sections = [], []
     table = comparisons(metrics)
     if len(table):
-        finding, conclusion = _ordering_findings(table)
+        finding, conclusion = _ordering_findings(table, unsettled(metrics, table))
         findings.append(finding)
     backend_line = _backend_finding(ok) if ok else None
     if backend_line:
@@ -240,6 +275,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         memory = (f"Peak memory above the inputs at {longest[0]['seq_len']:,} tokens: " + ", ".join(
             f"{_label(r)} {fmt(r['peak_mib'])} MiB" for r in sorted(longest, key=lambda r: r["peak_mib"]))
             + f" (one measurement per case: {method.split(' (')[0]}).")
+        resolution = memory_resolution_mib(method if method != "the runner" else parameters.get("device", "cpu"))
+        by_case = {(r["backend"], r.get("mode"), r.get("pass", "forward"), r["ordering"]): r for r in longest}
+        layouts = [f"{r['ordering']} against identity ({r['backend']}): {memory_change(base['peak_mib'], r['peak_mib'], resolution)}"
+                   for key, r in by_case.items() if key[3] != "identity"
+                   for base in [by_case.get((*key[:3], "identity"))] if base is not None]
+        if layouts:
+            memory += " Layouts: " + "; ".join(layouts) + "."
         sections.append(Section("Peak memory", memory, figure=fig))
         if len(findings) < 5:
             findings.append(memory)

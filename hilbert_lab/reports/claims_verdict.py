@@ -24,6 +24,7 @@ _NEGATIVE_LOWER = re.compile(r"-(\d+(?:\.\d+)?)% lower")
 _SIZE = re.compile(r",? (?:N=|at |L=)\d[\d,]*$")
 _NUMBER = re.compile(r"[-+]?\d[\d,.]*%?")
 _CLAUSE = re.compile(r"(?<=[.;])\s+(?=[A-Za-z0-9'(])")
+_MEMORY_CHANGE = re.compile(r"\d+(?:\.\d+)?% (?:higher|lower) \(([\d,.]+) -> ([\d,.]+) MiB\)")
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)x \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]")
 
 __all__ = ["CLAIM_VERDICTS", "RENAMED", "ROW_VERDICTS", "claim_verdict", "quote_claimed_ratios", "settle_row"]
@@ -45,6 +46,20 @@ def _is_absolute_rate(row: Mapping[str, Any]) -> bool:
     return "tokens/s" in str(row.get("aspect", "")) and bool(re.fullmatch(r"[\d,]+", str(row.get("claimed", ""))))
 
 
+def _memory_within_resolution(row: Mapping[str, Any], measured: str) -> str:
+    """A recorded peak-memory change ('4.5% higher (268 -> 280 MiB)') below the measurement's resolution restated
+    as no difference (page.memory_change); a larger one as recorded."""
+    from hilbert_lab.reports.page import memory_change, memory_resolution_mib
+
+    match = _MEMORY_CHANGE.fullmatch(measured)
+    if not match or not str(row.get("aspect", "")).startswith("peak memory"):
+        return measured
+    device = "cuda" if "cuda" in str(row.get("configuration", "")) else "cpu"
+    before, after = (float(match.group(i).replace(",", "")) for i in (1, 2))
+    resolution = memory_resolution_mib(device)
+    return memory_change(before, after, resolution) if abs(after - before) < resolution else measured
+
+
 def _is_estimate(row: Mapping[str, Any]) -> bool:
     """A row computed from a model ('model estimate'), not measured: it cannot confirm or refute a claim."""
     return "estimate" in str(row.get("configuration", "")).lower()
@@ -62,6 +77,7 @@ def settle_row(row: Mapping[str, Any]) -> dict[str, Any]:
     measured = _INTERVAL.sub(lambda m: m.group(0) + (" (the estimate sits at an end of its interval: few repeats)"
                                                      if m.group(1) in (m.group(2), m.group(3)) and m.group(2) != m.group(3)
                                                      else ""), measured)
+    measured = _memory_within_resolution(row, measured)
     verdict, why = row["verdict"], _renamed(str(row.get("why") or ""))
     if verdict in ("confirmed", "refuted"):
         if _is_estimate(row):

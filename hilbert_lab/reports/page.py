@@ -14,6 +14,11 @@ from hilbert_lab.reports.provenance import env_source
 CPU_TIMING_NOTE = ("Absolute CPU timings on a shared 2-core machine are indicative only; comparisons use "
                    "medians with 95% bootstrap intervals, and an interval containing 1 reads 'no difference'.")
 MAX_FINDINGS = 5
+# the smallest peak-memory difference a page reads as a difference: a CPU peak is an RSS reading, and the same
+# case differs by several MiB between processes and runs (allocator arenas, pages); a CUDA peak
+# (torch.cuda.max_memory_allocated) counts allocated blocks of 512 B
+CPU_MEMORY_RESOLUTION_MIB = 16.0
+CUDA_MEMORY_RESOLUTION_MIB = 512 / 2**20
 
 
 @dataclass
@@ -72,6 +77,22 @@ def older_code_page(page: Page, label: str, keep: Sequence[str] = ()) -> Page:
                   "for that revision only.", text=list(page.findings))
     sections = [old] + [replace(section, heading=f"{section.heading}: {label}") for section in page.sections]
     return replace(page, findings=[first, *keep][:MAX_FINDINGS], headline=first, sections=sections)
+
+
+def memory_resolution_mib(method_or_device: Any) -> float:
+    """The resolution of a peak-memory measurement, MiB: CUDA_MEMORY_RESOLUTION_MIB for a CUDA peak (a method
+    or device naming cuda), else CPU_MEMORY_RESOLUTION_MIB."""
+    return CUDA_MEMORY_RESOLUTION_MIB if "cuda" in str(method_or_device).lower() else CPU_MEMORY_RESOLUTION_MIB
+
+
+def memory_change(before_mib: float, after_mib: float, resolution_mib: float) -> str:
+    """'no difference (268 -> 280 MiB, within the 16 MiB resolution of the measurement)' when the two peaks differ
+    by less than `resolution_mib`, else '37.1% higher (432 -> 593 MiB)' / '12.0% lower (...)'."""
+    numbers = f"{fmt(float(before_mib))} -> {fmt(float(after_mib))} MiB"
+    if abs(after_mib - before_mib) < resolution_mib:
+        return f"no difference ({numbers}, within the {fmt(resolution_mib)} MiB resolution of the measurement)"
+    change = 100.0 * (after_mib / before_mib - 1) if before_mib else float("inf")
+    return f"{abs(change):.1f}% {'higher' if change > 0 else 'lower'} ({numbers})"
 
 
 def is_missing(value: Any) -> bool:

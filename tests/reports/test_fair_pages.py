@@ -162,3 +162,50 @@ def test_locality_findings_say_where_the_winner_loses():
     assert page.findings[1].startswith("Where Hilbert loses: Hilbert has 19% more LRU misses than row-major "
                                        "(2,444 vs 2,048)")
     assert "at 5 of 18 (configuration, cache) points" in page.findings[1]
+
+
+def _ab_metrics(interleaved, separate):
+    """A benchmark run: the hilbert layout timed against identity alternately (interleaved) and in separate runs."""
+    (identity, ordered), (identity_alone, ordered_alone) = interleaved, separate
+    rows = [{"seq_len": 512, "mode": "longnet", "backend": "auto", "ordering": "hilbert",
+             "identity_times_ms": list(identity), "ordered_times_ms": list(ordered), "max_abs_difference": 0.0}]
+    results = [{"backend": "auto", "seq_len": 512, "mode": "longnet", "ordering": name, "pass": "forward",
+                "status": "ok", "median_ms": float(sorted(times)[len(times) // 2]), "times_ms": list(times),
+                "tokens_per_s": 1.0, "useful_tflops": 1.0, "peak_mib": None, "error": ""}
+               for name, times in (("identity", identity_alone), ("hilbert", ordered_alone))]
+    return {"report": "benchmark", "parameters": {"device": "cpu", "repeats": len(identity)},
+            "tables": {"ordering_ab": {"rows": rows}, "results": {"rows": results}}}
+
+
+def test_benchmark_card_says_not_settled_when_the_two_timings_disagree():
+    import numpy as np
+
+    from hilbert_lab.reports import benchmark_page
+
+    env = {"device": {"device": "cpu"}, "cpu": {"model": "test", "usable_cores": 2}, "git": {"commit": _head()}}
+    rng = np.random.default_rng(0)
+    slower = (rng.normal(10, 0.1, 21), rng.normal(11, 0.1, 21))
+    noise = (rng.lognormal(2.3, 0.3, 21), rng.lognormal(2.3, 0.3, 21))
+    page = benchmark_page.render(_ab_metrics(slower, noise), env)
+    assert "not settled in 1 of 1 comparisons" in page.headline and "slower" not in page.headline.split(":")[1][:40]
+    assert "not settled at 512 tokens (auto)" in page.headline
+    agreed = benchmark_page.render(_ab_metrics(slower, (rng.normal(10, 0.1, 21), rng.normal(11, 0.1, 21))), env)
+    assert "slower in 1 of 1 comparisons" in agreed.headline and "not settled" not in agreed.headline
+    same = benchmark_page.render(_ab_metrics(noise, noise), env)
+    assert "no different in 1 of 1" in same.headline  # an interval holding 1 reads 'no difference'
+
+
+def test_memory_differences_below_the_resolution_are_no_difference():
+    from hilbert_lab.reports.page import memory_change, memory_resolution_mib
+
+    assert memory_resolution_mib("cpu") == 16 and memory_resolution_mib("torch.cuda.max_memory_allocated") < 0.001
+    assert memory_change(268, 280, 16).startswith("no difference (268 -> 280 MiB")
+    assert memory_change(3, 5.85, 16).startswith("no difference")
+    assert memory_change(432, 593, memory_resolution_mib("cuda")) == "37.3% higher (432 -> 593 MiB)"
+    claims = build_page(*load_run(DEFAULT_RUN / "claims-small"))
+    overview = next(s.table for s in claims.sections if s.heading.startswith("Claimed vs measured"))
+    c6 = overview.set_index(overview["claim"].str[:3]).loc["C6:"]
+    assert "no difference (268 -> 280 MiB, within the 16 MiB resolution" in c6["measured"]
+    bench = build_page(*load_run(DEFAULT_RUN / "benchmark-small"))
+    memory = next(s for s in bench.sections if s.heading == "Peak memory").conclusion
+    assert "hilbert against identity (auto): no difference (1 -> 8.81 MiB" in memory
