@@ -132,12 +132,16 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     verdicts = _trained_verdicts(trained) if len(trained) else []
     chance = values.get("chance_accuracy")
     chance_note = ((metrics.get("metrics") or {}).get("chance_accuracy") or {}).get("note")
+    runs_table = _table(metrics, "trained_runs")
+    revisions = {row["source"]: f", rev {str(row['revision']).split(' (')[0]}" for row in
+                 runs_table.to_dict(orient="records") if row.get("revision") and row["revision"] == row["revision"]
+                 and not str(row["revision"]).startswith("not recorded")} if "revision" in runs_table else {}
     primary = next((v for v in verdicts if not str(v["device"]).startswith("CPU")), verdicts[0] if verdicts else None)
     for verdict in verdicts:
         if primary is not None and verdict["source"] == primary["source"] and verdict["separated"]:
             seeds = sorted({int(n) for n in verdict["rows"].get("seeds", []) if n == n})
             findings.append(f"Trained on {verdict['device']} ({_names([str(n) for n in seeds]) if seeds else 'several'} "
-                            f"seeds), {verdict['label']}: " + verdict["numbers"].replace(
+                            f"seeds{revisions.get(verdict['source'], '')}), {verdict['label']}: " + verdict["numbers"].replace(
                                 "; the other pairs overlap: no difference between them", "") + ".")
     flat = [v for v in verdicts if primary is not None and v["source"] == primary["source"] and not v["separated"]]
     if flat:

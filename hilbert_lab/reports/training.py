@@ -341,7 +341,10 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         findings.append("Runs evaluated with answer counts: " + "; ".join(
             f"{row['run']} {percent_interval(row['final_accuracy'], row['accuracy_low'], row['accuracy_high'])} over "
             f"{fmt(row['answers'])} answers at {fmt(row['seq_len'])} tokens" for row in with_interval.to_dict(orient="records"))
-            + f" (chance {100 * with_interval['chance_accuracy'].iloc[0]:.1f}%).")
+            + f" (chance {100 * with_interval['chance_accuracy'].iloc[0]:.1f}%" + "".join(
+                f"; trained at rev {text}" for text in dict.fromkeys(str(r).split(" (")[0] for r in
+                                                                     with_interval.get("revision", []))
+                if text and not text.startswith(("not recorded", "nan", "None"))) + ").")
     groups = list(dict.fromkeys(finals["group"])) if len(finals) and len(history) else []
     if len(finals) and not len(history):
         sections.append(Section("Curves", "This run recorded no history table (an older run): no curves."))

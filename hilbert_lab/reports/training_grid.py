@@ -126,6 +126,12 @@ def main_result(rows: Any) -> dict[str, Any] | None:
     return max(reached, key=lambda r: r["accuracy_low"]) if reached else None
 
 
+def _revision(row: Mapping[str, Any]) -> str:
+    """', trained at rev 8043871 + uncommitted changes' from a grid row's revision (nothing when not recorded)."""
+    text = str(row.get("revision") or "").split(" (")[0]
+    return f", trained at rev {text}" if text and not text.startswith(("not recorded", "nan", "None")) else ""
+
+
 def _seed_spread(row: Mapping[str, Any]) -> str:
     runs = list(row.get("run_accuracies") or [])
     return f", seeds {100 * min(runs):.1f}-{100 * max(runs):.1f}%" if len(runs) > 1 and min(runs) < max(runs) else ""
@@ -187,7 +193,7 @@ def grid_sections(metrics: Mapping[str, Any]):
                             f"{percent_interval(top['accuracy'], top['accuracy_low'], top['accuracy_high'])} over "
                             f"{fmt(top['count'])} answers ({int(top['seeds'])} seeds{_seed_spread(top)}) with "
                             f"{100 * top['flops_fraction']:.1f}% of the dense-top config's attention FLOPs and at most "
-                            f"{fmt(top['max_keys_per_query'])} keys per query ({grid}).")
+                            f"{fmt(top['max_keys_per_query'])} keys per query ({grid}{_revision(top)}).")
             dense = [r for r in records if r["flops_fraction"] >= 0.999 and r is not top]
             contrast = seed_contrast(top, dense[0]) if dense else None
             if contrast:

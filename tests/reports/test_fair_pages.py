@@ -209,3 +209,13 @@ def test_memory_differences_below_the_resolution_are_no_difference():
     bench = build_page(*load_run(DEFAULT_RUN / "benchmark-small"))
     memory = next(s for s in bench.sections if s.heading == "Peak memory").conclusion
     assert "hilbert against identity (auto): no difference (1 -> 8.81 MiB" in memory
+
+
+def test_committed_accuracy_findings_carry_their_revision():
+    training = build_page(*load_run(TRAINING_RUN))
+    assert training.headline.endswith("(32K grid on H100, trained at rev 8043871 + uncommitted changes).")
+    assert any(line.startswith("Runs evaluated with answer counts") and "trained at rev 8043871" in line
+               for line in training.findings)
+    serialization = build_page(*load_run(DEFAULT_RUN / "serialization-small"))
+    assert serialization.headline.startswith("Trained on NVIDIA H100 80GB HBM3 (3 seeds, rev 0ceb35e + uncommitted "
+                                             "changes)")
