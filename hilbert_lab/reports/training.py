@@ -296,6 +296,10 @@ def _curves(group: str, group_finals: Any, history: Any, phases: Any) -> list[An
                           + ".")
         else:
             conclusion = f"Lowest final eval loss: {low['run']} ({fmt(low['final_loss'])} nats; chance {fmt(chance_loss)})."
+        revisions = [text for text in dict.fromkeys(str(r).split(" (")[0] for r in group_finals.get("revision", []))
+                     if text and not text.startswith(("not recorded", "nan", "None"))]
+        if revisions:
+            conclusion += f" Trained at rev {' and '.join(revisions)}."
         at_chance = bool(chance) and best["final_accuracy"] < 3 * chance  # then the loss is the curve to look at
         sections.append(Section(f"{group}: {metric}", conclusion, figure=fig,
                                 collapsed=(metric == "loss") != at_chance))
