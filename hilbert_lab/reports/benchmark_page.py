@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hilbert_lab.reports.benchmark import _rows, comparisons
+from hilbert_lab.viz.style import ordering_colour, ordering_name
 
 # the backend that ran -> what it is
 EXECUTORS = {"triton": "the fused Triton kernel", "sdpa": "PyTorch SDPA per block", "manual": "eager attention per block",
@@ -21,7 +22,7 @@ EXECUTORS = {"triton": "the fused Triton kernel", "sdpa": "PyTorch SDPA per bloc
 
 
 def _label(row: dict[str, Any]) -> str:
-    return f"{row['backend']} / {row['ordering']}" + (f" / {row['mode']}" if row.get("mode") != "longnet" else "") \
+    return f"{row['backend']} / {ordering_name(row['ordering'])}" + (f" / {row['mode']}" if row.get("mode") != "longnet" else "") \
         + ("" if row.get("pass", "forward") == "forward" else " (fwd+bwd)")
 
 
@@ -127,7 +128,7 @@ def _ordering_findings(table: Any, open_cases: dict[tuple[Any, ...], str] | None
     faster = int(sum(settled)) - slower - same
     unknown = len(table) - int(sum(settled))
     timing = table["timing"].iloc[0]
-    orderings = ", ".join(dict.fromkeys(table["ordering"]))
+    orderings = ", ".join(dict.fromkeys(map(ordering_name, table["ordering"])))
     by_length = table.sort_values(["seq_len", "backend"])
     shown = by_length if len(by_length) <= 4 else by_length.iloc[[0, -1]]
     def said(r: Any) -> str:
@@ -236,7 +237,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             group = group.sort_values("seq_len")
             fig.add_trace(go.Scatter(
                 x=group["seq_len"].tolist(), y=group["speedup"].tolist(), mode="lines+markers",
-                name=f"{backend} / {ordering}" + ("" if mode == "longnet" else f" / {mode}"),
+                name=f"{backend} / {ordering_name(ordering)}" + ("" if mode == "longnet" else f" / {mode}"),
+                line={"color": ordering_colour(ordering)},
                 error_y=dict(type="data", symmetric=False, array=(group["speedup_high"] - group["speedup"]).tolist(),
                              arrayminus=(group["speedup"] - group["speedup_low"]).tolist())))
         fig.add_hline(y=1.0, line_dash="dash", line_color="#888", annotation_text="no difference",
@@ -246,7 +248,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         fig.update_layout(title=f"ordering vs identity: time ratio with 95% bootstrap interval ({table['timing'].iloc[0]})",
                           xaxis_type="log", height=400)
         shown = pd.DataFrame({
-            "backend": table["backend"], "tokens": table["seq_len"], "ordering": table["ordering"],
+            "backend": table["backend"], "tokens": table["seq_len"], "ordering": table["ordering"].map(ordering_name),
             "identity ms [95%]": [fmt_interval(r.b_median, r.b_low, r.b_high) for r in table.itertuples()],
             "ordered ms [95%]": [fmt_interval(r.a_median, r.a_low, r.a_high) for r in table.itertuples()],
             "speed-up [95%]": [_ratio(r._asdict()) for r in table.itertuples()], "verdict": table["verdict"]})
@@ -277,7 +279,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             + f" (one measurement per case: {method.split(' (')[0]}).")
         resolution = memory_resolution_mib(method if method != "the runner" else parameters.get("device", "cpu"))
         by_case = {(r["backend"], r.get("mode"), r.get("pass", "forward"), r["ordering"]): r for r in longest}
-        layouts = [f"{r['ordering']} against identity ({r['backend']}): {memory_change(base['peak_mib'], r['peak_mib'], resolution)}"
+        layouts = [f"{ordering_name(r['ordering'])} against identity ({r['backend']}): {memory_change(base['peak_mib'], r['peak_mib'], resolution)}"
                    for key, r in by_case.items() if key[3] != "identity"
                    for base in [by_case.get((*key[:3], "identity"))] if base is not None]
         if layouts:
@@ -300,7 +302,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     modes = sorted({row["mode"] for row in results})
     passes = sorted({row.get("pass", "forward") for row in results})
     cases = pd.DataFrame([{
-        "backend": _backend(row), "tokens": row["seq_len"], "ordering": row["ordering"],
+        "backend": _backend(row), "tokens": row["seq_len"], "ordering": ordering_name(row["ordering"]),
         **({"mode": row["mode"]} if len(modes) > 1 else {}), **({"pass": row["pass"]} if len(passes) > 1 else {}),
         "median ms [95%]": fmt_interval(row["median"], row["low"], row["high"]) if row in ok else row["status"],
         "tokens/s": fmt_count(row.get("tokens_per_s")), "useful TFLOP/s": row.get("useful_tflops"),
@@ -316,7 +318,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
              f"{parameters.get('dilation_rates')}, {parameters.get('num_heads')} heads of {parameters.get('head_dim')}, "
              f"{parameters.get('dtype')}) timed at {', '.join(f'{n:,}' for n in lengths)} tokens, backends "
              f"{', '.join(sorted({row['backend'] for row in results}))}, orderings "
-             f"{', '.join(sorted({row['ordering'] for row in results}))}; {len(ok)} of {len(results)} cases finished. "
+             f"{', '.join(sorted({ordering_name(row['ordering']) for row in results}))}; {len(ok)} of {len(results)} cases finished. "
              "Times are medians with 95% bootstrap intervals; a ratio whose interval contains 1 reads 'no difference'.")
     page = Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
                 sections=sections, notes=[] if gpu else [CPU_TIMING_NOTE])

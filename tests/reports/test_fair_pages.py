@@ -208,7 +208,7 @@ def test_memory_differences_below_the_resolution_are_no_difference():
     assert "no difference (268 -> 280 MiB, within the 16 MiB resolution" in c6["measured"]
     bench = build_page(*load_run(DEFAULT_RUN / "benchmark-small"))
     memory = next(s for s in bench.sections if s.heading == "Peak memory").conclusion
-    assert "hilbert against identity (auto): no difference (1 -> 8.81 MiB" in memory
+    assert "Hilbert against identity (auto): no difference (1 -> 8.81 MiB" in memory
 
 
 def test_committed_accuracy_findings_carry_their_revision():
@@ -219,3 +219,17 @@ def test_committed_accuracy_findings_carry_their_revision():
     serialization = build_page(*load_run(DEFAULT_RUN / "serialization-small"))
     assert serialization.headline.startswith("Trained on NVIDIA H100 80GB HBM3 (3 seeds, rev 0ceb35e + uncommitted "
                                              "changes)")
+
+
+def test_every_page_names_orderings_by_their_display_name():
+    import re
+
+    for run in ("benchmark-small", "locality", "serialization-small"):
+        page = build_page(*load_run(DEFAULT_RUN / run))
+        text = " ".join(page.findings + [page.about] + [s.conclusion for s in page.sections]
+                        + [t for s in page.sections for t in s.text])
+        legends = [trace.name for s in page.sections if s.figure is not None for trace in s.figure.data
+                   if trace.name]
+        for words in [text] + legends:
+            assert not re.search(r"\b(rowmajor|dilation_major|hilbert/hilbert-trans)\b", words), (run, words[:200])
+            assert not re.search(r"(?<![\w/-])hilbert(?![\w/-])", words), (run, words[:200])
