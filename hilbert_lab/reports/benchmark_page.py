@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from hilbert_lab.reports.benchmark import _rows, comparisons
+from hilbert_lab.viz.style import ordering_colour, ordering_name
 
 # the backend that ran -> what it is
 EXECUTORS = {"triton": "the fused Triton kernel", "sdpa": "PyTorch SDPA per block", "manual": "eager attention per block",
@@ -21,7 +22,7 @@ EXECUTORS = {"triton": "the fused Triton kernel", "sdpa": "PyTorch SDPA per bloc
 
 
 def _label(row: dict[str, Any]) -> str:
-    return f"{row['backend']} / {row['ordering']}" + (f" / {row['mode']}" if row.get("mode") != "longnet" else "") \
+    return f"{row['backend']} / {ordering_name(row['ordering'])}" + (f" / {row['mode']}" if row.get("mode") != "longnet" else "") \
         + ("" if row.get("pass", "forward") == "forward" else " (fwd+bwd)")
 
 
@@ -95,25 +96,59 @@ def _backend_finding(ok: list[dict[str, Any]]) -> str | None:
             f"{fmt_interval(best['median'], best['low'], best['high'], 'ms')} per call: " + "; ".join(others) + ".")
 
 
-def _ordering_findings(table: Any) -> tuple[str, str]:
-    """(finding, conclusion) of the ordering comparisons."""
-    counts = table["verdict"].value_counts()
+def unsettled(metrics: dict[str, Any], table: Any) -> dict[tuple[Any, ...], str]:
+    """{(backend, seq_len, ordering): the separate runs' ratio} of the interleaved comparisons whose verdict the
+    same cases timed in separate processes contradict (one says slower or faster, the other something else):
+    the run could not settle those."""
+    from hilbert_lab.bench.stats import compare
+
+    if not len(table) or table["timing"].iloc[0] != "interleaved":
+        return {}
+    cases = {(r["backend"], r["seq_len"], r["ordering"]): r for r in _rows(metrics, "results")
+             if r.get("status") == "ok" and r.get("times_ms") and r.get("pass", "forward") == "forward"}
+    out = {}
+    for row in table.itertuples():
+        ordered, identity = cases.get((row.backend, row.seq_len, row.ordering)), cases.get((row.backend, row.seq_len,
+                                                                                              "identity"))
+        if ordered and identity:
+            separate = compare(ordered["times_ms"], identity["times_ms"], row.ordering, "identity", paired=False)
+            if separate["verdict"] != row.verdict:
+                out[(row.backend, row.seq_len, row.ordering)] = _ratio(separate)
+    return out
+
+
+def _ordering_findings(table: Any, open_cases: dict[tuple[Any, ...], str] | None = None) -> tuple[str, str]:
+    """(finding, conclusion) of the ordering comparisons; `open_cases` (unsettled) are counted as not settled,
+    never as faster or slower."""
+    open_cases = open_cases or {}
+    settled = [(r.backend, r.seq_len, r.ordering) not in open_cases for r in table.itertuples()]
+    counts = table[settled]["verdict"].value_counts()
     slower = int(counts.get("identity faster", 0))
     same = int(counts.get("no difference", 0))
-    faster = len(table) - slower - same
+    faster = int(sum(settled)) - slower - same
+    unknown = len(table) - int(sum(settled))
     timing = table["timing"].iloc[0]
-    orderings = ", ".join(dict.fromkeys(table["ordering"]))
+    orderings = ", ".join(dict.fromkeys(map(ordering_name, table["ordering"])))
     by_length = table.sort_values(["seq_len", "backend"])
     shown = by_length if len(by_length) <= 4 else by_length.iloc[[0, -1]]
-    spread = ("; " if len(shown) > 2 else " and ").join(
-        f"{_ratio(r._asdict())} at {int(r.seq_len):,} tokens ({r.backend})" for r in shown.itertuples())
+    def said(r: Any) -> str:
+        key = (r.backend, r.seq_len, r.ordering)
+        if key in open_cases:
+            return (f"not settled at {int(r.seq_len):,} tokens ({r.backend}): {_ratio(r._asdict())} interleaved but "
+                    f"{open_cases[key]} in separate runs")
+        return f"{_ratio(r._asdict())} at {int(r.seq_len):,} tokens ({r.backend})"
+
+    spread = ("; " if len(shown) > 2 else " and ").join(said(r) for r in shown.itertuples())
     tally = ", ".join(f"{word} in {count}" for word, count in (("faster", faster), ("slower", slower),
-                                                               ("no different", same)) if count)
+                                                               ("no different", same), ("not settled", unknown))
+                      if count)
     finding = (f"The {orderings} layout against identity (the same attention, only the memory order differs; "
                f"{'timed alternately in one process' if timing == 'interleaved' else 'timed in separate processes'}):"
                f" {tally} of {len(table)} comparisons, speed-up {spread}.")
     conclusion = (f"Speed-up = identity time / ordered time (above 1: the ordering is faster); {len(table)} "
-                  f"comparisons, {timing}: faster in {faster}, slower in {slower}, no difference in {same}.")
+                  f"comparisons, {timing}: faster in {faster}, slower in {slower}, no difference in {same}"
+                  + (f", not settled in {unknown} (the same cases timed in separate processes give another verdict, "
+                     "so this run cannot tell)" if unknown else "") + ".")
     return finding, conclusion
 
 
@@ -158,7 +193,9 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
 
     from hilbert_lab.bench.stats import bootstrap_median_ci
     from hilbert_lab.reports.page import (CPU_TIMING_NOTE, Page, Section, fmt, fmt_count, fmt_interval, is_gpu_env,
-                                          out_of_memory, style_axes)
+                                          memory_change, memory_resolution_mib, older_code_page, out_of_memory,
+                                          style_axes)
+    from hilbert_lab.reports.provenance import older_code
 
     gpu = is_gpu_env(env)
     parameters = metrics.get("parameters") or {}
@@ -173,7 +210,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     findings, sections = [], []
     table = comparisons(metrics)
     if len(table):
-        finding, conclusion = _ordering_findings(table)
+        finding, conclusion = _ordering_findings(table, unsettled(metrics, table))
         findings.append(finding)
     backend_line = _backend_finding(ok) if ok else None
     if backend_line:
@@ -200,7 +237,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             group = group.sort_values("seq_len")
             fig.add_trace(go.Scatter(
                 x=group["seq_len"].tolist(), y=group["speedup"].tolist(), mode="lines+markers",
-                name=f"{backend} / {ordering}" + ("" if mode == "longnet" else f" / {mode}"),
+                name=f"{backend} / {ordering_name(ordering)}" + ("" if mode == "longnet" else f" / {mode}"),
+                line={"color": ordering_colour(ordering)},
                 error_y=dict(type="data", symmetric=False, array=(group["speedup_high"] - group["speedup"]).tolist(),
                              arrayminus=(group["speedup"] - group["speedup_low"]).tolist())))
         fig.add_hline(y=1.0, line_dash="dash", line_color="#888", annotation_text="no difference",
@@ -210,7 +248,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         fig.update_layout(title=f"ordering vs identity: time ratio with 95% bootstrap interval ({table['timing'].iloc[0]})",
                           xaxis_type="log", height=400)
         shown = pd.DataFrame({
-            "backend": table["backend"], "tokens": table["seq_len"], "ordering": table["ordering"],
+            "backend": table["backend"], "tokens": table["seq_len"], "ordering": table["ordering"].map(ordering_name),
             "identity ms [95%]": [fmt_interval(r.b_median, r.b_low, r.b_high) for r in table.itertuples()],
             "ordered ms [95%]": [fmt_interval(r.a_median, r.a_low, r.a_high) for r in table.itertuples()],
             "speed-up [95%]": [_ratio(r._asdict()) for r in table.itertuples()], "verdict": table["verdict"]})
@@ -239,6 +277,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         memory = (f"Peak memory above the inputs at {longest[0]['seq_len']:,} tokens: " + ", ".join(
             f"{_label(r)} {fmt(r['peak_mib'])} MiB" for r in sorted(longest, key=lambda r: r["peak_mib"]))
             + f" (one measurement per case: {method.split(' (')[0]}).")
+        resolution = memory_resolution_mib(method if method != "the runner" else parameters.get("device", "cpu"))
+        by_case = {(r["backend"], r.get("mode"), r.get("pass", "forward"), r["ordering"]): r for r in longest}
+        layouts = [f"{ordering_name(r['ordering'])} against identity ({r['backend']}): {memory_change(base['peak_mib'], r['peak_mib'], resolution)}"
+                   for key, r in by_case.items() if key[3] != "identity"
+                   for base in [by_case.get((*key[:3], "identity"))] if base is not None]
+        if layouts:
+            memory += " Layouts: " + "; ".join(layouts) + "."
         sections.append(Section("Peak memory", memory, figure=fig))
         if len(findings) < 5:
             findings.append(memory)
@@ -257,7 +302,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     modes = sorted({row["mode"] for row in results})
     passes = sorted({row.get("pass", "forward") for row in results})
     cases = pd.DataFrame([{
-        "backend": _backend(row), "tokens": row["seq_len"], "ordering": row["ordering"],
+        "backend": _backend(row), "tokens": row["seq_len"], "ordering": ordering_name(row["ordering"]),
         **({"mode": row["mode"]} if len(modes) > 1 else {}), **({"pass": row["pass"]} if len(passes) > 1 else {}),
         "median ms [95%]": fmt_interval(row["median"], row["low"], row["high"]) if row in ok else row["status"],
         "tokens/s": fmt_count(row.get("tokens_per_s")), "useful TFLOP/s": row.get("useful_tflops"),
@@ -273,7 +318,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
              f"{parameters.get('dilation_rates')}, {parameters.get('num_heads')} heads of {parameters.get('head_dim')}, "
              f"{parameters.get('dtype')}) timed at {', '.join(f'{n:,}' for n in lengths)} tokens, backends "
              f"{', '.join(sorted({row['backend'] for row in results}))}, orderings "
-             f"{', '.join(sorted({row['ordering'] for row in results}))}; {len(ok)} of {len(results)} cases finished. "
+             f"{', '.join(sorted({ordering_name(row['ordering']) for row in results}))}; {len(ok)} of {len(results)} cases finished. "
              "Times are medians with 95% bootstrap intervals; a ratio whose interval contains 1 reads 'no difference'.")
-    return Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
+    page = Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
                 sections=sections, notes=[] if gpu else [CPU_TIMING_NOTE])
+    return older_code_page(page, older_code(env.get("git")) if gpu else "")

@@ -124,12 +124,16 @@ def claim_c6(*, results_dir: Path, device: str, max_tokens: int, progress: bool)
     if len(peaks) < 2 or not all(peaks.values()):
         return [_row("C6", "peak memory", f"N={seq_len}", "15-30% lower", f"failed: {[r['error'] for r in records]}",
                      "not reproducible here", "the isolated memory measurement failed")]
-    reduction = 100.0 * (1 - peaks["hilbert"] / peaks["identity"])
+    from hilbert_lab.reports.page import memory_change, memory_resolution_mib
+
+    before, after = peaks["identity"] / 2**20, peaks["hilbert"] / 2**20
+    resolution = memory_resolution_mib(device)
+    reduction = 100.0 * (1 - after / before)
+    verdict = ("inconclusive" if 0.15 * before < resolution else "confirmed" if 15 - 5 <= reduction
+               and before - after >= resolution else "refuted")
     return [_row("C6", "peak memory, forward+backward", f"N={seq_len}, w=[1024, 2048], r=[1, 2], H=8, D=64, fp32, "
                  f"{device}, isolated process", "15-30% lower (8.2 -> 6.9 GB at 100K, ring)",
-                 f"{abs(reduction):.1f}% {'lower' if reduction >= 0 else 'higher'} "
-                 f"({peaks['identity'] / 2**20:.0f} -> {peaks['hilbert'] / 2**20:.0f} MiB)",
-                 "confirmed" if 15 - 5 <= reduction else "refuted",
+                 memory_change(before, after, resolution), verdict,
                  "a layout permutation keeps every tensor the same size (plus an index), so it cannot save "
                  "15-30%; the 100K ring figure needs GPUs, the mechanism is measured here")]
 
@@ -257,9 +261,10 @@ def claim_c10() -> list[dict]:
     gpus_needed = int(np.ceil(8 * billion / (141e9)))
     return [
         _row("C10", "O(n/p) memory per device", "1M tokens, H=8, D=64, fp16, forward, model estimate",
-             "O(n/p)", scaling, "confirmed" if halving else "refuted",
+             "O(n/p)", scaling, "inconclusive",
              "per-rank memory from hilbert_lab.attention.memory.estimate_memory's ring model (an estimate, not a "
-             "multi-GPU measurement): from p=2 on each doubling of p halves it; p=1 runs no ring buffers"),
+             f"multi-GPU measurement): from p=2 on each doubling of p {'halves' if halving else 'does not halve'} it; "
+             "p=1 runs no ring buffers"),
         _row("C10", "billions of tokens", "2^30 tokens on 8 ranks, fp16, forward",
              "supports billions of tokens", f"{billion / 2**30:.0f} GiB per rank on 8 ranks",
              "not reproducible here",

@@ -12,7 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-VERDICTS = ("confirmed", "refuted", "not reproducible here")
+VERDICTS = ("confirmed", "refuted", "inconclusive", "not reproducible here")
 CLAIM_ROW_COLUMNS = ("claim", "aspect", "configuration", "claimed", "measured", "verdict", "why")
 
 

@@ -29,7 +29,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     import pandas as pd
     import plotly.graph_objects as go
 
-    from hilbert_lab.reports.page import CPU_TIMING_NOTE, Page, Section, is_gpu_env, style_axes
+    from hilbert_lab.reports.page import CPU_TIMING_NOTE, Page, Section, is_gpu_env, older_code_page, style_axes
+    from hilbert_lab.reports.provenance import older_code
     from hilbert_lab.viz.claims import VERDICT_COLOURS
 
     tables = metrics.get("tables") or {}
@@ -94,5 +95,6 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
                     figure=fig)]
     headline = (f"{len(groups['hold'])} of {len(order)} claims hold, {len(groups['fail'])} refuted, "
                 f"{len(groups['part'])} in part, {len(groups['open'])} not settled on {device}.")
-    return Page(title="Claims: the predecessor's results re-measured", findings=findings, about=summary,
+    page = Page(title="Claims: the predecessor's results re-measured", findings=findings, about=summary,
                 headline=headline, sections=head + sections, notes=[] if gpu else [CPU_TIMING_NOTE])
+    return older_code_page(page, older_code(env.get("git")) if gpu else "")

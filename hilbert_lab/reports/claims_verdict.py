@@ -24,6 +24,7 @@ _NEGATIVE_LOWER = re.compile(r"-(\d+(?:\.\d+)?)% lower")
 _SIZE = re.compile(r",? (?:N=|at |L=)\d[\d,]*$")
 _NUMBER = re.compile(r"[-+]?\d[\d,.]*%?")
 _CLAUSE = re.compile(r"(?<=[.;])\s+(?=[A-Za-z0-9'(])")
+_MEMORY_CHANGE = re.compile(r"\d+(?:\.\d+)?% (?:higher|lower) \(([\d,.]+) -> ([\d,.]+) MiB\)")
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)x \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]")
 
 __all__ = ["CLAIM_VERDICTS", "RENAMED", "ROW_VERDICTS", "claim_verdict", "quote_claimed_ratios", "settle_row"]
@@ -45,10 +46,29 @@ def _is_absolute_rate(row: Mapping[str, Any]) -> bool:
     return "tokens/s" in str(row.get("aspect", "")) and bool(re.fullmatch(r"[\d,]+", str(row.get("claimed", ""))))
 
 
+def _memory_within_resolution(row: Mapping[str, Any], measured: str) -> str:
+    """A recorded peak-memory change ('4.5% higher (268 -> 280 MiB)') below the measurement's resolution restated
+    as no difference (page.memory_change); a larger one as recorded."""
+    from hilbert_lab.reports.page import memory_change, memory_resolution_mib
+
+    match = _MEMORY_CHANGE.fullmatch(measured)
+    if not match or not str(row.get("aspect", "")).startswith("peak memory"):
+        return measured
+    device = "cuda" if "cuda" in str(row.get("configuration", "")) else "cpu"
+    before, after = (float(match.group(i).replace(",", "")) for i in (1, 2))
+    resolution = memory_resolution_mib(device)
+    return memory_change(before, after, resolution) if abs(after - before) < resolution else measured
+
+
+def _is_estimate(row: Mapping[str, Any]) -> bool:
+    """A row computed from a model ('model estimate'), not measured: it cannot confirm or refute a claim."""
+    return "estimate" in str(row.get("configuration", "")).lower()
+
+
 def settle_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """The row as the page states it: 'nan' -> 'not measured', a negative reduction written as an increase,
     renamed package names updated; its verdict made to follow from what it records: a ratio without an
-    interval cannot confirm or refute (inconclusive), a claimed absolute throughput on other hardware is not
+    interval or a model estimate cannot confirm or refute (inconclusive), a claimed absolute throughput on other hardware is not
     reproducible here, a row that measured nothing is not reproducible here."""
     measured = _NEGATIVE_LOWER.sub(lambda m: f"{m.group(1)}% higher", _NAN.sub("not measured", str(row["measured"])))
     bare = [ratio for ratio in _RATIO.findall(measured) if ratio != "nanx"]
@@ -57,9 +77,12 @@ def settle_row(row: Mapping[str, Any]) -> dict[str, Any]:
     measured = _INTERVAL.sub(lambda m: m.group(0) + (" (the estimate sits at an end of its interval: few repeats)"
                                                      if m.group(1) in (m.group(2), m.group(3)) and m.group(2) != m.group(3)
                                                      else ""), measured)
+    measured = _memory_within_resolution(row, measured)
     verdict, why = row["verdict"], _renamed(str(row.get("why") or ""))
     if verdict in ("confirmed", "refuted"):
-        if bare:
+        if _is_estimate(row):
+            verdict, why = "inconclusive", f"A model estimate, not a measurement of what the claim states, settles nothing. {why}"
+        elif bare:
             verdict, why = "inconclusive", f"{', '.join(bare)} was recorded without an interval, so it settles nothing. {why}"
         elif _is_absolute_rate(row):
             verdict = "not reproducible here"

@@ -6,6 +6,7 @@ a chart of equal bars.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 # metric -> (axis title with unit and direction, what it measures, name, parameter name)
@@ -28,12 +29,13 @@ NAMES = {"step_mean": "mean step", "step_max": "largest step", "stretch_max": "w
          "tiles_per_box_mean": "tiles per box", "tile_nonempty_share": "share of non-empty tiles",
          "tile_mean_density": "fill of non-empty tiles", "misses": "LRU misses", "line_accesses": "cache-line accesses",
          "distinct_lines": "distinct cache lines", "rows_needed": "K/V rows needed", "rows_loaded": "K/V rows loaded"}
-ORDERING_NAMES = {"rowmajor": "row-major", "dilation_major": "dilation-major"}
 BASELINES = ("rowmajor", "identity")
 
 
 def _name(ordering: str) -> str:
-    return ORDERING_NAMES.get(ordering, ordering)
+    from hilbert_lab.viz.style import ordering_name
+
+    return ordering_name(ordering)
 
 
 def _baseline(orderings: list[str]) -> str | None:
@@ -84,6 +86,41 @@ def miss_findings(table: Any) -> list[dict[str, Any]]:
     return sorted(out, key=lambda item: -item["gap"])
 
 
+def miss_losses(table: Any) -> list[dict[str, Any]]:
+    """Per (configuration, capacity) of the misses rows: every ordering with more misses than the baseline there
+    (ordering, value, base, base_value, excess = value / base_value - 1), largest excess first."""
+    out = []
+    misses = table[table["metric"] == "misses"]
+    for (configuration, capacity), rows in misses.groupby(["configuration", "parameter"], sort=False):
+        values = dict(zip(rows["ordering"], rows["value"].astype(float)))
+        base = _baseline(list(values))
+        if not base or not values[base]:
+            continue
+        for ordering, value in values.items():
+            if ordering != base and value > values[base]:
+                out.append({"configuration": configuration, "capacity": int(capacity), "ordering": ordering,
+                            "value": value, "base": base, "base_value": values[base],
+                            "excess": value / values[base] - 1, "family": rows["family"].iloc[0]})
+    return sorted(out, key=lambda item: -item["excess"])
+
+
+def _loss_sentence(losses: list[dict[str, Any]], total: int, winners: Sequence[str] = ()) -> str:
+    """Where an ordering loses to the baseline: the largest loss of the first winner that has one (the ordering
+    the page's first finding praises), else the largest of any, and at how many points it loses."""
+    from hilbert_lab.reports.page import fmt
+
+    mine = next(([item for item in losses if item["ordering"] == name] for name in winners
+                 if any(item["ordering"] == name for item in losses)), losses)
+    worst = mine[0]
+    who = _name(worst["ordering"]) if mine is not losses else "an ordering"
+    points = len({(item["configuration"], item["capacity"]) for item in mine})
+    return (f"Where {who} loses: {_name(worst['ordering'])} has {100 * worst['excess']:.0f}% more LRU misses than "
+            f"{_name(worst['base'])} ({fmt(worst['value'])} vs {fmt(worst['base_value'])}) for "
+            f"{_configuration(worst['configuration'])} at a {worst['capacity']:,}-line cache; "
+            f"{'it has' if mine is not losses else 'some ordering has'} more misses than {_name(worst['base'])} at "
+            f"{points} of {total} (configuration, cache) points.")
+
+
 def _configuration(text: str) -> str:
     """'32x32, window 8, tile 64, gather, 128 B rows' -> 'window-8 attention on a 32x32 grid (tile 64, gather,
     128 B rows)'; 'N=4096, w=1024, r=4, tile 64, ...' -> 'the dilated pattern N=4096, w=1024, r=4 (tile 64, ...)'."""
@@ -98,7 +135,8 @@ def _configuration(text: str) -> str:
 def _miss_sentence(item: dict[str, Any], note: str = "") -> str:
     from hilbert_lab.reports.page import fmt
 
-    return (f"{' = '.join(map(_name, item['best'])).capitalize()} has {100 * item['gap']:.0f}% fewer LRU misses than "
+    best = " = ".join(map(_name, item["best"]))
+    return (f"{best[0].upper() + best[1:]} has {100 * item['gap']:.0f}% fewer LRU misses than "
             f"{_name(item['base'])} ({fmt(item['low'])} vs {fmt(item['base_value'])}) for "
             f"{_configuration(item['configuration'])} at a {item['capacity']:,}-line cache{note}.")
 
@@ -118,9 +156,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     sequences = [item for item in miss_findings(table) if not item["family"].startswith("grid")]
     if grids:
         findings.append(_miss_sentence(grids[0]))
+    misses = table[table["metric"] == "misses"]
+    losses = miss_losses(table)
+    if losses:
+        findings.append(_loss_sentence(losses, len(misses.groupby(["configuration", "parameter"])),
+                                       grids[0]["best"] if grids else ()))
     if sequences:
         findings.append(_miss_sentence(sequences[0], " (a layout of the 1D pattern, not a curve)"))
-    misses = table[table["metric"] == "misses"]
     for configuration in misses["configuration"].unique():
         rows = misses[misses["configuration"] == configuration]
         capacities = sorted(int(p) for p in rows["parameter"].unique())

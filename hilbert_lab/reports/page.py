@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from hilbert_lab.reports.provenance import env_source
@@ -14,6 +14,11 @@ from hilbert_lab.reports.provenance import env_source
 CPU_TIMING_NOTE = ("Absolute CPU timings on a shared 2-core machine are indicative only; comparisons use "
                    "medians with 95% bootstrap intervals, and an interval containing 1 reads 'no difference'.")
 MAX_FINDINGS = 5
+# the smallest peak-memory difference a page reads as a difference: a CPU peak is an RSS reading, and the same
+# case differs by several MiB between processes and runs (allocator arenas, pages); a CUDA peak
+# (torch.cuda.max_memory_allocated) counts allocated blocks of 512 B
+CPU_MEMORY_RESOLUTION_MIB = 16.0
+CUDA_MEMORY_RESOLUTION_MIB = 512 / 2**20
 
 
 @dataclass
@@ -55,6 +60,39 @@ class Page:
             raise ValueError(f"findings must be at most {MAX_FINDINGS} sentences, got {len(self.findings)}: "
                              f"{self.findings}")
         self.headline = self.headline or (self.findings[0] if self.findings else self.about)
+
+
+def older_code_page(page: Page, label: str, keep: Sequence[str] = ()) -> Page:
+    """`page` when `label` is '' (its figures come from the current code); else the page with its figures under
+    `label` ('measured with older code (rev 530aee9)', provenance.older_code): its findings move into a first
+    section of that heading, every section heading names it, and the findings (hence the index card) quote none
+    of its figures, only `keep` (sentences without figures, e.g. definitions)."""
+    if not label:
+        return page
+    from hilbert_lab.reports.provenance import CURRENT_CODE
+
+    first = (f"Every figure on this page was {label}, before the current attention core ({CURRENT_CODE[:7]}), and "
+             "is not re-measured: no figure of it is stated as a current finding.")
+    old = Section(label[0].upper() + label[1:], "These were the page's findings when it was measured; they hold "
+                  "for that revision only.", text=list(page.findings))
+    sections = [old] + [replace(section, heading=f"{section.heading}: {label}") for section in page.sections]
+    return replace(page, findings=[first, *keep][:MAX_FINDINGS], headline=first, sections=sections)
+
+
+def memory_resolution_mib(method_or_device: Any) -> float:
+    """The resolution of a peak-memory measurement, MiB: CUDA_MEMORY_RESOLUTION_MIB for a CUDA peak (a method
+    or device naming cuda), else CPU_MEMORY_RESOLUTION_MIB."""
+    return CUDA_MEMORY_RESOLUTION_MIB if "cuda" in str(method_or_device).lower() else CPU_MEMORY_RESOLUTION_MIB
+
+
+def memory_change(before_mib: float, after_mib: float, resolution_mib: float) -> str:
+    """'no difference (268 -> 280 MiB, within the 16 MiB resolution of the measurement)' when the two peaks differ
+    by less than `resolution_mib`, else '37.1% higher (432 -> 593 MiB)' / '12.0% lower (...)'."""
+    numbers = f"{fmt(float(before_mib))} -> {fmt(float(after_mib))} MiB"
+    if abs(after_mib - before_mib) < resolution_mib:
+        return f"no difference ({numbers}, within the {fmt(resolution_mib)} MiB resolution of the measurement)"
+    change = 100.0 * (after_mib / before_mib - 1) if before_mib else float("inf")
+    return f"{abs(change):.1f}% {'higher' if change > 0 else 'lower'} ({numbers})"
 
 
 def is_missing(value: Any) -> bool:

@@ -5,6 +5,7 @@ kept: paths in commands are cut to their file names.
 """
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from collections.abc import Mapping
@@ -15,11 +16,14 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOT_RECORDED = "not recorded"
 SOURCE_FIELDS = ("what", "device", "revision", "recorded", "command")
+# the commit that made the attention core one executor interface: cost figures (time, memory, lengths) of a
+# revision that does not contain it were measured with older code
+CURRENT_CODE = "b3d5760abbdabd847aa2afe72a66f55381f0e619"
 # an absolute path (POSIX or ~): its folders are dropped, the file name kept
 _ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/[\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
 
-__all__ = ["NOT_RECORDED", "SOURCE_FIELDS", "committed_in", "document_source", "env_source", "gpus_used",
-           "revision_text", "strip_paths", "when"]
+__all__ = ["CURRENT_CODE", "NOT_RECORDED", "SOURCE_FIELDS", "committed_in", "document_source", "env_source",
+           "gpus_used", "older_code", "older_code_of_revision", "revision_text", "strip_paths", "when"]
 
 
 def strip_paths(text: Any) -> str:
@@ -59,6 +63,37 @@ def revision_text(git: Mapping[str, Any] | None, committed: Mapping[str, Any] | 
     if committed and committed.get("commit") and (not commit or git.get("dirty")):
         text += f" (results committed in {committed['commit']})"
     return text
+
+
+@functools.lru_cache(maxsize=64)
+def _contains_current_code(commit: str, repo_root: str) -> bool:
+    try:
+        return subprocess.run(["git", "-C", repo_root, "merge-base", "--is-ancestor", CURRENT_CODE, commit],
+                              capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def older_code(git: Mapping[str, Any] | None, repo_root: str | Path = REPO_ROOT) -> str:
+    """'' when the recorded revision contains CURRENT_CODE (the current attention core), else the label its
+    figures are shown under: 'measured with older code (rev 530aee9 + uncommitted changes)' or
+    'measured with older code (rev unrecorded)'. A revision git cannot place counts as older."""
+    git = git or {}
+    commit = str(git.get("commit") or "")
+    if not commit:
+        return "measured with older code (rev unrecorded)"
+    if _contains_current_code(commit, str(repo_root)):
+        return ""
+    return f"measured with older code (rev {revision_text(git)})"
+
+
+def older_code_of_revision(revision: Any) -> str:
+    """older_code of a revision as revision_text writes it ('ca29081 + uncommitted changes (results committed in
+    91678e4)', 'not recorded (...)'): how a page built from a table's revision column labels its figures."""
+    text = str(revision or "")
+    if not text or text.startswith(NOT_RECORDED) or text in ("nan", "None", "-"):
+        return older_code(None)
+    return older_code({"commit": text.split()[0], "dirty": "uncommitted" in text.split(" (")[0]})
 
 
 def gpus_used(env: Mapping[str, Any]) -> int | None:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from hilbert_lab.reports.provenance import committed_in, document_source, strip_paths
+from hilbert_lab.reports.provenance import committed_in, document_source, older_code, strip_paths
 
 THROUGHPUT_COLUMNS = ["gpus", "variant", "seq_len", "seconds", "tokens_per_s_per_gpu", "tokens_per_s_total",
                       "peak_memory_gib_max_rank", "bytes_sent_max_rank"]
@@ -148,33 +148,63 @@ def _anchor_table(frame: Any) -> Any:
         "verdict": frame["verdict"]})
 
 
+def _sending_variants(throughput: Any) -> set[str]:
+    """Variants that sent bytes on a ring of more than one GPU."""
+    if not len(throughput):
+        return set()
+    ring = throughput[(throughput["gpus"] > 1) & (throughput["bytes_sent_max_rank"].fillna(0) > 0)]
+    return set(ring["variant"])
+
+
+def config_definitions(parameters: dict[str, Any], sends: set[str]) -> list[str]:
+    """What the configs 'longnet' and 'spanning' of bench_ring.py are, and whether the ring sends bytes in each."""
+    segments, dilations = parameters.get("segment_lengths"), parameters.get("dilation_rates")
+    if not segments or not dilations:
+        return []
+    pattern = f"segments {list(segments)} with dilations {list(dilations)}"
+    spanning = (f"'spanning', the config that measures ring communication: the dilated pattern {pattern} plus a "
+                f"branch spanning the whole sequence (dilation {parameters.get('spanning_dilation', '?')}), whose "
+                f"keys/values {'were not sent in this run' if sends and 'spanning' not in sends else 'travel around the ring'}.")
+    longnet = (f"'longnet': the same pattern without that branch; every segment lies inside one GPU's shard at the "
+               f"lengths run, so its ring {'sends keys/values' if 'longnet' in sends else 'sends no byte'}: it shows "
+               "what sharding alone does.")
+    return [spanning, longnet]
+
+
 def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     """Ring page: findings (longest sequence, memory and throughput per GPU, the anchors with intervals),
     figures per GPU count, correctness, communication; the raw measurements behind a closed section."""
     import plotly.graph_objects as go
 
-    from hilbert_lab.reports.page import Page, Section, fmt, fmt_count, metrics_table, style_axes, tokens
+    from hilbert_lab.reports.page import (Page, Section, fmt, fmt_count, metrics_table, older_code_page, style_axes,
+                                          tokens)
 
     def frame(name: str) -> Any:
         return metrics_table(metrics, name)
 
     throughput, correctness, longest = frame("throughput"), frame("correctness"), frame("longest")
     gpus = sorted(throughput["gpus"].unique().tolist()) if len(throughput) else []
+    parameters = metrics.get("parameters") or {}
+    sends = _sending_variants(throughput)
+    order = {variant: (variant not in sends, variant) for variant in
+             set(throughput.get("variant", [])) | set(longest.get("variant", []))}
+    definitions = config_definitions(parameters, sends)
     sections, findings = [], []
     if len(longest):
-        top = longest.sort_values("longest_seq_len").iloc[-1]
-        chosen = longest[longest.variant == top.variant].sort_values("gpus")
-        base = chosen.iloc[0]
-        proportional = all(int(r.longest_seq_len) * int(base.gpus) == int(base.longest_seq_len) * int(r.gpus)
-                           for r in chosen.itertuples())
-        conclusion = ("Longest sequence that trains a forward+backward step: " + ", ".join(
-            f"{fmt_count(r.longest_seq_len)} tokens on {int(r.gpus)} GPU{'s' if r.gpus > 1 else ''}"
-            for r in chosen.itertuples()) + f" ({top.variant} pattern); " + ("it grows in proportion to the GPU count"
-            if proportional else "it does not grow in proportion to the GPU count") + f" (the search stopped below "
-            f"{fmt_count(top.first_failure_or_limit)}: a failure or its limit).")
+        lines = []
+        for variant in sorted(set(longest.variant), key=order.get):
+            chosen = longest[longest.variant == variant].sort_values("gpus")
+            counts = ", ".join(f"{fmt_count(r.longest_seq_len)} tokens on {int(r.gpus)} GPU{'s' if r.gpus > 1 else ''}"
+                               for r in chosen.itertuples())
+            missing = [g for g in gpus if g not in set(chosen.gpus)]
+            lines.append(f"{variant} ({'sends keys/values around the ring' if variant in sends else 'sends nothing'}): "
+                         f"{counts}" + (f"; on {', '.join(map(str, missing))} GPUs not measured" if missing else ""))
+        conclusion = ("Longest sequence that runs a forward+backward step (doubling, then bisection; the search stops "
+                      "at the first failure or its limit): " + "; ".join(lines) + ". Only "
+                      f"{len(gpus)} ring sizes were run, too few to state how the length grows with the GPU count.")
         fig = go.Figure()
-        for variant, group in longest.groupby("variant", sort=True):
-            group = group.sort_values("gpus")
+        for variant in sorted(set(longest.variant), key=order.get):
+            group = longest[longest.variant == variant].sort_values("gpus")
             fig.add_trace(go.Bar(x=[str(g) for g in group["gpus"]], y=group["longest_seq_len"].tolist(), name=variant))
         style_axes(fig, "GPUs in the ring", "tokens (higher is better)")
         fig.update_layout(title="longest sequence per ring size (doubling, then bisection)", barmode="group",
@@ -187,13 +217,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         memory = "; ".join(
             f"{variant}: " + " -> ".join(f"{fmt(float(r.peak_memory_gib_max_rank))} GiB on {int(r.gpus)} GPU"
                                          f"{'s' if r.gpus > 1 else ''}" for r in sub[sub.variant == variant].itertuples())
-            for variant in sorted(set(sub.variant)))
+            for variant in sorted(set(sub.variant), key=order.get))
         findings.append(f"Memory per GPU at {tokens(longest_len)} tokens (largest rank): {memory}: the sequence is "
                         "sharded, so each GPU holds its share.")
         speed = "; ".join(
             f"{variant}: " + ", ".join(f"{fmt_count(r.tokens_per_s_per_gpu)} on {int(r.gpus)} GPU{'s' if r.gpus > 1 else ''}"
                                        for r in sub[sub.variant == variant].itertuples())
-            for variant in sorted(set(sub.variant)))
+            for variant in sorted(set(sub.variant), key=order.get))
         throughput_line = (f"Tokens/s per GPU of a forward+backward step at {tokens(longest_len)} tokens: {speed} "
                            "(medians of a few iterations, recorded without an interval: no scaling efficiency is "
                            "claimed from them).")
@@ -261,13 +291,17 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         rows = "; ".join(f"{r.variant} {tokens(r.seq_len)} tokens: {fmt(r.bytes_sent_max_rank / 2**20)} MiB sent, "
                          f"transfer alone {fmt(r.transfer_seconds_alone * 1e3)} ms of a {fmt(r.seconds * 1e3)} ms step"
                          for r in communication.itertuples())
-        sections.append(Section(
-            "Communication", f"{rows}. The transfers take under 1% of a step, so how much of them the computation "
-            "hides cannot be told from the run-to-run noise of the step at this size (no hidden share is stated).",
+        share = float((communication["transfer_seconds_alone"] / communication["seconds"]).max())
+        conclusion = (f"What the ring sends: {rows}. The transfers alone take at most {100 * share:.2g}% of a step, so "
+                      "how much of them the computation hides cannot be told from the run-to-run noise of the step at "
+                      "this size (no hidden share is stated).")
+        findings.insert(1 if len(longest) else 0, conclusion)
+        sections.insert(1 if len(longest) else 0, Section(
+            "Communication", conclusion,
             table=communication.drop(columns=["hidden_share", "exposed_communication_seconds"], errors="ignore")
             .rename(columns={"seq_len": "tokens", "bytes_sent_max_rank": "bytes sent (largest rank)",
                              "seconds": "step (s)", "compute_only_seconds": "step moving no byte (s)",
-                             "transfer_seconds_alone": "transfer alone (s)"}), collapsed=True))
+                             "transfer_seconds_alone": "transfer alone (s)"})))
     if len(throughput):
         sections.append(Section("Every throughput measurement", table=throughput.rename(columns={
             "seq_len": "tokens", "seconds": "step (s)", "tokens_per_s_per_gpu": "tokens/s per GPU",
@@ -278,11 +312,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
              "GPU, two anchors timed in interleaved rounds (medians with 95% bootstrap intervals), agreement with one "
              "GPU.")
     device = env.get("device") or {}
-    return Page(title="Ring attention across GPUs", findings=findings[:5], about=about, sections=sections,
-                notes=list(metrics.get("notes") or []), sources=list(metrics.get("sources") or []),
+    notes = [note.replace(" with the final code", "") for note in metrics.get("notes") or []]
+    page = Page(title="Ring attention across GPUs", findings=findings[:5], about=about, sections=sections,
+                notes=notes, sources=list(metrics.get("sources") or []),
                 measured_here=not metrics.get("sources"),
                 device=f"{device.get('device') or device.get('name') or 'GPU'}, "
                        f"{' and '.join(str(g) for g in gpus)} GPUs")
+    return older_code_page(page, older_code(env.get("git")), keep=definitions)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,21 +94,29 @@ def trained_run_row(document: Mapping[str, Any], source: str, path: str) -> dict
 
 # ------------------------------------------------------------------------------------------- verdicts
 def _names(items: Sequence[str]) -> str:
-    items = list(items)
+    """'a', 'a and b', 'a, b and c', orderings by their display names (viz.style.ordering_name)."""
+    from hilbert_lab.viz.style import ordering_name
+
+    items = [ordering_name(item) for item in items]
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def ranking_verdict(rows: Sequence[Mapping[str, Any]], numbers: bool = False) -> tuple[str, str, bool]:
     """(ranking, verdict, separated) of one trained task's rows (ordering, mean, low, high).
 
-    ranking: 'a 0.888 [0.837, 0.939] > b ...' by mean; verdict: which orderings are ahead of which (their
+    ranking: 'a 0.888 [0.837, 0.939] ~ b ... > c ...' by mean, '>' only between neighbours whose 95% intervals
+    are disjoint ('~' where they overlap); orderings by their display names; verdict: which orderings are ahead of which (their
     95% intervals disjoint), grouped, or 'no difference (all 95% intervals overlap)'. numbers=True adds
     each ordering's mean [interval] at its first mention.
     """
+    from hilbert_lab.viz.style import ordering_name
+
     ranked = sorted(rows, key=lambda row: -float(row["mean"]))
-    quoted = {row["ordering"]: f"{row['ordering']} {float(row['mean']):.3f} [{float(row['low']):.3f}, "
+    quoted = {row["ordering"]: f"{ordering_name(row['ordering'])} {float(row['mean']):.3f} [{float(row['low']):.3f}, "
                                f"{float(row['high']):.3f}]" for row in ranked}
-    ranking = " > ".join(quoted[row["ordering"]] for row in ranked)
+    ranking = quoted[ranked[0]["ordering"]] if ranked else ""
+    for above, below in zip(ranked, ranked[1:]):
+        ranking += (" > " if float(above["low"]) > float(below["high"]) else " ~ ") + quoted[below["ordering"]]
     groups: list[tuple[list[str], tuple[str, ...]]] = []
     for row in ranked:
         beaten = tuple(other["ordering"] for other in ranked if float(row["low"]) > float(other["high"]))
@@ -126,7 +134,7 @@ def ranking_verdict(rows: Sequence[Mapping[str, Any]], numbers: bool = False) ->
 
     def name(ordering: str) -> str:
         if not numbers or ordering in seen:
-            return ordering
+            return ordering_name(ordering)
         seen.add(ordering)
         return quoted[ordering]
 
@@ -184,17 +192,17 @@ def _locality_line(table: Any, metric: str) -> str:
     parts = []
     if wins:
         ranked = sorted(wins.items(), key=lambda item: -item[1])
-        parts.append(f"where the best ordering beats rowmajor by {100 * MEANINGFUL:.0f}% or more ({len(differing)} of "
+        parts.append(f"where the best ordering beats row-major by {100 * MEANINGFUL:.0f}% or more ({len(differing)} of "
                      f"{len(verdicts)} settings), the best {label} comes from " + ", ".join(
-                         f"{name} on {count}" for name, count in ranked[:4]) + " (ties counted for each)")
+                         f"{_names([name])} on {count}" for name, count in ranked[:4]) + " (ties counted for each)")
     gaps = [v for v in differing if v["rowmajor"] is not None]
     if gaps:
         top = max(gaps, key=lambda v: abs(v["best_value"] - v["rowmajor"]))
         parts.append(f"the largest gap: {top['data']}, {top['setting']}: {_names(top['best'])} "
-                     f"{fmt(top['best_value'])} vs rowmajor {fmt(top['rowmajor'])}")
+                     f"{fmt(top['best_value'])} vs row-major {fmt(top['rowmajor'])}")
     small = [v for v in verdicts if not v["meaningful"]]
     if small:
-        parts.append(f"on the other {len(small)} settings the orderings are within {100 * MEANINGFUL:.0f}% of rowmajor "
+        parts.append(f"on the other {len(small)} settings the orderings are within {100 * MEANINGFUL:.0f}% of row-major "
                      "(no finding)")
     return "; ".join(parts) + "."
 
@@ -222,7 +230,7 @@ def _identical_pairs(table: Any) -> list[str]:
             if len(a) and len(b) and all(abs(float(a[m].iloc[0]) - float(b[m].iloc[0])) < 1e-9 for m in metrics):
                 count += 1
         if count:
-            lines.append(f"{first} = {second} on {count}/{len(groups)} settings")
+            lines.append(f"{_names([first])} = {_names([second])} on {count}/{len(groups)} settings")
     return lines
 
 
@@ -269,17 +277,17 @@ def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8")
             text = f"{family} at {settings} ({label} {span([v['best_value'] for v in members])}"
             bases = [v["rowmajor"] for v in members if v["rowmajor"] is not None]
             if bases and not all("rowmajor" in v["near"] for v in members):
-                text += f" vs rowmajor {span(bases)}"
+                text += f" vs row-major {span(bases)}"
             use.append(text + ")")
         same = [v["setting"] for v in mine if not v["meaningful"]]
         text = f"{data}: " + (("use " + "; ".join(use)) if use else
-                              f"no ordering beats rowmajor by {100 * MEANINGFUL:.0f}% at any setting")
+                              f"no ordering beats row-major by {100 * MEANINGFUL:.0f}% at any setting")
         if use and same:
-            text += f"; within {100 * MEANINGFUL:.0f}% of rowmajor (no finding) at {', '.join(same)}"
+            text += f"; within {100 * MEANINGFUL:.0f}% of row-major (no finding) at {', '.join(same)}"
         paragraphs.append(text + ".")
     if paragraphs:
         paragraphs.insert(0, f"From the exact locality ({label}; an ordering is recommended where the best beats "
-                             f"rowmajor by {100 * MEANINGFUL:.0f}% or more, and every ordering within {100 * TIE:.0f}% "
+                             f"row-major by {100 * MEANINGFUL:.0f}% or more, and every ordering within {100 * TIE:.0f}% "
                              "of the best is listed):")
     identical = _identical_pairs(locality) if len(locality) else []
     if identical:

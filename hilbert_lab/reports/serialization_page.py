@@ -4,7 +4,9 @@ setting, which ordering to use. Its data and verdicts come from reports.serializ
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from hilbert_lab.reports.serialization import (
@@ -20,8 +22,12 @@ def _table(metrics: Mapping[str, Any], name: str):
 
 
 def _pivot(table: Any, metric: str):
-    """Rows (data, ordering), columns = settings in table order, cells = metric rounded to 3 decimals."""
-    frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])])
+    """Rows (data, ordering by its display name), columns = settings in table order, cells = metric rounded to 3
+    decimals."""
+    from hilbert_lab.viz.style import ordering_name
+
+    frame = table.assign(setting=[_setting(s, r) for s, r in zip(table["segment_lengths"], table["dilation_rates"])],
+                         ordering=table["ordering"].map(ordering_name))
     settings = list(dict.fromkeys(frame["setting"]))
     pivot = frame.pivot_table(index=["data", "ordering"], columns="setting", values=metric, sort=False)
     pivot = pivot[settings].round(3).reset_index()
@@ -34,6 +40,7 @@ def _windows_section(parameters: Mapping[str, Any]):
 
     from hilbert_lab.reports.page import Section, fmt
     from hilbert_lab.viz.serialization import setting_label, window_groups, windows_grid_figure
+    from hilbert_lab.viz.style import ordering_name
 
     examples = parameters.get("window_examples") or []
     if not examples:
@@ -47,7 +54,7 @@ def _windows_section(parameters: Mapping[str, Any]):
             extents.append((ys.max() - ys.min() + 1, xs.max() - xs.min() + 1))
             diameters.append(float(np.sqrt(((ys[:, None] - ys) ** 2 + (xs[:, None] - xs) ** 2).max())))
         height, width = max(set(extents), key=extents.count)
-        lines.append(f"{ordering} {setting_label([segment], [dilation])}: mostly {height} x {width} boxes, "
+        lines.append(f"{ordering_name(ordering)} {setting_label([segment], [dilation])}: mostly {height} x {width} boxes, "
                      f"diameter {fmt(float(np.mean(diameters)))} cells")
     side = examples[0][0]
     conclusion = f"Attention groups on a {side} x {side} grid: " + "; ".join(lines) + "."
@@ -81,7 +88,11 @@ def _sources(runs: Any) -> list[dict[str, str]]:
         def text(*keys: str) -> str:
             value = next((row[k] for k in keys if k in row and row[k] == row[k] and row[k]), None)
             return str(value) if value else NOT_RECORDED
-        sources.append({"what": f"trained {row.get('source')} results ({strip_paths(row.get('file', ''))})",
+        file = Path(strip_paths(row.get("file", ""))).name
+        written = re.search(r"--out\s+(\S+)", str(row.get("command") or ""))
+        renamed = (f"; its command wrote {Path(written.group(1)).name}, committed as {file}"
+                   if written and file and Path(written.group(1)).name != file else "")
+        sources.append({"what": f"trained {row.get('source')} results ({file}{renamed})",
                         "device": text("device"), "revision": text("revision", "git"),
                         "recorded": text("recorded", "created (UTC)"), "command": strip_paths(text("command"))})
     return sources
@@ -96,11 +107,11 @@ def _locality_findings(locality: Any) -> list[str]:
         return []
     top = max(verdicts, key=lambda v: v["best_value"] - v["rowmajor"])
     lines = [f"Exactly (no training), {_names(top['best'])} windows keep {fmt(top['best_value'])} of each token's 8 "
-             f"nearest neighbours in its attention group against {fmt(top['rowmajor'])} for rowmajor ({top['data']}, "
+             f"nearest neighbours in its attention group against {fmt(top['rowmajor'])} for row-major ({top['data']}, "
              f"{top['setting']}), the largest gap of {len(verdicts)} settings."]
     small = [v for v in verdicts if not v["meaningful"]]
     if small:
-        lines.append(f"On {len(small)} of {len(verdicts)} settings no ordering beats rowmajor's 8-NN recall by "
+        lines.append(f"On {len(small)} of {len(verdicts)} settings no ordering beats row-major's 8-NN recall by "
                      f"{100 * MEANINGFUL:.0f}% (e.g. " + "; ".join(f"{v['data']} {v['setting']}" for v in small[:3])
                      + "): there the ordering does not matter.")
     return lines
@@ -120,12 +131,17 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     sections, notes, findings = [], [], []
     verdicts = _trained_verdicts(trained) if len(trained) else []
     chance = values.get("chance_accuracy")
+    chance_note = ((metrics.get("metrics") or {}).get("chance_accuracy") or {}).get("note")
+    runs_table = _table(metrics, "trained_runs")
+    revisions = {row["source"]: f", rev {str(row['revision']).split(' (')[0]}" for row in
+                 runs_table.to_dict(orient="records") if row.get("revision") and row["revision"] == row["revision"]
+                 and not str(row["revision"]).startswith("not recorded")} if "revision" in runs_table else {}
     primary = next((v for v in verdicts if not str(v["device"]).startswith("CPU")), verdicts[0] if verdicts else None)
     for verdict in verdicts:
         if primary is not None and verdict["source"] == primary["source"] and verdict["separated"]:
             seeds = sorted({int(n) for n in verdict["rows"].get("seeds", []) if n == n})
             findings.append(f"Trained on {verdict['device']} ({_names([str(n) for n in seeds]) if seeds else 'several'} "
-                            f"seeds), {verdict['label']}: " + verdict["numbers"].replace(
+                            f"seeds{revisions.get(verdict['source'], '')}), {verdict['label']}: " + verdict["numbers"].replace(
                                 "; the other pairs overlap: no difference between them", "") + ".")
     flat = [v for v in verdicts if primary is not None and v["source"] == primary["source"] and not v["separated"]]
     if flat:
@@ -153,13 +169,16 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
                                                "recall@8": "8-NN recall (exact)",
                                                "unmet_adjacent": "adjacent pairs never meeting (exact)"})
         neighbourhoods = "; ".join(dict.fromkeys(f"{d}: {n}" for d, n in zip(table["data"], table["neighbourhood"])))
+        chance_text = ([f"The dashed line at {fmt(chance)} is chance: {chance_note}."] if chance is not None and
+                       chance_note else [f"The dashed line at {fmt(chance)} is chance."] if chance is not None else [])
         sections.append(Section(f"Trained comparison on {device}", _by_data(mine, "verdict") + ".", figure=figure,
-                                text=[f"Ranking, {v['label']}: {v['ranking']}." for v in mine]))
+                                text=chance_text + ["Rankings by mean accuracy: '>' where the neighbours' 95% intervals "
+                                                    "are disjoint, '~' where they overlap (no difference)."]
+                                + [f"Ranking, {v['label']}: {v['ranking']}." for v in mine]))
         sections.append(Section(f"Trained comparison on {device}: every task and ordering", table=shown, collapsed=True,
                                 caption=f"accuracy per task and ordering, mean [95% Student t interval] over "
                                         f"{_names([str(s) for s in seeds]) if seeds else 'the'} seeds; "
-                                        f"neighbourhood to vote over: {neighbourhoods}; hilbert/hilbert-trans = the "
-                                        "blocks alternate the Hilbert curve and its transpose"))
+                                        f"neighbourhood to vote over: {neighbourhoods}"))
     windows = _windows_section(parameters)
     if windows is not None:
         sections.append(windows)

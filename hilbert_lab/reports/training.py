@@ -13,6 +13,7 @@ from typing import Any
 
 from hilbert_lab.reports.training_grid import grid_buckets_table, grid_rows_table, grid_sections, load_grids
 from hilbert_lab.reports.training_length import device_name, longest_trainable_sections, longest_trainable_table
+from hilbert_lab.reports.training_ring import loss_agreement, ring_comparison_sections, ring_comparison_table
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,54 +155,6 @@ def throughput_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
     return pd.DataFrame(rows, columns=columns)
 
 
-def loss_agreement(records: list[Mapping[str, Any]], reference: list[Mapping[str, Any]]):
-    """Losses of the (kind, step) points both logs have: kind, step, loss, reference_loss, abs and
-    relative (to the reference) difference."""
-    import pandas as pd
-
-    mine = {(r["kind"], int(r["step"])): float(r["loss"]) for r in records if r.get("loss") is not None}
-    rows = []
-    for r in reference:
-        key = (r["kind"], int(r["step"]))
-        if key in mine and r.get("loss") is not None:
-            reference_loss = float(r["loss"])
-            difference = abs(mine[key] - reference_loss)
-            rows.append({"kind": key[0], "step": key[1], "loss": mine[key], "reference_loss": reference_loss,
-                         "abs_difference": difference, "rel_difference": difference / max(abs(reference_loss), 1e-12)})
-    return pd.DataFrame(rows, columns=["kind", "step", "loss", "reference_loss", "abs_difference", "rel_difference"])
-
-
-def ring_comparison_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]]):
-    """One row per run whose report has a "comparison" block (a ring run against its 1-GPU twin): the
-    recorded points and max abs/rel loss differences, and the same recomputed from both histories when
-    the compared-against file (matched by file name) is among the loaded runs."""
-    import pandas as pd
-
-    everything = {label: report for reports in groups.values() for label, report in reports.items()}
-    rows = []
-    for label, report in everything.items():
-        comparison = report.get("comparison")
-        if not comparison:
-            continue
-        against = Path(str(comparison.get("against", ""))).name
-        twin = next((other for other, candidate in everything.items()
-                     if other != label and Path(candidate.get("source", "")).name == against), None)
-        row = {"run": label, "against": twin or against, "world_size": report.get("world_size"),
-               "points": comparison.get("points"),
-               "max_abs_loss_difference": comparison.get("max_abs_loss_difference"),
-               "max_rel_loss_difference": comparison.get("max_rel_loss_difference"),
-               "recomputed_points": None, "recomputed_max_rel_loss_difference": None}
-        if twin is not None:
-            agreement = loss_agreement(report["training"]["history"], everything[twin]["training"]["history"])
-            row["recomputed_points"] = len(agreement)
-            if len(agreement):
-                row["recomputed_max_rel_loss_difference"] = float(agreement["rel_difference"].max())
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["run", "against", "world_size", "points", "max_abs_loss_difference",
-                                       "max_rel_loss_difference", "recomputed_points",
-                                       "recomputed_max_rel_loss_difference"])
-
-
 def cpu_training_report(steps: int, preset: str = "cpu-tiny") -> dict[str, Any]:
     """Train PRESETS[preset] on the CPU for `steps` steps (no files written); returns a report shaped
     like the committed JSONs (command, config, attention_backend, world_size, training{history,
@@ -296,13 +249,17 @@ def _curves(group: str, group_finals: Any, history: Any, phases: Any) -> list[An
                           + ".")
         else:
             conclusion = f"Lowest final eval loss: {low['run']} ({fmt(low['final_loss'])} nats; chance {fmt(chance_loss)})."
+        revisions = [text for text in dict.fromkeys(str(r).split(" (")[0] for r in group_finals.get("revision", []))
+                     if text and not text.startswith(("not recorded", "nan", "None"))]
+        if revisions:
+            conclusion += f" Trained at rev {' and '.join(revisions)}."
         at_chance = bool(chance) and best["final_accuracy"] < 3 * chance  # then the loss is the curve to look at
         sections.append(Section(f"{group}: {metric}", conclusion, figure=fig,
                                 collapsed=(metric == "loss") != at_chance))
     return sections
 
 
-def _sources(finals: Any, grid_rows: Any) -> list[dict[str, str]]:
+def _sources(finals: Any, grid_rows: Any, probes: Any) -> list[dict[str, str]]:
     from hilbert_lab.reports.provenance import NOT_RECORDED
 
     def field(row: dict, key: str) -> str:
@@ -317,6 +274,11 @@ def _sources(finals: Any, grid_rows: Any) -> list[dict[str, str]]:
         for row in grid_rows.drop_duplicates("grid").to_dict(orient="records"):
             sources.append({"what": row["grid"], **{key: field(row, key) for key in ("device", "revision", "recorded",
                                                                                       "command")}})
+    if len(probes) and "command" in probes:
+        for row in probes.drop_duplicates(["run", "command"]).to_dict(orient="records"):
+            sources.append({"what": f"length probe (stored in {row.get('stored_in') or row['run']})",
+                            "device": f"{row.get('device') or '?'}, 1 GPU", "revision": field(row, "revision"),
+                            "recorded": NOT_RECORDED, "command": field(row, "command")})
     return sources
 
 
@@ -324,37 +286,30 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     """Training page: findings (the retrieval grid's main result, its control, the 128K fine-tunes, the ring
     against one GPU, the longest trainable length), the grids, curves per group, tables behind closed sections."""
     from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, percent_interval
+    from hilbert_lab.reports.provenance import older_code_of_revision
     from hilbert_lab.viz.training import throughput_bars
 
     finals, history, phases = (metrics_table(metrics, name) for name in ("final_evals", "history", "phases"))
     grid_parts, grid_findings = grid_sections(metrics)
     sections = list(grid_parts)
-    findings = [line for line in grid_findings if line.startswith(("Main result", "The control"))]
+    findings = [line for line in grid_findings if line.startswith(("Main result", "Against", "The control"))]
     with_interval = finals[finals["accuracy_low"].notna()] if len(finals) else finals
     if len(with_interval):
         findings.append("Runs evaluated with answer counts: " + "; ".join(
             f"{row['run']} {percent_interval(row['final_accuracy'], row['accuracy_low'], row['accuracy_high'])} over "
             f"{fmt(row['answers'])} answers at {fmt(row['seq_len'])} tokens" for row in with_interval.to_dict(orient="records"))
-            + f" (chance {100 * with_interval['chance_accuracy'].iloc[0]:.1f}%).")
+            + f" (chance {100 * with_interval['chance_accuracy'].iloc[0]:.1f}%" + "".join(
+                f"; trained at rev {text}" for text in dict.fromkeys(str(r).split(" (")[0] for r in
+                                                                     with_interval.get("revision", []))
+                if text and not text.startswith(("not recorded", "nan", "None"))) + ").")
     groups = list(dict.fromkeys(finals["group"])) if len(finals) and len(history) else []
     if len(finals) and not len(history):
         sections.append(Section("Curves", "This run recorded no history table (an older run): no curves."))
     for group in groups:
         sections += _curves(group, finals[finals["group"] == group], history, phases)
-    comparison = metrics_table(metrics, "ring_comparison")
-    if len(comparison):
-        lines = []
-        for row in comparison.to_dict(orient="records"):
-            value = row.get("recomputed_max_rel_loss_difference")
-            value = value if value is not None and value == value else row.get("max_rel_loss_difference")
-            lines.append(f"{row['run']} against {row['against']}: the losses agree to {100 * float(value):.2f}% "
-                         f"(largest relative difference over {fmt(row.get('recomputed_points') or row.get('points'))} "
-                         "logged points)")
-        sections.append(Section("Ring attention against one GPU", "; ".join(lines) + ".", table=comparison.rename(
-            columns={"max_abs_loss_difference": "max abs loss diff", "max_rel_loss_difference": "max rel loss diff",
-                     "recomputed_points": "points (recomputed)", "world_size": "GPUs",
-                     "recomputed_max_rel_loss_difference": "max rel loss diff (recomputed)"}), collapsed=True))
-        findings.append("; ".join(lines) + ": sharding the sequence over GPUs does not change the training.")
+    ring_sections, ring_findings = ring_comparison_sections(metrics, finals)
+    sections += ring_sections
+    findings += ring_findings
     probe_sections, probe_findings = longest_trainable_sections(metrics)
     sections += probe_sections
     findings += probe_findings + [line for line in grid_findings if line not in findings]
@@ -366,7 +321,10 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=2)
         fig.update_layout(template="plotly_white", height=400)
         top = throughput.sort_values("tokens_per_s", ascending=False).iloc[0]
-        sections.append(Section("Training throughput and memory",
+        revisions = finals.set_index("run")["revision"].to_dict() if "revision" in finals else {}
+        older = next((label for label in (older_code_of_revision(revisions.get(run))
+                                          for run in dict.fromkeys(throughput["run"])) if label), "")
+        sections.append(Section("Training throughput and memory" + (f": {older}" if older else ""),
                                 f"Fastest: {top['run']} at {fmt(top['tokens_per_s'])} tokens/s "
                                 f"({'with' if top['gradient_checkpointing'] else 'without'} gradient checkpointing, "
                                 f"{fmt(top['peak_memory_gib'])} GiB peak); single measurements, no interval.",
@@ -394,4 +352,5 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     live = any(str(device).lower() == "cpu" for device in finals.get("device", [])) if len(finals) else False
     return Page(title="Training: LongNet on 32K- and 128K-token needle retrieval", findings=findings[:5], about=about,
                 sections=sections, device="committed runs trained on " + ", ".join(devices) if devices else "",
-                sources=_sources(finals, metrics_table(metrics, "grid_rows")), measured_here=live)
+                sources=_sources(finals, metrics_table(metrics, "grid_rows"),
+                                                 metrics_table(metrics, "longest_trainable")), measured_here=live)

@@ -126,9 +126,35 @@ def main_result(rows: Any) -> dict[str, Any] | None:
     return max(reached, key=lambda r: r["accuracy_low"]) if reached else None
 
 
+def _revision(row: Mapping[str, Any]) -> str:
+    """', trained at rev 8043871 + uncommitted changes' from a grid row's revision (nothing when not recorded)."""
+    text = str(row.get("revision") or "").split(" (")[0]
+    return f", trained at rev {text}" if text and not text.startswith(("not recorded", "nan", "None")) else ""
+
+
 def _seed_spread(row: Mapping[str, Any]) -> str:
     runs = list(row.get("run_accuracies") or [])
     return f", seeds {100 * min(runs):.1f}-{100 * max(runs):.1f}%" if len(runs) > 1 and min(runs) < max(runs) else ""
+
+
+def seed_contrast(high: Mapping[str, Any], low: Mapping[str, Any]) -> str | None:
+    """A sentence when the pooled contrast 'high ahead of low' rests on at most one seed: the seeds of `low` below
+    every seed of `high` are what carries it (rows: row, accuracy, accuracy_low, accuracy_high, run_accuracies)."""
+    from hilbert_lab.reports.page import percent_interval
+
+    highs, lows = list(high.get("run_accuracies") or []), list(low.get("run_accuracies") or [])
+    if len(lows) < 2 or not highs or high["accuracy_low"] <= low["accuracy_high"]:
+        return None
+    below = [a for a in lows if a < min(highs)]
+    if len(below) > 1:
+        return None
+    seeds = ", ".join(f"{100 * a:.1f}" for a in lows)
+    mine = ", ".join(f"{100 * a:.1f}" for a in highs)
+    carried = (f"only through one {low['row']} seed ({100 * below[0]:.1f}%)" if below
+               else "through no single seed: none of its seeds is below all of the dilated row's")
+    return (f"Against {low['row']}: pooled {percent_interval(low['accuracy'], low['accuracy_low'], low['accuracy_high'])}"
+            f" with seeds {seeds}%, so {high['row']} (seeds {mine}%) is ahead {carried}; the contrast rests on "
+            f"{'one seed' if len(below) == 1 else 'no seed'}.")
 
 
 def grid_sections(metrics: Mapping[str, Any]):
@@ -167,7 +193,12 @@ def grid_sections(metrics: Mapping[str, Any]):
                             f"{percent_interval(top['accuracy'], top['accuracy_low'], top['accuracy_high'])} over "
                             f"{fmt(top['count'])} answers ({int(top['seeds'])} seeds{_seed_spread(top)}) with "
                             f"{100 * top['flops_fraction']:.1f}% of the dense-top config's attention FLOPs and at most "
-                            f"{fmt(top['max_keys_per_query'])} keys per query ({grid}).")
+                            f"{fmt(top['max_keys_per_query'])} keys per query ({grid}{_revision(top)}).")
+            dense = [r for r in records if r["flops_fraction"] >= 0.999 and r is not top]
+            contrast = seed_contrast(top, dense[0]) if dense else None
+            if contrast:
+                findings.append(contrast)
+                text += contrast + " "
             text += ("Target met (95% lower bound >= 90%, w/r <= 4096, <= 1/8 of the dense-top config's FLOPs) by "
                      + ", ".join(r["row"] for r in reached) + ". ")
         elif min(r["seq_len"] for r in records) >= TARGET_LENGTH:

@@ -61,14 +61,22 @@ def timing_display(table: Any) -> Any:
 
 
 def backend_availability(device: str = "cpu", dtype: str = "float32") -> Any:
-    """pandas DataFrame (backend, available, reason) over every known backend on (device, dtype)."""
+    """pandas DataFrame (backend, available, reason) over every known backend on (device, dtype). A backend that
+    cannot run on this kind of device says so first, and a CPU is never told to install a GPU package."""
     import pandas as pd
 
-    from hilbert_lab.attention.executors import BACKENDS, unavailable_reason
+    from hilbert_lab.attention.executors import BACKENDS, get_executor, unavailable_reason
 
     rows = []
+    kind = torch.device(device).type
     for name in BACKENDS:
-        reason = unavailable_reason(name, device, DTYPES[dtype])
+        capabilities = get_executor(name).capabilities
+        devices = capabilities.devices
+        reason = (f"it runs on {' or '.join(devices)} only, not on this {kind.upper()}" if kind not in devices
+                  else unavailable_reason(name, device, DTYPES[dtype]))
+        if reason and kind == "cpu" and "pip install" in reason:  # a GPU package: no use installing it for the CPU
+            reason = (f"the package {capabilities.package!r} is not installed; it is a GPU package (on the CPU only a "
+                      "slow interpreter runs it), so nothing needs installing here")
         rows.append({"backend": name, "available": reason is None, "reason": reason or ""})
     return pd.DataFrame(rows)
 

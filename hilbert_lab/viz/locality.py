@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from hilbert_lab.viz.style import readable_log_axes
+from hilbert_lab.viz.style import ordering_colour, ordering_name, readable_log_axes
 
 __all__ = [
     "METRIC_LABELS",
@@ -58,8 +58,8 @@ def miss_curve_figure(
         if misses.shape != capacities.shape:
             raise ValueError(f"misses_by_ordering[{ordering!r}] must have {capacities.size} values, got {misses.size}")
         figure.add_trace(go.Scatter(x=capacities, y=misses / accesses if accesses else misses,
-                                    mode="lines+markers", name=ordering,
-                                    line={"dash": dashes[number % len(dashes)]}))
+                                    mode="lines+markers", name=ordering_name(ordering),
+                                    line={"dash": dashes[number % len(dashes)], "color": ordering_colour(ordering)}))
     figure.update_layout(title=title, xaxis_title="LRU cache capacity (lines, log scale)", xaxis_type="log",
                          yaxis_title="miss ratio (misses per access, lower is better)" if accesses
                          else "LRU misses (lines loaded, lower is better)", legend_title_text="ordering")
@@ -118,11 +118,18 @@ def metric_bars(frame, metric: str, *, parameter: int | None = None, title: str 
     label, parameter_name = METRIC_LABELS.get(metric, (metric.replace("_", " "), "parameter"))
     parameter_name = parameter_name or "parameter"
     figure = go.Figure()
-    for (configuration, value), group in rows.groupby(["configuration", "parameter"], sort=False, dropna=False):
+    patterns = ("", "/", "x", ".", "\\", "+", "-", "|")  # a bar's colour is its ordering's; its pattern the series
+    for number, ((configuration, value), group) in enumerate(rows.groupby(["configuration", "parameter"], sort=False,
+                                                                          dropna=False)):
         if group["ordering"].duplicated().any():
             raise ValueError(f"frame has several {metric!r} rows per ordering for {configuration!r}")
         name = configuration if pd.isna(value) else f"{configuration}, {parameter_name} {int(value)}"
-        figure.add_trace(go.Bar(x=list(group["ordering"]), y=list(group["value"]), name=name))
+        colours = [ordering_colour(o) for o in group["ordering"]]
+        marker = {"pattern": {"shape": patterns[number % len(patterns)]}}
+        if all(colours):
+            marker["color"] = colours
+        figure.add_trace(go.Bar(x=[ordering_name(o) for o in group["ordering"]], y=list(group["value"]), name=name,
+                                marker=marker))
     suffix = "" if parameter is None else f" ({parameter_name} {parameter})"
     figure.update_layout(title=title or f"{label.split(' (')[0]} by ordering{suffix}", barmode="group",
                          xaxis_title="token ordering", yaxis_title=label, legend_title_text="configuration")

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.style import ordering_colour, ordering_name
 
 __all__ = [
     "accuracy_figure",
@@ -103,7 +104,8 @@ def locality_figure(table: Any, metric: str = "recall@8", *, title: str | None =
     frame["setting"] = [setting_label(s, r) for s, r in zip(frame["segment_lengths"], frame["dilation_rates"])]
     datasets = list(dict.fromkeys(frame["data"]))
     orderings = list(dict.fromkeys(frame["ordering"]))
-    colours = {name: qualitative.Plotly[i % len(qualitative.Plotly)] for i, name in enumerate(orderings)}
+    colours = {name: ordering_colour(name) or qualitative.Plotly[i % len(qualitative.Plotly)]
+               for i, name in enumerate(orderings)}
     figure = make_subplots(rows=len(datasets), cols=1, vertical_spacing=min(0.35 / max(len(datasets), 1), 0.12))
     for row, data in enumerate(datasets, start=1):
         rows = frame[frame["data"] == data]
@@ -111,9 +113,9 @@ def locality_figure(table: Any, metric: str = "recall@8", *, title: str | None =
             part = rows[rows["ordering"] == ordering]
             if part.empty:
                 continue
-            figure.add_trace(go.Bar(x=part["setting"], y=part[metric], name=str(ordering), legendgroup=str(ordering),
-                                    marker_color=colours[ordering], showlegend=row == 1,
-                                    hovertemplate=f"{ordering}, %{{x}}: %{{y:.4g}}<extra>{data}</extra>"),
+            figure.add_trace(go.Bar(x=part["setting"], y=part[metric], name=ordering_name(ordering),
+                                    legendgroup=str(ordering), marker_color=colours[ordering], showlegend=row == 1,
+                                    hovertemplate=f"{ordering_name(ordering)}, %{{x}}: %{{y:.4g}}<extra>{data}</extra>"),
                              row=row, col=1)
         name = str(data).replace(" (", "<br>(")
         figure.update_yaxes(title_text=f"<b>{name}</b><br>{METRIC_LABELS.get(metric, metric)}", row=row, col=1)
@@ -133,7 +135,7 @@ def windows_grid_figure(examples: Sequence[Sequence[Any]], *, title: str | None 
     examples = [(int(side), str(ordering), int(segment), int(dilation))
                 for side, ordering, segment, dilation in examples]
     figure = make_subplots(rows=1, cols=len(examples), horizontal_spacing=0.04,
-                           subplot_titles=[f"{o}, {setting_label([w], [r])}" for _, o, w, r in examples])
+                           subplot_titles=[f"{ordering_name(o)}, {setting_label([w], [r])}" for _, o, w, r in examples])
     for col, (side, ordering, segment, dilation) in enumerate(examples, start=1):
         single = windows_figure((side, side), ordering, segment, dilation)
         for trace in single.data:
@@ -166,9 +168,9 @@ def accuracy_figure(tasks: Sequence[Mapping[str, Any]], *, title: str | None = N
             ys.append(row["mean"])
             up.append(row["high"] - row["mean"])
             down.append(row["mean"] - row["low"])
-        figure.add_trace(go.Scatter(x=xs, y=ys, name=ordering, mode="markers",
+        figure.add_trace(go.Scatter(x=xs, y=ys, name=ordering_name(ordering), mode="markers",
                                     error_y=dict(type="data", array=up, arrayminus=down, visible=True),
-                                    marker=dict(size=10)))
+                                    marker=dict(size=10, color=ordering_colour(ordering))))
     if chance is not None:
         figure.add_hline(y=chance, line_dash="dash", annotation_text="chance")
     lows = [row["low"] for task in tasks for row in task["summary"]] + ([chance] if chance is not None else [])

@@ -8,14 +8,44 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PALETTE", "compact_number", "log_ticks", "readable_log_axes", "run_colours", "separate_overlapping"]
+__all__ = ["ORDERING_COLOURS", "ORDERING_NAMES", "PALETTE", "compact_number", "log_ticks", "ordering_colour",
+           "ordering_name", "readable_log_axes", "run_colours", "separate_overlapping"]
 
 # plotly's default qualitative palette
 PALETTE = ("#636EFA", "#EF553B", "#00CC96", "#AB63FA", "#FFA15A", "#19D3F3", "#FF6692", "#B6E880", "#FF97FF",
            "#FECB52")
+# one colour and one display name per token ordering on every page and notebook (row-major and identity are
+# the same order of tokens, so they share the baseline's grey)
+ORDERING_COLOURS = {"rowmajor": "#7f7f7f", "identity": "#7f7f7f", "snake": "#8c564b", "hilbert": "#1f77b4",
+                    "morton": "#ff7f0e", "dilation_major": "#9467bd", "rowmajor-trans": "#c7c7c7",
+                    "snake-trans": "#c49c94", "hilbert-trans": "#aec7e8", "morton-trans": "#ffbb78",
+                    "hilbert/hilbert-trans": "#17becf", "morton/morton-trans": "#bcbd22",
+                    "snake/snake-trans": "#e377c2", "rowmajor/rowmajor-trans": "#2ca02c"}
+ORDERING_NAMES = {"rowmajor": "row-major", "identity": "identity", "snake": "snake", "hilbert": "Hilbert",
+                  "morton": "Morton", "dilation_major": "dilation-major"}
+_TRANSPOSED = "-trans"
 _MANTISSAS = ((1,), (1, 3), (1, 2, 5), (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9))
 _DASHES = ("dash", "dot", "dashdot", "longdash")
 _SYMBOLS = ("circle-open", "square-open", "diamond-open", "triangle-up-open")
+
+
+def ordering_name(ordering: str) -> str:
+    """The display name of an ordering id: 'rowmajor' -> 'row-major', 'hilbert-trans' -> 'Hilbert (transposed)',
+    'hilbert/hilbert-trans' -> 'Hilbert alternating with its transpose'; an unknown id is returned as it is."""
+    ordering = str(ordering)
+    if "/" in ordering:
+        first, second = ordering.split("/", 1)
+        if second == first + _TRANSPOSED:
+            return f"{ordering_name(first)} alternating with its transpose"
+        return " / ".join(ordering_name(part) for part in ordering.split("/"))
+    if ordering.endswith(_TRANSPOSED):
+        return f"{ordering_name(ordering[:-len(_TRANSPOSED)])} (transposed)"
+    return ORDERING_NAMES.get(ordering, ordering)
+
+
+def ordering_colour(ordering: str) -> str | None:
+    """The colour of an ordering id on every page; None for an unknown id (plotly's cycle then picks one)."""
+    return ORDERING_COLOURS.get(str(ordering))
 
 
 def compact_number(value: float) -> str:

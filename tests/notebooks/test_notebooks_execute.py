@@ -84,7 +84,7 @@ def test_report_notebook_executes_with_artifacts(name, tmp_path):
         assert [row["seq_len"] for row in pairs] == [128, 256]
         assert all(len(row["identity_times_ms"]) == len(row["ordered_times_ms"]) == 21 for row in pairs)
         assert all(row["max_abs_difference"] < 1e-5 for row in pairs)  # same attention in both layouts
-        assert "auto / hilbert" in unescaped and "speed-up [95%]" in html
+        assert "auto / Hilbert" in unescaped and "speed-up [95%]" in html
     if name == "claims":
         rows = metrics["tables"]["claims"]["rows"]
         assert {row["claim"] for row in rows} >= {f"C{index}" for index in range(1, 13)}

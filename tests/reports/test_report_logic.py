@@ -95,8 +95,8 @@ def test_claim_summary_counts_verdicts():
         {"claim": "C2", "verdict": "confirmed"}])
     summary = claims.claim_summary(frame, [{"id": "C1", "claim": "text one"}])
     assert summary.to_dict(orient="records") == [
-        {"claim": "C1", "text": "text one", "confirmed": 0, "refuted": 1, "not reproducible here": 1},
-        {"claim": "C2", "text": "", "confirmed": 1, "refuted": 0, "not reproducible here": 0}]
+        {"claim": "C1", "text": "text one", "confirmed": 0, "refuted": 1, "inconclusive": 0, "not reproducible here": 1},
+        {"claim": "C2", "text": "", "confirmed": 1, "refuted": 0, "inconclusive": 0, "not reproducible here": 0}]
 
 
 def test_recorder_writes_json_safe_metrics(tmp_path):

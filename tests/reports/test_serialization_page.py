@@ -63,17 +63,23 @@ def _metrics():
 def test_ranking_verdict_reads_intervals():
     rows = DOCUMENT["tasks"][0]["summary"]
     ranking, verdict, separated = serialization.ranking_verdict(rows)
-    assert separated and ranking.startswith("hilbert 0.900 [0.880, 0.920] > morton")
-    assert verdict.startswith("hilbert and morton ahead of rowmajor (95% intervals disjoint)")
+    # '>' only between neighbours whose intervals are disjoint, '~' where they overlap; display names
+    assert ranking == ("Hilbert 0.900 [0.880, 0.920] ~ Morton 0.890 [0.860, 0.910] ~ snake 0.840 [0.800, 0.885] ~ "
+                       "row-major 0.780 [0.760, 0.800]")
+    assert separated and verdict.startswith("Hilbert and Morton ahead of row-major (95% intervals disjoint)")
     assert "snake ahead" not in verdict and "other pairs overlap" in verdict
     _, numbers, _ = serialization.ranking_verdict(rows, numbers=True)
-    assert numbers.startswith("hilbert 0.900 [0.880, 0.920] and morton 0.890 [0.860, 0.910] ahead of rowmajor 0.780")
+    assert numbers.startswith("Hilbert 0.900 [0.880, 0.920] and Morton 0.890 [0.860, 0.910] ahead of row-major 0.780")
     _, verdict, separated = serialization.ranking_verdict(DOCUMENT["tasks"][1]["summary"])
     assert not separated and verdict.startswith("no difference")
     # touching intervals are not disjoint
     touching = [{"ordering": "a", "mean": 1.0, "low": 0.9, "high": 1.1}, {"ordering": "b", "mean": 0.8, "low": 0.7,
                                                                           "high": 0.9}]
     assert serialization.ranking_verdict(touching)[1].startswith("no difference")
+    assert serialization.ranking_verdict(touching)[0] == "a 1.000 [0.900, 1.100] ~ b 0.800 [0.700, 0.900]"
+    apart = [{"ordering": "hilbert", "mean": 1.0, "low": 0.95, "high": 1.05},
+             {"ordering": "rowmajor", "mean": 0.8, "low": 0.7, "high": 0.9}]
+    assert serialization.ranking_verdict(apart)[0] == "Hilbert 1.000 [0.950, 1.050] > row-major 0.800 [0.700, 0.900]"
 
 
 def test_page_findings_name_ranking_device_and_no_difference():
@@ -82,14 +88,14 @@ def test_page_findings_name_ranking_device_and_no_difference():
     assert page.title.startswith("Serialization: which curve ordering")
     assert "Test GPU" in page.device and 1 <= len(page.findings) <= 5
     assert page.findings[0].startswith("Trained on Test GPU")
-    assert "hilbert 0.900 [0.880, 0.920] and morton 0.890 [0.860, 0.910] ahead of rowmajor" in page.findings[0]
+    assert "Hilbert 0.900 [0.880, 0.920] and Morton 0.890 [0.860, 0.910] ahead of row-major" in page.findings[0]
     assert any(f.startswith("No trained difference") and "window 64" in f for f in page.findings)
     # the index card: a sentence with the verdicts, no raw metric keys
     assert page.headline == page.findings[0]
     assert "locality_seconds" not in page.headline and "recall@8" not in page.headline
-    # exact locality: the largest gap is a finding; near ties (within 10% of rowmajor) are said to be no finding
-    assert any("0.7 of each token's 8 nearest neighbours" in f and "0.3 for rowmajor" in f for f in page.findings)
-    assert any("no ordering beats rowmajor's 8-NN recall by 10%" in f and "8 x 8 w=64" in f for f in page.findings)
+    # exact locality: the largest gap is a finding; near ties (within 10% of row-major) are said to be no finding
+    assert any("0.7 of each token's 8 nearest neighbours" in f and "0.3 for row-major" in f for f in page.findings)
+    assert any("no ordering beats row-major's 8-NN recall by 10%" in f and "8 x 8 w=64" in f for f in page.findings)
 
 
 def test_page_text_has_no_template_glitches_code_names_or_paths():
@@ -118,20 +124,20 @@ def test_page_sections_conclusions_axes_and_compact_tables():
     # pivot: one row per (data, ordering), one column per setting, not the tidy dump (behind a closed section)
     assert list(pivot.table.columns) == ["data", "ordering", "w=16", "w=64"] and len(pivot.table) == 4
     assert pivot.collapsed
-    assert pivot.table.set_index(["data", "ordering"]).loc[("cloud", "hilbert"), "w=16"] == pytest.approx(0.35)
-    # w=16: hilbert best on both data sets; w=64: within 10% of rowmajor, no finding
-    assert "hilbert on 2" in recall.conclusion and "on the other 2 settings" in recall.conclusion
+    assert pivot.table.set_index(["data", "ordering"]).loc[("cloud", "Hilbert"), "w=16"] == pytest.approx(0.35)
+    # w=16: Hilbert best on both data sets; w=64: within 10% of row-major, no finding
+    assert "Hilbert on 2" in recall.conclusion and "on the other 2 settings" in recall.conclusion
     which = next(section for section in page.sections if section.heading.startswith("Which ordering"))
     text = " ".join(which.text)
-    assert ("8 x 8: use hilbert at w=16 (8-NN recall 0.7 vs rowmajor 0.3); within 10% of rowmajor (no finding) at "
+    assert ("8 x 8: use Hilbert at w=16 (8-NN recall 0.7 vs row-major 0.3); within 10% of row-major (no finding) at "
             "w=64.") in text
     assert serialization._family(["hilbert", "morton", "hilbert-trans", "morton-trans"]) == \
-        "hilbert or morton (either orientation)"
-    assert serialization._family(["hilbert", "morton", "hilbert-trans"]) == "hilbert, morton or hilbert-trans"
+        "Hilbert or Morton (either orientation)"
+    assert serialization._family(["hilbert", "morton", "hilbert-trans"]) == "Hilbert, Morton or Hilbert (transposed)"
     assert "Trained on Test GPU, 2D 8x8 image, window 64: no difference" in text
     windows = next(section for section in page.sections if section.heading.startswith("The attention windows"))
-    assert "rowmajor w=16: mostly 2 x 8 boxes" in windows.conclusion
-    assert "hilbert w=16: mostly 4 x 4" in windows.conclusion
+    assert "row-major w=16: mostly 2 x 8 boxes" in windows.conclusion
+    assert "Hilbert w=16: mostly 4 x 4" in windows.conclusion
 
 
 def test_committed_gpu_file_is_read_with_its_device():
@@ -141,6 +147,7 @@ def test_committed_gpu_file_is_read_with_its_device():
     frame = pd.DataFrame(rows)
     window64 = frame[frame["task"] == document["tasks"][0]["name"]].to_dict(orient="records")
     _, verdict, separated = serialization.ranking_verdict(window64)
-    assert separated and verdict.startswith("morton, hilbert/hilbert-trans and hilbert ahead of snake and rowmajor")
+    assert separated and verdict.startswith("Morton, Hilbert alternating with its transpose and Hilbert ahead of "
+                                            "snake and row-major")
     with pytest.raises(ValueError, match="document must be"):
         serialization.trained_rows({"device": "cpu"}, "GPU")

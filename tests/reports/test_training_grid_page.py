@@ -3,6 +3,8 @@ is listed as not run; the conclusion names the rows that meet the target."""
 from __future__ import annotations
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -108,18 +110,21 @@ def test_longest_trainable_section_names_the_longest_length_and_the_failure():
               "tokens_per_s": 2e6, "peak_memory_gib": 16.0 * k, "device_memory_gib": 79.2} for k in (1, 2, 4)]
     probe.append({"seq_len": 2**23, "segment_lengths": [2048, 2**23], "dilation_rates": [1, 2048],
                   "device_memory_gib": 79.2, "error": "out of memory: CUDA out of memory. Tried to allocate 1 GiB"})
+    head = subprocess.run(["git", "-C", str(Path(__file__).parent), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a probe of the current code, with its own command
     groups = {"128K": {"H100 run": {"training": {"history": []}, "longest_trainable": probe,
-                                    "environment": {"device": {"name": "H100"}}}}}
+                                    "environment": {"device": {"name": "H100"}, "git": {"commit": head}}}}}
     table = longest_trainable_table(groups)
     assert list(table["seq_len"]) == [2**20, 2**21, 2**22, 2**23] and table["pattern"][0] == "2048,1048576 / 1,256"
     page = render(_metrics({"longest_trainable": table}), {})
     section = next(s for s in page.sections if s.heading == "Longest trainable sequence")
-    assert section.conclusion.startswith("H100 trains 4M tokens (batch 1, gradient checkpointing): peak 64 GiB")
+    assert section.conclusion.startswith("H100 length probe (stored in H100 run) trains 4M tokens (batch 1, gradient "
+                                         "checkpointing): peak 64 GiB")
     assert "16 GiB per 1M tokens" in section.conclusion
     assert "8M tokens: out of memory (tried to allocate 1 GiB)" in section.conclusion
     failed = [trace for trace in section.figure.data if trace.name == "H100 run: failed"]
     assert len(failed) == 1 and list(failed[0].x) == [2**23]
-    assert any(finding.startswith("H100 trains 4M tokens") for finding in page.findings)
+    assert any(finding.startswith("H100 length probe (stored in H100 run) trains 4M") for finding in page.findings)
     assert "run" not in section.table.columns and "device memory (GiB)" in section.table.columns
     # the failure is a short cell, not the multi-line CUDA message
     assert list(section.table["failure"]) == ["", "", "", "out of memory (tried to allocate 1 GiB)"]

@@ -30,6 +30,18 @@ def test_availability_lists_every_backend_with_a_reason_when_missing():
     assert {"reference", "manual", "sdpa"} <= set(table[table["available"]]["backend"])
     missing = table[~table["available"]]
     assert (missing["reason"].str.len() > 0).all()
+    # a CPU user is never told to install a GPU extra (gpu, fa4) or a CUDA-only package
+    assert not missing["reason"].str.contains("pip install|hilbert-lab\\[", regex=True).any(), missing
+    by_name = missing.set_index("backend")["reason"]
+    assert by_name["fa4"] == "it runs on cuda only, not on this CPU"
+
+
+def test_a_gpu_package_missing_on_the_cpu_is_not_advised(monkeypatch):
+    from hilbert_lab.attention.executors import base
+
+    monkeypatch.setattr(base, "_importable", lambda package: False)  # as on a CPU machine without triton
+    reason = backend_availability("cpu", "float32").set_index("backend")["reason"]
+    assert "pip install" not in reason["triton"] and "GPU package" in reason["triton"]
 
 
 def test_timing_table_backends_agree():

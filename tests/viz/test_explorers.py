@@ -217,7 +217,7 @@ def test_locality_study_index_grids_are_the_layouts():
 def test_locality_explorer_callbacks():
     panel = locality_explorer(kind="grid", size=16, box_or_segment=3, max_cache_lines=64)
     misses_before = [list(trace.y) for trace in panel.figures["misses"].data]
-    assert [trace.name for trace in panel.figures["misses"].data] == ["rowmajor", "snake", "hilbert", "morton"]
+    assert [trace.name for trace in panel.figures["misses"].data] == ["row-major", "snake", "Hilbert", "Morton"]
     panel.controls["box_or_segment"].value = 5
     assert [list(trace.y) for trace in panel.figures["misses"].data] != misses_before
     panel.controls["size"].value = 1000

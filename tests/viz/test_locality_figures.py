@@ -8,6 +8,7 @@ pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures
 
 from hilbert_lab.locality import COLUMNS, compare_orderings  # noqa: E402
 from hilbert_lab.viz.locality import METRIC_LABELS, metric_bars, miss_curve_figure  # noqa: E402
+from hilbert_lab.viz.style import ordering_name  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -26,15 +27,15 @@ def test_metric_bars_keep_each_box_size_apart(table):
         assert len(set(trace.x)) == len(trace.x), trace.name
     bars = _bars(clustering)
     # row-major: a b x b box of a row-major grid is b runs (one per row), whatever b
-    assert bars[("32x32, box 4", "rowmajor")] == 4.0 and bars[("32x32, box 8", "rowmajor")] == 8.0
+    assert bars[("32x32, box 4", "row-major")] == 4.0 and bars[("32x32, box 8", "row-major")] == 8.0
     lines = _bars(metric_bars(table, "lines_per_box_mean"))
     # 128 B rows on 128 B lines: one line per cell of the box
-    assert lines[("8x8x8, box 4", "rowmajor")] == 64.0 and lines[("8x8x8, box 8", "rowmajor")] == 512.0
+    assert lines[("8x8x8, box 4", "row-major")] == 64.0 and lines[("8x8x8, box 8", "row-major")] == 512.0
     # every bar is one row of the table
     rows = table[table["metric"] == "lines_per_box_mean"]
     assert len(lines) == len(rows)
     for row in rows.itertuples():
-        assert lines[(f"{row.configuration}, box {row.parameter}", row.ordering)] == row.value
+        assert lines[(f"{row.configuration}, box {row.parameter}", ordering_name(row.ordering))] == row.value
 
 
 def test_metric_bars_one_parameter_and_plain_metrics(table):
@@ -42,7 +43,7 @@ def test_metric_bars_one_parameter_and_plain_metrics(table):
     assert [trace.name for trace in only_box_8.data] == ["32x32, box 8", "8x8x8, box 8"]
     steps = metric_bars(table, "step_mean")  # no parameter: one series per configuration
     assert [trace.name for trace in steps.data] == ["32x32", "8x8x8"]
-    assert _bars(steps)[("32x32", "hilbert")] == 1.0
+    assert _bars(steps)[("32x32", "Hilbert")] == 1.0
 
 
 def test_axis_titles_have_units_and_direction_not_column_names(table):

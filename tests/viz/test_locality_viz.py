@@ -8,6 +8,7 @@ pytest.importorskip("plotly", reason="plotly is an optional (notebooks) dependen
 
 from hilbert_lab.curves import grid_permutation  # noqa: E402
 from hilbert_lab.locality import compare_orderings, miss_curve, window_attention_trace  # noqa: E402
+from hilbert_lab.viz.style import ORDERING_COLOURS, ordering_name  # noqa: E402
 from hilbert_lab.viz.locality import (  # noqa: E402
     access_order_heatmap,
     claims_figure,
@@ -42,10 +43,11 @@ def test_miss_curve_figure_data_match_simulator():
     misses = {ordering: miss_curve(window_attention_trace((16, 16), 5, ordering).lines, capacities)
               for ordering in ("rowmajor", "hilbert")}
     figure = miss_curve_figure(capacities, misses)
-    assert [trace.name for trace in figure.data] == ["rowmajor", "hilbert"]
-    for trace in figure.data:
+    assert [trace.name for trace in figure.data] == ["row-major", "Hilbert"]  # display names (viz.style)
+    assert [trace.line.color for trace in figure.data] == [ORDERING_COLOURS["rowmajor"], ORDERING_COLOURS["hilbert"]]
+    for trace, ordering in zip(figure.data, misses):
         np.testing.assert_array_equal(trace.x, capacities)
-        np.testing.assert_array_equal(trace.y, misses[trace.name])
+        np.testing.assert_array_equal(trace.y, misses[ordering])
     with pytest.raises(ValueError, match="misses_by_ordering"):
         miss_curve_figure([1, 2], {"rowmajor": [1, 2, 3]})
 
@@ -54,9 +56,9 @@ def test_miss_curves_from_table_match_rows(table):
     configuration = "8x8, window 4, tile 64, gather, 128 B rows"
     figure = miss_curves_from_table(table, configuration)
     rows = table[(table["configuration"] == configuration) & (table["metric"] == "misses")]
-    assert {trace.name for trace in figure.data} == set(rows["ordering"])
+    assert {trace.name for trace in figure.data} == set(rows["ordering"].map(ordering_name))
     for trace in figure.data:
-        expected = rows[rows["ordering"] == trace.name].sort_values("parameter")
+        expected = rows[rows["ordering"].map(ordering_name) == trace.name].sort_values("parameter")
         np.testing.assert_array_equal(trace.x, expected["parameter"].astype(int))
         np.testing.assert_array_equal(trace.y, expected["value"])
     with pytest.raises(ValueError, match="configuration"):
@@ -67,9 +69,9 @@ def test_density_bars_match_rows(table):
     figure = metric_bars(table, "tile_mean_density", parameter=64)
     rows = table[(table["metric"] == "tile_mean_density") & (table["parameter"] == 64)]
     assert len(figure.data) == rows["configuration"].nunique() == 1
-    np.testing.assert_array_equal(figure.data[0].x, rows["ordering"])
+    np.testing.assert_array_equal(figure.data[0].x, rows["ordering"].map(ordering_name))
     np.testing.assert_array_equal(figure.data[0].y, rows["value"])
-    assert dict(zip(figure.data[0].x, figure.data[0].y))["dilation_major"] == 1.0
+    assert dict(zip(figure.data[0].x, figure.data[0].y))["dilation-major"] == 1.0
     with pytest.raises(ValueError, match="metric"):
         metric_bars(table, "no_such_metric")
 

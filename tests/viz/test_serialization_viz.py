@@ -38,7 +38,7 @@ def test_windows_figure_draws_groups_and_path():
 def test_locality_and_accuracy_figures():
     table = serialization_table({"grid": (8, 8)}, ["rowmajor", "hilbert"], [([16], [1])], ks=(4,))
     figure = locality_figure(table, "recall@4")
-    assert [trace.name for trace in figure.data] == ["rowmajor", "hilbert"]
+    assert [trace.name for trace in figure.data] == ["row-major", "Hilbert"]
     assert figure.data[1].y[0] > figure.data[0].y[0]
     with pytest.raises(ValueError, match="metric must be one of"):
         locality_figure(table, "speed")

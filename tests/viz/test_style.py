@@ -54,3 +54,49 @@ def test_runs_with_one_curriculum_share_one_set_of_phase_marks():
     labels = [a.text for a in figure.layout.annotations if a.name == "phase"]
     assert labels == ["1K", "32K"]
     assert any(a.text == "chance 4.16 nats" for a in figure.layout.annotations)
+
+
+def test_one_display_name_and_one_colour_per_ordering():
+    from hilbert_lab.curves import GRID_ORDERINGS, ORDERINGS, SERIALIZATIONS
+    from hilbert_lab.curves.layouts import LAYOUTS
+    from hilbert_lab.viz.style import ORDERING_COLOURS, ordering_colour, ordering_name
+
+    every = list(dict.fromkeys([*GRID_ORDERINGS, *ORDERINGS, *SERIALIZATIONS, *LAYOUTS,
+                                *(f"{name}/{name}-trans" for name in GRID_ORDERINGS)]))
+    names = {ordering: ordering_name(ordering) for ordering in every}
+    assert names["rowmajor"] == "row-major" and names["dilation_major"] == "dilation-major"
+    assert names["hilbert/hilbert-trans"] == "Hilbert alternating with its transpose"
+    assert names["hilbert-trans"] == "Hilbert (transposed)"
+    assert not any("_" in name or "rowmajor" in name for name in names.values()), names
+    assert len(set(names.values())) == len(names)  # one name per ordering, no two orderings share one
+    colours = {ordering: ordering_colour(ordering) for ordering in every}
+    assert all(colours.values()), colours
+    # identity and row-major are the same token order (the baseline); every other ordering has its own colour
+    assert colours["identity"] == colours["rowmajor"]
+    others = [colour for ordering, colour in colours.items() if ordering != "identity"]
+    assert len(set(others)) == len(others)
+    assert set(ORDERING_COLOURS) <= set(every)
+
+
+def test_an_ordering_keeps_its_colour_and_name_in_every_figure():
+    from hilbert_lab.locality.serialization import serialization_table
+    from hilbert_lab.viz.locality import miss_curve_figure
+    from hilbert_lab.viz.serialization import accuracy_figure, locality_figure
+    from hilbert_lab.viz.style import ORDERING_COLOURS
+
+    def colours(figure):
+        found = {}
+        for trace in figure.data:
+            colour = trace.marker.color if trace.type == "bar" or trace.mode == "markers" else trace.line.color
+            found[trace.name] = colour
+        return found
+
+    table = serialization_table({"grid": (8, 8)}, ["snake", "hilbert", "rowmajor"], [([16], [1])], ks=(4,))
+    tasks = [{"name": "t", "summary": [{"ordering": o, "mean": 0.8, "low": 0.7, "high": 0.9}
+                                       for o in ("morton", "rowmajor", "hilbert")]}]
+    figures = [locality_figure(table, "recall@4"), accuracy_figure(tasks),
+               miss_curve_figure([4, 8], {"rowmajor": [3, 2], "morton": [3, 1], "hilbert": [2, 1]})]
+    for figure in figures:
+        found = colours(figure)
+        assert found["Hilbert"] == ORDERING_COLOURS["hilbert"] and found["row-major"] == ORDERING_COLOURS["rowmajor"]
+        assert "rowmajor" not in found and "hilbert" not in found
