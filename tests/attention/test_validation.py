@@ -113,6 +113,8 @@ def test_numpy_1d_arrays_and_numpy_integers_are_the_same_pattern_as_python_ints(
         assert model.config["segment_lengths"] == [4, 8] and model.config["dilation_rates"] == [1, 2]
         assert all(type(x) is int for x in model.config["segment_lengths"] + model.config["dilation_rates"])
     assert DilatedPattern.create(np.int64(4), np.int32(1)) == DilatedPattern.create([4], [1])
+    for segment, rate in ((4, 1), (np.int64(4), np.int32(1))):  # one integer: one branch, everywhere
+        assert LongNetLM(16, 8, 1, 2, segment, rate, max_seq_len=16).config["segment_lengths"] == [4]
     q, k, v = _qkv()
     torch.testing.assert_close(dilated_attention(q, k, v, segment_lengths=np.array([4, 8]),
                                                  dilation_rates=np.array([1, 2])),
