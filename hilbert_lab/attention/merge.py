@@ -20,14 +20,14 @@ def shifted_exp(x: torch.Tensor, dim: int, scale: float = 1.0) -> tuple[torch.Te
     """Max-subtracted exponentials of `scale * x` along `dim`, for softmaxes exact at any score scale.
 
     Returns (weights, total, lse): weights = exp((x - m) * scale) with m = max over `dim` (the
-    largest weight is exactly 1; all 0 for slices whose scaled scores are all -inf, overflowed ones
-    included), total = their sum over `dim` (keepdim; 1 for such slices, so that dividing by it is
-    safe) and lse = m * scale + log(total) with `dim` removed (-inf for such slices). The max is subtracted before scaling (scale > 0), so
-    the weights never overflow, even where scale * x would; the LSE is then the rounding of its
-    value to x's dtype (inf beyond its range). A NaN in a slice makes its weights, total and lse
-    NaN. Normalise with weights / total (never exp(x - lse): at large scores lse is rounded and
-    those weights would not sum to 1). Differentiable, with finite (zero) gradients for all -inf
-    slices.
+    largest weight is exactly 1; all 0 for slices whose scaled scores are all -inf, underflowed
+    ones included), total = their sum over `dim` (keepdim; 1 for such slices, so that dividing by
+    it is safe) and lse = m * scale + log(total) with `dim` removed (-inf for such slices). The max
+    is subtracted before scaling (scale > 0), so no weight overflows, even where scale * x would;
+    the LSE is then its value rounded to x's dtype (inf beyond its range). A NaN in a slice makes
+    its weights, total and lse NaN. Normalise with weights / total (never exp(x - lse): at large
+    scores lse is rounded and those weights would not sum to 1). Differentiable, with finite
+    (zero) gradients for all -inf slices.
     """
     peak = x.detach().amax(dim=dim, keepdim=True)
     empty = (peak if scale == 1.0 else peak * scale) == float("-inf")  # every scaled score -inf: no weight

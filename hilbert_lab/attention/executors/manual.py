@@ -48,10 +48,10 @@ def _scores(qg, kg, scale, allowed):
 
 
 def _softmax_parts(qg, kg, scale, allowed):
-    """shifted_exp's (weights, total, lse) of the scores scale * q k^T (-inf where `allowed` is False), finite
-    wherever the scores' float64 values are: a scale <= 1 multiplies the scores before the row max is
-    subtracted (a scale that underflows the dtype gives scores 0, as exp would), a larger one multiplies the
-    differences to the max (<= 0, so the weights cannot overflow where the scaled scores would)."""
+    """shifted_exp's (weights, total, lse) of the scores scale * q k^T (-inf where `allowed` is False). A scale
+    <= 1 multiplies the scores before the row max is subtracted (a scale below the dtype's range gives scores
+    0, whose weights 1 are what exp of the true scores rounds to); a larger one multiplies the differences to
+    the max (<= 0), so no weight overflows where the scaled scores would (their LSE is then inf)."""
     small = scale <= 1.0
     scores = _scores(qg, kg, scale if small else 1.0, allowed)
     return shifted_exp(scores, dim=-1, scale=1.0 if small else scale)
@@ -111,7 +111,8 @@ def eager_attention(q, k, v, *, causal, scale, dropout_p=0.0, compute_dtype=None
     rows, keys = q.shape[1], k.shape[1]
     cd = _compute_dtype(q.dtype, compute_dtype)
     qg, kg, vg = _grouped(q, k, v, cd)
-    weights, total, lse = _softmax_parts(qg, kg, scale, allowed_pairs(rows, keys, causal, q.device) if causal else None)
+    allowed = allowed_pairs(rows, keys, causal, q.device) if causal else None
+    weights, total, lse = _softmax_parts(qg, kg, scale, allowed)
     probs = weights / total
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p, training=True)
