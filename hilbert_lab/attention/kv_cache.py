@@ -124,8 +124,24 @@ class DilatedKVCache:
         self.values[:, row:row + steps] = v
         self.length += steps
 
+    def _check_room(self, k: torch.Tensor, capacity: int) -> None:
+        """ValueError naming max_length (or the sequence length) when keys and values of `capacity` rows shaped
+        like k (B, T, H_kv, D) would not fit the memory of k's device (available_bytes)."""
+        needed = 2 * k.shape[0] * capacity * k.shape[2] * k.shape[3] * k.element_size()
+        limit = available_bytes(k.device)
+        if limit is None or needed <= limit:
+            return
+        what = (f"max_length={self.max_length}" if self.max_length is not None else
+                f"a sequence of {self.length + k.shape[1]} tokens (a whole-sequence branch keeps every key)")
+        raise ValueError(f"{what} needs a cache of {needed} bytes ({needed / 2**30:.3g} GiB: keys and values, 2 x "
+                         f"B={k.shape[0]} x {capacity} rows x H_kv={k.shape[2]} x D={k.shape[3]} x {k.element_size()} "
+                         f"bytes), more than the {limit} bytes ({limit / 2**30:.3g} GiB) available on {k.device}: "
+                         f"max_length must be at most the longest sequence the cache will hold, and its keys and "
+                         f"values must fit the device")
+
     def _allocate(self, k: torch.Tensor, v: torch.Tensor, capacity: int, offset: int = 0, kept: int = 0) -> None:
         """New buffers of `capacity` rows holding the `kept` stored rows from row `offset` on."""
+        self._check_room(k, capacity)
         shape = (k.shape[0], capacity, k.shape[2], k.shape[3])
         keys = torch.empty(shape, dtype=k.dtype, device=k.device)
         values = torch.empty(shape, dtype=v.dtype, device=v.device)
@@ -159,6 +175,8 @@ class DilatedKVCache:
         if self.length == 0:  # the prompt; later calls must match what is stored (checked when appending)
             validate_attention_inputs(k, k, v)
             self._scale = validate_attention_inputs(q, q, q, scale=self.scale)
+            if self.max_length is not None:  # the storage is allocated once: refuse it before any work
+                self._check_room(k, max(k.shape[1], self.target_capacity()))
         if (k.dtype, k.device) != (q.dtype, q.device):
             raise ValueError(f"q, k, v must share a dtype and device, got {q.dtype} on {q.device} and {k.dtype} on "
                              f"{k.device}")
@@ -234,6 +252,19 @@ class DilatedKVCache:
         p = self.pattern
         return (f"DilatedKVCache(segment_lengths={list(p.segment_lengths)}, dilation_rates={list(p.dilation_rates)}, "
                 f"mode={p.mode!r}, length={self.length}, start={self.start}, capacity={self.capacity})")
+
+
+def available_bytes(device: torch.device) -> Optional[int]:
+    """Bytes a new allocation on `device` can take: the CPU's available memory (psutil), a CUDA device's free
+    memory plus what PyTorch's caching allocator holds unused there; None (no limit) on other devices."""
+    if device.type == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    return None
 
 
 def dense_executor(backend, q: torch.Tensor, pattern: DilatedPattern):

@@ -16,23 +16,27 @@ from hilbert_lab.kernels import triton_merge
 FUSED_MERGE_DEVICES = ("cuda",)  # where the Triton merge runs (tests add "cpu" with a stand-in for it)
 
 
-def shifted_exp(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Max-subtracted exponentials of `x` along `dim`, for softmaxes exact at any score scale.
+def shifted_exp(x: torch.Tensor, dim: int, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Max-subtracted exponentials of `scale * x` along `dim`, for softmaxes exact at any score scale.
 
-    Returns (weights, total, lse): weights = exp(x - m) with m = max over `dim` (the largest
-    weight is exactly 1; all 0 for all -inf slices), total = their sum over `dim` (keepdim; 1
-    for all -inf slices, so that dividing by it is safe) and lse = m + log(total) with `dim`
-    removed (-inf for all -inf slices). A NaN in a slice makes its weights, total and lse NaN.
-    Normalise with weights / total (never exp(x - lse): at large scores lse is rounded and those
-    weights would not sum to 1). Differentiable, with finite (zero) gradients for all -inf slices.
+    Returns (weights, total, lse): weights = exp((x - m) * scale) with m = max over `dim` (the
+    largest weight is exactly 1; all 0 for slices whose scaled scores are all -inf, underflowed
+    ones included), total = their sum over `dim` (keepdim; 1 for such slices, so that dividing by
+    it is safe) and lse = m * scale + log(total) with `dim` removed (-inf for such slices). The max
+    is subtracted before scaling (scale > 0), so no weight overflows, even where scale * x would;
+    the LSE is then its value rounded to x's dtype (inf beyond its range). A NaN in a slice makes
+    its weights, total and lse NaN. Normalise with weights / total (never exp(x - lse): at large
+    scores lse is rounded and those weights would not sum to 1). Differentiable, with finite
+    (zero) gradients for all -inf slices.
     """
     peak = x.detach().amax(dim=dim, keepdim=True)
-    empty = peak == float("-inf")
-    peak = torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak))
-    weights = torch.exp(x - peak)
+    empty = (peak if scale == 1.0 else peak * scale) == float("-inf")  # every scaled score -inf: no weight
+    peak = torch.where(empty, float("inf"), torch.where(torch.isfinite(peak), peak, torch.zeros_like(peak)))
+    weights = torch.exp(x - peak if scale == 1.0 else (x - peak) * scale)
     total = weights.sum(dim=dim, keepdim=True)
     total = torch.where(empty, torch.ones_like(total), total)
-    lse = torch.where(empty, torch.full_like(total, float("-inf")), peak + torch.log(total))
+    lse = torch.where(empty, torch.full_like(total, float("-inf")),
+                      (peak if scale == 1.0 else peak * scale) + torch.log(total))
     return weights, total, lse.squeeze(dim)
 
 

@@ -14,6 +14,14 @@ from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.curves import ORDERINGS
 
 
+def check_device(name: str, x: torch.Tensor, parameter: torch.Tensor, owner: str = "module") -> None:
+    """ValueError naming both devices unless the input `name` lives on the device of the owner's `parameter`."""
+    if x.device != parameter.device:
+        raise ValueError(f"{name} on device '{x.device}' does not match the {owner}'s parameters on device "
+                         f"'{parameter.device}': move one to the other ({owner}.to('{x.device}') or "
+                         f"{name}.to('{parameter.device}'))")
+
+
 def _check_dropout(dropout) -> float:
     if isinstance(dropout, bool) or not isinstance(dropout, numbers.Real) or not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must be a float in [0, 1), got {dropout!r}")
@@ -174,10 +182,10 @@ class MultiheadDilatedAttention(nn.Module):
             if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
                 raise ValueError(f"{name} must be a (B, N, {self.embed_dim}) tensor, got "
                                  f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-            autocast = torch.is_autocast_enabled(x.device.type)
-            if x.device != weight.device or (x.dtype != weight.dtype and not autocast):
-                raise ValueError(f"{name} must be {weight.dtype} on {weight.device} like the module's weights, got "
-                                 f"{x.dtype} on {x.device} (use module.to(...) or cast the input)")
+            check_device(name, x, weight)
+            if x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+                raise ValueError(f"{name} must be {weight.dtype} like the module's parameters, got {x.dtype} (cast "
+                                 f"the input or use module.to({weight.dtype}))")
         if value.shape[:2] != key.shape[:2] or query.shape[0] != key.shape[0] or query.shape[1] > key.shape[1]:
             raise ValueError(f"query, key and value must share (B, N) (query may be shorter: the last positions), got "
                              f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")

@@ -8,6 +8,9 @@ from typing import Optional
 import torch
 
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
 def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout_p: float = 0.0,
                               shape: str = "(B, N, H, D)", grouped_heads: bool = False,
                               fewer_queries: bool = False) -> float:
@@ -17,7 +20,8 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
     shards), dtype and device; with grouped_heads, k and v may have H_kv heads where H % H_kv == 0
     (grouped-query attention: query head h reads key/value head h // (H / H_kv)); with fewer_queries, q
     may have fewer rows than k and v (q (B, Nq, H, D) with Nq <= N, the queries at the last Nq positions).
-    scale: None (then D**-0.5) or a finite number > 0. dropout_p: a number in [0, 1).
+    scale: None (then D**-0.5) or a finite number > 0, at most float32's largest value for inputs other than
+    float64 (they compute in float32). dropout_p: a number in [0, 1).
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -51,6 +55,10 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
         return q.shape[3] ** -0.5
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or not scale > 0:
         raise ValueError(f"scale must be None (D**-0.5) or a finite float > 0, got {scale!r}")
+    if q.dtype != torch.float64 and scale > FLOAT32_MAX:
+        raise ValueError(f"scale must be None (D**-0.5) or a finite float in (0, {FLOAT32_MAX:.8g}] for {q.dtype} "
+                         f"inputs (attention on them computes in float32, whose largest value that is), got "
+                         f"{scale!r}; use float64 inputs for a larger scale")
     return float(scale)
 
 

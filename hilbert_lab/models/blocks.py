@@ -12,7 +12,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hilbert_lab.attention.kv_cache import DilatedKVCache
-from hilbert_lab.attention.modules import MultiheadDilatedAttention
+from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
+from hilbert_lab.attention.pattern import DilatedPattern
 
 from .rotary import apply_rotary, shared_rotary_tables
 
@@ -87,6 +88,7 @@ class DilatedTransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 cache: DilatedKVCache | None = None) -> torch.Tensor:
+        check_device("x", x, self.attention_norm.weight, "block")
         x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
@@ -164,6 +166,7 @@ class LongNetEncoder(nn.Module):
         to theirs)."""
         if x.dim() != 3:
             raise ValueError(f"x must have shape (B, N, C), got {tuple(x.shape)}")
+        check_device("x", x, self.norm.weight, "encoder")
         limit = self.max_seq_len if self.max_seq_len is not None else math.inf
         if caches is not None:
             if cu_seqlens is not None:
@@ -230,9 +233,10 @@ class LongNetLM(nn.Module):
         for name, value in (("vocab_size", vocab_size), ("dim", dim), ("max_seq_len", max_seq_len)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=True)
         self.config: dict[str, Any] = dict(
             vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
-            segment_lengths=[int(s) for s in segment_lengths], dilation_rates=[int(r) for r in dilation_rates],
+            segment_lengths=list(pattern.segment_lengths), dilation_rates=list(pattern.dilation_rates),
             max_seq_len=max_seq_len, mlp_ratio=mlp_ratio, dropout=dropout, attention_dropout=attention_dropout,
             mode=mode, ordering=ordering, backend=backend, rotary=rotary, rotary_base=rotary_base,
             tie_weights=tie_weights, num_kv_heads=num_kv_heads,
@@ -295,6 +299,7 @@ class LongNetLM(nn.Module):
         (positions default to each token's position in its document; every document <= max_seq_len).
         caches (models.generate.new_caches): tokens follow those the caches hold, whose keys and values
         they append (decoding)."""
+        check_device("tokens", tokens, self.embedding.weight, "model")
         self.check_tokens(tokens, packed=cu_seqlens is not None)
         x = self.embedding_dropout(self.embedding(tokens))
         return self.head(self.encoder(x, positions, cu_seqlens, caches))

@@ -178,3 +178,49 @@ def test_steps_leave_cudnn_for_a_kernel_without_per_shape_set_up():
     assert step_kernel(SimpleNamespace(kernel_for=lambda q: KERNELS["cudnn"]), q) is KERNELS["flash"]
     for name in ("flash", "efficient", "math"):
         assert step_kernel(SimpleNamespace(kernel_for=lambda q, name=name: KERNELS[name]), q) is KERNELS[name]
+
+
+# ---------------------------------------------------------------- storage that cannot fit is refused before allocating
+
+def test_a_max_length_whose_storage_cannot_fit_is_refused_naming_it_the_bytes_and_the_limit():
+    """2**40 rows of keys and values (70 TB) would fail in the allocator: refused by name before any work."""
+    from hilbert_lab.attention.kv_cache import available_bytes
+
+    q = torch.randn(1, 2, 2, 4)
+    cache = DilatedKVCache([4, 2**40], [1, 2], max_length=2**40)
+    needed = 2 * 1 * 2**40 * 2 * 4 * 4
+    with pytest.raises(ValueError, match=f"max_length={2**40} needs a cache of {needed} bytes") as error:
+        cache.attend(q, q, q)
+    assert "available on cpu" in str(error.value) and needed > available_bytes(torch.device("cpu"))
+    assert cache.length == 0 and cache.keys is None  # nothing ran, nothing was stored
+
+
+def test_the_room_check_counts_exactly_the_bytes_allocated(monkeypatch):
+    """With the device limit at exactly the bytes a cache allocates it runs; one byte less is refused, by
+    max_length when it is given, else by the sequence length a whole-sequence branch would keep."""
+    from hilbert_lab.attention import kv_cache
+
+    q, k, v = _qkv(40, 2, 2, batch=1)  # float64, (1, 40, 2, 4)
+    row = 2 * 2 * 4 * 8  # keys and values of one position
+    limit = {"bytes": 40 * row}
+    monkeypatch.setattr(kv_cache, "available_bytes", lambda device: limit["bytes"])
+    out, lse = _decode(DilatedKVCache([4, 1 << 40], [1, 2], max_length=40), q, k, v, 5)
+    want_out, want_lse = _engine([4, 1 << 40], [1, 2], "longnet", q, k, v)
+    assert max_diff(out, want_out) < TOL and max_diff(lse, want_lse) < TOL
+    limit["bytes"] = 40 * row - 1
+    with pytest.raises(ValueError, match=f"max_length=40 needs a cache of {40 * row} bytes .* more than the "
+                                         f"{40 * row - 1} bytes"):
+        DilatedKVCache([4, 1 << 40], [1, 2], max_length=40).attend(q[:, :5], k[:, :5], v[:, :5])
+    limit["bytes"] = 20 * row  # growing without max_length: 64 rows first (at most the limit's 20 rows: refused)
+    with pytest.raises(ValueError, match="a sequence of 5 tokens"):
+        DilatedKVCache([4, 1 << 40], [1, 2]).attend(q[:, :5], k[:, :5], v[:, :5])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_max_length_beyond_the_gpu_is_refused_naming_it_and_the_device():
+    q = torch.randn(1, 2, 2, 4, device="cuda")
+    cache = DilatedKVCache([4, 2**40], [1, 2], max_length=2**40)
+    with pytest.raises(ValueError, match=f"max_length={2**40} needs a cache of {2 * 2**40 * 2 * 4 * 4} bytes") as error:
+        cache.attend(q, q, q)
+    assert f"available on {q.device}" in str(error.value) and cache.keys is None

@@ -1,8 +1,10 @@
-"""validate_attention_inputs: the one input check of the engine and the ring."""
+"""validate_attention_inputs: the one input check of the engine and the ring; pattern arguments given as numpy
+values; a module and its input on different devices."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -69,3 +71,78 @@ def test_meta_sparse_and_complex_inputs_are_refused_naming_the_argument():
         dilated_attention(good, good.to_sparse(), good, **kwargs)
     with pytest.raises(ValueError, match="v must have a floating dtype"):
         dilated_attention(good, good, good.to(torch.complex64), **kwargs)
+
+
+# ---------------------------------------------------------------- segment_lengths / dilation_rates as numpy values
+
+def _pattern_takers():
+    """Every public constructor of a dilated pattern, as (segment_lengths, dilation_rates) -> result."""
+    from hilbert_lab.attention import DilatedKVCache, MultiheadDilatedAttention
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.models import LongNetLM
+
+    q = torch.randn(1, 8, 2, 4, generator=torch.Generator().manual_seed(0))
+    return {
+        "DilatedPattern.create": lambda s, r: DilatedPattern.create(s, r),
+        "dilated_attention": lambda s, r: dilated_attention(q, q, q, segment_lengths=s, dilation_rates=r),
+        "MultiheadDilatedAttention": lambda s, r: MultiheadDilatedAttention(8, 2, s, r),
+        "DilatedKVCache": lambda s, r: DilatedKVCache(s, r),
+        "LongNetLM": lambda s, r: LongNetLM(16, 8, 1, 2, s, r, max_seq_len=16),
+    }
+
+
+@pytest.mark.parametrize("taker", list(_pattern_takers()))
+@pytest.mark.parametrize("name, value", [("segment_lengths", np.array(4)), ("dilation_rates", np.array(1)),
+                                         ("segment_lengths", np.array([[4, 8]])), ("dilation_rates", np.array([[1]]))])
+def test_an_array_that_is_not_1d_is_refused_naming_the_argument(taker, name, value):
+    arguments = {"segment_lengths": [4], "dilation_rates": [1], name: value}
+    with pytest.raises(ValueError, match=f"{name} must be a non-empty list \\(or 1-D array\\) of positive integers, "
+                                         f"got a {value.ndim}-d array"):
+        _pattern_takers()[taker](arguments["segment_lengths"], arguments["dilation_rates"])
+
+
+def test_numpy_1d_arrays_and_numpy_integers_are_the_same_pattern_as_python_ints():
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.models import LongNetLM
+
+    want = DilatedPattern.create([4, 8], [1, 2])
+    for segments, rates in ((np.array([4, 8]), np.array([1, 2], dtype=np.int32)),
+                            ([np.int64(4), np.int16(8)], (np.uint8(1), 2))):
+        assert DilatedPattern.create(segments, rates) == want
+        model = LongNetLM(16, 8, 1, 2, segments, rates, max_seq_len=16)
+        assert model.config["segment_lengths"] == [4, 8] and model.config["dilation_rates"] == [1, 2]
+        assert all(type(x) is int for x in model.config["segment_lengths"] + model.config["dilation_rates"])
+    assert DilatedPattern.create(np.int64(4), np.int32(1)) == DilatedPattern.create([4], [1])
+    for segment, rate in ((4, 1), (np.int64(4), np.int32(1))):  # one integer: one branch, everywhere
+        assert LongNetLM(16, 8, 1, 2, segment, rate, max_seq_len=16).config["segment_lengths"] == [4]
+    q, k, v = _qkv()
+    torch.testing.assert_close(dilated_attention(q, k, v, segment_lengths=np.array([4, 8]),
+                                                 dilation_rates=np.array([1, 2])),
+                               dilated_attention(q, k, v, segment_lengths=[4, 8], dilation_rates=[1, 2]),
+                               rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- module parameters and input on different devices
+
+def test_a_module_on_another_device_than_its_input_names_both_devices():
+    from hilbert_lab.attention import MultiheadDilatedAttention
+
+    module = MultiheadDilatedAttention(8, 2, [4], [1], device="meta")
+    x = torch.randn(1, 4, 8)
+    with pytest.raises(ValueError, match="query on device 'cpu' does not match the module's parameters on device "
+                                         "'meta'"):
+        module(x)
+    with pytest.raises(ValueError, match="key on device 'meta' does not match the module's parameters on device "
+                                         "'cpu'"):
+        MultiheadDilatedAttention(8, 2, [4], [1])(x, x.to("meta"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_module_on_the_gpu_called_with_cpu_input_names_both_devices():
+    from hilbert_lab.attention import MultiheadDilatedAttention
+
+    module = MultiheadDilatedAttention(8, 2, [4], [1]).cuda()
+    with pytest.raises(ValueError, match="query on device 'cpu' does not match the module's parameters on device "
+                                         "'cuda:0'"):
+        module(torch.randn(1, 4, 8))

@@ -71,3 +71,93 @@ def test_bad_generation_input_is_refused():
         model.generate(torch.zeros(3, dtype=torch.long), 2)
     with pytest.raises(ValueError, match="caches must hold one"):
         model(_tokens(1, 4), caches=new_caches(model)[:1])
+
+
+@pytest.mark.parametrize("arguments, needle", [
+    ({"temperature": "1", "top_k": 3}, "temperature must be a finite number > 0, got '1'"),
+    ({"temperature": "1"}, "temperature must be a finite number > 0, got '1'"),
+    ({"temperature": float("nan"), "top_k": 3}, "temperature must be a finite number > 0, got nan"),
+    ({"temperature": float("inf"), "top_k": 3}, "temperature must be a finite number > 0, got inf"),
+    ({"temperature": -1.0, "top_k": 3}, "temperature must be a finite number > 0, got -1.0"),
+    ({"temperature": True, "top_k": 3}, "temperature must be a finite number > 0, got True"),
+    ({"temperature": torch.tensor(1.0), "top_k": 3}, "temperature must be a finite number > 0"),
+    ({"top_k": "3"}, f"top_k must be None or an integer in \\[1, vocab_size={VOCAB}\\], got '3'"),
+    ({"top_k": 0}, f"top_k must be None or an integer in \\[1, vocab_size={VOCAB}\\], got 0"),
+    ({"top_k": 2.0}, f"top_k must be None or an integer in \\[1, vocab_size={VOCAB}\\], got 2.0"),
+    ({"top_k": 3, "generator": "seed"}, "generator must be None or a torch.Generator, got str"),
+    ({"use_cache": "yes"}, "use_cache must be None, True or False, got 'yes'"),
+    ({"use_cache": 1}, "use_cache must be None, True or False, got 1"),
+])
+def test_bad_generation_arguments_are_refused_naming_them_and_their_allowed_values(arguments, needle):
+    model = _lm()
+    arguments = {"max_new_tokens": 2, **arguments}
+    with pytest.raises(ValueError, match=needle):
+        model.generate(_tokens(1, 4), arguments.pop("max_new_tokens"), **arguments)
+
+
+@pytest.mark.parametrize("prompt, needle", [
+    (torch.zeros(1, 0, dtype=torch.long), "prompt must hold at least one token per row: .* got shape \\(1, 0\\)"),
+    (torch.zeros(0, 3, dtype=torch.long), "prompt must hold at least one token per row: .* got shape \\(0, 3\\)"),
+    (torch.zeros(0, 0, dtype=torch.long), "prompt must hold at least one token per row"),
+    (torch.zeros(1, 3), "prompt must be an integer tensor \\(int32 or int64\\) of token ids, got torch.float32"),
+    ([[1, 2]], "prompt must be an integer tensor \\(B, N0\\) of token ids, got list"),
+    (torch.full((1, 3), VOCAB), f"prompt: tokens must be ids in \\[0, vocab_size={VOCAB}\\)"),
+])
+def test_an_empty_or_bad_prompt_is_refused_naming_the_prompt(prompt, needle):
+    with pytest.raises(ValueError, match=needle):
+        _lm().generate(prompt, 2)
+
+
+def test_numpy_integers_are_numbers_of_tokens_and_samples():
+    np = pytest.importorskip("numpy")
+    model = _lm()
+    prompt = _tokens(2, 5)
+    want = model.generate(prompt, 6, top_k=4, temperature=0.5, generator=torch.Generator().manual_seed(3))
+    got = model.generate(prompt, np.int64(6), top_k=np.int32(4), temperature=np.float32(0.5),
+                         generator=torch.Generator().manual_seed(3))
+    assert torch.equal(got, want)
+
+
+def test_a_model_on_another_device_than_its_tokens_names_both_devices():
+    model = _lm().to("meta")
+    with pytest.raises(ValueError, match="tokens on device 'cpu' does not match the model's parameters on device "
+                                         "'meta'"):
+        model(_tokens(1, 4))
+    with pytest.raises(ValueError, match="prompt on device 'cpu' does not match the model's parameters on device "
+                                         "'meta'"):
+        model.generate(_tokens(1, 4), 2)
+    with pytest.raises(ValueError, match="x on device 'cpu' does not match the encoder's parameters on device 'meta'"):
+        model.encoder(torch.zeros(1, 4, 32, dtype=torch.float64))
+    with pytest.raises(ValueError, match="x on device 'cpu' does not match the block's parameters on device 'meta'"):
+        model.encoder.blocks[0](torch.zeros(1, 4, 32, dtype=torch.float64), torch.arange(4))
+
+
+def test_generation_caches_only_the_tokens_it_will_see():
+    """The caches hold prompt + max_new_tokens positions (not max_seq_len): a whole-sequence branch's storage."""
+    from unittest import mock
+
+    from hilbert_lab.attention.kv_cache import DilatedKVCache
+
+    model = _lm((4, 1 << 40), (1, 4))  # nested segment lengths: the storage is the longest one, here 12 rows
+    built = []
+    original = DilatedKVCache.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        built.append(self)
+
+    with mock.patch.object(DilatedKVCache, "__init__", record):
+        tokens = model.generate(_tokens(1, 7), 5)
+    assert tokens.shape == (1, 12) and torch.equal(tokens, model.generate(_tokens(1, 7), 5, use_cache=False))
+    assert [cache.capacity for cache in built] == [12, 12] and all(c.max_length == 12 for c in built)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_model_on_the_gpu_with_a_cpu_prompt_or_generator_names_the_devices():
+    model = _lm().cuda()
+    with pytest.raises(ValueError, match="prompt on device 'cpu' does not match the model's parameters on device "
+                                         "'cuda:0'"):
+        model.generate(_tokens(1, 4), 2)
+    with pytest.raises(ValueError, match="generator must be on the prompt's device 'cuda:0'"):
+        model.generate(_tokens(1, 4).cuda(), 2, top_k=3, generator=torch.Generator())

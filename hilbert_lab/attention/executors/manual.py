@@ -47,6 +47,16 @@ def _scores(qg, kg, scale, allowed):
     return scores
 
 
+def _softmax_parts(qg, kg, scale, allowed):
+    """shifted_exp's (weights, total, lse) of the scores scale * q k^T (-inf where `allowed` is False). A scale
+    <= 1 multiplies the scores before the row max is subtracted (a scale below the dtype's range gives scores
+    0, whose weights 1 are what exp of the true scores rounds to); a larger one multiplies the differences to
+    the max (<= 0), so no weight overflows where the scaled scores would (their LSE is then inf)."""
+    small = scale <= 1.0
+    scores = _scores(qg, kg, scale if small else 1.0, allowed)
+    return shifted_exp(scores, dim=-1, scale=1.0 if small else scale)
+
+
 def dense_forward(q, k, v, *, causal, scale, need_lse=True, compute_dtype=None, max_elements=MAX_SCORE_ELEMENTS):
     """(out (b, Lq, h, D), lse (b, h, Lq), None) by chunked masked softmax; no autograd."""
     batch, rows, heads, _ = q.shape
@@ -58,8 +68,7 @@ def dense_forward(q, k, v, *, causal, scale, need_lse=True, compute_dtype=None, 
     with torch.no_grad():
         for bs, rs in _chunks(batch, heads, rows, keys, max_elements):
             qg, kg, vg = _grouped(q[bs, rs], k[bs], v[bs], cd)
-            scores = _scores(qg, kg, scale, None if allowed_all is None else allowed_all[rs])
-            weights, total, lse_c = shifted_exp(scores, dim=-1)
+            weights, total, lse_c = _softmax_parts(qg, kg, scale, None if allowed_all is None else allowed_all[rs])
             out[bs, rs] = (torch.matmul(weights, vg) / total).flatten(1, 2).transpose(1, 2).to(q.dtype)
             lse[bs, :, rs] = lse_c.flatten(1, 2).to(lse.dtype)
     return out, lse, None
@@ -102,8 +111,8 @@ def eager_attention(q, k, v, *, causal, scale, dropout_p=0.0, compute_dtype=None
     rows, keys = q.shape[1], k.shape[1]
     cd = _compute_dtype(q.dtype, compute_dtype)
     qg, kg, vg = _grouped(q, k, v, cd)
-    scores = _scores(qg, kg, scale, allowed_pairs(rows, keys, causal, q.device) if causal else None)
-    weights, total, lse = shifted_exp(scores, dim=-1)
+    allowed = allowed_pairs(rows, keys, causal, q.device) if causal else None
+    weights, total, lse = _softmax_parts(qg, kg, scale, allowed)
     probs = weights / total
     if dropout_p > 0.0:
         probs = torch.nn.functional.dropout(probs, p=dropout_p, training=True)
