@@ -68,8 +68,6 @@ class MemoryConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.num_heads > MAX_NUM_HEADS:
             raise ValueError(f"num_heads must be <= {MAX_NUM_HEADS}, got {self.num_heads}")
-        object.__setattr__(self, "segment_lengths", tuple(self.segment_lengths))
-        object.__setattr__(self, "dilation_rates", tuple(self.dilation_rates))
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         if self.mode not in MODES:
@@ -79,6 +77,9 @@ class MemoryConfig:
         known = ("auto",) + BACKENDS
         if self.backend not in known:
             raise ValueError(f"backend must be one of {', '.join(known)}; got {self.backend!r}")
+        pattern = DilatedPattern.create(self.segment_lengths, self.dilation_rates, mode=self.mode, causal=self.causal)
+        object.__setattr__(self, "segment_lengths", pattern.segment_lengths)
+        object.__setattr__(self, "dilation_rates", pattern.dilation_rates)
         inputs = 3 * self.batch_size * self.seq_len * self.num_heads * self.head_dim * DTYPE_BYTES[self.dtype]
         if inputs > MAX_INPUT_BYTES:
             raise ValueError(
@@ -88,7 +89,6 @@ class MemoryConfig:
         if self.world_size > 1 and self.seq_len % self.world_size:
             raise ValueError(f"seq_len must be divisible by world_size ({self.world_size}) for ring attention, "
                              f"got {self.seq_len}")
-        DilatedPattern.create(self.segment_lengths, self.dilation_rates, mode=self.mode, causal=self.causal)
 
     @classmethod
     def from_case(cls, case: dict[str, Any]) -> "MemoryConfig":

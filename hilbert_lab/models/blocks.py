@@ -283,6 +283,9 @@ class LongNetLM(nn.Module):
         (packed: a row of documents, whose positions the encoder checks instead)."""
         if tokens.dim() != 2 or tokens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"tokens must be an integer tensor (B, N), got {tuple(tokens.shape)} {tokens.dtype}")
+        if tokens.numel() == 0:
+            raise ValueError(f"tokens must hold at least one token in each of at least one row, got shape "
+                             f"{tuple(tokens.shape)}")
         if tokens.shape[1] > self.max_seq_len and not packed:
             raise ValueError(f"sequence length must be <= max_seq_len={self.max_seq_len}, got {tokens.shape[1]}")
         if tokens.numel() and not torch.compiler.is_compiling():

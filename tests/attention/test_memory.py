@@ -1,6 +1,7 @@
 """estimate_memory: agrees with measured CPU peaks (fresh subprocesses) within 20%, and behaves sensibly."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env
@@ -275,3 +276,9 @@ def test_estimate_under_inference_mode_is_the_same(world_size):
         inside = estimate_memory(MemoryConfig(**fields, batch_size=3))
     outside = estimate_memory(MemoryConfig(**fields, batch_size=3, dtype="float64"))
     assert inside.forward_backward_bytes > 0 and outside.forward_backward_bytes == 2 * inside.forward_backward_bytes
+
+
+def test_a_zero_dimensional_pattern_array_is_refused_naming_it():
+    with pytest.raises(ValueError, match="segment_lengths must be .* got a 0-d array"):
+        MemoryConfig(seq_len=64, segment_lengths=np.array(4), dilation_rates=[1])
+    assert MemoryConfig(seq_len=64, segment_lengths=np.array([4, 8]), dilation_rates=np.array([1, 2])).segment_lengths == (4, 8)

@@ -161,3 +161,9 @@ def test_a_model_on_the_gpu_with_a_cpu_prompt_or_generator_names_the_devices():
         model.generate(_tokens(1, 4), 2)
     with pytest.raises(ValueError, match="generator must be on the prompt's device 'cuda:0'"):
         model.generate(_tokens(1, 4).cuda(), 2, top_k=3, generator=torch.Generator())
+
+
+def test_an_empty_token_row_is_refused_naming_tokens():
+    model = LongNetLM(10, dim=8, depth=1, num_heads=2, segment_lengths=[4], dilation_rates=[1], max_seq_len=8)
+    with pytest.raises(ValueError, match=r"tokens must hold at least one token .* \(1, 0\)"):
+        model(torch.zeros(1, 0, dtype=torch.long))
