@@ -69,6 +69,89 @@ def test_pages_lead_with_at_most_five_findings(suite):
         assert 1 <= len(findings) <= 5 and all(re.search(r"\d", finding) for finding in findings), (name, findings)
 
 
+def _finding(suite: Path, page: str, start: str) -> str:
+    """The finding of `page` that starts with `start`, as a reader reads it."""
+    items = re.findall(r"<li>(.*?)</li>", _pages(suite)[page].split("<h2>Findings</h2>", 1)[1].split("</ul>")[0])
+    return next(text for text in map(_text, items) if text.startswith(start))
+
+
+def _rows(suite: Path, part: str, table: str) -> list[dict]:
+    return json.loads((suite / part / "metrics.json").read_text())["tables"][table]["rows"]
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def test_locality_finding_is_the_runs_miss_counts(suite):
+    """A finding's counts and percentage must be the run's LRU misses, not a neighbouring configuration's."""
+    text = _finding(suite, "locality/locality.html", "Hilbert has")
+    share, hilbert, rowmajor, cache = re.search(
+        r"(\d+)% fewer LRU misses than row-major \(([\d,]+) vs ([\d,]+)\) for window-8 attention on a 32x32 grid"
+        r".* at a ([\d,]+)-line cache", text).groups()
+    misses = {row["ordering"]: row["value"] for row in _rows(suite, "locality", "compare_orderings")
+              if row["metric"] == "misses" and row["parameter"] == _number(cache)
+              and row["configuration"].startswith("32x32, window 8,")}
+    assert (_number(hilbert), _number(rowmajor)) == (misses["hilbert"], misses["rowmajor"])
+    assert int(share) == round(100 * (1 - misses["hilbert"] / misses["rowmajor"]))
+
+
+def test_benchmark_findings_are_the_medians_of_the_recorded_times(suite):
+    """The fastest backend, its time, the ratio and the growth exponent, recomputed from the raw times."""
+    import math
+    import statistics
+
+    rows = [row for row in _rows(suite, "benchmark-small", "results") if row["ordering"] == "identity"]
+    median = {(row["backend"], row["seq_len"]): statistics.median(row["times_ms"]) for row in rows}
+    text = _finding(suite, "benchmark-small/benchmark-small.html", "At 2,048 tokens")
+    fastest, ms, low, high, ratio, slower = re.search(
+        r"At 2,048 tokens (\w+) \(chose \w+\) is the fastest backend, ([\d.]+) ms \[([\d.]+), ([\d.]+)\] per call: "
+        r"([\d.]+)x \[[\d., ]+\] faster than (\w+)", text).groups()
+    at_2048 = {backend: value for (backend, seq_len), value in median.items() if seq_len == 2048}
+    assert fastest == min(at_2048, key=at_2048.get) and set(at_2048) == {fastest, slower}
+    assert float(ms) == float(f"{at_2048[fastest]:.3g}") and float(low) <= float(ms) <= float(high)
+    assert float(ratio) == round(at_2048[slower] / at_2048[fastest], 2)
+    text = _finding(suite, "benchmark-small/benchmark-small.html", "Time grows like")
+    exponent, backend = re.search(r"N\^([\d.]+) \[[\d., ]+\] from 512 to 2,048 tokens for (\w+) / identity", text).groups()
+    assert float(exponent) == round(math.log(median[(backend, 2048)] / median[(backend, 512)]) / math.log(4), 2)
+
+
+def test_training_main_result_is_its_rows_answers(suite):
+    """The main result's accuracy, Wilson interval, seed spread and FLOPs share, from the row's seeds and answers."""
+    import math
+
+    text = _finding(suite, "training/training.html", "Main result")
+    accuracy, low, high, answers, seeds, worst, best, flops = re.search(
+        r"dilated r=8, 32K \(1K phase to step 1,600\) retrieves the needle at ([\d.]+)% \[([\d.]+), ([\d.]+)\] over "
+        r"([\d,]+) answers \((\d+) seeds, seeds ([\d.]+)-([\d.]+)%\) with ([\d.]+)% of the dense-top config's attention "
+        r"FLOPs", text).groups()
+    grid = [row for row in _rows(suite, "training", "grid_rows") if row["grid"] == "32K grid on H100"]
+    (row,) = [row for row in grid if row["curriculum"].startswith("1024:1600,") and row["dilation_rates"].endswith(",8")]
+    runs = row["run_accuracies"]
+    assert int(seeds) == len(runs) and _number(answers) == row["count"] and row["count"] % len(runs) == 0
+    correct = sum(round(run * row["count"] / len(runs)) for run in runs)  # each seed answered count / seeds
+    p, n, z = correct / row["count"], row["count"], 1.959964
+    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    assert (float(accuracy), float(low), float(high)) == (round(100 * p, 1), round(100 * (centre - half), 1),
+                                                           round(100 * (centre + half), 1))
+    assert (float(worst), float(best)) == (round(100 * min(runs), 1), round(100 * max(runs), 1))
+    assert float(flops) == round(100 * row["flops_per_token"] / max(r["flops_per_token"] for r in grid), 1)
+
+
+def test_serialization_finding_quotes_the_trained_intervals_and_they_are_disjoint(suite):
+    """'ahead of ... (95% intervals disjoint)' must hold for the quoted intervals, which must be the table's."""
+    text = _finding(suite, "serialization-small/serialization-small.html",
+                    "Trained on NVIDIA H100 80GB HBM3 (3 seeds), 2D 48x48 image, window 64:")
+    rows = {row["ordering"]: row for row in _rows(suite, "serialization-small", "trained")
+            if row["source"] == "GPU" and row["data"] == "2D 48x48 image" and row["window"] == "64"}
+    ahead, behind = (re.findall(r"([\w/-]+) ([\d.]+) \[([\d.]+), ([\d.]+)\]", part)
+                     for part in text.split(":", 1)[1].split(" ahead of "))
+    assert {quoted[0] for quoted in ahead + behind} == set(rows)
+    for name, mean, low, high in ahead + behind:
+        assert (float(mean), float(low), float(high)) == tuple(round(rows[name][key], 3) for key in ("mean", "low", "high"))
+    assert min(rows[quoted[0]]["low"] for quoted in ahead) > max(rows[quoted[0]]["high"] for quoted in behind)
+
+
 def test_no_machine_paths_nan_values_or_empty_fields(suite):
     """Absolute paths of the rendering machine and of the GPU hosts, 'nan' as a value, '-' fields."""
     for name, markup in _pages(suite).items():
