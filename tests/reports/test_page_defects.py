@@ -152,6 +152,29 @@ def test_serialization_finding_quotes_the_trained_intervals_and_they_are_disjoin
     assert min(rows[quoted[0]]["low"] for quoted in ahead) > max(rows[quoted[0]]["high"] for quoted in behind)
 
 
+def test_ring_findings_are_the_raw_results_of_both_gpu_counts(suite):
+    """Longest trainable length, memory and tokens/s per GPU on the ring page, from the committed result files."""
+    raw = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_h200.json").read_text()) for gpus in (1, 2)}
+    page = "gpu/ring-h200-gpu.html"
+    text = _finding(suite, page, "Longest sequence")
+    one, two, variant, limit = re.search(r"([\d.]+)M tokens on 1 GPU, ([\d.]+)M tokens on 2 GPUs \((\w+) pattern\).*"
+                                         r"stopped below ([\d.]+)M", text).groups()
+    longest = {gpus: raw[gpus]["longest"][variant] for gpus in (1, 2)}
+    assert (float(one), float(two)) == (round(longest[1]["seq_len"] / 1e6, 1), round(longest[2]["seq_len"] / 1e6, 1))
+    assert float(limit) == round(longest[2]["first_failure_or_limit"] / 1e6, 1)
+    at_1m = {(gpus, name): next(row for row in rows if row["seq_len"] == 2**20)
+             for gpus in (1, 2) for name, rows in raw[gpus]["throughput"].items()}
+    memory = re.findall(r"(\w+): ([\d.]+) GiB on 1 GPU -> ([\d.]+) GiB on 2 GPUs", _finding(suite, page, "Memory per GPU"))
+    speed = re.findall(r"(\w+): ([\d.]+)M on 1 GPU, ([\d.]+)M on 2 GPUs", _finding(suite, page, "Tokens/s per GPU"))
+    assert {name for name, *_ in memory} == {name for name, *_ in speed} == {"longnet", "spanning"}
+    for name, single, double in memory:
+        assert (float(single), float(double)) == tuple(
+            round(at_1m[(gpus, name)]["peak_memory_gib_max_rank"], 1) for gpus in (1, 2)), name
+    for name, single, double in speed:
+        assert (float(single), float(double)) == tuple(
+            round(at_1m[(gpus, name)]["tokens_per_s_per_gpu"] / 1e6, 2) for gpus in (1, 2)), name
+
+
 def test_no_machine_paths_nan_values_or_empty_fields(suite):
     """Absolute paths of the rendering machine and of the GPU hosts, 'nan' as a value, '-' fields."""
     for name, markup in _pages(suite).items():
