@@ -193,7 +193,7 @@ def test_checks_bad_input():
 
 
 def _dense_bhld(q, k, v, causal, scale):
-    """float64 (out, lse, probs, scores) of (B, H, L, D) inputs: top-left causal mask."""
+    """float64 (out, lse, scores) of (B, H, L, D) inputs: top-left causal mask."""
     scores = q.double() @ k.double().transpose(-1, -2) * scale
     if causal:
         scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
