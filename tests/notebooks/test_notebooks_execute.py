@@ -210,6 +210,13 @@ def test_report_notebook_executes_with_artifacts(name, tmp_path):
     if name == "locality":
         rows = metrics["tables"]["compare_orderings"]["rows"]
         assert {row["ordering"] for row in rows} >= {"rowmajor", "hilbert", "identity"}
+        # known answers on the 8 x 8 grid: Hilbert and snake move one cell per step; row-major 56 unit steps
+        # and 7 jumps of sqrt(7^2 + 1) back to the next row's start
+        steps = {(row["ordering"], row["metric"]): row["value"] for row in rows
+                 if row["family"] == "grid2d" and row["configuration"] == "8x8"}
+        assert steps[("hilbert", "step_mean")] == steps[("snake", "step_mean")] == steps[("hilbert", "step_max")] == 1.0
+        assert steps[("rowmajor", "step_mean")] == pytest.approx((56 + 7 * 50**0.5) / 63, rel=1e-12)
+        assert steps[("rowmajor", "step_max")] == pytest.approx(50**0.5, rel=1e-12)
     if name == "training":
         rows = {row["run"]: row for row in metrics["tables"]["final_evals"]["rows"]}
         committed = {label for group in metrics["parameters"]["runs"].values() for label in group}
