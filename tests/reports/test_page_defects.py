@@ -96,24 +96,30 @@ def test_locality_finding_is_the_runs_miss_counts(suite):
     assert int(share) == round(100 * (1 - misses["hilbert"] / misses["rowmajor"]))
 
 
-def test_benchmark_findings_are_the_medians_of_the_recorded_times(suite):
+@pytest.mark.parametrize("page, metrics, short, long", [
+    ("benchmark-small/benchmark-small.html", "benchmark-small/metrics.json", 512, 2048),
+    ("gpu/benchmark-h200-gpu.html", "reports/benchmark/h200-gpu/metrics.json", 8192, 32768),
+])
+def test_benchmark_findings_are_the_medians_of_the_recorded_times(suite, page, metrics, short, long):
     """The fastest backend, its time, the ratio and the growth exponent, recomputed from the raw times."""
     import math
     import statistics
 
-    rows = [row for row in _rows(suite, "benchmark-small", "results") if row["ordering"] == "identity"]
+    source = suite / metrics if (suite / metrics).is_file() else REPO / metrics
+    rows = [row for row in json.loads(source.read_text())["tables"]["results"]["rows"] if row["ordering"] == "identity"]
     median = {(row["backend"], row["seq_len"]): statistics.median(row["times_ms"]) for row in rows}
-    text = _finding(suite, "benchmark-small/benchmark-small.html", "At 2,048 tokens")
+    text = _finding(suite, page, f"At {long:,} tokens")
     fastest, ms, low, high, ratio, slower = re.search(
-        r"At 2,048 tokens (\w+) \(chose \w+\) is the fastest backend, ([\d.]+) ms \[([\d.]+), ([\d.]+)\] per call: "
-        r"([\d.]+)x \[[\d., ]+\] faster than (\w+)", text).groups()
-    at_2048 = {backend: value for (backend, seq_len), value in median.items() if seq_len == 2048}
-    assert fastest == min(at_2048, key=at_2048.get) and set(at_2048) == {fastest, slower}
-    assert float(ms) == float(f"{at_2048[fastest]:.3g}") and float(low) <= float(ms) <= float(high)
-    assert float(ratio) == round(at_2048[slower] / at_2048[fastest], 2)
-    text = _finding(suite, "benchmark-small/benchmark-small.html", "Time grows like")
-    exponent, backend = re.search(r"N\^([\d.]+) \[[\d., ]+\] from 512 to 2,048 tokens for (\w+) / identity", text).groups()
-    assert float(exponent) == round(math.log(median[(backend, 2048)] / median[(backend, 512)]) / math.log(4), 2)
+        rf"At {long:,} tokens (\w+)(?: \(chose \w+\))? is the fastest backend, ([\d.]+) ms \[([\d.]+), ([\d.]+)\] "
+        r"per call: ([\d.]+)x \[[\d., ]+\] faster than (\w+)", text).groups()
+    at_long = {backend: value for (backend, seq_len), value in median.items() if seq_len == long}
+    assert fastest == min(at_long, key=at_long.get) and set(at_long) == {fastest, slower}
+    assert float(ms) == float(f"{at_long[fastest]:.3g}") and float(low) <= float(ms) <= float(high)
+    assert float(ratio) == round(at_long[slower] / at_long[fastest], 2)
+    text = _finding(suite, page, "Time grows like")
+    exponent, backend = re.search(rf"N\^([\d.]+) \[[\d., ]+\] from {short:,} to {long:,} tokens for (\w+) / identity",
+                                  text).groups()
+    assert float(exponent) == round(math.log(median[(backend, long)] / median[(backend, short)]) / math.log(long / short), 2)
 
 
 def test_training_main_result_is_its_rows_answers(suite):
