@@ -181,6 +181,29 @@ def test_ring_findings_are_the_raw_results_of_both_gpu_counts(suite):
             round(at_1m[(gpus, name)]["tokens_per_s_per_gpu"] / 1e6, 2) for gpus in (1, 2)), name
 
 
+@pytest.mark.parametrize("page", ["claims-small/claims-small.html", "gpu/claims-h200-gpu.html"])
+def test_claims_count_finding_is_the_tables_verdicts(suite, page):
+    """'Of the predecessor's 12 claims, 1 holds (C10), 3 are refuted (...)': each count and list, from the
+    verdicts of the page's own table (mostly confirmed or refuted count as such; inconclusive as not settled)."""
+    markup = _pages(suite)[page]
+    verdicts = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", markup.split("Claimed vs measured")[1].split("</table>")[0], re.DOTALL):
+        cells = dict(re.findall(r"data-col=\"(\w[\w ]*)\">(.*?)</td>", row, re.DOTALL))
+        if cells:
+            verdicts[_text(cells["claim"]).split(":")[0]] = cells["verdict"]
+    kinds = {"in part": {"partly confirmed"}, "hold": {"confirmed", "mostly confirmed"}, "refuted": {"refuted", "mostly refuted"}}
+    expected = {name: [claim for claim, verdict in verdicts.items() if verdict in wanted] for name, wanted in kinds.items()}
+    expected["settled"] = [claim for claim in verdicts if not any(claim in claims for claims in expected.values())]
+    text = _finding(suite, page, "Of the predecessor")
+    assert text.startswith(f"Of the predecessor's {len(verdicts)} claims,") and len(verdicts) == 12
+    quoted = re.findall(r"(\d+) ([a-z ]+?) (?:on [^(]+)?\(([^)]*)\)", text)
+    assert len(quoted) == 4, text
+    for count, phrase, listed in quoted:
+        (name,) = [name for name in ("in part", "hold", "refuted", "settled") if name in phrase][:1]
+        claims = sorted(expected[name], key=lambda claim: int(claim[1:]))
+        assert int(count) == len(claims) and listed == (", ".join(claims) or "none"), (phrase, text)
+
+
 def test_no_machine_paths_nan_values_or_empty_fields(suite):
     """Absolute paths of the rendering machine and of the GPU hosts, 'nan' as a value, '-' fields."""
     for name, markup in _pages(suite).items():
