@@ -110,7 +110,8 @@ def test_train_spatial_reports_the_eval_accuracy_of_the_trained_model(monkeypatc
 
     models = []
     evaluate = spatial.evaluate_spatial
-    monkeypatch.setattr(spatial, "evaluate_spatial", lambda model, *a, **k: models.append(model) or evaluate(model, *a, **k))
+    monkeypatch.setattr(spatial, "evaluate_spatial",
+                        lambda model, *a, **k: models.append(model) or evaluate(model, *a, **k))
     task = MajorityTask("points", num_points=64, neighbours=5)
     config = SpatialRunConfig(steps=2, segment_lengths=[16], dilation_rates=[1], eval_batches=2, eval_batch_size=2,
                               batch_size=2)

@@ -59,7 +59,8 @@ def test_interactive_notebook_executes(name, tmp_path):
 
 
 def _widget_states(notebook) -> list[dict]:
-    return [w["state"] for w in notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"].values()]
+    widgets = notebook.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
+    return [widget["state"] for widget in widgets.values()]
 
 
 def _widget_figures(notebook) -> dict[str, dict]:
@@ -84,7 +85,8 @@ def _array(value) -> np.ndarray:
 def _html_rows(markup: str) -> dict[str, list[str]]:
     """First cell -> the other cells of each body row of an HTML table."""
     body = markup.split("<tbody>", 1)[1]
-    rows = [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.DOTALL) for row in re.findall(r"<tr>(.*?)</tr>", body, re.DOTALL)]
+    rows = [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row, re.DOTALL)
+            for row in re.findall(r"<tr>(.*?)</tr>", body, re.DOTALL)]
     return {cells[0].strip(): [cell.strip() for cell in cells[1:]] for cells in rows}
 
 
@@ -127,8 +129,8 @@ def _check_attention_explorer(notebook, outputs) -> None:
     coverage = figures["token coverage: keys per query (queries covered per head: 100%, 100%)"]["data"][0]
     np.testing.assert_array_equal(_array(coverage["z"]), (mult > 0).sum(-1))
     (check,) = [o.data["text/html"] for o in outputs if "float64 reference" in o.get("data", {}).get("text/html", "")]
-    errors = re.search(r"largest output error ([\d.e+-]+), largest log-sum-exp error ([\d.e+-]+) \(tolerance ([\d.e+-]+)\)",
-                       check).groups()
+    errors = re.search(r"largest output error ([\d.e+-]+), largest log-sum-exp error ([\d.e+-]+) "
+                       r"\(tolerance ([\d.e+-]+)\)", check).groups()
     assert float(errors[2]) == 1e-10 and max(float(errors[0]), float(errors[1])) < 1e-10
 
 
@@ -159,7 +161,8 @@ def _check_locality_explorer(notebook, outputs) -> None:
     y, x = np.mgrid[:8, :8]
     morton = sum(((y >> b) & 1) << (2 * b) | ((x >> b) & 1) << (2 * b + 1) for b in range(3))  # x's bit above y's
     np.testing.assert_array_equal(slots["morton"], morton)
-    (table,) = [state["value"] for state in _widget_states(notebook) if "LRU misses at each capacity" in str(state.get("value"))]
+    (table,) = [state["value"] for state in _widget_states(notebook)
+                if "LRU misses at each capacity" in str(state.get("value"))]
     rows = _html_rows(table)
     assert list(rows) == ["4", "8", "16", "32"] and all(cells == ["128"] * 4 for cells in rows.values()), rows
     misses = figures["LRU misses of the K/V line trace: 8x8 grid, window 3"]["data"]

@@ -119,7 +119,8 @@ def test_benchmark_findings_are_the_medians_of_the_recorded_times(suite, page, m
     text = _finding(suite, page, "Time grows like")
     exponent, backend = re.search(rf"N\^([\d.]+) \[[\d., ]+\] from {short:,} to {long:,} tokens for (\w+) / identity",
                                   text).groups()
-    assert float(exponent) == round(math.log(median[(backend, long)] / median[(backend, short)]) / math.log(long / short), 2)
+    growth = math.log(median[(backend, long)] / median[(backend, short)]) / math.log(long / short)
+    assert float(exponent) == round(growth, 2)
 
 
 def test_training_main_result_is_its_rows_answers(suite):
@@ -137,7 +138,8 @@ def test_training_main_result_is_its_rows_answers(suite):
     assert int(seeds) == len(runs) and _number(answers) == row["count"] and row["count"] % len(runs) == 0
     correct = sum(round(run * row["count"] / len(runs)) for run in runs)  # each seed answered count / seeds
     p, n, z = correct / row["count"], row["count"], 1.959964
-    centre, half = (p + z * z / (2 * n)) / (1 + z * z / n), z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
     assert (float(accuracy), float(low), float(high)) == (round(100 * p, 1), round(100 * (centre - half), 1),
                                                            round(100 * (centre + half), 1))
     assert (float(worst), float(best)) == (round(100 * min(runs), 1), round(100 * max(runs), 1))
@@ -154,7 +156,8 @@ def test_serialization_finding_quotes_the_trained_intervals_and_they_are_disjoin
                      for part in text.split(":", 1)[1].split(" ahead of "))
     assert {quoted[0] for quoted in ahead + behind} == set(rows)
     for name, mean, low, high in ahead + behind:
-        assert (float(mean), float(low), float(high)) == tuple(round(rows[name][key], 3) for key in ("mean", "low", "high"))
+        assert (float(mean), float(low), float(high)) == tuple(round(rows[name][key], 3)
+                                                               for key in ("mean", "low", "high"))
     assert min(rows[quoted[0]]["low"] for quoted in ahead) > max(rows[quoted[0]]["high"] for quoted in behind)
 
 
@@ -170,7 +173,8 @@ def test_ring_findings_are_the_raw_results_of_both_gpu_counts(suite):
     assert float(limit) == round(longest[2]["first_failure_or_limit"] / 1e6, 1)
     at_1m = {(gpus, name): next(row for row in rows if row["seq_len"] == 2**20)
              for gpus in (1, 2) for name, rows in raw[gpus]["throughput"].items()}
-    memory = re.findall(r"(\w+): ([\d.]+) GiB on 1 GPU -> ([\d.]+) GiB on 2 GPUs", _finding(suite, page, "Memory per GPU"))
+    memory = re.findall(r"(\w+): ([\d.]+) GiB on 1 GPU -> ([\d.]+) GiB on 2 GPUs",
+                        _finding(suite, page, "Memory per GPU"))
     speed = re.findall(r"(\w+): ([\d.]+)M on 1 GPU, ([\d.]+)M on 2 GPUs", _finding(suite, page, "Tokens/s per GPU"))
     assert {name for name, *_ in memory} == {name for name, *_ in speed} == {"longnet", "spanning"}
     for name, single, double in memory:
@@ -191,8 +195,10 @@ def test_claims_count_finding_is_the_tables_verdicts(suite, page):
         cells = dict(re.findall(r"data-col=\"(\w[\w ]*)\">(.*?)</td>", row, re.DOTALL))
         if cells:
             verdicts[_text(cells["claim"]).split(":")[0]] = cells["verdict"]
-    kinds = {"in part": {"partly confirmed"}, "hold": {"confirmed", "mostly confirmed"}, "refuted": {"refuted", "mostly refuted"}}
-    expected = {name: [claim for claim, verdict in verdicts.items() if verdict in wanted] for name, wanted in kinds.items()}
+    kinds = {"in part": {"partly confirmed"}, "hold": {"confirmed", "mostly confirmed"},
+             "refuted": {"refuted", "mostly refuted"}}
+    expected = {name: [claim for claim, verdict in verdicts.items() if verdict in wanted]
+                for name, wanted in kinds.items()}
     expected["settled"] = [claim for claim in verdicts if not any(claim in claims for claims in expected.values())]
     text = _finding(suite, page, "Of the predecessor")
     assert text.startswith(f"Of the predecessor's {len(verdicts)} claims,") and len(verdicts) == 12
