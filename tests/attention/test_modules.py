@@ -73,7 +73,11 @@ def test_autocast_runs_in_bfloat16_close_to_float32():
     assert low.dtype == torch.bfloat16
     assert (low.float() - full).abs().max() < 0.05 * full.abs().max()
     low.float().pow(2).sum().backward()
-    assert torch.isfinite(module.q_proj.weight.grad).all() and module.q_proj.weight.grad.abs().sum() > 0
+    low_grad = module.q_proj.weight.grad.clone()
+    module.zero_grad()
+    full.pow(2).sum().backward()
+    full_grad = module.q_proj.weight.grad
+    assert (low_grad - full_grad).abs().max() < 0.03 * full_grad.abs().max()
 
 
 def test_torch_compile_matches_eager_with_gradients():

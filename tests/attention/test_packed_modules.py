@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from hilbert_lab.attention import (
-    DilatedAttention, MultiheadDilatedAttention, SerializedDilatedAttention, serialized_attention,
+    DilatedAttention, DilatedPattern, MultiheadDilatedAttention, SerializedDilatedAttention, reference_attention,
+    serialized_attention,
 )
 from hilbert_lab.curves import serialize
 
-from ._oracle import max_diff
+from ._oracle import max_diff, random_qkv
 
 KW = dict(segment_lengths=[4, 8], dilation_rates=[1, 2])
 LENGTHS = (5, 1, 11)
@@ -43,8 +44,11 @@ def test_multihead_bad_num_kv_heads_is_named(kwargs, needle):
 
 def test_dilated_attention_module_checks_its_key_value_heads():
     module = DilatedAttention(**KW, num_kv_heads=2)
-    q = torch.randn(1, 8, 4, 4)
-    assert module(q, q[:, :, :2], q[:, :, :2]).shape == q.shape
+    q, k, v = random_qkv(1, 8, 4, 4, requires_grad=False)
+    # query heads 0, 1 read key/value head 0 and heads 2, 3 head 1
+    expected, _ = reference_attention(q, k[:, :, :2].repeat_interleave(2, 2), v[:, :, :2].repeat_interleave(2, 2),
+                                      DilatedPattern.create(**KW))
+    assert max_diff(module(q, k[:, :, :2], v[:, :, :2]), expected) < 1e-12
     with pytest.raises(ValueError, match="k must have num_kv_heads=2 heads"):
         module(q, q[:, :, :1], q[:, :, :1])
 

@@ -3,6 +3,7 @@ that select_backend(timed=True) reads."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -19,7 +20,9 @@ def test_time_candidates_times_every_runnable_candidate_and_leaves_out_failures(
                                         backends=["manual", "sdpa", "flash"])  # flash cannot run on the CPU
     assert set(timings) == {"manual", "sdpa"}
     for timing in timings.values():
-        assert len(timing.samples) == 2 and timing.median > 0
+        assert len(timing.samples) == 2 and min(timing.samples) > 0
+        assert timing.median == statistics.median(timing.samples)
+        assert (timing.low, timing.high) == (min(timing.samples), max(timing.samples))  # 10th / 90th of two samples
     with pytest.raises(ValueError, match="shape"):
         selection.time_candidates("cpu", torch.float32, (32, 2, 8), LENGTHS, RATES)
 

@@ -96,7 +96,9 @@ def test_evaluate_by_distance_against_a_known_reach():
     near = sum(r["correct"] for r in rows)
     assert result["correct"] == near and result["accuracy"] == pytest.approx(near / 64)
     assert (result["accuracy_low"], result["accuracy_high"]) == wilson_interval(near, 64)
-    assert math.isfinite(result["loss"])
+    # logit 10 on one token of the vocabulary, 0 on the others: log(e^10 + V - 1) nats, less 10 when it is right
+    spread = math.log(math.exp(10.0) + task.vocab_size - 1)
+    assert result["loss"] == pytest.approx(spread - 10.0 * near / 64, rel=1e-6)
 
 
 def test_final_eval_uses_final_eval_batches_and_buckets():

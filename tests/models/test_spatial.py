@@ -76,14 +76,65 @@ def test_one_block_of_the_classifier_is_the_engine_on_the_serialized_sequence():
     torch.testing.assert_close(logits, expected, atol=1e-10, rtol=1e-10)
 
 
-def test_orderings_per_block_and_point_models_run():
+def test_a_point_model_serializes_each_sample_by_the_ordering_of_each_block():
+    torch.manual_seed(0)
     task = MajorityTask("points", num_points=64, neighbours=5)
-    config = SpatialRunConfig(steps=2, segment_lengths=[16], dilation_rates=[1], eval_batches=1, eval_batch_size=2,
-                              batch_size=2)
-    result = train_spatial(task, config, ["hilbert", "hilbert-trans"], seed=0)
-    assert result["orderings"] == ["hilbert", "hilbert-trans"] and 0.0 <= result["accuracy"] <= 1.0
+    batch = make_spatial_batch(task, 2, seed=0)
+    orderings = ["hilbert", "hilbert-trans"]
+    model = SpatialClassifier(3, 8, 2, 2, [16], [1], orderings, backend="manual").double()
+    coords = batch["coords"].double()
+    logits = model(batch["bits"], coords)
+    # recompute by hand, one sample at a time: serialize its points (numpy path) by the block's ordering, run
+    # the block on the serialized sequence, put the tokens back
+    angles = coords.unsqueeze(-1) * model.frequencies.double()
+    x = model.bit_embedding(batch["bits"]) + model.position(torch.cat((angles.sin(), angles.cos()), -1).flatten(2))
+    rows = []
+    for b in range(2):
+        h = x[b:b + 1]
+        for ordering, block in zip(orderings, model.encoder.blocks):
+            perm, inverse = (torch.as_tensor(t) for t in serialize(coords[b].numpy(), ordering))
+            h = block(h[:, perm], torch.arange(64))[:, inverse]
+        rows.append(h)
+    expected = model.head(model.encoder.norm(torch.cat(rows)))
+    torch.testing.assert_close(logits, expected, atol=1e-12, rtol=0)
+    model.orderings = orderings[::-1]  # the blocks' orderings matter: swapped, the result changes
+    assert (model(batch["bits"], coords) - expected).abs().max() > 1e-3
     with pytest.raises(ValueError, match="orderings must be one of"):
         SpatialClassifier(3, 8, 2, 2, [8], [1], ["hilbert"])
+
+
+def test_train_spatial_reports_the_eval_accuracy_of_the_trained_model(monkeypatch):
+    import torch.nn.functional as F
+
+    from hilbert_lab.models import spatial
+
+    models = []
+    evaluate = spatial.evaluate_spatial
+    monkeypatch.setattr(spatial, "evaluate_spatial",
+                        lambda model, *a, **k: models.append(model) or evaluate(model, *a, **k))
+    task = MajorityTask("points", num_points=64, neighbours=5)
+    config = SpatialRunConfig(steps=2, segment_lengths=[16], dilation_rates=[1], eval_batches=2, eval_batch_size=2,
+                              batch_size=2)
+    result = train_spatial(task, config, ["hilbert", "hilbert-trans"], seed=0)
+    (model,) = models
+    assert result["orderings"] == model.orderings == ["hilbert", "hilbert-trans"]
+    model.eval()
+    correct, loss = 0, 0.0
+    with torch.no_grad():
+        for step in range(2):
+            batch = make_spatial_batch(task, 2, seed=0, split="eval", step=step)
+            logits = model(batch["bits"], batch["coords"])
+            correct += int((logits.argmax(-1) == batch["labels"]).sum())
+            loss += float(F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), reduction="sum"))
+    assert result["tokens"] == 2 * 2 * 64 and result["accuracy"] == correct / 256
+    assert result["loss"] == pytest.approx(loss / 256, rel=1e-6)
+    # the first logged loss is the untrained model's (seeded) on training batch 0
+    torch.manual_seed(0)
+    initial = spatial.build_spatial_model(task, config, ["hilbert", "hilbert-trans"])
+    batch = make_spatial_batch(task, 2, seed=0, split="train", step=0)
+    with torch.no_grad():
+        first = F.cross_entropy(initial(batch["bits"], batch["coords"]).flatten(0, 1), batch["labels"].flatten())
+    assert result["loss_curve"][0] == [0, pytest.approx(float(first), rel=1e-6)]
 
 
 def test_mean_interval_uses_student_t():

@@ -69,6 +69,147 @@ def test_pages_lead_with_at_most_five_findings(suite):
         assert 1 <= len(findings) <= 5 and all(re.search(r"\d", finding) for finding in findings), (name, findings)
 
 
+def _finding(suite: Path, page: str, start: str) -> str:
+    """The finding of `page` that starts with `start`, as a reader reads it."""
+    items = re.findall(r"<li>(.*?)</li>", _pages(suite)[page].split("<h2>Findings</h2>", 1)[1].split("</ul>")[0])
+    return next(text for text in map(_text, items) if text.startswith(start))
+
+
+def _rows(suite: Path, part: str, table: str) -> list[dict]:
+    return json.loads((suite / part / "metrics.json").read_text())["tables"][table]["rows"]
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def test_locality_finding_is_the_runs_miss_counts(suite):
+    """A finding's counts and percentage must be the run's LRU misses, not a neighbouring configuration's."""
+    text = _finding(suite, "locality/locality.html", "Hilbert has")
+    share, hilbert, rowmajor, cache = re.search(
+        r"(\d+)% fewer LRU misses than row-major \(([\d,]+) vs ([\d,]+)\) for window-8 attention on a 32x32 grid"
+        r".* at a ([\d,]+)-line cache", text).groups()
+    misses = {row["ordering"]: row["value"] for row in _rows(suite, "locality", "compare_orderings")
+              if row["metric"] == "misses" and row["parameter"] == _number(cache)
+              and row["configuration"].startswith("32x32, window 8,")}
+    assert (_number(hilbert), _number(rowmajor)) == (misses["hilbert"], misses["rowmajor"])
+    assert int(share) == round(100 * (1 - misses["hilbert"] / misses["rowmajor"]))
+
+
+@pytest.mark.parametrize("page, metrics, short, long", [
+    ("benchmark-small/benchmark-small.html", "benchmark-small/metrics.json", 512, 2048),
+    ("gpu/benchmark-h200-gpu.html", "reports/benchmark/h200-gpu/metrics.json", 8192, 32768),
+])
+def test_benchmark_findings_are_the_medians_of_the_recorded_times(suite, page, metrics, short, long):
+    """The fastest backend, its time, the ratio and the growth exponent, recomputed from the raw times."""
+    import math
+    import statistics
+
+    source = suite / metrics if (suite / metrics).is_file() else REPO / metrics
+    rows = [row for row in json.loads(source.read_text())["tables"]["results"]["rows"] if row["ordering"] == "identity"]
+    median = {(row["backend"], row["seq_len"]): statistics.median(row["times_ms"]) for row in rows}
+    text = _finding(suite, page, f"At {long:,} tokens")
+    fastest, ms, low, high, ratio, slower = re.search(
+        rf"At {long:,} tokens (\w+)(?: \(chose \w+\))? is the fastest backend, ([\d.]+) ms \[([\d.]+), ([\d.]+)\] "
+        r"per call: ([\d.]+)x \[[\d., ]+\] faster than (\w+)", text).groups()
+    at_long = {backend: value for (backend, seq_len), value in median.items() if seq_len == long}
+    assert fastest == min(at_long, key=at_long.get) and set(at_long) == {fastest, slower}
+    assert float(ms) == float(f"{at_long[fastest]:.3g}") and float(low) <= float(ms) <= float(high)
+    assert float(ratio) == round(at_long[slower] / at_long[fastest], 2)
+    text = _finding(suite, page, "Time grows like")
+    exponent, backend = re.search(rf"N\^([\d.]+) \[[\d., ]+\] from {short:,} to {long:,} tokens for (\w+) / identity",
+                                  text).groups()
+    growth = math.log(median[(backend, long)] / median[(backend, short)]) / math.log(long / short)
+    assert float(exponent) == round(growth, 2)
+
+
+def test_training_main_result_is_its_rows_answers(suite):
+    """The main result's accuracy, Wilson interval, seed spread and FLOPs share, from the row's seeds and answers."""
+    import math
+
+    text = _finding(suite, "training/training.html", "Main result")
+    accuracy, low, high, answers, seeds, worst, best, flops = re.search(
+        r"dilated r=8, 32K \(1K phase to step 1,600\) retrieves the needle at ([\d.]+)% \[([\d.]+), ([\d.]+)\] over "
+        r"([\d,]+) answers \((\d+) seeds, seeds ([\d.]+)-([\d.]+)%\) with ([\d.]+)% of the dense-top config's attention "
+        r"FLOPs", text).groups()
+    grid = [row for row in _rows(suite, "training", "grid_rows") if row["grid"] == "32K grid on H100"]
+    (row,) = [row for row in grid if row["curriculum"].startswith("1024:1600,") and row["dilation_rates"].endswith(",8")]
+    runs = row["run_accuracies"]
+    assert int(seeds) == len(runs) and _number(answers) == row["count"] and row["count"] % len(runs) == 0
+    correct = sum(round(run * row["count"] / len(runs)) for run in runs)  # each seed answered count / seeds
+    p, n, z = correct / row["count"], row["count"], 1.959964
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    assert (float(accuracy), float(low), float(high)) == (round(100 * p, 1), round(100 * (centre - half), 1),
+                                                           round(100 * (centre + half), 1))
+    assert (float(worst), float(best)) == (round(100 * min(runs), 1), round(100 * max(runs), 1))
+    assert float(flops) == round(100 * row["flops_per_token"] / max(r["flops_per_token"] for r in grid), 1)
+
+
+def test_serialization_finding_quotes_the_trained_intervals_and_they_are_disjoint(suite):
+    """'ahead of ... (95% intervals disjoint)' must hold for the quoted intervals, which must be the table's."""
+    text = _finding(suite, "serialization-small/serialization-small.html",
+                    "Trained on NVIDIA H100 80GB HBM3 (3 seeds), 2D 48x48 image, window 64:")
+    rows = {row["ordering"]: row for row in _rows(suite, "serialization-small", "trained")
+            if row["source"] == "GPU" and row["data"] == "2D 48x48 image" and row["window"] == "64"}
+    ahead, behind = (re.findall(r"([\w/-]+) ([\d.]+) \[([\d.]+), ([\d.]+)\]", part)
+                     for part in text.split(":", 1)[1].split(" ahead of "))
+    assert {quoted[0] for quoted in ahead + behind} == set(rows)
+    for name, mean, low, high in ahead + behind:
+        assert (float(mean), float(low), float(high)) == tuple(round(rows[name][key], 3)
+                                                               for key in ("mean", "low", "high"))
+    assert min(rows[quoted[0]]["low"] for quoted in ahead) > max(rows[quoted[0]]["high"] for quoted in behind)
+
+
+def test_ring_findings_are_the_raw_results_of_both_gpu_counts(suite):
+    """Longest trainable length, memory and tokens/s per GPU on the ring page, from the committed result files."""
+    raw = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_h200.json").read_text()) for gpus in (1, 2)}
+    page = "gpu/ring-h200-gpu.html"
+    text = _finding(suite, page, "Longest sequence")
+    one, two, variant, limit = re.search(r"([\d.]+)M tokens on 1 GPU, ([\d.]+)M tokens on 2 GPUs \((\w+) pattern\).*"
+                                         r"stopped below ([\d.]+)M", text).groups()
+    longest = {gpus: raw[gpus]["longest"][variant] for gpus in (1, 2)}
+    assert (float(one), float(two)) == (round(longest[1]["seq_len"] / 1e6, 1), round(longest[2]["seq_len"] / 1e6, 1))
+    assert float(limit) == round(longest[2]["first_failure_or_limit"] / 1e6, 1)
+    at_1m = {(gpus, name): next(row for row in rows if row["seq_len"] == 2**20)
+             for gpus in (1, 2) for name, rows in raw[gpus]["throughput"].items()}
+    memory = re.findall(r"(\w+): ([\d.]+) GiB on 1 GPU -> ([\d.]+) GiB on 2 GPUs",
+                        _finding(suite, page, "Memory per GPU"))
+    speed = re.findall(r"(\w+): ([\d.]+)M on 1 GPU, ([\d.]+)M on 2 GPUs", _finding(suite, page, "Tokens/s per GPU"))
+    assert {name for name, *_ in memory} == {name for name, *_ in speed} == {"longnet", "spanning"}
+    for name, single, double in memory:
+        assert (float(single), float(double)) == tuple(
+            round(at_1m[(gpus, name)]["peak_memory_gib_max_rank"], 1) for gpus in (1, 2)), name
+    for name, single, double in speed:
+        assert (float(single), float(double)) == tuple(
+            round(at_1m[(gpus, name)]["tokens_per_s_per_gpu"] / 1e6, 2) for gpus in (1, 2)), name
+
+
+@pytest.mark.parametrize("page", ["claims-small/claims-small.html", "gpu/claims-h200-gpu.html"])
+def test_claims_count_finding_is_the_tables_verdicts(suite, page):
+    """'Of the predecessor's 12 claims, 1 holds (C10), 3 are refuted (...)': each count and list, from the
+    verdicts of the page's own table (mostly confirmed or refuted count as such; inconclusive as not settled)."""
+    markup = _pages(suite)[page]
+    verdicts = {}
+    for row in re.findall(r"<tr>(.*?)</tr>", markup.split("Claimed vs measured")[1].split("</table>")[0], re.DOTALL):
+        cells = dict(re.findall(r"data-col=\"(\w[\w ]*)\">(.*?)</td>", row, re.DOTALL))
+        if cells:
+            verdicts[_text(cells["claim"]).split(":")[0]] = cells["verdict"]
+    kinds = {"in part": {"partly confirmed"}, "hold": {"confirmed", "mostly confirmed"},
+             "refuted": {"refuted", "mostly refuted"}}
+    expected = {name: [claim for claim, verdict in verdicts.items() if verdict in wanted]
+                for name, wanted in kinds.items()}
+    expected["settled"] = [claim for claim in verdicts if not any(claim in claims for claims in expected.values())]
+    text = _finding(suite, page, "Of the predecessor")
+    assert text.startswith(f"Of the predecessor's {len(verdicts)} claims,") and len(verdicts) == 12
+    quoted = re.findall(r"(\d+) ([a-z ]+?) (?:on [^(]+)?\(([^)]*)\)", text)
+    assert len(quoted) == 4, text
+    for count, phrase, listed in quoted:
+        (name,) = [name for name in ("in part", "hold", "refuted", "settled") if name in phrase][:1]
+        claims = sorted(expected[name], key=lambda claim: int(claim[1:]))
+        assert int(count) == len(claims) and listed == (", ".join(claims) or "none"), (phrase, text)
+
+
 def test_no_machine_paths_nan_values_or_empty_fields(suite):
     """Absolute paths of the rendering machine and of the GPU hosts, 'nan' as a value, '-' fields."""
     for name, markup in _pages(suite).items():
