@@ -19,7 +19,10 @@ import torch
 from hilbert_lab import arguments
 from hilbert_lab.io import read_bounded
 
-from .checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, load_checkpoint
+from .checkpoint import (
+    CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, checkpoint_config, load_checkpoint,
+    load_weights,
+)
 from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, TrainConfig, parse_curriculum
 from .loop import TrainResult, build_model, train
 from .tasks import make_batch
@@ -203,9 +206,9 @@ def load_model(path: str, device: str = "cpu"):
     """(model in eval mode on `device`, TrainConfig) from a checkpoint file or the run folder holding one."""
     file = Path(path) / CHECKPOINT_NAME if Path(path).is_dir() else Path(path)
     state = load_checkpoint(file)
-    config = TrainConfig.from_dict({**state["config"], "device": device})
+    config = checkpoint_config(state, file, device=device)
     model = build_model(config)
-    model.load_state_dict(state["model"])
+    load_weights(model, state, file)
     return model.eval(), config
 
 
