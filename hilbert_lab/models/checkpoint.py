@@ -168,8 +168,8 @@ def load_checkpoint(path: str | os.PathLike, config: TrainConfig | None = None) 
         detail = " ".join(f"{type(error).__name__}: {error}".split())[:300]
         raise ValueError(f"checkpoint {str(path)!r} cannot be read ({detail})") from None
     if isinstance(state, dict) and state.get("format") == 1:
-        raise ValueError(f"checkpoint {str(path)!r} is format 1, which is no longer supported (it has no checksum, "
-                         f"so its content cannot be verified); train a new run to get a format {CHECKPOINT_FORMAT} "
+        raise ValueError(f"checkpoint {str(path)!r}: format 1 is no longer supported (it has no checksum, so "
+                         f"its content cannot be verified); train a new run to get a format {CHECKPOINT_FORMAT} "
                          "checkpoint")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint {str(path)!r} is not a hilbert_lab training checkpoint (format {CHECKPOINT_FORMAT})")
