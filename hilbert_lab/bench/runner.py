@@ -77,7 +77,7 @@ def _scan_results(path: str) -> tuple[list[dict[str, Any]], int, int]:
                 for key in ("case_id", "status"):
                     if not isinstance(record[key], str):
                         raise ValueError(f"results file {path!r} line {number}: {key} must be a string, got "
-                                         f"{type(record[key]).__name__} {json.dumps(record[key])[:80]}; the line was "
+                                         f"{json.dumps(record[key])[:80]}; the line was "
                                          "not written by the benchmark runner: fix or remove it, or choose another "
                                          "results file")
                 records.append(record)
