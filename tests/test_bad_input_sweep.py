@@ -665,7 +665,7 @@ def test_a_file_size_limit_ends_each_writing_command_with_one_line_and_no_torn_f
     assert not list(tmp_path.glob("out_*.csv")) and not list(tmp_path.glob("out_*.html"))
 
 
-# ---------------------------------------------------------------- family: files the CLI reads, holding the wrong content
+# ---------------------------------------------------------------- family: files the CLI reads, wrong content
 
 def _run_folder(root, metrics: Any, env: Any = None) -> str:
     """A report run folder whose metrics.json (and env.json) hold `metrics` (`env`): JSON values, or bytes as is."""
@@ -731,7 +731,8 @@ def _file_cases() -> list[Any]:
             render({"report": "training", "tables": {"runs": {"rows": [1, 2]}}})(tmp)[0],
             [str(tmp / "run" / "metrics.json"), "tables.runs"]),
         "render a suite whose parts are an array": lambda tmp: (
-            render({"report": "default", "parts": ["locality"]})(tmp)[0], [str(tmp / "run" / "metrics.json"), "'parts'"]),
+            render({"report": "default", "parts": ["locality"]})(tmp)[0],
+            [str(tmp / "run" / "metrics.json"), "'parts'"]),
         "render env.json holding an array": lambda tmp: (
             render({"report": "custom"}, [1])(tmp)[0], [str(tmp / "run" / "env.json"), "holds an array"]),
         "generate from a format-1 checkpoint": lambda tmp: (

@@ -146,7 +146,8 @@ def _shortest_seq_len(num_pairs: int, num_queries: int) -> int:
 def _context_problem(values: dict[str, Any], sources: dict[str, str]) -> str | None:
     """A context length outside [2*num_pairs, seq_len - 2*num_queries], in the words the values were given."""
     full = {**TrainConfig().to_dict(), **values}
-    seq_len, pairs, queries, context = (full[name] for name in ("seq_len", "num_pairs", "num_queries", "context_length"))
+    seq_len, pairs, queries, context = (full[name] for name in ("seq_len", "num_pairs", "num_queries",
+                                                                "context_length"))
     if not all(_is_int(value) for value in (seq_len, pairs, queries, context)):
         return None  # a value of the wrong type: TrainConfig names it
     low, high = 2 * pairs, seq_len - 2 * queries

@@ -208,7 +208,7 @@ def test_a_checkpoint_of_format_1_or_without_what_a_run_needs_is_refused_naming_
     state.pop("sha256", None)
     assert state["step"] == 2 and set(state) == {"format", "config", "step", "model", "optimizer", "history", "rng"}
     atomic_save({**state, "format": 1}, path)  # the same content, written before checksums
-    for call in (lambda: load_checkpoint(path), lambda: train(TrainConfig(steps=3, **TINY), tmp_path / "run", resume=True),
+    for call in (lambda: load_checkpoint(path), lambda: train(config, tmp_path / "run", resume=True),
                  lambda: train(TrainConfig(steps=1, init_from=str(path), **TINY))):
         with pytest.raises(ValueError, match=f"checkpoint '{path}': format 1 is no longer supported"):
             call()
