@@ -125,6 +125,7 @@ CLI_ARGUMENTS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
         ("--num-pairs", _int_values(1, None)), ("--num-queries", _int_values(1, None)),
         ("--num-keys", _int_values(1, None)), ("--num-values", _int_values(1, None)),
         ("--dim", _int_values(1, 1 << 16)), ("--depth", _int_values(1, 1024)), ("--num-heads", _int_values(1, 4096)),
+        ("--num-kv-heads", _int_values(1, 4096)),
         ("--segment-lengths", _list_values()), ("--dilation-rates", _list_values()),
         ("--steps", _int_values(1, 10**9)), ("--batch-size", _int_values(1, 1 << 16)),
         ("--lr", _float_values()), ("--rotary-base", _float_values()), ("--seed", _int_values(0, 2**63 - 1)),
@@ -164,7 +165,7 @@ CLI_EXTRA: list[tuple[list[str], str]] = [
     (RING_BASE + ["--segment-lengths", "2048,4096", "--dilation-rates", "1"], "dilation_rates"),
     (RING_BASE + ["--segment-lengths", "4", "--dilation-rates", "8"], "dilation"),
     (RING_BASE + ["--segment-lengths", "2048", "4096"], "4096"),
-    (TRAIN_BASE + ["--segment-lengths", "8,16", "--dilation-rates", "1"], "dilation_rates"),
+    (TRAIN_BASE + ["--segment-lengths", "8,16", "--dilation-rates", "1"], "--dilation-rates"),
     (TRAIN_BASE + ["--preset", "gpu-32k"] if not CUDA else TRAIN_BASE + ["--device", "cuda:99"], "device"),
     (["train"], "--out"),
     (["report"], "report"),
@@ -265,8 +266,48 @@ def test_cli_bad_value_exits_2_with_one_line_naming_it(argv, needle, sweep_dir):
     assert any(name in lines[0] for name in _names(needle)), (argv, lines[0])
 
 
-def test_sweep_is_several_hundred_cases():
-    assert len(_cli_cases()) + len(_api_cases()) >= 400
+# Commands whose options are not in CLI_ARGUMENTS, and why; every other command's value options all are.
+NOT_SWEPT = {
+    "info": "takes no values",
+    "report": "its subcommands' arguments are cases of CLI_EXTRA and of the path and file families",
+    "select": "a value that slipped through would time every backend and write the selection cache",
+    "generate": "tests/models/test_generate_cli.py and the checkpoint cases of the file family",
+}
+
+
+def _value_options() -> dict[str, set[str]]:
+    """command -> the options of the `hilbert-lab` parser that take a value (positionals by their name)."""
+    import argparse
+
+    from hilbert_lab.cli import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name: {action.option_strings[-1] if action.option_strings else action.dest for action in child._actions
+                   if action.nargs != 0 and not isinstance(action, argparse._SubParsersAction)}
+            for name, child in commands.choices.items()}
+
+
+def test_the_sweep_gives_every_value_option_of_every_swept_command_its_bad_values():
+    swept: dict[str, set[str]] = {}
+    for command, (_, flags) in CLI_ARGUMENTS.items():
+        swept.setdefault(command.split()[0], set()).update(flag for flag, _ in flags)
+    options = _value_options()
+    assert set(options) == set(swept) | set(NOT_SWEPT), set(options) ^ (set(swept) | set(NOT_SWEPT))
+    assert {command: flags for command, flags in options.items() if command not in NOT_SWEPT} == swept
+    cases = {case.id: case.values for case in _cli_cases()}
+    generated = [f"{command.split()[0]} {flag} {value!r}"[:90] for command, (_, flags) in CLI_ARGUMENTS.items()
+                 for flag, values in flags for value in values]
+    assert len(set(generated)) == len(generated) == len(_cli_cases()) - len(CLI_EXTRA)  # no two cases the same
+    for command, (base, flags) in CLI_ARGUMENTS.items():  # each bad value stands after its flag, once
+        for flag, values in flags:
+            for value in values:
+                argv, needle = cases[f"{command.split()[0]} {flag} {value!r}"[:90]]
+                assert needle == flag and argv.count(flag) == 1 and argv[argv.index(flag) + 1] == value
+                assert [a for i, a in enumerate(argv) if a != flag and argv[i - 1] != flag] == \
+                    [a for i, a in enumerate(base) if a != flag and base[i - 1] != flag], argv
+    api = {case.id.split()[0] for case in _api_cases()}  # the public functions the API cases call
+    assert api >= {"dilated_attention", "DilatedPattern.create", "MultiheadDilatedAttention", "segment_permutation",
+                   "encode", "decode", "estimate_memory", "shard", "shard_positions", "zigzag_shard"}, api
 
 
 # ---------------------------------------------------------------- API cases
@@ -601,7 +642,7 @@ def test_a_file_size_limit_ends_each_writing_command_with_one_line_and_no_torn_f
     import subprocess
     import sys
 
-    limit = 1024
+    limit = 512  # below the smallest record or page any of these commands writes (a bench record: ~1 KB)
     runs = {key: [a.replace("PATH", str(tmp_path / f"out_{i}")) for a in _fill(template, str(tmp_path), i)]
             for i, (key, (template, writes)) in enumerate(PATH_ARGUMENTS.items())
             if writes and key not in {("report run", "--output-root"), ("probe", "--json-out")}}  # both write late
@@ -622,3 +663,182 @@ def test_a_file_size_limit_ends_each_writing_command_with_one_line_and_no_torn_f
             if path.suffix in (".jsonl",):
                 assert all(__import__("json").loads(line) for line in text.splitlines() if line.strip()), path
     assert not list(tmp_path.glob("out_*.csv")) and not list(tmp_path.glob("out_*.html"))
+
+
+# ---------------------------------------------------------------- family: files the CLI reads, wrong content
+
+def _run_folder(root, metrics: Any, env: Any = None) -> str:
+    """A report run folder whose metrics.json (and env.json) hold `metrics` (`env`): JSON values, or bytes as is."""
+    import json
+
+    folder = root / "run"
+    folder.mkdir()
+    for name, content in (("metrics.json", metrics), ("env.json", env)):
+        if content is not None:
+            (folder / name).write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    return str(folder)
+
+
+def _checkpoint(root, state: dict[str, Any], *, checksum: bool = True, name: str = "checkpoint.pt") -> str:
+    """`state` saved as a training checkpoint (with its sha256 unless checksum=False) in root/run/."""
+    from hilbert_lab.models.checkpoint import atomic_save, save_checkpoint
+
+    (root / "run").mkdir(exist_ok=True)
+    path = root / "run" / name
+    (save_checkpoint if checksum else atomic_save)(state, path)
+    return str(path)
+
+
+def _weights(**changes: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(config dict of the cpu-tiny preset, model weights of that preset with `changes`)."""
+    from hilbert_lab.models.config import PRESETS, TrainConfig
+    from hilbert_lab.models.loop import build_model
+
+    config = TrainConfig.from_dict(dict(PRESETS["cpu-tiny"]))
+    return config.to_dict(), build_model(TrainConfig.from_dict({**PRESETS["cpu-tiny"], **changes})).state_dict()
+
+
+def _resumable(config: dict[str, Any], weights: dict[str, Any]) -> dict[str, Any]:
+    """A format-2 checkpoint state a resume reads: every key `hilbert-lab train` writes."""
+    from hilbert_lab.models.checkpoint import CHECKPOINT_FORMAT
+
+    return {"format": CHECKPOINT_FORMAT, "config": config, "step": 0, "model": weights, "optimizer":
+            {"state": {}, "param_groups": []}, "history": [], "rng": {"torch": torch.get_rng_state(), "cuda": None}}
+
+
+def _file_cases() -> list[Any]:
+    """(name, make(tmp_path) -> (argv, [what the one line must say]))."""
+    render = lambda metrics, env=None: lambda tmp: (  # noqa: E731
+        ["report", "render", _run_folder(tmp, metrics, env)], [str(tmp / "run" / "metrics.json")])
+    cases = {
+        "render a benchmark run without results": lambda tmp: (
+            render({"report": "benchmark"})(tmp)[0], [str(tmp / "run" / "metrics.json"), "tables.results"]),
+        "render a claims run without claims": lambda tmp: (
+            render({"report": "claims", "tables": {}})(tmp)[0], [str(tmp / "run" / "metrics.json"), "tables.claims"]),
+        "render a locality run without its table": lambda tmp: (
+            render({"report": "locality", "tables": {"compare_orderings": {"rows": []}}})(tmp)[0],
+            [str(tmp / "run" / "metrics.json"), "tables.compare_orderings"]),
+        "render metrics.json holding an array": lambda tmp: (
+            render([1, 2])(tmp)[0], [str(tmp / "run" / "metrics.json"), "holds an array", "expected the JSON object"]),
+        "render metrics.json holding corrupt JSON": lambda tmp: (
+            render(b'{"report": "benchmark",')(tmp)[0],
+            [str(tmp / "run" / "metrics.json"), "not valid JSON", "line 1 column 24", "expected the JSON object"]),
+        "render metrics.json holding binary": lambda tmp: (
+            render(b"\x80\x04\x95\x00\xff")(tmp)[0], [str(tmp / "run" / "metrics.json"), "not UTF-8", "expected"]),
+        "render metrics.json with tables an array": lambda tmp: (
+            render({"report": "benchmark", "tables": [1]})(tmp)[0], [str(tmp / "run" / "metrics.json"), "'tables'"]),
+        "render metrics.json with rows of numbers": lambda tmp: (
+            render({"report": "training", "tables": {"runs": {"rows": [1, 2]}}})(tmp)[0],
+            [str(tmp / "run" / "metrics.json"), "tables.runs"]),
+        "render a suite whose parts are an array": lambda tmp: (
+            render({"report": "default", "parts": ["locality"]})(tmp)[0],
+            [str(tmp / "run" / "metrics.json"), "'parts'"]),
+        "render env.json holding an array": lambda tmp: (
+            render({"report": "custom"}, [1])(tmp)[0], [str(tmp / "run" / "env.json"), "holds an array"]),
+        "generate from a format-1 checkpoint": lambda tmp: (
+            ["generate", "--checkpoint", _checkpoint(tmp, {"format": 1}, checksum=False), "--prompt", "1"],
+            [str(tmp / "run" / "checkpoint.pt"), "format 1 is no longer supported"]),
+        "generate from a format-1 checkpoint with weights of another size": lambda tmp: (
+            ["generate", "--checkpoint", _checkpoint(tmp, {"format": 1, "config": _weights()[0],
+                                                           "model": _weights(dim=16)[1]}, checksum=False),
+             "--prompt", "1"], [str(tmp / "run" / "checkpoint.pt"), "format 1 is no longer supported"]),
+        "generate from a checkpoint without config": lambda tmp: (
+            ["generate", "--checkpoint", _checkpoint(tmp, {"format": 2}), "--prompt", "1"],
+            [str(tmp / "run" / "checkpoint.pt"), "lacks config, model"]),
+        "generate from a checkpoint with weights of another size": lambda tmp: (
+            ["generate", "--checkpoint", _checkpoint(tmp, {"format": 2, "config": _weights()[0],
+                                                           "model": _weights(dim=16)[1]}), "--prompt", "1"],
+            [str(tmp / "run" / "checkpoint.pt"), "model weights do not fit the configuration stored in it",
+             "size mismatch"]),
+        "generate from a checkpoint with an invalid config": lambda tmp: (
+            ["generate", "--checkpoint", _checkpoint(tmp, {"format": 2, "config": {**_weights()[0], "dim": 0},
+                                                           "model": _weights()[1]}), "--prompt", "1"],
+            [str(tmp / "run" / "checkpoint.pt"), "invalid configuration", "dim must be"]),
+        "train --resume from a format-1 checkpoint": lambda tmp: (
+            ["train", "--out", os.path.dirname(_checkpoint(tmp, {"format": 1}, checksum=False)), "--resume", "--quiet"],
+            [str(tmp / "run" / "checkpoint.pt"), "format 1 is no longer supported"]),
+        "train --resume from a checkpoint without config": lambda tmp: (
+            ["train", "--out", os.path.dirname(_checkpoint(tmp, {"format": 2})), "--resume", "--quiet"],
+            [str(tmp / "run" / "checkpoint.pt"), "lacks config, model, step, optimizer, history, rng"]),
+        "train --resume from a checkpoint without its optimizer": lambda tmp: (
+            ["train", "--out", os.path.dirname(_checkpoint(tmp, {**_resumable(*_weights()), "optimizer": None})),
+             "--resume", "--quiet"], [str(tmp / "run" / "checkpoint.pt"), "lacks optimizer"]),
+        "train --resume from a checkpoint with weights of another size": lambda tmp: (
+            ["train", "--out", os.path.dirname(_checkpoint(tmp, _resumable(_weights()[0], _weights(dim=16)[1]))),
+             "--resume", "--quiet"],
+            [str(tmp / "run" / "checkpoint.pt"), "model weights do not fit the configuration stored in it"]),
+        "bench --out onto a results file whose case_id is a list": lambda tmp: (
+            ["bench", "--selftest", "ok", "--out", _results(tmp, '{"case_id": ["a"], "status": "ok"}'), "--quiet"],
+            [str(tmp / "results.jsonl"), "line 2", "case_id must be a string"]),
+        "bench --out onto a results file whose case_id is an object": lambda tmp: (
+            ["bench", "--selftest", "ok", "--out", _results(tmp, '{"case_id": {"a": 1}, "status": "ok"}'), "--quiet"],
+            [str(tmp / "results.jsonl"), "line 2", "case_id must be a string"]),
+        "bench --out onto a results file whose status is a number": lambda tmp: (
+            ["bench", "--selftest", "ok", "--out", _results(tmp, '{"case_id": "x", "status": 0}'), "--quiet"],
+            [str(tmp / "results.jsonl"), "line 2", "status must be a string"]),
+    }
+    return [pytest.param(make, id=name) for name, make in cases.items()]
+
+
+def _results(root, line: str) -> str:
+    """A results file: one record of the runner, then `line`."""
+    path = root / "results.jsonl"
+    path.write_text('{"case_id": "selftest-0", "status": "ok"}\n' + line + "\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("make", _file_cases())
+def test_a_file_with_the_wrong_content_exits_2_with_one_line_naming_it(make, tmp_path):
+    argv, needles = make(tmp_path)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    code, out, err = _run_cli(argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (argv, code, out[-300:], err[-2000:])
+    assert all(needle in lines[0] for needle in needles), (needles, lines[0])
+    after = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
+    assert {path: after[path] for path in before} == before  # the file is left as it was
+    assert {path.name for path in set(after) - set(before)} <= {".train.lock"}  # and nothing else is written
+
+
+# ---------------------------------------------------------------- family: train flags that do not fit together
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--seq-len", "4", "--segment-lengths", "2,4"],
+     ["--seq-len 4 is too short", "[2*num_pairs, seq_len - 2*num_queries] = [2, 2]", "give --seq-len >= 8, or "
+      "--context-length in [2, 2]", "--segment-lengths 2,4 has 2 value(s) but dilation_rates 1,2,1 (preset cpu-tiny) "
+      "has 3", "--dilation-rates with 2 value(s)"]),
+    (["--seq-len", "5"], ["--seq-len 5 is too short", "(context length 4)", "= [2, 3]", "--seq-len >= 8"]),
+    (["--seq-len", "12", "--num-pairs", "3", "--num-queries", "2", "--num-keys", "8"],
+     ["--seq-len 12 is too short", "(context length 9)", "= [6, 8] (--num-pairs 3, --num-queries 2)",
+      "--seq-len >= 16"]),
+    (["--seq-len", "4", "--context-length", "3"], ["--context-length 3 must lie in", "= [2, 2] for --seq-len 4"]),
+    (["--context-length", "63"], ["--context-length 63 must lie in", "= [2, 62] for seq_len 64 (preset cpu-tiny)"]),
+    (["--dilation-rates", "1"], ["segment_lengths 8,16,64 (preset cpu-tiny) has 3 value(s) but --dilation-rates 1 "
+                                 "has 1", "--dilation-rates with 3 value(s)"]),
+])
+def test_train_flags_that_do_not_fit_together_are_named_as_given(flags, needles, tmp_path):
+    code, out, err = _run_cli(["train", "--out", str(tmp_path / "run"), "--quiet", *flags])
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (flags, out[-300:], err[-2000:])
+    assert all(needle in lines[0] for needle in needles) and "context_length must" not in lines[0], lines[0]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_seq_len_train_asks_for_is_the_shortest_whose_three_quarters_fit():
+    from hilbert_lab.models.cli import _shortest_seq_len
+
+    for pairs in range(1, 30):
+        for queries in range(1, pairs + 1):
+            fits = [n for n in range(2, 300) if 2 * pairs <= n - n // 4 <= n - 2 * queries]
+            assert _shortest_seq_len(pairs, queries) == fits[0], (pairs, queries)
+
+
+def test_a_config_file_whose_context_does_not_fit_is_named(tmp_path):
+    import json
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"seq_len": 32, "context_length": 31}))
+    code, _, err = _run_cli(["train", "--out", str(tmp_path / "run"), "--config", str(config)])
+    assert code == 2 and err.strip() == (
+        f"hilbert-lab train: error: context_length 31 (--config {str(config)!r}) must lie in [2*num_pairs, "
+        f"seq_len - 2*num_queries] = [2, 30] for seq_len 32 (--config {str(config)!r})")

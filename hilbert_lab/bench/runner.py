@@ -55,13 +55,14 @@ def _is_torn_record(line: str) -> bool:
 
 
 def _scan_results(path: str) -> tuple[list[dict[str, Any]], int, int]:
-    """(records, foreign lines, torn record lines) of a results file."""
+    """(records, foreign lines, torn record lines) of a results file; ValueError naming the file and the line
+    for a record (an object with case_id and status) whose case_id or status is not a string."""
     records: list[dict[str, Any]] = []
     foreign = torn = 0
     if not os.path.exists(path):
         return records, 0, 0
     with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
+        for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
             try:
@@ -73,6 +74,12 @@ def _scan_results(path: str) -> tuple[list[dict[str, Any]], int, int]:
                     foreign += 1
                 continue
             if isinstance(record, dict) and "case_id" in record and "status" in record:
+                for key in ("case_id", "status"):
+                    if not isinstance(record[key], str):
+                        raise ValueError(f"results file {path!r} line {number}: {key} must be a string, got "
+                                         f"{json.dumps(record[key])[:80]}; the line was "
+                                         "not written by the benchmark runner: fix or remove it, or choose another "
+                                         "results file")
                 records.append(record)
             else:
                 foreign += 1

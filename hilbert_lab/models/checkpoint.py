@@ -20,9 +20,12 @@ LOG_NAME = "log.jsonl"
 SUMMARY_NAME = "summary.json"
 LOCK_NAME = ".train.lock"  # held (flock) by the run writing the folder
 # 2: the checkpoint holds "sha256", the digest of the rest of its content (content_digest), checked on
-# every load; 1: written before checksums (read, but nothing can be verified).
+# every load. Format 1 had no checksum and is refused by name (its content cannot be verified).
 CHECKPOINT_FORMAT = 2
 CHECKSUM_KEY = "sha256"
+# the keys every checkpoint holds (generate, init_from), and those a resume needs besides
+MODEL_KEYS = ("config", "model")
+RESUME_KEYS = ("step", "optimizer", "history", "rng")
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:
@@ -139,10 +142,23 @@ def config_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list
     return differences
 
 
+_KEY_CHECKS = {"config": lambda value: isinstance(value, dict), "model": lambda value: isinstance(value, dict),
+               "step": lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+               "optimizer": lambda value: isinstance(value, dict), "history": lambda value: isinstance(value, list),
+               "rng": lambda value: isinstance(value, dict) and isinstance(value.get("torch"), torch.Tensor)}
+
+
+def _missing(state: dict[str, Any], keys: tuple[str, ...]) -> list[str]:
+    """The keys of ``keys`` that ``state`` lacks or holds with a value of another kind."""
+    return [key for key in keys if not _KEY_CHECKS[key](state.get(key))]
+
+
 def load_checkpoint(path: str | os.PathLike, config: TrainConfig | None = None) -> dict[str, Any]:
-    """Load a checkpoint and check its content against the checksum stored in it (ValueError naming the
-    file when they differ: a corrupted file is never used); with ``config``, ValueError listing every
-    field that differs from it."""
+    """Load a checkpoint (format CHECKPOINT_FORMAT) and check its content against the checksum stored in it
+    (ValueError naming the file when they differ: a corrupted file is never used) and that it holds a
+    configuration and model weights; with ``config`` (a resume), also the step, optimizer, history and RNG
+    state, and ValueError listing every field that differs from ``config``. A checkpoint of an older format
+    is refused by name."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"checkpoint must be an existing file, got {str(path)!r}")
@@ -151,17 +167,25 @@ def load_checkpoint(path: str | os.PathLike, config: TrainConfig | None = None) 
     except Exception as error:  # truncated, foreign or corrupted file
         detail = " ".join(f"{type(error).__name__}: {error}".split())[:300]
         raise ValueError(f"checkpoint {str(path)!r} cannot be read ({detail})") from None
-    if not isinstance(state, dict) or state.get("format") not in (1, CHECKPOINT_FORMAT):
+    if isinstance(state, dict) and state.get("format") == 1:
+        raise ValueError(f"checkpoint {str(path)!r}: format 1 is no longer supported (it has no checksum, so "
+                         f"its content cannot be verified); train a new run to get a format {CHECKPOINT_FORMAT} "
+                         "checkpoint")
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint {str(path)!r} is not a hilbert_lab training checkpoint (format {CHECKPOINT_FORMAT})")
-    if state["format"] == CHECKPOINT_FORMAT:
-        stored = state.pop(CHECKSUM_KEY, None)
-        try:
-            actual = content_digest(state)
-        except ValueError:
-            actual = None
-        if stored != actual:
-            raise ValueError(f"checkpoint {str(path)!r} is corrupted: its content does not match the sha256 stored "
-                             "in it, so it is not used; resume from a copy, or start a new run in another folder")
+    stored = state.pop(CHECKSUM_KEY, None)
+    try:
+        actual = content_digest(state)
+    except ValueError:
+        actual = None
+    if stored != actual:
+        raise ValueError(f"checkpoint {str(path)!r} is corrupted: its content does not match the sha256 stored "
+                         "in it, so it is not used; resume from a copy, or start a new run in another folder")
+    missing = _missing(state, MODEL_KEYS + (RESUME_KEYS if config is not None else ()))
+    if missing:
+        raise ValueError(f"checkpoint {str(path)!r} lacks {', '.join(missing)} (a {'resumable ' if config else ''}"
+                         f"training checkpoint holds {', '.join(MODEL_KEYS + (RESUME_KEYS if config else ()))}); "
+                         "it was not written by `hilbert-lab train`")
     if config is not None:
         differences = config_differences(state["config"], config.to_dict())
         if differences:
@@ -170,6 +194,26 @@ def load_checkpoint(path: str | os.PathLike, config: TrainConfig | None = None) 
                 + "; ".join(differences) + "). Use the same configuration or another out_dir."
             )
     return state
+
+
+def checkpoint_config(state: dict[str, Any], path: str | os.PathLike, **overrides: Any) -> TrainConfig:
+    """The TrainConfig stored in a loaded checkpoint (with ``overrides``); ValueError naming the file when
+    it is not a valid configuration."""
+    try:
+        return TrainConfig.from_dict({**state["config"], **overrides})
+    except ValueError as error:
+        raise ValueError(f"checkpoint {str(path)!r} holds an invalid configuration: {error}") from None
+
+
+def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | os.PathLike, *,
+                 what: str = "checkpoint", fit: str = "the configuration stored in it") -> None:
+    """Load a loaded checkpoint's model weights into ``model``; ValueError naming ``what`` and the file when
+    they do not fit the model (other parameter names or shapes than the configuration ``fit`` gives)."""
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, TypeError, KeyError) as error:
+        detail = " ".join(str(error).split())[:300]
+        raise ValueError(f"{what} {str(path)!r}: its model weights do not fit {fit} ({detail})") from None
 
 
 def read_log(run_dir: str | os.PathLike) -> list[dict[str, Any]]:

@@ -19,7 +19,10 @@ import torch
 from hilbert_lab import arguments
 from hilbert_lab.io import read_bounded
 
-from .checkpoint import CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, load_checkpoint
+from .checkpoint import (
+    CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, checkpoint_config, load_checkpoint,
+    load_weights,
+)
 from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, TrainConfig, parse_curriculum
 from .loop import TrainResult, build_model, train
 from .tasks import make_batch
@@ -76,16 +79,22 @@ def _load_config_file(path: str) -> dict[str, Any]:
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """Preset, then a JSON config file, then explicit flags (later wins)."""
+    """Preset, then a JSON config file, then explicit flags (later wins). A value that does not fit another
+    is a ValueError in the words the user gave them: the flags, the --config file, the preset."""
     values: dict[str, Any] = dict(PRESETS[args.preset])
+    sources = dict.fromkeys(values, f"preset {args.preset}")
     if args.config is not None:
-        values.update(_load_config_file(args.config))
+        loaded = _load_config_file(args.config)
+        values.update(loaded)
+        sources.update(dict.fromkeys(loaded, f"--config {args.config!r}"))
     for name, _, _ in _OVERRIDES:
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
+            sources[name] = "flag"
     if args.seq_len is not None and args.context_length is None:  # pairs in the first three quarters
         values["context_length"] = args.seq_len - args.seq_len // 4
+        sources["context_length"] = "three quarters of --seq-len"
     if args.gradient_checkpointing:
         values["gradient_checkpointing"] = True
     if args.compile:
@@ -99,7 +108,61 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
             arguments.available_device(values["device"])
         except argparse.ArgumentTypeError as error:
             raise ValueError(f"device: {error}") from None
+    problems = [problem for problem in (_pattern_problem(values, sources), _context_problem(values, sources))
+                if problem]
+    if problems:
+        raise ValueError("; ".join(problems))
     return TrainConfig.from_dict(values)
+
+
+def _named(name: str, value: Any, sources: dict[str, str]) -> str:
+    """How the user gave field `name`: '--seq-len 4', 'seq_len 64 (preset cpu-tiny)', ... ."""
+    shown = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+    source = sources.get(name, "default")
+    return f"--{name.replace('_', '-')} {shown}" if source == "flag" else f"{name} {shown} ({source})"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _pattern_problem(values: dict[str, Any], sources: dict[str, str]) -> str | None:
+    """Segment lengths and dilation rates of different counts, one of them given as a flag."""
+    lengths, rates = values.get("segment_lengths"), values.get("dilation_rates")
+    if not (isinstance(lengths, list) and isinstance(rates, list)) or len(lengths) == len(rates) or "flag" not in (
+            sources.get("segment_lengths"), sources.get("dilation_rates")):
+        return None
+    return (f"{_named('segment_lengths', lengths, sources)} has {len(lengths)} value(s) but "
+            f"{_named('dilation_rates', rates, sources)} has {len(rates)}: give one dilation rate per segment "
+            f"length (--dilation-rates with {len(lengths)} value(s))")
+
+
+def _shortest_seq_len(num_pairs: int, num_queries: int) -> int:
+    """The shortest seq_len whose first three quarters (seq_len - seq_len // 4, the context length --seq-len
+    sets) hold the pairs and leave room for the questions: 2*num_pairs <= context <= seq_len - 2*num_queries."""
+    return max(2, 8 * num_queries, (8 * num_pairs - 4) // 3 + 1)
+
+
+def _context_problem(values: dict[str, Any], sources: dict[str, str]) -> str | None:
+    """A context length outside [2*num_pairs, seq_len - 2*num_queries], in the words the values were given."""
+    full = {**TrainConfig().to_dict(), **values}
+    seq_len, pairs, queries, context = (full[name] for name in ("seq_len", "num_pairs", "num_queries",
+                                                                "context_length"))
+    if not all(_is_int(value) for value in (seq_len, pairs, queries, context)):
+        return None  # a value of the wrong type: TrainConfig names it
+    low, high = 2 * pairs, seq_len - 2 * queries
+    if low <= context <= high:
+        return None
+    task = ", ".join(_named(name, full[name], sources) for name in ("num_pairs", "num_queries")
+                     if sources.get(name) == "flag")
+    rule = f"[2*num_pairs, seq_len - 2*num_queries] = [{low}, {high}]" + (f" ({task})" if task else "")
+    if sources.get("context_length") == "three quarters of --seq-len":
+        fix = f"--seq-len >= {_shortest_seq_len(pairs, queries)}" + (
+            f", or --context-length in [{low}, {high}]" if low <= high else "")
+        return (f"--seq-len {seq_len} is too short: the key-value pairs go in its first three quarters (context "
+                f"length {context}), which must lie in {rule}; give {fix}")
+    return (f"{_named('context_length', context, sources)} must lie in {rule} for "
+            f"{_named('seq_len', seq_len, sources)}")
 
 
 def _rounded(value: float) -> str:
@@ -203,9 +266,9 @@ def load_model(path: str, device: str = "cpu"):
     """(model in eval mode on `device`, TrainConfig) from a checkpoint file or the run folder holding one."""
     file = Path(path) / CHECKPOINT_NAME if Path(path).is_dir() else Path(path)
     state = load_checkpoint(file)
-    config = TrainConfig.from_dict({**state["config"], "device": device})
+    config = checkpoint_config(state, file, device=device)
     model = build_model(config)
-    model.load_state_dict(state["model"])
+    load_weights(model, state, file)
     return model.eval(), config
 
 

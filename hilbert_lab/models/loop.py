@@ -20,7 +20,7 @@ from hilbert_lab.io import append_line, exclusive_lock
 
 from .checkpoint import (
     CHECKPOINT_FORMAT, CHECKPOINT_NAME, LOCK_NAME, LOG_NAME, SUMMARY_NAME, _atomic_write_text,
-    check_run_folder, load_checkpoint, log_tail_note, save_checkpoint,
+    check_run_folder, load_checkpoint, load_weights, log_tail_note, save_checkpoint,
 )
 from .config import DTYPES, TrainConfig
 from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
@@ -207,11 +207,7 @@ def _load_weights(model: torch.nn.Module, path: str) -> None:
         state = load_checkpoint(path)
     except ValueError as error:
         raise ValueError(f"init_from: {error}") from None
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as error:
-        detail = " ".join(str(error).split())[:300]
-        raise ValueError(f"init_from {path!r}: its model weights do not fit this configuration ({detail})") from None
+    load_weights(model, state, path, what="init_from", fit="this configuration")
 
 
 def train(
@@ -275,7 +271,7 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
     start_step = 0
     if resume:
         state = load_checkpoint(checkpoint_path, config)
-        model.load_state_dict(state["model"])
+        load_weights(model, state, checkpoint_path)
         optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"].get("cuda") is not None and torch.cuda.is_available():

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from hilbert_lab.io import atomic_write
+from hilbert_lab.io import atomic_write, read_bounded
 from hilbert_lab.reports.html import PLOTLY_FILE, index_html, page_html, write_plotly
 from hilbert_lab.reports.page import Page, Section, device_label, fmt, is_gpu_env
 
@@ -32,14 +32,64 @@ MEASURED_HERE = "Measured by this run"
 COMMITTED = "Committed GPU results (rendered from their data)"
 
 
+# metrics["report"] -> the table its page is drawn from (a run that recorded none has no page)
+REQUIRED_TABLES = {"benchmark": "results", "claims": "claims", "locality": "compare_orderings"}
+MAX_RUN_FILE_BYTES = 256 << 20  # metrics.json of the largest committed run is a few MB
+_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+               type(None): "null"}
+
+
+def read_json_object(path: str | Path, what: str, expected: str) -> dict[str, Any]:
+    """The JSON object in the file at `path`; ValueError naming `what` and the path, and saying `expected`,
+    for a file that is not a regular file, not UTF-8 JSON, or JSON of another kind than an object."""
+    path = Path(path)
+    data = read_bounded(path, what, MAX_RUN_FILE_BYTES)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (a binary file?); expected {expected}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({error.msg} at line {error.lineno} column "
+                         f"{error.colno}); expected {expected}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} {str(path)!r} holds {_JSON_KINDS.get(type(value), 'a value')}; expected {expected}")
+    return value
+
+
+def check_metrics(metrics: dict[str, Any], path: str | Path) -> None:
+    """ValueError naming `path` and the key, for metrics.json content no page can be drawn from: a field of
+    the wrong kind (report: a string; parameters, metrics, tables, figures, parts: objects; each table an
+    object whose rows are objects), or a report without the table its page needs (REQUIRED_TABLES)."""
+    where = f"metrics.json {str(path)!r}"
+    if "report" in metrics and not isinstance(metrics["report"], str):
+        raise ValueError(f"{where}: key 'report' must be a string (the report's name), got "
+                         f"{_JSON_KINDS.get(type(metrics['report']), 'an object')}")
+    for key in ("parameters", "metrics", "tables", "figures", "parts"):
+        if metrics.get(key) is not None and not isinstance(metrics[key], dict):
+            raise ValueError(f"{where}: key {key!r} must be an object, got {_JSON_KINDS.get(type(metrics[key]))}")
+    for name, table in (metrics.get("tables") or {}).items():
+        rows = table.get("rows") if isinstance(table, dict) else None
+        if not isinstance(table, dict) or not isinstance(rows, (list, type(None))) or not all(
+                isinstance(row, dict) for row in rows or []):
+            raise ValueError(f"{where}: tables.{name} must be an object whose 'rows' is an array of objects")
+    required = REQUIRED_TABLES.get(metrics.get("report"))
+    if required is not None and not ((metrics.get("tables") or {}).get(required) or {}).get("rows"):
+        raise ValueError(f"{where} has no rows under key tables.{required}: this {metrics['report']} run recorded "
+                         "no results, so there is no page to render (run the report again)")
+
+
 def load_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metrics, env) of a run directory; ValueError naming the missing file."""
+    """(metrics, env) of a run directory; ValueError naming the file that is missing, not a JSON object,
+    or (metrics.json) without what its page is drawn from (check_metrics)."""
     run_dir = Path(run_dir)
     metrics_path, env_path = run_dir / "metrics.json", run_dir / "env.json"
     if not metrics_path.is_file():
         raise ValueError(f"run_dir must hold metrics.json; {str(run_dir)!r} does not")
-    metrics = json.loads(metrics_path.read_text(encoding="utf-8"))
-    env = json.loads(env_path.read_text(encoding="utf-8")) if env_path.is_file() else {}
+    metrics = read_json_object(metrics_path, "metrics.json", "the JSON object a report run writes (report, "
+                               "parameters, metrics, tables, figures)")
+    check_metrics(metrics, metrics_path)
+    env = read_json_object(env_path, "env.json", "the JSON object of the run's environment") \
+        if env_path.is_file() else {}
     return metrics, env
 
 
@@ -103,9 +153,9 @@ def committed_gpu_runs(root: str | Path | None = None) -> list[Path]:
     runs = []
     for metrics_path in sorted(root.glob("*/*/metrics.json")):
         env_path = metrics_path.parent / "env.json"
-        if "parts" in json.loads(metrics_path.read_text(encoding="utf-8")):  # a suite, not one report
+        if "parts" in read_json_object(metrics_path, "metrics.json", "a report run's JSON object"):  # a suite
             continue
-        if env_path.is_file() and is_gpu_env(json.loads(env_path.read_text(encoding="utf-8"))):
+        if env_path.is_file() and is_gpu_env(read_json_object(env_path, "env.json", "a run's environment object")):
             runs.append(metrics_path.parent)
     return runs
 
@@ -159,5 +209,6 @@ def render_suite_index(suite_dir: str | Path, parts: list[str], *, title: str,
     return path
 
 
-__all__ = ["COMMITTED", "MEASURED_HERE", "PLOTLY_FILE", "build_page", "committed_gpu_runs", "generic_page",
-           "load_run", "render_run", "render_suite_index", "renderer_for"]
+__all__ = ["COMMITTED", "MEASURED_HERE", "PLOTLY_FILE", "REQUIRED_TABLES", "build_page", "check_metrics",
+           "committed_gpu_runs", "generic_page", "load_run", "read_json_object", "render_run", "render_suite_index",
+           "renderer_for"]

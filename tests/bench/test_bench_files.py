@@ -117,3 +117,20 @@ def test_a_results_path_that_is_a_fifo_is_refused_at_once(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(ValueError, match="FIFO"):
         SafeBenchmarkRunner(str(fifo), progress=False)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"case_id": ["a", "b"], "status": "ok"}', 'line 3: case_id must be a string, got ["a", "b"]'),
+    ('{"case_id": {"a": 1}, "status": "ok"}', 'line 3: case_id must be a string, got {"a": 1}'),
+    ('{"case_id": "0123abcd", "status": null}', "line 3: status must be a string, got null"),
+])
+def test_a_record_whose_case_id_or_status_is_not_a_string_is_refused_naming_the_line(tmp_path, line, message):
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"case_id": "0123abcd", "status": "ok"}\n\n' + line + "\n")
+    before = path.read_bytes()
+    for read in (lambda: read_results(str(path)), lambda: SafeBenchmarkRunner(str(path), progress=False)):
+        with pytest.raises(ValueError) as error:
+            read()
+        assert str(error.value).startswith(f"results file {str(path)!r} {message}; the line was not written by the "
+                                           "benchmark runner"), str(error.value)
+    assert path.read_bytes() == before

@@ -196,3 +196,28 @@ def test_help_shows_each_flags_default():
                           ("--segment-lengths A,B,...", "8,16,64"), ("--backend NAME", "auto")):
         options = text.split("options:", 1)[1]
         assert flag in options and f"(default: {default})" in options.split(flag, 1)[1][:200], flag
+
+
+def test_a_checkpoint_of_format_1_or_without_what_a_run_needs_is_refused_naming_the_file(tmp_path):
+    from hilbert_lab.models.checkpoint import atomic_save, save_checkpoint
+
+    config = TrainConfig(steps=2, **TINY)
+    train(config, tmp_path / "run")
+    path = tmp_path / "run" / CHECKPOINT_NAME
+    state = load_checkpoint(path, config)
+    state.pop("sha256", None)
+    assert state["step"] == 2 and set(state) == {"format", "config", "step", "model", "optimizer", "history", "rng"}
+    atomic_save({**state, "format": 1}, path)  # the same content, written before checksums
+    for call in (lambda: load_checkpoint(path), lambda: train(config, tmp_path / "run", resume=True),
+                 lambda: train(TrainConfig(steps=1, init_from=str(path), **TINY))):
+        with pytest.raises(ValueError, match=f"checkpoint '{path}': format 1 is no longer supported"):
+            call()
+    save_checkpoint({key: value for key, value in state.items() if key not in ("history", "rng")}, path)
+    assert load_checkpoint(path)["step"] == 2  # enough to generate from, or to start another run
+    with pytest.raises(ValueError, match=f"checkpoint '{path}' lacks history, rng "):
+        load_checkpoint(path, config)
+    wider = train(TrainConfig(steps=1, **{**TINY, "dim": 32}), stop_at=0).model.state_dict()
+    save_checkpoint({**state, "model": wider}, path)
+    with pytest.raises(ValueError, match=f"checkpoint '{path}': its model weights do not fit the configuration "
+                                         "stored in it .*size mismatch"):
+        train(config, tmp_path / "run", resume=True)
