@@ -54,6 +54,10 @@ def test_the_tour_commands_run(tmp_path, monkeypatch, capsys):
             code = exit_.code
         out = capsys.readouterr().out
         assert code == 0, (line, out)
+        for flag, value in zip(argv, argv[1:]):
+            if flag == "--out":  # the tour writes inside the folder it runs in (build/ is git-ignored)
+                assert not Path(value).is_absolute() and value.startswith("build/"), line
+                assert (tmp_path / value).is_file(), line
         if argv[0] == "estimate":
             assert out.startswith("assumed: q, k, v of shape (B, N, H, D)"), out
     jupyter = next(line for line in shell.splitlines() if "jupyter lab" in line)
