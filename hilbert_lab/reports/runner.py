@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,6 +41,28 @@ def _check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, A
         raise ValueError(f"parameters {unknown} are not parameters of report {name!r}; allowed: {sorted(defaults)}")
 
 
+def _kernel_manager_class() -> type:
+    """The kernel manager of report runs: jupyter_client's, except that shutting down a kernel sends it no
+    SIGINT first (the kernel is idle by then; an interrupt arriving inside its event loop makes it log
+    "KeyboardInterrupt caught in kernel" on a run that succeeded). A timed-out cell is still interrupted."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class ReportKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
+    return ReportKernelManager
+
+
+def _kernel_config(socket_dir: str):
+    """Kernel sockets as local files in `socket_dir` (IPC transport): no TCP ports, nothing for ipykernel to
+    warn about ("Kernel is running over TCP without encryption")."""
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(socket_dir, "kernel")}})
+
+
 def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *, progress: bool,
                    kernel_name: str | None, execution_timeout_s: int | None, plotly_path: Path | None = None,
                    command: str | None = None, label: str | None = None) -> dict[str, Any]:
@@ -61,12 +85,13 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
     executed = run_dir / f"{spec.name}.ipynb"
     html_path = run_dir / f"{spec.name}.html"
     try:
-        papermill.execute_notebook(
-            str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
-            progress_bar={"desc": label or spec.name} if progress else False, kernel_name=kernel_name,
-            execution_timeout=execution_timeout_s,
-            report_mode=False,
-        )
+        with tempfile.TemporaryDirectory(prefix="hilbert-lab-kernel-") as socket_dir:
+            papermill.execute_notebook(
+                str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
+                progress_bar={"desc": label or spec.name} if progress else False, kernel_name=kernel_name,
+                execution_timeout=execution_timeout_s, report_mode=False,
+                kernel_manager_class=_kernel_manager_class(), config=_kernel_config(socket_dir),
+            )
     except BaseException:
         if executed.exists():  # a failed run still gets its HTML: the notebook, with the traceback in it
             export_html(executed, html_path)
