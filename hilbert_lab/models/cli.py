@@ -126,19 +126,16 @@ def summary_lines(result: TrainResult, config: TrainConfig, seconds: float) -> l
 
 
 def _run_cli(args: argparse.Namespace) -> int:
+    """Bad input raises ValueError (hilbert_lab.cli.main reports it in one line, with flag names)."""
+    config = config_from_args(args)
     try:
-        config = config_from_args(args)
         if args.resume:  # before prepare_output creates the folder
             check_run_folder(os.path.expanduser(args.out), resume=True)
         out = arguments.prepare_output(args.out, "--out", folder=True)
         started = time.perf_counter()
         result = train(config, out, resume=args.resume)
     except RunFolderError as error:
-        print("hilbert-lab train: error: " + " ".join(error.cli.split()), file=sys.stderr)
-        return 2
-    except ValueError as error:
-        print("hilbert-lab train: error: " + " ".join(str(error).split()), file=sys.stderr)
-        return 2
+        raise ValueError(error.cli) from None
     if args.json:
         print(json.dumps({"out": str(result.out_dir), "final_eval": result.final_eval, "notes": result.notes}))
     else:
@@ -252,13 +249,13 @@ def register_generate_cli(subparsers: "argparse._SubParsersAction") -> argparse.
                         help="N samples of the checkpoint's retrieval task (eval stream): the prompt ends at the first "
                              "question; prints one JSON line per sample (key, expected, generated, correct)")
     parser.add_argument("--max-new-tokens", type=arguments.integer(0, 1 << 24), default=None,
-                        help="tokens to generate (default 16, or 1 with --retrieval)")
+                        help="tokens to generate (default: 16, or 1 with --retrieval)")
     parser.add_argument("--top-k", type=arguments.integer(1), default=None, help="sample among the K best (default: "
                         "greedy)")
     parser.add_argument("--temperature", type=arguments.number(0.0), default=1.0, help="sampling temperature (> 0)")
     parser.add_argument("--seed", type=arguments.integer(0, 2 ** 63 - 1), default=0,
                         help="sampling seed; with --retrieval also which eval batch")
-    parser.add_argument("--device", type=arguments.available_device, default="cpu")
+    parser.add_argument("--device", type=arguments.available_device, default="cpu", help=arguments.DEVICE_SYNTAX)
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix per token (same tokens)")
     parser.set_defaults(func=_run_generate)
     return parser
@@ -269,4 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hilbert-lab")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ValueError as error:
+        print("hilbert-lab train: error: " + arguments.flag_names(" ".join(str(error).split()), parser), file=sys.stderr)
+        return arguments.EXIT_BAD_INPUT

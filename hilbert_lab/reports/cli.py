@@ -9,15 +9,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hilbert_lab.arguments import help_formatter, prepare_output
+from hilbert_lab.arguments import EXIT_BAD_INPUT, flag_names, help_formatter, prepare_output
 from hilbert_lab.io import path_problem
-from hilbert_lab.reports.registry import get_report, list_reports, parse_parameter_overrides, report_parameters
+from hilbert_lab.reports.registry import NOTEBOOK_DIR, get_report, list_reports, parse_parameter_overrides, report_parameters
 
 
 def _list(_args: argparse.Namespace) -> int:
-    for spec in list_reports():
-        target = "suite: " + ", ".join(spec.parts) if spec.is_suite else spec.notebook.name
-        print(f"{spec.name:16s} {spec.description}  [{target}]")
+    specs = list_reports()
+    width = max(len(spec.name) for spec in specs)
+    for spec in specs:
+        target = "suite: " + ", ".join(spec.parts) if spec.is_suite else spec.notebook.relative_to(NOTEBOOK_DIR.parent).as_posix()
+        print(f"{spec.name:<{width}}  {spec.description}  [{target}]")
     return 0
 
 
@@ -133,11 +135,9 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    """Bad input raises ValueError (hilbert_lab.cli.main reports it in one line, with flag names)."""
     try:
         return args.report_func(args)
-    except ValueError as error:
-        print("hilbert-lab report: error: " + " ".join(str(error).split()), file=sys.stderr)
-        return 2
     except FileNotFoundError as error:  # a wheel install has no notebooks/ folder
         print(f"hilbert-lab report: error: report notebook not found ({error.filename}); reports run from a "
               f"source checkout: pip install -e \".[notebooks]\"", file=sys.stderr)
@@ -160,13 +160,14 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
                      help="override a parameter (YAML value: 3, 0.5, [256,512], cpu); repeatable")
     run.add_argument("--output-root", default="reports", metavar="DIR",
                      help="default: ./reports (created if missing; every run writes a new RUN_ID folder)")
-    run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
+    run.add_argument("--run-id", default=None, help="the run's folder name (default: UTC time + git commit + random "
+                     "suffix)")
     run.add_argument("--quiet", action="store_true", help="no progress lines or bars; print only the page's path")
     run.set_defaults(report_func=_run)
     render = commands.add_parser("render", help="rebuild a run's HTML page from its metrics.json + env.json "
                                               "(no re-run; a suite run: every page and index.html)",
                                   formatter_class=help_formatter)
-    render.add_argument("run_dir", metavar="RUN_DIR")
+    render.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `report run` (holds metrics.json, env.json)")
     render.add_argument("--out", default=None, metavar="FILE", help="default: RUN_DIR/NAME.html (rebuilt in place); an existing "
                         "--out file is refused unless --force")
     render.add_argument("--force", action="store_true", help="replace an existing --out file")
@@ -180,4 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hilbert-lab")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ValueError as error:
+        print("hilbert-lab report: error: " + flag_names(" ".join(str(error).split()), parser), file=sys.stderr)
+        return EXIT_BAD_INPUT
