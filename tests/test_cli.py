@@ -373,9 +373,10 @@ def test_report_list_is_aligned_and_cites_files_that_exist(capsys):
      ["--segment-lengths", "--dilation-rates"], ["segment_lengths", "dilation_rates"]),
     (["estimate", "--seq-len", "1024", "--batch-size", "100000000", "--num-heads", "4000", "--head-dim", "1000"],
      ["--batch-size=100000000", "--num-heads=4000", "--head-dim=1000"], ["batch_size", "num_heads", "head_dim"]),
-    (["train", "--out", "RUN", "--num-heads", "3", "--num-kv-heads", "2"], ["--num-kv-heads", "--num-heads=3"],
-     ["num_kv_heads", "num_heads"]),
-    (["train", "--out", "RUN", "--ordering", "peano"], ["--ordering must be"], ["ordering must"]),
+    (["bench", "--seq-len", "1024", "--segment-lengths", "256,512", "--dilation-rates", "1", "--out", "RUN"],
+     ["--segment-lengths", "--dilation-rates"], ["segment_lengths", "dilation_rates"]),
+    (["ring", "--segment-lengths", "256,512", "--dilation-rates", "1,2,4"], ["--segment-lengths and --dilation-rates"],
+     ["segment_lengths", "dilation_rates"]),
 ])
 def test_library_errors_are_reported_with_flag_names(capsys, tmp_path, argv, flags, names):
     code, out, err = run_cli(capsys, *[str(tmp_path / "run") if word == "RUN" else word for word in argv])

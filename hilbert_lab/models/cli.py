@@ -126,16 +126,19 @@ def summary_lines(result: TrainResult, config: TrainConfig, seconds: float) -> l
 
 
 def _run_cli(args: argparse.Namespace) -> int:
-    """Bad input raises ValueError (hilbert_lab.cli.main reports it in one line, with flag names)."""
-    config = config_from_args(args)
     try:
+        config = config_from_args(args)
         if args.resume:  # before prepare_output creates the folder
             check_run_folder(os.path.expanduser(args.out), resume=True)
         out = arguments.prepare_output(args.out, "--out", folder=True)
         started = time.perf_counter()
         result = train(config, out, resume=args.resume)
     except RunFolderError as error:
-        raise ValueError(error.cli) from None
+        print("hilbert-lab train: error: " + " ".join(error.cli.split()), file=sys.stderr)
+        return 2
+    except ValueError as error:
+        print("hilbert-lab train: error: " + " ".join(str(error).split()), file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps({"out": str(result.out_dir), "final_eval": result.final_eval, "notes": result.notes}))
     else:
@@ -266,8 +269,4 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hilbert-lab")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ValueError as error:
-        print("hilbert-lab train: error: " + arguments.flag_names(" ".join(str(error).split()), parser), file=sys.stderr)
-        return arguments.EXIT_BAD_INPUT
+    return args.func(args)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hilbert_lab.arguments import EXIT_BAD_INPUT, flag_names, help_formatter, prepare_output
+from hilbert_lab.arguments import help_formatter, prepare_output
 from hilbert_lab.io import path_problem
 from hilbert_lab.reports.registry import NOTEBOOK_DIR, get_report, list_reports, parse_parameter_overrides, report_parameters
 
@@ -135,9 +135,11 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    """Bad input raises ValueError (hilbert_lab.cli.main reports it in one line, with flag names)."""
     try:
         return args.report_func(args)
+    except ValueError as error:
+        print("hilbert-lab report: error: " + " ".join(str(error).split()), file=sys.stderr)
+        return 2
     except FileNotFoundError as error:  # a wheel install has no notebooks/ folder
         print(f"hilbert-lab report: error: report notebook not found ({error.filename}); reports run from a "
               f"source checkout: pip install -e \".[notebooks]\"", file=sys.stderr)
@@ -181,8 +183,4 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hilbert-lab")
     register_cli(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["report", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except ValueError as error:
-        print("hilbert-lab report: error: " + flag_names(" ".join(str(error).split()), parser), file=sys.stderr)
-        return EXIT_BAD_INPUT
+    return args.func(args)
