@@ -430,3 +430,18 @@ def test_bench_prints_the_table_of_its_cases(capsys, tmp_path):
     assert lines[1].split() == [record["case_id"], "manual", f"{median:.3f}", f"[{low:.3f},", f"{high:.3f}]"]
     assert lines[2].startswith("done: 1 ran")
 
+
+def test_the_ordering_default_is_named_identity_in_every_command():
+    """--ordering's default is the tokens in their order: its help says identity, never "(default: none)"."""
+    from hilbert_lab.cli import build_parser
+
+    seen = []
+    for command, parser in _parsers_and_names(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if "--ordering" in action.option_strings:
+                text = " ".join(formatter._format_action(action).split())
+                assert "(default: identity" in text and "(default: none)" not in text, (command, text)
+                seen.append(command)
+    assert seen == ["bench", "probe", "estimate", "train"]
+

@@ -146,11 +146,17 @@ def _run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+# what an unset (None) field means, as its --help default
+_UNSET = {"ordering": "identity", "num_kv_heads": "as --num-heads", "curriculum": "none, one length throughout"}
+
+
 def _default_text(name: str) -> str:
     value = {**TrainConfig().to_dict(), **PRESETS[DEFAULT_PRESET]}[name]
     if isinstance(value, list):
-        return ",".join(":".join(map(str, v)) if isinstance(v, list) else str(v) for v in value) or "none"
-    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        return ",".join(":".join(map(str, v)) if isinstance(v, list) else str(v) for v in value) or _UNSET[name]
+    if value is None:
+        return _UNSET.get(name, "none")
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
