@@ -5,26 +5,20 @@ kept: paths in commands are cut to their file names.
 """
 from __future__ import annotations
 
-import re
 import subprocess
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hilbert_lab.io import strip_paths
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOT_RECORDED = "not recorded"
 SOURCE_FIELDS = ("what", "device", "revision", "recorded", "command")
-# an absolute path (POSIX or ~): its folders are dropped, the file name kept
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/[\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
 
 __all__ = ["NOT_RECORDED", "SOURCE_FIELDS", "committed_in", "document_source", "env_source", "gpus_used",
            "revision_text", "strip_paths", "when"]
-
-
-def strip_paths(text: Any) -> str:
-    """`text` with every absolute path cut to its last part ('/root/out/x.json' -> 'x.json')."""
-    return _ABSOLUTE_PATH.sub(lambda match: match.group(1), str(text))
 
 
 def when(stamp: Any) -> str | None:

@@ -77,8 +77,8 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
     _check_overrides(spec.name, defaults, overrides)
     parameters = {**defaults, **overrides}
     run_dir.mkdir(parents=True, exist_ok=True)
-    if "output_dir" in parameters:
-        parameters["output_dir"] = str(run_dir.resolve())
+    if "output_dir" in parameters:  # the notebook runs in run_dir: its files go there, and no absolute path is recorded
+        parameters["output_dir"] = "."
     environment = collect_environment({"report": spec.name, **parameters})
     environment["command"] = command or report_command(spec.name, overrides)
     (run_dir / "env.json").write_text(json.dumps(to_jsonable(environment), indent=1), encoding="utf-8")

@@ -57,7 +57,7 @@ def test_report_run_writes_every_artifact(tmp_path, monkeypatch):
     assert metrics["figures"]["bars"]["traces"] == ["tiny-bars"]
     # env.json: versions, git, cpu, device and the effective parameters
     env = json.loads((run_dir / "env.json").read_text())
-    assert env["parameters"]["scale"] == 4.0 and env["parameters"]["output_dir"] == str(run_dir.resolve())
+    assert env["parameters"]["scale"] == 4.0 and env["parameters"]["output_dir"] == "."
     assert env["packages"]["torch"] and env["packages"]["papermill"]
     assert env["cpu"]["logical_cores"] >= 1 and env["device"]["device"]
     # executed notebook (figures as plotly JSON, no plotly.js copy: small) + HTML that loads the run's one
