@@ -46,6 +46,7 @@ from tqdm import tqdm
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
 from hilbert_lab.curves import decode, encode  # noqa: E402
@@ -270,7 +271,7 @@ def main() -> None:
 
     report = {
         "benchmark": "benchmarks/bench_curves.py",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": strip_paths(" ".join([Path(sys.executable).name, *sys.argv])),
         "points": args.points, "order": args.order, "repeats": args.repeats,
         "machine": {"load_average_before": load_before, "load_average_after": os.getloadavg()},
         "env": collect_environment("cpu"), "threading_layer": numba.threading_layer(),

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.arguments import int_list, prepare_output  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.io import atomic_write  # noqa: E402
+from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.models import LongNetLM  # noqa: E402
 from hilbert_lab.models.generate import new_caches  # noqa: E402
 
@@ -185,7 +185,7 @@ def measure_cpu_target(args, device, repeats: int = 7) -> dict:
 
 def run(args, write) -> dict:
     device = torch.device(args.device)
-    report = {"command": " ".join(sys.argv), "config": {k: v for k, v in vars(args).items() if k != "out"},
+    report = {"command": strip_paths(" ".join(sys.argv)), "config": {k: v for k, v in vars(args).items() if k != "out"},
               "environment": collect_environment(str(device)), "results": []}
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.attention import DilatedPattern, dilated_attention  # noqa: E402
 from hilbert_lab.attention.executors import unavailable_reason  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
@@ -138,7 +139,7 @@ def run(args) -> dict:
         "config": {k: getattr(args, k) for k in ("batch", "seq_len", "heads", "head_dim", "segment_lengths",
                                                    "dilation_rates", "modes", "backends", "causal", "dtype",
                                                    "warmup", "repeats", "backward")},
-        "command": " ".join(sys.argv),
+        "command": strip_paths(" ".join(sys.argv)),
         "env": collect_environment(str(device)),
         "results": rows,
     }

@@ -32,6 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
 from hilbert_lab.attention.selection import select_backend  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
@@ -299,7 +300,7 @@ def main() -> None:
     if args.quick:
         parts, args.repeats = {"headline"}, 7
     began = time.time()
-    result = dict(env=collect_environment(str(DEV)), command=" ".join(sys.argv), headline=[], sweep=[])
+    result = dict(env=collect_environment(str(DEV)), command=strip_paths(" ".join(sys.argv)), headline=[], sweep=[])
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     if "headline" in parts:
         for mode in ("head_groups", "longnet"):

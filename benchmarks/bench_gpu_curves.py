@@ -21,6 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
 
@@ -172,7 +173,7 @@ def main() -> None:
         if "points_per_s" in row and ("permutation" in row["name"] or "permute" in row["name"]) or row["name"].startswith(("torch.index_select", "plain copy")):
             row.pop("points_per_s", None)
 
-    result = {"benchmark": "gpu_curves", "command": "python " + " ".join(sys.argv),
+    result = {"benchmark": "gpu_curves", "command": strip_paths("python " + " ".join(sys.argv)),
               "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": collect_environment("cuda"),
               "points": n, "order": order, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows,
               "hilbertsfc_rounds_ms": anchor_rounds, "launch_sweep": sweep}

@@ -52,6 +52,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.attention.engine import dilated_attention  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.stats import bootstrap_median_ci, ratio_ci, verdict  # noqa: E402
@@ -407,8 +408,9 @@ def main() -> int:
         args.max_start, args.max_limit, args.layout_len, args.cp_len = 1024, 4096, 2048, 1024
         sections.discard("context_parallel")  # needs CUDA SDPA kernels
     rank, world = dist.get_rank(), dist.get_world_size()
-    report = {"command": " ".join(sys.argv), "environment": _environment(device),
-              "config": {k: (str(v) if isinstance(v, torch.dtype) else v) for k, v in vars(args).items()}}
+    report = {"command": strip_paths(" ".join(sys.argv)), "environment": _environment(device),
+              "config": {k: (str(v) if isinstance(v, torch.dtype) else strip_paths(v) if isinstance(v, str) else v)
+                         for k, v in vars(args).items()}}
 
     def save() -> None:
         if rank == 0:

@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.models.train import PRESETS, TrainConfig, parse_curriculum, train  # noqa: E402
 
@@ -180,7 +181,7 @@ def main() -> int:
         print("error: no CUDA device; use --small for the CPU smoke check", file=sys.stderr)
         return 2
 
-    report: dict = {"command": " ".join(sys.argv), "world_size": world_size, "environment": collect_environment(values["device"]),
+    report: dict = {"command": strip_paths(" ".join(sys.argv)), "world_size": world_size, "environment": collect_environment(values["device"]),
                     "config": values, "attention_backend": _resolved_backend(values)}
 
     def save() -> None:
@@ -214,7 +215,7 @@ def main() -> int:
         result = train(config, run_dir, resume=args.resume)
         report["training"] = {
             "config": config.to_dict(),  # the run's effective configuration (after --steps / --eval-every)
-            "run_dir": str(run_dir), "wall_s": time.perf_counter() - start, "final_eval": result.final_eval,
+            "run_dir": strip_paths(run_dir), "wall_s": time.perf_counter() - start, "final_eval": result.final_eval,
             "chance_accuracy": config.task().chance_accuracy, "chance_loss": config.task().chance_loss,
             "history": result.history,
             "peak_memory_bytes": (torch.cuda.max_memory_allocated(config.device)
@@ -226,7 +227,7 @@ def main() -> int:
             pairs = [(mine[(r["kind"], r["step"])], r["loss"]) for r in other if (r["kind"], r["step"]) in mine]
             differences = [abs(a - b) for a, b in pairs]
             report["comparison"] = {
-                "against": args.compare, "points": len(pairs),
+                "against": strip_paths(args.compare), "points": len(pairs),
                 "max_abs_loss_difference": max(differences) if differences else None,
                 "max_rel_loss_difference": max((abs(a - b) / max(abs(b), 1e-12) for a, b in pairs), default=None),
             }

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.io import atomic_write  # noqa: E402
+from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.models.cost import config_attention_cost  # noqa: E402
 from hilbert_lab.models.evaluate import bucket_rows, pooled_accuracy  # noqa: E402
 from hilbert_lab.models.train import CHECKPOINT_NAME, PRESETS, SUMMARY_NAME, TrainConfig, read_log, train  # noqa: E402
@@ -123,7 +123,7 @@ def run_record(row: str, seed: int, config: TrainConfig, run_dir: Path) -> dict[
     summary = json.loads((run_dir / SUMMARY_NAME).read_text())
     history = read_log(run_dir)
     cost = config_attention_cost(config)
-    return {"row": row, "seed": seed, "run_dir": str(run_dir), "config": config.to_dict(),
+    return {"row": row, "seed": seed, "run_dir": strip_paths(run_dir), "config": config.to_dict(),
             "final_eval": summary["final_eval"], "chance_accuracy": summary["chance_accuracy"],
             "chance_loss": summary["chance_loss"], "tokens_per_s": tokens_per_second(history, config.seq_len),
             "attention_flops_per_token": cost["flops_per_token"], "wall_s": _read_state(run_dir)["wall_s"],
@@ -239,7 +239,7 @@ def main() -> int:
     runs_dir = Path(args.runs_dir) if args.runs_dir else out.with_suffix("").with_name(out.stem + "_runs")
     out.parent.mkdir(parents=True, exist_ok=True)
     report = json.loads(out.read_text()) if out.is_file() else {"kind": "retrieval_grid", "runs": []}
-    report.update(label=args.label or report.get("label", ""), command=" ".join(sys.argv),
+    report.update(label=args.label or report.get("label", ""), command=strip_paths(" ".join(sys.argv)),
                   environment=collect_environment(sorted(devices)[0]))
     if args.jobs > 1:
         report["jobs"] = args.jobs

@@ -30,6 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.locality.serialization import serialization_metrics  # noqa: E402
 from hilbert_lab.models.spatial import (  # noqa: E402
@@ -207,8 +208,8 @@ def _document(slug, argv, args, started, results) -> dict:
         "label": "GPU" if slug != "cpu" else "CPU",
         "device": slug,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else argv)),
-        "arguments": vars(args),
+        "command": strip_paths(" ".join([Path(sys.argv[0]).name] + (sys.argv[1:] if argv is None else argv))),
+        "arguments": {k: strip_paths(v) if isinstance(v, str) else v for k, v in vars(args).items()},
         "seconds": time.perf_counter() - started,
         "env": collect_environment(args.device),
         "tasks": results,

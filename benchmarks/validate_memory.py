@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.attention.memory import MemoryConfig, estimate_memory  # noqa: E402
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     within = [r for r in measured if all(abs(r[k] - 1) <= TOLERANCE for k in ("ratio_forward", "ratio_forward_backward"))]
     print(f"{len(within)}/{len(measured)} measured cases within {TOLERANCE:.0%} "
           f"({len(rows) - len(measured)} did not run); {time.time() - start:.0f} s")
-    payload = {"tolerance": TOLERANCE, "device": args.device, "command": " ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:])),
+    payload = {"tolerance": TOLERANCE, "device": args.device, "command": strip_paths(" ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:]))),
                "environment": collect_environment(args.device), "within_tolerance": len(within),
                "measured": len(measured), "rows": rows}
     with open(args.out, "w") as handle:

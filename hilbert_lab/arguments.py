@@ -226,3 +226,37 @@ def add_command(subparsers, name: str, help_text: str, examples: str) -> argpars
     """Add `hilbert-lab NAME` to a parser's subparsers: its help, description and an examples epilog."""
     return subparsers.add_parser(name, help=help_text, description=help_text, formatter_class=help_formatter,
                                  epilog="examples:\n" + examples)
+
+
+def option_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """Python parameter name -> flag, for the options of `parser` and of every command below it
+    (`segment_lengths` -> `--segment-lengths`, `pass_` -> `--pass`); positionals and hidden aliases are left out."""
+    flags: dict[str, str] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                flags.update(option_flags(child))
+        elif action.help is not argparse.SUPPRESS:
+            long = [option for option in action.option_strings if option.startswith("--")]
+            if long and long[0] != "--help":
+                for name in {action.dest, action.dest.rstrip("_"), long[0][2:].replace("-", "_")}:
+                    flags.setdefault(name, long[0])
+    return flags
+
+
+def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
+    """`message` (a library error) with the Python parameter names of `parser`'s options written as their
+    flags: "segment_lengths and dilation_rates must have the same length" -> "--segment-lengths and
+    --dilation-rates must ...". A name without "_" is translated only where it opens the message followed
+    by "must" ("backend must be one of ..."), so plain words stay words."""
+    flags = option_flags(parser)
+
+    def replace(match: re.Match) -> str:
+        name = match.group(0)
+        opens = match.start() == 0 and message[match.end():].startswith(" must ")
+        if name in flags and ("_" in name or opens):
+            return flags[name]
+        return name
+
+    return re.sub(r"(?<![\w\-./'\"])[A-Za-z][A-Za-z0-9_]*(?![\w\-/'\"(])", replace, message)
+

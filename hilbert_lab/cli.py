@@ -15,7 +15,7 @@ import textwrap
 import threading
 from typing import Sequence
 
-from hilbert_lab.arguments import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OUTPUT_RULE, help_formatter
+from hilbert_lab.arguments import EXIT_BAD_INPUT, EXIT_INTERRUPTED, OUTPUT_RULE, flag_names, help_formatter
 
 class CliError(ValueError):
     """Bad command-line input: reported as one line with exit code 2."""
@@ -85,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in argv
     if hasattr(signal, "SIGXFSZ") and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past a file-size limit a write fails (OSError below)
+    parser = None
     try:
         parser = build_parser(_command_of(argv), lazy=True)
         args = parser.parse_args(argv)
@@ -99,6 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if debug:
             raise
         message = " ".join(str(error).split()) or type(error).__name__
+        if parser is not None:  # the library names its parameters; the user typed flags
+            message = flag_names(message, parser)
         if not message.startswith("hilbert-lab"):
             message = f"hilbert-lab: error: {message}"
         print(message, file=sys.stderr)

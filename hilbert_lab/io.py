@@ -7,6 +7,8 @@
 - `exclusive_lock(path, what)`: the one lock that stops two runs writing the same results.
 - `path_problem(path)` / `read_bounded(path, name, max_bytes)`: why a path cannot be used (dangling or
   looping link, too long, a folder, a FIFO or device), and reading a regular file of bounded size.
+- `strip_paths(text)`: every absolute path in `text` cut to its file name, so that recorded results hold
+  no machine's folders.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -21,6 +24,13 @@ from pathlib import Path
 from typing import IO, Iterator
 
 _UMASK_LOCK = threading.Lock()
+# an absolute path (POSIX or ~): its folders are dropped, the file name kept
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/[\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
+
+
+def strip_paths(text: object) -> str:
+    """`text` with every absolute path cut to its last part ('/root/out/x.json' -> 'x.json')."""
+    return _ABSOLUTE_PATH.sub(lambda match: match.group(1), str(text))
 
 
 def _umask() -> int:

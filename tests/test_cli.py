@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -200,7 +201,7 @@ def test_ring_lists_are_comma_separated_and_checked_before_the_process_group(cap
 
     args = build_parser().parse_args(["ring", "--segment-lengths", "2048, 4096", "--dilation-rates", "1,2"])
     assert args.segment_lengths == [2048, 4096] and args.dilation_rates == [1, 2] and args.seq_len is None
-    for argv in (["--seq-len", "0"], ["--segment-lengths", "0", "--check-only"], ["--iters", "0"],
+    for argv in (["--seq-len", "0"], ["--segment-lengths", "0", "--check-only"], ["--repeats", "0"],
                  ["--segment-lengths", "2048,4096", "--dilation-rates", "1"]):
         code, out, err = run_cli(capsys, "ring", *argv)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, (argv, out, err)  # no self-check ran
@@ -306,7 +307,8 @@ def test_help_shows_every_default(command):
     assert not missing, f"hilbert-lab {command} --help shows no default for {missing}"
     if command == "estimate":
         text = " ".join(parser.format_help().split())
-        assert "(default: 256,512)" in text and "(default: longnet)" in text and "(default: none)" in text
+        assert "(default: 256,512)" in text and "(default: longnet)" in text and "(default: identity" in text
+        assert "(default: none)" not in text
 
 
 def test_estimate_prints_the_shape_and_pattern_it_assumed(capsys):
@@ -319,3 +321,127 @@ def test_estimate_prints_the_shape_and_pattern_it_assumed(capsys):
     code, out, _ = run_cli(capsys, "estimate", "--seq-len", "8192", "--num-heads", "6", "--json")
     (row,) = json.loads(out)
     assert row["assumed"]["shape"] == [1, 8192, 6, 32] and row["assumed"]["segment_lengths"] == [256, 512]
+
+
+def _options(parser):
+    """(command, action) for every option and positional of every command, hidden aliases left out."""
+    for command, child in _parsers_and_names(parser):
+        for action in child._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)) or action.help == argparse.SUPPRESS:
+                continue
+            yield command, action
+
+
+def test_every_option_of_every_command_has_help():
+    from hilbert_lab.cli import build_parser
+
+    bare = [f"{command} {(action.option_strings or [action.dest])[-1]}" for command, action in _options(build_parser())
+            if not (action.help or "").strip()]
+    assert not bare, f"options without help: {bare}"
+
+
+def test_one_flag_name_per_parameter_across_commands():
+    """Each option is spelt as its parameter (num_heads: --num-heads in every command); the older ring spellings
+    --heads and --iters still parse, hidden, into the same parameters."""
+    from hilbert_lab.cli import build_parser
+
+    parser = build_parser()
+    odd = [(command, action.option_strings) for command, action in _options(parser) if action.option_strings
+           and max(action.option_strings, key=len) != "--" + action.dest.rstrip("_").replace("_", "-")]
+    assert not odd, odd
+    shown = {flag for _, action in _options(parser) for flag in action.option_strings}
+    assert {"--num-heads", "--repeats"} <= shown and not {"--heads", "--iters"} & shown
+    args = parser.parse_args(["ring", "--heads", "2", "--iters", "5"])
+    assert (args.num_heads, args.repeats) == (2, 5)
+    assert (parser.parse_args(["ring"]).num_heads, parser.parse_args(["ring"]).repeats) == (8, 3)
+
+
+def test_report_list_is_aligned_and_cites_files_that_exist(capsys):
+    from hilbert_lab.reports.registry import list_reports
+
+    code, out, _ = run_cli(capsys, "report", "list")
+    lines = out.splitlines()
+    assert code == 0 and [line.split()[0] for line in lines] == [spec.name for spec in list_reports()]
+    width = max(len(spec.name) for spec in list_reports())
+    assert all(line[width:width + 2] == "  " and line[width + 2] != " " for line in lines), out
+    cited = [path for line in lines for path in re.findall(r"[\w./-]+\.(?:md|ipynb)", line)]
+    assert cited and all(os.path.exists(os.path.join(REPO, path)) for path in cited), cited
+
+
+@pytest.mark.parametrize("argv, flags, names", [
+    (["estimate", "--seq-len", "1024", "--segment-lengths", "256,512", "--dilation-rates", "1"],
+     ["--segment-lengths", "--dilation-rates"], ["segment_lengths", "dilation_rates"]),
+    (["estimate", "--seq-len", "1024", "--batch-size", "100000000", "--num-heads", "4000", "--head-dim", "1000"],
+     ["--batch-size=100000000", "--num-heads=4000", "--head-dim=1000"], ["batch_size", "num_heads", "head_dim"]),
+    (["bench", "--seq-len", "1024", "--segment-lengths", "256,512", "--dilation-rates", "1", "--out", "RUN"],
+     ["--segment-lengths", "--dilation-rates"], ["segment_lengths", "dilation_rates"]),
+    (["ring", "--segment-lengths", "256,512", "--dilation-rates", "1,2,4"], ["--segment-lengths and --dilation-rates"],
+     ["segment_lengths", "dilation_rates"]),
+])
+def test_library_errors_are_reported_with_flag_names(capsys, tmp_path, argv, flags, names):
+    code, out, err = run_cli(capsys, *[str(tmp_path / "run") if word == "RUN" else word for word in argv])
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert all(flag in err for flag in flags) and not any(f" {name}" in err for name in names), err
+    assert not (tmp_path / "run").exists()
+
+
+def test_flag_names_leave_words_positionals_and_paths_alone():
+    from hilbert_lab.arguments import flag_names
+    from hilbert_lab.cli import build_parser
+
+    parser = build_parser()
+    assert flag_names("parameter seq_lens must be a list", parser) == "parameter seq_lens must be a list"
+    assert flag_names("run_dir '/tmp/seq_len/x' does not exist", parser) == "run_dir '/tmp/seq_len/x' does not exist"
+    assert flag_names("the backend of the mode", parser) == "the backend of the mode"
+    assert flag_names("pass_ and json_out", parser) == "--pass and --json-out"
+
+
+def test_results_table_gives_each_case_its_median_and_interval():
+    from hilbert_lab.bench.runner import results_table
+    from hilbert_lab.bench.stats import bootstrap_median_ci
+
+    def record(seq_len, backend, times, status="ok", used=None):
+        return {"case_id": f"id{seq_len}{backend}", "status": status,
+                "params": {"kind": "attention", "backend": backend, "seq_len": seq_len, "mode": "longnet"},
+                "result": {"times_ms": times, "backend_used": used or backend} if times else {}}
+
+    times = [3.0, 1.0, 2.0, 5.0, 4.0]
+    lines = results_table([record(256, "manual", times), record(512, "auto", [7.5, 7.25, 7.0], used="sdpa"),
+                           record(512, "manual", None, status="oom")])
+    _, low, high = bootstrap_median_ci(times)
+    assert lines[0].split() == ["case", "backend", "median", "ms", "95%", "interval"]
+    assert lines[1].split() == ["seq_len=256", "manual", "3.000", f"[{low:.3f},", f"{high:.3f}]"]
+    assert lines[2].split()[:5] == ["seq_len=512", "auto", "->", "sdpa", "7.250"]
+    assert lines[3].split() == ["seq_len=512", "manual", "-", "oom"]
+    assert len({line.index("backend") if i == 0 else line.index(line.split()[1]) for i, line in enumerate(lines)}) == 1
+    assert results_table([]) == []
+
+
+def test_bench_prints_the_table_of_its_cases(capsys, tmp_path):
+    from hilbert_lab.bench.stats import bootstrap_median_ci
+
+    out = tmp_path / "r.jsonl"
+    code, stdout, _ = run_cli(capsys, "bench", "--seq-len", "64", "--segment-lengths", "32,64", "--backend", "manual",
+                              "--repeats", "3", "--warmup", "0", "--out", str(out), "--quiet")
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    median, low, high = bootstrap_median_ci(record["result"]["times_ms"])
+    lines = stdout.splitlines()
+    assert code == 0 and lines[0].split() == ["case", "backend", "median", "ms", "95%", "interval"]
+    assert lines[1].split() == [record["case_id"], "manual", f"{median:.3f}", f"[{low:.3f},", f"{high:.3f}]"]
+    assert lines[2].startswith("done: 1 ran")
+
+
+def test_the_ordering_default_is_named_identity_in_every_command():
+    """--ordering's default is the tokens in their order: its help says identity, never "(default: none)"."""
+    from hilbert_lab.cli import build_parser
+
+    seen = []
+    for command, parser in _parsers_and_names(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if "--ordering" in action.option_strings:
+                text = " ".join(formatter._format_action(action).split())
+                assert "(default: identity" in text and "(default: none)" not in text, (command, text)
+                seen.append(command)
+    assert seen == ["bench", "probe", "estimate", "train"]
+

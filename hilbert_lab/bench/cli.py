@@ -13,9 +13,11 @@ from hilbert_lab.arguments import (
     EXIT_INTERRUPTED, MAX_SEQ_LEN, add_command, available_device, choice_list, int_list, integer, number,
 )
 from hilbert_lab.bench.cases import PASSES, SELFTEST_BEHAVIORS, known_backends
+from hilbert_lab.bench.config import SafetyConfig
 from hilbert_lab.dtypes import DTYPES
 
 MAX_SECONDS = 7 * 24 * 3600.0
+_SAFE = SafetyConfig()  # the defaults of the safety flags
 
 # ---------------------------------------------------------------- argument helpers
 
@@ -52,7 +54,7 @@ def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, ru
     parser.add_argument("--mode", type=choice_list(MODES), default=["longnet"], help=f"{many}{' | '.join(MODES)}")
     parser.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"], help=f"{many}{' | '.join(DTYPES)}")
     parser.add_argument("--ordering", type=_ordering_list, default=[None],
-                        help=f"{many}none | {' | '.join(o for o in _orderings() if o != 'identity')}")
+                        help=f"{many}{' | '.join(_orderings())} (default: identity, the tokens in their order)")
     device_help = arguments.DEVICE_SYNTAX + ("" if run else "; need not exist here")
     parser.add_argument("--device", type=available_device if run else arguments.device, default="cpu",
                         help=device_help)
@@ -88,9 +90,7 @@ def _validate_pattern(args: argparse.Namespace, seq_lens: Sequence[int] = ()) ->
                          world_size=getattr(args, "world_size", 1))
 
 
-def _safety_config(args: argparse.Namespace):
-    from hilbert_lab.bench.config import SafetyConfig
-
+def _safety_config(args: argparse.Namespace) -> SafetyConfig:
     fields = {"timeout": "case_timeout_s", "max_seq_len": "max_seq_len", "max_case_seconds": "max_case_seconds",
               "max_memory_fraction": "max_memory_fraction"}  # flag -> SafetyConfig field, where the flag was given
     return SafetyConfig(**{field: getattr(args, flag) for flag, field in fields.items()
@@ -172,7 +172,7 @@ def _raise_interrupt(signum, frame):
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from hilbert_lab.bench.runner import SafeBenchmarkRunner
+    from hilbert_lab.bench.runner import SafeBenchmarkRunner, results_table
 
     cases = _bench_cases(args)
     out = arguments.prepare_output(args.out, "--out", existing="keep")
@@ -187,7 +187,7 @@ def _bench(args: argparse.Namespace) -> int:
         summary = runner.run(cases)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    print(summary.line())
+    print("\n".join(results_table(summary.records) + [summary.line()]))
     for record in summary.records:
         if record["status"] != "ok":
             print(f"  failed [{record['status']}] {record['case_id']}: {record['error']}")
@@ -335,8 +335,9 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
     bench.add_argument("--warmup", type=integer(0, 1000), default=1, help="untimed runs per case, 0..1000")
     bench.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed runs per case, 1..1000")
     bench.add_argument("--threads", type=integer(1, 1024), default=None, help="torch threads per case (default: torch's)")
-    bench.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help="seconds per case (default 600)")
-    bench.add_argument("--max-seq-len", type=integer(1, MAX_SEQ_LEN), default=None)
+    bench.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help=f"seconds per case (default: {_SAFE.case_timeout_s:g})")
+    bench.add_argument("--max-seq-len", type=integer(1, MAX_SEQ_LEN), default=None,
+                       help=f"a longer case is refused, not run (default: {_SAFE.max_seq_len})")
     bench.add_argument("--retry-failed", action="store_true", help="re-run cases recorded as failed")
     bench.add_argument("--no-memory-check", action="store_true", help="run cases even when the estimate does not fit")
     bench.add_argument("--dry-run", action="store_true", help="only count cases to run / already finished")
@@ -350,13 +351,13 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
     _add_attention_arguments(probe, sweep=False)
     probe.add_argument("--pass", dest="pass_", choices=PASSES, default="forward", help="what each run executes")
     probe.add_argument("--start-len", type=integer(1, MAX_SEQ_LEN), default=1024, help="first sequence length tried")
-    probe.add_argument("--multiple-of", type=integer(1, 1 << 20), default=256, help="bisection granularity (default 256)")
+    probe.add_argument("--multiple-of", type=integer(1, 1 << 20), default=256, help="bisection granularity (default: 256)")
     probe.add_argument("--bisect-steps", type=integer(0, 30), default=3, help="bisections after the first failure")
-    probe.add_argument("--max-seq-len", type=integer(1, MAX_SEQ_LEN), default=None, help="upper limit (default 4194304)")
+    probe.add_argument("--max-seq-len", type=integer(1, MAX_SEQ_LEN), default=None, help=f"upper limit (default: {_SAFE.max_seq_len})")
     probe.add_argument("--max-case-seconds", type=number(0, MAX_SECONDS), default=None,
-                       help="slowest allowed run (default 60)")
-    probe.add_argument("--max-memory-fraction", type=number(0, 1), default=None, help="in (0, 1]")
-    probe.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help="seconds per run (default 600)")
+                       help=f"slowest allowed run, seconds (default: {_SAFE.max_case_seconds:g})")
+    probe.add_argument("--max-memory-fraction", type=number(0, 1), default=None, help=f"largest share of the device's memory a run may plan to use, in (0, 1] (default: {_SAFE.max_memory_fraction:g})")
+    probe.add_argument("--timeout", type=number(0, MAX_SECONDS), default=None, help=f"seconds per run (default: {_SAFE.case_timeout_s:g})")
     probe.add_argument("--json-out", metavar="FILE", help="write the report as JSON here (a new file; missing folders are created)")
     probe.add_argument("--quiet", action="store_true", help="no progress lines")
     probe.set_defaults(func=_probe)
@@ -393,5 +394,5 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> None:
     _add_shape_arguments(select)
     select.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed rounds per candidate, 1..1000")
     select.add_argument("--refresh", action="store_true", help="time again keys already stored")
-    select.add_argument("--json", action="store_true")
+    select.add_argument("--json", action="store_true", help="machine-readable output")
     select.set_defaults(func=_select)

@@ -118,7 +118,7 @@ def _environment_cached(device: str) -> tuple:
     env = {"packages": package_versions(), "git": git_revision(), "cpu": cpu_description(),
            "device": device_description(device), "variables": environment_variables(),
            "platform": platform.platform(),
-           "hostname": platform.node(), "executable": sys.executable}
+           "hostname": platform.node(), "executable": os.path.basename(sys.executable)}  # no machine's folders
     return tuple(sorted(env.items()))
 
 

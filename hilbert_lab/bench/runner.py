@@ -41,6 +41,41 @@ class RunSummary:
                 f"{self.total - self.completed - self.skipped} left; results in {self.results_path}{torn}")
 
 
+def _case_label(params: dict[str, Any], varying: list[str]) -> str:
+    shown = [f"{key}={'identity' if key == 'ordering' and params.get(key) is None else params.get(key)}"
+             for key in varying]
+    return " ".join(shown)
+
+
+def results_table(records: list[dict[str, Any]]) -> list[str]:
+    """Lines of a table of benchmark records: the case (the parameters that differ between the records, but
+    the backend), the backend (-> the one `auto` used), the median time in ms and its 95% bootstrap interval;
+    a failed case shows its status. No records: no lines."""
+    from hilbert_lab.bench.stats import bootstrap_median_ci
+
+    if not records:
+        return []
+    keys = sorted({key for record in records for key in record["params"]} - {"backend"})
+    varying = [key for key in keys if len({json.dumps(r["params"].get(key), default=str) for r in records}) > 1]
+    rows = []
+    for record in records:
+        params, result = record["params"], record.get("result") or {}
+        case = _case_label(params, varying) if varying else record["case_id"]
+        backend = str(params.get("backend", "-"))
+        if result.get("backend_used") and result["backend_used"] != backend:
+            backend += f" -> {result['backend_used']}"
+        times = result.get("times_ms") or []
+        if record["status"] == "ok" and times:
+            median, low, high = bootstrap_median_ci(times)
+            rows.append((case, backend, f"{median:.3f}", f"[{low:.3f}, {high:.3f}]"))
+        else:
+            rows.append((case, backend, "-", record["status"]))
+    header = ("case", "backend", "median ms", "95% interval")
+    widths = [max(len(row[i]) for row in rows + [header]) for i in range(4)]
+    return [f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]}".rstrip()
+            for row in [header] + rows]
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 

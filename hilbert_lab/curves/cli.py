@@ -89,10 +89,10 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
                         "  hilbert-lab curve --kind snake --width 8 --height 8 --depth 4 --out snake3d.csv")
     curve.add_argument("--kind", choices=CURVE_KINDS, default="hilbert",
                        help="hilbert (generalized, any size) | morton | snake | rowmajor")
-    curve.add_argument("--width", type=integer(1, 1 << 24), required=True)
-    curve.add_argument("--height", type=integer(1, 1 << 24), required=True)
+    curve.add_argument("--width", type=integer(1, 1 << 24), required=True, help="grid cells along x")
+    curve.add_argument("--height", type=integer(1, 1 << 24), required=True, help="grid cells along y")
     curve.add_argument("--depth", type=integer(1, 1 << 24), default=None, help="3D grid (CSV only)")
-    curve.add_argument("--cell", type=integer(1, 64), default=16, help="PNG pixels per grid cell, 1..64 (default 16)")
+    curve.add_argument("--cell", type=integer(1, 64), default=16, help="PNG pixels per grid cell, 1..64 (default: 16)")
     curve.add_argument("--out", required=True, metavar="FILE",
                        help="a new file ending in .csv or .png (missing folders are created)")
     curve.set_defaults(func=_curve)

@@ -124,17 +124,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The example's options (shared by `python -m hilbert_lab.examples.ring` and `hilbert-lab ring`)."""
     parser.add_argument("--seq-len", type=integer(1, MAX_SEQ_LEN), default=None,
                         help="total tokens N, a multiple of the world size (default: 2048 per rank on CPU, 65536 on GPU)")
-    parser.add_argument("--heads", type=integer(1, 4096), default=8)
-    parser.add_argument("--head-dim", type=integer(1, 1024), default=64)
+    parser.add_argument("--num-heads", type=integer(1, 4096), default=8, help="H, attention heads")
+    parser.add_argument("--heads", dest="num_heads", type=integer(1, 4096), default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # hidden alias of --num-heads
+    parser.add_argument("--head-dim", type=integer(1, 1024), default=64, help="D, channels per head")
     parser.add_argument("--segment-lengths", type=int_list(1, MAX_SEQ_LEN), default=[2048, 8192, 32768, 131072],
-                        help="comma-separated (default 2048,8192,32768,131072)")
+                        help="comma-separated, e.g. 2048,8192")
     parser.add_argument("--dilation-rates", type=int_list(1, MAX_SEQ_LEN), default=[1, 2, 4, 8],
-                        help="comma-separated (default 1,2,4,8)")
-    parser.add_argument("--mode", choices=("longnet", "head_groups"), default="longnet")
-    parser.add_argument("--causal", action="store_true")
+                        help="comma-separated, one rate a segment length, e.g. 1,2")
+    parser.add_argument("--mode", choices=("longnet", "head_groups"), default="longnet", help="longnet | head_groups")
+    parser.add_argument("--causal", action="store_true", help="causal attention (default: not causal)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                        help="default: bfloat16 on GPU, float32 on CPU")
-    parser.add_argument("--iters", type=integer(1, 1000), default=3, help="timed iterations, 1..1000 (default 3)")
+                        help="float32 | bfloat16 | float16 (default: bfloat16 on GPU, float32 on CPU)")
+    parser.add_argument("--repeats", type=integer(1, 1000), default=3, help="timed runs after one warm-up, 1..1000")
+    parser.add_argument("--iters", dest="repeats", type=integer(1, 1000), default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # hidden alias of --repeats
     parser.add_argument("--check-only", action="store_true", help="run the self-check and stop")
     return parser
 
@@ -193,17 +197,17 @@ def run(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
         try:
             stats = time_forward_backward(
-                seq_len, device, heads=args.heads, head_dim=args.head_dim, segment_lengths=args.segment_lengths,
-                dilation_rates=args.dilation_rates, causal=args.causal, mode=args.mode, dtype=dtype, iters=args.iters)
+                seq_len, device, heads=args.num_heads, head_dim=args.head_dim, segment_lengths=args.segment_lengths,
+                dilation_rates=args.dilation_rates, causal=args.causal, mode=args.mode, dtype=dtype, iters=args.repeats)
         except (torch.OutOfMemoryError, RuntimeError) as error:
             if not isinstance(error, torch.OutOfMemoryError) and "allocate" not in str(error):
                 raise
-            raise ValueError(f"--seq-len {seq_len} (--heads {args.heads}, --head-dim {args.head_dim}) does not fit "
+            raise ValueError(f"--seq-len {seq_len} (--num-heads {args.num_heads}, --head-dim {args.head_dim}) does not fit "
                              f"in this rank's memory: {str(error).splitlines()[0]}") from None
         gathered = [None] * world
         dist.all_gather_object(gathered, stats)
         if rank == 0:
-            print(f"N={seq_len} on {world} rank(s), {dtype}, H={args.heads}, D={args.head_dim}, "
+            print(f"N={seq_len} on {world} rank(s), {dtype}, H={args.num_heads}, D={args.head_dim}, "
                   f"segments={args.segment_lengths}, dilations={args.dilation_rates}, causal={args.causal}")
             for s in gathered:
                 print(f"  rank {s['rank']}: fwd+bwd {s['seconds']:.3f} s, {s['tokens_per_s_per_rank']:,.0f} tokens/s "

@@ -209,11 +209,17 @@ def _run_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+# what an unset (None) field means, as its --help default
+_UNSET = {"ordering": "identity", "num_kv_heads": "as --num-heads", "curriculum": "none, one length throughout"}
+
+
 def _default_text(name: str) -> str:
     value = {**TrainConfig().to_dict(), **PRESETS[DEFAULT_PRESET]}[name]
     if isinstance(value, list):
-        return ",".join(":".join(map(str, v)) if isinstance(v, list) else str(v) for v in value) or "none"
-    return "none" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+        return ",".join(":".join(map(str, v)) if isinstance(v, list) else str(v) for v in value) or _UNSET[name]
+    if value is None:
+        return _UNSET.get(name, "none")
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
@@ -315,13 +321,13 @@ def register_generate_cli(subparsers: "argparse._SubParsersAction") -> argparse.
                         help="N samples of the checkpoint's retrieval task (eval stream): the prompt ends at the first "
                              "question; prints one JSON line per sample (key, expected, generated, correct)")
     parser.add_argument("--max-new-tokens", type=arguments.integer(0, 1 << 24), default=None,
-                        help="tokens to generate (default 16, or 1 with --retrieval)")
+                        help="tokens to generate (default: 16, or 1 with --retrieval)")
     parser.add_argument("--top-k", type=arguments.integer(1), default=None, help="sample among the K best (default: "
                         "greedy)")
     parser.add_argument("--temperature", type=arguments.number(0.0), default=1.0, help="sampling temperature (> 0)")
     parser.add_argument("--seed", type=arguments.integer(0, 2 ** 63 - 1), default=0,
                         help="sampling seed; with --retrieval also which eval batch")
-    parser.add_argument("--device", type=arguments.available_device, default="cpu")
+    parser.add_argument("--device", type=arguments.available_device, default="cpu", help=arguments.DEVICE_SYNTAX)
     parser.add_argument("--no-cache", action="store_true", help="recompute the whole prefix per token (same tokens)")
     parser.set_defaults(func=_run_generate)
     return parser

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from hilbert_lab.io import strip_paths
 from hilbert_lab.reports.claims_experiments import (
     claim_c1_c2, claim_c3, claim_c4_c5_cache, claim_c5_time, claim_c6, claim_c7, claim_c8, claim_c9, claim_c10,
     claim_c11, claim_c12,
@@ -85,7 +86,7 @@ def evaluate_all(*, device: str = "cpu", repeats: int = 3, max_tokens: int = 819
                              "the experiment raised; see the notebook for the traceback-free message"))
     path = find_claims_file(claims_file)
     listed = parse_claims(path.read_text(encoding="utf-8")) if path else []
-    extra["claims_file"] = str(path) if path else None
+    extra["claims_file"] = strip_paths(path) if path else None
     extra["claims_listed"] = listed
     covered = {row["claim"] for row in rows}
     for claim in listed:

@@ -11,13 +11,15 @@ from typing import Any
 
 from hilbert_lab.arguments import help_formatter, prepare_output
 from hilbert_lab.io import path_problem
-from hilbert_lab.reports.registry import get_report, list_reports, parse_parameter_overrides, report_parameters
+from hilbert_lab.reports.registry import NOTEBOOK_DIR, get_report, list_reports, parse_parameter_overrides, report_parameters
 
 
 def _list(_args: argparse.Namespace) -> int:
-    for spec in list_reports():
-        target = "suite: " + ", ".join(spec.parts) if spec.is_suite else spec.notebook.name
-        print(f"{spec.name:16s} {spec.description}  [{target}]")
+    specs = list_reports()
+    width = max(len(spec.name) for spec in specs)
+    for spec in specs:
+        target = "suite: " + ", ".join(spec.parts) if spec.is_suite else spec.notebook.relative_to(NOTEBOOK_DIR.parent).as_posix()
+        print(f"{spec.name:<{width}}  {spec.description}  [{target}]")
     return 0
 
 
@@ -160,13 +162,14 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
                      help="override a parameter (YAML value: 3, 0.5, [256,512], cpu); repeatable")
     run.add_argument("--output-root", default="reports", metavar="DIR",
                      help="default: ./reports (created if missing; every run writes a new RUN_ID folder)")
-    run.add_argument("--run-id", default=None, help="default: UTC time + git commit + random suffix")
+    run.add_argument("--run-id", default=None, help="the run's folder name (default: UTC time + git commit + random "
+                     "suffix)")
     run.add_argument("--quiet", action="store_true", help="no progress lines or bars; print only the page's path")
     run.set_defaults(report_func=_run)
     render = commands.add_parser("render", help="rebuild a run's HTML page from its metrics.json + env.json "
                                               "(no re-run; a suite run: every page and index.html)",
                                   formatter_class=help_formatter)
-    render.add_argument("run_dir", metavar="RUN_DIR")
+    render.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of `report run` (holds metrics.json, env.json)")
     render.add_argument("--out", default=None, metavar="FILE", help="default: RUN_DIR/NAME.html (rebuilt in place); an existing "
                         "--out file is refused unless --force")
     render.add_argument("--force", action="store_true", help="replace an existing --out file")

@@ -6,12 +6,13 @@ kept: paths in commands are cut to their file names.
 from __future__ import annotations
 
 import functools
-import re
 import subprocess
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from hilbert_lab.io import strip_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOT_RECORDED = "not recorded"
@@ -19,16 +20,9 @@ SOURCE_FIELDS = ("what", "device", "revision", "recorded", "command")
 # the commit that made the attention core one executor interface: cost figures (time, memory, lengths) of a
 # revision that does not contain it were measured with older code
 CURRENT_CODE = "b3d5760abbdabd847aa2afe72a66f55381f0e619"
-# an absolute path (POSIX or ~): its folders are dropped, the file name kept
-_ABSOLUTE_PATH = re.compile(r"(?<![\w.:/~-])(?:~|/[\w.@+-]+)(?:/[\w.@+-]+)*/([\w.@+-]+)")
 
 __all__ = ["CURRENT_CODE", "NOT_RECORDED", "SOURCE_FIELDS", "committed_in", "document_source", "env_source",
            "gpus_used", "older_code", "older_code_of_revision", "revision_text", "strip_paths", "when"]
-
-
-def strip_paths(text: Any) -> str:
-    """`text` with every absolute path cut to its last part ('/root/out/x.json' -> 'x.json')."""
-    return _ABSOLUTE_PATH.sub(lambda match: match.group(1), str(text))
 
 
 def when(stamp: Any) -> str | None:

@@ -71,7 +71,7 @@ REPORTS: dict[str, ReportSpec] = {
         ),
         ReportSpec(
             "claims",
-            "the claims of an earlier Hilbert dilated-attention implementation (reports/claims.md) measured: claimed vs "
+            "the claims of an earlier Hilbert dilated-attention implementation (hilbert_lab/reports/claims.md) measured: claimed vs "
             "measured, verdict, why",
             REPORT_NOTEBOOK_DIR / "claims_report.ipynb",
         ),

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,6 +41,28 @@ def _check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, A
         raise ValueError(f"parameters {unknown} are not parameters of report {name!r}; allowed: {sorted(defaults)}")
 
 
+def _kernel_manager_class() -> type:
+    """The kernel manager of report runs: jupyter_client's, except that shutting down a kernel sends it no
+    SIGINT first (the kernel is idle by then; an interrupt arriving inside its event loop makes it log
+    "KeyboardInterrupt caught in kernel" on a run that succeeded). A timed-out cell is still interrupted."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class ReportKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
+    return ReportKernelManager
+
+
+def _kernel_config(socket_dir: str):
+    """Kernel sockets as local files in `socket_dir` (IPC transport): no TCP ports, nothing for ipykernel to
+    warn about ("Kernel is running over TCP without encryption")."""
+    from traitlets.config import Config
+
+    return Config({"KernelManager": {"transport": "ipc", "ip": os.path.join(socket_dir, "kernel")}})
+
+
 def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *, progress: bool,
                    kernel_name: str | None, execution_timeout_s: int | None, plotly_path: Path | None = None,
                    command: str | None = None, label: str | None = None) -> dict[str, Any]:
@@ -53,20 +77,21 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
     _check_overrides(spec.name, defaults, overrides)
     parameters = {**defaults, **overrides}
     run_dir.mkdir(parents=True, exist_ok=True)
-    if "output_dir" in parameters:
-        parameters["output_dir"] = str(run_dir.resolve())
+    if "output_dir" in parameters:  # the notebook runs in run_dir: its files go there, and no absolute path is recorded
+        parameters["output_dir"] = "."
     environment = collect_environment({"report": spec.name, **parameters})
     environment["command"] = command or report_command(spec.name, overrides)
     (run_dir / "env.json").write_text(json.dumps(to_jsonable(environment), indent=1), encoding="utf-8")
     executed = run_dir / f"{spec.name}.ipynb"
     html_path = run_dir / f"{spec.name}.html"
     try:
-        papermill.execute_notebook(
-            str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
-            progress_bar={"desc": label or spec.name} if progress else False, kernel_name=kernel_name,
-            execution_timeout=execution_timeout_s,
-            report_mode=False,
-        )
+        with tempfile.TemporaryDirectory(prefix="hilbert-lab-kernel-") as socket_dir:
+            papermill.execute_notebook(
+                str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
+                progress_bar={"desc": label or spec.name} if progress else False, kernel_name=kernel_name,
+                execution_timeout=execution_timeout_s, report_mode=False,
+                kernel_manager_class=_kernel_manager_class(), config=_kernel_config(socket_dir),
+            )
     except BaseException:
         if executed.exists():  # a failed run still gets its HTML: the notebook, with the traceback in it
             export_html(executed, html_path)

@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from hilbert_lab.reports.runner import execute_report
 
 pytest.importorskip("papermill", reason="papermill (notebooks extra) runs the reports")
 nbformat = pytest.importorskip("nbformat", reason="nbformat (notebooks extra) writes the notebooks")
+REPO = str(Path(__file__).resolve().parents[2])
 
 TINY_SOURCE = [
     ("parameters", "scale = 2.0\nlabels = ['a', 'b', 'c']\noutput_dir = '.'"),
@@ -53,7 +57,7 @@ def test_report_run_writes_every_artifact(tmp_path, monkeypatch):
     assert metrics["figures"]["bars"]["traces"] == ["tiny-bars"]
     # env.json: versions, git, cpu, device and the effective parameters
     env = json.loads((run_dir / "env.json").read_text())
-    assert env["parameters"]["scale"] == 4.0 and env["parameters"]["output_dir"] == str(run_dir.resolve())
+    assert env["parameters"]["scale"] == 4.0 and env["parameters"]["output_dir"] == "."
     assert env["packages"]["torch"] and env["packages"]["papermill"]
     assert env["cpu"]["logical_cores"] >= 1 and env["device"]["device"]
     # executed notebook (figures as plotly JSON, no plotly.js copy: small) + HTML that loads the run's one
@@ -86,3 +90,41 @@ def test_unknown_override_is_refused(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"not parameters of report 'tiny'.*scale"):
         execute_report(spec, {"scael": 3.0}, tmp_path / "x", progress=False, kernel_name=None,
                        execution_timeout_s=60)
+
+
+
+# `hilbert-lab report run tiny --quiet` in a fresh process, with the tiny report registered in it
+_CLI_RUN = """
+import sys
+from pathlib import Path
+from hilbert_lab import cli
+from hilbert_lab.reports import registry
+registry.REPORTS["tiny"] = registry.ReportSpec("tiny", "test report", Path(sys.argv[1]))
+sys.exit(cli.main(sys.argv[2:]))
+"""
+
+
+def test_quiet_report_run_prints_only_the_page_path(tmp_path):
+    """The kernel's own log lines reach the terminal (it inherits stderr): it runs over IPC sockets (no
+    "running over TCP without encryption" warning) and is not sent SIGINT when it is shut down idle
+    (a SIGINT inside its event loop logs "KeyboardInterrupt caught in kernel" on a run that succeeded)."""
+    spec = _tiny_report(tmp_path)
+    marker = tmp_path / "sigint-received"
+    notebook = nbformat.read(spec.notebook, as_version=4)
+    # after this cell the kernel's SIGINT handler (restored after each request) records the signal in a file
+    notebook.cells.append(nbformat.v4.new_code_cell(
+        "def _record(signum, frame):\n"
+        f"    open({str(marker)!r}, 'w').write('SIGINT')\n"
+        "get_ipython().kernel.saved_sigint_handler = _record"))
+    nbformat.write(notebook, spec.notebook)
+    root = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-c", _CLI_RUN, str(spec.notebook), "report", "run", "tiny", "--quiet",
+                           "--output-root", str(root), "--run-id", "r1"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": REPO})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{root}/tiny/r1/tiny.html\n"
+    assert "IPKernelApp" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    assert done.stderr == ""
+    assert not marker.exists(), "the idle kernel was sent SIGINT at shutdown"
+    metrics = json.loads((root / "tiny" / "r1" / "metrics.json").read_text())
+    assert metrics["metrics"]["total"]["value"] == pytest.approx(25.0)
