@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from hilbert_lab.io import atomic_write
 from hilbert_lab.reports.page import Page, env_rows, fmt, parameter_rows
-from hilbert_lab.reports.provenance import SOURCE_FIELDS, env_source, strip_paths
+from hilbert_lab.reports.provenance import NOT_RECORDED, SOURCE_FIELDS, env_source, strip_paths
 
 PLOTLY_FILE = "plotly.min.js"
 _NAN = re.compile(r"(?<![\w.])nan(?:x)?(?![\w])", re.IGNORECASE)
@@ -106,6 +106,16 @@ def _sources_table(sources: Sequence[dict[str, str]]) -> str:
     return table_html(frame.rename(columns={"what": "data", "revision": "git revision"}))
 
 
+def _sources_meta(sources: Sequence[dict[str, str]]) -> list[str]:
+    """The header's revision and date of data from other runs: each distinct value of the sources, in order."""
+    revisions = list(dict.fromkeys(str(source.get("revision") or NOT_RECORDED) for source in sources))
+    dates = list(dict.fromkeys(str(source.get("recorded") or NOT_RECORDED) for source in sources))
+    meta = [f"git {', '.join(revisions)}"] if revisions else []
+    if dates:
+        meta.append(("date " if dates[0].startswith(NOT_RECORDED) else "recorded ") + ", ".join(dates))
+    return meta
+
+
 def page_html(page: Page, env: dict[str, Any], *, notebook: str | None = None, index_href: str | None = None,
               plotly_src: str = PLOTLY_FILE) -> str:
     """The page as one HTML document (no external requests; figures need `plotly_src` beside it)."""
@@ -117,7 +127,7 @@ def page_html(page: Page, env: dict[str, Any], *, notebook: str | None = None, i
         source = env_source(env)
         meta = [page.device or source["device"], f"git {source['revision']}", f"recorded {source['recorded']}"]
     else:
-        meta = [page.device]
+        meta = [page.device] + _sources_meta(page.sources)
     parts.append(f"<p class='meta'>{' &middot; '.join(text_html(item) for item in meta)}</p>")
     findings = "".join(f"<li>{text_html(item)}</li>" for item in page.findings)
     parts.append(f"<div class='summary'><h2>Findings</h2><ul>{findings}</ul>"

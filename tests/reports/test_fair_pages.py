@@ -2,6 +2,7 @@
 quoted by no finding or card, configs are defined, verdicts follow from what was measured."""
 from __future__ import annotations
 
+import html
 import subprocess
 from pathlib import Path
 
@@ -233,3 +234,16 @@ def test_every_page_names_orderings_by_their_display_name():
         for words in [text] + legends:
             assert not re.search(r"\b(rowmajor|dilation_major|hilbert/hilbert-trans)\b", words), (run, words[:200])
             assert not re.search(r"(?<![\w/-])hilbert(?![\w/-])", words), (run, words[:200])
+
+
+def test_a_page_drawn_from_other_runs_names_their_revisions_and_dates_in_its_header():
+    from hilbert_lab.reports.html import page_html
+
+    metrics, env = load_run(REPO / "reports" / "ring" / "h200-gpu")
+    page = build_page(metrics, env)
+    assert page.sources and not page.measured_here
+    header = page_html(page, env).split("<p class='meta'>", 1)[1].split("</p>", 1)[0]
+    revisions = {html.escape(source["revision"]) for source in page.sources}
+    dates = {html.escape(source["recorded"]) for source in page.sources}
+    assert all(revision in header for revision in revisions) and all(date in header for date in dates), header
+    assert header.count("git ") == 1 and "530aee9" in header and "2026-11-23" in header, header
