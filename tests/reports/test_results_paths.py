@@ -10,7 +10,7 @@ import pytest
 
 from hilbert_lab.io import strip_paths
 
-RESULTS = Path(__file__).resolve().parents[2] / "reports" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "reports"  # results/ and the committed report runs
 # a path from the file-system root with at least two parts (/tmp/x, /root/out/y.json, /work/main/.venv/...),
 # not a part of a relative path, a URL or a ratio such as tokens/s
 ABSOLUTE = re.compile(r"(?<![\w.:/~-])(?:~|/[\w.@+-]+)(?:/[\w.@+-]+)+")
