@@ -20,7 +20,7 @@ import torch
 from hilbert_lab.cli import main
 from hilbert_lab.reports.cli import missing_notebook_modules
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(300)  # a bad input must not hang; wide: a busy machine's first call compiles kernels
 
 HUGE = str(10**30)
 CUDA = torch.cuda.is_available()
@@ -609,7 +609,7 @@ def test_a_file_size_limit_ends_each_writing_command_with_one_line_and_no_torn_f
     runs[("report render", "--out")][-1] += ".html"
     runs[("bench", "--out")][-2] += ".jsonl"
     proc = subprocess.run([sys.executable, "-c", FSIZE_SCRIPT, json.dumps(list(runs.values())), str(limit)],
-                          capture_output=True, text=True, timeout=110, cwd=str(tmp_path))
+                          capture_output=True, text=True, timeout=600, cwd=str(tmp_path))  # wide: a hang
     assert proc.returncode == 0, proc.stderr[-3000:]
     for (command, flag), (code, err) in zip(runs, json.loads(proc.stdout.strip().splitlines()[-1])):
         lines = err.strip().splitlines()

@@ -49,7 +49,7 @@ def test_world_of_four_matches_engine_and_sub_rings(tmp_path):
 
 @pytest.mark.slow
 def test_world_of_eight_smoke(tmp_path):
-    run_world(8, tmp_path, ["check_eight_ranks"], timeout_s=240)
+    run_world(8, tmp_path, ["check_eight_ranks"])
 
 
 def test_harness_reports_a_deadlock(tmp_path):

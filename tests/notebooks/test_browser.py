@@ -58,7 +58,7 @@ def jupyter_lab(tmp_path):
         env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 600  # wide: JupyterLab starts in seconds here when idle, a busy machine is slower
         while True:
             try:
                 with urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2) as response:
