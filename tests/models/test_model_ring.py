@@ -77,6 +77,7 @@ NO_GLOO = not dist.is_available() or not dist.is_gloo_available()
 
 
 @pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
+@pytest.mark.slow  # a gloo world (make test keeps one: tests/distributed/test_ring.py, two ranks)
 def test_ring_sharded_model_matches_single_process(tmp_path):
     context = mp.start_processes(_entry, args=(WORLD_SIZE, str(tmp_path / "rendezvous"), str(tmp_path)),
                                  nprocs=WORLD_SIZE, join=False, start_method="forkserver")
