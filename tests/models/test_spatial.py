@@ -119,7 +119,6 @@ def test_a_spatially_local_ordering_beats_rowmajor_when_the_window_is_one_row():
     assert hilbert > rowmajor + 0.02
 
 
-@pytest.mark.slow  # a script in a fresh interpreter
 def test_benchmark_script_smoke(tmp_path):
     import importlib.util
     import json
