@@ -1,10 +1,8 @@
-# Two commands for a fresh machine: `make report` and `make test`. Each sets itself up (.venv).
+# Commands for a fresh machine: `make test` (quick tier), `make test-all` (everything, CI), `make report`;
+# each sets itself up (.venv). `make test-gpu` runs the GPU tests on a GPU machine and installs nothing.
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# hf: transformers for the Hugging Face integration and its tests (about 30 s to install, 160 MB; its tests
-# take about 20 s); kept out of dev so that `pip install -e .[dev]` stays the test tools only.
-EXTRAS ?= dev,notebooks,hf
 # A GPU machine keeps its own torch (venv sees the system site-packages); elsewhere the CPU build.
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 TORCH_CPU := torch==2.13.0
@@ -14,6 +12,12 @@ TORCH_CPU := torch==2.13.0
 PIP := $(PY) -m pip install -q --disable-pip-version-check --no-compile
 unexport PYTHONDONTWRITEBYTECODE
 
+# What each command installs. The quick tier needs the test tools and the notebooks extra (one notebook run, one
+# browser page); test-all adds hf (transformers: about 30 s to install, 160 MB, for the Hugging Face integration).
+TEST_EXTRAS ?= dev,notebooks
+ALL_EXTRAS ?= dev,notebooks,hf
+REPORT_EXTRAS ?= notebooks
+
 CORE_VENV ?= build/core-venv
 # The suite runs on PYTEST_WORKERS pytest-xdist processes (2: one per core here; 0 runs it in this process).
 # tests/conftest.py says what that changes: one torch thread per worker, long tests first (handed out in
@@ -21,11 +25,14 @@ CORE_VENV ?= build/core-venv
 # (loadgroup), and so the modules that compile the numba kernels; gloo ranks forked from a preloaded server.
 PYTEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
+# pytest's exit status 5 (no test collected: a marker expression or a path that selects nothing) is a failure
+# too, said in words; any other status passes through.
+CHECK_COLLECTED := status=$$?; if [ $$status -eq 5 ]; then echo "pytest collected no test (exit 5)" >&2; fi; exit $$status
 
-.PHONY: setup test test-fast test-core-install report browser clean-venv
+.PHONY: setup test test-all test-gpu test-core-install report browser clean-venv
 
 # One stamp per set of extras: `make report` installs only what the reports need (no test tools, no Triton
-# interpreter, no transformers); `make test` adds the rest to the same venv.
+# interpreter, no transformers); `make test` adds the test tools, `make test-all` transformers, to the same venv.
 $(VENV)/.installed-%: pyproject.toml
 	@test -x $(PY) || python3 -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
 	@if [ -z "$(HAS_GPU)" ]; then $(PIP) "$(TORCH_CPU)"; fi
@@ -33,9 +40,9 @@ $(VENV)/.installed-%: pyproject.toml
 	@$(PY) -c "import torch, numba, hilbert_lab.attention.engine"  # their bytecode, once, before the parallel workers
 	@touch $@
 
-setup: $(VENV)/.installed-$(EXTRAS)
+setup: $(VENV)/.installed-$(ALL_EXTRAS)
 
-# Debian's chromium for the one real-browser test (never a downloaded browser build).
+# Debian's chromium for the real-browser tests (never a downloaded browser build).
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
@@ -43,21 +50,38 @@ browser:
 test-core-install:
 	TORCH_SPEC="$(TORCH_CPU)" .ci/core_install_check $(CORE_VENV)
 
-# The core-install check (its own venv: pip, then one process per command) runs in the background, alongside the
-# dev venv's set-up and the suite; its log is build/core-install.log, its result is printed after the suite's.
-# Either failing fails `make test`.
-test: browser
+# Quick tier: every test not marked slow (pyproject.toml says what the markers mean): each module's unit tests,
+# the float64 exactness families at small sizes, one gloo ring, one notebook run, one browser page.
+test: browser $(VENV)/.installed-$(TEST_EXTRAS)
+	@$(PYTEST) -m "not slow"; $(CHECK_COLLECTED)
+
+# Everything (CI: .ci/run): the slow trainings, every browser test and notebook, and the core-install check. The
+# check (its own venv: pip, then one process per command) runs in the background, alongside the dev venv's
+# set-up and the suite; its log is build/core-install.log, its result is printed after the suite's. Either
+# failing fails `make test-all`.
+test-all: browser
 	@mkdir -p build
 	@$(MAKE) --no-print-directory test-core-install >build/core-install.log 2>&1 & core=$$!; \
-	$(MAKE) --no-print-directory setup && $(PYTEST); status=$$?; \
+	$(MAKE) --no-print-directory $(VENV)/.installed-$(ALL_EXTRAS) && $(PYTEST); status=$$?; \
+	if [ $$status -eq 5 ]; then echo "pytest collected no test (exit 5)" >&2; fi; \
 	if wait $$core; then echo "core install check passed (log: build/core-install.log)"; \
 	else tail -n 25 build/core-install.log; echo "core install check FAILED (log: build/core-install.log)"; status=1; fi; \
 	exit $$status
 
-test-fast: setup
-	$(PYTEST) -m "not slow and not browser"
-
-REPORT_EXTRAS ?= notebooks
+# Every test marked gpu (the FlashAttention-4 executor's where FA4 is installed, the NCCL ring where two or more
+# GPUs are visible), skip reasons printed. A GPU machine has no package registry: nothing is installed. The python
+# is PY= from the command line, else the venv's when it has torch, pytest and pytest-xdist, else the system
+# python3 (its CUDA torch); the checkout is put on PYTHONPATH. Packages the tests only sometimes use
+# (hypothesis, hilbertcurve, playwright, pytest-timeout) may be missing: those tests skip, naming the package.
+GPU_WORKERS ?= 8
+test-gpu:
+	@py="$(PY)"; \
+	if [ "$(origin PY)" != "command line" ] && ! "$$py" -c "import torch, pytest, xdist" 2>/dev/null; then py=python3; fi; \
+	if ! "$$py" -c "import torch, pytest, xdist" 2>/dev/null; then \
+		echo "make test-gpu: $$py lacks torch, pytest or pytest-xdist; name a python that has them: make test-gpu PY=..." >&2; exit 2; fi; \
+	echo "make test-gpu: $$(command -v "$$py"), torch $$("$$py" -c 'import torch; print(torch.__version__, "cuda devices:", torch.cuda.device_count())')"; \
+	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" "$$py" -m pytest -q -rs -m gpu -n $(GPU_WORKERS) --dist loadgroup \
+		--durations=15; $(CHECK_COLLECTED)
 
 report: $(VENV)/.installed-$(REPORT_EXTRAS)
 	$(PY) -m hilbert_lab.cli report run default

@@ -1,6 +1,7 @@
 """Shared pytest fixtures: seeded RNG and torch defaults, the headless browser; how the suite runs in parallel.
 
-`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadgroup --no-loadscope-reorder`):
+`make test` and `make test-all` run the suite on two pytest-xdist workers (`-n 2 --dist loadgroup
+--no-loadscope-reorder`):
 - each worker runs torch on one thread (two workers already fill two cores; more threads only contend),
   and its subprocesses inherit OMP_NUM_THREADS=1;
 - tests marked slow or browser are collected first, so that the run ends on short tests, not on one
@@ -56,6 +57,8 @@ FORKSERVER_PRELOAD = ["torch", "torch.distributed", "hilbert_lab.attention.engin
 
 
 def pytest_configure(config):
+    if not config.pluginmanager.hasplugin("timeout"):  # a GPU machine's python may lack pytest-timeout
+        config.addinivalue_line("markers", "timeout(seconds): a time limit (pytest-timeout; not installed here)")
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)

@@ -226,6 +226,7 @@ def test_estimate_of_a_billion_tokens_is_cheap():
 
 
 @pytest.mark.skipif(not reset_cpu_peak(), reason="needs /proc/self/clear_refs to measure a CPU peak")
+@pytest.mark.slow  # a gloo world in a fresh interpreter
 def test_ring_per_rank_estimate_matches_two_gloo_ranks(tmp_path):
     """benchmarks/validate_memory.py --ring 2 on the case whose second branch spans both ranks."""
     import json

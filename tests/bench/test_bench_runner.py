@@ -14,13 +14,17 @@ from hilbert_lab.bench import SafeBenchmarkRunner, case_id, expand_matrix, norma
 from hilbert_lab.bench.config import SafetyConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Each case is a new Python process (under a second to start here when the machine is idle): the limit leaves a
+# busy machine room to start one, and the sleeping case sleeps far beyond it.
+CASE_TIMEOUT_S = 10
+SLEEP_S = 300
 
 
 def _cases():
     return expand_matrix({"kind": "selftest"}, cases=[
         {"behavior": "ok", "value": 1},
         {"behavior": "raise"},
-        {"behavior": "sleep", "seconds": 60},   # exceeds the 3 s timeout
+        {"behavior": "sleep", "seconds": SLEEP_S},   # exceeds the case timeout
         {"behavior": "signal"},                  # SIGKILLs itself
         {"behavior": "oom"},
         {"behavior": "ok", "value": 2},
@@ -30,7 +34,7 @@ def _cases():
 @pytest.fixture(scope="module")
 def first_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("runner") / "results.jsonl"
-    runner = SafeBenchmarkRunner(str(path), config=SafetyConfig(case_timeout_s=3), progress=False)
+    runner = SafeBenchmarkRunner(str(path), config=SafetyConfig(case_timeout_s=CASE_TIMEOUT_S), progress=False)
     start = time.perf_counter()
     summary = runner.run(_cases())
     return path, summary, time.perf_counter() - start
@@ -45,9 +49,9 @@ def test_failures_are_recorded_and_the_run_goes_on(first_run):
     by_status = {r["status"]: r for r in records}
     assert "raised on purpose" in by_status["error"]["error"]
     assert "SIGKILL" in by_status["signal"]["error"]
-    assert "timed out after 3" in by_status["timeout"]["error"]
-    assert 3 <= by_status["timeout"]["duration_s"] < 30  # killed, not waited for
-    assert elapsed < 60
+    assert f"timed out after {CASE_TIMEOUT_S}" in by_status["timeout"]["error"]
+    assert CASE_TIMEOUT_S <= by_status["timeout"]["duration_s"] < SLEEP_S  # killed, not waited for
+    assert elapsed < SLEEP_S
     assert (summary.completed, summary.failed, summary.skipped, summary.interrupted) == (6, 4, 0, False)
 
 
@@ -70,7 +74,7 @@ def test_resume_skips_finished_cases_and_never_rewrites(first_run, tmp_path):
     copy = tmp_path / "results.jsonl"
     copy.write_bytes(path.read_bytes())
     before = copy.read_bytes()
-    summary = SafeBenchmarkRunner(str(copy), config=SafetyConfig(case_timeout_s=3), progress=False).run(_cases())
+    summary = SafeBenchmarkRunner(str(copy), config=SafetyConfig(case_timeout_s=CASE_TIMEOUT_S), progress=False).run(_cases())
     assert (summary.completed, summary.skipped) == (0, 6)
     assert copy.read_bytes() == before
     # one new case: only it runs, and the old bytes stay a prefix of the file
@@ -139,7 +143,32 @@ def test_case_whose_estimate_does_not_fit_is_refused_without_running(tmp_path):
     assert summary.failed == 1
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def _wait_for(proc: subprocess.Popen, what: str, condition) -> None:
+    """Wait until condition() holds, however long the machine takes (pytest's timeout bounds a hung test); fail
+    at once with the run's stderr if it exits first."""
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run exited ({proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}")
+        time.sleep(0.1)
+
+
+def _case_workers(pid: int) -> list:
+    """The case processes (hilbert_lab.bench.worker) that the run with this pid has started and not yet reaped."""
+    import psutil
+
+    workers = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            if "hilbert_lab.bench.worker" in child.cmdline():
+                workers.append(child)
+        except psutil.Error:  # exited meanwhile
+            pass
+    return workers
+
+
+# a CLI run each (a minute on a busy machine): make test keeps Ctrl-C
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+                         ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_keeps_finished_results_and_resume_knows_what_is_left(tmp_path, stop_signal):
     matrix = tmp_path / "m.yaml"
     matrix.write_text("base: {kind: selftest}\ncases:\n  - {value: 1}\n  - {behavior: sleep, seconds: 120, value: 2}\n"
@@ -147,12 +176,16 @@ def test_ctrl_c_keeps_finished_results_and_resume_knows_what_is_left(tmp_path, s
     out = tmp_path / "r.jsonl"
     proc = subprocess.Popen([sys.executable, "-m", "hilbert_lab.cli", "bench", "--matrix", str(matrix), "--out",
                              str(out), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out.exists() and out.read_text().count("\n") >= 1):
-        time.sleep(0.2)
-    time.sleep(1.0)  # the sleeping case is running now
+    _wait_for(proc, "the first case's record", lambda: out.exists() and out.read_text().count("\n") >= 1)
+    _wait_for(proc, "the sleeping case's worker", lambda: _case_workers(proc.pid))
     proc.send_signal(stop_signal)
-    stdout, stderr = proc.communicate(timeout=60)
+    try:
+        # The run only has to kill its case and exit: seconds. The limit is wide (a busy 2-core machine has taken
+        # over a minute) and only keeps a run that ignores the signal from holding the suite.
+        stdout, stderr = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the run did not stop within 600 s of {stop_signal.name}")
     assert proc.returncode == 130, stderr
     assert "interrupted" in stdout
     records, malformed = read_results(str(out))

@@ -30,7 +30,7 @@ def test_each_ending_has_its_status(behavior, status, text):
 def test_timeout_kills_the_case_quickly():
     start = time.perf_counter()
     outcome = run_isolated(CASE_TARGET, {"kind": "selftest", "behavior": "sleep", "seconds": 60}, timeout_s=2)
-    assert outcome.status == "timeout" and time.perf_counter() - start < 30
+    assert outcome.status == "timeout" and time.perf_counter() - start < 60  # killed, not waited for
 
 
 def test_bad_target_and_timeout_are_rejected():
@@ -62,14 +62,14 @@ def test_case_dies_with_a_killed_runner(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]), TMPDIR=str(temp))
     parent = subprocess.Popen([sys.executable, "-c", "from hilbert_lab.bench.isolate import run_isolated; "
                                f"run_isolated('pid_case:run', {{'path': {str(pid_file)!r}}}, timeout_s=300)"], env=env)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (pid_file.exists() and pid_file.read_text()):
+    while not (pid_file.exists() and pid_file.read_text()):  # progress, not a clock (pytest's timeout bounds it)
+        assert parent.poll() is None, f"the runner exited ({parent.returncode}) before its case started"
         time.sleep(0.1)
     child = int(pid_file.read_text())
     assert _state(child) not in (None, "Z")
     parent.send_signal(signal.SIGKILL)
-    parent.wait(timeout=30)
-    deadline = time.time() + 20
+    parent.wait(timeout=300)  # SIGKILL: at once; the limits here are wide, only a hang reaches them
+    deadline = time.time() + 300
     while time.time() < deadline and _state(child) not in (None, "Z"):
         time.sleep(0.1)
     assert _state(child) in (None, "Z"), "the case outlived its runner"

@@ -20,6 +20,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 CHECKS: dict[str, Callable[[int, int], None]] = {}
+# Only a hang should reach these limits: a 4-rank world on a busy 2-core machine runs many times slower than on an
+# idle one, so they are minutes, not a multiple of an idle run (the deadlock test passes its own short limit).
+GROUP_TIMEOUT_S = 300
+WORLD_TIMEOUT_S = 600.0
 
 
 def check(fn: Callable[[int, int], None]) -> Callable[[int, int], None]:
@@ -38,7 +42,7 @@ def _entry(rank: int, world_size: int, init_file: str, names: list[str], backend
     import ring_checks  # noqa: F401  registers the checks in this (spawned) process
 
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
     try:
         for name in names:
             start = time.perf_counter()
@@ -50,7 +54,7 @@ def _entry(rank: int, world_size: int, init_file: str, names: list[str], backend
         dist.destroy_process_group()
 
 
-def run_world(world_size: int, tmp_path: Path, names: list[str], timeout_s: float = 150.0,
+def run_world(world_size: int, tmp_path: Path, names: list[str], timeout_s: float = WORLD_TIMEOUT_S,
               backend: str = "gloo") -> None:
     """Run the named checks in `world_size` ranks (gloo, or nccl: one GPU each); raise on failure or timeout."""
     init_file = str(tmp_path / f"rendezvous_{world_size}_{time.monotonic_ns()}")

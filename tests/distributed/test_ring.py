@@ -34,24 +34,27 @@ ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag",
               "check_nonfinite_like_engine"]
 
 
+@pytest.mark.slow  # make test keeps one gloo world: two ranks, below
 def test_world_of_one_is_the_engine(tmp_path):
     run_world(1, tmp_path, ["check_world_one_is_engine", "check_constraints_raise", "check_inputs_validated"])
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_world_matches_engine(tmp_path, world_size):
     run_world(world_size, tmp_path, ALL_CHECKS + ["check_packed_documents", "check_grouped_heads"])
 
 
+@pytest.mark.slow
 def test_world_of_four_matches_engine_and_sub_rings(tmp_path):
     run_world(4, tmp_path, ALL_CHECKS + ["check_sub_rings"])
 
 
 @pytest.mark.slow
 def test_world_of_eight_smoke(tmp_path):
-    run_world(8, tmp_path, ["check_eight_ranks"], timeout_s=240)
+    run_world(8, tmp_path, ["check_eight_ranks"])
 
 
+@pytest.mark.slow  # waits out its deadline
 def test_harness_reports_a_deadlock(tmp_path):
     with pytest.raises(TimeoutError, match="deadlock"):
         run_world(2, tmp_path, ["check_deadlock_on_purpose"], timeout_s=12)

@@ -25,6 +25,7 @@ def interpreted_results():
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow  # the interpreter runs every case (half a minute); make test keeps the interpreted merges
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
 def test_interpreted_kernel_matches_float64_reference(interpreted_results):
     sys.path.insert(0, str(HERE))

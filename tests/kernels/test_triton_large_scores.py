@@ -53,6 +53,7 @@ def measured():
     return {r["level"]: r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
 
 
+@pytest.mark.slow  # the interpreter in a fresh process; make test keeps the interpreted merges
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
 @pytest.mark.parametrize("level", LEVELS)
 def test_fused_kernel_is_exact_at_large_scores(measured, level):

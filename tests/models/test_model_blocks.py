@@ -186,6 +186,7 @@ def test_autocast_bfloat16_stays_close_to_float32():
         float(F.cross_entropy(reference.flatten(0, 1), tokens.flatten())), rel=1e-2)
 
 
+@pytest.mark.slow  # torch.compile builds C++ kernels
 def test_torch_compile_matches_eager():
     model = _lm(dtype=torch.float32).train()
     tokens = _tokens()

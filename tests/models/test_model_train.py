@@ -27,6 +27,7 @@ def _train_records(history):
     return [record for record in history if record["kind"] == "train"]
 
 
+@pytest.mark.slow  # two trainings
 def test_spanning_segment_learns_retrieval_that_short_segments_cannot():
     task = RetrievalTask(seq_len=64, context_length=48, num_keys=8, num_values=8)
     # every key-value pair lies in an earlier 16-block than the question: outside the short model's reach

@@ -43,8 +43,12 @@ def _outputs(notebook) -> list:
     return [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(INTERACTIVE))
+# `make test` executes one notebook (the quickest); the others are slow (make test-all).
+QUICK_NOTEBOOK = "curve_explorer"
+
+
+@pytest.mark.parametrize("name", [name if name == QUICK_NOTEBOOK else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in sorted(INTERACTIVE)])
 def test_interactive_notebook_executes(name, tmp_path):
     executed = tmp_path / f"{name}.ipynb"
     papermill.execute_notebook(str(NOTEBOOK_DIR / f"{name}.ipynb"), str(executed), parameters=INTERACTIVE[name],
