@@ -129,7 +129,6 @@ def locality_figure(table: Any, metric: str = "recall@8", *, title: str | None =
 
 def windows_grid_figure(examples: Sequence[Sequence[Any]], *, title: str | None = None):
     """The attention groups of several (side, ordering, segment_length, dilation_rate) examples side by side."""
-    import plotly.graph_objects as go  # noqa: PLC0415
     from plotly.subplots import make_subplots  # noqa: PLC0415
 
     examples = [(int(side), str(ordering), int(segment), int(dilation))

@@ -64,3 +64,28 @@ def max_diff(a, b) -> float:
         return float("inf")
     finite = torch.isfinite(b)
     return (a[finite] - b[finite]).abs().max().item() if finite.any() else 0.0
+
+
+def relative_error(a, b) -> float:
+    """max |a - b| / max |b| over the finite entries of b (the -inf/finite pattern must agree)."""
+    import torch
+
+    a, b = a.detach().double(), b.detach().double()
+    finite = torch.isfinite(b)
+    assert torch.equal(finite, torch.isfinite(a)), "-inf pattern differs"
+    return ((a - b)[finite].abs().max() / b[finite].abs().max().clamp_min(1e-6)).item()
+
+
+def assert_low_precision_matches(out, lse, expected_out, expected_lse, inputs, generator, *, out_tol=3e-2,
+                                 lse_tol=1e-2, grad_tol=5e-2) -> None:
+    """A half-precision (out, lse) and the gradients of `inputs` (q, k, v) for random upstream gradients of both,
+    each within a relative tolerance of the float64 oracle's (expected_out, expected_lse)."""
+    import torch
+
+    assert relative_error(out, expected_out) < out_tol and relative_error(lse, expected_lse) < lse_tol
+    g_out = torch.randn(out.shape, device=out.device, dtype=torch.float64, generator=generator)
+    g_lse = torch.randn(lse.shape, device=out.device, dtype=torch.float64, generator=generator)
+    expected = torch.autograd.grad((expected_out, expected_lse), inputs, (g_out, g_lse))
+    got = torch.autograd.grad((out, lse), inputs, (g_out.to(out.dtype), g_lse.to(lse.dtype)))
+    for name, a, b in zip("qkv", got, expected):
+        assert relative_error(a, b) < grad_tol, f"d{name}"

@@ -9,18 +9,13 @@ from hilbert_lab.attention.executors import unavailable_reason
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.reference import reference_attention
 
+from ._oracle import assert_low_precision_matches, relative_error
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (GPU backends)"),
 ]
 GPU_BACKENDS = ["sdpa", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "flex", "flash", "xformers", "triton", "fa4"]
-
-
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    finite = torch.isfinite(b)
-    assert torch.equal(finite, torch.isfinite(a)), "-inf pattern differs"
-    return ((a - b)[finite].abs().max() / b[finite].abs().max().clamp_min(1e-6)).item()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -39,13 +34,7 @@ def test_gpu_backend_matches_reference_in_bf16(backend, mode, causal):
     out, lse = dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates, mode=mode,
                                  causal=causal, backend=backend, return_lse=True)
     assert out.dtype == dtype and lse.dtype == torch.float32
-    assert _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2
-    g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
-    g_lse = torch.randn(lse.shape, device="cuda", dtype=torch.float64, generator=gen)
-    expected = torch.autograd.grad((expected_out, expected_lse), (q, k, v), (g_out, g_lse))
-    got = torch.autograd.grad((out, lse), (q, k, v), (g_out.to(dtype), g_lse.float()))
-    for name, a, b in zip("qkv", got, expected):
-        assert _relative(a, b) < 5e-2, f"d{name}"
+    assert_low_precision_matches(out, lse, expected_out, expected_lse, (q, k, v), gen)
 
 
 @pytest.mark.parametrize("backend", ["sdpa_efficient", "sdpa", "manual"])
@@ -59,11 +48,11 @@ def test_gpu_float32_is_close_to_reference(backend):
     expected_out, expected_lse = reference_attention(q, k, v, pattern)
     out, lse = dilated_attention(q, k, v, segment_lengths=[16, 32], dilation_rates=[1, 2], causal=True,
                                  backend=backend, return_lse=True)
-    assert _relative(out, expected_out) < 1e-3 and _relative(lse, expected_lse) < 1e-4
+    assert relative_error(out, expected_out) < 1e-3 and relative_error(lse, expected_lse) < 1e-4
     g_out = torch.randn(out.shape, device="cuda", generator=gen)
     expected = torch.autograd.grad(expected_out, (q, k, v), g_out.double())
     got = torch.autograd.grad(out, (q, k, v), g_out)
-    assert max(_relative(a, b) for a, b in zip(got, expected)) < 2e-3
+    assert max(relative_error(a, b) for a, b in zip(got, expected)) < 2e-3
 
 
 def test_gpu_orderings_do_not_change_the_result():
@@ -95,13 +84,12 @@ def test_gpu_executor_on_views_matches_reference(backend, mode, causal, seq_len,
     expected_out, expected_lse = reference_attention(q, k, v, pattern)
     out, lse = dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates, mode=mode,
                                  causal=causal, backend=backend, return_lse=True)
-    assert _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2
+    assert relative_error(out, expected_out) < 3e-2 and relative_error(lse, expected_lse) < 1e-2
     g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
     expected = torch.autograd.grad(expected_out, (q, k, v), g_out)
     got = torch.autograd.grad(out, (q, k, v), g_out.to(dtype))
     for name, a, b in zip("qkv", got, expected):
-        assert _relative(a, b) < 5e-2, f"d{name}"
-
+        assert relative_error(a, b) < 5e-2, f"d{name}"
 
 
 @pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash", "triton", "fa4"])
@@ -122,7 +110,7 @@ def test_every_length_runs_on_every_gpu_executor(backend, causal):
         expected, expected_lse = reference_attention(q, k, v, pattern)
         out, lse = dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                      causal=causal, backend=backend, return_lse=True)
-        assert _relative(out, expected) < 3e-2 and _relative(lse, expected_lse) < 1e-2, seq_len
+        assert relative_error(out, expected) < 3e-2 and relative_error(lse, expected_lse) < 1e-2, seq_len
 
 
 def test_auto_runs_ragged_lengths_of_the_longnet_pattern():
@@ -137,12 +125,12 @@ def test_auto_runs_ragged_lengths_of_the_longnet_pattern():
         out, lse = dilated_attention(q, k, v, **pattern, return_lse=True)
         exact = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
         expected_out, expected_lse = dilated_attention(*exact, **pattern, backend="reference", return_lse=True)
-        assert _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2, seq_len
+        assert relative_error(out, expected_out) < 3e-2 and relative_error(lse, expected_lse) < 1e-2, seq_len
         g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
         got = torch.autograd.grad(out, (q, k, v), g_out.to(torch.bfloat16))
         expected = torch.autograd.grad(expected_out, exact, g_out)
         for name, a, b in zip("qkv", got, expected):
-            assert _relative(a, b) < 5e-2, f"d{name} at N={seq_len}"
+            assert relative_error(a, b) < 5e-2, f"d{name} at N={seq_len}"
 
 
 @pytest.mark.parametrize("head_dim", [4, 12, 64, 100, 128, 256])
@@ -162,19 +150,13 @@ def test_auto_runs_every_head_dim_in_bf16_like_the_oracle(head_dim):
     expected_out, expected_lse = reference_attention(q, k, v, pattern)
     with torch.no_grad():
         out, lse = dilated_attention(q, k, v, **kwargs, return_lse=True)
-    assert out.dtype == dtype and _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2
+    assert out.dtype == dtype and relative_error(out, expected_out) < 3e-2 and relative_error(lse, expected_lse) < 1e-2
     out, lse = dilated_attention(q, k, v, **kwargs, return_lse=True)
-    assert _relative(out, expected_out) < 3e-2 and _relative(lse, expected_lse) < 1e-2
-    g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
-    g_lse = torch.randn(lse.shape, device="cuda", dtype=torch.float64, generator=gen)
-    expected = torch.autograd.grad((expected_out, expected_lse), (q, k, v), (g_out, g_lse))
-    got = torch.autograd.grad((out, lse), (q, k, v), (g_out.to(dtype), g_lse.float()))
-    for name, a, b in zip("qkv", got, expected):
-        assert _relative(a, b) < 5e-2, f"d{name}"
+    assert_low_precision_matches(out, lse, expected_out, expected_lse, (q, k, v), gen)
     q, k, v = (t.detach() for t in (q, k, v))
     last = dilated_attention(q[:, -5:], k, v, **kwargs)
-    assert _relative(last, expected_out[:, -5:]) < 3e-2
+    assert relative_error(last, expected_out[:, -5:]) < 3e-2
     cache = DilatedKVCache(segment_lengths, dilation_rates, backend="auto")
     steps = [cache.attend(q[:, :40], k[:, :40], v[:, :40])]
     steps += [cache.attend(q[:, n:n + 1], k[:, n:n + 1], v[:, n:n + 1]) for n in range(40, 80)]
-    assert _relative(torch.cat(steps, 1), expected_out) < 3e-2
+    assert relative_error(torch.cat(steps, 1), expected_out) < 3e-2

@@ -1,7 +1,6 @@
 """SafeBenchmarkRunner: failures are records, results are append-only, resume and Ctrl-C keep results."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

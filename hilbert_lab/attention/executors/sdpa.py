@@ -11,7 +11,6 @@ choice between cuDNN and flash.
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 
