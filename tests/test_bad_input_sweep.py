@@ -116,9 +116,9 @@ CLI_ARGUMENTS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
         ("--out", _out_values(".csv", True) + ["{tmp}/c.svg", "{tmp}/c"]),
     ]),
     "ring": (RING_BASE, [
-        ("--seq-len", _int_values(1, None)), ("--heads", _int_values(1, 4096)), ("--head-dim", _int_values(1, 1024)),
-        ("--segment-lengths", _list_values()), ("--dilation-rates", _list_values()),
-        ("--iters", _int_values(1, 1000)), ("--mode", _choice_values()), ("--dtype", _choice_values()),
+        ("--seq-len", _int_values(1, None)), ("--num-heads", _int_values(1, 4096)),
+        ("--head-dim", _int_values(1, 1024)), ("--segment-lengths", _list_values()), ("--dilation-rates", _list_values()),
+        ("--repeats", _int_values(1, 1000)), ("--mode", _choice_values()), ("--dtype", _choice_values()),
     ]),
     "train": (TRAIN_BASE, [
         ("--seq-len", _int_values(2, 1 << 24)), ("--context-length", _int_values(2, 1 << 24)),
@@ -276,14 +276,16 @@ NOT_SWEPT = {
 
 
 def _value_options() -> dict[str, set[str]]:
-    """command -> the options of the `hilbert-lab` parser that take a value (positionals by their name)."""
+    """command -> the options of the `hilbert-lab` parser that take a value (positionals by their name); hidden
+    aliases of an option (help suppressed) are its old spellings, swept under its name."""
     import argparse
 
     from hilbert_lab.cli import build_parser
 
     (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return {name: {action.option_strings[-1] if action.option_strings else action.dest for action in child._actions
-                   if action.nargs != 0 and not isinstance(action, argparse._SubParsersAction)}
+                   if action.nargs != 0 and not isinstance(action, argparse._SubParsersAction)
+                   and action.help != argparse.SUPPRESS}
             for name, child in commands.choices.items()}
 
 

@@ -12,7 +12,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-VERDICTS = ("confirmed", "refuted", "inconclusive", "not reproducible here")
+from hilbert_lab.reports.claims_verdict import ROW_VERDICTS as VERDICTS
+
 CLAIM_ROW_COLUMNS = ("claim", "aspect", "configuration", "claimed", "measured", "verdict", "why")
 
 
