@@ -104,6 +104,7 @@ def test_malformed_matrix_files_raise_value_error_naming_the_file(tmp_path, name
     assert name in str(error.value)
 
 
+@pytest.mark.slow  # about 10 s of CPU
 def test_probe_of_the_engine_reports_a_measured_peak_close_to_the_estimate():
     from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 

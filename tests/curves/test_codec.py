@@ -283,7 +283,7 @@ def test_default_index_dtype_is_uint32_up_to_32_bits(ndim, order, expected, curv
 
 
 @pytest.mark.parametrize("curve", ["hilbert", "morton"])
-@pytest.mark.parametrize("count", [1000, PARALLEL_MIN_POINTS + 777])
+@pytest.mark.parametrize("count", [1000, pytest.param(PARALLEL_MIN_POINTS + 777, marks=pytest.mark.slow)])  # 16 s each
 def test_out_is_filled_and_returned_without_allocating(curve, count):
     rng = np.random.default_rng(count)
     coords = rng.integers(0, 1 << 12, size=(count, 2), dtype=np.int64)
