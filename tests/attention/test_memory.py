@@ -207,7 +207,8 @@ def test_cuda_estimates_follow_the_kernel_the_device_would_run():
     ("bfloat16", 64, (9, 0), True, "cudnn"), ("float16", 128, (9, 0), False, "flash"),
     ("bfloat16", 192, (9, 0), True, "flash"), ("bfloat16", 64, (8, 0), True, "flash"),
     ("float32", 64, (9, 0), True, "efficient"), ("bfloat16", 60, (9, 0), True, "efficient"),
-    ("bfloat16", 64, (7, 5), True, "efficient"),
+    ("bfloat16", 64, (7, 5), True, "efficient"), ("float64", 64, (9, 0), True, "math"),
+    ("float64", 4, (8, 0), False, "math"),
 ])
 def test_cuda_kernel_choice_without_a_device(dtype, head_dim, capability, cudnn, expected):
     """executors.sdpa.cuda_kernel_name: the one choice between cuDNN, flash and efficient for "sdpa"."""

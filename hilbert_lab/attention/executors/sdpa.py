@@ -25,7 +25,10 @@ aten = torch.ops.aten
 
 def cuda_kernel_name(dtype: torch.dtype, head_dim: int, capability: tuple[int, int], cudnn: bool) -> str:
     """The SDPA kernel for "sdpa" on CUDA: cuDNN on Hopper and newer (measured faster than flash there,
-    forward and backward, on strided blocks too), flash on Ampere/Ada, efficient for fp32 or older GPUs."""
+    forward and backward, on strided blocks too), flash on Ampere/Ada, efficient for fp32 or older GPUs, the
+    eager math kernel for float64 (no fused CUDA kernel takes it)."""
+    if dtype not in HALF_DTYPES and dtype != torch.float32:
+        return "math"
     half = dtype in HALF_DTYPES and head_dim % 8 == 0
     if half and capability[0] >= 9 and head_dim <= 128 and cudnn:
         return "cudnn"
