@@ -637,6 +637,7 @@ print(json.dumps(results))
 '''
 
 
+@pytest.mark.slow  # 7-15 s of CPU: make test-all
 @pytest.mark.timeout(120)
 def test_a_file_size_limit_ends_each_writing_command_with_one_line_and_no_torn_file(tmp_path):
     """Every writing path argument under RLIMIT_FSIZE (a full disk as the process sees it), in one

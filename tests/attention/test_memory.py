@@ -29,9 +29,8 @@ MEASURED_CASES = [
 
 
 @pytest.mark.skipif(not reset_cpu_peak(), reason="needs /proc/self/clear_refs to measure a CPU peak")
-# the sdpa cases at 8192 tokens take 10-16 s each on a 2-core machine: make test-all runs them
-@pytest.mark.parametrize("params", [pytest.param(case, marks=pytest.mark.slow)
-                                    if case["backend"] == "sdpa" and case["seq_len"] == 8192 else case
+# the cases at 8192 tokens take 10-16 s each on a 2-core machine: make test-all runs them
+@pytest.mark.parametrize("params", [pytest.param(case, marks=pytest.mark.slow) if case["seq_len"] == 8192 else case
                                     for case in MEASURED_CASES], ids=lambda p: f"{p['backend']}-N{p['seq_len']}")
 def test_estimate_within_20_percent_of_measured_cpu_peak(params):
     case = normalize_case({"kind": "memory", "threads": 1, **params})

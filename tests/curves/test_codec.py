@@ -163,6 +163,7 @@ def test_batch_shape_is_kept_and_values_match_flat_call():
     assert int(encode(np.array([3, 1]), 2)) == 12 and decode(np.int64(12), 2, 2).tolist() == [3, 1]
 
 
+@pytest.mark.slow  # 7-15 s of CPU: make test-all
 def test_large_batch_takes_the_parallel_path_and_agrees():
     rng = np.random.default_rng(5)
     coords = rng.integers(0, 1 << 20, size=(PARALLEL_MIN_POINTS + 1003, 2))

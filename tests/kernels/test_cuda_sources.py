@@ -29,6 +29,7 @@ def test_sources_present():
     assert all((SRC / name).exists() for name in SOURCES)
 
 
+@pytest.mark.slow  # 7-15 s of CPU: make test-all
 @needs_nvcc
 @pytest.mark.parametrize("source", CU_FILES, ids=lambda p: p.name)
 def test_cu_compiles_for_sm90(source, tmp_path):

@@ -45,6 +45,7 @@ print("ok")
 '''
 
 
+@pytest.mark.slow  # 7-15 s of CPU: make test-all
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
 def test_triton_merges_match_the_float64_merge():
     env = dict(os.environ, TRITON_INTERPRET="1",

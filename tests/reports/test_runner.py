@@ -71,6 +71,7 @@ def test_report_run_writes_every_artifact(tmp_path, monkeypatch):
     assert not re.search(r'<script[^>]+src="https?://', html), "the page must not load scripts from the network"
 
 
+@pytest.mark.slow  # 7-15 s of CPU: make test-all
 def test_failed_report_still_exports_html(tmp_path, monkeypatch):
     import papermill
 
@@ -104,6 +105,7 @@ sys.exit(cli.main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # 7-15 s of CPU: make test-all
 def test_quiet_report_run_prints_only_the_page_path(tmp_path):
     """The kernel's own log lines reach the terminal (it inherits stderr): it runs over IPC sockets (no
     "running over TCP without encryption" warning) and is not sent SIGINT when it is shut down idle
