@@ -7,6 +7,8 @@
 - `exclusive_lock(path, what)`: the one lock that stops two runs writing the same results.
 - `path_problem(path)` / `read_bounded(path, name, max_bytes)`: why a path cannot be used (dangling or
   looping link, too long, a folder, a FIFO or device), and reading a regular file of bounded size.
+- `read_json_object(path, what, expected, max_bytes)`: the JSON object in a bounded regular file, or a ValueError
+  naming the file and what was expected.
 - `strip_paths(text)`: every absolute path in `text` cut to its file name, so that recorded results hold
   no machine's folders.
 """
@@ -15,13 +17,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import re
 import stat
 import tempfile
 import threading
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 _UMASK_LOCK = threading.Lock()
 # an absolute path (POSIX or ~): its folders are dropped, the file name kept
@@ -193,3 +196,24 @@ def read_bounded(path: str | os.PathLike, name: str, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise ValueError(f"{name} {os.fspath(path)!r} has more than the {max_bytes} bytes allowed")
     return data
+
+
+JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}  # a JSON value's kind in words
+
+
+def read_json_object(path: str | os.PathLike, what: str, expected: str, max_bytes: int) -> dict[str, Any]:
+    """The JSON object in the file at `path` (a regular file of at most max_bytes); ValueError naming `what` and
+    the path, and saying `expected`, for a file that is not a regular file, not UTF-8 JSON, or JSON of another
+    kind than an object."""
+    data = read_bounded(path, what, max_bytes)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (a binary file?); expected {expected}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({error.msg} at line {error.lineno} column "
+                         f"{error.colno}); expected {expected}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} {str(path)!r} holds {JSON_KINDS.get(type(value), 'a value')}; expected {expected}")
+    return value

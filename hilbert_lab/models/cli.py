@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from hilbert_lab import arguments
-from hilbert_lab.io import read_bounded
+from hilbert_lab.io import read_json_object
 
 from .checkpoint import (
     CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, checkpoint_config, load_checkpoint,
@@ -65,16 +65,11 @@ _OVERRIDES = (
 
 def _load_config_file(path: str) -> dict[str, Any]:
     """The JSON object of TrainConfig fields in `path` (a regular file of at most MAX_CONFIG_BYTES)."""
-    data = read_bounded(path, "--config", MAX_CONFIG_BYTES)
-    try:
-        loaded = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"--config {path!r} must hold a JSON object of TrainConfig fields: {error}") from None
+    loaded = read_json_object(path, "--config", "a JSON object of TrainConfig fields", MAX_CONFIG_BYTES)
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    if not isinstance(loaded, dict) or set(loaded) - known:
+    if set(loaded) - known:
         raise ValueError(f"--config {path!r} must hold a JSON object of TrainConfig fields; unknown: "
-                         f"{sorted(set(loaded) - known) if isinstance(loaded, dict) else type(loaded).__name__}; "
-                         f"allowed: {sorted(known)}")
+                         f"{sorted(set(loaded) - known)}; allowed: {sorted(known)}")
     return loaded
 
 

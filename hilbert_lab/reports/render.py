@@ -9,12 +9,11 @@ loads one plotly.min.js from the run folder (written once, referenced relatively
 from __future__ import annotations
 
 import importlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
-from hilbert_lab.io import atomic_write, read_bounded
+from hilbert_lab.io import JSON_KINDS, atomic_write, read_json_object
 from hilbert_lab.reports.html import PLOTLY_FILE, index_html, page_html, write_plotly
 from hilbert_lab.reports.page import Page, Section, device_label, fmt, is_gpu_env
 
@@ -35,27 +34,6 @@ COMMITTED = "Committed GPU results (rendered from their data)"
 # metrics["report"] -> the table its page is drawn from (a run that recorded none has no page)
 REQUIRED_TABLES = {"benchmark": "results", "claims": "claims", "locality": "compare_orderings"}
 MAX_RUN_FILE_BYTES = 256 << 20  # metrics.json of the largest committed run is a few MB
-_JSON_KINDS = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
-               type(None): "null"}
-
-
-def read_json_object(path: str | Path, what: str, expected: str) -> dict[str, Any]:
-    """The JSON object in the file at `path`; ValueError naming `what` and the path, and saying `expected`,
-    for a file that is not a regular file, not UTF-8 JSON, or JSON of another kind than an object."""
-    path = Path(path)
-    data = read_bounded(path, what, MAX_RUN_FILE_BYTES)
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ValueError(f"{what} {str(path)!r} is not UTF-8 text (a binary file?); expected {expected}") from None
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{what} {str(path)!r} is not valid JSON ({error.msg} at line {error.lineno} column "
-                         f"{error.colno}); expected {expected}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{what} {str(path)!r} holds {_JSON_KINDS.get(type(value), 'a value')}; expected {expected}")
-    return value
-
-
 def check_metrics(metrics: dict[str, Any], path: str | Path) -> None:
     """ValueError naming `path` and the key, for metrics.json content no page can be drawn from: a field of
     the wrong kind (report: a string; parameters, metrics, tables, figures, parts: objects; each table an
@@ -63,10 +41,10 @@ def check_metrics(metrics: dict[str, Any], path: str | Path) -> None:
     where = f"metrics.json {str(path)!r}"
     if "report" in metrics and not isinstance(metrics["report"], str):
         raise ValueError(f"{where}: key 'report' must be a string (the report's name), got "
-                         f"{_JSON_KINDS.get(type(metrics['report']), 'an object')}")
+                         f"{JSON_KINDS.get(type(metrics['report']), 'an object')}")
     for key in ("parameters", "metrics", "tables", "figures", "parts"):
         if metrics.get(key) is not None and not isinstance(metrics[key], dict):
-            raise ValueError(f"{where}: key {key!r} must be an object, got {_JSON_KINDS.get(type(metrics[key]))}")
+            raise ValueError(f"{where}: key {key!r} must be an object, got {JSON_KINDS.get(type(metrics[key]))}")
     for name, table in (metrics.get("tables") or {}).items():
         rows = table.get("rows") if isinstance(table, dict) else None
         if not isinstance(table, dict) or not isinstance(rows, (list, type(None))) or not all(
@@ -86,9 +64,10 @@ def load_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not metrics_path.is_file():
         raise ValueError(f"run_dir must hold metrics.json; {str(run_dir)!r} does not")
     metrics = read_json_object(metrics_path, "metrics.json", "the JSON object a report run writes (report, "
-                               "parameters, metrics, tables, figures)")
+                               "parameters, metrics, tables, figures)", MAX_RUN_FILE_BYTES)
     check_metrics(metrics, metrics_path)
-    env = read_json_object(env_path, "env.json", "the JSON object of the run's environment") \
+    env = read_json_object(env_path, "env.json", "the JSON object of the run's environment",
+                           MAX_RUN_FILE_BYTES) \
         if env_path.is_file() else {}
     return metrics, env
 
@@ -153,9 +132,11 @@ def committed_gpu_runs(root: str | Path | None = None) -> list[Path]:
     runs = []
     for metrics_path in sorted(root.glob("*/*/metrics.json")):
         env_path = metrics_path.parent / "env.json"
-        if "parts" in read_json_object(metrics_path, "metrics.json", "a report run's JSON object"):  # a suite
+        if "parts" in read_json_object(metrics_path, "metrics.json", "a report run's JSON object",
+                                       MAX_RUN_FILE_BYTES):  # a suite
             continue
-        if env_path.is_file() and is_gpu_env(read_json_object(env_path, "env.json", "a run's environment object")):
+        if env_path.is_file() and is_gpu_env(read_json_object(env_path, "env.json", "a run's environment object",
+                                                              MAX_RUN_FILE_BYTES)):
             runs.append(metrics_path.parent)
     return runs
 
@@ -210,5 +191,5 @@ def render_suite_index(suite_dir: str | Path, parts: list[str], *, title: str,
 
 
 __all__ = ["COMMITTED", "MEASURED_HERE", "PLOTLY_FILE", "REQUIRED_TABLES", "build_page", "check_metrics",
-           "committed_gpu_runs", "generic_page", "load_run", "read_json_object", "render_run", "render_suite_index",
+           "committed_gpu_runs", "generic_page", "load_run", "render_run", "render_suite_index",
            "renderer_for"]
