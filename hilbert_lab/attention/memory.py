@@ -34,6 +34,8 @@ __all__ = ["ASSUMED_CAPABILITY", "DTYPE_BYTES", "MAX_INPUT_BYTES", "MAX_NUM_HEAD
 DTYPE_BYTES = dict(zip(DTYPES, (4, 8, 2, 2)))
 # A CUDA estimate on a machine without CUDA assumes the device the selection rules were measured on.
 ASSUMED_CAPABILITY = (9, 0)
+# the breakdown's name for buffers a kernel allocates inside one call (not tensors the run sees)
+WORKSPACE = "kernel workspace"
 # Sizes no device or host holds are refused at once.
 MAX_INPUT_BYTES = 1 << 50  # q, k, v together: 1 PiB
 MAX_NUM_HEADS = 1 << 16
@@ -106,7 +108,10 @@ class MemoryConfig:
 class MemoryEstimate:
     """Estimated peaks in bytes above the inputs: forward (inference, no grad) and forward+backward.
 
-    inputs_bytes: q, k, v themselves. executor: the executor estimated. breakdown: named terms.
+    inputs_bytes: q, k, v themselves. executor: the executor estimated. breakdown: per pass ("forward",
+    "forward_backward"), named parts: on one device the bytes live at the peak by the operator that allocated
+    them (WORKSPACE: inside a kernel call), adding up to the peak; per rank of a ring, the peaks of its phases
+    and the sizes of its terms (attention.memory_ring).
     """
 
     forward_bytes: int
@@ -134,23 +139,41 @@ class MemoryEstimate:
 
 class _Allocations(TorchDispatchMode):
     """Counts the bytes of every storage created under it while it lives; `peak` is the most at once,
-    `transient(n)` a buffer of n bytes held only during the current operation."""
+    `transient(n)` a buffer of n bytes held only during the current operation. `at_peak`: the bytes live at
+    the peak by what created them ('aten.empty [2, 64, 4, 32] float32', ' x3' when several alike; WORKSPACE for
+    transient buffers); they add up to `peak`."""
 
     def __init__(self):
         super().__init__()
-        self.live: dict[int, int] = {}
+        self.live: dict[int, tuple[str, int]] = {}
         self.current = self.peak = 0
+        self.at_peak: dict[str, int] = {}
 
     def exclude(self, *tensors: torch.Tensor) -> None:
         """Storages that exist before the run (the inputs): never counted."""
         for t in tensors:
-            self.live[t.untyped_storage()._cdata] = 0
+            self.live[t.untyped_storage()._cdata] = ("input", 0)
 
     def _free(self, key: int) -> None:
-        self.current -= self.live.pop(key, 0)
+        self.current -= self.live.pop(key, ("", 0))[1]
+
+    def _reached(self, total: int, workspace: int = 0) -> None:
+        if total <= self.peak:
+            return
+        self.peak = total
+        alike: dict[str, list[int]] = {}
+        for name, nbytes in self.live.values():
+            if nbytes:
+                count_bytes = alike.setdefault(name, [0, 0])
+                count_bytes[0] += 1
+                count_bytes[1] += nbytes
+        parts = {(name if count == 1 else f"{name} x{count}"): nbytes for name, (count, nbytes) in alike.items()}
+        if workspace:
+            parts[WORKSPACE] = workspace
+        self.at_peak = parts
 
     def transient(self, nbytes: int) -> None:
-        self.peak = max(self.peak, self.current + nbytes)
+        self._reached(self.current + nbytes, nbytes)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -159,9 +182,10 @@ class _Allocations(TorchDispatchMode):
                 storage = t.untyped_storage()
                 key = storage._cdata
                 if key not in self.live:
-                    self.live[key] = storage.nbytes()
+                    what = f"{func.overloadpacket} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+                    self.live[key] = (what, storage.nbytes())
                     self.current += storage.nbytes()
-                    self.peak = max(self.peak, self.current)
+                    self._reached(self.current)
                     weakref.finalize(storage, self._free, key)
         return out
 
@@ -180,12 +204,21 @@ def dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dt
     on `device`, measured on meta tensors: inference (no LSE wanted, no gradient), then a training pass
     (forward with autograd, backward with an upstream gradient on the output; q, k, v gradients count).
     ordering: a layout the inputs are read through first (engine.read_through_layout), counted too."""
+    forward, forward_backward = dry_run_parts(executor, plan, shape, dtype, device, kv_heads, ordering)
+    return sum(forward.values()), sum(forward_backward.values())
+
+
+def dry_run_parts(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dtype: torch.dtype,
+                  device: str, kv_heads: Optional[int] = None,
+                  ordering: Optional[str] = None) -> tuple[dict[str, int], dict[str, int]]:
+    """dry_run's two peaks as the bytes live at each, by the operator that allocated them (WORKSPACE: buffers a
+    kernel holds inside one call); each dict adds up to its peak."""
     with torch.inference_mode(False):  # called under inference mode too (auto's choice in a generate loop)
         return _dry_run(executor, plan, shape, dtype, device, kv_heads, ordering)
 
 
 def _dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,
-             kv_heads: Optional[int], ordering: Optional[str]) -> tuple[int, int]:
+             kv_heads: Optional[int], ordering: Optional[str]) -> tuple[dict[str, int], dict[str, int]]:
     batch, seq_len, heads, dim = shape
     kv_shape = (batch, plan.seq_len, kv_heads or heads, dim)
     q = torch.empty((batch, plan.queries, heads, dim), dtype=dtype, device="meta")
@@ -214,7 +247,7 @@ def _dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], d
                 if training:
                     out.backward(upstream)
             del out, lse
-        peaks.append(tracker.peak)
+        peaks.append(tracker.at_peak)
     return peaks[0], peaks[1]
 
 
@@ -253,8 +286,9 @@ def _estimate(config: MemoryConfig) -> MemoryEstimate:
     executor = get_executor(backend)
     plan = cached_plan(config.pattern, config.seq_len, config.num_heads)
     shape = (config.batch_size, config.seq_len, config.num_heads, config.head_dim)
-    forward, forward_backward = dry_run(executor, plan, shape, getattr(torch, config.dtype), config.device,
-                                        ordering=config.ordering)
+    forward, forward_backward = dry_run_parts(executor, plan, shape, getattr(torch, config.dtype), config.device,
+                                              ordering=config.ordering)
     inputs = 3 * config.batch_size * config.seq_len * config.num_heads * config.head_dim * element
-    breakdown = {"forward": {"peak": forward}, "forward_backward": {"peak": forward_backward}}
-    return MemoryEstimate(forward, forward_backward, inputs, backend, False, breakdown, executor.name)
+    breakdown = {"forward": forward, "forward_backward": forward_backward}
+    return MemoryEstimate(sum(forward.values()), sum(forward_backward.values()), inputs, backend, False, breakdown,
+                          executor.name)
