@@ -1,7 +1,8 @@
 """The layering of hilbert_lab, read from the AST of every module (lazy imports inside functions included).
 
 kernels -> curves -> attention -> {distributed, locality, models, integrations, bench} -> viz -> reports -> cli: a
-package imports only from its own layer or below, and packages never import each other in a circle.
+package imports only from its own layer or below, and packages never import each other in a circle; nor do
+modules, inside a package or across (no module imports itself through others, package __init__ files included).
 The leaf modules io, dtypes, imaging and arguments may be imported by anyone and import only each other.
 No module imports a private name (`_x`) of another package, and no other package is imported under
 try/except (an optional dependency is a decision of the package that owns it). Modules stay under
@@ -45,6 +46,7 @@ class Import:
     name: Optional[str]  # the name taken from it (from-imports of a non-module name), else None
     line: int
     in_try: bool
+    package: Optional[str] = None  # `from package import module`: the package, whose __init__ runs first
 
 
 def module_name(path: Path, root: Path = PACKAGE) -> str:
@@ -86,7 +88,7 @@ def imports_of(module: str, source: str, known: set[str], is_package: bool = Fal
             for alias in node.names:
                 submodule = f"{base}.{alias.name}"
                 if submodule in known:
-                    yield Import(module, submodule, None, node.lineno, id(node) in in_try)
+                    yield Import(module, submodule, None, node.lineno, id(node) in in_try, base)
                 else:
                     yield Import(module, base, alias.name, node.lineno, id(node) in in_try)
 
@@ -160,6 +162,70 @@ def package_cycles(records: list[Import]) -> list[list[str]]:
     return cycles
 
 
+def module_edges(records: list[Import]) -> dict[str, dict[str, int]]:
+    """module -> {module it imports: line of the first such import}. `import a.b` and `from a.b import name` are
+    edges to a.b; `from a import b` with b a module is an edge to b and to a (a's __init__ runs first and hands b
+    over). A module's import of itself is left out."""
+    edges: dict[str, dict[str, int]] = {}
+    for record in records:
+        for target in (record.target, record.package):
+            if target is not None and target != record.module:
+                edges.setdefault(record.module, {}).setdefault(target, record.line)
+    return edges
+
+
+def module_cycles(records: list[Import]) -> list[str]:
+    """Each group of modules that import one another (a strongly connected component, lazy imports included), as
+    one readable chain 'a:line -> b:line -> a' (each line the import of the next module) through its first module,
+    followed by the group's other modules when the chain does not pass them."""
+    edges = module_edges(records)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def connect(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(edges.get(node, {})):
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = [stack.pop()]
+            while group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for start in sorted(set(edges) | {t for targets in edges.values() for t in targets}):
+        if start not in index:
+            connect(start)
+    chains = []
+    for group in sorted(groups):
+        start, members = group[0], set(group)
+        came_from: dict[str, str] = {}
+        frontier = [start]
+        while start not in came_from:  # breadth first inside the group, back to the start: a shortest circle
+            following = []
+            for node in frontier:
+                for nxt in sorted(edges[node]):
+                    if nxt in members and nxt not in came_from:
+                        came_from[nxt] = node
+                        following.append(nxt)
+            frontier = following
+        path = [start]
+        while len(path) == 1 or path[-1] != start:
+            path.append(came_from[path[-1]])
+        path.reverse()
+        chain = " -> ".join(f"{node}:{edges[node][nxt]}" for node, nxt in zip(path, path[1:])) + f" -> {start}"
+        others = sorted(members - set(path))
+        chains.append(chain + (f" (with {', '.join(others)})" if others else ""))
+    return chains
+
+
 def test_the_scanner_sees_imports_and_flags_each_kind_of_violation():
     """The checks below would catch a violation (on made-up sources)."""
     known = {"hilbert_lab.curves.codec", "hilbert_lab.viz.curves", "hilbert_lab.attention.engine",
@@ -182,6 +248,30 @@ def test_the_scanner_sees_imports_and_flags_each_kind_of_violation():
     assert list(private_attribute_uses("hilbert_lab.curves.x", source, known)) == []  # same package
 
 
+def test_the_module_circle_search_finds_lazy_and_package_circles():
+    """module_cycles on made-up sources: a circle closed by a lazy import, and a package whose __init__ imports a
+    submodule that takes a sibling from the package."""
+    known = {"hilbert_lab.curves", "hilbert_lab.curves.a", "hilbert_lab.curves.b", "hilbert_lab.curves.c",
+             "hilbert_lab.viz", "hilbert_lab.viz.figures", "hilbert_lab.viz.style"}
+    sources = {
+        "hilbert_lab.curves.a": "from hilbert_lab.curves.b import f\n",
+        "hilbert_lab.curves.b": "import numpy\n\n\ndef f():\n    import hilbert_lab.curves.c as c\n    return c\n",
+        "hilbert_lab.curves.c": "from hilbert_lab.curves.a import g\nfrom hilbert_lab.viz import style\n",
+        "hilbert_lab.viz": "from hilbert_lab.viz.figures import draw\n",
+        "hilbert_lab.viz.figures": "from hilbert_lab.viz import style\n",
+    }
+
+    def records(skip: str = "") -> list[Import]:
+        return [record for module, source in sources.items() if module != skip
+                for record in imports_of(module, source, known, module.count(".") == 1)]
+
+    assert module_cycles(records()) == [
+        "hilbert_lab.curves.a:1 -> hilbert_lab.curves.b:5 -> hilbert_lab.curves.c:1 -> hilbert_lab.curves.a",
+        "hilbert_lab.viz:1 -> hilbert_lab.viz.figures:1 -> hilbert_lab.viz"]
+    assert module_cycles(records(skip="hilbert_lab.curves.b")) == [module_cycles(records())[1]]
+    assert module_cycles(records(skip="hilbert_lab.viz")) == [module_cycles(records())[0]]  # c -> viz is no circle
+
+
 def test_every_module_belongs_to_a_known_layer():
     places = {package_of(module) for module in all_modules()} - {None}
     assert places <= set(LAYERS) | LEAVES, sorted(places - set(LAYERS) - LEAVES)
@@ -201,6 +291,16 @@ def test_no_import_runs_up_the_layers():
 def test_packages_never_import_each_other_in_a_circle():
     cycles = package_cycles(all_imports())
     assert cycles == [], "circles between packages: " + "; ".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_module_imports_itself_through_others():
+    """No circle of imports between modules, lazy (function-local) imports and package __init__ files included:
+    every concept has one home below its users."""
+    records = all_imports()
+    assert any(r.module == "hilbert_lab.attention.memory" and r.target == "hilbert_lab.attention.memory_ring"
+               for r in records)  # a lazy import is an edge too
+    cycles = module_cycles(records)
+    assert cycles == [], "modules importing themselves through others:\n" + "\n".join(cycles)
 
 
 def test_no_private_name_of_another_package_is_imported_or_used():

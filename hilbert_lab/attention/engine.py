@@ -16,7 +16,8 @@ import torch
 
 from hilbert_lab.attention.executors import BackendUnavailableError, Executor, get_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
-from hilbert_lab.attention.function import Part, attention, make_job
+from hilbert_lab.attention.function import attention, make_job, plan_part
+from hilbert_lab.attention.layout import read_through_layout
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
 from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
@@ -64,25 +65,10 @@ def _varlen_executor(q: torch.Tensor, training: bool) -> Optional[Executor]:
     return None
 
 
-def plan_part(executor: Executor, plan: Plan) -> Part:
-    """The job part of an executor running a plan."""
-    branches = tuple(sorted({blk.branch for blk in plan.blocks})) or (0,)
-    return Part(executor, plan, branches, whole=executor.capabilities.whole_pattern,
-                merges=plan.merge or plan.kv_shared, covered=plan.covered)
-
-
 def execute_plan(plan: Plan, executor: Executor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                  need_lse: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Nq, H, D), lse (B, H, Nq)) of `plan` on `executor`; differentiable with exact gradients."""
     return attention(make_job([plan_part(executor, plan)], scale), q, k, v, need_lse=need_lse)
-
-
-def read_through_layout(x: torch.Tensor, ordering: str, block: int) -> torch.Tensor:
-    """x (B, N, H, D) stored in the `ordering` layout (tokens permuted inside blocks of `block`, clipped to N)
-    and read back into original positions through the layout's index map: the same values (and gradients),
-    with the layout's memory traffic. Two permute_sequence calls (each one gather, differentiable)."""
-    perm, inverse = layout_permutation(x.shape[1], min(block, x.shape[1]), ordering, device=x.device)
-    return permute_sequence(permute_sequence(x, perm), inverse)
 
 
 def dilated_attention(

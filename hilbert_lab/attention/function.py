@@ -14,8 +14,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from hilbert_lab.attention.executors.base import Grads, Merged, Slots, lse_dtype
+from hilbert_lab.attention.executors.base import Executor, Grads, Merged, Slots, lse_dtype
 from hilbert_lab.attention.merge import merge_slots
+from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.target import device_facts
 
 
@@ -66,6 +67,13 @@ def make_job(parts: Sequence[Part], scale: float) -> Job:
                     slot_of[branch] = count
                     count += 1
     return Job(tuple(parts), slot_of, max(count, 1), float(scale))
+
+
+def plan_part(executor: Executor, plan: Plan) -> Part:
+    """The job part of an executor running a plan."""
+    branches = tuple(sorted({blk.branch for blk in plan.blocks})) or (0,)
+    return Part(executor, plan, branches, whole=executor.capabilities.whole_pattern,
+                merges=plan.merge or plan.kv_shared, covered=plan.covered)
 
 
 def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):

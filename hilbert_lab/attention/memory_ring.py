@@ -3,7 +3,7 @@ attention.memory (estimate_memory with world_size > 1).
 
 The ring lives above attention in the layering, so the buffers its pipelines hold (distributed/steps.py)
 are placed here term by term, while everything that runs attention code is a dry run on meta tensors
-(attention.memory): the shard's local part, one kernel call of a ring step (forward and backward: its
+(attention.dry_run): the shard's local part, one kernel call of a ring step (forward and backward: its
 outputs and work), the running merge of a step's result and the merge of the slots.
 
 Per rank (shard n = N / P), a ring branch of m members selects rows = B * ceil(n / r) * h rows of its h heads
@@ -20,25 +20,22 @@ the end of its steps).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 
+from hilbert_lab.attention.dry_run import _Allocations, _target, dry_run
 from hilbert_lab.attention.executors import get_executor
 from hilbert_lab.attention.executors.base import lse_dtype
 from hilbert_lab.attention.executors.kernel import call_backward, call_forward
+from hilbert_lab.attention.memory_config import DTYPE_BYTES, MemoryConfig
 from hilbert_lab.attention.merge import merge_into, merge_slots
 from hilbert_lab.attention.plan import cached_plan
-
-if TYPE_CHECKING:
-    from hilbert_lab.attention.memory import MemoryConfig
+from hilbert_lab.attention.target import estimating
 
 
 def _peak(device: str, run: Callable[[], object], *exclude: torch.Tensor) -> int:
     """Peak bytes that run() allocates above `exclude` (meta tensors standing for `device`)."""
-    from hilbert_lab.attention.memory import _Allocations, _target
-    from hilbert_lab.attention.target import estimating
-
     tracker = _Allocations()
     tracker.exclude(*exclude)
     with estimating(*_target(device), tracker.transient), tracker:
@@ -54,9 +51,6 @@ def _meta(shape, dtype) -> torch.Tensor:
 def _call_peaks(backend: str, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,
                 causal: bool) -> tuple[int, int]:
     """(forward, backward) peak bytes of one ring-step kernel call on (b, L, h, D) rows: its outputs and work."""
-    from hilbert_lab.attention.target import estimating
-    from hilbert_lab.attention.memory import _target
-
     q, k, v, grad = (_meta(shape, dtype) for _ in range(4))
     with estimating(*_target(device), lambda nbytes: None):
         kernel = get_executor(backend).kernel_for(q)
@@ -103,8 +97,6 @@ def _branches(config: MemoryConfig) -> tuple[list[int], list[tuple[int, int, int
 def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, dict[str, int]]]:
     """(forward, forward+backward, breakdown) of ring attention per rank (contiguous layout); see the module
     docstring."""
-    from hilbert_lab.attention.memory import DTYPE_BYTES, dry_run
-
     pattern, dtype, device = config.pattern, getattr(torch, config.dtype), config.device
     element, accumulate = DTYPE_BYTES[config.dtype], lse_dtype(dtype).itemsize
     # Gradient totals of half-precision CUDA inputs add up in the input dtype (attention.function.run_backward).

@@ -48,7 +48,10 @@ from typing import Optional, Sequence
 
 import torch
 
+from hilbert_lab.attention.dry_run import dry_run
 from hilbert_lab.attention.executors import BACKENDS, EXECUTORS, unavailable_reason
+from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.plan import cached_plan
 
 # Compute-capability major (and minor for Ada) -> architecture.
 _ARCHITECTURES = {3: "Kepler", 5: "Maxwell", 6: "Pascal", 7: "Volta", 8: "Ampere", 9: "Hopper", 10: "Blackwell",
@@ -159,18 +162,15 @@ def clear_fit_decisions() -> None:
 @functools.lru_cache(maxsize=256)
 def _inplace_peak_bytes(device: str, shape: tuple[int, ...], dtype: str, segment_lengths: tuple[int, ...],
                         dilation_rates: Optional[tuple[int, ...]], mode: str, causal: bool, training: bool) -> int:
-    """Peak bytes above the inputs of backend "sdpa" on (B, N, H, D) `shape` (attention.memory, executor
-    "auto": in place where the kernel applies); no segment_lengths: one dense segment of N tokens, no
-    dilation_rates: all 1 (an upper bound of the dilated pattern's per-call buffers)."""
-    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
-
-    batch, seq_len, heads, head_dim = shape
+    """Peak bytes above the inputs of backend "sdpa" on (B, N, H, D) `shape` (attention.dry_run, as
+    attention.memory estimates it; in place where the kernel applies); no segment_lengths: one dense segment of N
+    tokens, no dilation_rates: all 1 (an upper bound of the dilated pattern's per-call buffers)."""
+    seq_len, heads = shape[1], shape[2]
     lengths = segment_lengths or (seq_len,)
     rates = dilation_rates if dilation_rates is not None else (1,) * len(lengths)
-    estimate = estimate_memory(MemoryConfig(seq_len=seq_len, batch_size=batch, num_heads=heads, head_dim=head_dim,
-                                            segment_lengths=lengths, dilation_rates=rates, mode=mode, causal=causal,
-                                            backend="sdpa", dtype=dtype, device=device))
-    return estimate.forward_backward_bytes if training else estimate.forward_bytes
+    plan = cached_plan(DilatedPattern.create(lengths, rates, mode=mode, causal=causal), seq_len, heads)
+    forward, forward_backward = dry_run(EXECUTORS["sdpa"], plan, shape, getattr(torch, dtype), device)
+    return forward_backward if training else forward
 
 
 @functools.lru_cache(maxsize=64)

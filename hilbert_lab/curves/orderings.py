@@ -193,9 +193,7 @@ def grid_permutation(shape: Any, ordering: str) -> tuple[np.ndarray, np.ndarray]
         raise ValueError(f"shape must be a tuple (H, W) or (T, H, W) of positive ints, got {shape!r}")
     dims = tuple(_check_positive_int(size, "shape entries") for size in dims)
     _check_fits_memory(math.prod(dims), "prod(shape)", PERMUTATION_BYTES_PER_TOKEN, "building a permutation")
-    from hilbert_lab.curves.serialize import serialize  # noqa: PLC0415 (serialize imports this module)
-
-    return serialize(dims, ordering)
+    return _cached_grid_permutation(dims, ordering)
 
 
 def segment_permutation(length: int, ordering: str) -> tuple[np.ndarray, np.ndarray]:

@@ -16,9 +16,10 @@ from typing import Optional
 
 import torch
 
+import hilbert_lab.distributed.contiguous as contiguous
+import hilbert_lab.distributed.zigzag as zigzag
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import kv_split
-from hilbert_lab.distributed import contiguous, zigzag
 from hilbert_lab.distributed.sharding import shard_positions
 
 ALGORITHMS = {contiguous.NAME: contiguous, zigzag.NAME: zigzag}
@@ -122,7 +123,8 @@ def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int,
     plans = []
     for branch, (requested, rate) in enumerate(zip(pattern.segment_lengths, pattern.dilation_rates)):
         segment = min(requested, geometry.seq_len)
-        local, members = geometry.algorithm.classify(branch, requested, segment, geometry)
+        local, members = geometry.algorithm.classify(branch, requested, segment, geometry.ring_size,
+                                                     geometry.index, geometry.seq_len)
         plans.append(RingBranch(branch, segment, rate, head_groups(pattern, branch, num_heads, num_kv_heads),
                                 members, local))
     return plans

@@ -11,11 +11,6 @@ What this layout decides (branches.py and schedule.py ask it):
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from hilbert_lab.distributed.branches import RingLayout
-
 NAME = "contiguous"
 
 Cells = dict[tuple[int, int], str]  # (query part, key part) -> "diagonal" (causal, same chunk) or "full"
@@ -27,9 +22,11 @@ def runs(member: int, ring_size: int, shard_len: int) -> tuple[tuple[int, slice]
     return ((member, slice(0, shard_len)),)
 
 
-def classify(branch: int, requested: int, segment: int, geometry: RingLayout) -> tuple[bool, tuple[int, ...]]:
-    """(local, members of this rank's sub-ring) of a branch with effective segment length `segment`."""
-    n, total, ring_size, me = geometry.shard_len, geometry.seq_len, geometry.ring_size, geometry.index
+def classify(branch: int, requested: int, segment: int, ring_size: int, index: int,
+             seq_len: int) -> tuple[bool, tuple[int, ...]]:
+    """(local, members of this rank's sub-ring) of a branch with effective segment length `segment`, on rank
+    `index` of a ring of `ring_size` ranks holding `seq_len` tokens."""
+    n, total, me = seq_len // ring_size, seq_len, index
     if n % segment == 0:
         return True, (me,)
     if segment % n:

@@ -26,9 +26,9 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from hilbert_lab.attention.engine import dilated_attention, plan_part, resolve_executor
+from hilbert_lab.attention.engine import dilated_attention, resolve_executor
 from hilbert_lab.attention.executors import Executor
-from hilbert_lab.attention.function import Job, Part, attention, make_job
+from hilbert_lab.attention.function import Job, Part, attention, make_job, plan_part
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens

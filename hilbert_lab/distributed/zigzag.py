@@ -13,13 +13,8 @@ What this layout decides (branches.py and schedule.py ask it):
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from hilbert_lab.distributed import contiguous
+import hilbert_lab.distributed.contiguous as contiguous
 from hilbert_lab.distributed.contiguous import Call, Cells
-
-if TYPE_CHECKING:
-    from hilbert_lab.distributed.branches import RingLayout
 
 NAME = "zigzag"
 
@@ -30,16 +25,18 @@ def runs(member: int, ring_size: int, shard_len: int) -> tuple[tuple[int, slice]
     return (member, slice(0, chunk)), (2 * ring_size - 1 - member, slice(chunk, shard_len))
 
 
-def classify(branch: int, requested: int, segment: int, geometry: RingLayout) -> tuple[bool, tuple[int, ...]]:
-    """(local, members of this rank's ring) of a branch with effective segment length `segment`."""
-    chunk = geometry.shard_len // 2
+def classify(branch: int, requested: int, segment: int, ring_size: int, index: int,
+             seq_len: int) -> tuple[bool, tuple[int, ...]]:
+    """(local, members of this rank's ring) of a branch with effective segment length `segment`, on rank `index`
+    of a ring of `ring_size` ranks holding `seq_len` tokens."""
+    chunk = seq_len // ring_size // 2
     if chunk % segment == 0:
-        return True, (geometry.index,)
-    if segment == geometry.seq_len:
-        return False, tuple(range(geometry.ring_size))
+        return True, (index,)
+    if segment == seq_len:
+        return False, tuple(range(ring_size))
     raise ValueError(
-        f"segment_lengths[{branch}] = {requested}: the zigzag layout with {geometry.ring_size} ranks (chunks of "
-        f"{chunk} tokens, N = {geometry.seq_len}) needs every segment length to divide the chunk length {chunk} "
+        f"segment_lengths[{branch}] = {requested}: the zigzag layout with {ring_size} ranks (chunks of "
+        f"{chunk} tokens, N = {seq_len}) needs every segment length to divide the chunk length {chunk} "
         f"or be >= N (use layout='contiguous' for segments spanning a few ranks)")
 
 

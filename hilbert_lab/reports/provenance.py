@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from hilbert_lab.io import strip_paths
+from hilbert_lab.reports.repo_paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 NOT_RECORDED = "not recorded"
 SOURCE_FIELDS = ("what", "device", "revision", "recorded", "command")
 # the commit that made the attention core one executor interface: cost figures (time, memory, lengths) of a

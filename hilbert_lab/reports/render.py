@@ -16,8 +16,8 @@ from typing import Any, Callable
 from hilbert_lab.io import JSON_KINDS, atomic_write, read_json_object
 from hilbert_lab.reports.html import PLOTLY_FILE, index_html, page_html, write_plotly
 from hilbert_lab.reports.page import Page, Section, device_label, fmt, is_gpu_env
+from hilbert_lab.reports.repo_paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # metrics["report"] -> module with render(metrics, env) -> Page
 RENDERERS = {
     "benchmark": "hilbert_lab.reports.benchmark_page",

@@ -8,14 +8,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
+from hilbert_lab.reports.repo_paths import REPO_ROOT, resolve_repo_path, results_dir
 from hilbert_lab.reports.training_grid import grid_buckets_table, grid_rows_table, grid_sections, load_grids
 from hilbert_lab.reports.training_length import device_name, longest_trainable_sections, longest_trainable_table
 from hilbert_lab.reports.training_ring import loss_agreement, ring_comparison_sections, ring_comparison_table
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = [
     "REPO_ROOT",
@@ -38,17 +36,6 @@ __all__ = [
     "run_phases",
     "throughput_table",
 ]
-
-
-def results_dir() -> Path:
-    """The repository's reports/results folder (resolved from the package location, not the cwd)."""
-    return REPO_ROOT / "reports" / "results"
-
-
-def resolve_repo_path(path: str | os.PathLike) -> Path:
-    """`path` itself when absolute, else `path` under the repository root."""
-    path = Path(path).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def load_runs(runs: Mapping[str, Mapping[str, str | os.PathLike]]) -> dict[str, dict[str, dict[str, Any]]]:

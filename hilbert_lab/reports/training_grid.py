@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from hilbert_lab.reports.repo_paths import resolve_repo_path
+
 __all__ = ["TARGET_ACCURACY", "TARGET_FRACTION", "TARGET_KEYS", "TARGET_LENGTH", "grid_buckets_table",
            "grid_rows_table", "grid_sections", "load_grids", "main_result", "row_names"]
 
@@ -15,8 +17,6 @@ def load_grids(grids: Mapping[str, str | os.PathLike]) -> tuple[dict[str, dict[s
     where missing lists "label (path)" of the files that do not exist yet (the GPU grid comes later).
     ValueError naming the path for a file that exists but is not such a grid."""
     import json
-
-    from hilbert_lab.reports.training import resolve_repo_path
 
     loaded, missing = {}, []
     for label, path in grids.items():

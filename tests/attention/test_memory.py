@@ -142,6 +142,7 @@ def test_dry_run_counts_what_the_executor_allocates(fields):
 
     from hilbert_lab.attention import dilated_attention
     from hilbert_lab.attention.executors import Capabilities
+    from hilbert_lab.attention.dry_run import dry_run
     from hilbert_lab.attention.executors.blockwise import blockwise_executor
 
     kernel = _visible_kernel()
@@ -150,7 +151,7 @@ def test_dry_run_counts_what_the_executor_allocates(fields):
     shape = (config.batch_size, config.seq_len, config.num_heads, config.head_dim)
     plan = __import__("hilbert_lab.attention.plan", fromlist=["cached_plan"]).cached_plan(
         config.pattern, config.seq_len, config.num_heads)
-    estimated = executor.memory(plan, shape, torch.float32, "cpu")
+    estimated = dry_run(executor, plan, shape, torch.float32, "cpu")
     q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
     upstream = torch.randn(shape)
     kwargs = dict(segment_lengths=config.segment_lengths, dilation_rates=config.dilation_rates, mode=config.mode,

@@ -256,7 +256,7 @@ def test_a_build_failure_patched_in_at_first_import_ends_with_the_patch(monkeypa
 
 
 def test_engine_permutes_through_permute_sequence(monkeypatch):
-    from hilbert_lab.attention import engine
+    from hilbert_lab.attention import engine, layout
 
     calls = []
 
@@ -264,7 +264,7 @@ def test_engine_permutes_through_permute_sequence(monkeypatch):
         calls.append(dim)
         return permute_sequence(x, perm, dim)
 
-    monkeypatch.setattr(engine, "permute_sequence", counting)
+    monkeypatch.setattr(layout, "permute_sequence", counting)  # engine reads q, k, v through attention.layout
     q, k, v = (torch.randn(1, 40, 2, 4, dtype=torch.float64) for _ in range(3))
     kwargs = dict(segment_lengths=[8, 16], dilation_rates=[1, 2], backend="manual")
     ordered = engine.dilated_attention(q, k, v, ordering="hilbert", **kwargs)

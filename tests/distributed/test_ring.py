@@ -152,10 +152,10 @@ class _Silent:
 
 
 def _ring_dry_run(config, index: int) -> tuple[int, int]:
-    """(forward, forward+backward) peaks of rank `index`'s ring job on meta tensors (attention.memory's counter)."""
+    """(forward, forward+backward) peaks of rank `index`'s ring job on meta tensors (attention.dry_run's counter)."""
+    from hilbert_lab.attention.dry_run import _Allocations, _target
     from hilbert_lab.attention.executors import get_executor
     from hilbert_lab.attention.function import attention
-    from hilbert_lab.attention.memory import _Allocations, _target
     from hilbert_lab.attention.target import estimating
     from hilbert_lab.distributed.ring import ring_job
     from hilbert_lab.distributed.steps import RingSteps

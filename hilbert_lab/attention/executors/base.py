@@ -1,14 +1,13 @@
-"""The executor type: the capabilities an attention executor declares and the three operations it offers.
+"""The executor type: the capabilities an attention executor declares and the operations it offers.
 
 An executor runs a plan (attention.plan) on q (B, Nq, H, D), k, v (B, N, H_kv, D):
 - `forward(plan, q, k, v, slots, *, scale)` writes each branch's (or, for a whole-pattern executor, the
   merged) output and LSE into the caller's `Slots` and returns the state its backward needs;
 - `backward(plan, state, q, k, v, merged, grads, *, scale)` adds (or writes) its exact share of dq, dk,
   dv for the *merged* output and LSE (`Merged`: every block's kernel backward is called with the merged
-  out and LSE, so the gradients through the merge weights are exact) into `Grads`;
-- `memory(plan, shape, dtype, device)` estimates the bytes it allocates above the inputs: a dry run of
-  its own forward and backward on meta tensors (attention.memory.dry_run), so no model can drift from
-  the code.
+  out and LSE, so the gradients through the merge weights are exact) into `Grads`.
+The bytes an executor allocates above the inputs are a dry run of its own forward and backward on meta
+tensors (attention.dry_run.dry_run(executor, plan, shape, dtype, device)), so no model can drift from the code.
 Everything the registry, `auto`, the memory estimate and the benchmark cases know about an executor is
 read from its `Capabilities`; nothing dispatches on names.
 """
@@ -211,13 +210,6 @@ class Executor:
     unavailable: Callable[[Optional[torch.device], Optional[torch.dtype]], Optional[str]] = lambda device, dtype: None
     description: str = ""
     kernel_for: Optional[Callable[[torch.Tensor], Any]] = None
-
-    def memory(self, plan, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str = "cpu") -> tuple[int, int]:
-        """(forward, forward+backward) peak bytes above the inputs of running `plan` on inputs of (B, N, H, D)
-        `shape` on `device` (attention.memory.dry_run)."""
-        from hilbert_lab.attention.memory import dry_run
-
-        return dry_run(self, plan, shape, dtype, device)
 
     def unavailable_reason(self, device: torch.device | str | None = None, dtype: Optional[torch.dtype] = None,
                            head_dim: Optional[int] = None) -> Optional[str]:
