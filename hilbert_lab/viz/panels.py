@@ -37,6 +37,25 @@ def clamp(value: Any, low: float, high: float, name: str, notes: list[str], *, i
     return clamped
 
 
+SLIDER_MIN_WIDTH = "340px"  # the label, the readout and a track wide enough to drag
+
+
+def slider_layout() -> Any:
+    """Layout of a slider in a row of controls: it never shrinks below SLIDER_MIN_WIDTH (a narrow notebook
+    squeezes the track, not the label or readout, down to a dot)."""
+    import ipywidgets as widgets
+
+    return widgets.Layout(min_width=SLIDER_MIN_WIDTH)
+
+
+def wrapping_row() -> Any:
+    """Layout of a row of controls: controls that do not fit the notebook's width go on to the next line
+    instead of being squeezed."""
+    import ipywidgets as widgets
+
+    return widgets.Layout(flex_flow="row wrap")
+
+
 def show_message(message_widget: Any, notes: list[str], *, error: bool = False) -> None:
     """Write notes into an HTML widget (orange for clamping notes, red for refused input)."""
     if not notes:
