@@ -3,6 +3,8 @@
 Each explorer's steps check the first drawing, change controls as a user would and check the redraw, and
 check what a reader sees: axis titles that fit their figure and do not overlap, counts printed as integers,
 readable log-axis ticks, sentences instead of raw dicts, results marked out of date when the controls change.
+In a 1280 x 800 window (a laptop, the file browser open) the controls, plots and tables must stay usable too:
+slider tracks wide enough to drag, every subplot of a row of heatmaps in view, table labels on one line.
 Screenshots of every stage are kept in test-artifacts/ (NAME_STAGE.png).
 
 Also opens an exported report page with every network request blocked: the plots must still render.
@@ -183,9 +185,10 @@ def _control(page, kind: str, label: str):
     return page.locator(f".{kind}", has=page.locator("label", has_text=label)).first
 
 
-# a laptop window: the notebook column is narrower than the tall window the other checks use
-NARROW = {"width": 1280, "height": 800}
+# the window of most checks (tall enough that every output is laid out and visible in the screenshots), and a
+# laptop's, where the notebook column is narrower
 WIDE = {"width": 1500, "height": 4200}
+NARROW = {"width": 1280, "height": 800}
 # every slider in the outputs: its label and the width of its track as drawn
 SLIDERS = """() => Array.from(document.querySelectorAll('.jp-OutputArea .widget-slider')).map(slider => {
   const label = slider.querySelector('label'), track = slider.querySelector('.noUi-target, .slider');
@@ -432,8 +435,7 @@ def test_explorer_notebook_in_jupyterlab(name, browser, jupyter_lab):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     base, token = jupyter_lab
-    # tall enough that every output is laid out and visible in the screenshots
-    page = browser.new_page(viewport={"width": 1500, "height": 4200})
+    page = browser.new_page(viewport=WIDE)
     page.set_default_timeout(120_000)
     page.errors = []  # shown when a redraw does not come
     page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)
