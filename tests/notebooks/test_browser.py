@@ -305,7 +305,7 @@ def _curve_explorer(page) -> None:
     headers = next((rows[0] for rows in page.evaluate(TABLES) if rows and "rowmajor" in rows[0]), [])
     _check(page, headers.count("rowmajor") == 1, f"the serialization table's header reads {headers}")
     yield "rowmajor"
-    # a laptop window: the locality table beside the curve keeps each label on one line
+    # a laptop window: the curve's locality table keeps each label on one line, inside the output
     _window(page, NARROW)
     _check_one_line_labels(page, "locality")
     yield "1280"
