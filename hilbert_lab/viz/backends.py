@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 
 from hilbert_lab.dtypes import DTYPES as FLOAT_DTYPES, torch_dtype
-from hilbert_lab.viz.panels import Panel, clamp, show_message
+from hilbert_lab.viz.panels import Panel, clamp, show_message, slider_layout, wrapping_row
 
 DTYPES = {name: torch_dtype(name) for name in FLOAT_DTYPES}
 REFERENCE_MAX_TOKENS = 2048  # the float64 dense oracle is O(N^2) memory; not timed beyond this
@@ -219,11 +219,11 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
         "device": widgets.Dropdown(options=devices, value=device if device in devices else "cpu", description="device"),
         "dtype": widgets.Dropdown(options=list(DTYPES), value=dtype, description="dtype"),
         "seq_len": widgets.IntText(value=seq_len, description="tokens"),
-        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=32, description="heads"),
+        "num_heads": widgets.IntSlider(value=num_heads, min=1, max=32, description="heads", layout=slider_layout()),
         "head_dim": widgets.Dropdown(options=[16, 32, 64, 128], value=head_dim, description="head dim"),
         "segment_lengths": widgets.Text(value=segment_lengths, description="segments"),
         "dilation_rates": widgets.Text(value=dilation_rates, description="dilations"),
-        "repeats": widgets.IntSlider(value=repeats, min=1, max=60, description="repeats"),
+        "repeats": widgets.IntSlider(value=repeats, min=1, max=60, description="repeats", layout=slider_layout()),
     }
     run_button = widgets.Button(description="time backends", button_style="primary")
     message, info_html, table_html = widgets.HTML(), widgets.HTML(), widgets.HTML()
@@ -298,8 +298,10 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
     run_button.on_click(run)
     layout = widgets.VBox([
         info_html,
-        widgets.HBox([controls["device"], controls["dtype"], controls["seq_len"], controls["num_heads"]]),
-        widgets.HBox([controls["head_dim"], controls["segment_lengths"], controls["dilation_rates"], controls["repeats"]]),
+        widgets.HBox([controls["device"], controls["dtype"], controls["seq_len"], controls["num_heads"]],
+                     layout=wrapping_row()),
+        widgets.HBox([controls["head_dim"], controls["segment_lengths"], controls["dilation_rates"], controls["repeats"]],
+                     layout=wrapping_row()),
         run_button, message, figure.widget, table_html,
     ])
     describe()

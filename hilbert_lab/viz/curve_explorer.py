@@ -13,10 +13,18 @@ from hilbert_lab.viz.curves import (
     format_metric,
     traversal_metrics,
 )
-from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message
+from hilbert_lab.viz.panels import FigureView, Panel, clamp, guarded, replace_figure, show_message, wrapping_row
 
 MAX_ORDER = {2: 7, 3: 4}  # 16384 cells in 2D, 4096 in 3D: what a browser redraws smoothly
 MAX_SIDE = {2: 128, 3: 16}
+
+
+def metrics_table_html(metrics: dict[str, float]) -> str:
+    """The locality metrics as a titled two-column HTML table, each label on one line."""
+    rows = "".join(f"<tr><td style='white-space:nowrap;padding-right:12px'>"
+                   f"{html.escape(TRAVERSAL_METRIC_LABELS.get(name, name))}</td><td>{format_metric(value)}</td></tr>"
+                   for name, value in metrics.items())
+    return f"<b>locality</b><table>{rows}</table>"
 
 
 def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width: int = 12, height: int = 8,
@@ -76,9 +84,7 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
         replace_figure(figure, plain)
         metrics = traversal_metrics(coords)
         state.update(coords=coords, metrics=metrics, parameters=kwargs | {"family": chosen})
-        rows = "".join(f"<tr><td>{html.escape(TRAVERSAL_METRIC_LABELS.get(name, name))}</td>"
-                       f"<td>{format_metric(value)}</td></tr>" for name, value in metrics.items())
-        metrics_html.value = f"<b>locality</b><table>{rows}</table>"
+        metrics_html.value = metrics_table_html(metrics)
         show_message(message, notes)
 
     observer = guarded(refresh, message)
@@ -92,7 +98,8 @@ def curve_explorer(family: str = "hilbert", ndim: int = 2, order: int = 3, width
         size_box,
         widgets.HBox([play, controls["drawn_percent"]]),
         message,
-        widgets.HBox([figure.widget, metrics_html]),
+        # the table beside the curve where the notebook is wide enough for both, under it where not
+        widgets.HBox([figure.widget, metrics_html], layout=wrapping_row()),
     ])
     observer()
     return Panel(widget=layout, figures={"curve": figure}, controls=controls, message=message, refresh=refresh,

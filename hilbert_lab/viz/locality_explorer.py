@@ -82,6 +82,8 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, ki
     """Access-order heatmaps of all orderings side by side (built from viz.locality.access_order_heatmap).
 
     kind="grid": x = column, y = row of the grid; kind="sequence": x = position in segment, y = segment.
+    The figure has no fixed width: it takes the width of the output it is drawn in (every panel stays in view
+    in a narrow notebook).
     """
     from plotly.subplots import make_subplots
 
@@ -102,7 +104,7 @@ def access_heatmaps_figure(index_grids: dict[str, np.ndarray], title: str, *, ki
             fig.add_trace(trace, row=1, col=column)
         fig.update_yaxes(autorange="reversed", row=1, col=column)
     fig.update_yaxes(title_text=y_title, row=1, col=1)
-    fig.update_layout(title=title, height=380, width=min(1000, 220 * len(names) + 150), showlegend=False)
+    fig.update_layout(title=title, height=380, autosize=True, showlegend=False)
     return fig
 
 
@@ -137,7 +139,7 @@ def locality_explorer(kind: str = "grid", size: int = 16, box_or_segment: int = 
     }
     message = widgets.HTML()
     table_html = widgets.HTML()
-    figures = {"heatmaps": FigureView(), "misses": FigureView()}
+    figures = {"heatmaps": FigureView(responsive=True), "misses": FigureView()}
     state: dict = {}
 
     def refresh() -> None:

@@ -37,6 +37,25 @@ def clamp(value: Any, low: float, high: float, name: str, notes: list[str], *, i
     return clamped
 
 
+SLIDER_MIN_WIDTH = "340px"  # the label, the readout and a track wide enough to drag
+
+
+def slider_layout() -> Any:
+    """Layout of a slider in a row of controls: it never shrinks below SLIDER_MIN_WIDTH (a narrow notebook
+    squeezes the track, not the label or readout, down to a dot)."""
+    import ipywidgets as widgets
+
+    return widgets.Layout(min_width=SLIDER_MIN_WIDTH)
+
+
+def wrapping_row() -> Any:
+    """Layout of a row of controls: controls that do not fit the notebook's width go on to the next line
+    instead of being squeezed."""
+    import ipywidgets as widgets
+
+    return widgets.Layout(flex_flow="row wrap")
+
+
 def show_message(message_widget: Any, notes: list[str], *, error: bool = False) -> None:
     """Write notes into an HTML widget (orange for clamping notes, red for refused input)."""
     if not notes:
@@ -54,26 +73,28 @@ class FigureView:
     notebook draws from scratch. Replacing it is one state update of the Output, so a redraw cannot
     arrive in pieces (a FigureWidget's relayout messages can be lost on a busy front-end: a redrawn plot
     then has no title). Attributes other than `widget` and `figure` (data, layout, select_xaxes...) read the
-    figure shown.
+    figure shown. `responsive`: a figure without a layout width fills the output's width and follows it when
+    the window is resized.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, responsive: bool = False) -> None:
         import ipywidgets as widgets
         import plotly.graph_objects as go
 
         self.widget = widgets.Output()
         self.figure = go.Figure()
+        self.config = {"displaylogo": False} | ({"responsive": True} if responsive else {})
 
     def show(self, figure: Any) -> None:
         """Draw plain plotly `figure` in place of the one shown."""
         spec = json.loads(figure.to_json())
-        bundle = {"application/vnd.plotly.v1+json": {**spec, "config": {"displaylogo": False}},
+        bundle = {"application/vnd.plotly.v1+json": {**spec, "config": self.config},
                   "text/plain": f"<figure: {html.escape(str(figure.layout.title.text or ''))}>"}
         self.figure = figure
         self.widget.outputs = ({"output_type": "display_data", "data": bundle, "metadata": {}},)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name in ("figure", "widget"):
+        if name.startswith("_") or name in ("figure", "widget", "config"):
             raise AttributeError(name)
         return getattr(self.figure, name)
 

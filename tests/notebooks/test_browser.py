@@ -3,6 +3,8 @@
 Each explorer's steps check the first drawing, change controls as a user would and check the redraw, and
 check what a reader sees: axis titles that fit their figure and do not overlap, counts printed as integers,
 readable log-axis ticks, sentences instead of raw dicts, results marked out of date when the controls change.
+In a 1280 x 800 window (a laptop, the file browser open) the controls, plots and tables must stay usable too:
+slider tracks wide enough to drag, every subplot of a row of heatmaps in view, table labels on one line.
 Screenshots of every stage are kept in test-artifacts/ (NAME_STAGE.png).
 
 Also opens an exported report page with every network request blocked: the plots must still render.
@@ -183,6 +185,101 @@ def _control(page, kind: str, label: str):
     return page.locator(f".{kind}", has=page.locator("label", has_text=label)).first
 
 
+# the window of most checks (tall enough that every output is laid out and visible in the screenshots), and a
+# laptop's, where the notebook column is narrower
+WIDE = {"width": 1500, "height": 4200}
+NARROW = {"width": 1280, "height": 800}
+# every slider in the outputs: its label and the width of its track as drawn
+SLIDERS = """() => Array.from(document.querySelectorAll('.jp-OutputArea .widget-slider')).map(slider => {
+  const label = slider.querySelector('label'), track = slider.querySelector('.noUi-target, .slider');
+  return {label: label ? label.textContent.trim() : '', width: track ? track.getBoundingClientRect().width : 0};
+})"""
+# the plot whose title contains the argument, scrolled into view: its figure, the part of it its output shows
+# (the output area clipped by the window and by every ancestor that hides overflow) and the plot area of each
+# subplot (from plotly's laid-out axes)
+PLOT_AREAS = """(titlePart) => {
+  const plot = Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot'))
+    .find(p => (((p._fullLayout || p.layout || {}).title || {}).text || '').includes(titlePart));
+  if (!plot) return null;
+  plot.scrollIntoView({block: 'center'});
+  const svg = plot.querySelector('.main-svg').getBoundingClientRect();
+  let visible = {left: 0, top: 0, right: window.innerWidth, bottom: window.innerHeight};
+  for (let node = plot.parentElement; node; node = node.parentElement) {
+    const style = getComputedStyle(node);
+    if (style.overflowX === 'visible' && style.overflowY === 'visible'
+        && !node.classList.contains('jp-OutputArea-output')) continue;
+    const r = node.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;  // no box of its own (display: contents, an empty holder)
+    visible = {left: Math.max(visible.left, r.left), top: Math.max(visible.top, r.top),
+               right: Math.min(visible.right, r.right), bottom: Math.min(visible.bottom, r.bottom)};
+  }
+  const areas = Object.entries(plot._fullLayout._plots || {}).map(([id, sub]) => ({text: id,
+    left: svg.left + sub.xaxis._offset, right: svg.left + sub.xaxis._offset + sub.xaxis._length,
+    top: svg.top + sub.yaxis._offset, bottom: svg.top + sub.yaxis._offset + sub.yaxis._length}));
+  return {svg: {left: svg.left, right: svg.right, top: svg.top, bottom: svg.bottom}, visible, areas};
+}"""
+# the first-column cells of the HTML panel whose text starts with the argument, scrolled into view: the text,
+# the lines it is drawn on, its content height in line heights and whether its row ends inside the output
+LABEL_LINES = """(heading) => {
+  const panel = Array.from(document.querySelectorAll('.jp-OutputArea .widget-html'))
+    .find(e => e.querySelector('table') && e.innerText.trim().startsWith(heading));
+  if (!panel) return null;
+  panel.scrollIntoView({block: 'center'});
+  const output = panel.closest('.jp-OutputArea-output').getBoundingClientRect();
+  return Array.from(panel.querySelectorAll('tr')).map(row => row.querySelector('th, td')).filter(Boolean)
+    .map(cell => {
+      const range = document.createRange();
+      range.selectNodeContents(cell);
+      const tops = new Set(Array.from(range.getClientRects()).filter(r => r.width > 0).map(r => Math.round(r.top)));
+      const style = getComputedStyle(cell);
+      const line = parseFloat(style.lineHeight) || 1.2 * parseFloat(style.fontSize);
+      const height = cell.getBoundingClientRect().height - parseFloat(style.paddingTop)
+        - parseFloat(style.paddingBottom);
+      return {text: cell.innerText.trim(), lines: tops.size, heights: height / line,
+              inside: cell.parentElement.getBoundingClientRect().right <= Math.min(output.right, window.innerWidth) + 1};
+    });
+}"""
+
+
+def _window(page, size: dict) -> None:
+    """Resize the browser window and let JupyterLab and plotly lay out again."""
+    page.set_viewport_size(size)
+    page.wait_for_timeout(1500)
+
+
+def _check_sliders(page, min_track: float = 120) -> None:
+    """Every slider keeps a track a user can drag."""
+    sliders = page.evaluate(SLIDERS)
+    narrow = [(slider["label"], round(slider["width"])) for slider in sliders if slider["width"] < min_track]
+    _check(page, sliders and not narrow, f"slider tracks narrower than {min_track} px at "
+           f"{page.viewport_size['width']} px: {narrow}")
+
+
+def _check_plot_areas(page, title_part: str, count: int) -> None:
+    """Each of the `count` subplots of a plot is drawn in full inside its figure and the visible output."""
+    drawn = page.evaluate(PLOT_AREAS, title_part)
+    assert drawn is not None, f"no plot titled {title_part!r}"
+    cut = [(area["text"], *(round(area[side]) for side in ("left", "right", "top", "bottom")))
+           for area in drawn["areas"] if not (_inside(area, drawn["visible"]) and _inside(area, drawn["svg"]))]
+    _check(page, len(drawn["areas"]) == count and not cut,
+           f"{title_part!r} at {page.viewport_size['width']} px: {len(drawn['areas'])} of {count} subplots, cut off "
+           f"(subplot, left, right, top, bottom): {cut}; visible "
+           f"{ {side: round(value) for side, value in drawn['visible'].items()} }, "
+           f"figure { {side: round(value) for side, value in drawn['svg'].items()} }")
+
+
+def _check_one_line_labels(page, heading: str) -> None:
+    """The labels of the table in the HTML panel starting with `heading` are drawn on one line each, and its rows
+    inside the output."""
+    cells = page.evaluate(LABEL_LINES, heading)
+    assert cells, f"no table under {heading!r}"
+    wrapped = [(cell["text"], cell["lines"]) for cell in cells if cell["lines"] != 1 or cell["heights"] > 1.5]
+    _check(page, not wrapped, f"labels of the {heading!r} table wrap at {page.viewport_size['width']} px "
+           f"(label, lines): {wrapped}")
+    _check(page, all(cell["inside"] for cell in cells), f"the {heading!r} table leaves the output at "
+           f"{page.viewport_size['width']} px")
+
+
 def _curve_explorer(page) -> None:
     # the explorer starts at Hilbert order 3: 64 cells; one step of the order slider: 256 cells
     before = _wait_for_plot(page, "Hilbert", lambda plot: len(plot["traces"][0]["x"]) == 64)
@@ -208,12 +305,22 @@ def _curve_explorer(page) -> None:
     headers = next((rows[0] for rows in page.evaluate(TABLES) if rows and "rowmajor" in rows[0]), [])
     _check(page, headers.count("rowmajor") == 1, f"the serialization table's header reads {headers}")
     yield "rowmajor"
+    # a laptop window: the curve's locality table keeps each label on one line, inside the output
+    _window(page, NARROW)
+    _check_one_line_labels(page, "locality")
+    yield "1280"
+    _window(page, WIDE)
 
 
 def _locality_explorer(page) -> None:
     title = "LRU misses of the K/V line trace"
     before = _wait_for_plot(page, title, lambda plot: "window 4" in plot["title"])
     yield
+    # a laptop window: all four orderings' heatmaps are drawn in full
+    _window(page, NARROW)
+    _check_plot_areas(page, "access order: 16x16 grid", 4)
+    yield "1280"
+    _window(page, WIDE)
     box = _control(page, "widget-text", "box / segment").locator("input")
     box.fill("5")
     box.press("Enter")
@@ -242,6 +349,10 @@ def _locality_explorer(page) -> None:
     _check(page, all(_inside(box, heatmaps["svg"]) for box in titles),
            f"an axis title leaves its figure: {[box['text'] for box in titles if not _inside(box, heatmaps['svg'])]}")
     yield "sequence"
+    _window(page, NARROW)
+    _check_plot_areas(page, "access order: 1024 tokens", 5)
+    yield "sequence_1280"
+    _window(page, WIDE)
 
 
 def _attention_explorer(page) -> None:
@@ -288,6 +399,12 @@ def _backend_dashboard(page) -> None:
     _check(page, all(_inside(box, geometry["svg"]) for box in geometry["ytitles"]),
            f"the y axis title leaves its figure: {[box['text'] for box in geometry['ytitles']]}")
     yield "before"
+    # a laptop window: the heads and repeats sliders keep a usable track
+    _window(page, NARROW)
+    _check_sliders(page)
+    _control(page, "widget-slider", "repeats").scroll_into_view_if_needed()
+    yield "1280"
+    _window(page, WIDE)
     # a control change marks the timing as out of date, plot and table alike
     tokens = _control(page, "widget-text", "tokens").locator("input")
     tokens.fill("512")
@@ -318,8 +435,7 @@ def test_explorer_notebook_in_jupyterlab(name, browser, jupyter_lab):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     base, token = jupyter_lab
-    # tall enough that every output is laid out and visible in the screenshots
-    page = browser.new_page(viewport={"width": 1500, "height": 4200})
+    page = browser.new_page(viewport=WIDE)
     page.set_default_timeout(120_000)
     page.errors = []  # shown when a redraw does not come
     page.on("console", lambda message: page.errors.append(message.text) if message.type == "error" else None)

@@ -57,7 +57,7 @@ def test_counts_are_integers_in_the_panel_and_the_table():
     assert metrics["cells"] == 64 and isinstance(metrics["cells"], int)
     assert format_metric(metrics["cells"]) == "64" and format_metric(metrics["mean_step"]) == "1.000"
     panel = curve_explorer(order=3)
-    assert "<td>cells</td><td>64</td>" in panel.widget.children[-1].children[1].value
+    assert ">cells</td><td>64</td>" in panel.widget.children[-1].children[1].value
     table = traversal_metrics_table({"hilbert": metrics, "snake": traversal_metrics(curve_coordinates(
         "snake", width=8, height=8))})
     assert table["cells"].tolist() == [64, 64] and str(table["cells"].dtype).startswith("int")
