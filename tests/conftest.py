@@ -56,7 +56,18 @@ FORKSERVER_PRELOAD = ["torch", "torch.distributed", "hilbert_lab.attention.engin
                       "hilbert_lab.models"]
 
 
+def _node_ids_take_groups() -> bool:
+    """Whether pytest-xdist can add a test's xdist_group to its node id (it writes `item._nodeid`, which the
+    node id is read from up to pytest 9.1; pytest 9.2 reads it from elsewhere and the groups are lost)."""
+    from _pytest.nodes import Node
+
+    return "_nodeid" in Node.nodeid.fget.__code__.co_names
+
+
 def pytest_configure(config):
+    if config.getoption("dist", "no") == "loadgroup" and not _node_ids_take_groups():
+        raise pytest.UsageError(f"--dist loadgroup would split the suite's xdist groups across workers under pytest "
+                                f"{pytest.__version__}: install the dev extra's pytest (pyproject.toml: <9.2)")
     if not config.pluginmanager.hasplugin("timeout"):  # a GPU machine's python may lack pytest-timeout
         config.addinivalue_line("markers", "timeout(seconds): a time limit (pytest-timeout; not installed here)")
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)

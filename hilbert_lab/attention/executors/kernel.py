@@ -54,7 +54,8 @@ class DenseKernel:
     varying_lengths: Optional["DenseKernel"] = None
 
     def note(self, q: torch.Tensor, k: torch.Tensor, backward: bool) -> None:
-        """Report the call's internal workspace (bytes the kernel allocates out of sight) to a dry run."""
+        """Report the call's internal workspace (bytes the kernel allocates out of sight) to a dry run; called
+        once the call's outputs exist, which the workspace lives beside."""
         if self.workspace is not None:
             note_workspace(self.workspace(q, k, backward))
 
@@ -78,12 +79,14 @@ def _reduce(x: torch.Tensor, groups: int) -> torch.Tensor:
     return x if groups == 1 else x.unflatten(2, (-1, groups)).sum(3)
 
 
-def _shapes_forward(q, k, v, *, causal, scale, need_lse=True):
+def _shapes_forward(q, k, v, *, causal, scale, need_lse=True, out=None):
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
-    return torch.empty(q.shape, dtype=q.dtype, device=q.device), lse, None
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out), lse, None
 
 
-def _shapes_backward(grad_out, q, k, v, out, lse, aux=None, *, causal, scale, grad_lse=None):
+def _shapes_backward(grad_out, q, k, v, out, lse, aux=None, *, causal, scale, grad_lse=None, into=None):
+    if into is not None:
+        return into
     return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
@@ -96,7 +99,7 @@ def _pick(kernel: DenseKernel, q: torch.Tensor, k: torch.Tensor) -> DenseKernel:
         kernel = kernel.fallback
     if q.device.type == "meta" and not kernel.meta:
         return DenseKernel(kernel.name, SHAPES.forward, SHAPES.backward, workspace=kernel.workspace, gqa=True,
-                           bottom_right=True, grad_lse=True)
+                           bottom_right=True, grad_lse=True, writes_into=kernel.writes_into)
     return kernel
 
 
@@ -121,11 +124,11 @@ def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, ne
     groups = q.shape[2] // k.shape[2]
     if not kernel.gqa:
         k, v = _expand(k, groups), _expand(v, groups)
-    kernel.note(q, k, False)
-    if kernel.writes_into and out is not None and q.device.type != "meta":
+    if kernel.writes_into and out is not None:
         result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse, out=out)
     else:
         result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse)
+    kernel.note(q, k, False)
     return result, lse, CallState(kernel, aux)
 
 
@@ -156,22 +159,24 @@ def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool
     groups = q.shape[2] // k.shape[2]
     if not kernel.gqa:
         k, v = _expand(k, groups), _expand(v, groups)
-    kernel.note(q, k, True)
     if kernel.grad_lse:
         if grad_out is None:
             grad_out = torch.zeros_like(q)
-        extra = {"into": into} if kernel.writes_into and into is not None and q.device.type != "meta" else {}
+        extra = {"into": into} if kernel.writes_into and into is not None else {}
         dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale,
                                      grad_lse=grad_lse, **extra)
+        kernel.note(q, k, True)
     else:
         if grad_out is not None:
             dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale)
+            kernel.note(q, k, True)
         else:
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         if grad_lse is not None:
             unit, shifted, zero_v = lse_share_inputs(grad_lse, q, v)
             extra_q, extra_k, _ = kernel.backward(unit, q, k, zero_v, shifted, lse, state.aux, causal=causal,
                                                   scale=scale)
+            kernel.note(q, k, True)
             dq, dk = dq + extra_q, dk + extra_k
     if not kernel.gqa:
         dk, dv = _reduce(dk, groups), _reduce(dv, groups)
