@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hilbert_lab.io import strip_paths  # noqa: E402
+from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.attention.memory import MemoryConfig, estimate_memory  # noqa: E402
@@ -157,7 +157,8 @@ def run_ring(cases: list[dict], world_size: int, timeout_s: float) -> list[dict]
     return rows
 
 
-def run(cases: list[dict], timeout_s: float) -> list[dict]:
+def run(cases: list[dict], timeout_s: float, on_row=lambda rows: None) -> list[dict]:
+    """Each case in a fresh process; on_row(rows so far) after each, so that an interrupted run keeps them."""
     rows = []
     for params in tqdm(cases, desc="memory", unit="case"):
         case = normalize_case({"kind": "memory", "threads": 1, **params})
@@ -175,6 +176,7 @@ def run(cases: list[dict], timeout_s: float) -> list[dict]:
                        ratio_forward=estimate.forward_bytes / max(measured_f, 1),
                        ratio_forward_backward=estimate.forward_backward_bytes / max(measured_fb, 1))
         rows.append(row)
+        on_row(rows)
     return rows
 
 
@@ -240,17 +242,25 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, IndexError):
             parser.error(f"--cases must be indices below {len(cases)}, got {args.cases!r}")
     start = time.time()
-    rows = run_ring(cases, args.ring, args.timeout) if args.ring else run(cases, args.timeout)
+
+    def write(rows: list[dict]) -> list[dict]:
+        measured = [r for r in rows if r["status"] == "ok"]
+        within = [r for r in measured
+                  if all(abs(r[k] - 1) <= TOLERANCE for k in ("ratio_forward", "ratio_forward_backward"))]
+        payload = {"tolerance": TOLERANCE, "device": args.device,
+                   "command": strip_paths(" ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:]))),
+                   "environment": environment, "within_tolerance": len(within), "measured": len(measured),
+                   "cases": len(cases), "rows": rows}
+        atomic_write(args.out, json.dumps(payload, indent=1, default=str))
+        return within
+
+    environment = collect_environment(args.device)
+    rows = run_ring(cases, args.ring, args.timeout) if args.ring else run(cases, args.timeout, on_row=write)
     print_table(rows)
+    within = write(rows)
     measured = [r for r in rows if r["status"] == "ok"]
-    within = [r for r in measured if all(abs(r[k] - 1) <= TOLERANCE for k in ("ratio_forward", "ratio_forward_backward"))]
     print(f"{len(within)}/{len(measured)} measured cases within {TOLERANCE:.0%} "
           f"({len(rows) - len(measured)} did not run); {time.time() - start:.0f} s")
-    payload = {"tolerance": TOLERANCE, "device": args.device, "command": strip_paths(" ".join([os.path.basename(sys.argv[0])] + (argv or sys.argv[1:]))),
-               "environment": collect_environment(args.device), "within_tolerance": len(within),
-               "measured": len(measured), "rows": rows}
-    with open(args.out, "w") as handle:
-        json.dump(payload, handle, indent=1, default=str)
     print(f"wrote {args.out}")
     return 0 if len(within) == len(measured) and measured else 1
 

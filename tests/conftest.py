@@ -47,15 +47,6 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
-def pytest_report_header(config):
-    return f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"
-
-
-# What every forked rank needs; imported once in the fork server.
-FORKSERVER_PRELOAD = ["torch", "torch.distributed", "hilbert_lab.attention.engine", "hilbert_lab.distributed.ring",
-                      "hilbert_lab.models"]
-
-
 def _node_ids_take_groups() -> bool:
     """Whether pytest-xdist can add a test's xdist_group to its node id (it writes `item._nodeid`, which the
     node id is read from up to pytest 9.1; pytest 9.2 reads it from elsewhere and the groups are lost)."""
@@ -64,10 +55,21 @@ def _node_ids_take_groups() -> bool:
     return "_nodeid" in Node.nodeid.fget.__code__.co_names
 
 
-def pytest_configure(config):
+def pytest_report_header(config):
+    lines = [f"torch {torch.__version__}, cuda available: {torch.cuda.is_available()}"]
     if config.getoption("dist", "no") == "loadgroup" and not _node_ids_take_groups():
-        raise pytest.UsageError(f"--dist loadgroup would split the suite's xdist groups across workers under pytest "
-                                f"{pytest.__version__}: install the dev extra's pytest (pyproject.toml: <9.2)")
+        lines.append(f"NOTE: under pytest {pytest.__version__} pytest-xdist cannot keep a group of tests on one worker: "
+                     f"modules that share a fixture build it on every worker (same results, slower; the dev extra "
+                     f"pins a pytest that keeps them)")
+    return lines
+
+
+# What every forked rank needs; imported once in the fork server.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "hilbert_lab.attention.engine", "hilbert_lab.distributed.ring",
+                      "hilbert_lab.models"]
+
+
+def pytest_configure(config):
     if not config.pluginmanager.hasplugin("timeout"):  # a GPU machine's python may lack pytest-timeout
         config.addinivalue_line("markers", "timeout(seconds): a time limit (pytest-timeout; not installed here)")
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)

@@ -27,8 +27,18 @@ def package_versions(names: tuple[str, ...] = _PACKAGES) -> dict[str, str | None
     return versions
 
 
+# A copy of a checkout without its .git folder (sent to a machine that runs it) names the commit it was copied
+# from in this variable, with '+dirty' appended when the copy held uncommitted changes to tracked files.
+REVISION_VARIABLE = "HILBERT_LAB_REVISION"
+
+
 def git_revision(repo_root: str = _REPO_ROOT) -> dict[str, Any]:
-    """{'commit': sha or None, 'dirty': bool or None} of the source tree hilbert_lab runs from."""
+    """{'commit': sha or None, 'dirty': bool or None} of the source tree hilbert_lab runs from (git, else
+    REVISION_VARIABLE, else unknown)."""
+    named = os.environ.get(REVISION_VARIABLE, "").strip()
+    if named and not os.path.exists(os.path.join(repo_root, ".git")):
+        commit, _, dirty = named.partition("+")
+        return {"commit": commit, "dirty": dirty == "dirty"}
     try:
         commit = subprocess.run(["git", "-C", repo_root, "rev-parse", "HEAD"], capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
