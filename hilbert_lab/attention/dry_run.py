@@ -3,7 +3,7 @@
 The run is the executor's own code (attention.function with the executor and the plan) on meta tensors, which
 allocate nothing, while a dispatch mode (`_Allocations`) counts every storage the run creates and frees: the peak
 of live bytes is the estimate. Kernels report the buffers they allocate internally through
-attention.target.note_workspace; code that chooses by device answers for the device being estimated (`_target`).
+attention.target.holding_workspace; code that chooses by device answers for the device being estimated (`_target`).
 Callers: attention.memory (estimate_memory), attention.memory_ring (the ring's terms), attention.selection (whether
 the in-place executor's buffers fit).
 """
@@ -30,15 +30,15 @@ WORKSPACE = "kernel workspace"
 
 
 class _Allocations(TorchDispatchMode):
-    """Counts the bytes of every storage created under it while it lives; `peak` is the most at once,
-    `transient(n)` a buffer of n bytes held only during the current operation. `at_peak`: the bytes live at
-    the peak by what created them ('aten.empty [2, 64, 4, 32] float32', ' x3' when several alike; WORKSPACE for
-    transient buffers); they add up to `peak`."""
+    """Counts the bytes of every storage created under it while it lives; `peak` is the most at once.
+    `workspace(delta)`: kernel workspace no tensor shows, taken (delta > 0) or given back (delta < 0), counted
+    as live meanwhile. `at_peak`: the bytes live at the peak by what created them ('aten.empty [2, 64, 4, 32]
+    float32', ' x3' when several alike; WORKSPACE for kernel workspace); they add up to `peak`."""
 
     def __init__(self):
         super().__init__()
         self.live: dict[int, tuple[str, int]] = {}
-        self.current = self.peak = 0
+        self.current = self.peak = self.held = 0
         self.at_peak: dict[str, int] = {}
 
     def exclude(self, *tensors: torch.Tensor) -> None:
@@ -49,10 +49,10 @@ class _Allocations(TorchDispatchMode):
     def _free(self, key: int) -> None:
         self.current -= self.live.pop(key, ("", 0))[1]
 
-    def _reached(self, total: int, workspace: int = 0) -> None:
-        if total <= self.peak:
+    def _reached(self) -> None:
+        if self.current <= self.peak:
             return
-        self.peak = total
+        self.peak = self.current
         alike: dict[str, list[int]] = {}
         for name, nbytes in self.live.values():
             if nbytes:
@@ -60,12 +60,14 @@ class _Allocations(TorchDispatchMode):
                 count_bytes[0] += 1
                 count_bytes[1] += nbytes
         parts = {(name if count == 1 else f"{name} x{count}"): nbytes for name, (count, nbytes) in alike.items()}
-        if workspace:
-            parts[WORKSPACE] = workspace
+        if self.held:
+            parts[WORKSPACE] = self.held
         self.at_peak = parts
 
-    def transient(self, nbytes: int) -> None:
-        self._reached(self.current + nbytes, nbytes)
+    def workspace(self, delta: int) -> None:
+        self.held += delta
+        self.current += delta
+        self._reached()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -77,7 +79,7 @@ class _Allocations(TorchDispatchMode):
                     what = f"{func.overloadpacket} {list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
                     self.live[key] = (what, storage.nbytes())
                     self.current += storage.nbytes()
-                    self._reached(self.current)
+                    self._reached()
                     weakref.finalize(storage, self._free, key)
         return out
 
@@ -129,7 +131,7 @@ def _dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], d
             t.grad = None
         tracker = _Allocations()
         tracker.exclude(q, k, v, upstream)
-        with estimating(*_target(device), tracker.transient), tracker:
+        with estimating(*_target(device), tracker.workspace), tracker:
             with torch.set_grad_enabled(training):
                 read = [read_through_layout(t, ordering, block) if layout else t for t in (q, k, v)]
                 out, lse = attention(job, *read, need_lse=training)

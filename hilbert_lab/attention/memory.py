@@ -5,7 +5,7 @@ engine would use) on meta tensors, which allocate nothing, while a dispatch mode
 run creates and frees: the peak of live bytes is the estimate, and whatever an executor allocates is
 counted as it is allocated, with no model to keep in step with the code. Kernels report the buffers they
 allocate internally (cudnn-frontend's float32 dQ accumulator, the flash backward's packed copies) through
-attention.target.note_workspace; code that chooses by device (the SDPA kernel, the fused merge) answers
+attention.target.holding_workspace; code that chooses by device (the SDPA kernel, the fused merge) answers
 for the device being estimated. The run and its counter: attention.dry_run; the call described:
 attention.memory_config. Ring attention per rank (world_size > 1): attention.memory_ring.
 All figures are bytes *above the inputs* q, k, v (and above the caller's upstream gradient); the inputs

@@ -38,7 +38,7 @@ def _peak(device: str, run: Callable[[], object], *exclude: torch.Tensor) -> int
     """Peak bytes that run() allocates above `exclude` (meta tensors standing for `device`)."""
     tracker = _Allocations()
     tracker.exclude(*exclude)
-    with estimating(*_target(device), tracker.transient), tracker:
+    with estimating(*_target(device), tracker.workspace), tracker:
         result = run()
         del result
     return tracker.peak

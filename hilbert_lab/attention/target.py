@@ -1,10 +1,10 @@
-"""The device a computation runs for, and transient workspace notes, for dry runs on meta tensors.
+"""The device a computation runs for, and kernels' hidden workspace, for dry runs on meta tensors.
 
 attention.memory estimates an executor's peak memory by running its own code on meta tensors (which
 allocate nothing) while counting every storage it creates. Code that chooses by device (the SDPA
 kernel, the fused merge) asks `device_facts`, which answers for the device being estimated when the
-tensors are meta; kernels report buffers they allocate internally (invisible to the count) through
-`note_workspace`.
+tensors are meta; a kernel call that allocates buffers internally (invisible to the count) runs inside
+`holding_workspace`, which counts them as live for the call's duration.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def _cuda_facts(index: int) -> tuple[str, tuple[int, int], bool]:
 @contextmanager
 def estimating(device_type: str, capability: Optional[tuple[int, int]], cudnn: bool,
                workspace: Callable[[int], None]) -> Iterator[None]:
-    """Within: meta tensors stand for `device_type`, and `workspace(nbytes)` hears of kernel workspace."""
+    """Within: meta tensors stand for `device_type`, and `workspace(delta)` hears of kernel workspace taken
+    (delta > 0) and given back (delta < 0)."""
     tokens = _TARGET.set((device_type, capability, cudnn)), _WORKSPACE.set(workspace)
     try:
         yield
@@ -47,8 +48,16 @@ def estimating(device_type: str, capability: Optional[tuple[int, int]], cudnn: b
         _WORKSPACE.reset(tokens[1])
 
 
-def note_workspace(nbytes: int) -> None:
-    """A kernel allocates `nbytes` internally for the duration of one call (counted by a dry run)."""
+@contextmanager
+def holding_workspace(nbytes: int) -> Iterator[None]:
+    """The code inside holds `nbytes` of kernel workspace that no tensor shows; a dry run counts them as live
+    from entry to exit, beside whatever the code allocates (its outputs, copies it makes)."""
     listener = _WORKSPACE.get()
-    if listener is not None and nbytes:
-        listener(int(nbytes))
+    if listener is None or not nbytes:
+        yield
+        return
+    listener(int(nbytes))
+    try:
+        yield
+    finally:
+        listener(-int(nbytes))

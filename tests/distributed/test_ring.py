@@ -172,7 +172,7 @@ def _ring_dry_run(config, index: int) -> tuple[int, int]:
             t.requires_grad_(training)
         tracker = _Allocations()
         tracker.exclude(q, k, v, upstream)
-        with estimating(*_target(config.device), tracker.transient), tracker, torch.set_grad_enabled(training):
+        with estimating(*_target(config.device), tracker.workspace), tracker, torch.set_grad_enabled(training):
             steps = RingSteps(_Silent(), executor.kernel_for(q), executor.capabilities.in_place)
             job = ring_job(config.pattern, branches, geometry, q, executor, steps, config.head_dim ** -0.5)
             out, _ = attention(job, q, k, v, need_lse=training or job.num_slots > 1)

@@ -88,7 +88,21 @@ def _backward(grad_out, q, k, v, out, lse, aux=None, *, causal, scale, grad_lse=
         return torch.autograd.grad((out_b, lse_b), (qd, kd, vd), (d_out_b, d_lse_b.to(lse_b.dtype)))
 
 
-FLEX_KERNEL = DenseKernel("flex", _forward, _backward, grad_lse=True, fallback=MANUAL_KERNEL, meta=False)
+def _workspace(q: torch.Tensor, k: torch.Tensor, backward: bool) -> int:
+    """What `_backward` holds beyond the gradients it returns: the recomputed output and its upstream gradient
+    (q-sized, input dtype), and at its widest the LSE gradient's float32 (float64) copies of dO, the output
+    twice, and their difference; or, at the end, those two beside the gradients."""
+    if not backward:
+        return 0
+    element, wide = q.element_size(), (8 if q.dtype == torch.float64 else 4)
+    copies = 3 * q.numel() * wide if element != wide else 0
+    outputs = (q.numel() + 2 * k.numel()) * element
+    held = 2 * q.numel() * element
+    return max(held + copies + q.numel() * wide, held + outputs) - outputs
+
+
+FLEX_KERNEL = DenseKernel("flex", _forward, _backward, grad_lse=True, fallback=MANUAL_KERNEL, meta=False,
+                          workspace=_workspace)
 
 
 def executors() -> dict:

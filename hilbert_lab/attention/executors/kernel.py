@@ -29,7 +29,7 @@ import torch
 
 from hilbert_lab.attention.executors.base import lse_share_inputs
 from hilbert_lab.attention.merge import merge_lse
-from hilbert_lab.attention.target import note_workspace
+from hilbert_lab.attention.target import holding_workspace
 from hilbert_lab.attention.validation import kernel_layout
 
 
@@ -53,11 +53,10 @@ class DenseKernel:
     # per-shape set-up on each new count (cuDNN builds an execution graph per shape: tens to hundreds of ms)
     varying_lengths: Optional["DenseKernel"] = None
 
-    def note(self, q: torch.Tensor, k: torch.Tensor, backward: bool) -> None:
-        """Report the call's internal workspace (bytes the kernel allocates out of sight) to a dry run; called
-        once the call's outputs exist, which the workspace lives beside."""
-        if self.workspace is not None:
-            note_workspace(self.workspace(q, k, backward))
+    def holding(self, q: torch.Tensor, k: torch.Tensor, backward: bool):
+        """A context for one call: the call's internal workspace (bytes the kernel allocates out of sight), counted
+        by a dry run while the call runs."""
+        return holding_workspace(self.workspace(q, k, backward) if self.workspace is not None else 0)
 
 
 @dataclass
@@ -124,11 +123,9 @@ def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, ne
     groups = q.shape[2] // k.shape[2]
     if not kernel.gqa:
         k, v = _expand(k, groups), _expand(v, groups)
-    if kernel.writes_into and out is not None:
-        result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse, out=out)
-    else:
-        result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse)
-    kernel.note(q, k, False)
+    extra = {"out": out} if kernel.writes_into and out is not None else {}
+    with kernel.holding(q, k, False):
+        result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse, **extra)
     return result, lse, CallState(kernel, aux)
 
 
@@ -163,20 +160,20 @@ def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool
         if grad_out is None:
             grad_out = torch.zeros_like(q)
         extra = {"into": into} if kernel.writes_into and into is not None else {}
-        dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale,
-                                     grad_lse=grad_lse, **extra)
-        kernel.note(q, k, True)
+        with kernel.holding(q, k, True):
+            dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale,
+                                         grad_lse=grad_lse, **extra)
     else:
         if grad_out is not None:
-            dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale)
-            kernel.note(q, k, True)
+            with kernel.holding(q, k, True):
+                dq, dk, dv = kernel.backward(grad_out, q, k, v, out, lse, state.aux, causal=causal, scale=scale)
         else:
             dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         if grad_lse is not None:
             unit, shifted, zero_v = lse_share_inputs(grad_lse, q, v)
-            extra_q, extra_k, _ = kernel.backward(unit, q, k, zero_v, shifted, lse, state.aux, causal=causal,
-                                                  scale=scale)
-            kernel.note(q, k, True)
+            with kernel.holding(q, k, True):
+                extra_q, extra_k, _ = kernel.backward(unit, q, k, zero_v, shifted, lse, state.aux, causal=causal,
+                                                      scale=scale)
             dq, dk = dq + extra_q, dk + extra_k
     if not kernel.gqa:
         dk, dv = _reduce(dk, groups), _reduce(dv, groups)

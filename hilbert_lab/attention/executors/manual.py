@@ -157,8 +157,10 @@ def _chunk_sizes(batch: int, heads: int, rows: int, keys: int, max_elements: int
 def _eager_workspace(compute_bytes: Optional[int], max_elements: int):
     """The eager kernel's working bytes beyond its outputs for one call (q (b, Lq, h, D), k (b, L, h_kv, D)):
     score-sized tensors of one chunk (forward 3 alive: scores, exponentials, result; backward 4: scores,
-    probabilities, dO V^T, its shifted copy; one more from the previous chunk when there are several),
-    and the chunk's q, k, v copies in the compute dtype when the input dtype is narrower."""
+    probabilities, dO V^T, its shifted copy; one more from the previous chunk when there are several); where
+    the input dtype is narrower than the compute dtype, the chunk's copies in the compute dtype (forward q, k,
+    v; backward q, k, v, dO and out) and the backward's dq, dk, dv accumulators, which are the outputs' size
+    in the compute dtype (the outputs themselves count apart)."""
 
     def workspace(q: torch.Tensor, k: torch.Tensor, backward: bool) -> int:
         compute = compute_bytes or (8 if q.dtype == torch.float64 else 4)
@@ -166,11 +168,15 @@ def _eager_workspace(compute_bytes: Optional[int], max_elements: int):
         keys = k.shape[1]
         batch_chunk, rows_chunk, chunks = _chunk_sizes(batch, heads, rows, keys, max_elements)
         scores = batch_chunk * heads * rows_chunk * keys * compute
+        alive = (4 if backward else 3) + (1 if chunks > 1 else 0)
+        if q.element_size() == compute:
+            return alive * scores
         query_copy = batch_chunk * heads * rows_chunk * dim * compute
         key_copy = batch_chunk * k.shape[2] * keys * dim * compute
-        cast = (query_copy + 2 * key_copy) * (2 if backward else 1) if q.element_size() != compute else 0
-        alive = (4 if backward else 3) + (1 if chunks > 1 else 0)
-        return alive * scores + cast
+        if not backward:
+            return alive * scores + query_copy + 2 * key_copy
+        accumulators = (q.numel() + 2 * k.numel()) * (compute - q.element_size())
+        return alive * scores + 3 * query_copy + 2 * key_copy + accumulators
 
     return workspace
 
