@@ -157,7 +157,8 @@ def _chunk_sizes(batch: int, heads: int, rows: int, keys: int, max_elements: int
 def _eager_workspace(compute_bytes: Optional[int], max_elements: int):
     """The eager kernel's working bytes beyond its outputs for one call (q (b, Lq, h, D), k (b, L, h_kv, D)):
     score-sized tensors of one chunk (forward 3 alive: scores, exponentials, result; backward 4: scores,
-    probabilities, dO V^T, its shifted copy; one more from the previous chunk when there are several); where
+    probabilities, dO V^T, its shifted copy; while the second chunk computes, one of the first chunk's is
+    still alive, which tops the first chunk's own when the second is as large); where
     the input dtype is narrower than the compute dtype, the chunk's copies in the compute dtype (forward q, k,
     v; backward q, k, v, dO and out) and the backward's dq, dk, dv accumulators, which are the outputs' size
     in the compute dtype (the outputs themselves count apart)."""
@@ -168,15 +169,20 @@ def _eager_workspace(compute_bytes: Optional[int], max_elements: int):
         keys = k.shape[1]
         batch_chunk, rows_chunk, chunks = _chunk_sizes(batch, heads, rows, keys, max_elements)
         scores = batch_chunk * heads * rows_chunk * keys * compute
-        alive = (4 if backward else 3) + (1 if chunks > 1 else 0)
+        alive = 4 if backward else 3
+        working = alive * scores
+        if chunks > 1:  # the second chunk: a whole one, or what the first left of its batch or rows
+            second = (min(batch_chunk, batch - batch_chunk) * rows_chunk if rows_chunk == rows
+                      else min(rows_chunk, rows - rows_chunk))
+            working = max(working, alive * scores * second // (batch_chunk * rows_chunk) + scores)
         if q.element_size() == compute:
-            return alive * scores
+            return working
         query_copy = batch_chunk * heads * rows_chunk * dim * compute
         key_copy = batch_chunk * k.shape[2] * keys * dim * compute
         if not backward:
-            return alive * scores + query_copy + 2 * key_copy
+            return working + query_copy + 2 * key_copy
         accumulators = (q.numel() + 2 * k.numel()) * (compute - q.element_size())
-        return alive * scores + 3 * query_copy + 2 * key_copy + accumulators
+        return working + 3 * query_copy + 2 * key_copy + accumulators
 
     return workspace
 
