@@ -27,16 +27,17 @@ def package_versions(names: tuple[str, ...] = _PACKAGES) -> dict[str, str | None
     return versions
 
 
-# A copy of a checkout without its .git folder (sent to a machine that runs it) names the commit it was copied
-# from in this variable, with '+dirty' appended when the copy held uncommitted changes to tracked files.
+# A copy of a checkout sent to another machine (whose .git folder is missing or not the one it was copied from)
+# names the commit it was copied from in this variable, with '+dirty' appended when the copy held uncommitted
+# changes to tracked files; where set, it is the revision recorded.
 REVISION_VARIABLE = "HILBERT_LAB_REVISION"
 
 
 def git_revision(repo_root: str = _REPO_ROOT) -> dict[str, Any]:
-    """{'commit': sha or None, 'dirty': bool or None} of the source tree hilbert_lab runs from (git, else
-    REVISION_VARIABLE, else unknown)."""
+    """{'commit': sha or None, 'dirty': bool or None} of the source tree hilbert_lab runs from (REVISION_VARIABLE
+    where set, else git, else unknown)."""
     named = os.environ.get(REVISION_VARIABLE, "").strip()
-    if named and not os.path.exists(os.path.join(repo_root, ".git")):
+    if named:
         commit, _, dirty = named.partition("+")
         return {"commit": commit, "dirty": dirty == "dirty"}
     try:

@@ -1,4 +1,4 @@
-"""The revision a result records: git where the checkout has it, else the one named in HILBERT_LAB_REVISION."""
+"""The revision a result records: the one HILBERT_LAB_REVISION names (a copy on another machine), else git's."""
 from __future__ import annotations
 
 import subprocess
@@ -18,12 +18,14 @@ def test_a_copy_without_git_records_the_revision_it_names(tmp_path, monkeypatch)
     assert git_revision(str(tmp_path)) == {"commit": None, "dirty": None}
 
 
-def test_a_git_checkout_records_its_own_head_whatever_the_variable_says(monkeypatch):
+def test_a_git_checkout_records_its_head_unless_the_variable_names_another(monkeypatch):
     if not (REPO / ".git").exists():
         import pytest
 
         pytest.skip("this checkout has no .git")
-    monkeypatch.setenv(REVISION_VARIABLE, "0123abc")
     head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
+    monkeypatch.delenv(REVISION_VARIABLE, raising=False)
     assert git_revision(str(REPO))["commit"] == head
+    monkeypatch.setenv(REVISION_VARIABLE, "0123abc")
+    assert git_revision(str(REPO)) == {"commit": "0123abc", "dirty": False}
