@@ -12,11 +12,12 @@ TORCH_CPU := torch==2.13.0
 PIP := $(PY) -m pip install -q --disable-pip-version-check --no-compile
 unexport PYTHONDONTWRITEBYTECODE
 
-# What each command installs. The quick tier needs the test tools and the notebooks extra (one notebook run, one
-# browser page); test-all adds hf (transformers: about 30 s to install, 160 MB, for the Hugging Face integration).
-TEST_EXTRAS ?= dev,notebooks
+# What each command installs. The quick tier needs the test tools and the reports extra (one notebook run, one
+# browser page: no JupyterLab, about 20 s of installing); test-all adds JupyterLab (the notebooks extra: its
+# browser tests) and hf (transformers: about 30 s to install, 160 MB, for the Hugging Face integration).
+TEST_EXTRAS ?= dev,reports
 ALL_EXTRAS ?= dev,notebooks,hf
-REPORT_EXTRAS ?= notebooks
+REPORT_EXTRAS ?= reports
 
 CORE_VENV ?= build/core-venv
 # The suite runs on PYTEST_WORKERS pytest-xdist processes (2: one per core here; 0 runs it in this process).

@@ -155,6 +155,7 @@ def test_bad_input_exits_2_with_one_line_and_no_traceback(capsys, tmp_path):
         assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err, (argv, err)
 
 
+@pytest.mark.slow  # several fresh interpreters importing torch
 def test_debug_flag_shows_the_traceback_and_module_entry_point(tmp_path):
     with pytest.raises(ValueError, match="dilation"):
         main(["--debug", "estimate", "--seq-len", "64", "--segment-lengths", "4", "--dilation-rates", "8"])
@@ -417,6 +418,7 @@ def test_results_table_gives_each_case_its_median_and_interval():
     assert results_table([]) == []
 
 
+@pytest.mark.slow  # bench cases in worker processes
 def test_bench_prints_the_table_of_its_cases(capsys, tmp_path):
     from hilbert_lab.bench.stats import bootstrap_median_ci
 

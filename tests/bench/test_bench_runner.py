@@ -165,8 +165,8 @@ def _case_workers(pid: int) -> list:
     return workers
 
 
-# a CLI run each (a minute on a busy machine): make test keeps Ctrl-C
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)],
+@pytest.mark.slow  # a CLI run each (a minute on a busy machine)
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM],
                          ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_keeps_finished_results_and_resume_knows_what_is_left(tmp_path, stop_signal):
     matrix = tmp_path / "m.yaml"

@@ -40,6 +40,7 @@ def _healthy(outcomes, world):
     pytest.param(3, "stall_before", "ring configuration check", marks=pytest.mark.slow),
     pytest.param(3, "raise_forward", r"forward/branch1 step \d", marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # worlds of gloo ranks waiting out a stalled one (seconds each); make test keeps one ring
 def test_a_stalled_or_raising_rank_times_the_others_out(tmp_path, world, fault, where):
     import re
 

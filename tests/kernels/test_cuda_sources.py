@@ -46,6 +46,7 @@ def test_cu_compiles_for_sm90(source, tmp_path):
         assert name in data, f"{name!r} missing from {cubin.name}"
 
 
+@pytest.mark.slow  # a C++ compile against torch's headers (about 10 s)
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler (g++) found")
 @pytest.mark.parametrize("source", CPP_FILES, ids=lambda p: p.name)
 def test_cpp_bindings_compile(source):

@@ -212,6 +212,7 @@ def test_memory_differences_below_the_resolution_are_no_difference():
     assert "Hilbert against identity (auto): no difference (1 -> 8.81 MiB" in memory
 
 
+@pytest.mark.slow  # builds every page of the committed runs
 def test_committed_accuracy_findings_carry_their_revision():
     training = build_page(*load_run(TRAINING_RUN))
     assert training.headline.endswith("(32K grid on H100, trained at rev 8043871 + uncommitted changes).")
@@ -222,6 +223,7 @@ def test_committed_accuracy_findings_carry_their_revision():
                                              "changes)")
 
 
+@pytest.mark.slow  # builds every page of the committed runs
 def test_every_page_names_orderings_by_their_display_name():
     import re
 

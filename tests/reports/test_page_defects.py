@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("plotly", reason="plotly renders the pages")
+pytestmark = pytest.mark.slow  # the committed run rendered whole (tens of seconds)
 
 REPO = Path(__file__).resolve().parents[2]
 RATIO = re.compile(r"(\d+(?:\.\d+)?)x \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]")

@@ -119,6 +119,7 @@ def test_fmt_keeps_tables_short():
     assert fmt(float("nan")) == "-" and fmt(3) == "3" and fmt(2.0) == "2" and fmt(1.5e-7) == "1.50e-07"
 
 
+@pytest.mark.slow  # renders every page of the committed run
 def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
     runs = sorted((REPO / "reports" / "default").glob("*/metrics.json"))
     if not runs:

@@ -122,6 +122,7 @@ def _kaleido_ready() -> bool:
     return importlib.util.find_spec("kaleido") is not None and shutil.which("chromium") is not None
 
 
+@pytest.mark.slow  # kaleido starts a browser
 @pytest.mark.skipif(not _kaleido_ready(), reason="PNG export needs kaleido>=1 and a chromium on PATH")
 def test_recorder_writes_png(tmp_path):
     go = pytest.importorskip("plotly.graph_objects", reason="plotly (notebooks extra) draws the figure")

@@ -43,6 +43,7 @@ def _tiny_report(tmp_path: Path, fail: bool = False) -> ReportSpec:
     return ReportSpec("tiny", "test report", path)
 
 
+@pytest.mark.slow  # a notebook run in a kernel; make test keeps one
 def test_report_run_writes_every_artifact(tmp_path, monkeypatch):
     spec = _tiny_report(tmp_path)
     monkeypatch.setattr("hilbert_lab.reports.runner.report_parameters",
