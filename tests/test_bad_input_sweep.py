@@ -258,7 +258,7 @@ def _names(flag: str) -> tuple[str, ...]:
 def test_cli_bad_value_exits_2_with_one_line_naming_it(argv, needle, sweep_dir):
     argv = _fill(argv, sweep_dir, next(_counter))
     if argv[:2] == ["report", "run"] and missing_notebook_modules():
-        needle = "hilbert-lab[notebooks]"  # without the extra, every report run is refused first
+        needle = "hilbert-lab[reports]"  # without the extra, every report run is refused first
     code, out, err = _run_cli(argv)
     lines = err.strip().splitlines()
     assert code == 2, (argv, code, out[-500:], err[-2000:])

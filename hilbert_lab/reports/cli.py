@@ -30,7 +30,7 @@ def _params(args: argparse.Namespace) -> int:
 
 # Running a report needs the `notebooks` extra; listing and inspecting reports do not.
 NOTEBOOK_MODULES = ("papermill", "nbformat", "nbclient", "nbconvert", "ipykernel", "plotly", "pandas")
-NOTEBOOKS_EXTRA = 'pip install "hilbert-lab[notebooks]"'
+REPORTS_EXTRA = 'pip install "hilbert-lab[reports]"'
 
 
 def missing_notebook_modules() -> list[str]:
@@ -78,7 +78,7 @@ def _check_number_syntax(assignments: list[str]) -> None:
 def _run(args: argparse.Namespace) -> int:
     missing = missing_notebook_modules()
     if missing:
-        raise ValueError(f"report run needs the notebooks extra (missing: {', '.join(missing)}): {NOTEBOOKS_EXTRA}")
+        raise ValueError(f"report run needs the reports extra (missing: {', '.join(missing)}): {REPORTS_EXTRA}")
     from hilbert_lab.reports.runner import report_page, run_report
 
     spec = get_report(args.name)
@@ -142,7 +142,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 2
     except FileNotFoundError as error:  # a wheel install has no notebooks/ folder
         print(f"hilbert-lab report: error: report notebook not found ({error.filename}); reports run from a "
-              f"source checkout: pip install -e \".[notebooks]\"", file=sys.stderr)
+              f"source checkout: pip install -e \".[reports]\"", file=sys.stderr)
         return 2
 
 

@@ -150,7 +150,7 @@ def test_report_run_without_the_notebooks_extra_names_it(capsys, monkeypatch, tm
     code = main(["report", "run", "default", "--output-root", str(tmp_path / "reports")])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert 'pip install "hilbert-lab[notebooks]"' in err and "papermill" in err
+    assert 'pip install "hilbert-lab[reports]"' in err and "papermill" in err
     assert not (tmp_path / "reports").exists()
     assert main(["report", "list"]) == 0 and "default" in capsys.readouterr().out  # listing needs no extra
 
