@@ -186,7 +186,7 @@ def style_axes(fig: Any, x: str, y: str, x_ticks: Sequence[Any] | None = None) -
     """Axis titles with units and direction, a readable layout (x ticks at `x_ticks`); returns `fig`."""
     if x_ticks:
         fig.update_xaxes(tickvals=list(x_ticks), ticktext=[fmt(tick) for tick in x_ticks])
-    fig.update_layout(xaxis_title=x, yaxis_title=y, template="plotly_white", margin=dict(l=70, r=20, t=60, b=60),
+    fig.update_layout(xaxis_title=x, yaxis_title=y, margin=dict(l=70, r=20, t=60, b=60),
                       legend=dict(font=dict(size=11)), font=dict(size=13))
     return fig
 

@@ -186,7 +186,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         if metric not in locality.columns or not len(locality):
             continue
         figure = locality_figure(locality, metric)
-        figure.update_layout(template="plotly_white", margin=dict(l=100, r=20, t=80, b=60))
+        figure.update_layout(margin=dict(l=100, r=20, t=80, b=60))
         line = _locality_line(locality, metric)
         sections.append(Section(heading, line[0].upper() + line[1:], figure=figure, text=[meaning],
                                 collapsed=metric != "recall@8"))

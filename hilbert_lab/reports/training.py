@@ -306,7 +306,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         fig.update_xaxes(title_text="run")
         fig.update_yaxes(title_text="tokens/s (higher is better)", row=1, col=1)
         fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=2)
-        fig.update_layout(template="plotly_white", height=400)
+        fig.update_layout(height=400)
         top = throughput.sort_values("tokens_per_s", ascending=False).iloc[0]
         revisions = finals.set_index("run")["revision"].to_dict() if "revision" in finals else {}
         older = next((label for label in (older_code_of_revision(revisions.get(run))

@@ -83,7 +83,7 @@ def longest_trainable_sections(metrics: Mapping[str, Any]):
         fig.update_xaxes(title_text="sequence length (tokens, log scale)")
         fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=1)
         fig.update_yaxes(title_text="tokens/s (higher is better)", row=1, col=2)
-        fig.update_layout(template="plotly_white", height=400)
+        fig.update_layout(height=400)
         table = probes.assign(seq_len=[tokens(n) for n in probes["seq_len"]],
                               tokens_per_s=[fmt_count(v) for v in probes["tokens_per_s"]],
                               error=[out_of_memory(e) if isinstance(e, str) and e else "" for e in probes["error"]])

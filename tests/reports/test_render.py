@@ -138,3 +138,19 @@ def test_committed_cpu_run_pages_have_conclusions_and_titled_axes():
     # (32K on one H100, 128K on one H100, ring vs one GPU)
     curves = [s for s in pages["training"].sections if s.heading.endswith((": accuracy", ": loss"))]
     assert len(curves) == 6
+
+
+def test_page_figures_are_drawn_with_the_page_template():
+    """figure_div puts PAGE_TEMPLATE's JSON into every figure it writes, whatever template the figure had."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from hilbert_lab.reports.html import PAGE_TEMPLATE, figure_div
+
+    expected = pio.templates[PAGE_TEMPLATE].to_plotly_json()
+    for fig in (go.Figure(go.Scatter(x=[1, 2], y=[3, 5])), go.Figure(go.Bar(x=["a"], y=[1]), layout={"template": "ggplot2"})):
+        div = figure_div(fig)
+        payload = json.loads(re.search(r"Plotly\.newPlot\(\s*\"[^\"]+\",\s*(\[.*?\]),\s*(\{.*\}),\s*\{\"displaylogo", div,
+                                       re.S).group(2))
+        assert payload["template"] == json.loads(json.dumps(expected)), payload.get("template", {}).keys()
+        assert payload["template"]["layout"]["plot_bgcolor"] == "white"
