@@ -48,6 +48,11 @@ def estimating(device_type: str, capability: Optional[tuple[int, int]], cudnn: b
         _WORKSPACE.reset(tokens[1])
 
 
+def counting_workspace() -> bool:
+    """Whether a dry run is counting kernel workspace here (kernels skip working it out otherwise)."""
+    return _WORKSPACE.get() is not None
+
+
 @contextmanager
 def holding_workspace(nbytes: int) -> Iterator[None]:
     """The code inside holds `nbytes` of kernel workspace that no tensor shows; a dry run counts them as live

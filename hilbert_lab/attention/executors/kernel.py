@@ -22,6 +22,7 @@ asked for, aux); backward(grad_out, q, k, v, out, lse, aux, grad_lse=None) -> (d
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -29,8 +30,10 @@ import torch
 
 from hilbert_lab.attention.executors.base import lse_share_inputs
 from hilbert_lab.attention.merge import merge_lse
-from hilbert_lab.attention.target import holding_workspace
+from hilbert_lab.attention.target import counting_workspace, holding_workspace
 from hilbert_lab.attention.validation import kernel_layout
+
+_NO_WORKSPACE = contextlib.nullcontext()  # a call outside dry runs: nothing to count
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,9 @@ class DenseKernel:
     def holding(self, q: torch.Tensor, k: torch.Tensor, backward: bool):
         """A context for one call: the call's internal workspace (bytes the kernel allocates out of sight), counted
         by a dry run while the call runs."""
-        return holding_workspace(self.workspace(q, k, backward) if self.workspace is not None else 0)
+        if self.workspace is None or not counting_workspace():
+            return _NO_WORKSPACE
+        return holding_workspace(self.workspace(q, k, backward))
 
 
 @dataclass
