@@ -59,14 +59,15 @@ def _block_order(length: int, ordering: str, dilation_rate: int) -> np.ndarray:
 
 
 # Block structure of the tensors made by layout_permutation, for the CUDA kernel:
-# id(tensor) -> (weak reference to it, block, (local, tail) of the tensor, (local, tail) of its inverse).
-_BLOCKS: dict[int, tuple[weakref.ref, int, tuple, tuple]] = {}
+# id(tensor) -> (weak reference to it, block, (local, tail) of the tensor, (local, tail) of its inverse, the
+# tensor's version counter then: a tensor changed in place since no longer has that structure).
+_BLOCKS: dict[int, tuple[weakref.ref, int, tuple, tuple, int]] = {}
 
 
 def _register(tensor: torch.Tensor, block: int, forward: tuple, backward: tuple) -> None:
     key = id(tensor)
     ref = weakref.ref(tensor, lambda _ref, key=key: _BLOCKS.pop(key, None))
-    _BLOCKS[key] = (ref, block, forward, backward)
+    _BLOCKS[key] = (ref, block, forward, backward, tensor._version)
 
 
 def _local_and_tail(perm: torch.Tensor, block: int) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
@@ -79,6 +80,14 @@ def _local_and_tail(perm: torch.Tensor, block: int) -> tuple[torch.Tensor, Optio
 @functools.lru_cache(maxsize=CACHE_SIZE)
 def _cached_layout(seq_len: int, block: int, ordering: str, dilation_rate: int,
                    device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    # ordinary tensors even when first asked for under inference mode: they are shared by later calls, and an
+    # in-place change is seen through their version counter, which inference tensors lack
+    with torch.inference_mode(False):
+        return _build_layout(seq_len, block, ordering, dilation_rate, device)
+
+
+def _build_layout(seq_len: int, block: int, ordering: str, dilation_rate: int,
+                  device: str) -> tuple[torch.Tensor, torch.Tensor]:
     if device != "cpu":
         perm, inverse = (t.to(device) for t in _cached_layout(seq_len, block, ordering, dilation_rate, "cpu"))
     else:
@@ -176,9 +185,10 @@ class _BlockPermutation(torch.autograd.Function):
 def _permute_blocks(x: torch.Tensor, perm: torch.Tensor) -> Optional[torch.Tensor]:
     """The CUDA kernel path of permute_sequence, or None where it does not apply."""
     entry = _BLOCKS.get(id(perm))
-    if entry is None or entry[0]() is not perm or perm.device != x.device or _cuda_kernels() is None:
+    if (entry is None or entry[0]() is not perm or perm._version != entry[4] or perm.device != x.device
+            or _cuda_kernels() is None):
         return None
-    _, block, forward, backward = entry
+    _, block, forward, backward, _ = entry
     return _BlockPermutation.apply(x, block, forward, backward)
 
 

@@ -190,6 +190,38 @@ def test_block_path_is_only_taken_for_layout_permutations(monkeypatch, rng):
     assert layouts._permute_blocks(x, perm) is None
 
 
+def test_a_layout_tensor_changed_in_place_is_read_as_it_now_is(monkeypatch):
+    """The block kernel path knows a layout tensor's structure as made; after an in-place change it is not
+    taken, and the permutation is the tensor's new content (index_select)."""
+    monkeypatch.setattr(layouts, "_cuda_kernels", lambda: _ModelKernels)
+    layouts._cached_layout.cache_clear()
+    try:
+        x = torch.randn(1, 64, 2, 2)
+        perm, _ = layout_permutation(64, 16, "hilbert")
+        assert layouts._permute_blocks(x, perm) is not None
+        perm[[0, 1]] = perm[[1, 0]]  # two positions swapped in place
+        assert layouts._permute_blocks(x, perm) is None
+        assert torch.equal(permute_sequence(x, perm), x.index_select(1, perm))
+    finally:
+        layouts._cached_layout.cache_clear()  # the changed tensor must not serve later calls
+
+
+def test_a_layout_first_made_under_inference_mode_serves_training_later():
+    """Layouts are cached and shared: one first asked for inside torch.inference_mode (a generate loop) is an
+    ordinary tensor, so a later training step can save it for its backward."""
+    layouts._cached_layout.cache_clear()
+    try:
+        with torch.inference_mode():
+            perm, _ = layout_permutation(64, 16, "hilbert")
+        x = torch.randn(1, 64, 2, 2, requires_grad=True)
+        upstream = torch.randn(1, 64, 2, 2)
+        (grad,) = torch.autograd.grad((permute_sequence(x, perm) * upstream).sum(), x)
+        assert not perm.is_inference()
+        assert torch.equal(grad, torch.zeros_like(upstream).index_add_(1, perm, upstream))
+    finally:
+        layouts._cached_layout.cache_clear()
+
+
 def test_block_registry_forgets_evicted_layouts():
     layouts._cached_layout.cache_clear()
     perm, inverse = layout_permutation(48, 16, "snake")
