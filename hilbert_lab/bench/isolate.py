@@ -18,6 +18,7 @@ from typing import Any
 # Statuses of an isolated run. "ok" is the only success.
 STATUSES = ("ok", "error", "oom", "timeout", "signal", "crash")
 _STDERR_TAIL_CHARS = 2000
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass
@@ -121,6 +122,9 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     child_env = dict(os.environ)
     child_env.update(env or {})
+    # The child imports the same hilbert_lab as this process, also when it was found through sys.path only.
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        [_PACKAGE_ROOT] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
     child_env["HILBERT_LAB_PARENT_PID"] = str(os.getpid())
     # The folder name carries this process's pid: if it is SIGKILLed, clean_stale_case_dirs removes it later.
     with tempfile.TemporaryDirectory(prefix=f"{_CASE_DIR_PREFIX}{os.getpid()}_{_host_tag()}_") as workdir:
@@ -169,5 +173,7 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
         hint = " (often the kernel's out-of-memory killer)" if -returncode == signal.SIGKILL else ""
         return IsolatedOutcome("signal", error=f"killed by {name}{hint}", returncode=returncode,
                                duration_s=duration, stderr_tail=stderr_tail)
-    return IsolatedOutcome("crash", error=f"exited with code {returncode} without a result",
+    last_line = next((line.strip() for line in reversed(stderr_tail.splitlines()) if line.strip()), "")
+    return IsolatedOutcome("crash", error=f"exited with code {returncode} without a result"
+                                          + (f": {last_line[:300]}" if last_line else ""),
                            returncode=returncode, duration_s=duration, stderr_tail=stderr_tail)

@@ -1,7 +1,9 @@
 """run_isolated: statuses for every way a case can end, and no orphaned case when the runner dies."""
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,12 +21,32 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.parametrize("behavior, status, text", [
     ("ok", "ok", ""), ("raise", "error", "RuntimeError"), ("oom", "oom", "MemoryError"),
-    ("signal", "signal", "SIGKILL"), ("exit", "crash", "code 3"),
+    ("signal", "signal", "SIGKILL"), ("exit", "crash", "result: selftest: leaving with code 3"),
 ])
 def test_each_ending_has_its_status(behavior, status, text):
     outcome = run_isolated(CASE_TARGET, {"kind": "selftest", "behavior": behavior, "value": 7}, timeout_s=120)
     assert outcome.status == status and text in outcome.error
     assert (outcome.result.get("value") == 7) == (status == "ok")
+
+
+def test_child_imports_the_package_the_parent_imported(tmp_path):
+    # A script that puts a checkout on sys.path (as benchmarks/*.py do) and runs from another folder:
+    # the child imports hilbert_lab from that checkout, not from an installed copy or not at all.
+    checkout = tmp_path / "checkout"
+    shutil.copytree(os.path.join(REPO, "hilbert_lab"), checkout / "hilbert_lab",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    (checkout / "where_case.py").write_text(
+        "import hilbert_lab\ndef run(params):\n    return {'file': hilbert_lab.__file__}\n")
+    script = ("import sys, json; sys.path.insert(0, sys.argv[1])\n"
+              "from hilbert_lab.bench.isolate import run_isolated\n"
+              "o = run_isolated('where_case:run', {}, timeout_s=120)\n"
+              "print(json.dumps([o.status, o.result.get('file'), o.error]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", script, str(checkout)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    status, file, error = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (status, file) == ("ok", str(checkout / "hilbert_lab" / "__init__.py")), error
 
 
 def test_timeout_kills_the_case_quickly():
