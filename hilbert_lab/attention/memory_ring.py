@@ -89,8 +89,9 @@ def _branches(config: MemoryConfig) -> tuple[list[int], list[tuple[int, int, int
             ring.append((branch, int((offsets >= 0).sum()), pattern.dilation_rates[branch],
                          min(segment // n, config.world_size), view))
         else:
-            raise ValueError(f"segment_lengths[{branch}] = {pattern.segment_lengths[branch]} must divide the shard "
-                             f"length {n} (N / world_size) or be a multiple of it")
+            raise ValueError(f"segment_lengths[{branch}] = {pattern.segment_lengths[branch]}: the per-rank estimate "
+                             f"covers segments that divide the shard length {n} (N / world_size) or are multiples of "
+                             f"it; the ring runs this branch per segment, which it does not estimate")
     return local, ring
 
 

@@ -7,7 +7,9 @@
   local part) and sends nothing;
 - ring: the members of this rank's sub-ring, the ranks sharing its segment; the branch is one job part
   whose steps move keys and values between them (steps.py);
-anything else raises a ValueError naming the constraint.
+- per segment: segments cross shard borders at places that no sub-ring of the layout follows (e.g. w = 1.5 n,
+  or zigzag's w = 2c); the ring splits the branch per segment as it splits a packed row (documents.py):
+  segments inside a piece join the local part, each crossing one is a sub-ring of the ranks holding it.
 """
 from __future__ import annotations
 
@@ -94,9 +96,10 @@ class RingBranch:
     segment_length: int  # effective: min(w, N); a span's: b - a
     dilation_rate: int
     groups: tuple[HeadGroup, ...]
-    members: tuple[int, ...]  # ring indices sharing this rank's segments; (me,) when local
+    members: tuple[int, ...]  # ring indices sharing this rank's segments; (me,) when local; () per segment
     local: bool
     span: Optional[tuple[int, int]] = None
+    per_segment: bool = False  # its segments cross shard borders off the layout's sub-rings (split per segment)
 
 
 def head_groups(pattern: DilatedPattern, branch: int, num_heads: int,
@@ -119,12 +122,12 @@ def head_groups(pattern: DilatedPattern, branch: int, num_heads: int,
 
 def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int,
                   num_kv_heads: Optional[int] = None) -> list[RingBranch]:
-    """Per branch: local or ring, and its sub-ring; ValueError naming the violated constraint."""
+    """Per branch: local, ring (and its sub-ring), or per segment (see the module docstring)."""
     plans = []
     for branch, (requested, rate) in enumerate(zip(pattern.segment_lengths, pattern.dilation_rates)):
         segment = min(requested, geometry.seq_len)
-        local, members = geometry.algorithm.classify(branch, requested, segment, geometry.ring_size,
-                                                     geometry.index, geometry.seq_len)
+        found = geometry.algorithm.classify(segment, geometry.ring_size, geometry.index, geometry.seq_len)
+        local, members = found if found is not None else (False, ())
         plans.append(RingBranch(branch, segment, rate, head_groups(pattern, branch, num_heads, num_kv_heads),
-                                members, local))
+                                members, local, per_segment=found is None))
     return plans

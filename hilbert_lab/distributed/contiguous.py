@@ -4,7 +4,7 @@ What this layout decides (branches.py and schedule.py ask it):
 - runs: a member's positions are one run (chunk id = the member, so chunk ids order positions);
 - classify: a branch whose effective segment w divides n is local (every segment inside one shard);
   one whose w is a multiple of n spans the w / n consecutive ranks of its segment (a sub-ring; the last
-  one may be shorter); anything else is a ValueError naming the constraint;
+  one may be shorter); any other crosses shard borders inside its segments and runs per segment (None);
 - routes: non-causal, every packet visits every other member of the sub-ring (a rotation); causal, a
   packet only travels forward along the chain, since earlier members mask later keys;
 - join: one kernel call per (query run, key run) cell that attends.
@@ -22,18 +22,15 @@ def runs(member: int, ring_size: int, shard_len: int) -> tuple[tuple[int, slice]
     return ((member, slice(0, shard_len)),)
 
 
-def classify(branch: int, requested: int, segment: int, ring_size: int, index: int,
-             seq_len: int) -> tuple[bool, tuple[int, ...]]:
+def classify(segment: int, ring_size: int, index: int, seq_len: int) -> tuple[bool, tuple[int, ...]] | None:
     """(local, members of this rank's sub-ring) of a branch with effective segment length `segment`, on rank
-    `index` of a ring of `ring_size` ranks holding `seq_len` tokens."""
-    n, total, me = seq_len // ring_size, seq_len, index
+    `index` of a ring of `ring_size` ranks holding `seq_len` tokens; None where segments cross shard borders
+    at other places than sub-ring edges (the ring then runs each crossing segment on its own)."""
+    n, me = seq_len // ring_size, index
     if n % segment == 0:
         return True, (me,)
     if segment % n:
-        raise ValueError(
-            f"segment_lengths[{branch}] = {requested}: with {ring_size} ranks holding {n} tokens each (N = {total}), "
-            f"every segment length must divide the shard length {n}, be a multiple of it, or be >= N "
-            f"(constraint: {n} % w == 0 or w % {n} == 0)")
+        return None
     per_segment = segment // n
     first = (me // per_segment) * per_segment
     return False, tuple(range(first, min(first + per_segment, ring_size)))

@@ -57,15 +57,18 @@ def _border_index(geometry: RingLayout, position: int) -> int:
 
 @functools.lru_cache(maxsize=64)
 def split_documents(pattern: DilatedPattern, geometry: RingLayout, num_heads: int,
-                    documents: tuple[tuple[int, int], ...],
-                    num_kv_heads: Optional[int] = None) -> tuple[Optional[Plan], tuple[RingBranch, ...]]:
+                    documents: tuple[tuple[int, int], ...], num_kv_heads: Optional[int] = None,
+                    branches: Optional[tuple[int, ...]] = None) -> tuple[Optional[Plan], tuple[RingBranch, ...]]:
     """(the local plan on this rank's storage rows, or None when no segment lies inside a piece; the spans
-    this rank takes part in, in the order every member runs them); see the module docstring. Cached."""
+    this rank takes part in, in the order every member runs them); see the module docstring. branches: split
+    only these (default all). A plain row is one document (0, N). Cached."""
     plan = cached_plan(pattern, geometry.seq_len, num_heads, num_kv_heads=num_kv_heads, documents=documents)
     mine = pieces(geometry, geometry.index)
     local = []
     spans: set[tuple[int, int, int]] = set()
     for blk in plan.blocks:
+        if branches is not None and blk.branch not in branches:
+            continue
         for first, stop, row in mine:
             inside_from = max(0, -(-(first - blk.start) // blk.seg))  # first segment starting in the piece
             inside_to = min(blk.count, (stop - blk.start) // blk.seg)  # past the last segment ending in it
@@ -77,12 +80,12 @@ def split_documents(pattern: DilatedPattern, geometry: RingLayout, num_heads: in
                 if 0 < into < blk.count * blk.seg and into % blk.seg:
                     begin = blk.start + (into // blk.seg) * blk.seg
                     spans.add((blk.branch, begin, begin + blk.seg))
-    branches = []
+    found = []
     for branch, begin, end in sorted(spans, key=lambda s: (s[0], _border_index(geometry, s[1]) % 2, s[1])):
-        branches.append(RingBranch(branch, end - begin, pattern.dilation_rates[branch],
-                                   head_groups(pattern, branch, num_heads, num_kv_heads), holders(geometry, begin, end),
-                                   local=False, span=(begin, end)))
-    return _local_plan(plan, tuple(local), geometry.shard_len), tuple(branches)
+        found.append(RingBranch(branch, end - begin, pattern.dilation_rates[branch],
+                                head_groups(pattern, branch, num_heads, num_kv_heads), holders(geometry, begin, end),
+                                local=False, span=(begin, end)))
+    return _local_plan(plan, tuple(local), geometry.shard_len), tuple(found)
 
 
 def _local_plan(plan: Plan, blocks: tuple, shard_len: int) -> Optional[Plan]:

@@ -11,7 +11,9 @@ of `group`, or consecutive blocks of `ring_size` of them), laid out "contiguous"
   their sub-ring.
 A packed row (cu_seqlens) is split per segment instead (documents.py): the local part runs the blocks of
 the whole row's plan that lie inside this rank's shard (any executor declaring no whole pattern), and
-every segment crossing a shard border is a sub-ring part of its own, run by `RingSteps` the same way.
+every segment crossing a shard border is a sub-ring part of its own, run by `RingSteps` the same way. A
+plain row whose segments cross shard borders off the layout's sub-rings (branches.py: per segment) is split
+the same way, as one document.
 Every part writes its (out, LSE) into a slot, the slots merge once, and the backward runs every part's
 backward with the merged out and LSE (exact gradients). Per-rank memory stays O(N/P).
 
@@ -124,8 +126,9 @@ def ring_dilated_attention(
     ranks of this ring (`group`'s ranks, split into consecutive rings of `ring_size`); k and v may have
     H_kv heads (grouped-query attention as in dilated_attention; the K/V rows that travel carry H_kv
     heads). Returns out (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact
-    gradients. Without cu_seqlens, segment lengths must divide N/P, be multiples of it, or be >= N
-    (zigzag: divide N/2P or be >= N).
+    gradients. Any segment lengths work on both layouts: a branch whose segments divide N/P (zigzag:
+    N/2P) sends nothing, one whose segments are multiples of N/P (zigzag: >= N) runs around sub-rings of
+    whole shards, and any other runs each segment that crosses a shard border around the ranks holding it.
 
     Every rank of the group must call it with the same arguments and equal shards. check_config (one
     small all_gather over `group` before anything else) makes every rank raise a ValueError when the
@@ -171,7 +174,14 @@ def ring_dilated_attention(
             step = resolve_step_executor(backend, q, pattern, training=training)
         elif len(members) > 1:
             branches = plan_branches(pattern, geometry, q.shape[2], grouped)
-            if any(b.local for b in branches):
+            if any(b.per_segment for b in branches):
+                # Split as a packed row of one document: the per-segment branches' crossing segments become
+                # sub-rings of their own, their other segments and the local branches one local part.
+                local_plan, spans = split_documents(pattern, geometry, q.shape[2], ((0, geometry.seq_len),), grouped,
+                                                    tuple(b.branch for b in branches if b.local or b.per_segment))
+                branches = [b for b in branches if not (b.local or b.per_segment)] + list(spans)
+                local = _local_executor(backend, q, pattern, training, "segments crossing shard borders")
+            elif any(b.local for b in branches):
                 local = _local_executor(backend, q, pattern, training, None if grouped is None else
                                         f"{grouped} key/value heads for {q.shape[2]}")
                 local_plan = cached_plan(pattern, geometry.shard_len, q.shape[2],

@@ -4,7 +4,8 @@ holds chunks i and 2P-1-i, an early and a late one, so that every rank does the 
 What this layout decides (branches.py and schedule.py ask it):
 - runs: a member's positions are two runs, its early chunk then its late one (chunk ids order positions);
 - classify: a branch whose effective segment w divides c is local; one with w == N spans all ranks;
-  anything else is a ValueError (segments spanning a few ranks need the contiguous layout);
+  any other runs per segment (None): each segment crossing a piece border is a sub-ring of the ranks
+  holding it (documents.py);
 - routes: every packet visits every other member (a rotation), causal or not: every rank's late chunk
   attends every earlier rank's keys;
 - join: the own packet is one causal call (early and late rows against early and late keys, masked by
@@ -25,19 +26,16 @@ def runs(member: int, ring_size: int, shard_len: int) -> tuple[tuple[int, slice]
     return (member, slice(0, chunk)), (2 * ring_size - 1 - member, slice(chunk, shard_len))
 
 
-def classify(branch: int, requested: int, segment: int, ring_size: int, index: int,
-             seq_len: int) -> tuple[bool, tuple[int, ...]]:
+def classify(segment: int, ring_size: int, index: int, seq_len: int) -> tuple[bool, tuple[int, ...]] | None:
     """(local, members of this rank's ring) of a branch with effective segment length `segment`, on rank `index`
-    of a ring of `ring_size` ranks holding `seq_len` tokens."""
+    of a ring of `ring_size` ranks holding `seq_len` tokens; None where segments cross chunk borders but do not
+    cover the sequence (the ring then runs each crossing segment on its own)."""
     chunk = seq_len // ring_size // 2
     if chunk % segment == 0:
         return True, (index,)
     if segment == seq_len:
         return False, tuple(range(ring_size))
-    raise ValueError(
-        f"segment_lengths[{branch}] = {requested}: the zigzag layout with {ring_size} ranks (chunks of "
-        f"{chunk} tokens, N = {seq_len}) needs every segment length to divide the chunk length {chunk} "
-        f"or be >= N (use layout='contiguous' for segments spanning a few ranks)")
+    return None
 
 
 def routes(members: int, causal: bool) -> list[list[int]]:

@@ -28,7 +28,8 @@ NO_GLOO = not dist.is_available() or not dist.is_gloo_available()
 NO_TWO_GPUS = not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available()
 pytestmark = pytest.mark.skipif(NO_GLOO, reason="torch.distributed with gloo is not available in this torch build")
 
-ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_message_counts",
+ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_any_segment_on_every_layout",
+              "check_message_counts",
               "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm",
               "check_configuration_agreement", "check_inputs_validated", "check_ring_size_disagreement",
               "check_nonfinite_like_engine"]
@@ -105,15 +106,46 @@ def test_planner_local_and_spanning_branches():
     assert odd[0].members == (2,) and not odd[0].local  # last segment [16, 24) lies on rank 2 alone
 
 
-def test_planner_rejects_misaligned_segments():
+def test_planner_splits_misaligned_segments_per_segment():
     geometry = RingLayout(ring_size=4, index=0, seq_len=48, layout="contiguous")  # shard length 12
-    with pytest.raises(ValueError, match=r"segment_lengths\[1\] = 8: .*divide the shard length 12"):
-        plan_branches(DilatedPattern.create([4, 8], [1, 1]), geometry, num_heads=2)
-    with pytest.raises(ValueError, match=r"segment_lengths\[0\] = 18"):
-        plan_branches(DilatedPattern.create([18], [1]), geometry, num_heads=2)
+    plans = plan_branches(DilatedPattern.create([4, 8, 18, 24], [1, 1, 1, 2]), geometry, num_heads=2)
+    assert [(p.local, p.per_segment, p.members) for p in plans] == [
+        (True, False, (0,)), (False, True, ()), (False, True, ()), (False, False, (0, 1))]
     zigzag = RingLayout(ring_size=4, index=0, seq_len=48, layout="zigzag")  # chunks of 6
-    with pytest.raises(ValueError, match="zigzag layout"):
-        plan_branches(DilatedPattern.create([12], [1]), zigzag, num_heads=2)
+    plans = plan_branches(DilatedPattern.create([3, 12, 48], [1, 1, 1]), zigzag, num_heads=2)
+    assert [(p.local, p.per_segment, p.members) for p in plans] == [
+        (True, False, (0,)), (False, True, ()), (False, False, (0, 1, 2, 3))]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_per_segment_split_of_a_plain_row_covers_every_run_once(layout):
+    """The per-segment branches of a plain row split as one document: every (branch, head, position) of the
+    branch is in exactly one rank's local blocks or one span; a span's members are the ranks holding it."""
+    from hilbert_lab.attention.plan import cached_plan
+    from hilbert_lab.distributed.documents import split_documents
+
+    world_size, seq_len, heads = 4, 48, 4
+    pattern = DilatedPattern.create([4, 18, 9], [1, 2, 3], causal=True)
+    split = (1, 2)
+    expected = {(b.branch, h, int(p)) for b in cached_plan(pattern, seq_len, heads).blocks if b.branch in split
+                for h in range(b.heads.start, b.heads.stop, b.heads.step or 1) for p in b.positions().flatten()}
+    found = []
+    for rank in range(world_size):
+        geometry = RingLayout(world_size, rank, seq_len, layout)
+        local, spans = split_documents(pattern, geometry, heads, ((0, seq_len),), None, split)
+        held = geometry.positions(rank)
+        for blk in local.blocks if local is not None else ():
+            found += [(blk.branch, h, int(p)) for h in range(blk.heads.start, blk.heads.stop, blk.heads.step or 1)
+                      for p in held[blk.positions()].flatten()]
+        for span in spans:
+            a, b = span.span
+            holding = tuple(m for m in range(world_size) if bool(((geometry.positions(m) >= a) &
+                                                                   (geometry.positions(m) < b)).any()))
+            assert span.members == holding and rank in holding and span.branch in split
+            if rank == span.members[0]:
+                found += [(span.branch, h, p) for group in span.groups for h in group.head_indices
+                          for p in range(a + group.offset, b, span.dilation_rate)]
+    assert len(found) == len(set(found)) and set(found) == expected
 
 
 def test_unpack_views_round_trip_mixed_dtypes():
