@@ -1,7 +1,7 @@
 """The configuration agreement of a ring call: every rank of the group stops together on a mismatch.
 
 Before any data moves (and before a rank takes the one-rank shortcut), one all_gather over the whole
-group of a fixed-size int64 row per rank: an error flag and the error's text, then per field of the
+group (on the host: over gloo, so that no rank waits for its queued kernels) of a fixed-size int64 row per rank: an error flag and the error's text, then per field of the
 configuration a digest and the value's text. A rank that rejected its inputs raises its own error, the
 others a ValueError naming it; ranks that hold different values of a field (pattern, dtype, scale, shard
 shape, layout, ring_size, backend; the packed row's cu_seqlens among the ranks of one ring, each ring holding
@@ -9,8 +9,10 @@ its own sequence) all raise the same ValueError naming the field and which ranks
 """
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
+import math
 
 import torch
 import torch.distributed as dist
@@ -66,11 +68,35 @@ def _fields_row(values: tuple[str, ...]) -> list[int]:
     return row
 
 
-def _collective_device(group: dist.ProcessGroup | None) -> torch.device:
-    backend = str(dist.get_backend(group))
-    if "nccl" in backend and "gloo" not in backend:
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+_HOST_GROUPS: dict[object, dist.ProcessGroup] = {}  # a group without gloo -> a gloo group of the same ranks
+
+
+def _registered(group: dist.ProcessGroup) -> bool:
+    try:
+        dist.get_process_group_ranks(group)
+    except (KeyError, ValueError, RuntimeError):
+        return False
+    return True
+
+
+def _has_gloo(group: dist.ProcessGroup | None) -> bool:
+    return "gloo" in str(dist.get_backend(group))
+
+
+def host_group(group: dist.ProcessGroup | None, timeout_s: float) -> dist.ProcessGroup | None:
+    """A group over the same ranks whose collectives take CPU tensors: `group` itself where it has gloo, else
+    a gloo group made once (by its members only, at their first call) and kept. The agreement's rows are host
+    data: gathering them over NCCL would make the host wait for every kernel queued before the call."""
+    if _has_gloo(group):
+        return group
+    key = dist.group.WORLD if group is None else group
+    found = _HOST_GROUPS.get(key)
+    if found is None or not _registered(found):
+        bound = {} if math.isinf(timeout_s) else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        found = dist.new_group(dist.get_process_group_ranks(key), backend="gloo", use_local_synchronization=True,
+                               **bound)
+        _HOST_GROUPS[key] = found
+    return found
 
 
 def _mismatches(table: torch.Tensor, ranks: list[int]) -> list[str]:
@@ -104,14 +130,14 @@ def agree_on_configuration(fields: dict[str, str], error: Exception | None, grou
     (`error`); see the module docstring."""
     row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
     row += _fields_row(tuple(fields[name] for name in FIELDS)) + [int(ring)]
-    mine = torch.tensor(row, dtype=torch.int64, device=_collective_device(group))
+    mine = torch.tensor(row, dtype=torch.int64)
     world = dist.get_world_size(group)
     rows = [torch.empty_like(mine) for _ in range(world)]
-    work = dist.all_gather(rows, mine, group=group, async_op=True)
+    work = dist.all_gather(rows, mine, group=host_group(group, timeout_s), async_op=True)
     ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
     wait_bounded([(work, f"gather the configuration of the ranks {ranks}")], timeout_s,
                  f"rank {dist.get_rank()}: ring configuration check")
-    table = torch.stack(rows).cpu()
+    table = torch.stack(rows)
     rejected = [rank for rank, line in zip(ranks, table) if line[0] != 0]
     if rejected:
         if error is not None:

@@ -226,6 +226,26 @@ def _raises_everywhere(call, *needles):
 
 
 @check
+def check_agreement_of_a_group_without_gloo(rank, world):
+    """A group without gloo (NCCL on GPUs) agrees over a gloo group of the same ranks, made once: a matching
+    call gives the engine's result, a mismatch still raises everywhere."""
+    from hilbert_lab.distributed import agreement
+
+    original = agreement._has_gloo
+    agreement._has_gloo = lambda group: False
+    try:
+        compare(rank, world, 6 * world, [3, 6 * world], [1, 2], "longnet", True)
+        made = agreement._HOST_GROUPS[dist.group.WORLD]
+        assert made is not dist.group.WORLD and dist.get_process_group_ranks(made) == list(range(world))
+        q = torch.zeros(1, 6, 2, 2, dtype=torch.float64)
+        _raises_everywhere(lambda: ring_dilated_attention(q, q, q, segment_lengths=[3], dilation_rates=[1],
+                                                          causal=rank == 0), "disagree", "causal", "rank 0: True")
+        assert agreement._HOST_GROUPS[dist.group.WORLD] is made
+    finally:
+        agreement._has_gloo = original
+
+
+@check
 def check_configuration_agreement(rank, world):
     """Ranks that disagree on any part of the configuration all raise the same ValueError before data moves."""
     n = 6

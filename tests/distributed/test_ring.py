@@ -29,9 +29,9 @@ NO_TWO_GPUS = not torch.cuda.is_available() or torch.cuda.device_count() < 2 or 
 pytestmark = pytest.mark.skipif(NO_GLOO, reason="torch.distributed with gloo is not available in this torch build")
 
 ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag", "check_any_segment_on_every_layout",
-              "check_message_counts",
-              "check_constraints_raise", "check_modules", "check_example", "check_low_precision", "check_ring_comm",
-              "check_configuration_agreement", "check_inputs_validated", "check_ring_size_disagreement",
+              "check_message_counts", "check_constraints_raise", "check_modules", "check_example",
+              "check_low_precision", "check_ring_comm", "check_configuration_agreement",
+              "check_agreement_of_a_group_without_gloo", "check_inputs_validated", "check_ring_size_disagreement",
               "check_nonfinite_like_engine"]
 
 
