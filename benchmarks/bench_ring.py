@@ -24,6 +24,9 @@ Sections of the JSON (rank 0 rewrites it after every measurement, so a crash kee
   --dilation-rates: with N/P >= 131072 every segment lies inside a shard and nothing is sent) and
   "spanning" (the same plus a whole-sequence branch, dilation --spanning-dilation: K/V travel around the
   whole ring).
+- overhead (P > 1): per config "longnet" and N in --seq-lens, each rank's ring call against the single-GPU
+  engine on a sequence of the shard's length, back-to-back calls, interleaved rounds: what the ring adds
+  where nothing is sent (not in the default sections).
 - causal_layouts (P > 1): the spanning config, causal, at --layout-len tokens: contiguous against zigzag
   shards, interleaved, ratio with its bootstrap interval.
 - context_parallel (P > 1): dense causal attention (one branch, segment N, dilation 1) at --cp-len tokens:
@@ -256,6 +259,48 @@ def causal_layouts(args, device, segment_lengths, dilation_rates) -> dict:
     return {"seq_len": seq_len, "segment_lengths": segment_lengths, "dilation_rates": dilation_rates, **result}
 
 
+def overhead(args, device, seq_len, segment_lengths, dilation_rates) -> dict:
+    """Per rank, the ring on its shard against the single-GPU engine on a sequence of the shard's length
+    (what one GPU costs for the shard): --iters fwd+bwd calls back to back (no barrier between them, as
+    a model's layers run), timed by CUDA events, in --rounds interleaved rounds; ratio = ring / engine
+    per rank (median over rounds, paired bootstrap interval), and the slowest rank's."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator(device=device).manual_seed(200 + rank)
+    q, k, v, grad = (torch.randn(1, seq_len // world, args.heads, args.head_dim, generator=gen, device=device,
+                                 dtype=args.dtype) for _ in range(4))
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+    kwargs = dict(segment_lengths=segment_lengths, dilation_rates=dilation_rates, mode=args.mode)
+    calls = {"engine_on_shard": lambda: dilated_attention(q, k, v, **kwargs),
+             "ring": lambda: ring_dilated_attention(q, k, v, **kwargs)}
+
+    def batch(call, iters: int) -> float:
+        dist.barrier()
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(iters):
+            call().backward(grad)
+            q.grad = k.grad = v.grad = None
+        _sync(device)
+        return (time.perf_counter() - start) / iters
+
+    for call in calls.values():
+        batch(call, 2)
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(args.rounds):
+        for name, call in calls.items():
+            times[name].append(batch(call, max(args.iters, 1)))
+    ratio, low, high = ratio_ci(times["ring"], times["engine_on_shard"])
+    per_rank = torch.tensor([ratio, low, high], dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(per_rank) for _ in range(world)]
+    dist.all_gather(gathered, per_rank)
+    rows = [t.tolist() for t in gathered]
+    worst = max(range(world), key=lambda r: rows[r][0])
+    return {"seq_len": seq_len, "shard_len": seq_len // world, "segment_lengths": segment_lengths,
+            "dilation_rates": dilation_rates, "seconds_rank0": times,
+            "ring_over_engine_per_rank": [{"ratio": r[0], "low": r[1], "high": r[2]} for r in rows],
+            "slowest_rank": worst, "per_gpu_throughput_vs_one_gpu_on_its_shard": 1 / rows[worst][0]}
+
+
 def context_parallel_anchor(args, device) -> dict:
     """Dense causal attention: our ring (zigzag, contiguous) against PyTorch's context parallel SDPA."""
     seq_len, world = args.cp_len, dist.get_world_size()
@@ -392,7 +437,7 @@ def main() -> int:
     parser.add_argument("--max-start", type=int, default=1 << 20)
     parser.add_argument("--max-limit", type=int, default=1 << 25)
     parser.add_argument("--sections", default="correctness,throughput,layouts,context_parallel,longest",
-                        help="comma-separated sections to run")
+                        help="comma-separated sections to run (also: overhead)")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU sizes (float32) to check the script runs")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
@@ -433,6 +478,9 @@ def main() -> int:
                 report["throughput"][name].append(throughput(args, device, seq_len, *configs[name], bandwidth,
                                                              args.iters))
                 save()
+        if "overhead" in sections and world > 1:
+            report["overhead"] = [overhead(args, device, seq_len, *configs["longnet"]) for seq_len in args.seq_lens]
+            save()
         if "layouts" in sections and world > 1:
             report["causal_layouts"] = causal_layouts(args, device, *configs["spanning"])
             save()
