@@ -11,7 +11,9 @@ CPU smoke run (gloo, tiny):
     torchrun --nproc_per_node=2 benchmarks/bench_ring.py --smoke --out /tmp/ring_smoke.json
 
 Sections of the JSON (rank 0 rewrites it after every measurement, so a crash keeps what was done):
-- correctness: N = --check-len, bf16, per config. Each rank runs the single-GPU engine on the whole
+- correctness: N = --check-len, bf16, per config; also the spanning one causal on zigzag shards, alone and
+  with grouped-query heads (H/4 key/value heads), and the longnet one causal on zigzag shards of packed
+  documents crossing shard borders. Each rank runs the single-GPU engine on the whole
   sequence (bf16, and float32 as the yardstick) and compares its shard of the ring output and of
   dq/dk/dv (same random upstream gradient). Pass when the ring's error against float32 is at most twice
   the single-GPU bf16 error against float32 plus 1e-3 (ring and single GPU round differently).
@@ -111,21 +113,33 @@ def _max_over_ranks(values: list[float], device) -> list[float]:
     return t.tolist()
 
 
-def correctness(args, device, segment_lengths, dilation_rates, causal=False, layout="contiguous") -> dict:
-    """Ring (bf16) vs single-GPU engine (bf16 and float32) on --check-len tokens; max abs errors."""
+def correctness(args, device, segment_lengths, dilation_rates, causal=False, layout="contiguous", *,
+                kv_heads: int | None = None, packed: bool = False) -> dict:
+    """Ring (bf16) vs single-GPU engine (bf16 and float32) on --check-len tokens; max abs errors. kv_heads:
+    k and v with that many heads (grouped-query); packed: documents of uneven lengths crossing shard borders."""
     rank, world = dist.get_rank(), dist.get_world_size()
     seq_len = args.check_len
     pos = shard_positions(rank, world, seq_len, layout).to(device)
     kwargs = dict(segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=causal, mode=args.mode)
+    bounds = [0, seq_len // 3 + 5, seq_len // 3 + 7, seq_len // 2 + 17, seq_len - 9, seq_len] if packed else None
+    if bounds is not None:
+        kwargs["cu_seqlens"] = torch.tensor(bounds, dtype=torch.int32, device=device)
+
+    def draw(dtype):
+        q, k, v, grad = _inputs(seq_len, args.heads, args.head_dim, device, dtype, seed=1)
+        if kv_heads is not None:
+            k, v = k[:, :, :kv_heads].contiguous(), v[:, :, :kv_heads].contiguous()
+        return q, k, v, grad
+
     results = {}
     for dtype in (args.dtype, torch.float32):
-        q, k, v, grad = _inputs(seq_len, args.heads, args.head_dim, device, dtype, seed=1)
+        q, k, v, grad = draw(dtype)
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out = dilated_attention(*leaves, **kwargs)
         out.backward(grad)
         results[dtype] = [out.detach()[:, pos].float()] + [t.grad[:, pos].float() for t in leaves]
         del leaves, out
-    q, k, v, grad = _inputs(seq_len, args.heads, args.head_dim, device, args.dtype, seed=1)
+    q, k, v, grad = draw(args.dtype)
     local = [t[:, pos].clone().requires_grad_(True) for t in (q, k, v)]
     out = ring_dilated_attention(*local, **kwargs, layout=layout)
     out.backward(grad[:, pos])
@@ -137,8 +151,8 @@ def correctness(args, device, segment_lengths, dilation_rates, causal=False, lay
     report = {name: {"ring_vs_single": row[0], "ring_vs_fp32": row[1], "single_vs_fp32": row[2]}
               for name, row in zip(names, stats.tolist())}
     passed = all(r["ring_vs_fp32"] <= 2 * r["single_vs_fp32"] + 1e-3 for r in report.values())
-    return {"seq_len": seq_len, "dtype": str(args.dtype), "causal": causal, "layout": layout,
-            "max_abs_error": report, "pass": passed}
+    return {"seq_len": seq_len, "dtype": str(args.dtype), "causal": causal, "layout": layout, "kv_heads": kv_heads,
+            "cu_seqlens": bounds, "max_abs_error": report, "pass": passed}
 
 
 def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=False, layout="contiguous"):
@@ -468,6 +482,10 @@ def main() -> int:
             report["correctness"] = {name: correctness(args, device, *cfg) for name, cfg in configs.items()}
             report["correctness"]["spanning_causal_zigzag"] = correctness(args, device, *configs["spanning"],
                                                                           causal=True, layout="zigzag")
+            report["correctness"]["gqa_causal_zigzag"] = correctness(args, device, *configs["spanning"], causal=True,
+                                                                     layout="zigzag", kv_heads=max(1, args.heads // 4))
+            report["correctness"]["packed_causal_zigzag"] = correctness(args, device, *configs["longnet"], causal=True,
+                                                                        layout="zigzag", packed=True)
             save()
         if "throughput" in sections:
             bandwidth = p2p_bandwidth(device)
