@@ -379,6 +379,11 @@ def check_sub_rings(rank, world):
     torch.testing.assert_close(out, ref[:, part], atol=ATOL, rtol=0)
     for mine, full in zip(local, leaves):
         torch.testing.assert_close(mine.grad, full.grad[:, part], atol=ATOL, rtol=0)
+    # a segment of 1.5 shards: split per segment inside each ring
+    spans = dict(segment_lengths=[9, 2 * n], dilation_rates=[1, 2], causal=True)
+    ref = single_process(q, k, v, spans["segment_lengths"], spans["dilation_rates"], "longnet", True)[0]
+    out = ring_dilated_attention(*(t.detach() for t in local), ring_size=ring_size, **spans)
+    torch.testing.assert_close(out, ref[:, part], atol=ATOL, rtol=0)
     # packed rows: each ring its own documents (agreed within the ring only)
     cu = torch.tensor([0, n - 1 - ring, 2 * n])
     packed = dict(args, cu_seqlens=cu)
