@@ -180,13 +180,15 @@ def ring_dilated_attention(
                 local_plan, spans = split_documents(pattern, geometry, q.shape[2], ((0, geometry.seq_len),), grouped,
                                                     tuple(b.branch for b in branches if b.local or b.per_segment))
                 branches = [b for b in branches if not (b.local or b.per_segment)] + list(spans)
+                # Both resolved on every rank, as for packed rows: a rank may hold no crossing segment.
                 local = _local_executor(backend, q, pattern, training, "segments crossing shard borders")
+                step = resolve_step_executor(backend, q, pattern, training=training)
             elif any(b.local for b in branches):
                 local = _local_executor(backend, q, pattern, training, None if grouped is None else
                                         f"{grouped} key/value heads for {q.shape[2]}")
                 local_plan = cached_plan(pattern, geometry.shard_len, q.shape[2],
                                          tuple(b.branch for b in branches if b.local), num_kv_heads=grouped)
-            if not all(b.local for b in branches):
+            if step is None and not all(b.local for b in branches):
                 step = resolve_step_executor(backend, q, pattern, training=training)
     except (ValueError, TypeError) as exc:
         error = exc
