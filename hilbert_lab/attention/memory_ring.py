@@ -74,24 +74,48 @@ def _merge_into_peak(rows: int, dim: int, dtype: torch.dtype, device: str) -> in
     return _peak(device, lambda: merge_into(acc, acc_lse, out, lse), acc, acc_lse, out, lse)
 
 
-def _branches(config: MemoryConfig) -> tuple[list[int], list[tuple[int, int, int, int, bool]]]:
-    """(local branches, ring branches as (branch, heads, dilation, members, query rows are one view))."""
+def _crossing_segments(segment: int, seq_len: int, shard: int) -> list[tuple[int, int]]:
+    """The segments [a, b) of length `segment` (the last one shorter) that cross a border of shards of `shard`
+    tokens (contiguous layout), each once."""
+    found = []
+    for border in range(shard, seq_len, shard):
+        start = border // segment * segment
+        if start < border and (not found or found[-1][0] != start):
+            found.append((start, min(start + segment, seq_len)))
+    return found
+
+
+def _branches(config: MemoryConfig) -> tuple[list[int], list[tuple[int, int, int, int, bool, int, int]]]:
+    """(branches with a local share, ring parts as (branch, heads, dilation, members, query rows are one view,
+    this rank's selected rows per head and batch row, a member's largest)). A branch whose segments cross shard
+    borders off whole-shard sub-rings (the ring splits it per segment) has both: its segments inside a shard
+    (where w < n) are local, and each shape of crossing segment (members, rows per member) is a part; the
+    rows of a member are counted as ceil(positions / r), which no head offset exceeds: an upper bound."""
     pattern = config.pattern
     n = config.seq_len // config.world_size
     local, ring = [], []
     for branch, offsets in enumerate(pattern.head_offsets(config.num_heads)):
         segment = min(pattern.segment_lengths[branch], config.seq_len)
+        rate = pattern.dilation_rates[branch]
         if n % segment == 0:
             local.append(branch)
-        elif segment % n == 0:
-            groups = [int((offsets == o).sum()) for o in sorted(set(offsets[offsets >= 0].tolist()))]
-            view = len(groups) == 1 or max(groups) == 1
-            ring.append((branch, int((offsets >= 0).sum()), pattern.dilation_rates[branch],
-                         min(segment // n, config.world_size), view))
-        else:
-            raise ValueError(f"segment_lengths[{branch}] = {pattern.segment_lengths[branch]}: the per-rank estimate "
-                             f"covers segments that divide the shard length {n} (N / world_size) or are multiples of "
-                             f"it; the ring runs this branch per segment, which it does not estimate")
+            continue
+        groups = [int((offsets == o).sum()) for o in sorted(set(offsets[offsets >= 0].tolist()))]
+        view = len(groups) == 1 or max(groups) == 1
+        heads = int((offsets >= 0).sum())
+        if segment % n == 0:
+            rows = -(-n // rate)
+            ring.append((branch, heads, rate, min(segment // n, config.world_size), view, rows, rows))
+            continue
+        tail = config.seq_len % segment  # the last, shorter segment may lie inside the last shard
+        if segment < n or (tail and tail <= n and (config.seq_len - tail) % n + tail <= n):
+            local.append(branch)
+        shapes = set()
+        for start, end in _crossing_segments(segment, config.seq_len, n):
+            held = [min(end, (m + 1) * n) - max(start, m * n) for m in range(start // n, -(-end // n))]
+            largest = -(-max(held) // rate)
+            shapes.update((len(held), -(-own // rate), largest) for own in held)
+        ring += [(branch, heads, rate, members, view, own, largest) for members, own, largest in sorted(shapes)]
     return local, ring
 
 
@@ -122,7 +146,8 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
     whole = executor.capabilities.whole_pattern
     slot = tokens * element + rows * accumulate
     local_slots = (1 if whole else len(local)) if local else 0
-    num_slots = local_slots + len(ring) if local or len(ring) > 1 else 1
+    ring_only = {entry[0] for entry in ring} - set(local)  # one slot a branch: its parts write disjoint rows
+    num_slots = local_slots + len(ring_only) if local or len(ring) > 1 else 1
 
     def slots(written: int) -> int:
         """The job's slots when `written` of them hold outputs (on the CPU, empty pages do not count yet)."""
@@ -138,25 +163,30 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
         alone, alone_totals = (len(local) if merges else 1) * slot, 3 * tokens * (total_bytes if merges else element)
         forward_phases.append(local_forward - alone + slots(local_slots))
         backward_phases.append(kept + totals + max(0, local_backward - slot - alone_totals))
-    for index, (branch, branch_heads, dilation, members, view) in enumerate(ring):
-        selected = -(-n // dilation)
-        block = batch * selected * branch_heads  # this rank's selected rows of the branch (b * L * h)
+    written, with_slot = local_slots, set(local)
+    for index, (branch, branch_heads, dilation, members, view, own, largest) in enumerate(ring):
+        block = batch * own * branch_heads  # this rank's selected rows of the branch (b * L * h)
         g = block * dim * element
-        packet, sums, state = 2 * g, 2 * block * dim * accumulate, block * (dim + 1) * accumulate
-        call_f, call_b = _call_peaks(backend, (batch, selected, branch_heads, dim), dtype, device, pattern.causal)
+        arriving = batch * largest * branch_heads  # the rows of a member's packet, at most
+        packet, sums, state = 2 * arriving * dim * element, 2 * arriving * dim * accumulate, block * (dim + 1) * accumulate
+        call_f, call_b = _call_peaks(backend, (batch, max(own, largest), branch_heads, dim), dtype, device,
+                                     pattern.causal)
         outputs, merge = g + block * accumulate, _merge_into_peak(block, dim, dtype, device)
         q_rows = 0 if view else g
         first = max(q_rows + call_f, outputs + state)  # a call, then its result copied into the running one
         later = state + max(q_rows + call_f, outputs + merge)  # a call, then its result merged into it
         steps = {1: packet + first, 2: max(2 * packet + first, packet + later)}.get(members, 2 * packet + later)
-        phase = max(slots(local_slots + index) + steps, slots(local_slots + index + 1) + state)
-        terms["forward"][f"ring_branch{branch}"] = phase
+        phase = max(slots(written) + steps, slots(written + (branch not in with_slot)) + state)
+        written += branch not in with_slot
+        with_slot.add(branch)
+        name = f"ring_branch{branch}" if branch not in local else f"crossing_segments_branch{branch}"
+        terms["forward"][name] = max(phase, terms["forward"].get(name, 0))
         forward_phases.append(phase)
         query_rows = q_rows + 2 * g + block * accumulate + block * dim * accumulate  # q, out, dO, lse, dq sum
         # K/V held and in flight, dK/dV sums: own share, this step's, the one passing on, the one arriving
         held = {1: packet + sums, 2: max(2 * packet + sums, packet + 2 * sums),
                 3: max(2 * packet + 2 * sums, packet + 4 * sums)}.get(members, 2 * packet + 4 * sums)
-        terms["forward_backward"][f"ring_branch{branch}"] = query_rows + held + call_b
+        terms["forward_backward"][name] = max(query_rows + held + call_b, terms["forward_backward"].get(name, 0))
         earlier = totals if local or index else 0  # the totals exist once a part before has written into them
         backward_phases += [kept + earlier + query_rows + max(held + call_b, 3 * sums),
                             kept + totals + query_rows + sums]  # this branch's shares stored into the totals

@@ -23,7 +23,7 @@ disagree raise the same ValueError together; every wait is bounded (comm.RingCom
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -85,19 +85,47 @@ def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list
     return world[first: first + size]
 
 
-def ring_job(pattern: DilatedPattern, branches: Sequence[RingBranch], geometry: RingLayout, q: torch.Tensor,
-             local: Executor | None, steps: RingSteps | None, scale: float, local_plan: Plan | None = None) -> Job:
-    """The job of one ring call: the local part (if any branch is local, or `local_plan`: the blocks of a
-    packed row inside this rank's pieces) and one part per ring branch (or span of a packed row)."""
-    parts = []
+class RingPlan(NamedTuple):
+    """What one rank runs: the local part's plan on its storage rows (or None), the parts that communicate
+    (ring branches, then segments crossing shard borders, in the order every rank runs them), what the local
+    plan holds that a whole-pattern executor does not take (or None), and whether the row is split per segment
+    (then some rank may hold a crossing segment that another lacks)."""
+
+    local_plan: Optional[Plan]
+    branches: list[RingBranch]
+    refused: Optional[str]
+    split: bool
+
+
+def plan_ring(pattern: DilatedPattern, geometry: RingLayout, num_heads: int, num_kv_heads: int | None = None,
+              documents: tuple[tuple[int, int], ...] | None = None) -> RingPlan:
+    """This rank's RingPlan; documents: a packed row's (start, length) documents."""
+    if documents is not None:
+        local_plan, spans = split_documents(pattern, geometry, num_heads, documents, num_kv_heads)
+        return RingPlan(local_plan, list(spans), "cu_seqlens (packed documents)", True)
+    branches = plan_branches(pattern, geometry, num_heads, num_kv_heads)
+    if any(b.per_segment for b in branches):
+        # Split as a packed row of one document: the per-segment branches' crossing segments become sub-rings
+        # of their own, their other segments and the local branches one local part.
+        local_plan, spans = split_documents(pattern, geometry, num_heads, ((0, geometry.seq_len),), num_kv_heads,
+                                            tuple(b.branch for b in branches if b.local or b.per_segment))
+        return RingPlan(local_plan, [b for b in branches if not (b.local or b.per_segment)] + list(spans),
+                        "segments crossing shard borders", True)
     inside = tuple(b.branch for b in branches if b.local)
-    if local_plan is None and inside:
-        local_plan = cached_plan(pattern, geometry.shard_len, q.shape[2], inside)
-    if local_plan is not None:
-        parts.append(plan_part(local, local_plan))
-    for branch in branches:
-        if not branch.local:
-            parts.append(Part(steps, BranchSchedule(branch, geometry, pattern.causal, q), (branch.branch,)))
+    if not inside:
+        return RingPlan(None, branches, None, False)
+    local_plan = cached_plan(pattern, geometry.shard_len, num_heads, inside, num_kv_heads=num_kv_heads)
+    refused = None if num_kv_heads is None else f"{num_kv_heads} key/value heads for {num_heads}"
+    return RingPlan(local_plan, [b for b in branches if not b.local], refused, False)
+
+
+def ring_job(pattern: DilatedPattern, plan: RingPlan, geometry: RingLayout, q: torch.Tensor,
+             local: Executor | None, steps: RingSteps | None, scale: float) -> Job:
+    """The job of one ring call: the local part (if this rank's plan has one) and one part per ring branch or
+    crossing segment."""
+    parts = [] if plan.local_plan is None else [plan_part(local, plan.local_plan)]
+    for branch in plan.branches:
+        parts.append(Part(steps, BranchSchedule(branch, geometry, pattern.causal, q), (branch.branch,)))
     return make_job(parts, scale)
 
 
@@ -148,8 +176,7 @@ def ring_dilated_attention(
         raise RuntimeError("ring_dilated_attention needs torch.distributed to be initialised (dist.init_process_group)")
     error: Exception | None = None
     members: list[int] | None = None
-    pattern = local = step = documents = local_plan = None
-    branches: list[RingBranch] | tuple[RingBranch, ...] = []
+    pattern = local = step = documents = plan = None
     resolved_scale, timeout = scale, DEFAULT_TIMEOUT_S
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     try:
@@ -167,28 +194,13 @@ def ring_dilated_attention(
         documents = validate_cu_seqlens(cu_seqlens, q, seq_len=geometry.seq_len)
         if cu_seqlens is not None and documents is None:  # one document: still the packed path (any segment length)
             documents = ((0, geometry.seq_len),)
-        if len(members) > 1 and documents is not None:
-            local_plan, branches = split_documents(pattern, geometry, q.shape[2], documents, grouped)
-            # Resolved alike on every rank (the configuration check compares them), whatever this rank's split.
-            local = _local_executor(backend, q, pattern, training, "cu_seqlens (packed documents)", packed=True)
-            step = resolve_step_executor(backend, q, pattern, training=training)
-        elif len(members) > 1:
-            branches = plan_branches(pattern, geometry, q.shape[2], grouped)
-            if any(b.per_segment for b in branches):
-                # Split as a packed row of one document: the per-segment branches' crossing segments become
-                # sub-rings of their own, their other segments and the local branches one local part.
-                local_plan, spans = split_documents(pattern, geometry, q.shape[2], ((0, geometry.seq_len),), grouped,
-                                                    tuple(b.branch for b in branches if b.local or b.per_segment))
-                branches = [b for b in branches if not (b.local or b.per_segment)] + list(spans)
-                # Both resolved on every rank, as for packed rows: a rank may hold no crossing segment.
-                local = _local_executor(backend, q, pattern, training, "segments crossing shard borders")
-                step = resolve_step_executor(backend, q, pattern, training=training)
-            elif any(b.local for b in branches):
-                local = _local_executor(backend, q, pattern, training, None if grouped is None else
-                                        f"{grouped} key/value heads for {q.shape[2]}")
-                local_plan = cached_plan(pattern, geometry.shard_len, q.shape[2],
-                                         tuple(b.branch for b in branches if b.local), num_kv_heads=grouped)
-            if step is None and not all(b.local for b in branches):
+        if len(members) > 1:
+            plan = plan_ring(pattern, geometry, q.shape[2], grouped, documents)
+            # A split row resolves both on every rank (the configuration check compares them), whatever this
+            # rank's share of the crossing segments.
+            if plan.local_plan is not None or plan.split:
+                local = _local_executor(backend, q, pattern, training, plan.refused, packed=documents is not None)
+            if plan.split or plan.branches:
                 step = resolve_step_executor(backend, q, pattern, training=training)
     except (ValueError, TypeError) as exc:
         error = exc
@@ -220,6 +232,6 @@ def ring_dilated_attention(
     if step is not None:
         steps = RingSteps(RingComm(members, group, timeout_s=timeout), step.kernel_for(q),
                           step.capabilities.in_place)
-    job = ring_job(pattern, branches, geometry, q, local, steps, resolved_scale, local_plan)
+    job = ring_job(pattern, plan, geometry, q, local, steps, resolved_scale)
     out, lse = attention(job, q, k, v, need_lse=return_lse or training or job.num_slots > 1)
     return (out, lse) if return_lse else out

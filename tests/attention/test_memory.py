@@ -254,11 +254,6 @@ def test_ring_per_rank_estimate_matches_two_gloo_ranks(tmp_path):
     assert 0.8 <= row["ratio_forward"] <= 1.2 and 0.8 <= row["ratio_forward_backward"] <= 1.2, row
 
 
-def test_ring_estimate_rejects_segments_that_do_not_tile_shards():
-    with pytest.raises(ValueError, match="segment_lengths"):
-        _estimate(seq_len=1 << 16, world_size=4, segment_lengths=(3072,), dilation_rates=(1,))
-
-
 GPU_SIZES = (4096, 8192, 16384)  # the reference executor's dense float64 scores: a quarter of each length
 
 

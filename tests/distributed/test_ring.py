@@ -189,14 +189,14 @@ def _ring_dry_run(config, index: int) -> tuple[int, int]:
     from hilbert_lab.attention.executors import get_executor
     from hilbert_lab.attention.function import attention
     from hilbert_lab.attention.target import estimating
-    from hilbert_lab.distributed.ring import ring_job
+    from hilbert_lab.distributed.ring import plan_ring, ring_job
     from hilbert_lab.distributed.steps import RingSteps
 
     n = config.seq_len // config.world_size
     shape = (config.batch_size, n, config.num_heads, config.head_dim)
     q, k, v, upstream = (torch.empty(shape, dtype=getattr(torch, config.dtype), device="meta") for _ in range(4))
     geometry = RingLayout(config.world_size, index, config.seq_len, "contiguous")
-    branches = plan_branches(config.pattern, geometry, config.num_heads)
+    plan = plan_ring(config.pattern, geometry, config.num_heads)
     executor = get_executor(config.backend)
     peaks = []
     for training in (False, True):
@@ -206,7 +206,7 @@ def _ring_dry_run(config, index: int) -> tuple[int, int]:
         tracker.exclude(q, k, v, upstream)
         with estimating(*_target(config.device), tracker.workspace), tracker, torch.set_grad_enabled(training):
             steps = RingSteps(_Silent(), executor.kernel_for(q), executor.capabilities.in_place)
-            job = ring_job(config.pattern, branches, geometry, q, executor, steps, config.head_dim ** -0.5)
+            job = ring_job(config.pattern, plan, geometry, q, executor, steps, config.head_dim ** -0.5)
             out, _ = attention(job, q, k, v, need_lse=training or job.num_slots > 1)
             if training:
                 out.backward(upstream)
@@ -240,6 +240,29 @@ def test_ring_memory_model_matches_a_dry_run_of_the_ring_job(case):
     assert 0.97 * estimate.forward_bytes <= forward <= estimate.forward_bytes * 1.01, (forward, estimate)
     assert 0.97 * estimate.forward_backward_bytes <= forward_backward <= estimate.forward_backward_bytes * 1.01, \
         (forward_backward, estimate)
+
+
+@pytest.mark.parametrize("case", [
+    dict(seq_len=16384, segment_lengths=(2048, 6144), dilation_rates=(1, 2), num_heads=4, head_dim=32),
+    dict(seq_len=16384, segment_lengths=(3000,), dilation_rates=(1,), num_heads=4, head_dim=32),
+    dict(seq_len=32768, segment_lengths=(2048, 12288, 32768), dilation_rates=(1, 2, 4), num_heads=8, head_dim=64,
+         dtype="bfloat16", world_size=4),
+    dict(seq_len=16384, segment_lengths=(1024, 6144), dilation_rates=(1, 2), num_heads=8, head_dim=32, causal=True,
+         world_size=4, mode="head_groups"),
+    dict(seq_len=12288, segment_lengths=(1000, 5000), dilation_rates=(1, 3), num_heads=4, head_dim=32, world_size=3,
+         dtype="float64"),
+])
+def test_ring_memory_model_bounds_a_dry_run_of_segments_crossing_shards(case):
+    """Branches the ring splits per segment: the model counts each crossing segment's largest member for every
+    member, so it bounds the dry run of the ring's own job from above, and by at most 25%."""
+    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+
+    config = MemoryConfig(**{"backend": "sdpa", "world_size": 2, "device": "cuda", **case})
+    estimate = estimate_memory(config)
+    peaks = [_ring_dry_run(config, index) for index in range(config.world_size)]
+    forward, forward_backward = (max(p[i] for p in peaks) for i in range(2))
+    assert forward <= estimate.forward_bytes <= 1.25 * forward, (forward, estimate)
+    assert forward_backward <= estimate.forward_backward_bytes <= 1.25 * forward_backward, (forward_backward, estimate)
 
 
 @pytest.mark.parametrize("layout,world_size", [("contiguous", 2), ("contiguous", 3), ("zigzag", 3)])
