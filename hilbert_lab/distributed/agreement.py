@@ -87,7 +87,7 @@ def host_group(group: dist.ProcessGroup | None, timeout_s: float) -> dist.Proces
     """A group over the same ranks whose collectives take CPU tensors: `group` itself where it has gloo, else
     a gloo group made once (by its members only, at their first call) and kept. The agreement's rows are host
     data: gathering them over NCCL would make the host wait for every kernel queued before the call."""
-    if _has_gloo(group):
+    if _has_gloo(group) or not dist.is_gloo_available():  # a torch built without gloo: gather over the group
         return group
     key = dist.group.WORLD if group is None else group
     found = _HOST_GROUPS.get(key)
@@ -130,14 +130,16 @@ def agree_on_configuration(fields: dict[str, str], error: Exception | None, grou
     (`error`); see the module docstring."""
     row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
     row += _fields_row(tuple(fields[name] for name in FIELDS)) + [int(ring)]
-    mine = torch.tensor(row, dtype=torch.int64)
+    gather = host_group(group, timeout_s)
+    device = "cpu" if _has_gloo(gather) else torch.device("cuda", torch.cuda.current_device())
+    mine = torch.tensor(row, dtype=torch.int64, device=device)
     world = dist.get_world_size(group)
     rows = [torch.empty_like(mine) for _ in range(world)]
-    work = dist.all_gather(rows, mine, group=host_group(group, timeout_s), async_op=True)
+    work = dist.all_gather(rows, mine, group=gather, async_op=True)
     ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
     wait_bounded([(work, f"gather the configuration of the ranks {ranks}")], timeout_s,
                  f"rank {dist.get_rank()}: ring configuration check")
-    table = torch.stack(rows)
+    table = torch.stack(rows).cpu()
     rejected = [rank for rank, line in zip(ranks, table) if line[0] != 0]
     if rejected:
         if error is not None:
