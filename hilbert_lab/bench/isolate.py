@@ -122,9 +122,11 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     child_env = dict(os.environ)
     child_env.update(env or {})
-    # The child imports the same hilbert_lab as this process, also when it was found through sys.path only.
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        [_PACKAGE_ROOT] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # The child imports the same hilbert_lab as this process, also when it was found through sys.path only
+    # (an installed one is found the same way by the child; its site folder must not precede the stdlib).
+    if os.path.basename(_PACKAGE_ROOT) not in ("site-packages", "dist-packages"):
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            [_PACKAGE_ROOT] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
     child_env["HILBERT_LAB_PARENT_PID"] = str(os.getpid())
     # The folder name carries this process's pid: if it is SIGKILLed, clean_stale_case_dirs removes it later.
     with tempfile.TemporaryDirectory(prefix=f"{_CASE_DIR_PREFIX}{os.getpid()}_{_host_tag()}_") as workdir:
