@@ -168,7 +168,8 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
         block = batch * own * branch_heads  # this rank's selected rows of the branch (b * L * h)
         g = block * dim * element
         arriving = batch * largest * branch_heads  # the rows of a member's packet, at most
-        packet, sums, state = 2 * arriving * dim * element, 2 * arriving * dim * accumulate, block * (dim + 1) * accumulate
+        packet, sums = 2 * arriving * dim * element, 2 * arriving * dim * accumulate
+        state = block * (dim + 1) * accumulate
         call_f, call_b = _call_peaks(backend, (batch, max(own, largest), branch_heads, dim), dtype, device,
                                      pattern.causal)
         outputs, merge = g + block * accumulate, _merge_into_peak(block, dim, dtype, device)

@@ -1,11 +1,12 @@
 """The configuration agreement of a ring call: every rank of the group stops together on a mismatch.
 
 Before any data moves (and before a rank takes the one-rank shortcut), one all_gather over the whole
-group (on the host: over gloo, so that no rank waits for its queued kernels) of a fixed-size int64 row per rank: an error flag and the error's text, then per field of the
-configuration a digest and the value's text. A rank that rejected its inputs raises its own error, the
-others a ValueError naming it; ranks that hold different values of a field (pattern, dtype, scale, shard
-shape, layout, ring_size, backend; the packed row's cu_seqlens among the ranks of one ring, each ring holding
-its own sequence) all raise the same ValueError naming the field and which ranks hold which value. The wait is bounded (comm.wait_bounded: RingTimeoutError).
+group, on the host (over gloo, so that no rank waits for its queued kernels), of a fixed-size int64 row per
+rank: an error flag and the error's text, then per field of the configuration a digest and the value's text.
+A rank that rejected its inputs raises its own error, the others a ValueError naming it; ranks that hold
+different values of a field (pattern, dtype, scale, shard shape, layout, ring_size, backend; the packed row's
+cu_seqlens among the ranks of one ring, each ring holding its own sequence) all raise the same ValueError
+naming the field and which ranks hold which value. The wait is bounded (comm.wait_bounded: RingTimeoutError).
 """
 from __future__ import annotations
 
