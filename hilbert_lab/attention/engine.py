@@ -14,55 +14,17 @@ from typing import Optional, Sequence
 
 import torch
 
-from hilbert_lab.attention.executors import BackendUnavailableError, Executor, get_executor
+from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.function import attention, make_job, plan_part
 from hilbert_lab.attention.layout import read_through_layout
+from hilbert_lab.attention.op import check_whole_pattern, dilated_attention_op
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
+from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
-
-
-def resolve_executor(backend: str | Executor, q: torch.Tensor, pattern: Optional[DilatedPattern] = None, *,
-                     training: bool = False, whole_pattern: bool = True, packed: bool = False) -> Executor:
-    """The executor for `backend` ("auto": selection.select_backend), checked to run on q.
-    whole_pattern=False: the caller runs dense calls of its own, or the plan has geometry a whole-pattern
-    executor does not take (auto then never picks one). packed: the plan holds several documents; auto
-    then takes the first executor that runs here and declares `varlen` (one kernel call for the blocks
-    of many documents), else the rule's."""
-    if isinstance(backend, Executor):
-        chosen = backend
-    elif backend == "auto" and packed and _varlen_executor(q, training) is not None:
-        chosen = _varlen_executor(q, training)
-    elif backend == "auto":
-        from hilbert_lab.attention.selection import select_backend
-
-        segments = () if pattern is None else pattern.segment_lengths
-        chosen = get_executor(select_backend(
-            q.device, q.dtype, shape=tuple(q.shape), segment_lengths=segments,
-            dilation_rates=None if pattern is None else pattern.dilation_rates,
-            mode="longnet" if pattern is None else pattern.mode, causal=bool(pattern is not None and pattern.causal),
-            training=training, whole_pattern=whole_pattern))
-    else:
-        chosen = get_executor(backend)
-    reason = chosen.unavailable_reason(q.device, q.dtype, q.shape[-1])
-    if reason is not None:
-        raise BackendUnavailableError(f"backend {chosen.name!r} cannot run on {q.device} / {q.dtype}: {reason}")
-    return chosen
-
-
-def _varlen_executor(q: torch.Tensor, training: bool) -> Optional[Executor]:
-    """The first executor of the table that runs on q and declares `varlen` (and a backward when training)."""
-    from hilbert_lab.attention.executors import EXECUTORS
-
-    for executor in EXECUTORS.values():
-        caps = executor.capabilities
-        if caps.varlen and (caps.backward or not training) and \
-                executor.unavailable_reason(q.device, q.dtype, q.shape[-1]) is None:
-            return executor
-    return None
 
 
 def execute_plan(plan: Plan, executor: Executor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -109,11 +71,15 @@ def dilated_attention(
     (on the CPU also for NaN/inf inputs; see executors.kernel). Any strides are accepted; inputs whose
     last dimension is not contiguous are copied once.
 
+    A call with a backend name runs as one custom op (attention.op), so torch.compile(fullgraph=True) and
+    CUDA graphs hold it; an Executor object or dropout_p > 0 runs the same executors eagerly.
+
     Grouped-query attention: k and v may have H_kv heads (H % H_kv == 0); query head h reads key/value
     head h // (H / H_kv) (LongNet head offsets belong to the query heads). K/V are never repeated to H
     heads; their gradients sum over the query heads of a group.
     cu_seqlens: packed documents (the flash-attn convention): a 1-D integer tensor [0, n1, n1 + n2, ..., N]
-    on q's device with B = 1. Each document is attended as its own sequence (positions, segments,
+    on q's device with B = 1, or those boundaries as a list of host integers (no device synchronisation:
+    what compiled graphs and CUDA graphs need). Each document is attended as its own sequence (positions, segments,
     dilation offsets and causality restart at its start; its last segment is ragged; a segment longer
     than the document is the document); no query sees a key of another document. Executors declaring
     `varlen` run the blocks of all documents in a few kernel calls (auto prefers them for packed rows).
@@ -151,27 +117,34 @@ def dilated_attention(
     if query_len is not None and hilbert_pattern:
         raise ValueError("hilbert_pattern=True needs q, k, v of one length (the pattern permutes the whole "
                          f"sequence), got {q.shape[1]} queries and {k.shape[1]} keys")
-    plain = documents is None and kv_heads == num_heads and query_len is None
-    executor = resolve_executor(backend, q, pattern, training=training, whole_pattern=plain,
-                                packed=documents is not None)
-    if not plain and executor.capabilities.whole_pattern:
-        what = ("cu_seqlens (packed documents)" if documents is not None else
-                f"{kv_heads} key/value heads for {num_heads}" if kv_heads != num_heads else
-                f"{q.shape[1]} queries for {seq_len} keys")
-        raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head per "
-                         f"query head; it does not take {what}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
+    if not isinstance(backend, (str, Executor)):
+        raise ValueError(f"backend must be 'auto', one of {BACKENDS} or an Executor, got {backend!r}")
+    if isinstance(backend, str) and backend != "auto":
+        get_executor(backend)  # an unknown name fails here, naming the allowed ones
     if hilbert_pattern:
         order = "hilbert" if ordering in IDENTITY_ORDERINGS else ordering
         perm, inverse = layout_permutation(seq_len, min(max(pattern.segment_lengths), seq_len), order, device=q.device)
         q, k, v = (permute_sequence(t, perm) for t in (q, k, v))
     elif ordering not in IDENTITY_ORDERINGS:
         q, k, v = (read_through_layout(t, ordering, max(pattern.segment_lengths)) for t in (q, k, v))
-    plan = cached_plan(pattern, seq_len, num_heads, num_kv_heads=None if kv_heads == num_heads else kv_heads,
-                       documents=documents, query_len=query_len)
-    if dropout_p > 0.0:  # weights dropped inside the softmax: the eager autograd path, whatever the executor
-        out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
+    need_lse = return_lse or training or hilbert_pattern
+    if dropout_p > 0.0 or isinstance(backend, Executor):
+        # weights dropped inside the softmax (the eager autograd path, whatever the executor), or an executor
+        # object (not a name the op can carry): the one attention function on the plan
+        plan = cached_plan(pattern, seq_len, num_heads, num_kv_heads=None if kv_heads == num_heads else kv_heads,
+                           documents=documents, query_len=query_len)
+        if dropout_p > 0.0:
+            out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
+        else:
+            executor = resolve_executor(backend, q, pattern, training=training,
+                                        whole_pattern=documents is None and kv_heads == num_heads and query_len is None,
+                                        packed=documents is not None)
+            check_whole_pattern(executor, q, k, documents is not None)
+            out, lse = execute_plan(plan, executor, q, k, v, scale, need_lse=need_lse)
     else:
-        out, lse = execute_plan(plan, executor, q, k, v, scale, need_lse=return_lse or training or hilbert_pattern)
+        boundaries = None if documents is None else [0] + [start + length for start, length in documents]
+        out, lse = dilated_attention_op(q, k, v, list(pattern.segment_lengths), list(pattern.dilation_rates),
+                                        pattern.mode, pattern.causal, backend, scale, need_lse, training, boundaries)
     if hilbert_pattern:
         out, lse = permute_sequence(out, inverse), permute_sequence(lse, inverse, dim=2)
     return (out, lse) if return_lse else out

@@ -10,7 +10,7 @@ share of dq, dk, dv for the *merged* out and LSE (each block's kernel backward w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
@@ -20,18 +20,34 @@ from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.target import device_facts
 
 
+class PartExecutor(Protocol):
+    """What a job part runs its plan with: an attention executor (executors.base.Executor) or the ring's step
+    pipeline (distributed.steps.RingSteps); see executors.base for the two operations."""
+
+    def forward(self, plan: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: Slots, *,
+                scale: float) -> Any: ...
+
+    def backward(self, plan: Any, state: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, merged: Merged,
+                 grads: Grads, *, scale: float) -> None: ...
+
+
 @dataclass(frozen=True)
 class Part:
-    """One executor and what it runs (a Plan, or a ring branch's schedule). branches: the pattern's branches
-    whose results it writes; whole: it writes their merged result into one slot; merges: some
-    (query, head) gets results from several of its branches (so the part's shares add up)."""
+    """One executor and what it runs (a Plan, or a ring branch's schedule: opaque here, handed to the
+    executor). branches: the pattern's branches whose results it writes; whole: it writes their merged
+    result into one slot; merges: some (query, head) gets results from several of its branches (so the
+    part's shares add up); covered: its calls write every output entry. first_branch: a branch whose calls
+    cover every entry and run first (its gradient shares are written, not added); clear: zeroes the entries
+    no call writes (Plan.clear_unselected); both None where unknown (ring parts)."""
 
-    executor: Any
+    executor: PartExecutor
     plan: Any
     branches: tuple[int, ...]
     whole: bool = False
     merges: bool = False
     covered: bool = False
+    first_branch: Optional[int] = None
+    clear: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +89,8 @@ def plan_part(executor: Executor, plan: Plan) -> Part:
     """The job part of an executor running a plan."""
     branches = tuple(sorted({blk.branch for blk in plan.blocks})) or (0,)
     return Part(executor, plan, branches, whole=executor.capabilities.whole_pattern,
-                merges=plan.merge or plan.kv_shared, covered=plan.covered)
+                merges=plan.merge or plan.kv_shared, covered=plan.covered, first_branch=plan.first_branch,
+                clear=plan.clear_unselected)
 
 
 def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
@@ -84,7 +101,7 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
     # entry whose LSE is -inf, so they need no zeros.
     outs = torch.empty((job.num_slots, batch, queries, heads, q.shape[3]), dtype=q.dtype, device=q.device)
     if single and not job.parts[0].covered and not job.parts[0].whole:
-        clear = getattr(job.parts[0].plan, "clear_unselected", None)
+        clear = job.parts[0].clear
         clear(outs[0]) if clear is not None else outs.zero_()
     lses = torch.full((job.num_slots, batch, queries, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
     slots = Slots(outs, lses, job.slot_of, need_lse or job.num_slots > 1)  # several slots merge by their LSEs
@@ -93,18 +110,21 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
     return out, lse, states
 
 
-def run_backward(job: Job, states: list, q, k, v, out, lse, grad_out: Optional[torch.Tensor],
+def run_backward(job: Job, states: Optional[list], q, k, v, out, lse, grad_out: Optional[torch.Tensor],
                  grad_lse: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of the merged (out, lse) for upstream gradients grad_out / grad_lse (None: zero)."""
+    """(dq, dk, dv) of the merged (out, lse) for upstream gradients grad_out / grad_lse (None: zero).
+    states: run_forward's, or None where the forward ran elsewhere (the custom op): every executor then
+    rebuilds its states from the plan and the shapes."""
+    states = states if states is not None else [None] * len(job.parts)
     merged = Merged(out, lse, grad_out, grad_lse)
     single = job.parts[0] if len(job.parts) == 1 else None
     # Shares of half-precision CUDA kernels are rounded to the input dtype already; they add up in it (one
     # rounding per share), which saves the float32 totals' fill, adds and final conversion.
     low = device_facts(q)[0] == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
-    first = getattr(single.plan, "first_branch", None) if single is not None and not single.whole else None
+    own = single is not None and not single.whole  # a single part writing per-branch entries
     grads = Grads((q, k, v), accumulate=job.accumulates, dtype=q.dtype if low else lse_dtype(q.dtype),
-                  written=single is not None and single.covered, first_branch=first,
-                  clear=getattr(single.plan, "clear_unselected", None) if single is not None and not single.whole else None)
+                  written=single is not None and single.covered, first_branch=single.first_branch if own else None,
+                  clear=single.clear if own else None)
     order = sorted(range(len(job.parts)), key=lambda i: not job.parts[i].whole)  # whole-tensor shares first
     for i in order:
         part = job.parts[i]

@@ -23,7 +23,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from hilbert_lab.attention.engine import dilated_attention, execute_plan, resolve_executor
+from hilbert_lab.attention.engine import dilated_attention, execute_plan
+from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.attention.executors.base import lse_dtype
 from hilbert_lab.attention.executors.kernel import call_forward
 from hilbert_lab.attention.merge import fused_merge_applies, merge_lse, merge_slots

@@ -49,7 +49,9 @@ from typing import Optional, Sequence
 import torch
 
 from hilbert_lab.attention.dry_run import dry_run
-from hilbert_lab.attention.executors import BACKENDS, EXECUTORS, unavailable_reason
+from hilbert_lab.attention.executors import (
+    BACKENDS, EXECUTORS, BackendUnavailableError, Executor, get_executor, unavailable_reason,
+)
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import cached_plan
 
@@ -309,3 +311,39 @@ def select_backend(
             return stored
     return rule_backend(device, dtype, whole_pattern=whole_pattern, shape=shape, segment_lengths=segment_lengths,
                         dilation_rates=dilation_rates, mode=mode, causal=causal, training=training)
+
+
+def resolve_executor(backend: str | Executor, q: torch.Tensor, pattern: Optional[DilatedPattern] = None, *,
+                     training: bool = False, whole_pattern: bool = True, packed: bool = False) -> Executor:
+    """The executor for `backend` ("auto": selection.select_backend), checked to run on q.
+    whole_pattern=False: the caller runs dense calls of its own, or the plan has geometry a whole-pattern
+    executor does not take (auto then never picks one). packed: the plan holds several documents; auto
+    then takes the first executor that runs here and declares `varlen` (one kernel call for the blocks
+    of many documents), else the rule's."""
+    if isinstance(backend, Executor):
+        chosen = backend
+    elif backend == "auto" and packed and _varlen_executor(q, training) is not None:
+        chosen = _varlen_executor(q, training)
+    elif backend == "auto":
+        segments = () if pattern is None else pattern.segment_lengths
+        chosen = get_executor(select_backend(
+            q.device, q.dtype, shape=tuple(q.shape), segment_lengths=segments,
+            dilation_rates=None if pattern is None else pattern.dilation_rates,
+            mode="longnet" if pattern is None else pattern.mode, causal=bool(pattern is not None and pattern.causal),
+            training=training, whole_pattern=whole_pattern))
+    else:
+        chosen = get_executor(backend)
+    reason = chosen.unavailable_reason(q.device, q.dtype, q.shape[-1])
+    if reason is not None:
+        raise BackendUnavailableError(f"backend {chosen.name!r} cannot run on {q.device} / {q.dtype}: {reason}")
+    return chosen
+
+
+def _varlen_executor(q: torch.Tensor, training: bool) -> Optional[Executor]:
+    """The first executor of the table that runs on q and declares `varlen` (and a backward when training)."""
+    for executor in EXECUTORS.values():
+        caps = executor.capabilities
+        if caps.varlen and (caps.backward or not training) and \
+                executor.unavailable_reason(q.device, q.dtype, q.shape[-1]) is None:
+            return executor
+    return None

@@ -73,14 +73,22 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
     """The documents ((start, length), ...) of a packed row, or None for one document of N tokens.
 
     cu_seqlens: None, or a 1-D integer tensor [0, n1, n1 + n2, ..., N] on q's device (the flash-attn
-    convention of one packed row) with q (1, N, H, D). seq_len: the row's length N when q holds a part
-    of it (a ring shard: N = shard length x ranks); default q's. Documents of length 0 (repeated
-    entries) are dropped. Reads the values on the host (one device synchronisation on CUDA)."""
+    convention of one packed row) with q (1, N, H, D), or the same boundaries as a list or tuple of host
+    integers. seq_len: the row's length N when q holds a part of it (a ring shard: N = shard length x
+    ranks); default q's. Documents of length 0 (repeated entries) are dropped. A tensor's values are read
+    on the host (one device synchronisation on CUDA); host integers need none, so compiled graphs and CUDA
+    graphs take them."""
     if cu_seqlens is None:
         return None
+    if isinstance(cu_seqlens, (list, tuple)):
+        if len(cu_seqlens) < 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in cu_seqlens):
+            raise ValueError(f"cu_seqlens given as host boundaries must be a list of at least 2 integers [0, n1, "
+                             f"n1 + n2, ..., N], got {list(cu_seqlens)[:12]!r}")
+        values = [int(x) for x in cu_seqlens]
+        return _documents(values, q, seq_len)
     if not isinstance(cu_seqlens, torch.Tensor):
-        raise ValueError(f"cu_seqlens must be None or a 1-D integer tensor [0, n1, n1 + n2, ..., N], got "
-                         f"{type(cu_seqlens).__name__}")
+        raise ValueError(f"cu_seqlens must be None, a 1-D integer tensor [0, n1, n1 + n2, ..., N] or a list of "
+                         f"those integers, got {type(cu_seqlens).__name__}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N] of at least 2 entries, got "
                          f"shape {tuple(cu_seqlens.shape)}")
@@ -88,10 +96,13 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
         raise ValueError(f"cu_seqlens must have an integer dtype (int32 or int64), got {cu_seqlens.dtype}")
     if cu_seqlens.device != q.device:
         raise ValueError(f"cu_seqlens must be on q's device {q.device}, got {cu_seqlens.device}")
+    return _documents([int(x) for x in cu_seqlens.tolist()], q, seq_len)
+
+
+def _documents(values: list[int], q: torch.Tensor, seq_len: Optional[int]) -> Optional[tuple[tuple[int, int], ...]]:
     if q.shape[0] != 1:
         raise ValueError(f"cu_seqlens packs documents into one row: q, k, v must be (1, N, H, D), got batch "
                          f"{q.shape[0]}")
-    values = [int(x) for x in cu_seqlens.tolist()]
     what = "q's sequence length" if seq_len is None else \
         f"the row's length: {q.shape[1]} tokens per shard x {seq_len // max(q.shape[1], 1)} ranks"
     seq_len = q.shape[1] if seq_len is None else seq_len

@@ -243,7 +243,7 @@ def _estimate_fields(case: dict[str, Any]) -> dict[str, Any]:
 
 def _backend_used(case: dict[str, Any], q, training: bool) -> str:
     """The backend the engine runs for this case ("auto" resolved the way the engine resolves it)."""
-    from hilbert_lab.attention.engine import resolve_executor
+    from hilbert_lab.attention.selection import resolve_executor
     from hilbert_lab.attention.pattern import DilatedPattern
 
     pattern = DilatedPattern.create(case["segment_lengths"], case["dilation_rates"], mode=case["mode"],

@@ -28,7 +28,8 @@ from typing import NamedTuple, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from hilbert_lab.attention.engine import dilated_attention, resolve_executor
+from hilbert_lab.attention.engine import dilated_attention
+from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.attention.executors import Executor
 from hilbert_lab.attention.function import Job, Part, attention, make_job, plan_part
 from hilbert_lab.attention.pattern import DilatedPattern

@@ -37,7 +37,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from hilbert_lab.attention.engine import execute_plan, resolve_executor
+from hilbert_lab.attention.engine import execute_plan
+from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.kv_cache import dense_executor, step_attention, step_kernel
 from hilbert_lab.attention.pattern import MODES, DilatedPattern

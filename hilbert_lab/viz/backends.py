@@ -159,7 +159,7 @@ def auto_runs(device: str, dtype: str, shape: Sequence[int], segment_lengths: Se
               dilation_rates: Sequence[int]) -> str:
     """The backend that backend="auto" runs for (B, N, H, D) `shape` and the pattern on (device, dtype), as the
     engine resolves it for a forward call."""
-    from hilbert_lab.attention.engine import resolve_executor
+    from hilbert_lab.attention.selection import resolve_executor
     from hilbert_lab.attention.pattern import DilatedPattern
 
     # a view with the input's shape, device and dtype, and no memory of its own: all the choice reads

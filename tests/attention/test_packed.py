@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hilbert_lab.attention import DilatedPattern, dilated_attention, reference_attention, validate_attention_inputs
-from hilbert_lab.attention.engine import resolve_executor
+from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.attention.executors import Capabilities, Executor, unavailable_reason
 from hilbert_lab.attention.executors.blockwise import blockwise_executor
 from hilbert_lab.attention.executors.fa4 import FA4_VARLEN
@@ -180,7 +180,11 @@ BAD = [
     _bad("integer dtype", torch.tensor([0.0, 4.0, 10.0])),
     _bad("1-D", torch.tensor([[0, 4, 10]])),
     _bad("one row", torch.tensor([0, 4, 10]), shape=(2, 10, 2, 4)),
-    _bad("1-D integer tensor", [0, 4, 10]),
+    _bad("1-D integer tensor", "0,4,10"),
+    _bad("at least 2 integers", [0, 4.0, 10]),
+    _bad("at least 2 integers", [10]),
+    _bad("end at N", [0, 4, 9]),
+    _bad("one row", [0, 4, 10], shape=(2, 10, 2, 4)),
     _bad("must divide", None, shape=(1, 10, 3, 4)),
     _bad("q's B, N and D", None, kv_heads=1),
 ]

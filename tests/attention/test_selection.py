@@ -92,7 +92,7 @@ def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(mon
 def test_engine_asks_auto_with_the_mode_and_the_ring_asks_for_dense_blocks(monkeypatch):
     """The engine tells select_backend the pattern's mode; the ring's steps ask for an executor with a dense
     kernel (whole_pattern=False), so auto never hands them the fused kernel."""
-    from hilbert_lab.attention.engine import resolve_executor
+    from hilbert_lab.attention.selection import resolve_executor
     from hilbert_lab.distributed.ring import resolve_step_executor
 
     seen = []

@@ -107,7 +107,7 @@ def test_hardware_table_is_html_not_a_dict():
 
 
 def test_auto_is_timed_and_names_the_backend_it_ran():
-    from hilbert_lab.attention.engine import resolve_executor
+    from hilbert_lab.attention.selection import resolve_executor
     from hilbert_lab.attention.pattern import DilatedPattern
     import torch
 

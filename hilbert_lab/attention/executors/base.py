@@ -5,7 +5,8 @@ An executor runs a plan (attention.plan) on q (B, Nq, H, D), k, v (B, N, H_kv, D
   merged) output and LSE into the caller's `Slots` and returns the state its backward needs;
 - `backward(plan, state, q, k, v, merged, grads, *, scale)` adds (or writes) its exact share of dq, dk,
   dv for the *merged* output and LSE (`Merged`: every block's kernel backward is called with the merged
-  out and LSE, so the gradients through the merge weights are exact) into `Grads`.
+  out and LSE, so the gradients through the merge weights are exact) into `Grads`. state None: the
+  forward ran in another op (attention.op); the executor rebuilds what it needs from the plan and shapes.
 The bytes an executor allocates above the inputs are a dry run of its own forward and backward on meta
 tensors (attention.dry_run.dry_run(executor, plan, shape, dtype, device)), so no model can drift from the code.
 Everything the registry, `auto`, the memory estimate and the benchmark cases know about an executor is

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import torch
 
 from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
-from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, guard_lse
+from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, call_state, guard_lse
 from hilbert_lab.attention.executors.varlen import VarlenKernel, packed_backward, packed_forward, packs_for
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
@@ -55,10 +55,11 @@ def blockwise_forward(plan: Plan, q, k, v, slots: Slots, *, scale: float, kernel
     return fold_flags, states
 
 
-def blockwise_backward(plan: Plan, state: tuple, q, k, v, merged: Merged, grads: Grads, *, scale: float,
-                       dense_out_lse: bool = False, in_place: bool = True) -> None:
-    """Add (or write) every call's share of dq, dk, dv for the merged (out, lse) into `grads`."""
-    fold_flags, states = state
+def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, merged: Merged, grads: Grads, *, scale: float,
+                       kernel: DenseKernel, dense_out_lse: bool = False, in_place: bool = True) -> None:
+    """Add (or write) every call's share of dq, dk, dv for the merged (out, lse) into `grads`. state: the
+    forward's (batch folds, call states), or None to rebuild the call states from shapes (kernel.call_state)."""
+    fold_flags, states = state if state is not None else (None, None)
     out = merged.dense("out") if dense_out_lse or not merged.out.is_contiguous() else merged.out
     grad_out = merged.grad_out
     if grad_out is not None and (dense_out_lse or not grad_out.is_contiguous()):
@@ -72,13 +73,16 @@ def blockwise_backward(plan: Plan, state: tuple, q, k, v, merged: Merged, grads:
     if grad_lse is not None:
         tensors.append((grad_lse, QUERY))
     _, views = plan_views(plan, tensors, fold_flags)
-    for unit, unit_views_, unit_states in zip(plan_units(plan), views, states):
+    for index_unit, (unit, unit_views_) in enumerate(zip(plan_units(plan), views)):
         owned = grads.owned(unit.branch)
-        for call_views, call_state in zip(unit_views_, unit_states, strict=True):
+        unit_states = states[index_unit] if states is not None else [None] * len(unit_views_)
+        for call_views, state_of_call in zip(unit_views_, unit_states, strict=True):
             qv, kv, vv, ov, lv, dqv, dkv, dvv, *upstream = call_views
+            if state_of_call is None:
+                state_of_call = call_state(kernel, qv, kv, causal=plan.causal)
             gv = upstream.pop(0) if grad_out is not None else None
             glv = upstream.pop(0).transpose(1, 2) if grad_lse is not None else None
-            shares = call_backward(call_state, gv, _readable(qv, in_place), _readable(kv, in_place),
+            shares = call_backward(state_of_call, gv, _readable(qv, in_place), _readable(kv, in_place),
                                    _readable(vv, in_place), ov, lv.transpose(1, 2), causal=plan.causal, scale=scale,
                                    grad_lse=glv, into=(dqv, dkv, dvv) if owned else None, guarded=True)
             for index, (view, share) in enumerate(zip((dqv, dkv, dvv), shares)):
@@ -104,12 +108,15 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
                                                in_place=capabilities.in_place)
 
     def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
+        if state is None:  # rebuilt from the plan and shapes: the forward's choices are functions of them
+            packs = packs_for(plan, q) if varlen_for is not None else None
+            state = (varlen_for(q), packs, None) if packs is not None else (kernel_for(q), None, None)
         kernel, packs, states = state
         if packs is not None:
             packed_backward(plan, packs, states, q, k, v, merged, grads, scale=scale, kernel=kernel)
             return
-        blockwise_backward(plan, states, q, k, v, merged, grads, scale=scale, dense_out_lse=kernel.dense_out_lse,
-                           in_place=capabilities.in_place)
+        blockwise_backward(plan, states, q, k, v, merged, grads, scale=scale, kernel=kernel,
+                           dense_out_lse=kernel.dense_out_lse, in_place=capabilities.in_place)
 
     extra = {} if unavailable is None else {"unavailable": unavailable}
     return Executor(name, capabilities, forward, backward, description=description, kernel_for=kernel_for,

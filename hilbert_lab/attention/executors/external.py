@@ -57,9 +57,14 @@ def _xformers_backward(grad_out, q, k, v, out, lse, aux, *, causal, scale):
                                                     attn_bias=_xformers_bias(causal), scale=scale)
 
 
+def _xformers_aux(q, k, causal):
+    """The shape of the LSE xFormers' forward returns: (b, h, Lq rounded up to 32), its kernels' LSE alignment."""
+    return (q.shape[0], q.shape[2], -(-q.shape[1] // 32) * 32)
+
+
 FLASH_KERNEL = DenseKernel("flash_attn", _flash_forward, _flash_backward, fallback=MANUAL_KERNEL, meta=False)
 XFORMERS_KERNEL = DenseKernel("xformers", _xformers_forward, _xformers_backward, fallback=MANUAL_KERNEL,
-                              meta=False)
+                              meta=False, aux_for=_xformers_aux)
 
 
 def executors() -> dict:

@@ -55,6 +55,10 @@ class DenseKernel:
     # the kernel for calls whose key count changes from call to call (decoding steps), where this one pays a
     # per-shape set-up on each new count (cuDNN builds an execution graph per shape: tens to hundreds of ms)
     varying_lengths: Optional["DenseKernel"] = None
+    # (q, k, causal) -> the aux its forward returns for that call (k with its own key/value heads), from shapes
+    # and device alone (no attention is computed),
+    # for a backward that runs without the forward's states (the custom op); None: its aux is None
+    aux_for: Optional[Callable[[torch.Tensor, torch.Tensor, bool], Any]] = None
 
     def holding(self, q: torch.Tensor, k: torch.Tensor, backward: bool):
         """A context for one call: the call's internal workspace (bytes the kernel allocates out of sight), counted
@@ -132,6 +136,22 @@ def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, ne
     with kernel.holding(q, k, False):
         result, lse, aux = kernel.forward(q, k, v, causal=causal, scale=scale, need_lse=need_lse, **extra)
     return result, lse, CallState(kernel, aux)
+
+
+def call_state(kernel: DenseKernel, q, k, *, causal: bool) -> CallState:
+    """The CallState `call_forward` returns for this call, from the shapes alone: the same kernel pick, the
+    same bottom-right split and the kernel's `aux_for`. A backward run without its forward's states (the
+    custom op's, whose forward and backward are separate ops) rebuilds them with this."""
+    q, k = kernel_layout(q), kernel_layout(k)
+    kernel = _pick(kernel, q, k)
+    lq, lk = q.shape[1], k.shape[1]
+    if causal and lq == 1:
+        causal = False
+    if causal and lq < lk and not kernel.bottom_right:
+        prefix = lk - lq
+        return CallState(kernel, split=(prefix, call_state(kernel, q, k[:, :prefix], causal=False),
+                                        call_state(kernel, q, k[:, prefix:], causal=True)))
+    return CallState(kernel, None if kernel.aux_for is None else kernel.aux_for(q, k, causal))
 
 
 def guard_lse(lse: torch.Tensor) -> torch.Tensor:

@@ -88,6 +88,27 @@ def _cudnn_backward(grad_out, q, k, v, out, lse, aux, *, causal, scale):
     return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2)
 
 
+@functools.lru_cache(maxsize=None)
+def _unused_philox(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seed and offset tensors as the flash and cuDNN forwards return them without dropout: their
+    backwards read them only when dropout_p > 0 (made once per device)."""
+    if device == "cpu":  # the flash forward's: 0-d CPU tensors
+        return torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+    return torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device)
+
+
+def _flash_aux(q, k, causal):
+    """The aux `_flash_forward` returns for a call of these shapes: no cumulative lengths (one batch of
+    equal lengths), the lengths as maxima, the unused seed and offset."""
+    return (None, None, q.shape[1], k.shape[1], *_unused_philox("cpu"))
+
+
+def _cudnn_aux(q, k, causal):
+    """The aux `_cudnn_forward` returns for a call of these shapes (as `_flash_aux`; seed and offset on
+    the device)."""
+    return (None, None, q.shape[1], k.shape[1], *_unused_philox(str(q.device)))
+
+
 def _efficient_forward(q, k, v, *, causal, scale, need_lse=True):
     qh, kh, vh = _bhld(q, k, v)
     out, lse, _, _ = aten._scaled_dot_product_efficient_attention(qh, kh, vh, None, True, 0.0, causal, scale=scale)
@@ -115,12 +136,13 @@ def _cudnn_workspace(q, k, backward: bool) -> int:
 
 CPU_FLASH = DenseKernel("cpu_flash", _cpu_forward, _cpu_backward, fallback=MANUAL_KERNEL)
 FLASH = DenseKernel("flash", _flash_forward, _flash_backward, dense_out_lse=True, fallback=MANUAL_KERNEL,
-                    workspace=_flash_workspace)
+                    workspace=_flash_workspace, aux_for=_flash_aux)
 KERNELS = {
     "flash": FLASH,
     # cuDNN is chosen only where flash runs too (fp16/bf16, D <= 128, sm90+): decoding steps go there
     "cudnn": DenseKernel("cudnn", _cudnn_forward, _cudnn_backward, dense_out_lse=True, min_length=2,
-                         fallback=MANUAL_KERNEL, workspace=_cudnn_workspace, varying_lengths=FLASH),
+                         fallback=MANUAL_KERNEL, workspace=_cudnn_workspace, varying_lengths=FLASH,
+                         aux_for=_cudnn_aux),
     # calls of one query and one key found no cutlass kernel on an H100 (torch 2.11): the fallback takes them
     "efficient": DenseKernel("efficient", _efficient_forward, _efficient_backward, min_length=2,
                              fallback=MANUAL_KERNEL),

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots
-from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward
+from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, call_state
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
 
@@ -170,7 +170,7 @@ class VarlenKernel:
     backward(state, grad_out (rows, h, D) or None, q, k, v, out, lse (rows, h), runs, *, causal, scale,
     grad_lse (rows, h) or None, into (dq, dk, dv) views or None) -> (dq, dk, dv) for the given (merged)
     out and LSE, valid at the runs' rows: the `into` views themselves where it wrote them (the caller
-    owns those entries), else tensors of its own."""
+    owns those entries), else tensors of its own. state: the forward's, or None (rebuilt from shapes)."""
 
     name: str
     forward: Callable[..., Any]
@@ -210,8 +210,12 @@ def per_sequence(kernel: DenseKernel) -> VarlenKernel:
     def backward(states, grad_out, q, k, v, out, lse, runs: Runs, *, causal: bool, scale: float, grad_lse=None,
                  into=None):
         shares = [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
-        for (start, count, length), state in zip(_groups(runs), states, strict=True):
+        groups = _groups(runs)
+        for (start, count, length), state in zip(groups, states if states is not None else [None] * len(groups),
+                                                 strict=True):
             part = lambda t: None if t is None else _batched(t, start, count, length)  # noqa: E731
+            if state is None:  # rebuilt from shapes (kernel.call_state)
+                state = call_state(kernel, part(q), part(k), causal=causal)
             glse = None if grad_lse is None else part(grad_lse).transpose(1, 2)
             results = call_backward(state, part(grad_out), part(q), part(k), part(v), part(out),
                                     part(lse).transpose(1, 2), causal=causal, scale=scale, grad_lse=glse)
@@ -260,6 +264,7 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
         grad_out = merged.dense("grad_out")
     lse = merged.lse.transpose(1, 2).contiguous()  # (1, N, H): views of it follow the queries' geometry
     grad_lse = None if merged.grad_lse is None else merged.grad_lse.transpose(1, 2).contiguous()
+    states = states if states is not None else [None] * len(packs)  # None: each kernel rebuilds its own
     for pack, runs, state in zip(packs, pack_runs(plan, packs, q.device), states, strict=True):
         views = (pack.view(grads.dq, QUERY), pack.view(grads.dk, KEY), pack.view(grads.dv, KEY))
         owned = grads.owned(pack.branch) and all(view.dtype == q.dtype for view in views)
