@@ -76,7 +76,7 @@ def _check_int_list(values, name: str, limit: int) -> tuple[int, ...]:
     if isinstance(values, np.ndarray) and values.ndim != 1:
         raise ValueError(f"{name} must be a non-empty list (or 1-D array) of positive integers, got a "
                          f"{values.ndim}-d array {values!r}")
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence | np.ndarray):
+    if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
         raise ValueError(f"{name} must be a non-empty list of positive integers, got {values!r}")
     values = list(values)
     if not values:

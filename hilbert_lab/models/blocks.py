@@ -93,6 +93,12 @@ class DilatedTransformerBlock(nn.Module):
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
 
 
+def _values_readable(x: torch.Tensor) -> bool:
+    """Whether x's values may be read on the host to check them: not while torch.compile traces and not
+    while a CUDA graph captures (a read would synchronise); the checks then fall to the first eager call."""
+    return not torch.compiler.is_compiling() and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: int, device,
                      packed: bool = False) -> torch.Tensor:
     if length > max_seq_len and not packed:  # a packed row may be longer; its documents' positions are checked
@@ -104,7 +110,7 @@ def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: i
             f"positions must be an integer tensor of shape (N,) = ({length},), got "
             f"{tuple(positions.shape)} {positions.dtype}"
         )
-    if not torch.compiler.is_compiling() and length and (
+    if _values_readable(positions) and length and (
         int(positions.min()) < 0 or int(positions.max()) >= max_seq_len
     ):
         raise ValueError(
@@ -288,7 +294,7 @@ class LongNetLM(nn.Module):
                              f"{tuple(tokens.shape)}")
         if tokens.shape[1] > self.max_seq_len and not packed:
             raise ValueError(f"sequence length must be <= max_seq_len={self.max_seq_len}, got {tokens.shape[1]}")
-        if tokens.numel() and not torch.compiler.is_compiling():
+        if tokens.numel() and _values_readable(tokens):
             low, high = int(tokens.min()), int(tokens.max())
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(

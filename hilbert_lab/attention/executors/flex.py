@@ -7,6 +7,7 @@ On the CPU FlexAttention runs forward only (torch raises for backward); compiled
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Optional
@@ -70,11 +71,24 @@ def _forward(q, k, v, *, causal, scale, need_lse=True):
     return out, lse, None
 
 
+@contextlib.contextmanager
+def _autograd_recording():
+    """Autograd on, also inside a custom op's implementation (attention.op), where the dispatcher leaves the
+    autograd keys out: the backward below differentiates a recompute of the forward."""
+    C = torch._C
+    exclude = C._dispatch_tls_local_exclude_set()
+    for key in (C.DispatchKey.AutogradFunctionality, C.DispatchKey.AutogradOther, C.DispatchKey.AutogradNestedTensor,
+                C.DispatchKey.ADInplaceOrView):
+        exclude = exclude.remove(key)
+    with C._ForceDispatchKeyGuard(C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
 def _backward(grad_out, q, k, v, out, lse, aux=None, *, causal, scale, grad_lse=None):
     if q.device.type == "cpu":
         raise BackendUnavailableError("backend 'flex' has no backward on CPU (torch's FlexAttention is forward-only "
                                       "there); use 'manual' or 'sdpa' for training on CPU")
-    with torch.enable_grad():
+    with _autograd_recording():
         qd, kd, vd = (t.detach().requires_grad_(True) for t in (q, k, v))
         out_b, lse_b = flex_attend(qd, kd, vd, causal=causal, scale=scale)
         finite = torch.isfinite(lse)
