@@ -18,7 +18,7 @@ from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.function import attention, make_job, plan_part
 from hilbert_lab.attention.layout import read_through_layout
-from hilbert_lab.attention.op import check_whole_pattern, dilated_attention_op
+from hilbert_lab.attention.op import call_config, check_whole_pattern, dilated_attention_call
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
 from hilbert_lab.attention.selection import resolve_executor
@@ -143,8 +143,9 @@ def dilated_attention(
             out, lse = execute_plan(plan, executor, q, k, v, scale, need_lse=need_lse)
     else:
         boundaries = None if documents is None else [0] + [start + length for start, length in documents]
-        out, lse = dilated_attention_op(q, k, v, list(pattern.segment_lengths), list(pattern.dilation_rates),
-                                        pattern.mode, pattern.causal, backend, scale, need_lse, training, boundaries)
+        out, lse = dilated_attention_call(q, k, v, call_config(pattern.segment_lengths, pattern.dilation_rates,
+                                                               pattern.mode, pattern.causal, backend, scale, need_lse,
+                                                               training, boundaries))
     if hilbert_pattern:
         out, lse = permute_sequence(out, inverse), permute_sequence(lse, inverse, dim=2)
     return (out, lse) if return_lse else out

@@ -1,18 +1,19 @@
 """Dilated attention as a `torch.library` custom op: compiled graphs and CUDA graphs hold a call as one op.
 
-`torch.ops.hilbert_lab.dilated_attention(q, k, v, segment_lengths, dilation_rates, mode, causal, backend,
-scale, need_lse, training, cu_seqlens)` -> (out (B, Nq, H, D), lse (B, H, Nq)), and its backward
-`torch.ops.hilbert_lab.dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, ...)` -> (dq, dk,
-dv). Both take tensors and plain values only (backend a name; cu_seqlens the document boundaries as host
-integers, as flash-attn's varlen entries take max_seqlen): the plan (plan.cached_plan) and the executor
-(selection.resolve_executor; forward and backward resolve alike) are found
-inside from those values. As in flash-attn's interface, forward and backward are separate ops, so the
-backward gets no Python state from its forward: every executor rebuilds its per-call states from the
-plan and the shapes (function.run_backward with states None). Fake implementations give shapes and
-strides, so torch.compile traces through the op without running it.
+`dilated_attention_op(q, k, v, config)` -> (out (B, Nq, H, D), lse (B, H, Nq)) and its
+backward `torch.ops.hilbert_lab.dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, config)` ->
+(dq, dk, dv), paired by one autograd Function (`dilated_attention_call`). `config` (`call_config`) holds the
+call's plain values: segment lengths, dilation rates, mode, causality, the backend's name, the scale, whether
+the LSE is wanted, training, and packed documents as host boundaries (as flash-attn's varlen entries take
+max_seqlen on the host). The plan (plan.cached_plan) and the executor (selection.resolve_executor; forward
+and backward resolve alike) are found inside from those values. As in flash-attn's interface, forward and
+backward are separate ops, so the backward gets no Python state from its forward: every executor rebuilds
+its per-call states from the plan and the shapes (function.run_backward with states None). Fake
+implementations give shapes and strides, so torch.compile traces through the op without running it.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence
 
 import torch
@@ -53,13 +54,34 @@ def documents_of(cu_seqlens: Optional[Sequence[int]]) -> Optional[tuple[tuple[in
     return None if len(documents) == 1 else documents
 
 
-def _job(q, k, segment_lengths, dilation_rates, mode, causal, backend, scale, training, cu_seqlens) -> Job:
-    pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
-    documents = documents_of(cu_seqlens)
+def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], mode: str, causal: bool, backend: str,
+                scale: float, need_lse: bool, training: bool, cu_seqlens: Optional[Sequence[int]]) -> str:
+    """The op's one non-tensor argument: every plain value of a call in one string (a short schema keeps the
+    dispatcher's per-call cost down; `repr` of the scale round-trips exactly)."""
+    boundaries = "-" if cu_seqlens is None else ",".join(str(int(x)) for x in cu_seqlens)
+    return ";".join([",".join(str(int(w)) for w in segment_lengths), ",".join(str(int(r)) for r in dilation_rates),
+                     mode, str(int(bool(causal))), backend, repr(float(scale)), str(int(bool(need_lse))),
+                     str(int(bool(training))), boundaries])
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Optional[tuple[tuple[int, int], ...]]]:
+    """(pattern, backend, scale, need_lse, training, documents) of a `call_config` string."""
+    segments, rates, mode, causal, backend, scale, need_lse, training, boundaries = config.split(";")
+    pattern = DilatedPattern.create([int(x) for x in segments.split(",")], [int(x) for x in rates.split(",")],
+                                    mode=mode, causal=causal == "1")
+    documents = None if boundaries == "-" else documents_of([int(x) for x in boundaries.split(",")])
+    return pattern, backend, float(scale), need_lse == "1", training == "1", documents
+
+
+def _job(q: torch.Tensor, k: torch.Tensor, config: str, training: Optional[bool] = None) -> tuple[Job, bool]:
+    """(the call's job, whether the LSE is wanted)."""
+    pattern, backend, scale, need_lse, trained, documents = _parsed(config)
+    training = trained if training is None else training
     executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
     plan = cached_plan(pattern, k.shape[1], q.shape[2], num_kv_heads=None if k.shape[2] == q.shape[2] else k.shape[2],
                        documents=documents, query_len=q.shape[1] if q.shape[1] < k.shape[1] else None)
-    return make_job([plan_part(executor, plan)], scale)
+    return make_job([plan_part(executor, plan)], scale), need_lse or training
 
 
 def _lse_layout(lse: torch.Tensor) -> torch.Tensor:
@@ -67,58 +89,74 @@ def _lse_layout(lse: torch.Tensor) -> torch.Tensor:
     return lse if lse.transpose(1, 2).is_contiguous() else lse.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-@torch.library.custom_op("hilbert_lab::dilated_attention", mutates_args=())
-def dilated_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment_lengths: list[int],
-                         dilation_rates: list[int], mode: str, causal: bool, backend: str, scale: float,
-                         need_lse: bool, training: bool,
-                         cu_seqlens: Optional[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Nq, H, D) contiguous, lse (B, H, Nq) token-major) of one dilated-attention call."""
-    job = _job(q, k, segment_lengths, dilation_rates, mode, causal, backend, scale, training, cu_seqlens)
-    out, lse, _ = run_forward(job, q, k, v, need_lse or training)
+    job, need_lse = _job(q, k, config)
+    out, lse, _ = run_forward(job, q, k, v, need_lse)
     return out.contiguous(), _lse_layout(lse)
 
 
-@dilated_attention_op.register_fake
-def _(q, k, v, segment_lengths, dilation_rates, mode, causal, backend, scale, need_lse, training, cu_seqlens):
+def _forward_fake(q, k, v, config):
     batch, queries, heads, dim = q.shape
     out = q.new_empty((batch, queries, heads, dim))
     lse = q.new_empty((batch, queries, heads), dtype=lse_dtype(q.dtype)).transpose(1, 2)
     return out, lse
 
 
-@torch.library.custom_op("hilbert_lab::dilated_attention_backward", mutates_args=())
-def dilated_attention_backward_op(grad_out: Optional[torch.Tensor], grad_lse: Optional[torch.Tensor], q: torch.Tensor,
-                                  k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                                  segment_lengths: list[int], dilation_rates: list[int], mode: str, causal: bool,
-                                  backend: str, scale: float,
-                                  cu_seqlens: Optional[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(grad_out: Optional[torch.Tensor], grad_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+              config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous, of the call's merged (out, lse) for upstream gradients (None: zero)."""
-    job = _job(q, k, segment_lengths, dilation_rates, mode, causal, backend, scale, True, cu_seqlens)
+    job, _ = _job(q, k, config, training=True)
     grads = run_backward(job, None, q, k, v, out, lse, grad_out, grad_lse)
     return tuple(g.contiguous() for g in grads)
 
 
-@dilated_attention_backward_op.register_fake
-def _(grad_out, grad_lse, q, k, v, out, lse, segment_lengths, dilation_rates, mode, causal, backend, scale,
-      cu_seqlens):
+def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, config):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, segment_lengths, dilation_rates, mode, causal, backend, scale, _, _, cu_seqlens = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.arguments = (segment_lengths, dilation_rates, mode, causal, backend, scale, cu_seqlens)
-    ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero-gradient kernel calls
+# Defined through torch.library.Library, not custom_op: the dispatcher then calls the implementation with no
+# Python wrapper of its own (alias checks, autograd glue), which a host-bound step of many small blocks feels.
+_LIBRARY = torch.library.Library("hilbert_lab", "DEF")
+_LIBRARY.define("dilated_attention(Tensor q, Tensor k, Tensor v, str config) -> (Tensor, Tensor)")
+_LIBRARY.define("dilated_attention_backward(Tensor? grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, "
+                "Tensor out, Tensor lse, str config) -> (Tensor, Tensor, Tensor)")
+for _name, _impl, _fake in (("dilated_attention", _forward, _forward_fake),
+                            ("dilated_attention_backward", _backward, _backward_fake)):
+    _LIBRARY.impl(_name, _impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"hilbert_lab::{_name}", _fake, lib=_LIBRARY)
+dilated_attention_op = torch.ops.hilbert_lab.dilated_attention.default
+dilated_attention_backward_op = torch.ops.hilbert_lab.dilated_attention_backward.default
 
 
-def _backward(ctx, grad_out, grad_lse):
-    nothing = (None,) * 9
-    if grad_out is None and grad_lse is None:
-        return (None, None, None, *nothing)
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = dilated_attention_backward_op(grad_out, grad_lse, q, k, v, out, lse, *ctx.arguments)
-    return (dq, dk, dv, *nothing)
+class _DilatedAttention(torch.autograd.Function):
+    """The two ops as one differentiable call (as flash-attn's interface pairs its forward and backward ops)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, config: str):
+        out, lse = dilated_attention_op(q, k, v, config)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.config = config
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero-gradient kernel calls
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad_out, grad_lse):
+        if grad_out is None and grad_lse is None:
+            return None, None, None, None
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = dilated_attention_backward_op(grad_out, grad_lse, q, k, v, out, lse, ctx.config)
+        return dq, dk, dv, None
 
 
-dilated_attention_op.register_autograd(_backward, setup_context=_setup_context)
+def dilated_attention_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           config: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of the op for `call_config(...)`; differentiable when an input requires grad."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # one tensor passed twice (self-attention on x, x, x) enters as views: compiled graphs take an
+        # autograd Function's inputs only when they are distinct
+        k = k.view_as(k) if k is q else k
+        v = v.view_as(v) if v is q or v is k else v
+        return _DilatedAttention.apply(q, k, v, config)
+    return dilated_attention_op(q, k, v, config)

@@ -88,6 +88,21 @@ def test_the_function_compiles_whole_and_equals_eager(name):
         assert torch.equal(a, b)
 
 
+def test_self_attention_on_one_tensor_compiles_whole():
+    """q, k and v the very same tensor (attention of x on itself) still compile into one graph."""
+    x = torch.randn(2, 64, 4, 8, dtype=torch.float64, requires_grad=True)
+
+    def fn(x):
+        return dilated_attention(x, x, x, segment_lengths=[16, 64], dilation_rates=[1, 2], causal=True)
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(x)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    upstream = torch.randn(2, 64, 4, 8, dtype=torch.float64)
+    compiled = torch.autograd.grad((torch.compile(fn, fullgraph=True, backend="aot_eager")(x) * upstream).sum(), x)
+    assert torch.equal(compiled[0], torch.autograd.grad((fn(x) * upstream).sum(), x)[0])
+
+
 def test_inductor_compiles_the_function_whole_and_equals_eager():
     case = CASES["longnet_causal"]
     q, k, v, generator = _inputs(case, dtype=torch.float32)
@@ -157,18 +172,22 @@ def test_longnet_lm_compiled_by_inductor_equals_eager():
     assert max(max_diff(a, b) for a, b in zip(grads_c, grads_e)) < 1e-12
 
 
-def test_torch_library_checks_the_op():
-    """Schema, fake implementation (shapes and strides), autograd registration and AOT dispatch, as
+def test_torch_library_checks_the_ops():
+    """Schema, fake implementations (shapes and strides) and AOT dispatch of the forward and backward ops, as
     torch.library.opcheck runs them on real inputs."""
-    from hilbert_lab.attention.op import dilated_attention_op
+    from hilbert_lab.attention.op import call_config, dilated_attention_backward_op, dilated_attention_op
 
     for name in ("longnet_causal", "gqa", "packed"):
         case = CASES[name]
-        q, k, v, _ = _inputs(case)
+        q, k, v, generator = (*(t.detach() for t in _inputs(case)[:3]), _inputs(case)[3])
         arguments = _arguments(case)
-        torch.library.opcheck(dilated_attention_op, (q, k, v, arguments["segment_lengths"], arguments["dilation_rates"],
-                                                     arguments.get("mode", "longnet"), arguments.get("causal", False),
-                                                     "sdpa", 0.35, True, True, arguments.get("cu_seqlens")))
+        config = call_config(arguments["segment_lengths"], arguments["dilation_rates"], arguments.get("mode", "longnet"),
+                             arguments.get("causal", False), "sdpa", 0.35, True, True, arguments.get("cu_seqlens"))
+        torch.library.opcheck(dilated_attention_op, (q, k, v, config))
+        out, lse = dilated_attention_op(q, k, v, config)
+        grad_out = torch.randn(out.shape, generator=generator, dtype=out.dtype)
+        for grad_lse in (None, torch.randn(lse.shape, generator=generator, dtype=lse.dtype)):
+            torch.library.opcheck(dilated_attention_backward_op, (grad_out, grad_lse, q, k, v, out, lse, config))
 
 
 def _gpu_lm(backend: str):
