@@ -6,7 +6,8 @@ rounds:
 - "op": the call by backend name, through the custom op (its backward rebuilds every per-call state);
 - "eager": the same executor given as an Executor object (the eager function that keeps its forward's states);
 - "graph": the op's forward+backward captured once in a CUDA graph and replayed (no host time per block);
-- "floor[fa4]": FlashAttention-4 on every block in place, no merge (bench.anchors.fa4_floor), where installed.
+- "floor[fa4]": FlashAttention-4 on every block in place, no merge (bench.anchors.fa4_floor), where installed;
+  timed with its own host time, so in host-bound cells (head_groups) it is not the kernel floor.
 It first checks that op, eager and graph give the same output and gradients. Writes JSON with medians and
 the per-round values.
 
@@ -131,7 +132,8 @@ def main() -> None:
             print(f"{mode:12s} {backend:8s} {m['op']:8.3f} {m['eager']:8.3f} {m['graph']:8.3f} {floor:8.3f}  "
                   f"{row['op_over_eager']:8.3f}  {m['graph'] / floor:8.3f}   errors {row['rel_error_vs_op']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(strip_paths({"environment": collect_environment(), "rows": rows}), indent=1))
+    result = {"environment": collect_environment(str(DEV)), "command": strip_paths(" ".join(sys.argv)), "rows": rows}
+    Path(args.out).write_text(json.dumps(result, indent=1))
     print("wrote", args.out)
 
 
