@@ -6,12 +6,12 @@ rounds:
 - "op": the call by backend name, through the custom op (its backward rebuilds every per-call state);
 - "eager": the same executor given as an Executor object (the eager function that keeps its forward's states);
 - "graph": the op's forward+backward captured once in a CUDA graph and replayed (no host time per block);
-- "floor[fa4]": FlashAttention-4 on every block in place, no merge (bench.anchors.fa4_floor), where installed;
-  timed with its own host time, so in host-bound cells (head_groups) it is not the kernel floor.
+- "floor[fa4]": FlashAttention-4 on every block in place, no merge (bench.anchors.fa4_floor), where installed,
+  replayed from a CUDA graph (bench.timing.graphed): its kernels alone, a floor with no host time.
 It first checks that op, eager and graph give the same output and gradients. Writes JSON with medians and
 the per-round values.
 
-Usage: python benchmarks/bench_compile.py [--out PATH] [--rounds 3] [--modes longnet,head_groups]
+Usage: python benchmarks/bench_compile.py [--out PATH] [--rounds 3] [--modes longnet,head_groups] [--backends auto,sdpa,fa4]
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from hilbert_lab.attention.executors import get_executor  # noqa: E402
 from hilbert_lab.attention.selection import resolve_executor  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.bench.timing import time_function  # noqa: E402
+from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
 from hilbert_lab.io import strip_paths  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
@@ -43,25 +43,6 @@ def _step(fn, leaves, grad):
         return out
 
     return step
-
-
-def _graphed(step, leaves):
-    """(replay, out): step() captured in a CUDA graph after warm-up; replay() reruns it; gradients land in
-    the leaves' .grad, which the graph rewrites."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            for t in leaves:
-                t.grad = None
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    for t in leaves:
-        t.grad = None
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    return graph.replay, out
 
 
 def _rel(a, b) -> float:
@@ -87,15 +68,23 @@ def cell(mode: str, backend: str, rounds: int) -> dict:
         results[name] = [out.detach().clone()] + [t.grad.clone() for t in leaves]
         variants[name] = (step, leaves)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    replay, out = _graphed(_step(by_name, leaves, grad), leaves)
+    step, held = _step(by_name, leaves, grad), {}
+
+    def captured():  # gradients set to None first: the captured backward allocates them in the graph's pool
+        for t in leaves:
+            t.grad = None
+        held["out"] = step()
+
+    replay = graphed(captured, device=DEV)
     replay()
     torch.cuda.synchronize()
-    results["graph"] = [out.detach().clone()] + [t.grad.clone() for t in leaves]
+    results["graph"] = [held["out"].detach().clone()] + [t.grad.clone() for t in leaves]
     variants["graph"] = (replay, [])
     for name in ("eager", "graph"):
         checks[name] = max(_rel(a, b) for a, b in zip(results[name], results["op"]))
-    if unavailable_reason("fa4", DEV, torch.bfloat16, 64) is None:
-        variants["floor[fa4]"] = (lambda: anchors.fa4_floor(q, k, v, pattern, scale=64 ** -0.5, grad_out=grad), [])
+    if unavailable_reason("fa4", DEV, torch.bfloat16, 64) is None:  # replayed from a graph: the kernels alone
+        floor = graphed(lambda: anchors.fa4_floor(q, k, v, pattern, scale=64 ** -0.5, grad_out=grad), device=DEV)
+        variants["floor[fa4]"] = (floor, [])
     timings = {name: [] for name in variants}
     for _ in range(rounds):  # interleaved: every variant once per round
         for name, (fn, leaves) in variants.items():
@@ -119,8 +108,11 @@ def main() -> None:
     parser.add_argument("--out", default="reports/results/compile_op_gpu.json", help="JSON output path")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell (default: 3)")
     parser.add_argument("--modes", default="longnet,head_groups", help="comma-separated modes (default: both)")
+    parser.add_argument("--backends", default="auto,sdpa,fa4",
+                        help="comma-separated backends; fa4 is left out where not installed (default: auto,sdpa,fa4)")
     args = parser.parse_args()
-    backends = ["auto", "sdpa"] + (["fa4"] if unavailable_reason("fa4", DEV, torch.bfloat16, 64) is None else [])
+    fa4 = unavailable_reason("fa4", DEV, torch.bfloat16, 64) is None
+    backends = [b for b in args.backends.split(",") if b != "fa4" or fa4]
     rows = []
     print(f"{'mode':12s} {'backend':8s} {'op':>8s} {'eager':>8s} {'graph':>8s} {'floor':>8s}  op/eager  graph/floor")
     for mode in args.modes.split(","):

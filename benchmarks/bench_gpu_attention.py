@@ -6,7 +6,7 @@ For each cell (mode x causal x N x D x direction) it times, in the same process:
   and writing the views in place, where installed), and `ordering="hilbert"` beside the plain call;
 - anchors (hilbert_lab.bench.anchors, fastest SDPA kernel of this GPU each): the kernel-only floor on
   pre-gathered blocks, the FlashAttention-4-in-place floor (every block read and written in place,
-  no merge), the strided-view composition (head_groups) and the torchscale-style composition (both
+  no merge) (both floors replayed from a CUDA graph, bench.timing.graphed: their kernels with no host time), the strided-view composition (head_groups) and the torchscale-style composition (both
   modes; its merge weights carry no gradient);
 and checks each output against the torchscale-style composition (relative error) before timing.
 Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).
@@ -38,7 +38,7 @@ from hilbert_lab.attention.selection import select_backend  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
-from hilbert_lab.bench.timing import time_function  # noqa: E402
+from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
 LONGEST = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8])
@@ -107,7 +107,8 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
             def step():
                 anchors.fa4_floor(q, k, v, pattern, scale=scale)
         try:
-            results["floor[fa4]"] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
+            results["floor[fa4]"] = time_function(graphed(step, device=DEV), device=DEV, warmup=3,
+                                                  repeats=repeats).as_dict()
         except Exception as error:
             results["floor[fa4]"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
     blocks = anchors.gather_blocks(q.detach(), k.detach(), v.detach(), pattern)
@@ -127,7 +128,8 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
                 def step(kern=kern):
                     with torch.no_grad():
                         anchors.kernel_floor(blocks, causal=pattern.causal, scale=scale, kernel=kern)
-            results[f"floor[{kern}]"] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
+            results[f"floor[{kern}]"] = time_function(graphed(step, device=DEV), device=DEV, warmup=3,
+                                                      repeats=repeats).as_dict()
         except Exception as error:
             results[f"floor[{kern}]"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
     return results, errors

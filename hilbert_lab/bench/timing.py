@@ -4,7 +4,8 @@
 Triton's do_bench (back-to-back calls after an L2 flush, CUDA events), else `repeats` calls after a
 warm-up, each synchronised (CUDA events) or timed with perf_counter (CPU), with every sample kept.
 `time_interleaved({name: fn})` times variants round-robin in one process (A/B comparisons; the
-samples feed `bench.stats`). Never time on zeros and rotate inputs that fit in cache: that is the
+samples feed `bench.stats`). `graphed(fn, device=...)` replays fn from a CUDA graph: timing that gives its
+kernels alone (a floor at the kernel carries no host time). Never time on zeros and rotate inputs that fit in cache: that is the
 caller's job.
 """
 from __future__ import annotations
@@ -93,6 +94,24 @@ def time_function(fn: Callable[[], object], *, device: Optional[torch.device | s
         if spent > max_seconds and len(samples) >= 3:
             break
     return summarize(samples)
+
+
+def graphed(fn: Callable[[], object], *, device: torch.device | str, warmup: int = 3) -> Callable[[], None]:
+    """fn captured once in a CUDA graph (after `warmup` calls on a side stream) -> a function that replays it:
+    the kernels of fn with no host time per launch, what a floor at the kernel times. fn must not read device
+    values on the host; its tensors are the graph's (replays rewrite them in place)."""
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"device must be a CUDA device to capture a CUDA graph, got {device}")
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[torch.device | str] = None,

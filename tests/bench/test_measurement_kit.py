@@ -7,7 +7,7 @@ import torch
 from hilbert_lab.attention import DilatedPattern, cached_plan, dilated_attention
 from hilbert_lab.bench import anchors
 from hilbert_lab.bench.flops import attention_flops, useful_pairs
-from hilbert_lab.bench.timing import summarize, time_function, time_interleaved
+from hilbert_lab.bench.timing import graphed, summarize, time_function, time_interleaved
 
 
 def test_summarize_orders_and_picks_percentiles():
@@ -91,3 +91,20 @@ def test_environment_records_the_variables_that_change_results(monkeypatch):
     env = collect_environment("cpu")
     assert {"packages", "git", "cpu", "device", "variables"} <= set(env)
     assert env["packages"]["torch"] == torch.__version__.split("+")[0] or env["packages"]["torch"] == torch.__version__
+
+
+def test_graphed_needs_a_cuda_device():
+    with pytest.raises(ValueError, match="device must be a CUDA device"):
+        graphed(lambda: None, device="cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+def test_graphed_replays_the_kernels_on_new_data():
+    x = torch.randn(1000, device="cuda")
+    y = torch.empty_like(x)
+    replay = graphed(lambda: torch.mul(x, 3, out=y), device="cuda")
+    x.copy_(torch.arange(1000, device="cuda", dtype=x.dtype))
+    replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, 3 * torch.arange(1000, device="cuda", dtype=x.dtype))
