@@ -11,7 +11,8 @@ rounds:
 It first checks that op, eager and graph give the same output and gradients. Writes JSON with medians and
 the per-round values.
 
-Usage: python benchmarks/bench_compile.py [--out PATH] [--rounds 3] [--modes longnet,head_groups] [--backends auto,sdpa,fa4]
+Usage: python benchmarks/bench_compile.py [--out PATH] [--rounds 3] [--modes longnet,head_groups]
+                                         [--backends auto,sdpa,fa4]
 """
 from __future__ import annotations
 

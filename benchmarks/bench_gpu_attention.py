@@ -6,7 +6,8 @@ For each cell (mode x causal x N x D x direction) it times, in the same process:
   and writing the views in place, where installed), and `ordering="hilbert"` beside the plain call;
 - anchors (hilbert_lab.bench.anchors, fastest SDPA kernel of this GPU each): the kernel-only floor on
   pre-gathered blocks, the FlashAttention-4-in-place floor (every block read and written in place,
-  no merge) (both floors replayed from a CUDA graph, bench.timing.graphed: their kernels with no host time), the strided-view composition (head_groups) and the torchscale-style composition (both
+  no merge) (both floors replayed from a CUDA graph, bench.timing.graphed: their kernels with no host
+  time), the strided-view composition (head_groups) and the torchscale-style composition (both
   modes; its merge weights carry no gradient);
 and checks each output against the torchscale-style composition (relative error) before timing.
 Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).

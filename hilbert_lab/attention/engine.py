@@ -142,10 +142,9 @@ def dilated_attention(
             check_whole_pattern(executor, q, k, documents is not None)
             out, lse = execute_plan(plan, executor, q, k, v, scale, need_lse=need_lse)
     else:
-        boundaries = None if documents is None else [0] + [start + length for start, length in documents]
         out, lse = dilated_attention_call(q, k, v, call_config(pattern.segment_lengths, pattern.dilation_rates,
                                                                pattern.mode, pattern.causal, backend, scale, need_lse,
-                                                               training, boundaries))
+                                                               training, documents))
     if hilbert_pattern:
         out, lse = permute_sequence(out, inverse), permute_sequence(lse, inverse, dim=2)
     return (out, lse) if return_lse else out

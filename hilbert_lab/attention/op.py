@@ -1,15 +1,15 @@
 """Dilated attention as a `torch.library` custom op: compiled graphs and CUDA graphs hold a call as one op.
 
-`dilated_attention_op(q, k, v, config)` -> (out (B, Nq, H, D), lse (B, H, Nq)) and its
-backward `torch.ops.hilbert_lab.dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, config)` ->
-(dq, dk, dv), paired by one autograd Function (`dilated_attention_call`). `config` (`call_config`) holds the
-call's plain values: segment lengths, dilation rates, mode, causality, the backend's name, the scale, whether
-the LSE is wanted, training, and packed documents as host boundaries (as flash-attn's varlen entries take
-max_seqlen on the host). The plan (plan.cached_plan) and the executor (selection.resolve_executor; forward
-and backward resolve alike) are found inside from those values. As in flash-attn's interface, forward and
-backward are separate ops, so the backward gets no Python state from its forward: every executor rebuilds
-its per-call states from the plan and the shapes (function.run_backward with states None). Fake
-implementations give shapes and strides, so torch.compile traces through the op without running it.
+The op `hilbert_lab::dilated_attention(q, k, v, config)` -> (out (B, Nq, H, D), lse (B, H, Nq)) and its backward
+`hilbert_lab::dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, config)` -> (dq, dk, dv) (both under
+torch.ops), paired by one autograd Function (`dilated_attention_call`). `config` (`call_config`) holds the call's
+plain values: segment lengths, dilation rates, mode, causality, the backend's name, the scale, whether the LSE is
+wanted, training, and the packed documents as host integers (as flash-attn's varlen entries take max_seqlen on the
+host). The plan (plan.cached_plan) and the executor (selection.resolve_executor; forward and backward resolve alike)
+are found inside from those values. As in flash-attn's interface, forward and backward are separate ops, so the
+backward gets no Python state from its forward: every executor rebuilds its per-call states from the plan and the
+shapes (function.run_backward with states None). Fake implementations give shapes and strides, so torch.compile traces
+through the op without running it.
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from hilbert_lab.attention.function import Job, make_job, plan_part, run_backwar
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import cached_plan
 from hilbert_lab.attention.selection import resolve_executor
+
 
 def check_whole_pattern(executor: Executor, q: torch.Tensor, k: torch.Tensor, packed: bool) -> None:
     """ValueError unless `executor` takes the call's geometry (a whole-pattern executor takes one sequence,
@@ -46,31 +47,25 @@ def call_executor(backend: str, q: torch.Tensor, k: torch.Tensor, pattern: Dilat
     return chosen
 
 
-def documents_of(cu_seqlens: Optional[Sequence[int]]) -> Optional[tuple[tuple[int, int], ...]]:
-    """((start, length), ...) of the non-empty documents between boundaries [0, n1, ..., N]; None for one."""
-    if cu_seqlens is None:
-        return None
-    documents = tuple((a, b - a) for a, b in zip(cu_seqlens, cu_seqlens[1:]) if b > a)
-    return None if len(documents) == 1 else documents
-
-
 def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], mode: str, causal: bool, backend: str,
-                scale: float, need_lse: bool, training: bool, cu_seqlens: Optional[Sequence[int]]) -> str:
+                scale: float, need_lse: bool, training: bool,
+                documents: Optional[Sequence[tuple[int, int]]]) -> str:
     """The op's one non-tensor argument: every plain value of a call in one string (a short schema keeps the
-    dispatcher's per-call cost down; `repr` of the scale round-trips exactly)."""
-    boundaries = "-" if cu_seqlens is None else ",".join(str(int(x)) for x in cu_seqlens)
+    dispatcher's per-call cost down; `repr` of the scale round-trips exactly). documents: the (start, length)
+    of each document of a packed row (validation.validate_cu_seqlens), or None."""
+    packed = "-" if documents is None else ",".join(f"{int(start)}:{int(length)}" for start, length in documents)
     return ";".join([",".join(str(int(w)) for w in segment_lengths), ",".join(str(int(r)) for r in dilation_rates),
                      mode, str(int(bool(causal))), backend, repr(float(scale)), str(int(bool(need_lse))),
-                     str(int(bool(training))), boundaries])
+                     str(int(bool(training))), packed])
 
 
 @functools.lru_cache(maxsize=1024)
 def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Optional[tuple[tuple[int, int], ...]]]:
     """(pattern, backend, scale, need_lse, training, documents) of a `call_config` string."""
-    segments, rates, mode, causal, backend, scale, need_lse, training, boundaries = config.split(";")
+    segments, rates, mode, causal, backend, scale, need_lse, training, packed = config.split(";")
     pattern = DilatedPattern.create([int(x) for x in segments.split(",")], [int(x) for x in rates.split(",")],
                                     mode=mode, causal=causal == "1")
-    documents = None if boundaries == "-" else documents_of([int(x) for x in boundaries.split(",")])
+    documents = None if packed == "-" else tuple(tuple(int(x) for x in pair.split(":")) for pair in packed.split(","))
     return pattern, backend, float(scale), need_lse == "1", training == "1", documents
 
 

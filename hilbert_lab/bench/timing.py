@@ -1,12 +1,11 @@
 """Timing: medians with an interval, on the GPU with CUDA events, on the CPU with perf_counter.
 
-`time_function(fn)` returns a `Timing` (median, 10th/90th percentiles, milliseconds): on CUDA with
-Triton's do_bench (back-to-back calls after an L2 flush, CUDA events), else `repeats` calls after a
-warm-up, each synchronised (CUDA events) or timed with perf_counter (CPU), with every sample kept.
-`time_interleaved({name: fn})` times variants round-robin in one process (A/B comparisons; the
-samples feed `bench.stats`). `graphed(fn, device=...)` replays fn from a CUDA graph: timing that gives its
-kernels alone (a floor at the kernel carries no host time). Never time on zeros and rotate inputs that fit in cache: that is the
-caller's job.
+`time_function(fn)` returns a `Timing` (median, 10th/90th percentiles, milliseconds): on CUDA with Triton's do_bench
+(back-to-back calls after an L2 flush, CUDA events), else `repeats` calls after a warm-up, each synchronised (CUDA
+events) or timed with perf_counter (CPU), with every sample kept. `time_interleaved({name: fn})` times variants
+round-robin in one process (A/B comparisons; the samples feed `bench.stats`). `graphed(fn, device=...)` replays fn
+from a CUDA graph: timing that gives its kernels alone (a floor at the kernel carries no host time). Never time on
+zeros and rotate inputs that fit in cache: that is the caller's job.
 """
 from __future__ import annotations
 

@@ -181,8 +181,11 @@ def test_torch_library_checks_the_ops():
         case = CASES[name]
         q, k, v, generator = (*(t.detach() for t in _inputs(case)[:3]), _inputs(case)[3])
         arguments = _arguments(case)
-        config = call_config(arguments["segment_lengths"], arguments["dilation_rates"], arguments.get("mode", "longnet"),
-                             arguments.get("causal", False), "sdpa", 0.35, True, True, arguments.get("cu_seqlens"))
+        boundaries = arguments.get("cu_seqlens")
+        documents = None if boundaries is None else tuple((a, b - a) for a, b in zip(boundaries, boundaries[1:]))
+        config = call_config(arguments["segment_lengths"], arguments["dilation_rates"],
+                             arguments.get("mode", "longnet"), arguments.get("causal", False), "sdpa", 0.35, True, True,
+                             documents)
         torch.library.opcheck(dilated_attention_op, (q, k, v, config))
         out, lse = dilated_attention_op(q, k, v, config)
         grad_out = torch.randn(out.shape, generator=generator, dtype=out.dtype)
