@@ -18,10 +18,9 @@ from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.function import attention, make_job, plan_part
 from hilbert_lab.attention.layout import read_through_layout
-from hilbert_lab.attention.op import call_config, check_whole_pattern, dilated_attention_call
+from hilbert_lab.attention.op import call_config, call_executor, dilated_attention_call
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
-from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
@@ -136,10 +135,7 @@ def dilated_attention(
         if dropout_p > 0.0:
             out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
         else:
-            executor = resolve_executor(backend, q, pattern, training=training,
-                                        whole_pattern=documents is None and kv_heads == num_heads and query_len is None,
-                                        packed=documents is not None)
-            check_whole_pattern(executor, q, k, documents is not None)
+            executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
             out, lse = execute_plan(plan, executor, q, k, v, scale, need_lse=need_lse)
     else:
         out, lse = dilated_attention_call(q, k, v, call_config(pattern.segment_lengths, pattern.dilation_rates,

@@ -37,8 +37,8 @@ def check_whole_pattern(executor: Executor, q: torch.Tensor, k: torch.Tensor, pa
                      f"query head; it does not take {what}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
 
 
-def call_executor(backend: str, q: torch.Tensor, k: torch.Tensor, pattern: DilatedPattern, *, training: bool,
-                  packed: bool) -> Executor:
+def call_executor(backend: str | Executor, q: torch.Tensor, k: torch.Tensor, pattern: DilatedPattern, *,
+                  training: bool, packed: bool) -> Executor:
     """The executor of a call (resolve_executor), checked to take its geometry. A call's forward and backward
     resolve alike: `auto`'s one reading of the device (whether in-place buffers fit) is kept per shape."""
     plain = not packed and k.shape[2] == q.shape[2] and q.shape[1] == k.shape[1]

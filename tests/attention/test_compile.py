@@ -103,6 +103,7 @@ def test_self_attention_on_one_tensor_compiles_whole():
     assert torch.equal(compiled[0], torch.autograd.grad((fn(x) * upstream).sum(), x)[0])
 
 
+@pytest.mark.slow  # inductor's code generation: about 15 s on a 2-core CPU
 def test_inductor_compiles_the_function_whole_and_equals_eager():
     case = CASES["longnet_causal"]
     q, k, v, generator = _inputs(case, dtype=torch.float32)
