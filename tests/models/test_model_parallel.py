@@ -4,18 +4,14 @@ context-parallel meshes in both ring layouts and (4 ranks) a 2 x 2 mesh; a shard
 resumes in one process with the world's next loss."""
 from __future__ import annotations
 
-import datetime
 import os
-import time
-import traceback
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-NO_GLOO = not dist.is_available() or not dist.is_gloo_available()
+from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest prepend import mode)
+
 MESHES = {2: [((2,), ("dp",), "contiguous"), ((2,), ("cp",), "contiguous"), ((2,), ("cp",), "zigzag")],
           4: [((2, 2), ("dp", "cp"), "zigzag")]}
 
@@ -81,40 +77,9 @@ def _resume_in_one_process(folder, tag: str) -> None:
     assert abs(loss - float((folder / (tag + ".loss")).read_text())) < 1e-10, tag
 
 
-def _entry(rank: int, world_size: int, init_file: str, error_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=300))
-    try:
-        _rank_checks(rank, world_size, error_dir)
-    except BaseException:
-        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as handle:
-            handle.write(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def _run(world_size: int, tmp_path) -> None:
-    context = mp.start_processes(_entry, args=(world_size, str(tmp_path / "rendezvous"), str(tmp_path)),
-                                 nprocs=world_size, join=False, start_method="forkserver")
-    deadline = time.monotonic() + 600  # wide: a busy 2-core machine runs the ranks many times slower
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {world_size} ranks did not finish within 600 s (deadlock?)")
-    except mp.ProcessRaisedException as error:
-        reports = "\n".join(p.read_text() for p in sorted(tmp_path.glob("rank*.txt")))
-        raise AssertionError(f"a rank failed:\n{reports or error}") from None
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-
-
 @pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
 def test_one_step_on_two_ranks_equals_the_single_process_step(tmp_path):
-    _run(2, tmp_path)
+    run_world(_rank_checks, 2, tmp_path)
     for _, names, layout in MESHES[2]:
         _resume_in_one_process(tmp_path, "_".join(names) + "_" + layout)
 
@@ -122,7 +87,7 @@ def test_one_step_on_two_ranks_equals_the_single_process_step(tmp_path):
 @pytest.mark.slow  # four gloo ranks on a 2-core machine
 @pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
 def test_one_step_on_a_two_by_two_mesh_equals_the_single_process_step(tmp_path):
-    _run(4, tmp_path)
+    run_world(_rank_checks, 4, tmp_path)
     _resume_in_one_process(tmp_path, "dp_cp_zigzag")
 
 

@@ -2,20 +2,16 @@
 single-process logits, gradients and training curve (float64)."""
 from __future__ import annotations
 
-import datetime
-import os
-import time
-import traceback
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest prepend import mode)
 
 WORLD_SIZE = 2
 
 
-def _rank_checks(rank: int, world_size: int) -> None:
+def _rank_checks(rank: int, world_size: int, folder: str) -> None:
     from hilbert_lab.distributed import shard_positions
     from hilbert_lab.models import LongNetLM
     from hilbert_lab.models.ring import use_local_attention, use_ring_attention
@@ -59,37 +55,7 @@ def _rank_checks(rank: int, world_size: int) -> None:
         torch.testing.assert_close(q, p, atol=1e-10, rtol=0, msg=name)
 
 
-def _entry(rank: int, world_size: int, init_file: str, error_dir: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=300))  # wide: only a hang should reach it
-    try:
-        _rank_checks(rank, world_size)
-    except BaseException:
-        with open(os.path.join(error_dir, f"rank{rank}.txt"), "w") as handle:
-            handle.write(traceback.format_exc())
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-NO_GLOO = not dist.is_available() or not dist.is_gloo_available()
-
-
 @pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
 @pytest.mark.slow  # a gloo world (make test keeps one: tests/distributed/test_ring.py, two ranks)
 def test_ring_sharded_model_matches_single_process(tmp_path):
-    context = mp.start_processes(_entry, args=(WORLD_SIZE, str(tmp_path / "rendezvous"), str(tmp_path)),
-                                 nprocs=WORLD_SIZE, join=False, start_method="forkserver")
-    deadline = time.monotonic() + 600  # wide: a busy 2-core machine runs the ranks many times slower than an idle one
-    try:
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the {WORLD_SIZE} ranks did not finish within 600 s (deadlock?)")
-    except mp.ProcessRaisedException as error:
-        reports = "\n".join(p.read_text() for p in sorted(tmp_path.glob("rank*.txt")))
-        raise AssertionError(f"a rank failed:\n{reports or error}") from None
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
+    run_world(_rank_checks, WORLD_SIZE, tmp_path)
