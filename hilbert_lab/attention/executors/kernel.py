@@ -56,8 +56,8 @@ class DenseKernel:
     # per-shape set-up on each new count (cuDNN builds an execution graph per shape: tens to hundreds of ms)
     varying_lengths: Optional["DenseKernel"] = None
     # (q, k, causal) -> the aux its forward returns for that call (k with its own key/value heads), from shapes
-    # and device alone (no attention is computed),
-    # for a backward that runs without the forward's states (the custom op); None: its aux is None
+    # and device alone (no attention computed), for a backward run without the forward's states (attention.op);
+    # None: its aux is None
     aux_for: Optional[Callable[[torch.Tensor, torch.Tensor, bool], Any]] = None
 
     def holding(self, q: torch.Tensor, k: torch.Tensor, backward: bool):
