@@ -150,11 +150,11 @@ class _Attention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
-@torch.compiler.disable  # host-side scheduling of kernel calls on views: compiled graphs call it as one op
+@torch.compiler.disable  # a job holds Python objects (ring parts, Executor objects): compiled code runs it eagerly
 def attention(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
     """(out (B, Nq, H, D), lse (B, H, Nq)) of the job; differentiable (exact gradients) when any input
     requires grad. need_lse=False (no gradient, LSE not wanted) lets kernels skip the LSE where nothing
-    merges; the returned lse is then meaningless."""
+    merges; the returned lse is then meaningless. The compilable entry of the engine is attention.op."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, job, True)
     out, lse, _ = run_forward(job, q, k, v, need_lse)
