@@ -18,9 +18,9 @@ from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.function import attention, make_job, plan_part
 from hilbert_lab.attention.layout import read_through_layout
-from hilbert_lab.attention.op import call_config, call_executor, dilated_attention_call
+from hilbert_lab.attention.op import call_config, call_executor, call_plan, dilated_attention_call
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan, cached_plan
+from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan
 from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
@@ -112,7 +112,7 @@ def dilated_attention(
                          "documents): use hilbert_pattern=False")
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    seq_len, num_heads, kv_heads = k.shape[1], q.shape[2], k.shape[2]
+    seq_len = k.shape[1]
     if query_len is not None and hilbert_pattern:
         raise ValueError("hilbert_pattern=True needs q, k, v of one length (the pattern permutes the whole "
                          f"sequence), got {q.shape[1]} queries and {k.shape[1]} keys")
@@ -130,8 +130,7 @@ def dilated_attention(
     if dropout_p > 0.0 or isinstance(backend, Executor):
         # weights dropped inside the softmax (the eager autograd path, whatever the executor), or an executor
         # object (not a name the op can carry): the one attention function on the plan
-        plan = cached_plan(pattern, seq_len, num_heads, num_kv_heads=None if kv_heads == num_heads else kv_heads,
-                           documents=documents, query_len=query_len)
+        plan = call_plan(pattern, q, k, documents)
         if dropout_p > 0.0:
             out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
         else:

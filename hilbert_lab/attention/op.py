@@ -21,30 +21,31 @@ import torch
 from hilbert_lab.attention.executors.base import Executor, lse_dtype
 from hilbert_lab.attention.function import Job, make_job, plan_part, run_backward, run_forward
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.attention.plan import cached_plan
+from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.selection import resolve_executor
-
-
-def check_whole_pattern(executor: Executor, q: torch.Tensor, k: torch.Tensor, packed: bool) -> None:
-    """ValueError unless `executor` takes the call's geometry (a whole-pattern executor takes one sequence,
-    one key/value head per query head and as many queries as keys)."""
-    if not executor.capabilities.whole_pattern or not (packed or k.shape[2] != q.shape[2] or q.shape[1] < k.shape[1]):
-        return
-    what = ("cu_seqlens (packed documents)" if packed else
-            f"{k.shape[2]} key/value heads for {q.shape[2]}" if k.shape[2] != q.shape[2] else
-            f"{q.shape[1]} queries for {k.shape[1]} keys")
-    raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head per "
-                     f"query head; it does not take {what}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
 
 
 def call_executor(backend: str | Executor, q: torch.Tensor, k: torch.Tensor, pattern: DilatedPattern, *,
                   training: bool, packed: bool) -> Executor:
-    """The executor of a call (resolve_executor), checked to take its geometry. A call's forward and backward
+    """The executor of a call (resolve_executor); ValueError when it runs whole patterns and the call is not one
+    sequence with one key/value head per query head and as many queries as keys. A call's forward and backward
     resolve alike: `auto`'s one reading of the device (whether in-place buffers fit) is kept per shape."""
     plain = not packed and k.shape[2] == q.shape[2] and q.shape[1] == k.shape[1]
     chosen = resolve_executor(backend, q, pattern, training=training, whole_pattern=plain, packed=packed)
-    check_whole_pattern(chosen, q, k, packed)
+    if chosen.capabilities.whole_pattern and not plain:
+        what = ("cu_seqlens (packed documents)" if packed else
+                f"{k.shape[2]} key/value heads for {q.shape[2]}" if k.shape[2] != q.shape[2] else
+                f"{q.shape[1]} queries for {k.shape[1]} keys")
+        raise ValueError(f"backend {chosen.name!r} runs the whole pattern on one sequence with one key/value head "
+                         f"per query head; it does not take {what}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
     return chosen
+
+
+def call_plan(pattern: DilatedPattern, q: torch.Tensor, k: torch.Tensor,
+              documents: Optional[tuple[tuple[int, int], ...]]) -> Plan:
+    """The plan of a call on q (B, Nq, H, D), k (B, N, H_kv, D): grouped heads, fewer queries, packed documents."""
+    return cached_plan(pattern, k.shape[1], q.shape[2], num_kv_heads=None if k.shape[2] == q.shape[2] else k.shape[2],
+                       documents=documents, query_len=q.shape[1] if q.shape[1] < k.shape[1] else None)
 
 
 def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], mode: str, causal: bool, backend: str,
@@ -69,14 +70,11 @@ def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Option
     return pattern, backend, float(scale), need_lse == "1", training == "1", documents
 
 
-def _job(q: torch.Tensor, k: torch.Tensor, config: str, training: Optional[bool] = None) -> tuple[Job, bool]:
+def _job(q: torch.Tensor, k: torch.Tensor, config: str) -> tuple[Job, bool]:
     """(the call's job, whether the LSE is wanted)."""
-    pattern, backend, scale, need_lse, trained, documents = _parsed(config)
-    training = trained if training is None else training
+    pattern, backend, scale, need_lse, training, documents = _parsed(config)
     executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
-    plan = cached_plan(pattern, k.shape[1], q.shape[2], num_kv_heads=None if k.shape[2] == q.shape[2] else k.shape[2],
-                       documents=documents, query_len=q.shape[1] if q.shape[1] < k.shape[1] else None)
-    return make_job([plan_part(executor, plan)], scale), need_lse or training
+    return make_job([plan_part(executor, call_plan(pattern, q, k, documents))], scale), need_lse or training
 
 
 def _lse_layout(lse: torch.Tensor) -> torch.Tensor:
@@ -102,7 +100,7 @@ def _backward(grad_out: Optional[torch.Tensor], grad_lse: Optional[torch.Tensor]
               v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
               config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous, of the call's merged (out, lse) for upstream gradients (None: zero)."""
-    job, _ = _job(q, k, config, training=True)
+    job, _ = _job(q, k, config)  # a backward runs only for a call made with training=True
     grads = run_backward(job, None, q, k, v, out, lse, grad_out, grad_lse)
     return tuple(g.contiguous() for g in grads)
 
