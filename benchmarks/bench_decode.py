@@ -34,14 +34,17 @@ from hilbert_lab.arguments import int_list, prepare_output  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.models import LongNetLM  # noqa: E402
-from hilbert_lab.models.generate import new_caches  # noqa: E402
+from hilbert_lab.attention.static_cache import keys_seen  # noqa: E402
+from hilbert_lab.models.generate import decode_static, new_caches, new_static_caches  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto", "sdpa_flash"], recompute=[8192, 32768],
+GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288],
+           batch=[32768], recompute=[8192, 32768],
            dense=[32768, 131072], hf_dilated=[32768],
            segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,
            vocab=256, dtype="bf16", steps=32)
-QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], recompute=[1024], dense=[1024, 4096], hf_dilated=[1024],
+QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], static=[1024], batch=[1024], recompute=[1024],
+             dense=[1024, 4096], hf_dilated=[1024],
              segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8], dim=64, depth=3, heads=8, vocab=64,
              dtype="fp32", steps=16)
 
@@ -97,6 +100,101 @@ def measure_cache(args, context: int, device, backend: str) -> dict:
     return {"ms_per_token": 1e3 * statistics.median(steps[4:]), "prefill_s": prefill_s, "new_tokens": args.steps,
             "backend": backend, "step_kernel": kernel, "cache_bytes": sum(c.memory_bytes() for c in caches),
             "cache_rows": caches[0].capacity, "keys_read_last_step": sum(c.keys_read for c in caches)}
+
+
+def hbm_bandwidth(device) -> float:
+    """Bytes per second of a 1 GiB device-to-device copy (read + write), the median of 20 after warm-up."""
+    src = torch.randn(2**28, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(25):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return 2 * src.numel() * src.element_size() / statistics.median(times[5:])
+
+
+def step_bytes(model, context: int, batch: int = 1) -> dict:
+    """Bytes one decoding step must read: every weight once (the tied head reads the embedding) and, per layer, the
+    key and value rows its branches see at position `context`."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    block = model.encoder.blocks[0].attention
+    rows = keys_seen(block.attention.pattern, block.num_heads, context)
+    element = model.embedding.weight.element_size()
+    keys = 2 * rows * block.head_dim * element * len(model.encoder.blocks) * batch
+    return {"weight_bytes": weights, "kv_bytes": keys, "key_rows_x_heads_per_layer": rows}
+
+
+class Clock:
+    """Device-synced time after each new token (decode_static's on_token)."""
+
+    def __init__(self, device):
+        self.device, self.times = device, []
+
+    def __call__(self, tokens):
+        sync(self.device)
+        self.times.append(time.perf_counter())
+
+    def gaps(self, warm: int = 4) -> list[float]:
+        return [b - a for a, b in zip(self.times, self.times[1:])][warm:]
+
+
+@torch.inference_mode()
+def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
+    """LongNetLM.generate's GPU path: static caches, the prompt, then the steps of every layer replayed as one CUDA
+    graph per token; the median gap between consecutive tokens after 4 (the eager step and the capture among them),
+    beside the memory-bandwidth limit of a step."""
+    model = longnet(args, context, device)
+    prompt = prompt_of(args, context, device)
+    model.generate(prompt[:, :64], 4)  # warm-up: Triton kernels compiled
+    caches = new_static_caches(model, 1, context + args.steps + 8)
+    clock = Clock(device)
+    sync(device)
+    start = time.perf_counter()
+    decode_static(model, prompt, caches, args.steps + 5, lambda logits: logits.argmax(-1, keepdim=True), True,
+                  on_token=clock)
+    gaps = clock.gaps()
+    entry = {"ms_per_token": 1e3 * statistics.median(gaps), "ms_per_token_min": 1e3 * min(gaps),
+             "ms_per_token_max": 1e3 * max(gaps), "prefill_s": clock.times[0] - start, "new_tokens": args.steps,
+             "cache_bytes": sum(c.memory_bytes() for c in caches), "cache_rows": caches[0].capacity,
+             **step_bytes(model, context)}
+    if bandwidth:
+        entry["hbm_bytes_per_s"] = bandwidth
+        entry["limit_ms"] = 1e3 * (entry["weight_bytes"] + entry["kv_bytes"]) / bandwidth
+        entry["x_limit"] = entry["ms_per_token"] / entry["limit_ms"]
+    return entry
+
+
+@torch.inference_mode()
+def measure_batch(args, context: int, device, rows: int = 8) -> dict:
+    """`rows` prompts of different lengths (context, context - 1/8 of it, ...) left-padded in one batch against each
+    alone (batch 1): the same tokens, and tokens/s of the steps (graph replays) of both."""
+    model = longnet(args, context, device)
+    full = prompt_of(args, context, device)
+    lengths = [context - i * (context // (2 * rows)) for i in range(rows)]
+    prompt = torch.zeros(rows, context, dtype=full.dtype, device=device)
+    mask = torch.zeros_like(prompt)
+    for b, n in enumerate(lengths):
+        prompt[b, context - n:] = full[0, :n]
+        mask[b, context - n:] = 1
+    model.generate(prompt[:, -64:], 4, attention_mask=mask[:, -64:])  # warm-up
+    pick = lambda logits: logits.argmax(-1, keepdim=True)  # noqa: E731
+
+    def run(tokens, row_lengths):
+        clock = Clock(device)
+        caches = new_static_caches(model, tokens.shape[0], context + args.steps + 8, row_lengths)
+        new = decode_static(model, tokens, caches, args.steps + 5, pick, True, on_token=clock)
+        return torch.cat(new, 1), statistics.median(clock.gaps())
+
+    batched, batch_step = run(prompt, lengths)
+    alone = [run(full[:, :n], None) for n in lengths]
+    same = [bool(torch.equal(batched[b], tokens[0])) for b, (tokens, _) in enumerate(alone)]
+    single = statistics.median(step for _, step in alone)
+    return {"rows": rows, "lengths": lengths, "batch_ms_per_step": 1e3 * batch_step, "single_ms_per_step": 1e3 * single,
+            "tokens_per_s_ratio": rows * single / batch_step, "same_tokens_per_row": same}
 
 
 @torch.no_grad()
@@ -214,6 +312,12 @@ def run(args, write) -> dict:
 
     if args.quick:
         record("cpu_target", 1024, lambda: measure_cpu_target(args, device))
+    bandwidth = hbm_bandwidth(device) if device.type == "cuda" else None
+    report["hbm_bytes_per_s"] = bandwidth
+    for context in args.static if device.type == "cuda" else []:
+        record("longnet_static_graph", context, lambda: measure_static(args, context, device, bandwidth))
+    for context in args.batch if device.type == "cuda" else []:
+        record("longnet_static_batch8", context, lambda: measure_batch(args, context, device))
     for backend in args.cache_backends:
         for context in args.contexts:
             record("longnet_cache", context, lambda: measure_cache(args, context, device, backend))
@@ -237,7 +341,7 @@ def parse_args(argv=None):
                         help="executors of the cached decoding, one run each (default: auto,sdpa_flash; --quick: "
                              "auto); the steps use the executor's dense kernel")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    for name in ("contexts", "recompute", "dense", "hf_dilated", "segment_lengths", "dilation_rates"):
+    for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
                             help=f"comma-separated (default: {GPU[name]}; --quick: {QUICK[name]}); 0 for none")
     for name in ("dim", "depth", "heads", "vocab", "steps"):

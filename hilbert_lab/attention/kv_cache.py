@@ -159,6 +159,11 @@ class DilatedKVCache:
         self.length, self.keys = keep, None
         self._append(k[:, keep:], v[:, keep:])
 
+    # -- the protocol of a decoding cache (models.blocks) ------------------------------------------------
+    def token_positions(self, steps: int, device=None) -> torch.Tensor:
+        """Positions (steps,) of the next `steps` tokens, on `device`."""
+        return torch.arange(self.length, self.length + steps, device=device)
+
     # -- attention --------------------------------------------------------------------------------------
     @torch.no_grad()
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, return_lse: bool = False):

@@ -12,10 +12,13 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hilbert_lab.attention.kv_cache import DilatedKVCache
+from hilbert_lab.attention.static_cache import DilatedStaticCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
 from hilbert_lab.attention.pattern import DilatedPattern
 
 from .rotary import apply_rotary, shared_rotary_tables
+
+DecodingCache = DilatedKVCache | DilatedStaticCache  # a layer's keys and values while decoding
 
 
 class DilatedTransformerBlock(nn.Module):
@@ -68,7 +71,7 @@ class DilatedTransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-               cache: DilatedKVCache | None = None) -> torch.Tensor:
+               cache: DecodingCache | None = None) -> torch.Tensor:
         """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens: the
         documents of a packed row (B = 1); with a ``cache`` the tokens follow those it holds (their keys and
         values are appended to it)."""
@@ -87,7 +90,7 @@ class DilatedTransformerBlock(nn.Module):
         return mha.out_proj(attended.flatten(-2))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-                cache: DilatedKVCache | None = None) -> torch.Tensor:
+                cache: DecodingCache | None = None) -> torch.Tensor:
         check_device("x", x, self.attention_norm.weight, "block")
         x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache))
         return x + self.dropout(self.mlp(self.mlp_norm(x)))
@@ -166,10 +169,10 @@ class LongNetEncoder(nn.Module):
         self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DilatedKVCache] | None = None) -> torch.Tensor:
-        """cu_seqlens: a packed row of documents (B = 1); caches: one DilatedKVCache per block
-        (models.generate.new_caches): x then holds the tokens after those the caches hold (positions default
-        to theirs)."""
+                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DecodingCache] | None = None) -> torch.Tensor:
+        """cu_seqlens: a packed row of documents (B = 1); caches: one DilatedKVCache or DilatedStaticCache per
+        block (models.generate.new_caches): x then holds the tokens after those the caches hold (positions default
+        to theirs: (N,), or (B, N) for a static cache)."""
         if x.dim() != 3:
             raise ValueError(f"x must have shape (B, N, C), got {tuple(x.shape)}")
         check_device("x", x, self.norm.weight, "encoder")
@@ -178,11 +181,11 @@ class LongNetEncoder(nn.Module):
             if cu_seqlens is not None:
                 raise ValueError("caches (decoding) and cu_seqlens (packed documents) do not go together")
             if len(caches) != len(self.blocks):
-                raise ValueError(f"caches must hold one DilatedKVCache per block ({len(self.blocks)}), got {len(caches)}")
+                raise ValueError(f"caches must hold one cache per block ({len(self.blocks)}), got {len(caches)}")
             past = caches[0].length
             if past + x.shape[1] > limit:
                 raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
-            positions = torch.arange(past, past + x.shape[1], device=x.device) if positions is None else \
+            positions = caches[0].token_positions(x.shape[1], x.device) if positions is None else \
                 _check_positions(positions, x.shape[1], limit, x.device)
             with _one_pass():
                 for block, cache in zip(self.blocks, caches):
@@ -302,16 +305,22 @@ class LongNetLM(nn.Module):
                 )
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DilatedKVCache] | None = None) -> torch.Tensor:
+                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DecodingCache] | None = None,
+                logits_to_keep: int = 0) -> torch.Tensor:
         """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange).
         cu_seqlens [0, n1, ..., N] with B = 1: a packed row of documents, each its own causal sequence
         (positions default to each token's position in its document; every document <= max_seq_len).
         caches (models.generate.new_caches): tokens follow those the caches hold, whose keys and values
-        they append (decoding)."""
+        they append (decoding). logits_to_keep: 0 for every position's logits, else those of the last
+        logits_to_keep positions (B, logits_to_keep, vocab_size), as transformers' models take it."""
         check_device("tokens", tokens, self.embedding.weight, "model")
         self.check_tokens(tokens, packed=cu_seqlens is not None)
+        if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(f"logits_to_keep must be a non-negative integer (0: every position), got "
+                             f"{logits_to_keep!r}")
         x = self.embedding_dropout(self.embedding(tokens))
-        return self.head(self.encoder(x, positions, cu_seqlens, caches))
+        hidden = self.encoder(x, positions, cu_seqlens, caches)
+        return self.head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
 
     def generate(
         self,
@@ -322,17 +331,22 @@ class LongNetLM(nn.Module):
         temperature: float = 1.0,
         generator: torch.Generator | None = None,
         use_cache: bool | None = None,
+        attention_mask: torch.Tensor | None = None,
+        cuda_graph: bool | None = None,
     ) -> torch.Tensor:
         """Extend prompt (B, N0) by max_new_tokens tokens -> (B, N0 + max_new_tokens).
 
         Greedy when ``top_k`` is None (or 1), else sampling among the ``top_k`` most likely tokens at
         ``temperature``. With the cache (default where every layer is a local MultiheadDilatedAttention,
         ``use_cache=True`` insists) the prompt runs once and each new token is one decoding step per layer
-        (attention.DilatedKVCache: cost of the keys it sees, memory of the longest segment);
-        ``use_cache=False`` recomputes the whole prefix per token. Both are exact: the causal dilated
-        pattern depends only on absolute positions, so they give the same tokens.
+        (cost of the keys it sees, memory of the longest segment): on a GPU in fixed storage
+        (attention.DilatedStaticCache) whose steps replay as one CUDA graph per token (``cuda_graph``,
+        default on there), on the CPU in attention.DilatedKVCache. ``attention_mask`` (B, N0) of 0/1 marks
+        left padding: rows of different lengths decode side by side, each as if alone. ``use_cache=False``
+        recomputes the whole prefix per token. All are exact: the causal dilated pattern depends only on
+        absolute positions, so they give the same tokens.
         """
         from .generate import generate
 
         return generate(self, prompt, max_new_tokens, top_k=top_k, temperature=temperature, generator=generator,
-                        use_cache=use_cache)
+                        use_cache=use_cache, attention_mask=attention_mask, cuda_graph=cuda_graph)

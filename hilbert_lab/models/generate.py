@@ -1,5 +1,6 @@
 """Generation for LongNetLM: the prompt once, then one decoding step per token on per-layer dilated KV caches
-(attention.DilatedKVCache), or the exact recompute of the whole prefix per token; greedy or top-k sampling."""
+(attention.DilatedStaticCache on a GPU, its steps replayed as one CUDA graph per token; attention.DilatedKVCache on
+the CPU), or the exact recompute of the whole prefix per token; greedy or top-k sampling; left-padded rows."""
 from __future__ import annotations
 
 import math
@@ -10,17 +11,61 @@ import torch.nn.functional as F
 
 from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
+from hilbert_lab.attention.static_cache import DilatedStaticCache
+
+
+def _local_layers(model) -> bool:
+    return all(type(block.attention) is MultiheadDilatedAttention for block in model.encoder.blocks)
 
 
 def new_caches(model, max_length: int | None = None) -> list[DilatedKVCache] | None:
     """One empty DilatedKVCache per block of a LongNetLM (its pattern, backend and scale; storage allocated
     once for max_length tokens, default the model's max_seq_len), or None when some layer is not a local
     MultiheadDilatedAttention (ring layers)."""
-    blocks = model.encoder.blocks
-    if not all(type(block.attention) is MultiheadDilatedAttention for block in blocks):
+    if not _local_layers(model):
         return None
     length = model.max_seq_len if max_length is None else max_length
-    return [DilatedKVCache.for_module(block.attention, max_length=length) for block in blocks]
+    return [DilatedKVCache.for_module(block.attention, max_length=length) for block in model.encoder.blocks]
+
+
+def new_static_caches(model, batch_size: int, max_length: int,
+                      prompt_lengths: list[int] | None = None) -> list[DilatedStaticCache]:
+    """One DilatedStaticCache per block of a LongNetLM with local attention layers: batch_size rows of up to
+    max_length tokens, in the model's dtype and on its device; prompt_lengths: the rows' lengths in a
+    left-padded prompt (None: no padding)."""
+    if not _local_layers(model):
+        raise ValueError("a static cache needs every layer to be a local MultiheadDilatedAttention (ring layers "
+                         "decode by recompute: models.use_local_attention first)")
+    weight = model.embedding.weight
+    caches = []
+    for block in model.encoder.blocks:
+        mha = block.attention
+        p = mha.attention.pattern
+        caches.append(DilatedStaticCache(
+            p.segment_lengths, p.dilation_rates, mode=p.mode, batch_size=batch_size, max_length=max_length,
+            num_heads=mha.num_heads, num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim, dtype=weight.dtype,
+            device=weight.device, backend=mha.attention.backend, scale=mha.attention.scale,
+            prompt_lengths=prompt_lengths))
+    return caches
+
+
+def prompt_lengths_of(attention_mask: torch.Tensor | None, prompt: torch.Tensor) -> list[int] | None:
+    """Each row's prompt length from a left-padding attention_mask (B, N0) of 0/1 (zeros, then ones), or None
+    where no row is padded; ValueError for any other mask."""
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != prompt.shape \
+            or attention_mask.is_floating_point() or attention_mask.is_complex():
+        what = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)
+        raise ValueError(f"attention_mask must be None or an integer or bool tensor of the prompt's shape "
+                         f"{tuple(prompt.shape)}, got {what}")
+    mask = attention_mask.to(torch.int64).cpu()
+    lengths = mask.sum(1)
+    left_padded = (mask == (torch.arange(mask.shape[1]) >= mask.shape[1] - lengths[:, None]).to(torch.int64)).all()
+    if not bool(left_padded) or bool((lengths < 1).any()):
+        raise ValueError("attention_mask must mark left padding: per row 0s, then at least one 1, nothing else")
+    lengths = [int(n) for n in lengths]
+    return None if min(lengths) == prompt.shape[1] else lengths
 
 
 def next_token(logits: torch.Tensor, top_k: int | None, temperature: float,
@@ -72,7 +117,8 @@ def check_generation(model, prompt: torch.Tensor, max_new_tokens: int, top_k: in
 @torch.no_grad()
 def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | None = None,
              temperature: float = 1.0, generator: torch.Generator | None = None,
-             use_cache: bool | None = None) -> torch.Tensor:
+             use_cache: bool | None = None, attention_mask: torch.Tensor | None = None,
+             cuda_graph: bool | None = None) -> torch.Tensor:
     """prompt (B, N0) -> (B, N0 + max_new_tokens); see LongNetLM.generate. The steps run in inference mode (less
     work per small op); the result is an ordinary tensor."""
     max_new_tokens, top_k, temperature = check_generation(model, prompt, max_new_tokens, top_k, temperature,
@@ -81,21 +127,85 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
         model.check_tokens(prompt)
     except ValueError as error:
         raise ValueError(f"prompt: {error}") from None
-    caches = new_caches(model, prompt.shape[1] + max_new_tokens) if use_cache is not False else None
-    if use_cache and caches is None:
+    lengths = prompt_lengths_of(attention_mask, prompt)
+    if cuda_graph is not None and not isinstance(cuda_graph, bool):
+        raise ValueError(f"cuda_graph must be None, True or False, got {cuda_graph!r}")
+    local = _local_layers(model)
+    if use_cache and not local:
         raise ValueError("use_cache=True needs every layer to be a local MultiheadDilatedAttention (ring layers "
                          "decode by recompute: use_cache=False, or models.use_local_attention first)")
+    if lengths is not None and not (local and use_cache is not False):
+        raise ValueError("attention_mask with padded rows needs the cache (use_cache None or True, local attention "
+                         "layers)")
+    static = local and use_cache is not False and (prompt.is_cuda or lengths is not None)
+    if cuda_graph and not (static and prompt.is_cuda):
+        raise ValueError("cuda_graph=True needs the model on a CUDA device and the cache (use_cache None or True)")
+    graphed = static and prompt.is_cuda and cuda_graph is not False
     was_training = model.training
     model.eval()
-    tokens = prompt
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        return next_token(logits, top_k, temperature, generator).to(prompt.dtype)
+
     try:
         with torch.inference_mode():
-            step_input = prompt
-            for _ in range(max_new_tokens):
-                logits = model(step_input, caches=caches)[:, -1] if caches is not None else model(tokens)[:, -1]
-                chosen = next_token(logits, top_k, temperature, generator).to(tokens.dtype)
-                tokens = torch.cat((tokens, chosen), dim=1)
-                step_input = chosen
+            if static:
+                caches = new_static_caches(model, prompt.shape[0], prompt.shape[1] + max_new_tokens, lengths)
+                new = decode_static(model, prompt, caches, max_new_tokens, pick, graphed)
+            else:
+                caches = new_caches(model, prompt.shape[1] + max_new_tokens) if use_cache is not False else None
+                new = decode(model, prompt, caches, max_new_tokens, pick)
+            tokens = torch.cat([prompt, *new], dim=1)
     finally:
         model.train(was_training)
     return tokens.clone() if tokens.is_inference() else tokens
+
+
+def decode(model, prompt: torch.Tensor, caches: list[DilatedKVCache] | None, max_new_tokens: int, pick) -> list:
+    """New tokens (B, 1) each: on the growing caches, or by recomputing the whole prefix (caches None)."""
+    new, step_input, tokens = [], prompt, prompt
+    for _ in range(max_new_tokens):
+        if caches is not None:
+            logits = model(step_input, caches=caches, logits_to_keep=1)[:, -1]
+        else:
+            logits = model(tokens, logits_to_keep=1)[:, -1]
+        step_input = pick(logits)
+        new.append(step_input)
+        if caches is None:
+            tokens = torch.cat((tokens, step_input), dim=1)
+    return new
+
+
+def decode_static(model, prompt: torch.Tensor, caches: list[DilatedStaticCache], max_new_tokens: int, pick,
+                  graphed: bool, on_token=None) -> list:
+    """New tokens (B, 1) each on static caches: the prompt, one eager step (kernels compiled, libraries
+    initialised), then with `graphed` the steps of every layer captured once as a CUDA graph and replayed per
+    token (the caches' device positions advance inside it). on_token(tokens (B, 1)): called after each new token
+    (a benchmark's clock)."""
+    new = []
+    if max_new_tokens == 0:
+        return new
+    chosen = pick(model(prompt, caches=caches, logits_to_keep=1)[:, -1])
+    new.append(chosen)
+    if on_token is not None:
+        on_token(chosen)
+    graph = step_input = step_logits = None
+    for index in range(1, max_new_tokens):
+        if graphed and graph is None and index >= 2:
+            step_input = chosen.clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step_logits = model(step_input, caches=caches, logits_to_keep=1)[:, -1]
+        if graph is not None:
+            step_input.copy_(chosen)
+            graph.replay()
+            for cache in caches:  # host lengths: the replay advanced the device positions only
+                cache.length += 1
+            logits = step_logits
+        else:
+            logits = model(chosen, caches=caches, logits_to_keep=1)[:, -1]
+        chosen = pick(logits)
+        new.append(chosen)
+        if on_token is not None:
+            on_token(chosen)
+    return new

@@ -37,33 +37,40 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
-    """(cos, sin), each (1, N, 1, head_dim // 2) in `dtype`: rotary_angles cast for (B, N, H, D) tensors;
-    inside shared_rotary_tables computed once for the layers that share a positions tensor."""
+    """(cos, sin), each (1, N, 1, head_dim // 2) for positions (N,), (B, N, 1, head_dim // 2) for positions (B, N),
+    in `dtype`: rotary_angles cast for (B, N, H, D) tensors; inside shared_rotary_tables computed once for the
+    layers that share a positions tensor."""
     shared = None if torch.compiler.is_compiling() else _SHARED.get()
     if shared is None:
         cos, sin = rotary_angles(positions, head_dim, base=base)
-        return cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+        return _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
     key = (id(positions), head_dim, base)
     entry = shared.get(key)
     if entry is None or entry[0] is not positions:
         entry = shared[key] = (positions, rotary_angles(positions, head_dim, base=base), {})
     if dtype not in entry[2]:
         cos, sin = entry[1]
-        entry[2][dtype] = cos.to(dtype)[None, :, None, :], sin.to(dtype)[None, :, None, :]
+        entry[2][dtype] = _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
     return entry[2][dtype]
+
+
+def _for_heads(table: torch.Tensor) -> torch.Tensor:
+    """A table (N, D/2) or (B, N, D/2) as (1 or B, N, 1, D/2)."""
+    return (table.unsqueeze(0) if table.dim() == 2 else table).unsqueeze(2)
 
 
 def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
     """Rotate pairs (x[..., :D/2], x[..., D/2:]) of x (B, N, H, D) by angle position * base^(-2i/D).
 
     ``positions`` (N,) are the tokens' original positions, so a permuted layout (Hilbert ordering,
-    a ring shard) gets the same embedding as the natural one. Angles are computed in float64 and
-    cast to x's dtype, so float64 models stay exact.
+    a ring shard) gets the same embedding as the natural one; (B, N) gives each row its own (decoding rows
+    of different lengths). Angles are computed in float64 and cast to x's dtype, so float64 models stay exact.
     """
     if x.dim() != 4:
         raise ValueError(f"x must have shape (B, N, H, D), got {tuple(x.shape)}")
-    if positions.shape != (x.shape[1],):
-        raise ValueError(f"positions must have shape (N,) = ({x.shape[1]},), got {tuple(positions.shape)}")
+    if positions.shape not in ((x.shape[1],), tuple(x.shape[:2])):
+        raise ValueError(f"positions must have shape (N,) = ({x.shape[1]},) or (B, N) = {tuple(x.shape[:2])}, got "
+                         f"{tuple(positions.shape)}")
     cos, sin = rotary_tables(positions, x.shape[-1], base, x.dtype)
     first, second = x.chunk(2, dim=-1)
     return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)

@@ -167,3 +167,73 @@ def test_an_empty_token_row_is_refused_naming_tokens():
     model = LongNetLM(10, dim=8, depth=1, num_heads=2, segment_lengths=[4], dilation_rates=[1], max_seq_len=8)
     with pytest.raises(ValueError, match=r"tokens must hold at least one token .* \(1, 0\)"):
         model(torch.zeros(1, 0, dtype=torch.long))
+
+
+def _left_padded_prompt(rows):
+    width = max(row.shape[1] for row in rows)
+    prompt = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, row in enumerate(rows):
+        prompt[b, width - row.shape[1]:] = row[0]
+        mask[b, width - row.shape[1]:] = 1
+    return prompt, mask
+
+
+@pytest.mark.parametrize("kv_heads", [None, 2])
+def test_left_padded_rows_decode_each_as_if_alone(kv_heads):
+    """Rows of different prompt lengths (attention_mask) decode on the static cache; each row's tokens equal its
+    batch-1 generation by recompute, greedy and sampled."""
+    torch.manual_seed(0)
+    model = LongNetLM(VOCAB, 32, 2, 4, [8, 16, 32], [1, 2, 4], max_seq_len=96, backend="sdpa",
+                      num_kv_heads=kv_heads).double().eval()
+    rows = [_tokens(1, n, seed=n) for n in (19, 6, 13)]
+    prompt, mask = _left_padded_prompt(rows)
+    batched = model.generate(prompt, 40, attention_mask=mask)
+    assert torch.equal(batched[:, :19], prompt)
+    for b, row in enumerate(rows):
+        assert torch.equal(batched[b, 19 - row.shape[1]:], model.generate(row, 40, use_cache=False)[0])
+    one = model.generate(rows[1], 30, top_k=4, generator=torch.Generator().manual_seed(5),
+                         attention_mask=torch.ones_like(rows[1]))
+    assert torch.equal(one, model.generate(rows[1], 30, top_k=4, generator=torch.Generator().manual_seed(5),
+                                           use_cache=False))
+
+
+def test_logits_to_keep_gives_the_last_rows():
+    model = _lm()
+    tokens = _tokens(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens, logits_to_keep=3), model(tokens)[:, -3:], atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="logits_to_keep must be a non-negative integer"):
+        model(tokens, logits_to_keep=-1)
+
+
+@pytest.mark.parametrize("arguments,needle", [
+    (dict(attention_mask=torch.tensor([[1, 0, 1]])), "attention_mask must mark left padding"),
+    (dict(attention_mask=torch.tensor([[0, 0, 0]])), "attention_mask must mark left padding"),
+    (dict(attention_mask=torch.ones(1, 2, dtype=torch.long)), r"attention_mask must be None or an integer or bool "
+                                                              r"tensor of the prompt's shape \(1, 3\)"),
+    (dict(attention_mask=torch.ones(1, 3)), "attention_mask must be None or an integer or bool tensor"),
+    (dict(attention_mask=torch.tensor([[0, 1, 1]]), use_cache=False), "attention_mask with padded rows needs the cache"),
+    (dict(cuda_graph=True), "cuda_graph=True needs the model on a CUDA device"),
+    (dict(cuda_graph=1), "cuda_graph must be None, True or False"),
+])
+def test_bad_padding_or_graph_requests_are_refused_naming_them(arguments, needle):
+    with pytest.raises(ValueError, match=needle):
+        _lm().generate(_tokens(1, 3), 2, **arguments)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (static caches, CUDA graphs)")
+def test_gpu_graphed_generation_equals_eager_steps_and_the_recompute():
+    """float32 on the GPU: the CUDA-graph replay gives the eager static steps' tokens, which equal the recompute's;
+    left-padded rows give their batch-1 tokens."""
+    model = _lm(dtype=torch.float32).cuda()
+    prompt = _tokens(2, 13).cuda()
+    graphed = model.generate(prompt, 50)
+    assert torch.equal(graphed, model.generate(prompt, 50, cuda_graph=False))
+    assert torch.equal(graphed, model.generate(prompt, 50, use_cache=False))
+    rows = [_tokens(1, n, seed=n) for n in (17, 5)]
+    padded, mask = _left_padded_prompt(rows)
+    batched = model.generate(padded.cuda(), 30, attention_mask=mask.cuda())
+    for b, row in enumerate(rows):
+        assert torch.equal(batched[b, 17 - row.shape[1]:].cpu(), model.generate(row.cuda(), 30)[0].cpu())

@@ -1,0 +1,242 @@
+"""A fixed-shape key/value cache for causal dilated attention: decoding steps a CUDA graph can hold.
+
+`DilatedStaticCache` allocates keys and values (B, C, H_kv, D) once and stores position m of row b at row m % C,
+with C = min(longest segment, max_length): a query at p sees no key older than p - C + 1, so a row is
+overwritten only once nothing can read it (transformers' StaticCache keeps every position instead). Each
+batch row has its own position, a device tensor: prompts of different lengths decode side by side, and a
+step depends on no host value, so the steps of every layer can be captured in one CUDA graph and replayed.
+
+A step appends the new key and value and attends over exactly the keys each head's branches see (see
+attention.kv_cache for the geometry): on CUDA two Triton launches (kernels.triton_decode), elsewhere the same
+arithmetic in torch over a gather bounded by the longest branch. The prompt runs once through
+`dilated_attention` (one row at a time where the rows' lengths differ). `DilatedKVCache` is the growing
+cache for any number of new tokens per call; this one takes a prompt, then one token per call.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from hilbert_lab.attention.engine import dilated_attention
+from hilbert_lab.attention.executors.base import lse_dtype
+from hilbert_lab.attention.kv_cache import merge_step
+from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.validation import validate_attention_inputs
+from hilbert_lab.kernels import triton_decode
+
+__all__ = ["DilatedStaticCache", "keys_seen", "static_capacity"]
+
+
+def static_capacity(pattern: DilatedPattern, max_length: int) -> int:
+    """Rows per key/value tensor: the longest span a query sees, min(longest segment, max_length)."""
+    return min(max(pattern.segment_lengths), max_length)
+
+
+def keys_seen(pattern: DilatedPattern, num_heads: int, position: int) -> int:
+    """Key rows x query heads a decoding step at `position` reads: per branch and head whose offset is the
+    position's residue, the keys of its segment with that residue up to the position."""
+    total = 0
+    for w, r, offsets in zip(pattern.segment_lengths, pattern.dilation_rates, pattern.head_offsets(num_heads)):
+        within = position % w
+        total += int((offsets == within % r).sum()) * ((within - within % r) // r + 1)
+    return total
+
+
+class DilatedStaticCache:
+    """Keys and values of one causal dilated-attention layer in fixed storage (see the module docstring).
+
+    segment_lengths / dilation_rates / mode: the layer's pattern (always causal). batch_size, max_length: rows
+    and the longest sequence (prompt + new tokens) any row reaches. num_heads, num_kv_heads, head_dim, dtype,
+    device: the layer's shapes. backend: the executor of the prompt. scale: None (D**-0.5) or the layer's.
+    prompt_lengths: each row's prompt length where the prompt rows are left-padded (default: none padded).
+    Attributes: `keys`, `values` (B, C, H_kv, D); `positions` (B,) int64 on the device, each row's next
+    position (advanced by every step, also when a CUDA graph replays it); `lengths` (host ints, each row's
+    prompt length); `length` (host: the longest row's length; replays of a captured step are not counted,
+    see `count_replays`).
+    """
+
+    def __init__(self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], *, batch_size: int,
+                 max_length: int, num_heads: int, head_dim: int, num_kv_heads: Optional[int] = None,
+                 dtype: torch.dtype = torch.float32, device="cpu", mode: str = "longnet", backend: str = "auto",
+                 scale: Optional[float] = None, prompt_lengths: Optional[Sequence[int]] = None) -> None:
+        self.pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=True)
+        kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        for name, value in (("batch_size", batch_size), ("max_length", max_length), ("num_heads", num_heads),
+                            ("head_dim", head_dim), ("num_kv_heads", kv_heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if num_heads % kv_heads:
+            raise ValueError(f"num_heads must be a multiple of num_kv_heads, got {num_heads} and {kv_heads}")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise ValueError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+        self.batch_size, self.max_length, self.num_heads, self.head_dim = batch_size, max_length, num_heads, head_dim
+        self.backend, self.scale = backend, scale
+        self.capacity = static_capacity(self.pattern, max_length)
+        device = torch.device(device)
+        shape = (batch_size, self.capacity, kv_heads, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.positions = torch.zeros(batch_size, dtype=torch.int64, device=device)
+        self.lengths: list[int] = []
+        self.length = 0
+        self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
+        spans = [min(w, self.capacity) for w in self.pattern.segment_lengths]
+        self.max_keys = max(math.ceil(s / r) for s, r in zip(spans, self.pattern.dilation_rates))
+        offsets = torch.from_numpy(np.stack(self.pattern.head_offsets(num_heads)))
+        # a segment past max_length acts as the whole sequence: clipped to max_length, p % w is unchanged
+        self._tables = (torch.tensor([min(w, max_length) for w in self.pattern.segment_lengths], dtype=torch.int32,
+                                     device=device),
+                        torch.tensor(self.pattern.dilation_rates, dtype=torch.int32, device=device),
+                        offsets.to(device=device, dtype=torch.int32).contiguous())
+        self._scale = validate_attention_inputs(self.keys[:1, :1], self.keys[:1, :1], self.keys[:1, :1], scale=scale)
+
+    def reset(self, prompt_lengths: Optional[Sequence[int]] = None) -> None:
+        """Forget every token (the next call is a prompt again, left-padded to prompt_lengths); the storage stays."""
+        self.positions.zero_()
+        self.lengths, self.length = [], 0
+        self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
+
+    def memory_bytes(self) -> int:
+        """Bytes of the stored keys and values."""
+        return 2 * self.keys.numel() * self.keys.element_size()
+
+    @property
+    def uses_triton(self) -> bool:
+        """Whether steps run the Triton kernels (a CUDA device, triton installed, a float16/bfloat16/float32 cache)."""
+        return (self.keys.is_cuda and triton_decode.HAVE_TRITON
+                and self.keys.dtype in (torch.float16, torch.bfloat16, torch.float32))
+
+    # -- the protocol of a decoding cache (models.blocks) -----------------------------------------------------
+    def token_positions(self, steps: int, device=None) -> torch.Tensor:
+        """Positions (B, steps) of the next `steps` tokens of each row: for a prompt, left-padded to its row's length
+        (prompt_lengths; padding gets position 0); afterwards (steps 1) a copy of `positions`."""
+        if self.lengths:
+            if steps != 1:
+                raise ValueError(f"a static cache takes one new token per row after the prompt, got {steps}")
+            return self.positions.clone().unsqueeze(1)
+        lengths = self._prompt_lengths(steps, self.prompt_lengths)
+        columns = torch.arange(steps, device=self.positions.device)
+        pad = torch.tensor([steps - n for n in lengths], device=self.positions.device)
+        return (columns[None, :] - pad[:, None]).clamp_min(0)
+
+    def check_room(self, steps: int) -> None:
+        """ValueError unless `steps` more tokens fit max_length."""
+        if self.length + steps > self.max_length:
+            raise ValueError(f"sequence length must be <= max_length={self.max_length} of the static cache, got "
+                             f"{self.length} cached + {steps}")
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The prompt q (B, T, H, D), k, v (B, T, H_kv, D) (rows left-padded to prompt_lengths), or after it one
+        token per row -> out (B, T, H, D) (zeros at padding)."""
+        if not self.lengths:
+            return self.prefill(q, k, v)
+        return self.step(q, k, v)
+
+    # -- the prompt -----------------------------------------------------------------------------------------
+    def _prompt_lengths(self, steps: int, lengths: Optional[Sequence[int]]) -> list[int]:
+        lengths = [steps] * self.batch_size if lengths is None else [int(n) for n in lengths]
+        if len(lengths) != self.batch_size or any(not 1 <= n <= steps for n in lengths):
+            raise ValueError(f"lengths must hold {self.batch_size} prompt lengths in [1, {steps}], got {lengths}")
+        if max(lengths) > self.max_length:
+            raise ValueError(f"prompt length must be <= max_length={self.max_length}, got {max(lengths)}")
+        return lengths
+
+    def _check_shapes(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        expected = (self.batch_size, q.shape[1], self.keys.shape[2], self.head_dim)
+        if q.shape != (self.batch_size, q.shape[1], self.num_heads, self.head_dim) or k.shape != expected \
+                or v.shape != expected or q.shape[1] < 1:
+            raise ValueError(f"q must be (B, T, H, D) = ({self.batch_size}, T, {self.num_heads}, {self.head_dim}) and "
+                             f"k, v (B, T, H_kv, D) = {expected}, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                             f"{tuple(v.shape)}")
+        if any((t.dtype, t.device) != (self.keys.dtype, self.keys.device) for t in (q, k, v)):
+            raise ValueError(f"q, k, v must be {self.keys.dtype} on {self.keys.device} (the cache's), got "
+                             f"{q.dtype} on {q.device}, {k.dtype} on {k.device}, {v.dtype} on {v.device}")
+
+    @torch.no_grad()
+    def prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                lengths: Optional[Sequence[int]] = None) -> torch.Tensor:
+        """The prompt: dilated_attention of each row's last lengths[b] tokens (default prompt_lengths, else every
+        row full; all rows at once where they are equal), its keys and values stored; positions become the lengths."""
+        self._check_shapes(q, k, v)
+        steps = q.shape[1]
+        lengths = self._prompt_lengths(steps, self.prompt_lengths if lengths is None else lengths)
+        p = self.pattern
+        call = dict(segment_lengths=p.segment_lengths, dilation_rates=p.dilation_rates, mode=p.mode, causal=True,
+                    backend=self.backend, scale=self._scale)
+        if all(n == steps for n in lengths):
+            out = dilated_attention(q, k, v, **call)
+        else:
+            out = torch.zeros_like(q)
+            for row, n in enumerate(lengths):
+                out[row:row + 1, steps - n:] = dilated_attention(q[row:row + 1, steps - n:], k[row:row + 1, steps - n:],
+                                                                 v[row:row + 1, steps - n:], **call)
+        for row, n in enumerate(lengths):
+            kept = min(n, self.capacity)
+            slots = torch.arange(n - kept, n, device=self.keys.device) % self.capacity
+            self.keys[row, slots] = k[row, steps - kept:]
+            self.values[row, slots] = v[row, steps - kept:]
+        self.positions.copy_(torch.tensor(lengths, dtype=torch.int64), non_blocking=False)
+        self.lengths, self.length = lengths, max(lengths)
+        return out
+
+    # -- one token per row ----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """One new token per row: q (B, 1, H, D), k, v (B, 1, H_kv, D) -> out (B, 1, H, D); appends k, v at each row's
+        position and advances it. No host synchronisation (CUDA-graph capturable)."""
+        if not self.lengths:
+            raise ValueError("step needs a prompt first (attend or prefill)")
+        self._check_shapes(q, k, v)
+        if q.shape[1] != 1:
+            raise ValueError(f"a static cache takes one new token per row after the prompt, got {q.shape[1]}")
+        self.check_room(1)
+        out, _ = self.step_with_lse(q[:, 0], k[:, 0], v[:, 0])
+        if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+            self.length += 1
+        return out.unsqueeze(1)
+
+    def step_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q (B, H, D), k, v (B, H_kv, D) -> (out (B, H, D), lse (B, H)); the kernels of `step`, unchecked."""
+        segments, rates, offsets = self._tables
+        if self.uses_triton:
+            return triton_decode.dilated_decode(q, k, v, self.keys, self.values, self.positions, segments, rates,
+                                                offsets, self.max_keys, self._scale)
+        return self._step_torch(q, k, v)
+
+    def _step_torch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's arithmetic in torch: per branch a gather of at most max_keys keys per head, masked."""
+        batch, heads, dim = q.shape
+        rows = torch.arange(batch, device=q.device)
+        self.keys[rows, self.positions % self.capacity] = k
+        self.values[rows, self.positions % self.capacity] = v
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        kv_head = torch.arange(heads, device=q.device) // (heads // self.keys.shape[2])
+        p = self.positions[:, None]
+        outs, lses = [], []
+        for (w, r), offset in zip(zip(self.pattern.segment_lengths, self.pattern.dilation_rates),
+                                  self._tables[2].to(torch.int64)):
+            within = p % w
+            count = torch.where((offset >= 0) & (within % r == offset), (within - offset) // r + 1, 0)  # (B, H)
+            j = torch.arange(math.ceil(min(w, self.capacity) / r), device=q.device)
+            valid = j < count[..., None]  # (B, H, M)
+            slots = torch.where(valid, (p - within + offset)[..., None] + j * r, 0) % self.capacity
+            index = (rows[:, None, None], slots, kv_head[None, :, None])
+            keys, values = self.keys[index].to(work), self.values[index].to(work)  # (B, H, M, D)
+            scores = torch.einsum("bhd,bhmd->bhm", q.to(work), keys) * self._scale
+            scores = scores.masked_fill(~valid, float("-inf"))
+            lse = torch.logsumexp(scores, dim=-1)
+            weights = torch.where(valid, (scores - lse.clamp_min(torch.finfo(work).min)[..., None]).exp(), 0.0)
+            outs.append(torch.einsum("bhm,bhmd->bhd", weights, values))
+            lses.append(lse.to(lse_dtype(q.dtype)))
+        out, lse = merge_step(torch.stack(outs)[:, :, None], torch.stack(lses)[:, :, None], q.dtype)
+        self.positions += 1
+        return out[:, 0], lse[..., 0]
+
+    def __repr__(self) -> str:
+        p = self.pattern
+        return (f"DilatedStaticCache(segment_lengths={list(p.segment_lengths)}, dilation_rates="
+                f"{list(p.dilation_rates)}, mode={p.mode!r}, batch_size={self.batch_size}, max_length="
+                f"{self.max_length}, capacity={self.capacity}, length={self.length})")

@@ -1,0 +1,185 @@
+"""One decoding step of causal dilated attention in two Triton launches, with no host value in it.
+
+`dilated_decode(q, k_new, v_new, keys, values, positions, segments, rates, offsets, max_keys, scale)`:
+each row b of the batch holds one new token at position positions[b] (a device tensor). The cache stores
+the key and value of position m at row m % C of keys / values (B, C, H_kv, D); C must be at least the
+longest segment, so a row is overwritten only once no query can see its key any more.
+
+In branch i (segment w_i, dilation r_i) query head h with offset o = offsets[i, h] (-1: not in the branch)
+sees anything only when (p % w_i) % r_i == o, and then the positions p - p % w_i + o + j r_i, j = 0 .. (p % w_i
+- o) / r_i, the last of them p itself. Launch 1 writes k_new / v_new at row p % C and runs one program per
+(row, head, branch, split of at most `keys_per_split` keys): an online softmax over its strided key rows,
+straight from the cache (the new key is read from k_new). Launch 2 merges every (branch, split) partial by
+its LSE (max-subtracted, sum-normalised) and adds 1 to positions. Shapes depend only on the arguments'
+shapes and on max_keys (a bound on any branch's key count), so the step can be captured in a CUDA graph
+and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is missing
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+LOG2E = 1.4426950408889634
+
+if HAVE_TRITON:
+
+    @triton.jit
+    def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, seg_ptr, rate_ptr, off_ptr, out_ptr, lse_ptr,
+                        sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
+                        capacity, heads, group, rows, scale_log2, keys_per_split,
+                        SPLITS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        row = tl.program_id(0)
+        branch = tl.program_id(1)
+        split = tl.program_id(2)
+        b = row // heads
+        h = row % heads
+        kv = h // group
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < DIM
+        p = tl.load(pos_ptr + b).to(tl.int64)
+        if (h % group == 0) & (branch == 0) & (split == 0):  # append the new key and value at row p % C
+            slot = p % capacity
+            kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask)
+            vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask)
+            tl.store(k_ptr + b * sk_b + slot * sk_n + kv * sk_h + d, kn, mask=dmask)
+            tl.store(v_ptr + b * sv_b + slot * sv_n + kv * sv_h + d, vn, mask=dmask)
+        w = tl.load(seg_ptr + branch).to(tl.int64)
+        r = tl.load(rate_ptr + branch).to(tl.int64)
+        offset = tl.load(off_ptr + branch * heads + h).to(tl.int64)
+        within = p % w
+        first = p - within + offset
+        count = tl.where((offset >= 0) & (within % r == offset), (within - offset) // r + 1, 0)
+        j0 = split * keys_per_split
+        j1 = tl.minimum(count, j0 + keys_per_split)
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0).to(tl.float32) * scale_log2
+        peak = float("-inf")
+        total = 0.0
+        acc = tl.zeros((BLOCK_D,), tl.float32)
+        k_base = k_ptr + b * sk_b + kv * sk_h
+        v_base = v_ptr + b * sv_b + kv * sv_h
+        for start in range(j0, j1, BLOCK_N):
+            j = start + tl.arange(0, BLOCK_N)
+            position = first + j * r
+            valid = (j < j1) & (position < p)  # position p: the new key, read from k_new below
+            slot = position % capacity
+            mask = valid[:, None] & dmask[None, :]
+            k = tl.load(k_base + slot[:, None] * sk_n + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            new_peak = tl.maximum(peak, tl.max(s, axis=0))
+            safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+            weights = tl.exp2(s - safe)
+            alpha = tl.exp2(peak - safe)
+            v = tl.load(v_base + slot[:, None] * sv_n + d[None, :], mask=mask, other=0.0).to(tl.float32)
+            acc = acc * alpha + tl.sum(weights[:, None] * v, axis=0)
+            total = total * alpha + tl.sum(weights, axis=0)
+            peak = new_peak
+        if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
+            kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask, other=0.0).to(tl.float32)
+            vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask, other=0.0).to(tl.float32)
+            s1 = tl.sum(kn * q, axis=0)
+            new_peak = tl.maximum(peak, s1)
+            alpha = tl.exp2(peak - new_peak)
+            weight = tl.exp2(s1 - new_peak)
+            acc = acc * alpha + weight * vn
+            total = total * alpha + weight
+            peak = new_peak
+        part = branch * SPLITS + split
+        has_keys = total > 0
+        out = acc / tl.where(has_keys, total, 1.0)
+        lse = tl.where(has_keys, (peak + tl.log2(tl.where(has_keys, total, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        tl.store(out_ptr + (part * rows + row).to(tl.int64) * DIM + d, out, mask=dmask)
+        tl.store(lse_ptr + part * rows + row, lse)
+
+    @triton.jit
+    def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
+                      DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+        row = tl.program_id(0)
+        b = row // heads
+        h = row % heads
+        d = tl.arange(0, BLOCK_D)
+        dmask = d < DIM
+        peak = float("-inf")
+        for start in range(0, parts, BLOCK_P):
+            i = start + tl.arange(0, BLOCK_P)
+            peak = tl.maximum(peak, tl.max(tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")),
+                                           axis=0))
+        safe = tl.where(peak == float("-inf"), 0.0, peak)
+        total = 0.0
+        acc = tl.zeros((BLOCK_D,), tl.float32)
+        for start in range(0, parts, BLOCK_P):
+            i = start + tl.arange(0, BLOCK_P)
+            weights = tl.exp2((tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")) - safe)
+                              * 1.4426950408889634)
+            used = (i < parts) & (weights > 0)
+            x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :],
+                        mask=used[:, None] & dmask[None, :], other=0.0)
+            acc += tl.sum(weights[:, None] * x, axis=0)
+            total += tl.sum(weights, axis=0)
+        has_keys = total > 0
+        out = acc / tl.where(has_keys, total, 1.0)
+        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+        tl.store(lse_ptr + row, tl.where(has_keys, safe + tl.log(tl.where(has_keys, total, 1.0)), float("-inf")))
+        if h == 0:
+            tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
+
+
+def split_size(max_keys: int, block: int = 64) -> int:
+    """Keys per program: a power of two from `block` to 512, about an eighth of the longest branch's keys (a long
+    branch is read by several programs at once)."""
+    return max(block, min(512, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
+
+
+def dilated_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor,
+                   values: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, rates: torch.Tensor,
+                   offsets: torch.Tensor, max_keys: int, scale: float,
+                   keys_per_split: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
+
+    q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv); keys, values (B, C, H_kv, D), written at row
+    positions % C; positions (B,) int64, advanced by 1; segments, rates int32 (P,); offsets int32 (P, H); max_keys:
+    at least every branch's key count (min(w, C) / r rounded up); every last dimension contiguous."""
+    if not HAVE_TRITON:
+        raise RuntimeError("dilated_decode needs the 'triton' package")
+    batch, heads, dim = q.shape
+    kv_heads = k_new.shape[1]
+    capacity = keys.shape[1]
+    branches = segments.shape[0]
+    if k_new.shape != (batch, kv_heads, dim) or v_new.shape != k_new.shape or heads % kv_heads \
+            or keys.shape != (batch, capacity, kv_heads, dim) or values.shape != keys.shape \
+            or positions.shape != (batch,) or rates.shape != (branches,) or offsets.shape != (branches, heads):
+        raise ValueError(f"shapes must be q (B, H, D), k_new, v_new (B, H_kv, D), keys, values (B, C, H_kv, D), "
+                         f"positions (B,), segments, rates (P,), offsets (P, H); got {tuple(q.shape)}, "
+                         f"{tuple(k_new.shape)}, {tuple(v_new.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}, "
+                         f"{tuple(positions.shape)}, {tuple(segments.shape)}, {tuple(rates.shape)}, "
+                         f"{tuple(offsets.shape)}")
+    if any(t.stride(-1) != 1 for t in (q, k_new, v_new, keys, values)):
+        raise ValueError("q, k_new, v_new, keys and values must have a contiguous last dimension")
+    per_split = keys_per_split or split_size(max_keys)
+    splits = max(1, math.ceil(max_keys / per_split))
+    rows = batch * heads
+    parts = torch.empty((branches * splits, rows, dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((branches * splits, rows), dtype=torch.float32, device=q.device)
+    block_d = triton.next_power_of_2(dim)
+    _partial_kernel[(rows, branches, splits)](
+        q, k_new, v_new, keys, values, positions, segments, rates, offsets, parts, part_lse,
+        q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+        keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
+        capacity, heads, heads // kv_heads, rows, scale * LOG2E, per_split,
+        SPLITS=splits, DIM=dim, BLOCK_D=block_d, BLOCK_N=64, num_warps=4)
+    out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
+    _merge_kernel[(rows,)](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1), heads, rows,
+                           branches * splits, DIM=dim, BLOCK_D=block_d, BLOCK_P=16, num_warps=4)
+    return out, lse

@@ -1,0 +1,224 @@
+"""DilatedStaticCache: each step equals the float64 engine on the whole sequence (outputs and LSE), rows of
+different prompt lengths decode each as if alone, the storage is min(longest segment, max_length) rows whatever
+the length, bad input is refused; on the GPU the Triton step matches the float64 engine at every head dim in
+every float dtype, and a step captured in a CUDA graph replays as eager steps run."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hilbert_lab.attention import DilatedStaticCache, dilated_attention
+from hilbert_lab.kernels import triton_decode
+
+from ._oracle import max_diff
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # decoding steps are tiny ops
+
+CASES = [  # segments, rates, mode, heads, kv heads, prompt lengths (one per row)
+    ([4, 8, 16], [1, 2, 4], "longnet", 6, 6, [5, 5]),  # nested; 6 heads, rate 4: residue 3 has no head
+    ([4, 8, 16], [1, 2, 4], "head_groups", 6, 3, [1, 9]),  # grouped key/value heads, rows of different lengths
+    ([4, 6, 9], [1, 2, 3], "longnet", 4, 2, [7, 2, 12]),  # segments that do not divide each other
+    ([4, 8, 1 << 40], [1, 2, 4], "longnet", 8, 2, [3, 3]),  # a whole-sequence branch: storage of max_length
+]
+
+
+def _qkv(batch, seq_len, heads, kv_heads, dim=4, dtype=torch.float64, device="cpu", seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(batch, seq_len, heads, dim, generator=gen, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, seq_len, kv_heads, dim, generator=gen, dtype=dtype, device=device) for _ in range(2))
+    return q, k, v
+
+
+def _left_padded(t, lengths):
+    """Row b of t (B, N, ...) as the prompt of a row of length lengths[b], left-padded to max(lengths)."""
+    width = max(lengths)
+    out = torch.zeros((t.shape[0], width, *t.shape[2:]), dtype=t.dtype, device=t.device)
+    for row, n in enumerate(lengths):
+        out[row, width - n:] = t[row, :n]
+    return out
+
+
+def _decode(segments, rates, mode, q, k, v, lengths, steps, step_of=None):
+    """Prompts of `lengths` (left-padded), then `steps` tokens per row -> per step (out (B, H, D), lse (B, H)); row
+    b's step s holds position lengths[b] + s, read from q[b, lengths[b] + s]; step_of(cache): the step function
+    (default cache.step_with_lse)."""
+    batch, _, heads, dim = q.shape
+    cache = DilatedStaticCache(segments, rates, mode=mode, batch_size=batch, max_length=max(lengths) + steps,
+                               num_heads=heads, num_kv_heads=k.shape[2], head_dim=dim, dtype=q.dtype,
+                               device=q.device, backend="sdpa" if q.device.type == "cpu" else "auto",
+                               prompt_lengths=lengths)
+    cache.attend(*(_left_padded(t, lengths) for t in (q, k, v)))
+    rows = torch.arange(batch, device=q.device)
+    results = []
+    for s in range(steps):
+        at = torch.tensor(lengths, device=q.device) + s
+        results.append((step_of or (lambda c: c.step_with_lse))(cache)(q[rows, at], k[rows, at], v[rows, at]))
+    return cache, results
+
+
+def _engine_rows(segments, rates, mode, q, k, v, lengths, steps):
+    """Per step (out (B, H, D), lse (B, H)) of the float64 engine on each row's whole sequence."""
+    outs, lses = [], []
+    groups = q.shape[2] // k.shape[2]
+    for row, n in enumerate(lengths):
+        end = n + steps
+        out, lse = dilated_attention(*(t[row:row + 1, :end].double() for t in (q,)),
+                                     k[row:row + 1, :end].double().repeat_interleave(groups, 2),
+                                     v[row:row + 1, :end].double().repeat_interleave(groups, 2),
+                                     segment_lengths=segments, dilation_rates=rates, mode=mode, causal=True,
+                                     backend="reference", return_lse=True)
+        outs.append(out[0, n:])
+        lses.append(lse[0, :, n:].transpose(0, 1))
+    return [(torch.stack([o[s] for o in outs]), torch.stack([lse[s] for lse in lses])) for s in range(steps)]
+
+
+@pytest.mark.parametrize("segments,rates,mode,heads,kv_heads,lengths", CASES)
+def test_each_step_equals_the_engine_on_each_rows_whole_sequence(segments, rates, mode, heads, kv_heads, lengths):
+    steps = 40
+    q, k, v = _qkv(len(lengths), max(lengths) + steps, heads, kv_heads)
+    cache, results = _decode(segments, rates, mode, q, k, v, lengths, steps)
+    expected = _engine_rows(segments, rates, mode, q, k, v, lengths, steps)
+    for (out, lse), (ref_out, ref_lse) in zip(results, expected):
+        assert max_diff(out, ref_out) < 1e-10
+        assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))  # heads that see no key: -inf in both
+        finite = torch.isfinite(ref_lse)
+        assert max_diff(lse[finite], ref_lse[finite]) < 1e-10
+    longest = min(max(segments), max(lengths) + steps)
+    assert cache.keys.shape[1] == longest and cache.memory_bytes() == 2 * cache.keys.numel() * 8
+    assert cache.positions.tolist() == [n + steps for n in lengths]
+
+
+def test_the_prompt_output_is_the_engine_on_each_row_and_zero_at_padding():
+    lengths = [6, 2, 9]
+    q, k, v = _qkv(3, 9, 4, 2)
+    cache = DilatedStaticCache([4, 8], [1, 2], batch_size=3, max_length=12, num_heads=4, num_kv_heads=2, head_dim=4,
+                               dtype=torch.float64, backend="sdpa", prompt_lengths=lengths)
+    out = cache.attend(*(_left_padded(t, lengths) for t in (q, k, v)))
+    for row, n in enumerate(lengths):
+        ref = dilated_attention(q[row:row + 1, :n], k[row:row + 1, :n], v[row:row + 1, :n], segment_lengths=[4, 8],
+                                dilation_rates=[1, 2], causal=True, backend="reference")
+        assert max_diff(out[row, 9 - n:], ref[0]) < 1e-12
+        assert torch.equal(out[row, :9 - n], torch.zeros_like(out[row, :9 - n]))
+    assert cache.token_positions(1).tolist() == [[6], [2], [9]]
+
+
+def test_prompt_positions_are_each_rows_own():
+    cache = DilatedStaticCache([4], [1], batch_size=2, max_length=8, num_heads=2, head_dim=4, prompt_lengths=[3, 5])
+    assert cache.token_positions(5).tolist() == [[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda c, t: c.step(*t(1)), "step needs a prompt first"),
+    (lambda c, t: (c.attend(*t(3)), c.attend(*t(2))), "one new token per row after the prompt, got 2"),
+    (lambda c, t: (c.attend(*t(3)), c.token_positions(2)), "one new token per row after the prompt, got 2"),
+    (lambda c, t: c.attend(*(x.float() for x in t(3))), r"q, k, v must be torch.float64 on cpu \(the cache's\)"),
+    (lambda c, t: c.attend(*(x[:1] for x in t(3))), r"q must be \(B, T, H, D\) = \(2, T, 4, 4\)"),
+    (lambda c, t: c.prefill(*t(3), lengths=[3, 4]), r"lengths must hold 2 prompt lengths in \[1, 3\]"),
+    (lambda c, t: c.attend(*t(9)), "prompt length must be <= max_length=8"),
+    (lambda c, t: (c.attend(*t(8)), c.attend(*t(1))), r"must be <= max_length=8 of the static cache, got 8 cached"),
+])
+def test_bad_use_is_refused_naming_what_is_wrong(call, needle):
+    cache = DilatedStaticCache([4, 8], [1, 2], batch_size=2, max_length=8, num_heads=4, num_kv_heads=2, head_dim=4,
+                               dtype=torch.float64)
+
+    def tensors(steps):
+        return _qkv(2, steps, 4, 2)
+
+    with pytest.raises(ValueError, match=needle):
+        call(cache, tensors)
+
+
+@pytest.mark.parametrize("arguments,needle", [
+    (dict(batch_size=0), "batch_size must be a positive integer"),
+    (dict(max_length=True), "max_length must be a positive integer"),
+    (dict(num_kv_heads=3), "num_heads must be a multiple of num_kv_heads, got 4 and 3"),
+    (dict(dtype=torch.int32), "dtype must be a floating torch.dtype"),
+    (dict(scale=-1.0), "scale"),
+])
+def test_bad_construction_is_refused_naming_the_argument(arguments, needle):
+    base = dict(batch_size=1, max_length=8, num_heads=4, head_dim=4)
+    with pytest.raises(ValueError, match=needle):
+        DilatedStaticCache([4], [1], **{**base, **arguments})
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the Triton decoding step)")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.float16, 4e-3), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("dim", [4, 8, 64, 80, 128, 256])
+def test_gpu_triton_step_matches_the_float64_engine(dtype, tol, dim):
+    if not triton_decode.HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    for segments, rates, mode, heads, kv_heads, lengths in CASES:
+        steps = 24
+        q, k, v = _qkv(len(lengths), max(lengths) + steps, heads, kv_heads, dim, dtype, "cuda")
+        cache, results = _decode(segments, rates, mode, q, k, v, lengths, steps)
+        assert cache.uses_triton
+        expected = _engine_rows(segments, rates, mode, q, k, v, lengths, steps)
+        for (out, lse), (ref_out, ref_lse) in zip(results, expected):
+            assert out.dtype == dtype and max_diff(out.double(), ref_out) < tol
+            assert torch.equal(torch.isinf(lse), torch.isinf(ref_lse))
+            finite = torch.isfinite(ref_lse)
+            assert max_diff(lse[finite].double(), ref_lse[finite]) < 1e-4
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("keys_per_split", [1, 3, 64])
+def test_gpu_splits_of_any_size_give_the_same_step(keys_per_split):
+    """Branches read by many programs (splits of 1 and 3 keys) merge to the one-split result."""
+    if not triton_decode.HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    segments, rates, lengths, steps = [16, 64, 256], [1, 2, 4], [200, 37], 30
+    q, k, v = _qkv(2, max(lengths) + steps, 8, 4, 64, torch.float32, "cuda")
+
+    def split_step(cache):
+        def step(qs, ks, vs):
+            segs, rs, offsets = cache._tables
+            return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, segs, rs,
+                                                offsets, cache.max_keys, cache._scale, keys_per_split=keys_per_split)
+        return step
+
+    _, results = _decode(segments, rates, "longnet", q, k, v, lengths, steps, split_step)
+    expected = _engine_rows(segments, rates, "longnet", q, k, v, lengths, steps)
+    for (out, _), (ref, _) in zip(results, expected):
+        assert max_diff(out.double(), ref) < 2e-5
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_a_step_captured_in_a_cuda_graph_replays_as_eager_steps_run():
+    if not triton_decode.HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    segments, rates, lengths, steps = [8, 32, 128], [1, 2, 4], [50, 20], 20
+    q, k, v = _qkv(2, max(lengths) + steps, 8, 2, 64, torch.bfloat16, "cuda")
+    _, eager = _decode(segments, rates, "longnet", q, k, v, lengths, steps)
+    cache = DilatedStaticCache(segments, rates, batch_size=2, max_length=max(lengths) + steps, num_heads=8,
+                               num_kv_heads=2, head_dim=64, dtype=torch.bfloat16, device="cuda", prompt_lengths=lengths)
+    cache.attend(*(_left_padded(t, lengths) for t in (q, k, v)))
+    rows = torch.arange(2, device="cuda")
+    inputs = [t[rows, torch.tensor(lengths, device="cuda")].clone() for t in (q, k, v)]
+    cache.step_with_lse(*inputs)  # compile outside the capture, then put the position back
+    cache.positions -= 1
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = cache.step_with_lse(*inputs)
+    for s in range(steps):
+        at = torch.tensor(lengths, device="cuda") + s
+        for buffer, t in zip(inputs, (q, k, v)):
+            buffer.copy_(t[rows, at])
+        graph.replay()
+        assert torch.equal(out, eager[s][0]) and torch.equal(lse, eager[s][1])
+
+
+@pytest.mark.parametrize("segments,rates,mode", [([4, 8, 16], [1, 2, 4], "longnet"), ([4, 6, 9], [1, 2, 3], "head_groups")])
+def test_keys_seen_counts_the_pattern_rows_keys(segments, rates, mode):
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.attention.static_cache import keys_seen
+
+    pattern = DilatedPattern.create(segments, rates, mode=mode, causal=True)
+    multiplicity = pattern.multiplicity(40, 6)
+    for position in range(40):
+        assert keys_seen(pattern, 6, position) == int(multiplicity[:, position].sum())
