@@ -8,9 +8,11 @@ CPU smoke check, with the CPU target (64 new tokens after a 1024-token prompt ag
 1088 tokens, a tiny model):
     python benchmarks/bench_decode.py --quick --out /tmp/bench_decode.json
 
-Per method and context N (prompt length), "ms_per_token" is the median latency of one new token after 4 warm-up
-tokens, greedy, wall clock with a device sync after each token (host time counts, as a user sees it): the loop
-of LongNetLM.generate on the cache (with "prefill_s", the executor's dense kernel of the steps, the cache's bytes
+Per method and context N (prompt length; for "longnet_static_graph" the position where its steps end), "ms_per_token"
+is the median latency of one new token after 4 warm-up tokens, greedy, wall clock with a device sync after each
+token (host time counts, as a user sees it): LongNetLM.generate's GPU path (static caches, one CUDA graph per token;
+with the bytes a step must read and, over the measured HBM copy bandwidth, the memory-bandwidth limit "limit_ms");
+8 left-padded rows against each alone ("longnet_static_batch8"); the loop of LongNetLM.generate on the growing cache (with "prefill_s", the executor's dense kernel of the steps, the cache's bytes
 and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
 (a stopping criterion notes the time); for the recompute, one forward pass over N + 1 tokens (what
 LongNetLM.generate(use_cache=False) does per token). Every finished measurement is written at once (a run that
@@ -117,15 +119,15 @@ def hbm_bandwidth(device) -> float:
     return 2 * src.numel() * src.element_size() / statistics.median(times[5:])
 
 
-def step_bytes(model, context: int, batch: int = 1) -> dict:
+def step_bytes(model, key_rows: float, batch: int = 1) -> dict:
     """Bytes one decoding step must read: every weight once (the tied head reads the embedding) and, per layer, the
-    key and value rows its branches see at position `context`."""
+    key and value rows its branches see (key_rows: key rows x query heads per layer, attention.static_cache's
+    keys_seen)."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     block = model.encoder.blocks[0].attention
-    rows = keys_seen(block.attention.pattern, block.num_heads, context)
     element = model.embedding.weight.element_size()
-    keys = 2 * rows * block.head_dim * element * len(model.encoder.blocks) * batch
-    return {"weight_bytes": weights, "kv_bytes": keys, "key_rows_x_heads_per_layer": rows}
+    keys = 2 * key_rows * block.head_dim * element * len(model.encoder.blocks) * batch
+    return {"weight_bytes": weights, "kv_bytes": int(keys), "key_rows_x_heads_per_layer": key_rows}
 
 
 class Clock:
@@ -146,21 +148,36 @@ class Clock:
 def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     """LongNetLM.generate's GPU path: static caches, the prompt, then the steps of every layer replayed as one CUDA
     graph per token; the median gap between consecutive tokens after 4 (the eager step and the capture among them),
-    beside the memory-bandwidth limit of a step."""
+    beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every branch of a
+    pattern whose longest segment divides `context` sees the most keys (the dearest steps). Past --prefill-max
+    the caches are filled with random keys and values instead of a timed prompt (a step's cost does not depend
+    on them)."""
     model = longnet(args, context, device)
-    prompt = prompt_of(args, context, device)
-    model.generate(prompt[:, :64], 4)  # warm-up: Triton kernels compiled
-    caches = new_static_caches(model, 1, context + args.steps + 8)
+    first = context - args.steps - 5
+    model.generate(prompt_of(args, 64, device), 4)  # warm-up: Triton kernels compiled
+    caches = new_static_caches(model, 1, context + 8)
+    filled = first > args.prefill_max
+    if filled:
+        for cache in caches:
+            cache.keys.normal_()
+            cache.values.normal_()
+            cache.positions.fill_(first)
+            cache.lengths, cache.length = [first], first
+    prompt = prompt_of(args, 1 if filled else first, device)
     clock = Clock(device)
     sync(device)
     start = time.perf_counter()
     decode_static(model, prompt, caches, args.steps + 5, lambda logits: logits.argmax(-1, keepdim=True), True,
                   on_token=clock)
     gaps = clock.gaps()
+    timed_positions = range(first + 5, context)
+    block = model.encoder.blocks[0].attention
+    rows = statistics.mean(keys_seen(block.attention.pattern, block.num_heads, p) for p in timed_positions)
     entry = {"ms_per_token": 1e3 * statistics.median(gaps), "ms_per_token_min": 1e3 * min(gaps),
-             "ms_per_token_max": 1e3 * max(gaps), "prefill_s": clock.times[0] - start, "new_tokens": args.steps,
-             "cache_bytes": sum(c.memory_bytes() for c in caches), "cache_rows": caches[0].capacity,
-             **step_bytes(model, context)}
+             "ms_per_token_max": 1e3 * max(gaps), "prefill_s": None if filled else clock.times[0] - start,
+             "prompt": "random cache" if filled else first, "steps_at": [first + 5, context - 1],
+             "new_tokens": args.steps, "cache_bytes": sum(c.memory_bytes() for c in caches),
+             "cache_rows": caches[0].capacity, **step_bytes(model, rows)}
     if bandwidth:
         entry["hbm_bytes_per_s"] = bandwidth
         entry["limit_ms"] = 1e3 * (entry["weight_bytes"] + entry["kv_bytes"]) / bandwidth
@@ -340,6 +357,8 @@ def parse_args(argv=None):
     parser.add_argument("--cache-backends", type=lambda text: [x for x in text.split(",") if x], default=None,
                         help="executors of the cached decoding, one run each (default: auto,sdpa_flash; --quick: "
                              "auto); the steps use the executor's dense kernel")
+    parser.add_argument("--prefill-max", type=int, default=600000, help="longest prompt the static method times; "
+                        "past it the caches are filled with random keys and values (default 600000)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
