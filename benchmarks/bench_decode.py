@@ -40,7 +40,7 @@ from hilbert_lab.attention.static_cache import keys_seen  # noqa: E402
 from hilbert_lab.models.generate import decode_static, new_caches, new_static_caches  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288],
+GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288, 1048576],
            batch=[32768], recompute=[8192, 32768],
            dense=[32768, 131072], hf_dilated=[32768],
            segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,

@@ -38,7 +38,8 @@ if HAVE_TRITON:
     def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, seg_ptr, rate_ptr, off_ptr, out_ptr, lse_ptr,
                         sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
                         capacity, heads, group, rows, scale_log2, keys_per_split,
-                        SPLITS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                        SPLITS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                        STAGES: tl.constexpr, EVEN_D: tl.constexpr):
         row = tl.program_id(0)
         branch = tl.program_id(1)
         split = tl.program_id(2)
@@ -68,20 +69,27 @@ if HAVE_TRITON:
         acc = tl.zeros((BLOCK_D,), tl.float32)
         k_base = k_ptr + b * sk_b + kv * sk_h
         v_base = v_ptr + b * sv_b + kv * sv_h
-        for start in range(j0, j1, BLOCK_N):
+        # the split's first key's row; later rows step by r and wrap once at most (a segment spans <= C rows)
+        base_slot = ((first + j0 * r) % capacity).to(tl.int32)
+        step = r.to(tl.int32)
+        last = (j1 - 1).to(tl.int32)
+        for start in tl.range(j0.to(tl.int32), j1.to(tl.int32), BLOCK_N, num_stages=STAGES):
             j = start + tl.arange(0, BLOCK_N)
-            position = first + j * r
-            valid = (j < j1) & (position < p)  # position p: the new key, read from k_new below
-            slot = position % capacity
-            mask = valid[:, None] & dmask[None, :]
-            k = tl.load(k_base + slot[:, None] * sk_n + d[None, :], mask=mask, other=0.0).to(tl.float32)
-            s = tl.where(valid, tl.sum(k * q[None, :], axis=1), float("-inf"))
+            valid = (j <= last) & (first + j.to(tl.int64) * r < p)  # position p: the new key, read from k_new below
+            slot = base_slot + (j - j0.to(tl.int32)) * step
+            slot = tl.where(slot >= capacity, slot - capacity, slot)
+            if EVEN_D:  # a mask constant along the head dim: vector loads
+                mask = valid[:, None]
+            else:
+                mask = valid[:, None] & dmask[None, :]
+            k = tl.load(k_base + slot[:, None].to(tl.int64) * sk_n + d[None, :], mask=mask, other=0.0)
+            v = tl.load(v_base + slot[:, None].to(tl.int64) * sv_n + d[None, :], mask=mask, other=0.0)
+            s = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
             new_peak = tl.maximum(peak, tl.max(s, axis=0))
             safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
             weights = tl.exp2(s - safe)
             alpha = tl.exp2(peak - safe)
-            v = tl.load(v_base + slot[:, None] * sv_n + d[None, :], mask=mask, other=0.0).to(tl.float32)
-            acc = acc * alpha + tl.sum(weights[:, None] * v, axis=0)
+            acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
             total = total * alpha + tl.sum(weights, axis=0)
             peak = new_peak
         if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
@@ -104,52 +112,61 @@ if HAVE_TRITON:
 
     @triton.jit
     def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
-                      DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr):
+                      DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr):
         row = tl.program_id(0)
+        chunk = tl.program_id(1)
         b = row // heads
         h = row % heads
-        d = tl.arange(0, BLOCK_D)
+        d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
         dmask = d < DIM
-        peak = float("-inf")
+        peak = tl.full((BLOCK_P,), float("-inf"), tl.float32)
         for start in range(0, parts, BLOCK_P):
             i = start + tl.arange(0, BLOCK_P)
-            peak = tl.maximum(peak, tl.max(tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")),
-                                           axis=0))
-        safe = tl.where(peak == float("-inf"), 0.0, peak)
-        total = 0.0
-        acc = tl.zeros((BLOCK_D,), tl.float32)
+            peak = tl.maximum(peak, tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")))
+        top = tl.max(peak, axis=0)
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.zeros((BLOCK_P,), tl.float32)
+        acc = tl.zeros((BLOCK_P, BLOCK_D), tl.float32)
         for start in range(0, parts, BLOCK_P):
             i = start + tl.arange(0, BLOCK_P)
             weights = tl.exp2((tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")) - safe)
                               * 1.4426950408889634)
             used = (i < parts) & (weights > 0)
-            x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :],
-                        mask=used[:, None] & dmask[None, :], other=0.0)
-            acc += tl.sum(weights[:, None] * x, axis=0)
-            total += tl.sum(weights, axis=0)
-        has_keys = total > 0
-        out = acc / tl.where(has_keys, total, 1.0)
+            if EVEN_D:
+                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :], mask=used[:, None],
+                            other=0.0)
+            else:
+                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :],
+                            mask=used[:, None] & dmask[None, :], other=0.0)
+            acc += weights[:, None] * x
+            total += weights
+        weight = tl.sum(total, axis=0)
+        has_keys = weight > 0
+        out = tl.sum(acc, axis=0) / tl.where(has_keys, weight, 1.0)
         tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
-        tl.store(lse_ptr + row, tl.where(has_keys, safe + tl.log(tl.where(has_keys, total, 1.0)), float("-inf")))
-        if h == 0:
-            tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
+        if chunk == 0:
+            tl.store(lse_ptr + row, tl.where(has_keys, safe + tl.log(tl.where(has_keys, weight, 1.0)), float("-inf")))
+            if h == 0:
+                tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
 
 
 def split_size(max_keys: int, block: int = 64) -> int:
-    """Keys per program: a power of two from `block` to 512, about an eighth of the longest branch's keys (a long
-    branch is read by several programs at once)."""
-    return max(block, min(512, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
+    """Keys per program: a power of two from `block` to 256, about an eighth of the longest branch's keys (a long
+    branch is read by several programs at once; 256 was the fastest of 128-1024 for a 1B-class layer on an H200)."""
+    return max(block, min(256, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
 
 
 def dilated_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor,
                    values: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, rates: torch.Tensor,
-                   offsets: torch.Tensor, max_keys: int, scale: float,
-                   keys_per_split: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   offsets: torch.Tensor, max_keys: int, scale: float, keys_per_split: int | None = None,
+                   block_keys: int = 64, warps: int = 2, stages: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
 
     q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv); keys, values (B, C, H_kv, D), written at row
     positions % C; positions (B,) int64, advanced by 1; segments, rates int32 (P,); offsets int32 (P, H); max_keys:
-    at least every branch's key count (min(w, C) / r rounded up); every last dimension contiguous."""
+    at least every branch's key count (min(w, C) / r rounded up); every last dimension contiguous. keys_per_split
+    (default split_size), block_keys (keys per loop iteration), warps and stages (loads in flight) tune the partial
+    launch."""
     if not HAVE_TRITON:
         raise RuntimeError("dilated_decode needs the 'triton' package")
     batch, heads, dim = q.shape
@@ -177,9 +194,12 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, ke
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         capacity, heads, heads // kv_heads, rows, scale * LOG2E, per_split,
-        SPLITS=splits, DIM=dim, BLOCK_D=block_d, BLOCK_N=64, num_warps=4)
+        SPLITS=splits, DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages, EVEN_D=dim == block_d,
+        num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
-    _merge_kernel[(rows,)](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1), heads, rows,
-                           branches * splits, DIM=dim, BLOCK_D=block_d, BLOCK_P=16, num_warps=4)
+    chunk = min(block_d, 32)
+    _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
+                                                  heads, rows, branches * splits, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
+                                                  EVEN_D=dim % chunk == 0, num_warps=4)
     return out, lse
