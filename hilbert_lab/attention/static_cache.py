@@ -54,8 +54,8 @@ class DilatedStaticCache:
     prompt_lengths: each row's prompt length where the prompt rows are left-padded (default: none padded).
     Attributes: `keys`, `values` (B, C, H_kv, D); `positions` (B,) int64 on the device, each row's next
     position (advanced by every step, also when a CUDA graph replays it); `lengths` (host ints, each row's
-    prompt length); `length` (host: the longest row's length; replays of a captured step are not counted,
-    see `count_replays`).
+    prompt length); `length` (host: the longest row's length; Python counts the calls that run it, so a caller
+    replaying a captured step sets it, as models.generate.decode_static does).
     """
 
     def __init__(self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], *, batch_size: int,
@@ -194,8 +194,7 @@ class DilatedStaticCache:
             raise ValueError(f"a static cache takes one new token per row after the prompt, got {q.shape[1]}")
         self.check_room(1)
         out, _ = self.step_with_lse(q[:, 0], k[:, 0], v[:, 0])
-        if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-            self.length += 1
+        self.length += 1
         return out.unsqueeze(1)
 
     def step_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -63,9 +63,10 @@ if HAVE_TRITON:
         count = tl.where((offset >= 0) & (within % r == offset), (within - offset) // r + 1, 0)
         j0 = split * keys_per_split
         j1 = tl.minimum(count, j0 + keys_per_split)
-        q = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0).to(tl.float32) * scale_log2
-        peak = float("-inf")
-        total = 0.0
+        q = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0).to(tl.float32)
+        q = (q * scale_log2).to(tl.float32)
+        peak = tl.full((), float("-inf"), tl.float32)  # fp32 whatever type a caller's float arguments get
+        total = tl.full((), 0.0, tl.float32)
         acc = tl.zeros((BLOCK_D,), tl.float32)
         k_base = k_ptr + b * sk_b + kv * sk_h
         v_base = v_ptr + b * sv_b + kv * sv_h

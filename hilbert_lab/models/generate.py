@@ -199,8 +199,8 @@ def decode_static(model, prompt: torch.Tensor, caches: list[DilatedStaticCache],
         if graph is not None:
             step_input.copy_(chosen)
             graph.replay()
-            for cache in caches:  # host lengths: the replay advanced the device positions only
-                cache.length += 1
+            for cache in caches:  # host lengths: a replay advances the device positions only
+                cache.length = max(cache.lengths) + index
             logits = step_logits
         else:
             logits = model(chosen, caches=caches, logits_to_keep=1)[:, -1]
