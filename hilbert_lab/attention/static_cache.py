@@ -10,7 +10,7 @@ A step appends the new key and value and attends over exactly the keys each head
 attention.kv_cache for the geometry): on CUDA two Triton launches (kernels.triton_decode), elsewhere the same
 arithmetic in torch over a gather bounded by the longest branch. The prompt runs once through
 `dilated_attention` (one row at a time where the rows' lengths differ). `DilatedKVCache` is the growing
-cache for any number of new tokens per call; this one takes a prompt, then one token per call.
+cache whose later chunks run the plan; this one takes a prompt, then steps (a chunk of T tokens is T steps).
 """
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ class DilatedStaticCache:
     prompt_lengths: each row's prompt length where the prompt rows are left-padded (default: none padded).
     Attributes: `keys`, `values` (B, C, H_kv, D); `positions` (B,) int64 on the device, each row's next
     position (advanced by every step, also when a CUDA graph replays it); `lengths` (host ints, each row's
-    prompt length); `length` (host: the longest row's length; Python counts the calls that run it, so a caller
-    replaying a captured step sets it, as models.generate.decode_static does).
+    prompt length); `length` (host: the longest row's length, counted by eager calls only: a caller replaying a
+    captured step or running a compiled one sets it, as models.generate.decode_static does).
     """
 
     def __init__(self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], *, batch_size: int,
@@ -112,11 +112,9 @@ class DilatedStaticCache:
     # -- the protocol of a decoding cache (models.blocks) -----------------------------------------------------
     def token_positions(self, steps: int, device=None) -> torch.Tensor:
         """Positions (B, steps) of the next `steps` tokens of each row: for a prompt, left-padded to its row's length
-        (prompt_lengths; padding gets position 0); afterwards (steps 1) a copy of `positions`."""
+        (prompt_lengths; padding gets position 0); afterwards `positions` + 0 .. steps - 1 (a new tensor)."""
         if self.lengths:
-            if steps != 1:
-                raise ValueError(f"a static cache takes one new token per row after the prompt, got {steps}")
-            return self.positions.clone().unsqueeze(1)
+            return self.positions[:, None] + torch.arange(steps, device=self.positions.device)
         lengths = self._prompt_lengths(steps, self.prompt_lengths)
         columns = torch.arange(steps, device=self.positions.device)
         pad = torch.tensor([steps - n for n in lengths], device=self.positions.device)
@@ -129,8 +127,8 @@ class DilatedStaticCache:
                              f"{self.length} cached + {steps}")
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The prompt q (B, T, H, D), k, v (B, T, H_kv, D) (rows left-padded to prompt_lengths), or after it one
-        token per row -> out (B, T, H, D) (zeros at padding)."""
+        """The prompt q (B, T, H, D), k, v (B, T, H_kv, D) (rows left-padded to prompt_lengths), or after it T new
+        tokens per row -> out (B, T, H, D) (zeros at padding)."""
         if not self.lengths:
             return self.prefill(q, k, v)
         return self.step(q, k, v)
@@ -182,20 +180,22 @@ class DilatedStaticCache:
         self.lengths, self.length = lengths, max(lengths)
         return out
 
-    # -- one token per row ----------------------------------------------------------------------------------
+    # -- new tokens after the prompt -------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """One new token per row: q (B, 1, H, D), k, v (B, 1, H_kv, D) -> out (B, 1, H, D); appends k, v at each row's
-        position and advances it. No host synchronisation (CUDA-graph capturable)."""
+        """T new tokens per row: q (B, T, H, D), k, v (B, T, H_kv, D) -> out (B, T, H, D); one step per token, each
+        appending its k, v at the row's position and advancing it. No host synchronisation (CUDA-graph
+        capturable)."""
         if not self.lengths:
             raise ValueError("step needs a prompt first (attend or prefill)")
         self._check_shapes(q, k, v)
-        if q.shape[1] != 1:
-            raise ValueError(f"a static cache takes one new token per row after the prompt, got {q.shape[1]}")
-        self.check_room(1)
-        out, _ = self.step_with_lse(q[:, 0], k[:, 0], v[:, 0])
-        self.length += 1
-        return out.unsqueeze(1)
+        counted = not torch.compiler.is_compiling()  # a compiled step keeps no host int that changes per call
+        if counted:
+            self.check_room(q.shape[1])
+        outs = [self.step_with_lse(q[:, t], k[:, t], v[:, t])[0] for t in range(q.shape[1])]
+        if counted:
+            self.length += q.shape[1]
+        return torch.stack(outs, 1)
 
     def step_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, H, D), k, v (B, H_kv, D) -> (out (B, H, D), lse (B, H)); the kernels of `step`, unchecked."""

@@ -109,8 +109,7 @@ def test_prompt_positions_are_each_rows_own():
 
 @pytest.mark.parametrize("call,needle", [
     (lambda c, t: c.step(*t(1)), "step needs a prompt first"),
-    (lambda c, t: (c.attend(*t(3)), c.attend(*t(2))), "one new token per row after the prompt, got 2"),
-    (lambda c, t: (c.attend(*t(3)), c.token_positions(2)), "one new token per row after the prompt, got 2"),
+    (lambda c, t: (c.attend(*t(3)), c.attend(*t(6))), r"must be <= max_length=8 of the static cache, got 3 cached \+ 6"),
     (lambda c, t: c.attend(*(x.float() for x in t(3))), r"q, k, v must be torch.float64 on cpu \(the cache's\)"),
     (lambda c, t: c.attend(*(x[:1] for x in t(3))), r"q must be \(B, T, H, D\) = \(2, T, 4, 4\)"),
     (lambda c, t: c.prefill(*t(3), lengths=[3, 4]), r"lengths must hold 2 prompt lengths in \[1, 3\]"),
@@ -222,3 +221,23 @@ def test_keys_seen_counts_the_pattern_rows_keys(segments, rates, mode):
     multiplicity = pattern.multiplicity(40, 6)
     for position in range(40):
         assert keys_seen(pattern, 6, position) == int(multiplicity[:, position].sum())
+
+
+def test_chunks_after_the_prompt_equal_their_steps():
+    """T new tokens per row in one call give the T one-token steps' outputs; the positions follow each row."""
+    lengths = [9, 4]
+    q, k, v = _qkv(2, 30, 4, 2)
+    outs = []
+    for chunk in (1, 7):
+        cache = DilatedStaticCache([4, 8, 16], [1, 2, 4], batch_size=2, max_length=30, num_heads=4, num_kv_heads=2,
+                                   head_dim=4, dtype=torch.float64, backend="sdpa", prompt_lengths=lengths)
+        cache.attend(*(_left_padded(t, lengths) for t in (q, k, v)))
+        assert cache.token_positions(3).tolist() == [[9, 10, 11], [4, 5, 6]]
+        rows = torch.arange(2)[:, None]
+        steps = []
+        for first in range(0, 14, chunk):
+            at = torch.tensor(lengths)[:, None] + first + torch.arange(chunk)
+            steps.append(cache.attend(q[rows, at], k[rows, at], v[rows, at]))
+        outs.append(torch.cat(steps, 1))
+        assert cache.length == 9 + 14 and cache.positions.tolist() == [23, 18]
+    assert torch.equal(outs[0], outs[1])

@@ -237,3 +237,28 @@ def test_gpu_graphed_generation_equals_eager_steps_and_the_recompute():
     batched = model.generate(padded.cuda(), 30, attention_mask=mask.cuda())
     for b, row in enumerate(rows):
         assert torch.equal(batched[b, 17 - row.shape[1]:].cpu(), model.generate(row.cuda(), 30)[0].cpu())
+
+
+@pytest.mark.slow  # inductor's code generation: about 18 s on a 2-core CPU
+def test_compiled_steps_on_static_caches_equal_eager_steps_without_recompiling():
+    """torch.compile(fullgraph=True) of the model's one-token step on static caches: one graph for every step (no
+    host count guarded), the eager steps' logits, the caches' device positions advanced."""
+    from hilbert_lab.models.generate import new_static_caches
+
+    model = _lm(dtype=torch.float32)
+    prompt = _tokens(2, 20)
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+
+    def decode(forward):
+        caches = new_static_caches(model, 2, 40)
+        with torch.inference_mode():
+            logits = [model(prompt, caches=caches, logits_to_keep=1)]
+            for _ in range(8):
+                logits.append(forward(logits[-1].argmax(-1), caches=caches, logits_to_keep=1))
+        return torch.cat(logits, 1), caches
+
+    eager, _ = decode(model)
+    torch._dynamo.reset()
+    graphed, caches = decode(compiled)
+    torch.testing.assert_close(graphed, eager, atol=1e-5, rtol=1e-5)
+    assert caches[0].positions.tolist() == [28, 28]
