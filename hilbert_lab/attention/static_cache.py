@@ -14,6 +14,7 @@ cache whose later chunks run the plan; this one takes a prompt, then steps (a ch
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional, Sequence
 
@@ -27,7 +28,7 @@ from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.kernels import triton_decode
 
-__all__ = ["DilatedStaticCache", "keys_seen", "static_capacity"]
+__all__ = ["DilatedStaticCache", "decode_step", "keys_seen", "static_capacity", "step_tables", "triton_applies"]
 
 
 def static_capacity(pattern: DilatedPattern, max_length: int) -> int:
@@ -43,6 +44,77 @@ def keys_seen(pattern: DilatedPattern, num_heads: int, position: int) -> int:
         within = position % w
         total += int((offsets == within % r).sum()) * ((within - within % r) // r + 1)
     return total
+
+
+@torch.compiler.disable  # host tables: compiled callers run it eagerly (or hold them: decode_step's `tables`)
+@functools.lru_cache(maxsize=64)
+def step_tables(pattern: DilatedPattern, num_heads: int, span: int, device: torch.device) -> tuple:
+    """(segments int32 (P,), rates int32 (P,), offsets int32 (P, H), max_keys) for steps at positions below `span`
+    on `device`: segments longer than span clipped to it (p % w is then unchanged), max_keys = the most keys a
+    branch can see, max ceil(min(w, span) / r). Cached; do not modify."""
+    segments = [min(w, span) for w in pattern.segment_lengths]
+    offsets = torch.from_numpy(np.stack(pattern.head_offsets(num_heads)))
+    return (torch.tensor(segments, dtype=torch.int32, device=device),
+            torch.tensor(pattern.dilation_rates, dtype=torch.int32, device=device),
+            offsets.to(device=device, dtype=torch.int32).contiguous(),
+            max(math.ceil(w / r) for w, r in zip(segments, pattern.dilation_rates)))
+
+
+def triton_applies(keys: torch.Tensor) -> bool:
+    """Whether a step over `keys` runs the Triton kernels: on CUDA, triton installed, float16/bfloat16/float32."""
+    return keys.is_cuda and triton_decode.HAVE_TRITON and keys.dtype in (torch.float16, torch.bfloat16, torch.float32)
+
+
+def decode_step(pattern: DilatedPattern, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                positions: torch.Tensor, scale: float, *, k_new: Optional[torch.Tensor] = None,
+                v_new: Optional[torch.Tensor] = None, span: Optional[int] = None, advance: bool = True,
+                tables: Optional[tuple] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One causal dilated decoding step per row from key/value storage -> (out (B, H, D), lse (B, H)).
+
+    q (B, H, D) at positions (B,) int64 (a device tensor); keys, values (B, C, H_kv, D), any strides with a
+    contiguous last dimension, position m at row m % C, C at least the longest span a query sees. k_new, v_new
+    (B, H_kv, D): the new token's, written at row positions % C first; None where the storage holds them already.
+    span: an upper bound on every position (default C). advance: add 1 to positions afterwards. tables: the
+    step_tables of (pattern, H, span, device), where the caller holds them (a compiled step then traces no table
+    building). No host value: the Triton kernels on CUDA (triton_applies), elsewhere the same arithmetic in torch."""
+    if tables is None:
+        tables = step_tables(pattern, q.shape[1], keys.shape[1] if span is None else span, keys.device)
+    if triton_applies(keys):
+        return triton_decode.dilated_decode(q, k_new, v_new, keys, values, positions, tables[0], tables[1], tables[2],
+                                            tables[3], scale, advance=advance)
+    return _step_torch(pattern, q, keys, values, positions, scale, k_new, v_new, tables[2], advance)
+
+
+def _step_torch(pattern, q, keys, values, positions, scale, k_new, v_new, offsets, advance):
+    """decode_step's arithmetic in torch: per branch a gather of at most ceil(min(w, C) / r) keys per head, masked."""
+    batch, heads, dim = q.shape
+    capacity = keys.shape[1]
+    rows = torch.arange(batch, device=q.device)
+    if k_new is not None:
+        keys[rows, positions % capacity] = k_new
+        values[rows, positions % capacity] = v_new
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kv_head = torch.arange(heads, device=q.device) // (heads // keys.shape[2])
+    p = positions[:, None]
+    outs, lses = [], []
+    for (w, r), offset in zip(zip(pattern.segment_lengths, pattern.dilation_rates), offsets.to(torch.int64)):
+        within = p % w
+        count = torch.where((offset >= 0) & (within % r == offset), (within - offset) // r + 1, 0)  # (B, H)
+        j = torch.arange(math.ceil(min(w, capacity) / r), device=q.device)
+        valid = j < count[..., None]  # (B, H, M)
+        slots = torch.where(valid, (p - within + offset)[..., None] + j * r, 0) % capacity
+        index = (rows[:, None, None], slots, kv_head[None, :, None])
+        seen_keys, seen_values = keys[index].to(work), values[index].to(work)  # (B, H, M, D)
+        scores = torch.einsum("bhd,bhmd->bhm", q.to(work), seen_keys) * scale
+        scores = scores.masked_fill(~valid, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)
+        weights = torch.where(valid, (scores - lse.clamp_min(torch.finfo(work).min)[..., None]).exp(), 0.0)
+        outs.append(torch.einsum("bhm,bhmd->bhd", weights, seen_values))
+        lses.append(lse.to(lse_dtype(q.dtype)))
+    out, lse = merge_step(torch.stack(outs)[:, :, None], torch.stack(lses)[:, :, None], q.dtype)
+    if advance:
+        positions += 1
+    return out[:, 0], lse[..., 0]
 
 
 class DilatedStaticCache:
@@ -83,14 +155,8 @@ class DilatedStaticCache:
         self.lengths: list[int] = []
         self.length = 0
         self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
-        spans = [min(w, self.capacity) for w in self.pattern.segment_lengths]
-        self.max_keys = max(math.ceil(s / r) for s, r in zip(spans, self.pattern.dilation_rates))
-        offsets = torch.from_numpy(np.stack(self.pattern.head_offsets(num_heads)))
-        # a segment past max_length acts as the whole sequence: clipped to max_length, p % w is unchanged
-        self._tables = (torch.tensor([min(w, max_length) for w in self.pattern.segment_lengths], dtype=torch.int32,
-                                     device=device),
-                        torch.tensor(self.pattern.dilation_rates, dtype=torch.int32, device=device),
-                        offsets.to(device=device, dtype=torch.int32).contiguous())
+        self._tables = step_tables(self.pattern, num_heads, self.capacity, device)
+        self.max_keys = self._tables[3]
         self._scale = validate_attention_inputs(self.keys[:1, :1], self.keys[:1, :1], self.keys[:1, :1], scale=scale)
 
     def reset(self, prompt_lengths: Optional[Sequence[int]] = None) -> None:
@@ -106,8 +172,7 @@ class DilatedStaticCache:
     @property
     def uses_triton(self) -> bool:
         """Whether steps run the Triton kernels (a CUDA device, triton installed, a float16/bfloat16/float32 cache)."""
-        return (self.keys.is_cuda and triton_decode.HAVE_TRITON
-                and self.keys.dtype in (torch.float16, torch.bfloat16, torch.float32))
+        return triton_applies(self.keys)
 
     # -- the protocol of a decoding cache (models.blocks) -----------------------------------------------------
     def token_positions(self, steps: int, device=None) -> torch.Tensor:
@@ -199,40 +264,8 @@ class DilatedStaticCache:
 
     def step_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, H, D), k, v (B, H_kv, D) -> (out (B, H, D), lse (B, H)); the kernels of `step`, unchecked."""
-        segments, rates, offsets = self._tables
-        if self.uses_triton:
-            return triton_decode.dilated_decode(q, k, v, self.keys, self.values, self.positions, segments, rates,
-                                                offsets, self.max_keys, self._scale)
-        return self._step_torch(q, k, v)
-
-    def _step_torch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step's arithmetic in torch: per branch a gather of at most max_keys keys per head, masked."""
-        batch, heads, dim = q.shape
-        rows = torch.arange(batch, device=q.device)
-        self.keys[rows, self.positions % self.capacity] = k
-        self.values[rows, self.positions % self.capacity] = v
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
-        kv_head = torch.arange(heads, device=q.device) // (heads // self.keys.shape[2])
-        p = self.positions[:, None]
-        outs, lses = [], []
-        for (w, r), offset in zip(zip(self.pattern.segment_lengths, self.pattern.dilation_rates),
-                                  self._tables[2].to(torch.int64)):
-            within = p % w
-            count = torch.where((offset >= 0) & (within % r == offset), (within - offset) // r + 1, 0)  # (B, H)
-            j = torch.arange(math.ceil(min(w, self.capacity) / r), device=q.device)
-            valid = j < count[..., None]  # (B, H, M)
-            slots = torch.where(valid, (p - within + offset)[..., None] + j * r, 0) % self.capacity
-            index = (rows[:, None, None], slots, kv_head[None, :, None])
-            keys, values = self.keys[index].to(work), self.values[index].to(work)  # (B, H, M, D)
-            scores = torch.einsum("bhd,bhmd->bhm", q.to(work), keys) * self._scale
-            scores = scores.masked_fill(~valid, float("-inf"))
-            lse = torch.logsumexp(scores, dim=-1)
-            weights = torch.where(valid, (scores - lse.clamp_min(torch.finfo(work).min)[..., None]).exp(), 0.0)
-            outs.append(torch.einsum("bhm,bhmd->bhd", weights, values))
-            lses.append(lse.to(lse_dtype(q.dtype)))
-        out, lse = merge_step(torch.stack(outs)[:, :, None], torch.stack(lses)[:, :, None], q.dtype)
-        self.positions += 1
-        return out[:, 0], lse[..., 0]
+        return decode_step(self.pattern, q, self.keys, self.values, self.positions, self._scale, k_new=k, v_new=v,
+                           tables=self._tables)
 
     def __repr__(self) -> str:
         p = self.pattern

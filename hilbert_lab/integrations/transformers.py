@@ -17,7 +17,10 @@ saved model loads dilated where `register()` has run, and elsewhere transformers
 Every call runs the plan of the pattern (attention.plan) on the layer's q (B, H, Nq, D) and k, v (B, H_kv, Nk, D)
 as transformers passes them (never repeating K/V for grouped heads):
 - queries fewer than keys (transformers' cache, generation): the queries are the last Nq valid keys; one new
-  token (no gradient) reads only the keys it sees (attention.kv_cache.step_attention), with no plan;
+  token per row (no gradient, no padding mask) is one decoding step straight from the cache's storage, the key
+  of position m at row m (dynamic and static caches), positions read on the device from position_ids
+  (attention.static_cache.decode_step: Triton kernels on CUDA, no host value); with a padding mask it reads the
+  keys it sees per document (attention.kv_cache.step_attention);
 - packed rows: position_ids that restart (transformers' flattening collator) split a row into documents,
   each attended as its own sequence;
 - padding (a 2D attention mask, e.g. left-padded prompts in `generate`): every run of real tokens and every
@@ -43,6 +46,7 @@ from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.kv_cache import dense_executor, step_attention, step_kernel
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.plan import cached_plan
+from hilbert_lab.attention.static_cache import decode_step
 
 NAME = "hilbert_dilated"
 MIN_VERSION = "5.17"
@@ -205,11 +209,21 @@ def dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
         raise ValueError(f"query heads ({heads}) must be a multiple of key/value heads ({k.shape[2]})")
     positions = kwargs.get("position_ids")
     positions = positions if isinstance(positions, torch.Tensor) and positions.dim() == 2 else None
+    scale = q.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if queries == 1 and causal and attention_mask is None and positions is not None and k.shape[1] > 1 \
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))) \
+            and not (dropout > 0.0 and module.training):
+        # one new token per row, the key of position m at row m (transformers' caches, no padding): one step read
+        # straight from the cache's storage, its positions on the device (no plan, no host value)
+        at = positions[:, -1].to(torch.int64).expand(batch).contiguous()
+        with torch.autocast(device, enabled=False) if device in ("cpu", "cuda") else contextlib.nullcontext():
+            out, _ = decode_step(pattern, q[:, 0], k, v, at, scale, span=1 << (k.shape[1] - 1).bit_length(),
+                                 advance=False)
+        return out.unsqueeze(1), None
     keys = _valid_keys(attention_mask, positions, k.shape[1], queries)
     k, v = k[:, :keys], v[:, :keys]
     mask = None if attention_mask is None else attention_mask[:, :keys]
     layouts = _layouts(mask, positions, batch, keys, queries, getattr(attention_mask, _LAYOUTS, None))
-    scale = q.shape[-1] ** -0.5 if scaling is None else float(scaling)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     with torch.autocast(device, enabled=False) if device in ("cpu", "cuda") else contextlib.nullcontext():
         for rows, documents in layouts:

@@ -9,10 +9,10 @@ In branch i (segment w_i, dilation r_i) query head h with offset o = offsets[i, 
 sees anything only when (p % w_i) % r_i == o, and then the positions p - p % w_i + o + j r_i, j = 0 .. (p % w_i
 - o) / r_i, the last of them p itself. Launch 1 writes k_new / v_new at row p % C and runs one program per
 (row, head, branch, split of at most `keys_per_split` keys): an online softmax over its strided key rows,
-straight from the cache (the new key is read from k_new). Launch 2 merges every (branch, split) partial by
-its LSE (max-subtracted, sum-normalised) and adds 1 to positions. Shapes depend only on the arguments'
-shapes and on max_keys (a bound on any branch's key count), so the step can be captured in a CUDA graph
-and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
+straight from the cache (the new key is read from k_new; without k_new the cache holds it already). Launch 2
+merges every (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless
+told not to). Shapes depend only on the arguments' shapes and on max_keys (a bound on any branch's key count), so
+the step can be captured in a CUDA graph and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ if HAVE_TRITON:
                         sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
                         capacity, heads, group, rows, scale_log2, keys_per_split,
                         SPLITS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        STAGES: tl.constexpr, EVEN_D: tl.constexpr):
+                        STAGES: tl.constexpr, EVEN_D: tl.constexpr, APPEND: tl.constexpr):
         row = tl.program_id(0)
         branch = tl.program_id(1)
         split = tl.program_id(2)
@@ -49,12 +49,13 @@ if HAVE_TRITON:
         d = tl.arange(0, BLOCK_D)
         dmask = d < DIM
         p = tl.load(pos_ptr + b).to(tl.int64)
-        if (h % group == 0) & (branch == 0) & (split == 0):  # append the new key and value at row p % C
-            slot = p % capacity
-            kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask)
-            vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask)
-            tl.store(k_ptr + b * sk_b + slot * sk_n + kv * sk_h + d, kn, mask=dmask)
-            tl.store(v_ptr + b * sv_b + slot * sv_n + kv * sv_h + d, vn, mask=dmask)
+        if APPEND:
+            if (h % group == 0) & (branch == 0) & (split == 0):  # the new key and value go to row p % C
+                slot = p % capacity
+                kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask)
+                vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask)
+                tl.store(k_ptr + b * sk_b + slot * sk_n + kv * sk_h + d, kn, mask=dmask)
+                tl.store(v_ptr + b * sv_b + slot * sv_n + kv * sv_h + d, vn, mask=dmask)
         w = tl.load(seg_ptr + branch).to(tl.int64)
         r = tl.load(rate_ptr + branch).to(tl.int64)
         offset = tl.load(off_ptr + branch * heads + h).to(tl.int64)
@@ -76,7 +77,10 @@ if HAVE_TRITON:
         last = (j1 - 1).to(tl.int32)
         for start in tl.range(j0.to(tl.int32), j1.to(tl.int32), BLOCK_N, num_stages=STAGES):
             j = start + tl.arange(0, BLOCK_N)
-            valid = (j <= last) & (first + j.to(tl.int64) * r < p)  # position p: the new key, read from k_new below
+            if APPEND:  # position p: the new key, read from k_new below
+                valid = (j <= last) & (first + j.to(tl.int64) * r < p)
+            else:
+                valid = j <= last
             slot = base_slot + (j - j0.to(tl.int32)) * step
             slot = tl.where(slot >= capacity, slot - capacity, slot)
             if EVEN_D:  # a mask constant along the head dim: vector loads
@@ -93,16 +97,17 @@ if HAVE_TRITON:
             acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
             total = total * alpha + tl.sum(weights, axis=0)
             peak = new_peak
-        if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
-            kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask, other=0.0).to(tl.float32)
-            vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask, other=0.0).to(tl.float32)
-            s1 = tl.sum(kn * q, axis=0)
-            new_peak = tl.maximum(peak, s1)
-            alpha = tl.exp2(peak - new_peak)
-            weight = tl.exp2(s1 - new_peak)
-            acc = acc * alpha + weight * vn
-            total = total * alpha + weight
-            peak = new_peak
+        if APPEND:
+            if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
+                kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask, other=0.0).to(tl.float32)
+                vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask, other=0.0).to(tl.float32)
+                s1 = tl.sum(kn * q, axis=0)
+                new_peak = tl.maximum(peak, s1)
+                alpha = tl.exp2(peak - new_peak)
+                weight = tl.exp2(s1 - new_peak)
+                acc = acc * alpha + weight * vn
+                total = total * alpha + weight
+                peak = new_peak
         part = branch * SPLITS + split
         has_keys = total > 0
         out = acc / tl.where(has_keys, total, 1.0)
@@ -113,7 +118,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
-                      DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr):
+                      DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr,
+                      ADVANCE: tl.constexpr):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         b = row // heads
@@ -147,8 +153,9 @@ if HAVE_TRITON:
         tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
         if chunk == 0:
             tl.store(lse_ptr + row, tl.where(has_keys, safe + tl.log(tl.where(has_keys, weight, 1.0)), float("-inf")))
-            if h == 0:
-                tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
+            if ADVANCE:
+                if h == 0:
+                    tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
 
 
 def split_size(max_keys: int, block: int = 64) -> int:
@@ -157,21 +164,26 @@ def split_size(max_keys: int, block: int = 64) -> int:
     return max(block, min(256, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
 
 
-def dilated_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor,
+def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
                    values: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, rates: torch.Tensor,
                    offsets: torch.Tensor, max_keys: int, scale: float, keys_per_split: int | None = None,
-                   block_keys: int = 64, warps: int = 2, stages: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+                   block_keys: int = 64, warps: int = 2, stages: int = 1,
+                   advance: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
 
-    q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv); keys, values (B, C, H_kv, D), written at row
-    positions % C; positions (B,) int64, advanced by 1; segments, rates int32 (P,); offsets int32 (P, H); max_keys:
-    at least every branch's key count (min(w, C) / r rounded up); every last dimension contiguous. keys_per_split
-    (default split_size), block_keys (keys per loop iteration), warps and stages (loads in flight) tune the partial
-    launch."""
+    q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv), written at row positions % C of keys, values
+    (B, C, H_kv, D), or None where the cache already holds the new token's key and value there (a caller's own
+    cache); positions (B,) int64, advanced by 1 unless `advance` is False; segments, rates int32 (P,); offsets
+    int32 (P, H); max_keys: at least every branch's key count (min(w, C) / r rounded up); every last dimension
+    contiguous. keys_per_split (default split_size), block_keys (keys per loop iteration), warps and stages (loads
+    in flight) tune the partial launch."""
     if not HAVE_TRITON:
         raise RuntimeError("dilated_decode needs the 'triton' package")
+    append = k_new is not None
+    if not append:  # placeholders the kernel never reads
+        k_new = v_new = keys[:, 0]
     batch, heads, dim = q.shape
-    kv_heads = k_new.shape[1]
+    kv_heads = keys.shape[2]
     capacity = keys.shape[1]
     branches = segments.shape[0]
     if k_new.shape != (batch, kv_heads, dim) or v_new.shape != k_new.shape or heads % kv_heads \
@@ -196,11 +208,11 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, ke
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         capacity, heads, heads // kv_heads, rows, scale * LOG2E, per_split,
         SPLITS=splits, DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages, EVEN_D=dim == block_d,
-        num_warps=warps)
+        APPEND=append, num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)
     _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
                                                   heads, rows, branches * splits, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
-                                                  EVEN_D=dim % chunk == 0, num_warps=4)
+                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
     return out, lse

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hilbert_lab.attention import DilatedStaticCache, dilated_attention
+from hilbert_lab.attention.static_cache import decode_step, step_tables
 from hilbert_lab.kernels import triton_decode
 
 from ._oracle import max_diff
@@ -175,9 +176,9 @@ def test_gpu_splits_of_any_size_give_the_same_step(keys_per_split):
 
     def split_step(cache):
         def step(qs, ks, vs):
-            segs, rs, offsets = cache._tables
+            segs, rs, offsets, max_keys = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
             return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, segs, rs,
-                                                offsets, cache.max_keys, cache._scale, keys_per_split=keys_per_split)
+                                                offsets, max_keys, cache._scale, keys_per_split=keys_per_split)
         return step
 
     _, results = _decode(segments, rates, "longnet", q, k, v, lengths, steps, split_step)
@@ -241,3 +242,26 @@ def test_chunks_after_the_prompt_equal_their_steps():
         outs.append(torch.cat(steps, 1))
         assert cache.length == 9 + 14 and cache.positions.tolist() == [23, 18]
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("segments,rates,mode,heads,kv_heads,lengths", CASES)
+def test_a_step_over_storage_that_already_holds_the_new_key_equals_the_engine(segments, rates, mode, heads, kv_heads,
+                                                                              lengths):
+    """decode_step with no k_new over head-major storage of every position (transformers' static cache, read in
+    place as a (B, C, H_kv, D) view): each position's output equals the engine's; positions stay unless advanced."""
+    steps = 20
+    n = max(lengths) + steps
+    q, k, v = _qkv(len(lengths), n, heads, kv_heads)
+    storage_k, storage_v = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # (B, H_kv, N, D)
+    expected = _engine_rows(segments, rates, mode, q, k, v, lengths, steps)
+    pattern = DilatedStaticCache(segments, rates, mode=mode, batch_size=1, max_length=n, num_heads=heads,
+                                 num_kv_heads=kv_heads, head_dim=4).pattern
+    rows = torch.arange(len(lengths))
+    for s, (ref_out, ref_lse) in enumerate(expected):
+        at = torch.tensor(lengths) + s
+        positions = at.clone()
+        out, lse = decode_step(pattern, q[rows, at], storage_k.transpose(1, 2), storage_v.transpose(1, 2), positions,
+                               4 ** -0.5, span=1 << (n - 1).bit_length(), advance=False)
+        assert max_diff(out, ref_out) < 1e-10 and torch.equal(positions, at)
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isinf(lse), ~finite) and max_diff(lse[finite], ref_lse[finite]) < 1e-10

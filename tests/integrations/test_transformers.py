@@ -385,3 +385,23 @@ def test_mask_function_overlays_are_refused():
     assert create_causal_mask(model.config, embeds, None, None, position_ids=packed) is None
     padding = torch.tensor([[0, 1, 1, 1, 1, 1]])
     assert torch.equal(create_causal_mask(model.config, embeds, padding, None, position_ids=packed), padding.bool())
+
+
+@pytest.mark.slow  # dynamo and inductor on a 2-core CPU: about 35 s
+def test_a_compiled_forward_on_the_static_cache_gives_the_eager_tokens():
+    """transformers' static cache with the model's forward compiled (what its generate does on a GPU): each decoding
+    step reads the cache's storage in place, positions on the device, and gives the eager tokens."""
+    model = use_dilated_attention(_model("llama").float(), *PATTERN)
+    prompt = _ids(2, 11)
+
+    def generate():
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
+                              cache_implementation="static", pad_token_id=0)
+
+    eager = generate()
+    model.forward = torch.compile(model.forward, dynamic=False)
+    try:
+        assert torch.equal(generate(), eager)
+    finally:
+        del model.forward
+        torch._dynamo.reset()
