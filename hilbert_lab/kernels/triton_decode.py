@@ -20,15 +20,7 @@ import math
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
 
 LOG2E = 1.4426950408889634
 

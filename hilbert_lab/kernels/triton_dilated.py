@@ -28,15 +28,7 @@ from typing import Sequence
 
 import torch
 
-try:  # Triton is optional: importing this module without it raises a clear error on use.
-    import triton
-    import triton.language as tl
-
-    HAVE_TRITON = True
-except ImportError:  # pragma: no cover - exercised only where triton is missing
-    triton = None
-    tl = None
-    HAVE_TRITON = False
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
 
 __all__ = [
     "HAVE_TRITON",
