@@ -148,7 +148,7 @@ class Clock:
 @torch.inference_mode()
 def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     """LongNetLM.generate's GPU path: static caches, the prompt, then the steps of every layer replayed as one CUDA
-    graph per token; the median gap between consecutive tokens after 4 (the eager step and the capture among them),
+    graph per token (on the CPU the same steps run eagerly); the median gap between consecutive tokens after 4 (the eager step and the capture among them),
     beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every branch of a
     pattern whose longest segment divides `context` sees the most keys (the dearest steps). Past --prefill-max
     the caches are filled with random keys and values instead of a timed prompt (a step's cost does not depend
@@ -168,8 +168,8 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     clock = Clock(device)
     sync(device)
     start = time.perf_counter()
-    decode_static(model, prompt, caches, args.steps + 5, lambda logits: logits.argmax(-1, keepdim=True), True,
-                  on_token=clock)
+    decode_static(model, prompt, caches, args.steps + 5, lambda logits: logits.argmax(-1, keepdim=True),
+                  device.type == "cuda", on_token=clock)
     gaps = clock.gaps()
     timed_positions = range(first + 5, context)
     block = model.encoder.blocks[0].attention
@@ -204,7 +204,7 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
     def run(tokens, row_lengths):
         clock = Clock(device)
         caches = new_static_caches(model, tokens.shape[0], context + args.steps + 8, row_lengths)
-        new = decode_static(model, tokens, caches, args.steps + 5, pick, True, on_token=clock)
+        new = decode_static(model, tokens, caches, args.steps + 5, pick, device.type == "cuda", on_token=clock)
         return torch.cat(new, 1), statistics.median(clock.gaps())
 
     batched, batch_step = run(prompt, lengths)
@@ -332,9 +332,9 @@ def run(args, write) -> dict:
         record("cpu_target", 1024, lambda: measure_cpu_target(args, device))
     bandwidth = hbm_bandwidth(device) if device.type == "cuda" else None
     report["hbm_bytes_per_s"] = bandwidth
-    for context in args.static if device.type == "cuda" else []:
+    for context in args.static:
         record("longnet_static_graph", context, lambda: measure_static(args, context, device, bandwidth))
-    for context in args.batch if device.type == "cuda" else []:
+    for context in args.batch:
         record("longnet_static_batch8", context, lambda: measure_batch(args, context, device))
     for backend in args.cache_backends:
         for context in args.contexts:

@@ -1,0 +1,44 @@
+"""benchmarks/bench_decode.py's static-cache methods on the CPU (eager steps): the 8 left-padded rows give the tokens
+each gives alone, and a step's bytes are the weights plus the key and value rows its branches see."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.static_cache import keys_seen
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_static_and_batch_methods_on_the_cpu(bench, tmp_path):
+    out = tmp_path / "decode.json"
+    args = bench.parse_args(["--device", "cpu", "--dim", "32", "--depth", "2", "--heads", "4", "--vocab", "32",
+                             "--segment-lengths", "16,64", "--dilation-rates", "1,4", "--dtype", "fp32", "--steps", "6",
+                             "--static", "128", "--batch", "128", "--contexts", "0", "--recompute", "0", "--dense", "0",
+                             "--hf-dilated", "0", "--cache-backends", "", "--out", str(out)])
+    report = bench.run(args, lambda data: out.write_text(json.dumps(data)))
+    static, batch = report["results"]
+    assert static["status"] == "ok" and batch["status"] == "ok", report["results"]
+    assert batch["same_tokens_per_row"] == [True] * 8 and batch["lengths"] == [128 - 8 * i for i in range(8)]
+    pattern = DilatedPattern.create([16, 64], [1, 4], causal=True)
+    rows = statistics.mean(keys_seen(pattern, 4, p) for p in range(128 - 6, 128))
+    assert static["steps_at"] == [128 - 6, 127] and static["key_rows_x_heads_per_layer"] == rows
+    assert static["kv_bytes"] == int(2 * rows * 8 * 4 * 2)  # keys and values, head dim 8, float32, 2 layers
+    model = bench.longnet(args, 128, torch.device("cpu"))
+    assert static["weight_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert static["cache_rows"] == 64 and "limit_ms" not in static  # no HBM bandwidth on the CPU
+    assert json.loads(out.read_text())["results"] == report["results"]  # every finished result written
