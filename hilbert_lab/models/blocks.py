@@ -333,6 +333,7 @@ class LongNetLM(nn.Module):
         use_cache: bool | None = None,
         attention_mask: torch.Tensor | None = None,
         cuda_graph: bool | None = None,
+        compile_step: bool = False,
     ) -> torch.Tensor:
         """Extend prompt (B, N0) by max_new_tokens tokens -> (B, N0 + max_new_tokens).
 
@@ -344,9 +345,12 @@ class LongNetLM(nn.Module):
         default on there), on the CPU in attention.DilatedKVCache. ``attention_mask`` (B, N0) of 0/1 marks
         left padding: rows of different lengths decode side by side, each as if alone. ``use_cache=False``
         recomputes the whole prefix per token. All are exact: the causal dilated pattern depends only on
-        absolute positions, so they give the same tokens.
+        absolute positions, so they give the same tokens. ``compile_step=True`` runs the steps on static caches
+        through ``torch.compile`` (small ops fused, so low-precision logits may differ in their last bits;
+        compiling takes seconds to minutes).
         """
         from .generate import generate
 
         return generate(self, prompt, max_new_tokens, top_k=top_k, temperature=temperature, generator=generator,
-                        use_cache=use_cache, attention_mask=attention_mask, cuda_graph=cuda_graph)
+                        use_cache=use_cache, attention_mask=attention_mask, cuda_graph=cuda_graph,
+                        compile_step=compile_step)

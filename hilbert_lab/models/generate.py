@@ -118,7 +118,7 @@ def check_generation(model, prompt: torch.Tensor, max_new_tokens: int, top_k: in
 def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | None = None,
              temperature: float = 1.0, generator: torch.Generator | None = None,
              use_cache: bool | None = None, attention_mask: torch.Tensor | None = None,
-             cuda_graph: bool | None = None) -> torch.Tensor:
+             cuda_graph: bool | None = None, compile_step: bool = False) -> torch.Tensor:
     """prompt (B, N0) -> (B, N0 + max_new_tokens); see LongNetLM.generate. The steps run in inference mode (less
     work per small op); the result is an ordinary tensor."""
     max_new_tokens, top_k, temperature = check_generation(model, prompt, max_new_tokens, top_k, temperature,
@@ -140,6 +140,12 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
     static = local and use_cache is not False and (prompt.is_cuda or lengths is not None)
     if cuda_graph and not (static and prompt.is_cuda):
         raise ValueError("cuda_graph=True needs the model on a CUDA device and the cache (use_cache None or True)")
+    if not isinstance(compile_step, bool):
+        raise ValueError(f"compile_step must be True or False, got {compile_step!r}")
+    if compile_step and not static:
+        raise ValueError("compile_step=True compiles the steps on static caches: it needs the cache (use_cache None "
+                         "or True, local attention layers) and the model on a CUDA device or a left-padded "
+                         "attention_mask")
     graphed = static and prompt.is_cuda and cuda_graph is not False
     was_training = model.training
     model.eval()
@@ -151,7 +157,8 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
         with torch.inference_mode():
             if static:
                 caches = new_static_caches(model, prompt.shape[0], prompt.shape[1] + max_new_tokens, lengths)
-                new = decode_static(model, prompt, caches, max_new_tokens, pick, graphed)
+                new = decode_static(model, prompt, caches, max_new_tokens, pick, graphed,
+                                    step_model=torch.compile(model, dynamic=False) if compile_step else model)
             else:
                 caches = new_caches(model, prompt.shape[1] + max_new_tokens) if use_cache is not False else None
                 new = decode(model, prompt, caches, max_new_tokens, pick)
@@ -177,11 +184,13 @@ def decode(model, prompt: torch.Tensor, caches: list[DilatedKVCache] | None, max
 
 
 def decode_static(model, prompt: torch.Tensor, caches: list[DilatedStaticCache], max_new_tokens: int, pick,
-                  graphed: bool, on_token=None) -> list:
+                  graphed: bool, on_token=None, step_model=None) -> list:
     """New tokens (B, 1) each on static caches: the prompt, one eager step (kernels compiled, libraries
     initialised), then with `graphed` the steps of every layer captured once as a CUDA graph and replayed per
     token (the caches' device positions advance inside it). on_token(tokens (B, 1)): called after each new token
-    (a benchmark's clock)."""
+    (a benchmark's clock). step_model: what runs the steps (default `model`; torch.compile(model) fuses the small
+    ops of a step, each compiled step then captured like an eager one)."""
+    step_model = model if step_model is None else step_model
     new = []
     if max_new_tokens == 0:
         return new
@@ -195,7 +204,7 @@ def decode_static(model, prompt: torch.Tensor, caches: list[DilatedStaticCache],
             step_input = chosen.clone()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                step_logits = model(step_input, caches=caches, logits_to_keep=1)[:, -1]
+                step_logits = step_model(step_input, caches=caches, logits_to_keep=1)[:, -1]
         if graph is not None:
             step_input.copy_(chosen)
             graph.replay()
@@ -203,7 +212,7 @@ def decode_static(model, prompt: torch.Tensor, caches: list[DilatedStaticCache],
                 cache.length = max(cache.lengths) + index
             logits = step_logits
         else:
-            logits = model(chosen, caches=caches, logits_to_keep=1)[:, -1]
+            logits = step_model(chosen, caches=caches, logits_to_keep=1)[:, -1]
         chosen = pick(logits)
         new.append(chosen)
         if on_token is not None:

@@ -216,6 +216,8 @@ def test_logits_to_keep_gives_the_last_rows():
     (dict(attention_mask=torch.tensor([[0, 1, 1]]), use_cache=False), "attention_mask with padded rows needs the cache"),
     (dict(cuda_graph=True), "cuda_graph=True needs the model on a CUDA device"),
     (dict(cuda_graph=1), "cuda_graph must be None, True or False"),
+    (dict(compile_step=1), "compile_step must be True or False"),
+    (dict(compile_step=True), "compile_step=True compiles the steps on static caches"),
 ])
 def test_bad_padding_or_graph_requests_are_refused_naming_them(arguments, needle):
     with pytest.raises(ValueError, match=needle):
@@ -262,3 +264,16 @@ def test_compiled_steps_on_static_caches_equal_eager_steps_without_recompiling()
     graphed, caches = decode(compiled)
     torch.testing.assert_close(graphed, eager, atol=1e-5, rtol=1e-5)
     assert caches[0].positions.tolist() == [28, 28]
+
+
+@pytest.mark.slow  # inductor's code generation: about 20 s on a 2-core CPU
+def test_compiled_steps_in_generate_give_the_eager_tokens():
+    """generate(compile_step=True) on static caches (left-padded rows on the CPU): the eager steps' tokens."""
+    model = _lm()
+    rows = [_tokens(1, n, seed=n) for n in (15, 7)]
+    padded, mask = _left_padded_prompt(rows)
+    eager = model.generate(padded, 12, attention_mask=mask)
+    try:
+        assert torch.equal(model.generate(padded, 12, attention_mask=mask, compile_step=True), eager)
+    finally:
+        torch._dynamo.reset()
