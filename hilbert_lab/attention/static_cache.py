@@ -260,7 +260,7 @@ class DilatedStaticCache:
         outs = [self.step_with_lse(q[:, t], k[:, t], v[:, t])[0] for t in range(q.shape[1])]
         if counted:
             self.length += q.shape[1]
-        return torch.stack(outs, 1)
+        return outs[0].unsqueeze(1) if len(outs) == 1 else torch.stack(outs, 1)  # one token: no copy
 
     def step_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, H, D), k, v (B, H_kv, D) -> (out (B, H, D), lse (B, H)); the kernels of `step`, unchecked."""
