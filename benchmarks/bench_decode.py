@@ -11,7 +11,8 @@ CPU smoke check, with the CPU target (64 new tokens after a 1024-token prompt ag
 
 Per method and context N (prompt length; for "longnet_static_graph" the position where its steps end), "ms_per_token"
 is the median latency of one new token after 4 warm-up tokens, greedy, wall clock with a device sync after each
-token (host time counts, as a user sees it): LongNetLM.generate's GPU path (static caches, one CUDA graph per token;
+token (host time counts, as a user sees it): LongNetLM.generate's GPU path (static caches, one CUDA graph per token,
+its steps compiled with --compile-step;
 with the bytes a step must read and, over the measured HBM copy bandwidth, the memory-bandwidth limit "limit_ms");
 8 left-padded rows against each alone ("longnet_static_batch8"); the loop of LongNetLM.generate on the growing cache (with "prefill_s", the executor's dense kernel of the steps, the cache's bytes
 and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
@@ -168,8 +169,9 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     clock = Clock(device)
     sync(device)
     start = time.perf_counter()
+    step_model = torch.compile(model, dynamic=False) if args.compile_step else model
     decode_static(model, prompt, caches, args.steps + 5, lambda logits: logits.argmax(-1, keepdim=True),
-                  device.type == "cuda", on_token=clock)
+                  device.type == "cuda", on_token=clock, step_model=step_model)
     gaps = clock.gaps()
     timed_positions = range(first + 5, context)
     block = model.encoder.blocks[0].attention
@@ -177,8 +179,9 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     entry = {"ms_per_token": 1e3 * statistics.median(gaps), "ms_per_token_min": 1e3 * min(gaps),
              "ms_per_token_max": 1e3 * max(gaps), "prefill_s": None if filled else clock.times[0] - start,
              "prompt": "random cache" if filled else first, "steps_at": [first + 5, context - 1],
-             "new_tokens": args.steps, "cache_bytes": sum(c.memory_bytes() for c in caches),
-             "cache_rows": caches[0].capacity, **step_bytes(model, rows)}
+             "new_tokens": args.steps, "compile_step": args.compile_step,
+             "cache_bytes": sum(c.memory_bytes() for c in caches), "cache_rows": caches[0].capacity,
+             **step_bytes(model, rows)}
     if bandwidth:
         entry["hbm_bytes_per_s"] = bandwidth
         entry["limit_ms"] = 1e3 * (entry["weight_bytes"] + entry["kv_bytes"]) / bandwidth
@@ -360,6 +363,8 @@ def parse_args(argv=None):
                              "auto); the steps use the executor's dense kernel")
     parser.add_argument("--prefill-max", type=int, default=600000, help="longest prompt the static method times; "
                         "past it the caches are filled with random keys and values (default 600000)")
+    parser.add_argument("--compile-step", action="store_true", help="longnet_static_graph: the steps through "
+                        "torch.compile, as LongNetLM.generate(compile_step=True) runs them")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,

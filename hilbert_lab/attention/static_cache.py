@@ -14,7 +14,6 @@ cache whose later chunks run the plan; this one takes a prompt, then steps (a ch
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional, Sequence
 
@@ -46,18 +45,31 @@ def keys_seen(pattern: DilatedPattern, num_heads: int, position: int) -> int:
     return total
 
 
-@torch.compiler.disable  # host tables: compiled callers run it eagerly (or hold them: decode_step's `tables`)
-@functools.lru_cache(maxsize=64)
 def step_tables(pattern: DilatedPattern, num_heads: int, span: int, device: torch.device) -> tuple:
     """(segments int32 (P,), rates int32 (P,), offsets int32 (P, H), max_keys) for steps at positions below `span`
     on `device`: segments longer than span clipped to it (p % w is then unchanged), max_keys = the most keys a
     branch can see, max ceil(min(w, span) / r). Cached; do not modify."""
-    segments = [min(w, span) for w in pattern.segment_lengths]
-    offsets = torch.from_numpy(np.stack(pattern.head_offsets(num_heads)))
-    return (torch.tensor(segments, dtype=torch.int32, device=device),
-            torch.tensor(pattern.dilation_rates, dtype=torch.int32, device=device),
-            offsets.to(device=device, dtype=torch.int32).contiguous(),
-            max(math.ceil(w / r) for w, r in zip(segments, pattern.dilation_rates)))
+    return _tables(pattern.segment_lengths, pattern.dilation_rates, pattern.mode, pattern.causal, int(num_heads),
+                   int(span), torch.device(device))
+
+
+_TABLES: dict = {}  # _tables' results by their arguments
+
+
+@torch.compiler.assume_constant_result  # compiled callers hold the tables as constants: no graph break, no copy
+def _tables(lengths: tuple, rates: tuple, mode: str, causal: bool, num_heads: int, span: int,
+            device: torch.device) -> tuple:
+    key = (lengths, rates, mode, causal, num_heads, span, device)
+    if key not in _TABLES:
+        if len(_TABLES) >= 64:
+            _TABLES.clear()
+        segments = [min(w, span) for w in lengths]
+        offsets = np.stack(DilatedPattern.create(lengths, rates, mode=mode, causal=causal).head_offsets(num_heads))
+        _TABLES[key] = (torch.tensor(segments, dtype=torch.int32, device=device),
+                        torch.tensor(rates, dtype=torch.int32, device=device),
+                        torch.from_numpy(offsets).to(device=device, dtype=torch.int32).contiguous(),
+                        max(math.ceil(w / r) for w, r in zip(segments, rates)))
+    return _TABLES[key]
 
 
 def triton_applies(keys: torch.Tensor) -> bool:

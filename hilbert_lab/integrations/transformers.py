@@ -112,7 +112,9 @@ def dilated_mask(batch_size: int, q_length: int, kv_length: int, *args, attentio
     token is padding. The attention function reads documents and padding from it and from position_ids; the
     pattern itself is never a dense (N, N) mask. Overlays composed into `mask_function` are refused (ValueError);
     `config` records the running implementation as `config.attn_implementation` (saved with the model)."""
-    _check_mask_function(mask_function)
+    refusal = _mask_function_refusal(mask_function)
+    if refusal:
+        raise ValueError(refusal)
     if config is not None:
         _record_implementation(config)
     if attention_mask is None or attention_mask.dim() != 2:
@@ -133,6 +135,16 @@ _BASES = ("causal_mask_function", "bidirectional_mask_function",
 _WRAPPERS = {"remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_function",
              "add_offsets_to_mask_function.<locals>.inner_mask": "mask_function",
              "and_masks.<locals>.and_mask": "mask_functions", "or_masks.<locals>.or_mask": "mask_functions"}
+
+
+@torch.compiler.assume_constant_result  # a compiled forward pass checks at tracing time, with no graph break
+def _mask_function_refusal(function) -> str:
+    """The message of _check_mask_function's ValueError for `function`, or "" where the layer reproduces it."""
+    try:
+        _check_mask_function(function)
+    except ValueError as error:
+        return str(error)
+    return ""
 
 
 def _check_mask_function(function, overlay: Optional[str] = None) -> None:

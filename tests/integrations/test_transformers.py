@@ -388,20 +388,26 @@ def test_mask_function_overlays_are_refused():
 
 
 @pytest.mark.slow  # dynamo and inductor on a 2-core CPU: about 35 s
-def test_a_compiled_forward_on_the_static_cache_gives_the_eager_tokens():
-    """transformers' static cache with the model's forward compiled (what its generate does on a GPU): each decoding
-    step reads the cache's storage in place, positions on the device, and gives the eager tokens."""
+def test_generate_compiles_the_decoding_steps_on_the_static_cache_in_one_graph():
+    """transformers' generate on the static cache with its forward compiled for the decoding steps (what it does on
+    a GPU by itself), here with fullgraph=True: each step reads the cache's storage in place, positions on the
+    device, in one graph (a graph break would recompile the rest of every layer's attention, one frame per layer
+    index, and run the layers past dynamo's recompile limit eagerly), and gives the eager tokens."""
+    from transformers import CompileConfig
+
     model = use_dilated_attention(_model("llama").float(), *PATTERN)
     prompt = _ids(2, 11)
 
-    def generate():
+    def generate(**kwargs):
         return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=20, do_sample=False,
-                              cache_implementation="static", pad_token_id=0)
+                              cache_implementation="static", pad_token_id=0, **kwargs)
 
     eager = generate()
-    model.forward = torch.compile(model.forward, dynamic=False)
+    config = CompileConfig(fullgraph=True, dynamic=False, mode="default")
+    config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+    torch._dynamo.reset()
     try:
-        assert torch.equal(generate(), eager)
+        assert torch.equal(generate(compile_config=config), eager)
+        assert model._compiled_call is not None  # the steps did run compiled
     finally:
-        del model.forward
         torch._dynamo.reset()
