@@ -120,7 +120,7 @@ def dilated_mask(batch_size: int, q_length: int, kv_length: int, *args, attentio
     if attention_mask is None or attention_mask.dim() != 2:
         return attention_mask
     mask = attention_mask[:, -kv_length:]
-    if mask.shape[1] == kv_length and bool(mask.all()):
+    if bool(mask.all()):  # no padding; keys past a shorter mask are a static cache's unwritten rows (position ids)
         return None
     mask = mask.to(torch.bool, copy=True)  # this forward pass's own: nothing else holds it to change it
     setattr(mask, _LAYOUTS, {})
@@ -232,6 +232,15 @@ def dilated_attention_forward(module: torch.nn.Module, query: torch.Tensor, key:
             out, _ = decode_step(pattern, q[:, 0], k, v, at, scale, span=1 << (k.shape[1] - 1).bit_length(),
                                  advance=False)
         return out.unsqueeze(1), None
+    return _attend_by_documents(module, q, k, v, attention_mask, positions, pattern, backend, scale, dropout, causal)
+
+
+@torch.compiler.disable  # documents and padding read on the host: a compiled caller runs this eagerly
+def _attend_by_documents(module, q, k, v, attention_mask, positions, pattern, backend, scale, dropout, causal):
+    """dilated_attention_forward's general case: q (B, Nq, H, D), k, v (B, Nk, H_kv, D) -> (out (B, Nq, H, D), None),
+    the rows grouped by the documents their padding mask and position ids make."""
+    device = q.device.type
+    batch, queries, heads, _ = q.shape
     keys = _valid_keys(attention_mask, positions, k.shape[1], queries)
     k, v = k[:, :keys], v[:, :keys]
     mask = None if attention_mask is None else attention_mask[:, :keys]

@@ -411,3 +411,17 @@ def test_generate_compiles_the_decoding_steps_on_the_static_cache_in_one_graph()
         assert model._compiled_call is not None  # the steps did run compiled
     finally:
         torch._dynamo.reset()
+
+
+def test_the_mask_function_drops_a_mask_without_padding_and_keeps_one_with_padding():
+    """An all-ones 2D mask, as long as the keys or shorter (a static cache's unwritten rows follow it, as generate
+    passes it), is no padding: None, so a decoding step takes the in-place path; a padded mask stays, as bool."""
+    from hilbert_lab.integrations.transformers import dilated_mask
+
+    ones = torch.ones(2, 7, dtype=torch.int64)
+    assert dilated_mask(2, 1, 7, attention_mask=ones) is None
+    assert dilated_mask(2, 1, 32, attention_mask=ones) is None
+    padded = ones.clone()
+    padded[1, :3] = 0
+    kept = dilated_mask(2, 1, 32, attention_mask=padded)
+    assert kept.dtype == torch.bool and torch.equal(kept, padded.bool())
