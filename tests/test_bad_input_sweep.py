@@ -132,6 +132,8 @@ CLI_ARGUMENTS: dict[str, tuple[list[str], list[tuple[str, list[str]]]]] = {
         ("--eval-every", _int_values(1, 10**9)), ("--checkpoint-every", _int_values(1, 10**9)),
         ("--log-every", _int_values(1, 10**9)), ("--curriculum", ["abc", "16", "16:x", "0:1", "8:0", "1024:1", "1_6:2", "16:\u0662"]),
         ("--dtype", _choice_values()), ("--autocast", _choice_values()), ("--mode", _choice_values()),
+        ("--data-parallel", _int_values(1, 1 << 16)), ("--context-parallel", _int_values(1, 1 << 16)),
+        ("--ring-layout", _choice_values()), ("--timeout", _float_values() + ["0.5", "1e6"]),
         ("--backend", ["bogus", ""]), ("--ordering", ["bogus"]), ("--preset", _choice_values()),
         ("--device", _device_values(True)), ("--out", ["/proc/hilbert_lab_sweep/run", "{file}", "{file}/run"]),
         ("--config", ["", "{tmp}/missing.json", "{file}", "{tmp}/bad_config.json", "{tmp}/unknown_config.json",

@@ -14,6 +14,7 @@ import torch
 from hilbert_lab.io import atomic_write
 
 from .config import RUN_CONTROL_FIELDS, TrainConfig
+from .parallel import load_sharded
 
 CHECKPOINT_NAME = "checkpoint.pt"
 LOG_NAME = "log.jsonl"
@@ -181,7 +182,13 @@ def load_checkpoint(path: str | os.PathLike, config: TrainConfig | None = None) 
     if stored != actual:
         raise ValueError(f"checkpoint {str(path)!r} is corrupted: its content does not match the sha256 stored "
                          "in it, so it is not used; resume from a copy, or start a new run in another folder")
-    missing = _missing(state, MODEL_KEYS + (RESUME_KEYS if config is not None else ()))
+    sharded = state.get("sharded")  # a run on a DeviceMesh: its weights and optimizer state in that folder
+    if sharded is not None and not (isinstance(sharded, str) and (path.parent / sharded).is_dir()):
+        raise ValueError(f"checkpoint {str(path)!r} names its sharded state {sharded!r}, which is not a folder beside "
+                         "it; copy the run folder whole")
+    needed = tuple(key for key in MODEL_KEYS + (RESUME_KEYS if config is not None else ())
+                   if sharded is None or key not in ("model", "optimizer"))
+    missing = _missing(state, needed)
     if missing:
         raise ValueError(f"checkpoint {str(path)!r} lacks {', '.join(missing)} (a {'resumable ' if config else ''}"
                          f"training checkpoint holds {', '.join(MODEL_KEYS + (RESUME_KEYS if config else ()))}); "
@@ -210,7 +217,10 @@ def load_weights(model: torch.nn.Module, state: dict[str, Any], path: str | os.P
     """Load a loaded checkpoint's model weights into ``model``; ValueError naming ``what`` and the file when
     they do not fit the model (other parameter names or shapes than the configuration ``fit`` gives)."""
     try:
-        model.load_state_dict(state["model"])
+        if state.get("sharded"):
+            load_sharded(str(Path(path).parent / state["sharded"]), model)
+        else:
+            model.load_state_dict(state["model"])
     except (RuntimeError, TypeError, KeyError) as error:
         detail = " ".join(str(error).split())[:300]
         raise ValueError(f"{what} {str(path)!r}: its model weights do not fit {fit} ({detail})") from None

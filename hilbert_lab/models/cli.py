@@ -23,7 +23,7 @@ from .checkpoint import (
     CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, checkpoint_config, load_checkpoint,
     load_weights,
 )
-from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, TrainConfig, parse_curriculum
+from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, RING_LAYOUTS, TrainConfig, parse_curriculum
 from .loop import TrainResult, build_model, train
 from .tasks import make_batch
 
@@ -60,6 +60,13 @@ _OVERRIDES = (
     ("checkpoint_every", arguments.integer(1, 10 ** 9), "steps between checkpoints"),
     ("log_every", arguments.integer(1, 10 ** 9), "steps between log records"),
     ("rotary_base", arguments.number(1.0, 1e12), "rotary embedding base"),
+    ("data_parallel", arguments.integer(1, 1 << 16), "ranks that split each batch's rows (FSDP2 on a DeviceMesh; "
+                                                      "run under torchrun with DATA_PARALLEL x CONTEXT_PARALLEL "
+                                                      "processes)"),
+    ("context_parallel", arguments.integer(1, 1 << 16), "ranks that shard each sequence (ring attention on the "
+                                                         "mesh's cp dimension)"),
+    ("ring_layout", arguments.choice(RING_LAYOUTS), "how a sequence is cut among the context-parallel ranks: "
+                                                   "contiguous | zigzag (balances causal work)"),
 )
 
 
@@ -179,24 +186,66 @@ def summary_lines(result: TrainResult, config: TrainConfig, seconds: float) -> l
                      f"{task.chance_accuracy:.3f}), loss {_rounded(evaluation['loss'])} nats "
                      f"(chance {_rounded(task.chance_loss)})")
     if result.out_dir is not None:
-        lines.append(f"files in {result.out_dir}{os.sep}: {LOG_NAME}, {CHECKPOINT_NAME}, {SUMMARY_NAME}")
+        shards = sorted(path.name for path in Path(result.out_dir).glob("checkpoint-step*.dcp"))
+        lines.append(f"files in {result.out_dir}{os.sep}: {LOG_NAME}, {CHECKPOINT_NAME}"
+                     f"{''.join(f' ({name}/ its shards)' for name in shards)}, {SUMMARY_NAME}")
     return lines
 
 
+def join_launch_group(config: TrainConfig, timeout_s: float) -> bool:
+    """For a run on a mesh (config.on_mesh) outside any process group: initialise torch.distributed from the
+    environment torchrun sets (nccl on CUDA, each rank on its LOCAL_RANK device; gloo on the CPU; collectives
+    fail after timeout_s). True when this call initialised it. ValueError, the same on every rank, unless
+    torchrun started data_parallel x context_parallel processes."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not config.on_mesh or (dist.is_available() and dist.is_initialized()):
+        return False
+    wanted = config.data_parallel * config.context_parallel
+    world = os.environ.get("WORLD_SIZE")
+    if world != str(wanted) or "MASTER_ADDR" not in os.environ:
+        raise ValueError(f"--data-parallel {config.data_parallel} x --context-parallel {config.context_parallel} needs "
+                         f"{wanted} processes: run it as `torchrun --nproc-per-node {wanted} -m hilbert_lab.cli train "
+                         f"...` (WORLD_SIZE is {world!r})")
+    cuda = torch.device(config.device).type == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return True
+
+
 def _run_cli(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    joined = False
     try:
         config = config_from_args(args)
+        joined = join_launch_group(config, args.timeout)
         if args.resume:  # before prepare_output creates the folder
             check_run_folder(os.path.expanduser(args.out), resume=True)
         out = arguments.prepare_output(args.out, "--out", folder=True)
         started = time.perf_counter()
         result = train(config, out, resume=args.resume)
-    except RunFolderError as error:
-        print("hilbert-lab train: error: " + " ".join(error.cli.split()), file=sys.stderr)
+        reporting = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0  # rank 0 reports
+    except (RunFolderError, ValueError) as error:
+        message = error.cli if isinstance(error, RunFolderError) else str(error)
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:  # one line, not one a rank
+            print("hilbert-lab train: error: " + " ".join(message.split()), file=sys.stderr)
         return 2
-    except ValueError as error:
-        print("hilbert-lab train: error: " + " ".join(str(error).split()), file=sys.stderr)
-        return 2
+    except RuntimeError as error:
+        if not joined:
+            raise
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+        print(f"hilbert-lab train: error: rank {dist.get_rank()} of {dist.get_world_size()} stopped: {first} (when "
+              "another rank failed or left, its own log says why)", file=sys.stderr)
+        return 1
+    finally:
+        if joined:
+            dist.destroy_process_group()
+    if not reporting:
+        return 0
     if args.json:
         print(json.dumps({"out": str(result.out_dir), "final_eval": result.final_eval, "notes": result.notes}))
     else:
@@ -231,7 +280,9 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
             "  hilbert-lab train --out runs/tiny --resume   # continue an interrupted run (same flags)\n"
             "  hilbert-lab train --preset gpu-32k --out runs/32k --gradient-checkpointing\n"
             "  hilbert-lab train --out runs/short --segment-lengths 16,32 --dilation-rates 1,2\n"
-            "  hilbert-lab train --out runs/packed --pack --num-kv-heads 2   # packed documents, grouped-query heads"
+            "  hilbert-lab train --out runs/packed --pack --num-kv-heads 2   # packed documents, grouped-query heads\n"
+            "  torchrun --nproc-per-node 4 -m hilbert_lab.cli train --out runs/mesh --data-parallel 2 "
+            "--context-parallel 2   # FSDP2 on a 2 x 2 DeviceMesh"
         ),
         formatter_class=arguments.help_formatter,
     )
@@ -251,7 +302,11 @@ def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentP
         metavar = "LEN:STEP,..." if name == "curriculum" else metavars.get(hint, "A,B,...")
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, metavar=metavar,
                             help=f"{note} (default: {_default_text(name)})")
-    parser.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in backward")
+    parser.add_argument("--gradient-checkpointing", "--checkpoint-activations", dest="gradient_checkpointing",
+                        action="store_true", help="recompute activations in backward")
+    parser.add_argument("--timeout", type=arguments.number(1.0, 86400.0), default=600.0, metavar="S",
+                        help="with --data-parallel / --context-parallel: seconds after which a collective that waits "
+                             "on a failed rank stops every rank (default 600)")
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="end with one JSON line (out, final_eval) instead of "

@@ -31,7 +31,7 @@ MAX_SEED = 2 ** 63 - 1
 # with a different value is refused.
 RUN_CONTROL_FIELDS = frozenset(
     {"log_every", "eval_every", "eval_batches", "final_eval_batches", "checkpoint_every", "device", "gradient_checkpointing",
-     "compile", "progress", "ring", "ring_layout"}
+     "compile", "progress", "ring", "ring_layout", "data_parallel", "context_parallel"}
 )
 
 
@@ -90,6 +90,11 @@ class TrainConfig:
     progress: bool = True
     ring: bool = False  # shard the sequence over the ranks of the initialised process group (ring attention)
     ring_layout: str = "contiguous"
+    # A DeviceMesh over the initialised process group (models.parallel, FSDP2): batch rows split over
+    # data_parallel ranks, each sequence sharded over context_parallel ranks (ring attention, ring_layout);
+    # their product must be the world size. 1 and 1: one process.
+    data_parallel: int = 1
+    context_parallel: int = 1
     # Checkpoint whose model weights start the run (fresh optimizer and schedule): fine-tuning at another
     # length or pattern. The pattern holds no parameters, so segments and rates may differ from the checkpoint's.
     init_from: str | None = None
@@ -104,6 +109,15 @@ class TrainConfig:
         if self.pack and self.ring:
             raise ValueError("pack=True (packed documents) does not run with ring=True: ring attention takes one "
                              "sequence per row; use one of them")
+        if self.ring and self.on_mesh:
+            raise ValueError("ring=True does not go with data_parallel or context_parallel > 1: context_parallel is "
+                             "the ring on a DeviceMesh; use it alone")
+        if self.pack and self.context_parallel > 1:
+            raise ValueError("pack=True (packed documents) does not run with context_parallel > 1: ring attention "
+                             "takes one sequence per row; use one of them")
+        if self.batch_size % self.data_parallel:
+            raise ValueError(f"batch_size={self.batch_size} must divide among the data_parallel={self.data_parallel} "
+                             "ranks (a multiple of it)")
         self.task()  # validates the task fields
         previous_length, previous_step = 0, 0
         for index, phase in enumerate(self.curriculum):
@@ -116,6 +130,11 @@ class TrainConfig:
                     f"{self.seq_len} and until_step increasing and <= steps={self.steps}; got {self.curriculum!r}")
             self.task(step=until - 1)  # the shorter task must be valid too
             previous_length, previous_step = length, until
+
+    @property
+    def on_mesh(self) -> bool:
+        """Whether the run spans several ranks on a DeviceMesh (data_parallel or context_parallel > 1)."""
+        return self.data_parallel * self.context_parallel > 1
 
     def seq_len_at(self, step: int) -> int:
         """Training sequence length at (0-based) ``step``: the curriculum's phase, else seq_len."""
@@ -199,6 +218,7 @@ FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gradient_checkpointing": ((lambda value: True), "true or false"),
     "compile": ((lambda value: True), "true or false"), "progress": ((lambda value: True), "true or false"),
     "ring": ((lambda value: True), "true or false"), "ring_layout": _choices(RING_LAYOUTS),
+    "data_parallel": _at_least(1), "context_parallel": _at_least(1),
     "init_from": ((lambda value: bool(value)), "None or a checkpoint path"),
     "num_kv_heads": ((lambda value: value >= 1), "None or an integer >= 1 dividing num_heads"),
     "pack": ((lambda value: True), "true or false"),

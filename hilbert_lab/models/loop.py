@@ -1,5 +1,6 @@
 """The training loop of a LongNetLM on the synthetic retrieval task: progress bar, periodic eval,
-atomic checkpoints with exact resume, JSON-lines logs; ring attention over an initialised process group."""
+atomic checkpoints with exact resume, JSON-lines logs; ring attention over an initialised process group, or
+data and context parallelism on a DeviceMesh with FSDP2 (models.parallel), its checkpoints sharded."""
 from __future__ import annotations
 
 import contextlib
@@ -7,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,10 +24,14 @@ from .checkpoint import (
     CHECKPOINT_FORMAT, CHECKPOINT_NAME, LOCK_NAME, LOG_NAME, SUMMARY_NAME, _atomic_write_text,
     check_run_folder, load_checkpoint, load_weights, log_tail_note, save_checkpoint,
 )
+from .batches import (
+    all_reduce_sum, answer_loss, batch_logits, is_main_rank, sequence_positions, training_batch, widened,
+)
 from .config import DTYPES, TrainConfig
 from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
-from .packing import make_packed_batch
+from .parallel import init_mesh, load_sharded, local_batch, mean_token_loss, parallelize, save_sharded
 from .tasks import IGNORE_INDEX, answer_positions, make_batch
+
 
 @dataclass
 class TrainResult:
@@ -46,99 +52,23 @@ def build_model(config: TrainConfig) -> LongNetLM:
     return model.to(device=config.device, dtype=DTYPES[config.dtype])
 
 
-def answer_loss(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Summed cross-entropy over the positions with a target, the number of correct argmaxes, and
-    the number of such positions. logits (B, N, V), targets (B, N)."""
-    mask = targets != IGNORE_INDEX
-    selected = logits[mask].float()
-    wanted = targets[mask]
-    loss_sum = F.cross_entropy(selected, wanted, reduction="sum")
-    return loss_sum, (selected.argmax(dim=-1) == wanted).sum(), int(wanted.numel())
-
-
-def _autocast(config: TrainConfig):
-    if config.autocast == "none":
-        return contextlib.nullcontext()
-    device_type = torch.device(config.device).type
-    return torch.autocast(device_type=device_type, dtype=getattr(torch, config.autocast))
-
-
-def _sequence_positions(config: TrainConfig, seq_len: int | None = None) -> torch.Tensor | None:
-    """This rank's original positions of a seq_len sequence (default config.seq_len) sharded over the
-    ranks (config.ring), else None."""
-    if not config.ring:
-        return None
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
-        raise ValueError("ring=True needs an initialised torch.distributed process group (e.g. run under torchrun)")
-    from hilbert_lab.distributed import shard_positions
-
-    length = config.seq_len if seq_len is None else seq_len
-    return shard_positions(dist.get_rank(), dist.get_world_size(), length, config.ring_layout)
-
-
-def _is_main_rank() -> bool:
-    import torch.distributed as dist
-
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def _all_reduce_sum(values: list[float], config: TrainConfig) -> list[float]:
-    if not config.ring:
-        return values
-    import torch.distributed as dist
-
-    buffer = torch.tensor(values, dtype=torch.float64, device=config.device)
-    dist.all_reduce(buffer)
-    return buffer.tolist()
-
-
-def _batch_logits(runner, tokens, targets, positions, config: TrainConfig, cu_seqlens=None):
-    """(logits, targets) of this rank's part of the batch (the whole batch without ring); cu_seqlens: the
-    documents of a packed row."""
-    tokens, targets = tokens.to(config.device), targets.to(config.device)
-    with _autocast(config):
-        if cu_seqlens is not None:
-            return runner(tokens, cu_seqlens=cu_seqlens.to(config.device)), targets
-        if positions is None:
-            return runner(tokens), targets
-        positions = positions.to(config.device)
-        return runner(tokens[:, positions], positions), targets[:, positions]
-
-
-def _batch_loss(runner, tokens, targets, positions, config: TrainConfig, cu_seqlens=None):
-    """(summed loss, hits, answers) of this rank's part of the batch (the whole batch without ring)."""
-    return answer_loss(*_batch_logits(runner, tokens, targets, positions, config, cu_seqlens))
-
-
-def _training_batch(config: TrainConfig, step: int):
-    """(tokens, targets, cu_seqlens or None) of training `step`: batch_size samples, or with config.pack one
-    packed row of documents holding the same number of tokens."""
-    task = config.task(step)
-    if config.pack:
-        packed = make_packed_batch(task, config.batch_size, seed=config.seed, split="train", step=step)
-        return packed.tokens, packed.targets, packed.cu_seqlens
-    tokens, targets = make_batch(task, config.batch_size, seed=config.seed, split="train", step=step)
-    return tokens, targets, None
-
-
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None = None,
-             by_distance: bool = False) -> dict[str, Any]:
+             by_distance: bool = False, mesh=None) -> dict[str, Any]:
     """Loss and answer accuracy on the fixed "eval" stream: ``batches`` (default ``eval_batches``)
     batches of ``batch_size`` samples, the same samples for every model of a config's task.
 
     Returns loss (mean nats per answer), accuracy, correct, count and the Wilson 95% interval
     (accuracy_low, accuracy_high); with ``by_distance`` also ``by_distance``: per bucket
     [2^k, 2^(k+1)) of needle-to-query distance (query position - key position of the asked pair)
-    its count, correct, accuracy and interval (evaluate.bucket_rows).
+    its count, correct, accuracy and interval (evaluate.bucket_rows). ``mesh``: the DeviceMesh a model
+    parallelized by models.parallel runs on (every rank calls evaluate; each scores its rows and shard).
     """
     batches = config.eval_batches if batches is None else batches
     if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
         raise ValueError(f"batches must be a positive integer, got {batches!r}")
     task = config.task()
-    positions = _sequence_positions(config)
+    positions = sequence_positions(config)
     query_positions = answer_positions(task)
     buckets = num_distance_buckets(task.seq_len)
     was_training = model.training
@@ -152,9 +82,11 @@ def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None
             distance[:, query_positions] = query_positions - needles
             if positions is not None:
                 distance = distance[:, positions.cpu()]
-            logits, local_targets = _batch_logits(model, tokens, targets, positions, config)
+            if mesh is not None:
+                distance = local_batch(mesh, distance, distance, layout=config.ring_layout)[0]
+            logits, local_targets = batch_logits(model, tokens, targets, positions, config, mesh=mesh)
             mask = local_targets != IGNORE_INDEX
-            selected, wanted = logits[mask].float(), local_targets[mask]
+            selected, wanted = widened(logits[mask]), local_targets[mask]
             hits = (selected.argmax(dim=-1) == wanted).cpu().double()
             bucket = distance_bucket(distance[mask.cpu()])
             totals[0] += float(F.cross_entropy(selected, wanted, reduction="sum"))
@@ -164,7 +96,7 @@ def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None
             totals[3 + buckets:] += torch.bincount(bucket, minlength=buckets).double()
     finally:
         model.train(was_training)
-    totals = torch.tensor(_all_reduce_sum(totals.tolist(), config), dtype=torch.float64)
+    totals = torch.tensor(all_reduce_sum(totals.tolist(), config), dtype=torch.float64)
     loss, correct, count = (float(v) for v in totals[:3])
     low, high = wilson_interval(correct, count)
     result: dict[str, Any] = {"loss": loss / count, "accuracy": correct / count, "correct": int(correct),
@@ -174,9 +106,10 @@ def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None
     return result
 
 
-def _final_eval(model: torch.nn.Module, config: TrainConfig) -> dict[str, Any]:
+def _final_eval(model: torch.nn.Module, config: TrainConfig, mesh=None) -> dict[str, Any]:
     """The end-of-run evaluation: ``final_eval_batches`` (default ``eval_batches``) batches, by distance."""
-    return evaluate(model, config, batches=config.final_eval_batches or config.eval_batches, by_distance=True)
+    return evaluate(model, config, batches=config.final_eval_batches or config.eval_batches, by_distance=True,
+                    mesh=mesh)
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
@@ -234,35 +167,55 @@ def train(
     With ``config.ring`` every rank of the initialised process group calls ``train`` with the same
     arguments; each holds its shard of every sequence (ring attention), gradients are summed over
     ranks, and only rank 0 writes files and shows the progress bar.
+    With ``config.data_parallel`` x ``config.context_parallel`` > 1 (their product the world size) every rank
+    calls ``train`` alike: the model runs on that DeviceMesh (models.parallel: FSDP2, ring attention over
+    "cp"; autocast becomes FSDP's mixed precision, float32 master weights), each rank takes its rows and shard
+    of every batch, the loss is the global batch's mean, and checkpoints are sharded
+    (torch.distributed.checkpoint, a folder beside checkpoint.pt): a run resumes on any mesh or in one process.
     """
     if stop_at is not None and not 0 <= stop_at <= config.steps:
         raise ValueError(f"stop_at must be None or in [0, steps={config.steps}], got {stop_at}")
     if resume and out_dir is None:
         raise ValueError("resume=True needs out_dir (the folder holding checkpoint.pt)")
-    positions = {length: _sequence_positions(config, length)
+    positions = {length: sequence_positions(config, length)
                  for length in {config.seq_len, *(phase[0] for phase in config.curriculum)}}
     out_path = Path(out_dir) if out_dir is not None else None
+    mesh = init_mesh(config.data_parallel, config.context_parallel, torch.device(config.device).type) \
+        if config.on_mesh else None
     model = build_model(config)  # bad model arguments fail here, before anything is written
+    if config.init_from is not None and not resume:
+        _load_weights(model, config.init_from)
     if config.ring:
         from .ring import use_ring_attention
 
         use_ring_attention(model, layout=config.ring_layout)
+    if mesh is not None:
+        low = None if config.autocast == "none" else getattr(torch, config.autocast)
+        parallelize(model, mesh, layout=config.ring_layout, param_dtype=low)
     optimizer = _make_optimizer(model, config)
     with contextlib.ExitStack() as stack:
         if out_path is not None:
             if resume:
                 check_run_folder(out_path, resume=True)  # before anything is created
-            if _is_main_rank():  # the rank that writes holds the folder's lock for the whole run
+            if is_main_rank():  # the rank that writes holds the folder's lock for the whole run
                 out_path.mkdir(parents=True, exist_ok=True)
                 stack.enter_context(exclusive_lock(out_path / LOCK_NAME, f"run folder {str(out_path)!r}"))
                 check_run_folder(out_path, resume=resume)
-        return _run(config, model, optimizer, out_path, resume=resume, stop_at=stop_at, positions=positions)
+        return _run(config, model, optimizer, out_path, resume=resume, stop_at=stop_at, positions=positions, mesh=mesh)
+
+
+SHARDED_PREFIX = "checkpoint-step"  # sharded checkpoints: folder checkpoint-step<N>.dcp beside checkpoint.pt
+
+
+def _grad_norm(norm: torch.Tensor) -> float:
+    """clip_grad_norm_'s total norm as a float (a DTensor's under FSDP)."""
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer, out_path: Path | None, *,
-         resume: bool, stop_at: int | None, positions: dict[int, torch.Tensor | None]) -> TrainResult:
+         resume: bool, stop_at: int | None, positions: dict[int, torch.Tensor | None], mesh=None) -> TrainResult:
     """The training loop of `train`, once the run folder is checked (and locked)."""
-    main_rank = _is_main_rank()
+    main_rank = is_main_rank()
     checkpoint_path = out_path / CHECKPOINT_NAME if out_path is not None else None
     log_path = out_path / LOG_NAME if out_path is not None and main_rank else None
     task = config.task()
@@ -271,8 +224,14 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
     start_step = 0
     if resume:
         state = load_checkpoint(checkpoint_path, config)
-        load_weights(model, state, checkpoint_path)
-        optimizer.load_state_dict(state["optimizer"])
+        if state.get("sharded"):
+            load_sharded(str(checkpoint_path.parent / state["sharded"]), model, optimizer)
+        elif mesh is not None:
+            raise ValueError(f"cannot resume {str(checkpoint_path)!r} on a mesh: it was written by one process "
+                             "(resume it in one process, data_parallel and context_parallel 1)")
+        else:
+            load_weights(model, state, checkpoint_path)
+            optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         if state["rng"].get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["rng"]["cuda"])
@@ -284,8 +243,6 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
                 notes.append(note)
             _atomic_write_text("".join(json.dumps(record) + "\n" for record in history), log_path)
     else:
-        if config.init_from is not None:
-            _load_weights(model, config.init_from)
         torch.manual_seed(config.seed + 1)
         if log_path is not None:
             _atomic_write_text("", log_path)
@@ -293,17 +250,23 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
     end_step = config.steps if stop_at is None else stop_at
 
     def save(step: int) -> None:
-        if checkpoint_path is None or not main_rank:
+        if checkpoint_path is None or not (main_rank or mesh is not None):
             return
-        save_checkpoint(
-            {
-                "format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step,
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
-                "rng": {"torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-            },
-            checkpoint_path,
-        )
+        state = {"format": CHECKPOINT_FORMAT, "config": config.to_dict(), "step": step, "history": history,
+                 "rng": {"torch": torch.get_rng_state(),
+                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+        if mesh is None:
+            save_checkpoint({**state, "model": model.state_dict(), "optimizer": optimizer.state_dict()},
+                            checkpoint_path)
+            return
+        # every rank writes its shards to a new folder; checkpoint.pt, written last, names it (the switch is atomic)
+        folder = f"{SHARDED_PREFIX}{step}.dcp"
+        save_sharded(str(checkpoint_path.parent / folder), model, optimizer)
+        if main_rank:
+            save_checkpoint({**state, "sharded": folder}, checkpoint_path)
+            for old in checkpoint_path.parent.glob(f"{SHARDED_PREFIX}*.dcp"):
+                if old.name != folder:
+                    shutil.rmtree(old, ignore_errors=True)
 
     from tqdm.auto import tqdm
 
@@ -320,13 +283,22 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
             for group in optimizer.param_groups:
                 group["lr"] = lr
             length = config.seq_len_at(step)
-            tokens, targets, cu_seqlens = _training_batch(config, step)
-            loss_sum, hits, answers = _batch_loss(runner, tokens, targets, positions[length], config, cu_seqlens)
-            # a packed row holds as many answers as it has documents with questions; otherwise every rank
-            # divides by the whole batch's answers
-            answers = max(answers, 1) if config.pack else answers_per_batch
+            tokens, targets, cu_seqlens = training_batch(config, step)
+            logits, local_targets = batch_logits(runner, tokens, targets, positions[length], config, cu_seqlens,
+                                                  mesh)
             optimizer.zero_grad(set_to_none=True)
-            (loss_sum / answers).backward()
+            if mesh is not None:  # the global batch's mean answer loss, whose gradients FSDP averages
+                loss, _ = mean_token_loss(logits, local_targets, mesh, ignore_index=IGNORE_INDEX)
+                with torch.no_grad():
+                    loss_sum, hits, answers = answer_loss(logits.detach(), local_targets)
+                loss.backward()
+                answers = answers_per_batch
+            else:
+                loss_sum, hits, answers = answer_loss(logits, local_targets)
+                # a packed row holds as many answers as it has documents with questions; otherwise every rank
+                # divides by the whole batch's answers
+                answers = max(answers, 1) if config.pack else answers_per_batch
+                (loss_sum / answers).backward()
             if config.ring:
                 import torch.distributed as dist
 
@@ -335,13 +307,13 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
                         dist.all_reduce(parameter.grad)
             grad_norm = None
             if config.grad_clip is not None:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+                grad_norm = _grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
             optimizer.step()
             window_steps += 1
             window_tokens += config.batch_size * length
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
-                loss_total, hits_total = _all_reduce_sum([float(loss_sum.detach()), float(hits)], config)
+                loss_total, hits_total = all_reduce_sum([float(loss_sum.detach()), float(hits)], config)
                 if on_cuda:
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - window_start
@@ -356,7 +328,8 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
                 bar.set_postfix(loss=f"{record['loss']:.3f}", acc=f"{record['accuracy']:.2f}")
                 window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
             if done % config.eval_every == 0 or done == config.steps:
-                last_eval = _final_eval(runner, config) if done == config.steps else evaluate(runner, config)
+                last_eval = _final_eval(runner, config, mesh) if done == config.steps else \
+                    evaluate(runner, config, mesh=mesh)
                 _log({"kind": "eval", "step": done, **last_eval}, history, log_path)
                 window_start, window_steps, window_tokens = time.perf_counter(), 0, 0
             if done % config.checkpoint_every == 0 or done == end_step:
@@ -365,7 +338,8 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
     finally:
         bar.close()
     if not last_eval:
-        last_eval = _final_eval(runner, config) if end_step == config.steps else evaluate(runner, config)
+        last_eval = _final_eval(runner, config, mesh) if end_step == config.steps else \
+            evaluate(runner, config, mesh=mesh)
     if out_path is not None and main_rank:
         summary = {"config": config.to_dict(), "steps_done": end_step, "final_eval": last_eval,
                    "chance_loss": task.chance_loss, "chance_accuracy": task.chance_accuracy}

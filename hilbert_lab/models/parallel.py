@@ -48,6 +48,24 @@ def coordinates(mesh) -> tuple[int, int]:
     return tuple(mesh[name].get_local_rank() if name in names else 0 for name in MESH_DIMS)
 
 
+def init_mesh(data_parallel: int, context_parallel: int, device_type: str = "cpu"):
+    """A DeviceMesh over the world of the initialised process group: dimensions ("dp", "cp") of these degrees,
+    or the one of them above 1 (a 1-D mesh). ValueError, the same on every rank, unless a process group is
+    initialised and the degrees' product is its world size."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(f"data_parallel={data_parallel} x context_parallel={context_parallel} needs an initialised "
+                         "torch.distributed process group: run under torchrun with that many processes")
+    world = dist.get_world_size()
+    if data_parallel * context_parallel != world:
+        raise ValueError(f"data_parallel x context_parallel must equal the world size {world}, got {data_parallel} x "
+                         f"{context_parallel}")
+    if data_parallel > 1 and context_parallel > 1:
+        return init_device_mesh(device_type, (data_parallel, context_parallel), mesh_dim_names=MESH_DIMS)
+    return init_device_mesh(device_type, (world,), mesh_dim_names=("dp" if data_parallel > 1 else "cp",))
+
+
 def parallelize(model: nn.Module, mesh, *, layout: str = "contiguous",
                 param_dtype: Optional[torch.dtype] = None) -> nn.Module:
     """Ring attention over the mesh's "cp" dimension and FSDP2 over the mesh (in place; returns ``model``).

@@ -25,7 +25,8 @@ from .config import (
     AUTOCAST_DTYPES, DTYPES, FIELD_RULES, OPTIMIZERS, PRESETS, RUN_CONTROL_FIELDS, TrainConfig, check_field,
     parse_curriculum,
 )
-from .loop import TrainResult, answer_loss, build_model, evaluate, learning_rate, train
+from .batches import answer_loss
+from .loop import TrainResult, build_model, evaluate, learning_rate, train
 
 __all__ = [
     "AUTOCAST_DTYPES", "CHECKPOINT_FORMAT", "CHECKPOINT_NAME", "CHECKSUM_KEY", "DTYPES", "FIELD_RULES", "LOCK_NAME",

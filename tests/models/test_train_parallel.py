@@ -1,0 +1,166 @@
+"""`train` on a DeviceMesh (data_parallel x context_parallel, FSDP2): on gloo ranks (CPU, float64) every logged
+training loss and the final evaluation equal the single-process run's; the sharded checkpoint the ranks write
+resumes in one process with the uninterrupted run's next losses; a wrong world size fails on every rank."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest prepend import mode)
+
+MESHES = {2: [(2, 1, "contiguous"), (1, 2, "zigzag")], 4: [(2, 2, "zigzag")]}
+
+
+def _config(**overrides):
+    from hilbert_lab.models.train import TrainConfig
+
+    # segments 8 and 16 fit a 32-token shard, 64 spans the shards; dilation 2 and 4
+    return TrainConfig(seq_len=64, segment_lengths=[8, 16, 64], dilation_rates=[1, 2, 4], dim=32, depth=2,
+                       num_heads=4, batch_size=4, steps=4, warmup_steps=1, lr=1e-2, dtype="float64",
+                       backend="manual", log_every=1, eval_every=2, eval_batches=1, checkpoint_every=100,
+                       progress=False, **overrides)
+
+
+def _losses(history):
+    return [(r["step"], r["kind"], r["loss"]) for r in history]
+
+
+def _rank_trains(rank: int, world_size: int, folder: str) -> None:
+    from hilbert_lab.models.train import train
+
+    for dp, cp, layout in MESHES[world_size]:
+        result = train(_config(data_parallel=dp, context_parallel=cp, ring_layout=layout),
+                       os.path.join(folder, f"run_{dp}x{cp}"), stop_at=3)
+        if rank == 0:
+            with open(os.path.join(folder, f"run_{dp}x{cp}.json"), "w") as handle:
+                json.dump({"history": _losses(result.history), "eval": result.final_eval["loss"]}, handle)
+    with pytest.raises(ValueError, match="must equal the world size"):
+        train(_config(data_parallel=world_size, context_parallel=2, ring_layout="zigzag"))
+
+
+def _check_against_one_process(folder, world_size):
+    from hilbert_lab.models.train import train
+
+    reference = train(_config(), folder / "reference")
+    expected = _losses(reference.history)
+    for dp, cp, _ in MESHES[world_size]:
+        run = json.loads((folder / f"run_{dp}x{cp}.json").read_text())
+        assert [tuple(r[:2]) for r in run["history"]] == [r[:2] for r in expected[:len(run["history"])]]
+        for (step, kind, loss), (_, _, want) in zip(run["history"], expected):
+            assert abs(loss - want) < 1e-10, (dp, cp, step, kind, loss, want)
+        # the sharded checkpoint of step 3, resumed in one process: the uninterrupted run's step 4
+        resumed = train(_config(), folder / f"run_{dp}x{cp}", resume=True)
+        got = _losses(resumed.history)
+        assert [r[:2] for r in got] == [r[:2] for r in expected]
+        for (step, kind, loss), (_, _, want) in zip(got, expected):
+            assert abs(loss - want) < 1e-10, ("resumed", dp, cp, step, kind, loss, want)
+        assert abs(resumed.final_eval["loss"] - reference.final_eval["loss"]) < 1e-10
+
+
+@pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
+def test_training_on_two_ranks_equals_one_process_and_resumes_in_one(tmp_path):
+    run_world(_rank_trains, 2, tmp_path)
+    _check_against_one_process(tmp_path, 2)
+
+
+@pytest.mark.slow  # four gloo ranks on a 2-core machine
+@pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
+def test_training_on_a_two_by_two_mesh_equals_one_process(tmp_path):
+    run_world(_rank_trains, 4, tmp_path)
+    _check_against_one_process(tmp_path, 4)
+
+
+def test_a_mesh_run_needs_a_process_group_and_divisible_batches():
+    from hilbert_lab.models.train import train
+
+    with pytest.raises(ValueError, match="needs an initialised torch.distributed process group"):
+        train(_config(data_parallel=2))
+    with pytest.raises(ValueError, match="batch_size=4 must divide among the data_parallel=3 ranks"):
+        _config(data_parallel=3)
+    with pytest.raises(ValueError, match="pack=True .* context_parallel"):
+        _config(context_parallel=2, pack=True)
+
+
+def _dying_rank(rank: int, world_size: int, folder: str) -> None:
+    """train on a 2-rank data-parallel mesh; rank 1 exits abruptly at the start of step 2. Writes what train did on
+    this rank and how long it took (rank 0 must stop with an error, not hang)."""
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from hilbert_lab.models import loop
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=120))
+    if rank == 1:
+        schedule = loop.learning_rate
+
+        def dying(config, step):
+            if step == 1:
+                os._exit(3)
+            return schedule(config, step)
+
+        loop.learning_rate = dying
+    started = time.monotonic()
+    try:
+        loop.train(_config(data_parallel=2))
+        outcome = "finished"
+    except Exception as error:  # noqa: BLE001 (what the surviving rank raised is the result)
+        outcome = f"{type(error).__name__}: {error}"
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as handle:
+        json.dump({"outcome": outcome, "seconds": time.monotonic() - started}, handle)
+
+
+@pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
+def test_a_rank_that_dies_mid_run_stops_the_other_with_an_error(tmp_path):
+    import torch.multiprocessing as mp
+
+    context = mp.get_context("forkserver")
+    processes = [context.Process(target=_dying_rank, args=(rank, 2, str(tmp_path))) for rank in range(2)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=110)
+    alive = [p for p in processes if p.is_alive()]
+    for process in alive:
+        process.terminate()
+    assert not alive, "a rank still runs: the survivor hangs instead of failing"
+    assert processes[1].exitcode == 3
+    survivor = json.loads((tmp_path / "rank0.json").read_text())
+    assert survivor["outcome"] != "finished" and survivor["seconds"] < 100, survivor
+
+
+FLAGS = ["--seq-len", "64", "--context-length", "48", "--segment-lengths", "8,16,64", "--dilation-rates", "1,2,4",
+         "--dim", "32", "--depth", "2", "--num-heads", "4", "--batch-size", "4", "--steps", "2", "--dtype", "float64",
+         "--backend", "manual", "--eval-every", "2", "--quiet", "--json"]
+
+
+@pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
+def test_the_train_command_under_torchrun_gives_the_one_process_result(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    alone = subprocess.run([sys.executable, "-m", "hilbert_lab.cli", "train", "--out", str(tmp_path / "one"), *FLAGS],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                               "-m", "hilbert_lab.cli", "train", "--out", str(tmp_path / "two"), *FLAGS,
+                               "--context-parallel", "2", "--ring-layout", "zigzag"],
+                              capture_output=True, text=True, env=env, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    lines = [line for line in launched.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # rank 0 alone reports
+    want = json.loads(alone.stdout.splitlines()[-1])["final_eval"]
+    got = json.loads(lines[0])["final_eval"]
+    assert got["count"] == want["count"] and abs(got["loss"] - want["loss"]) < 1e-10
+    assert (tmp_path / "two" / "checkpoint.pt").is_file() and list((tmp_path / "two").glob("checkpoint-step2.dcp"))
+    # without torchrun: exit 2 and one line saying how to launch it
+    bare = subprocess.run([sys.executable, "-m", "hilbert_lab.cli", "train", "--out", str(tmp_path / "bare"), *FLAGS,
+                           "--data-parallel", "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1 and "torchrun --nproc-per-node 2" in bare.stderr
