@@ -1,5 +1,5 @@
 """Training of a LongNetLM on the synthetic retrieval task, one name space for its public names:
-configuration (.config), checkpoints and logs (.checkpoint), the loop (.loop) and the `train`
+configuration (.config), checkpoints and logs (.checkpoint), batches and losses (.batches), the loop (.loop) and the `train`
 command (.cli)."""
 from __future__ import annotations
 

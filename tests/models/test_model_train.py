@@ -242,11 +242,11 @@ def test_cli_trains_resumes_and_reports_bad_input(tmp_path, capsys):
 def test_train_module_re_exports_each_public_name_from_its_home():
     import importlib
 
-    from hilbert_lab.models import checkpoint, cli, config, loop
+    from hilbert_lab.models import batches, checkpoint, cli, config, loop
 
     train_module = importlib.import_module("hilbert_lab.models.train")
 
-    homes = {name: module for module in (checkpoint, cli, config, loop) for name in vars(module)
+    homes = {name: module for module in (batches, checkpoint, cli, config, loop) for name in vars(module)
              if not name.startswith("_") and getattr(vars(module)[name], "__module__", module.__name__) == module.__name__}
     for name in train_module.__all__:
         assert getattr(train_module, name) is getattr(homes[name], name), name
