@@ -10,7 +10,10 @@ import pytest
 
 from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest prepend import mode)
 
-MESHES = {2: [(2, 1, "contiguous"), (1, 2, "zigzag")], 4: [(2, 2, "zigzag")]}
+# (data_parallel, context_parallel, ring_layout, other TrainConfig fields)
+MESHES = {2: [(2, 1, "contiguous", {}), (1, 2, "zigzag", {}),
+              (2, 1, "contiguous", {"num_kv_heads": 2}), (1, 2, "contiguous", {"gradient_checkpointing": True})],
+          4: [(2, 2, "zigzag", {})]}
 
 
 def _config(**overrides):
@@ -30,11 +33,11 @@ def _losses(history):
 def _rank_trains(rank: int, world_size: int, folder: str) -> None:
     from hilbert_lab.models.train import train
 
-    for dp, cp, layout in MESHES[world_size]:
-        result = train(_config(data_parallel=dp, context_parallel=cp, ring_layout=layout),
-                       os.path.join(folder, f"run_{dp}x{cp}"), stop_at=3)
+    for index, (dp, cp, layout, extra) in enumerate(MESHES[world_size]):
+        result = train(_config(data_parallel=dp, context_parallel=cp, ring_layout=layout, **extra),
+                       os.path.join(folder, f"run{index}"), stop_at=3)
         if rank == 0:
-            with open(os.path.join(folder, f"run_{dp}x{cp}.json"), "w") as handle:
+            with open(os.path.join(folder, f"run{index}.json"), "w") as handle:
                 json.dump({"history": _losses(result.history), "eval": result.final_eval["loss"]}, handle)
     with pytest.raises(ValueError, match="must equal the world size"):
         train(_config(data_parallel=world_size, context_parallel=2, ring_layout="zigzag"))
@@ -43,15 +46,15 @@ def _rank_trains(rank: int, world_size: int, folder: str) -> None:
 def _check_against_one_process(folder, world_size):
     from hilbert_lab.models.train import train
 
-    reference = train(_config(), folder / "reference")
-    expected = _losses(reference.history)
-    for dp, cp, _ in MESHES[world_size]:
-        run = json.loads((folder / f"run_{dp}x{cp}.json").read_text())
+    for index, (dp, cp, _, extra) in enumerate(MESHES[world_size]):
+        reference = train(_config(**extra), folder / f"reference{index}")
+        expected = _losses(reference.history)
+        run = json.loads((folder / f"run{index}.json").read_text())
         assert [tuple(r[:2]) for r in run["history"]] == [r[:2] for r in expected[:len(run["history"])]]
         for (step, kind, loss), (_, _, want) in zip(run["history"], expected):
             assert abs(loss - want) < 1e-10, (dp, cp, step, kind, loss, want)
         # the sharded checkpoint of step 3, resumed in one process: the uninterrupted run's step 4
-        resumed = train(_config(), folder / f"run_{dp}x{cp}", resume=True)
+        resumed = train(_config(**extra), folder / f"run{index}", resume=True)
         got = _losses(resumed.history)
         assert [r[:2] for r in got] == [r[:2] for r in expected]
         for (step, kind, loss), (_, _, want) in zip(got, expected):
