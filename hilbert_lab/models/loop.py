@@ -29,7 +29,7 @@ from .batches import (
 )
 from .config import DTYPES, TrainConfig
 from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
-from .parallel import init_mesh, load_sharded, local_batch, mean_token_loss, parallelize, save_sharded
+from .parallel import check_agreement, init_mesh, load_sharded, local_batch, mean_token_loss, parallelize, save_sharded
 from .tasks import IGNORE_INDEX, answer_positions, make_batch
 
 
@@ -182,6 +182,9 @@ def train(
     out_path = Path(out_dir) if out_dir is not None else None
     mesh = init_mesh(config.data_parallel, config.context_parallel, torch.device(config.device).type) \
         if config.on_mesh else None
+    if mesh is not None:
+        check_agreement("configuration, run folder and resume flag",
+                        [config.to_dict(), None if out_dir is None else str(out_dir), resume, stop_at])
     model = build_model(config)  # bad model arguments fail here, before anything is written
     if config.init_from is not None and not resume:
         _load_weights(model, config.init_from)

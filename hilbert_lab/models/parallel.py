@@ -14,6 +14,8 @@ The ring (hilbert_lab.distributed) is a peer package, imported when a mesh is us
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 from typing import Optional
 
@@ -64,6 +66,19 @@ def init_mesh(data_parallel: int, context_parallel: int, device_type: str = "cpu
     if data_parallel > 1 and context_parallel > 1:
         return init_device_mesh(device_type, (data_parallel, context_parallel), mesh_dim_names=MESH_DIMS)
     return init_device_mesh(device_type, (world,), mesh_dim_names=("dp" if data_parallel > 1 else "cp",))
+
+
+def check_agreement(what: str, value) -> None:
+    """ValueError on every rank of the initialised process group unless all ranks pass an equal `value` (a
+    JSON-able description of `what`, e.g. a run's configuration and folder); the message names the ranks that
+    differ from rank 0."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    digests = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, hashlib.sha256(text.encode()).hexdigest())
+    differing = [rank for rank, digest in enumerate(digests) if digest != digests[0]]
+    if differing:
+        raise ValueError(f"every rank must start with the same {what}; ranks {differing} differ from rank 0 (launch "
+                         "every rank with the same command)")
 
 
 def parallelize(model: nn.Module, mesh, *, layout: str = "contiguous",

@@ -1,6 +1,7 @@
 """`train` on a DeviceMesh (data_parallel x context_parallel, FSDP2): on gloo ranks (CPU, float64) every logged
 training loss and the final evaluation equal the single-process run's; the sharded checkpoint the ranks write
-resumes in one process with the uninterrupted run's next losses; a wrong world size fails on every rank."""
+resumes in one process with the uninterrupted run's next losses; a wrong world size, or ranks started with different
+configurations, fail on every rank; a rank that dies stops the others."""
 from __future__ import annotations
 
 import json
@@ -41,6 +42,8 @@ def _rank_trains(rank: int, world_size: int, folder: str) -> None:
                 json.dump({"history": _losses(result.history), "eval": result.final_eval["loss"]}, handle)
     with pytest.raises(ValueError, match="must equal the world size"):
         train(_config(data_parallel=world_size, context_parallel=2, ring_layout="zigzag"))
+    with pytest.raises(ValueError, match=r"same configuration, run folder and resume flag; ranks \[1\] differ"):
+        train(_config(data_parallel=world_size, seed=int(rank == 1)))  # every rank refuses, none hangs
 
 
 def _check_against_one_process(folder, world_size):
