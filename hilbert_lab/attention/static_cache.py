@@ -205,7 +205,12 @@ class DilatedStaticCache:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The prompt q (B, T, H, D), k, v (B, T, H_kv, D) (rows left-padded to prompt_lengths), or after it T new
-        tokens per row -> out (B, T, H, D) (zeros at padding)."""
+        tokens per row -> out (B, T, H, D) (zeros at padding). Under torch.autocast they run in the cache's dtype."""
+        device = q.device.type
+        if device in ("cpu", "cuda") and torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                low = self.keys.dtype
+                return self.attend(q.to(low), k.to(low), v.to(low))
         if not self.lengths:
             return self.prefill(q, k, v)
         return self.step(q, k, v)

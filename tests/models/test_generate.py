@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hilbert_lab.models import LongNetLM
-from hilbert_lab.models.generate import new_caches
+from hilbert_lab.models.generate import new_caches, new_static_caches
 
 VOCAB = 24
 
@@ -196,6 +196,22 @@ def test_left_padded_rows_decode_each_as_if_alone(kv_heads):
                          attention_mask=torch.ones_like(rows[1]))
     assert torch.equal(one, model.generate(rows[1], 30, top_k=4, generator=torch.Generator().manual_seed(5),
                                            use_cache=False))
+
+
+def test_static_caches_under_autocast_hold_and_attend_in_its_dtype():
+    """Under torch.autocast (float32 weights, bfloat16 compute) the static caches are bfloat16 and left-padded rows
+    decode; each row's tokens equal its own batch-1 static-cache generation under the same autocast."""
+    torch.manual_seed(0)
+    model = LongNetLM(VOCAB, 32, 2, 4, [8, 16, 32], [1, 2, 4], max_seq_len=96, backend="sdpa").eval()
+    rows = [_tokens(1, n, seed=n) for n in (19, 6)]
+    prompt, mask = _left_padded_prompt(rows)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        caches = new_static_caches(model, 2, 40)
+        assert all(cache.keys.dtype == torch.bfloat16 for cache in caches)
+        batched = model.generate(prompt, 12, attention_mask=mask)
+        for b, row in enumerate(rows):
+            alone = model.generate(row, 12, attention_mask=torch.ones_like(row))
+            assert torch.equal(batched[b, 19 - row.shape[1]:], alone[0])
 
 
 def test_logits_to_keep_gives_the_last_rows():
