@@ -6,6 +6,9 @@ One GPU (H100), writes JSON to --out:
 The same training run sharded over 2 GPUs with ring attention, compared with the 1-GPU curve:
     torchrun --nproc_per_node=2 benchmarks/train_gpu.py --ring --skip-throughput \
         --compare reports/results/train_gpu_h100.json --out reports/results/train_gpu_ring2.json
+On a DeviceMesh with FSDP2 (models.parallel): --data-parallel and --context-parallel, their product the process
+count, e.g. torchrun --nproc_per_node=4 benchmarks/train_gpu.py --data-parallel 2 --context-parallel 2 --out ...
+(tokens/s counts the global batch; tokens_per_s_per_gpu divides it by the process count).
 LongNet's geometric dilation on the spanning segment instead (the whole grid: train_retrieval_grid.py):
     python benchmarks/train_gpu.py --preset gpu-32k-dil16 --out reports/results/train_gpu_h100_dil16.json
 Long runs resume: add --run-dir DIR (and --resume to continue after a time limit).
@@ -44,7 +47,8 @@ def _resolved_backend(values: dict) -> str:
 
     dtype = torch.bfloat16 if values.get("autocast") == "bfloat16" else getattr(torch, values.get("dtype", "float32"))
     device = values["device"] if torch.cuda.is_available() or values["device"] == "cpu" else "cpu"
-    return select_backend(device, dtype, mode=values.get("mode", "longnet"), whole_pattern=not values.get("ring", False))
+    sharded = values.get("ring", False) or values.get("context_parallel", 1) > 1
+    return select_backend(device, dtype, mode=values.get("mode", "longnet"), whole_pattern=not sharded)
 
 
 def _base_config(args) -> dict:
@@ -80,8 +84,14 @@ def throughput(values: dict, checkpointing: bool, steps: int, window: int) -> di
         return {**row, "error": f"out of memory: {str(error).splitlines()[0]}"}
     windows = [r for r in result.history if r["kind"] == "train"]
     measured = windows[1:] or windows
+    ranks = config.data_parallel * config.context_parallel if config.on_mesh else 1
+    if config.ring:
+        import torch.distributed as dist
+
+        ranks = dist.get_world_size()
     row.update(
         tokens_per_s=sum(r["tokens_per_s"] for r in measured) / len(measured),
+        tokens_per_s_per_gpu=sum(r["tokens_per_s"] for r in measured) / len(measured) / ranks,
         tokens_per_s_windows=[r["tokens_per_s"] for r in windows],
         losses=[r["loss"] for r in windows],
         peak_memory_bytes=torch.cuda.max_memory_allocated(config.device) if on_cuda else None,
@@ -136,6 +146,8 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="tiny CPU sizes to check the script runs")
     parser.add_argument("--ring", action="store_true", help="shard the sequence over the torchrun ranks")
     parser.add_argument("--ring-layout", choices=("contiguous", "zigzag"), default="contiguous")
+    parser.add_argument("--data-parallel", type=int, default=1, help="ranks that split each batch's rows (FSDP2)")
+    parser.add_argument("--context-parallel", type=int, default=1, help="ranks that shard each sequence (FSDP2)")
     parser.add_argument("--compare", help="JSON of the 1-GPU run: report the loss-curve difference")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-train", action="store_true")
@@ -165,7 +177,11 @@ def main() -> int:
         parser.error(f"--init-from must name an existing checkpoint file, got {args.init_from!r}")
     values = _base_config(args)
     rank, world_size = 0, 1
-    if args.ring:
+    if min(args.data_parallel, args.context_parallel) < 1 or (args.ring and args.data_parallel * args.context_parallel > 1):
+        parser.error("--data-parallel and --context-parallel must be >= 1, and they do not go with --ring")
+    on_mesh = args.data_parallel * args.context_parallel > 1
+    distributed = args.ring or on_mesh
+    if distributed:
         import torch.distributed as dist
 
         cuda = torch.cuda.is_available() and not args.small
@@ -173,7 +189,8 @@ def main() -> int:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=600))
         rank, world_size = dist.get_rank(), dist.get_world_size()
-        values.update(ring=True, ring_layout=args.ring_layout)
+        values.update(ring=args.ring, ring_layout=args.ring_layout, data_parallel=args.data_parallel,
+                      context_parallel=args.context_parallel)
         if cuda:
             values["device"] = f"cuda:{torch.cuda.current_device()}"
         values["progress"] = values["progress"] and rank == 0
@@ -203,7 +220,7 @@ def main() -> int:
                                 **({"eval_every": args.eval_every} if args.eval_every else {}),
                                 "gradient_checkpointing": args.gradient_checkpointing})
         run_dir = args.run_dir or (tempfile.mkdtemp(prefix="train_gpu_") if rank == 0 else None)
-        if args.ring and args.run_dir is None:  # every rank needs the same folder
+        if distributed and args.run_dir is None:  # every rank needs the same folder
             import torch.distributed as dist
 
             holder = [run_dir]
@@ -232,7 +249,7 @@ def main() -> int:
                 "max_rel_loss_difference": max((abs(a - b) / max(abs(b), 1e-12) for a, b in pairs), default=None),
             }
         save()
-    if args.ring:
+    if distributed:
         import torch.distributed as dist
 
         dist.destroy_process_group()

@@ -1,8 +1,9 @@
-"""benchmarks/train_gpu.py: the length probe's pattern, the probe itself on a CPU, and --init-from checks."""
+"""benchmarks/train_gpu.py: the length probe's pattern, the probe itself on a CPU, --init-from checks, and a mesh run."""
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +48,20 @@ def test_init_from_must_name_a_file(tmp_path):
                            "--init-from", str(tmp_path / "none.pt"), "--out", str(tmp_path / "x.json")],
                           capture_output=True, text=True, timeout=600)  # wide: only a hang reaches it
     assert done.returncode == 2 and "--init-from must name an existing checkpoint file" in done.stderr
+
+
+@pytest.mark.slow  # two gloo ranks under torchrun on a 2-core machine
+def test_the_script_trains_on_a_mesh_under_torchrun(tmp_path):
+    """--data-parallel 2 under torchrun: the run trains on the mesh and rank 0 writes the report, with tokens/s
+    per GPU beside the global figure."""
+    out = tmp_path / "mesh.json"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(SCRIPT), "--small", "--data-parallel", "2", "--steps", "2", "--throughput-steps", "2",
+                           "--window", "1", "--quiet", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["world_size"] == 2 and report["config"]["data_parallel"] == 2
+    for row in report["throughput"]:
+        assert row["tokens_per_s_per_gpu"] == pytest.approx(row["tokens_per_s"] / 2)
+    assert report["training"]["final_eval"]["count"] > 0
