@@ -71,11 +71,36 @@ def test_training_on_two_ranks_equals_one_process_and_resumes_in_one(tmp_path):
     _check_against_one_process(tmp_path, 2)
 
 
+def _rank_resumes_on_two(rank: int, world_size: int, folder: str) -> None:
+    """The 2 x 2 run's sharded checkpoint of step 3, resumed on a 2-rank context-parallel mesh to the end."""
+    from hilbert_lab.models.train import train
+
+    result = train(_config(context_parallel=2, ring_layout="zigzag"), os.path.join(folder, "run0_copy"), resume=True)
+    if rank == 0:
+        with open(os.path.join(folder, "resumed_on_two.json"), "w") as handle:
+            json.dump({"history": _losses(result.history), "eval": result.final_eval["loss"]}, handle)
+
+
 @pytest.mark.slow  # four gloo ranks on a 2-core machine
 @pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
-def test_training_on_a_two_by_two_mesh_equals_one_process(tmp_path):
+def test_training_on_a_two_by_two_mesh_equals_one_process_and_resumes_on_two_ranks(tmp_path):
+    import shutil
+
+    from hilbert_lab.models.train import train
+
     run_world(_rank_trains, 4, tmp_path)
-    _check_against_one_process(tmp_path, 4)
+    shutil.copytree(tmp_path / "run0", tmp_path / "run0_copy")
+    (tmp_path / "rendezvous").unlink(missing_ok=True)
+    run_world(_rank_resumes_on_two, 2, tmp_path)
+    resumed = json.loads((tmp_path / "resumed_on_two.json").read_text())
+    _check_against_one_process(tmp_path, 4)  # the same checkpoint resumed in one process
+
+    reference = train(_config(), tmp_path / "reference_again")
+    expected = _losses(reference.history)
+    assert [tuple(r[:2]) for r in resumed["history"]] == [r[:2] for r in expected]
+    for (step, kind, loss), (_, _, want) in zip(resumed["history"], expected):
+        assert abs(loss - want) < 1e-10, ("resumed on two ranks", step, kind, loss, want)
+    assert abs(resumed["eval"] - reference.final_eval["loss"]) < 1e-10
 
 
 def test_a_mesh_run_needs_a_process_group_and_divisible_batches():
