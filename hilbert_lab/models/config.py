@@ -112,9 +112,16 @@ class TrainConfig:
         if self.ring and self.on_mesh:
             raise ValueError("ring=True does not go with data_parallel or context_parallel > 1: context_parallel is "
                              "the ring on a DeviceMesh; use it alone")
-        if self.pack and self.context_parallel > 1:
-            raise ValueError("pack=True (packed documents) does not run with context_parallel > 1: ring attention "
-                             "takes one sequence per row; use one of them")
+        if self.pack and self.on_mesh:
+            raise ValueError("pack=True (packed documents) does not run with data_parallel or context_parallel > 1: "
+                             "a packed batch is one row, and ring attention takes one sequence per row; use one of "
+                             "them")
+        shards = self.context_parallel * (2 if self.ring_layout == "zigzag" and self.context_parallel > 1 else 1)
+        lengths = sorted({self.seq_len, *(phase[0] for phase in self.curriculum if len(phase) == 2)})
+        if any(length % shards for length in lengths):
+            raise ValueError(f"every training length ({lengths}) must be a multiple of {shards}: the "
+                             f"{self.ring_layout} layout cuts each sequence into that many equal chunks over "
+                             f"context_parallel={self.context_parallel} ranks")
         if self.batch_size % self.data_parallel:
             raise ValueError(f"batch_size={self.batch_size} must divide among the data_parallel={self.data_parallel} "
                              "ranks (a multiple of it)")

@@ -110,8 +110,11 @@ def test_a_mesh_run_needs_a_process_group_and_divisible_batches():
         train(_config(data_parallel=2))
     with pytest.raises(ValueError, match="batch_size=4 must divide among the data_parallel=3 ranks"):
         _config(data_parallel=3)
-    with pytest.raises(ValueError, match="pack=True .* context_parallel"):
-        _config(context_parallel=2, pack=True)
+    with pytest.raises(ValueError, match=r"every training length \(\[64\]\) must be a multiple of 6: the zigzag"):
+        _config(context_parallel=3, ring_layout="zigzag")
+    for degrees in (dict(context_parallel=2), dict(data_parallel=2)):
+        with pytest.raises(ValueError, match="pack=True .* data_parallel or context_parallel > 1"):
+            _config(pack=True, **degrees)
 
 
 def _dying_rank(rank: int, world_size: int, folder: str) -> None:
