@@ -176,6 +176,7 @@ def test_ctrl_c_keeps_finished_results_and_resume_knows_what_is_left(tmp_path, s
     proc = subprocess.Popen([sys.executable, "-m", "hilbert_lab.cli", "bench", "--matrix", str(matrix), "--out",
                              str(out), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(proc, "the first case's record", lambda: out.exists() and out.read_text().count("\n") >= 1)
+    time.sleep(1.0)  # the first case's worker, which may outlive its record by moments, is gone by then
     _wait_for(proc, "the sleeping case's worker", lambda: _case_workers(proc.pid))
     proc.send_signal(stop_signal)
     try:
