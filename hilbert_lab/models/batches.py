@@ -58,8 +58,9 @@ def is_main_rank() -> bool:
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
-def all_reduce_sum(values: list[float], config: TrainConfig) -> list[float]:
-    if not (config.ring or config.on_mesh):
+def all_reduce_sum(values: list[float], config: TrainConfig, mesh=None) -> list[float]:
+    """values summed over the ranks where each holds a part of the batch (config.ring, or a `mesh`), else as given."""
+    if not (config.ring or mesh is not None):
         return values
     import torch.distributed as dist
 

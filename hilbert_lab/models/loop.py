@@ -96,7 +96,7 @@ def evaluate(model: torch.nn.Module, config: TrainConfig, *, batches: int | None
             totals[3 + buckets:] += torch.bincount(bucket, minlength=buckets).double()
     finally:
         model.train(was_training)
-    totals = torch.tensor(all_reduce_sum(totals.tolist(), config), dtype=torch.float64)
+    totals = torch.tensor(all_reduce_sum(totals.tolist(), config, mesh), dtype=torch.float64)
     loss, correct, count = (float(v) for v in totals[:3])
     low, high = wilson_interval(correct, count)
     result: dict[str, Any] = {"loss": loss / count, "accuracy": correct / count, "correct": int(correct),
@@ -316,7 +316,7 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
             window_tokens += config.batch_size * length
             done = step + 1
             if done % config.log_every == 0 or done == config.steps:
-                loss_total, hits_total = all_reduce_sum([float(loss_sum.detach()), float(hits)], config)
+                loss_total, hits_total = all_reduce_sum([float(loss_sum.detach()), float(hits)], config, mesh)
                 if on_cuda:
                     torch.cuda.synchronize()
                 elapsed = time.perf_counter() - window_start

@@ -103,6 +103,17 @@ def test_training_on_a_two_by_two_mesh_equals_one_process_and_resumes_on_two_ran
     assert abs(resumed["eval"] - reference.final_eval["loss"]) < 1e-10
 
 
+def test_a_mesh_config_evaluates_a_plain_model_in_one_process():
+    """evaluate() without a mesh scores the whole batch, whatever degrees the configuration names (a mesh run's
+    checkpoint evaluated in one process)."""
+    from hilbert_lab.models.train import build_model, evaluate
+
+    model = build_model(_config())
+    want = evaluate(model, _config(), batches=1)
+    got = evaluate(model, _config(data_parallel=2, context_parallel=2), batches=1)
+    assert got["count"] == want["count"] and abs(got["loss"] - want["loss"]) < 1e-12
+
+
 def test_a_mesh_run_needs_a_process_group_and_divisible_batches():
     from hilbert_lab.models.train import train
 
