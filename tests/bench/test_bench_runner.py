@@ -173,10 +173,12 @@ def test_ctrl_c_keeps_finished_results_and_resume_knows_what_is_left(tmp_path, s
     matrix.write_text("base: {kind: selftest}\ncases:\n  - {value: 1}\n  - {behavior: sleep, seconds: 120, value: 2}\n"
                       "  - {value: 3}\n")
     out = tmp_path / "r.jsonl"
+    # SIGINT at its default disposition in the run, as in a terminal: a shell that starts the tests in the background
+    # without job control hands them SIGINT ignored, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-m", "hilbert_lab.cli", "bench", "--matrix", str(matrix), "--out",
-                             str(out), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             str(out), "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for(proc, "the first case's record", lambda: out.exists() and out.read_text().count("\n") >= 1)
-    time.sleep(1.0)  # the first case's worker, which may outlive its record by moments, is gone by then
     _wait_for(proc, "the sleeping case's worker", lambda: _case_workers(proc.pid))
     proc.send_signal(stop_signal)
     try:
