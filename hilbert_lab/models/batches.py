@@ -53,6 +53,7 @@ def sequence_positions(config: TrainConfig, seq_len: int | None = None) -> torch
 
 
 def is_main_rank() -> bool:
+    """Whether this process is rank 0 of the initialised process group, or the only process."""
     import torch.distributed as dist
 
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0

@@ -23,6 +23,7 @@ from .checkpoint import (
     CHECKPOINT_NAME, LOG_NAME, SUMMARY_NAME, RunFolderError, check_run_folder, checkpoint_config, load_checkpoint,
     load_weights,
 )
+from .batches import is_main_rank
 from .config import AUTOCAST_DTYPES, DTYPES, MAX_SEED, PRESETS, RING_LAYOUTS, TrainConfig, parse_curriculum
 from .loop import TrainResult, build_model, train
 from .tasks import make_batch
@@ -228,10 +229,10 @@ def _run_cli(args: argparse.Namespace) -> int:
         out = arguments.prepare_output(args.out, "--out", folder=True)
         started = time.perf_counter()
         result = train(config, out, resume=args.resume)
-        reporting = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0  # rank 0 reports
+        reporting = is_main_rank()  # rank 0 alone reports
     except (RunFolderError, ValueError) as error:
         message = error.cli if isinstance(error, RunFolderError) else str(error)
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0:  # one line, not one a rank
+        if is_main_rank():  # one line, not one a rank
             print("hilbert-lab train: error: " + " ".join(message.split()), file=sys.stderr)
         return 2
     except RuntimeError as error:

@@ -29,7 +29,7 @@ from .batches import (
 )
 from .config import DTYPES, TrainConfig
 from .evaluate import bucket_rows, distance_bucket, num_distance_buckets, wilson_interval
-from .parallel import check_agreement, init_mesh, load_sharded, local_batch, mean_token_loss, parallelize, save_sharded
+from .parallel import check_agreement, init_mesh, load_sharded, local_batch, parallelize, save_sharded
 from .tasks import IGNORE_INDEX, answer_positions, make_batch
 
 
@@ -290,18 +290,12 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
             logits, local_targets = batch_logits(runner, tokens, targets, positions[length], config, cu_seqlens,
                                                   mesh)
             optimizer.zero_grad(set_to_none=True)
-            if mesh is not None:  # the global batch's mean answer loss, whose gradients FSDP averages
-                loss, _ = mean_token_loss(logits, local_targets, mesh, ignore_index=IGNORE_INDEX)
-                with torch.no_grad():
-                    loss_sum, hits, answers = answer_loss(logits.detach(), local_targets)
-                loss.backward()
-                answers = answers_per_batch
-            else:
-                loss_sum, hits, answers = answer_loss(logits, local_targets)
-                # a packed row holds as many answers as it has documents with questions; otherwise every rank
-                # divides by the whole batch's answers
-                answers = max(answers, 1) if config.pack else answers_per_batch
-                (loss_sum / answers).backward()
+            loss_sum, hits, answers = answer_loss(logits, local_targets)
+            # a packed row holds as many answers as it has documents with questions; otherwise every rank
+            # divides by the whole batch's answers
+            answers = max(answers, 1) if config.pack else answers_per_batch
+            # on a mesh FSDP averages the gradients over its ranks: each rank's share scaled back to the global mean
+            (loss_sum * ((mesh.size() if mesh is not None else 1) / answers)).backward()
             if config.ring:
                 import torch.distributed as dist
 
