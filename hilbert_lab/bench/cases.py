@@ -13,6 +13,9 @@ from typing import Any
 from hilbert_lab.dtypes import DTYPES
 
 CASE_TARGET = "hilbert_lab.bench.cases:run_case"
+# What a case process imports (bench.forkserver imports it once; each case is forked from there).
+CASE_PRELOAD = ("torch", "torch._dynamo", "hilbert_lab.attention.engine", "hilbert_lab.attention.memory",
+                "hilbert_lab.bench.cases", "hilbert_lab.bench.measure", "hilbert_lab.bench.timing")
 KINDS = ("selftest", "attention", "memory")
 SELFTEST_BEHAVIORS = ("ok", "raise", "sleep", "signal", "oom", "exit")
 PASSES = ("forward", "forward_backward")

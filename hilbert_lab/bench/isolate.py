@@ -13,7 +13,9 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
+
+from hilbert_lab.bench.forkserver import can_fork, run_forked
 
 # Statuses of an isolated run. "ok" is the only success.
 STATUSES = ("ok", "error", "oom", "timeout", "signal", "crash")
@@ -106,11 +108,31 @@ def clean_stale_case_dirs(*, before: float | None = None, tmpdir: str | None = N
     return removed
 
 
+def _spawn(python: str, in_path: str, out_path: str, err_path: str, env: dict[str, str],
+           timeout_s: float) -> tuple[int | None, bool]:
+    """Run the worker as a new interpreter in its own session; (return code, timed out)."""
+    with open(err_path, "wb") as err_handle:
+        proc = subprocess.Popen([python, "-m", "hilbert_lab.bench.worker", in_path, out_path],
+                                stdin=subprocess.DEVNULL, stdout=err_handle, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s), False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            return proc.returncode, True
+        except BaseException:
+            _kill_group(proc)
+            raise
+
+
 def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
-                 env: dict[str, str] | None = None, python: str | None = None) -> IsolatedOutcome:
+                 env: dict[str, str] | None = None, python: str | None = None,
+                 preload: Sequence[str] = ()) -> IsolatedOutcome:
     """Call `target` ('package.module:function') with `params` in a new Python process.
 
-    The function must return a JSON-serialisable dict. The child runs in its own session so that
+    On Linux the process is forked from a server that has imported `preload` (bench.forkserver), unless
+    `python` names an interpreter or `env` sets a variable only a new interpreter reads; else it is a new
+    interpreter. The function must return a JSON-serialisable dict. The child runs in its own session so that
     Ctrl-C in the terminal does not reach it; on timeout or KeyboardInterrupt its process group is
     killed (KeyboardInterrupt is then re-raised). An out-of-memory error (torch.OutOfMemoryError,
     MemoryError) gives status "oom", any other exception "error", death by a signal "signal"
@@ -120,14 +142,14 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
         raise ValueError(f"target must be 'module:function', got {target!r}")
     if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
-    child_env = dict(os.environ)
-    child_env.update(env or {})
+    base_env = dict(os.environ)
     # The child imports the same hilbert_lab as this process, also when it was found through sys.path only
     # (an installed one is found the same way by the child; its site folder must not precede the stdlib).
     if os.path.basename(_PACKAGE_ROOT) not in ("site-packages", "dist-packages"):
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            [_PACKAGE_ROOT] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    child_env["HILBERT_LAB_PARENT_PID"] = str(os.getpid())
+        base_env["PYTHONPATH"] = os.pathsep.join(
+            [_PACKAGE_ROOT] + [p for p in base_env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    base_env["HILBERT_LAB_PARENT_PID"] = str(os.getpid())
+    extra_env = dict(env or {})
     # The folder name carries this process's pid: if it is SIGKILLed, clean_stale_case_dirs removes it later.
     with tempfile.TemporaryDirectory(prefix=f"{_CASE_DIR_PREFIX}{os.getpid()}_{_host_tag()}_") as workdir:
         in_path = os.path.join(workdir, "in.json")
@@ -136,21 +158,16 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
         with open(in_path, "w") as handle:
             json.dump({"target": target, "params": params}, handle)
         start = time.perf_counter()
-        with open(err_path, "wb") as err_handle:
-            proc = subprocess.Popen(
-                [python or sys.executable, "-m", "hilbert_lab.bench.worker", in_path, out_path],
-                stdin=subprocess.DEVNULL, stdout=err_handle, stderr=subprocess.STDOUT,
-                env=child_env, start_new_session=True,
-            )
+        forked = python is None and can_fork(extra_env)
+        if forked:
             try:
-                returncode = proc.wait(timeout=timeout_s)
-                timed_out = False
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                returncode, timed_out = proc.returncode, True
-            except BaseException:
-                _kill_group(proc)
-                raise
+                returncode, timed_out = run_forked(in_path, out_path, err_path, base_env=base_env, env=extra_env,
+                                                   timeout_s=timeout_s, preload=preload)
+            except OSError:  # no fork server here: spawn the case instead
+                forked = False
+        if not forked:
+            returncode, timed_out = _spawn(python or sys.executable, in_path, out_path, err_path,
+                                           {**base_env, **extra_env}, timeout_s)
         duration = time.perf_counter() - start
         with open(err_path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -176,6 +193,7 @@ def run_isolated(target: str, params: dict[str, Any], *, timeout_s: float,
         return IsolatedOutcome("signal", error=f"killed by {name}{hint}", returncode=returncode,
                                duration_s=duration, stderr_tail=stderr_tail)
     last_line = next((line.strip() for line in reversed(stderr_tail.splitlines()) if line.strip()), "")
-    return IsolatedOutcome("crash", error=f"exited with code {returncode} without a result"
+    ending = "ended with its fork server" if returncode is None else f"exited with code {returncode}"
+    return IsolatedOutcome("crash", error=f"{ending} without a result"
                                           + (f": {last_line[:300]}" if last_line else ""),
                            returncode=returncode, duration_s=duration, stderr_tail=stderr_tail)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from hilbert_lab.bench.cases import CASE_TARGET, estimate_case_bytes, exact_peak_env, normalize_case
+from hilbert_lab.bench.cases import CASE_PRELOAD, CASE_TARGET, estimate_case_bytes, exact_peak_env, normalize_case
 from hilbert_lab.bench.checker import MemorySafetyChecker
 from hilbert_lab.bench.config import SafetyConfig, format_bytes
 from hilbert_lab.bench.isolate import IsolatedOutcome, run_isolated
@@ -102,7 +102,8 @@ class ProgressiveTester:
             ok, reason = self.checker.check_memory_available(estimated)
             if not ok:
                 return ProbeStep(seq_len, False, "estimate", reason, estimated_bytes=estimated)
-        outcome = run_isolated(self.target, case, timeout_s=self.config.case_timeout_s, env=exact_peak_env(case))
+        outcome = run_isolated(self.target, case, timeout_s=self.config.case_timeout_s, env=exact_peak_env(case),
+                               preload=CASE_PRELOAD)
         if not outcome.ok:
             return ProbeStep(seq_len, False, outcome.status, outcome.error, estimated_bytes=estimated,
                              seconds=outcome.duration_s)

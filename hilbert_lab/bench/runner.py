@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from hilbert_lab.bench.cases import CASE_TARGET, case_id, estimate_case_bytes, normalize_case, worker_env
+from hilbert_lab.bench.cases import CASE_PRELOAD, CASE_TARGET, case_id, estimate_case_bytes, normalize_case, worker_env
 from hilbert_lab.bench.env import collect_environment
 from hilbert_lab.bench.checker import MemorySafetyChecker
 from hilbert_lab.bench.config import SafetyConfig
@@ -221,7 +221,8 @@ class SafeBenchmarkRunner:
         if refusal is not None:
             status, result, error, duration, stderr_tail = "refused", {}, refusal, 0.0, ""
         else:
-            outcome = run_isolated(self.target, case, timeout_s=self.config.case_timeout_s, env=worker_env(case))
+            outcome = run_isolated(self.target, case, timeout_s=self.config.case_timeout_s, env=worker_env(case),
+                                   preload=CASE_PRELOAD)
             status, result, error = outcome.status, outcome.result, outcome.error
             duration, stderr_tail = outcome.duration_s, ("" if outcome.ok else outcome.stderr_tail)
         record = {"schema": SCHEMA_VERSION, "case_id": case_id(case), "run_id": run_id, "status": status,

@@ -24,10 +24,9 @@ def _write_atomic(path: str, payload: dict) -> None:
     atomic_write(path, json.dumps(payload))
 
 
-def _die_with_parent() -> None:
-    """Linux: get SIGKILL when the parent (the runner) dies, so no orphaned case keeps running."""
-    parent = os.environ.get("HILBERT_LAB_PARENT_PID")
-    if not sys.platform.startswith("linux") or not parent:
+def die_with(parent: int) -> None:
+    """Linux: get SIGKILL when process `parent` (this one's parent) dies, so no orphaned case keeps running."""
+    if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
@@ -37,13 +36,19 @@ def _die_with_parent() -> None:
         libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() != int(parent):  # the parent died before prctl took effect
+    if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
 
 
-def main(argv: list[str]) -> int:
-    in_path, out_path = argv
-    _die_with_parent()
+def die_with_parent() -> None:
+    """die_with the runner named by HILBERT_LAB_PARENT_PID (nothing when it is not set)."""
+    parent = os.environ.get("HILBERT_LAB_PARENT_PID")
+    if parent:
+        die_with(int(parent))
+
+
+def run_request(in_path: str, out_path: str) -> int:
+    """Run the case that `in_path` names; its record goes to `out_path`. The process's exit code: 0 when ok."""
     with open(in_path) as handle:
         request = json.load(handle)
     module_name, function_name = request["target"].split(":", 1)
@@ -63,6 +68,12 @@ def main(argv: list[str]) -> int:
         return 1
     _write_atomic(out_path, payload)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    in_path, out_path = argv
+    die_with_parent()
+    return run_request(in_path, out_path)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,56 @@ from hilbert_lab.bench.isolate import clean_stale_case_dirs, run_isolated
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.parametrize("python", [None, sys.executable], ids=["forked", "spawned"])
 @pytest.mark.parametrize("behavior, status, text", [
     ("ok", "ok", ""), ("raise", "error", "RuntimeError"), ("oom", "oom", "MemoryError"),
     ("signal", "signal", "SIGKILL"), ("exit", "crash", "result: selftest: leaving with code 3"),
 ])
-def test_each_ending_has_its_status(behavior, status, text):
-    outcome = run_isolated(CASE_TARGET, {"kind": "selftest", "behavior": behavior, "value": 7}, timeout_s=120)
+def test_each_ending_has_its_status(behavior, status, text, python):
+    outcome = run_isolated(CASE_TARGET, {"kind": "selftest", "behavior": behavior, "value": 7}, timeout_s=120,
+                           python=python)
     assert outcome.status == status and text in outcome.error
     assert (outcome.result.get("value") == 7) == (status == "ok")
+
+
+def _process_case_module(folder) -> None:
+    (folder / "process_case.py").write_text(
+        "import os, sys\n"
+        "def run(params):\n"
+        "    import torch\n"
+        "    return {'pid': os.getpid(), 'parent': os.getppid(), 'session': os.getsid(0), 'cwd': os.getcwd(),\n"
+        "            'threads': torch.get_num_threads(), 'env': {k: os.environ.get(k) for k in params['names']},\n"
+        "            'preloaded': 'json.tool' in sys.modules}\n")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cases are forked on Linux only")
+def test_forked_cases_are_fresh_processes_with_their_environment(tmp_path, monkeypatch):
+    _process_case_module(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), REPO]))
+    monkeypatch.setenv("HILBERT_LAB_SEEN_BY_CASE", "yes")
+    monkeypatch.chdir(tmp_path)
+    names = ["OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "HILBERT_LAB_SEEN_BY_CASE"]
+    env = {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    runs = [run_isolated("process_case:run", {"names": names}, timeout_s=120, env=env, preload=["json.tool"])
+            for _ in range(2)]
+    assert all(run.ok for run in runs), [run.error for run in runs]
+    first, second = (run.result for run in runs)
+    # two processes, both children of one server (not of this runner), each in a session of its own
+    assert first["pid"] != second["pid"] and first["parent"] == second["parent"] != os.getpid()
+    assert first["session"] == first["pid"] and second["session"] == second["pid"]
+    for result in (first, second):
+        assert result["env"] == {"OMP_NUM_THREADS": "1", "MALLOC_MMAP_THRESHOLD_": "65536",
+                                 "HILBERT_LAB_SEEN_BY_CASE": "yes"}
+        assert result["threads"] == 1 and result["cwd"] == str(tmp_path) and result["preloaded"]
+    # a timed-out case is killed and the server serves the next one
+    slow = run_isolated(CASE_TARGET, {"kind": "selftest", "behavior": "sleep", "seconds": 60}, timeout_s=2)
+    after = run_isolated("process_case:run", {"names": []}, timeout_s=120)
+    assert slow.status == "timeout" and after.ok and after.result["parent"] == first["parent"]
+    # a variable only a new interpreter reads: the case is spawned by this runner instead
+    spawned = run_isolated("process_case:run", {"names": ["MALLOC_ARENA_MAX"]}, timeout_s=120,
+                           env={"MALLOC_ARENA_MAX": "1"})
+    assert spawned.ok and spawned.result["parent"] == os.getpid()
+    assert spawned.result["env"] == {"MALLOC_ARENA_MAX": "1"}
 
 
 def test_child_imports_the_package_the_parent_imported(tmp_path):
