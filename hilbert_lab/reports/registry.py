@@ -15,9 +15,11 @@ REPORT_NOTEBOOK_DIR = NOTEBOOK_DIR / "reports"
 
 @dataclass(frozen=True)
 class ReportSpec:
-    """One named report: a notebook, or a suite of other reports run one after another.
+    """One named report: a notebook, or a suite of other reports.
 
     `overrides` replace the notebook's own defaults (the suite's parts use them for small CPU sizes).
+    `measures_speed`: its findings compare timings taken on this machine, so a suite runs it with nothing beside
+    it; a suite runs its other parts side by side, one per core (two at most).
     """
 
     name: str
@@ -25,6 +27,7 @@ class ReportSpec:
     notebook: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     parts: tuple[str, ...] = ()
+    measures_speed: bool = False
 
     @property
     def is_suite(self) -> bool:
@@ -57,12 +60,14 @@ REPORTS: dict[str, ReportSpec] = {
             "benchmark",
             "backends x sequence lengths x modes x orderings: time, useful TFLOP/s, peak memory, scaling",
             REPORT_NOTEBOOK_DIR / "benchmark_report.ipynb",
+            measures_speed=True,
         ),
         ReportSpec(
             "benchmark-small",
             "the benchmark report at CPU sizes (a few seconds per configuration on 2 cores)",
             REPORT_NOTEBOOK_DIR / "benchmark_report.ipynb",
             overrides=_SMALL_BENCHMARK,
+            measures_speed=True,
         ),
         ReportSpec(
             "locality",
@@ -74,12 +79,14 @@ REPORTS: dict[str, ReportSpec] = {
             "the claims of an earlier Hilbert dilated-attention implementation (hilbert_lab/reports/claims.md) measured: claimed vs "
             "measured, verdict, why",
             REPORT_NOTEBOOK_DIR / "claims_report.ipynb",
+            measures_speed=True,
         ),
         ReportSpec(
             "claims-small",
             "the claims report capped at 2048 tokens (CPU minutes); longer claims are listed as not run",
             REPORT_NOTEBOOK_DIR / "claims_report.ipynb",
             overrides=_SMALL_CLAIMS,
+            measures_speed=True,
         ),
         ReportSpec(
             "training",

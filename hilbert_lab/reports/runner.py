@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import secrets
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from hilbert_lab.reports.environment import collect_environment, git_revision
 from hilbert_lab.reports.export import export_html
@@ -41,13 +43,22 @@ def _check_overrides(name: str, defaults: dict[str, Any], overrides: dict[str, A
         raise ValueError(f"parameters {unknown} are not parameters of report {name!r}; allowed: {sorted(defaults)}")
 
 
-def _kernel_manager_class() -> type:
-    """The kernel manager of report runs: jupyter_client's, except that shutting down a kernel sends it no
-    SIGINT first (the kernel is idle by then; an interrupt arriving inside its event loop makes it log
-    "KeyboardInterrupt caught in kernel" on a run that succeeded). A timed-out cell is still interrupted."""
+def _kernel_manager_class(cwd: Path) -> type:
+    """The kernel manager of report runs: jupyter_client's, except that
+    - the kernel starts in `cwd` (the run folder). papermill's own `cwd` changes this whole process's folder while
+      the kernel starts, which parts of a suite running side by side must not do;
+    - shutting down a kernel sends it no SIGINT first (the kernel is idle by then; an interrupt arriving inside its
+      event loop makes it log "KeyboardInterrupt caught in kernel" on a run that succeeded). A timed-out cell is
+      still interrupted."""
     from jupyter_client.manager import AsyncKernelManager
 
     class ReportKernelManager(AsyncKernelManager):
+        async def _async_start_kernel(self, **kw: Any) -> None:
+            kw.setdefault("cwd", str(cwd))
+            await super()._async_start_kernel(**kw)
+
+        start_kernel = _async_start_kernel
+
         async def _async_interrupt_kernel(self) -> None:
             if not self.shutting_down:
                 await super()._async_interrupt_kernel()
@@ -65,11 +76,11 @@ def _kernel_config(socket_dir: str):
 
 def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *, progress: bool,
                    kernel_name: str | None, execution_timeout_s: int | None, plotly_path: Path | None = None,
-                   command: str | None = None, label: str | None = None) -> dict[str, Any]:
+                   command: str | None = None, label: str | None = None, bar_position: int = 0) -> dict[str, Any]:
     """Run one notebook report into `run_dir`; returns its metrics.json content. The page loads `plotly_path`
     (a suite's one plotly.min.js; default: one beside the page); env.json records `command` (default: the
     `hilbert-lab report run` command of this report and its overrides); progress: a bar of the executed
-    cells on stderr, named `label` (default: the report's name)."""
+    cells on stderr, named `label` (default: the report's name), on line `bar_position` of the bars shown."""
     import papermill
 
     assert spec.notebook is not None
@@ -87,10 +98,10 @@ def execute_report(spec: ReportSpec, overrides: dict[str, Any], run_dir: Path, *
     try:
         with tempfile.TemporaryDirectory(prefix="hilbert-lab-kernel-") as socket_dir:
             papermill.execute_notebook(
-                str(spec.notebook), str(executed), parameters=parameters, cwd=str(run_dir),
-                progress_bar={"desc": label or spec.name} if progress else False, kernel_name=kernel_name,
+                str(spec.notebook), str(executed), parameters=parameters,
+                progress_bar={"desc": label or spec.name, "position": bar_position} if progress else False, kernel_name=kernel_name,
                 execution_timeout=execution_timeout_s, report_mode=False,
-                kernel_manager_class=_kernel_manager_class(), config=_kernel_config(socket_dir),
+                kernel_manager_class=_kernel_manager_class(run_dir.resolve()), config=_kernel_config(socket_dir),
             )
     except BaseException:
         if executed.exists():  # a failed run still gets its HTML: the notebook, with the traceback in it
@@ -116,7 +127,8 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     env.json. A suite puts each part in a sub-directory and writes index.html (each part's headline, and the
     committed GPU runs rendered into gpu/) plus metrics.json (each part's metrics and the names of its tables
     and figures) and env.json, with one plotly.min.js for all its pages; a suite's overrides apply to every
-    part that has the parameter.
+    part that has the parameter. A suite runs the parts that measure speed first, each alone, then the others
+    side by side (run_order, side_by_side).
     """
     spec = get_report(name)
     overrides = dict(parameters or {})
@@ -129,20 +141,44 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     defaults = report_parameters(name)
     known = set().union(*(set(part_defaults) for part_defaults in defaults.values()))
     _check_overrides(name, dict.fromkeys(known), overrides)
-    merged: dict[str, Any] = {"report": name, "parts": {}}
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    for number, part in enumerate(spec.parts, start=1):
-        part_overrides = {key: value for key, value in overrides.items() if key in defaults[part]}
-        step = f"[{number}/{len(spec.parts)}] {part}"
-        _announce(progress, f"{step}: {get_report(part).description}")
-        part_metrics = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
-                                      kernel_name=kernel_name, execution_timeout_s=execution_timeout_s,
-                                      plotly_path=write_plotly(run_dir), command=report_command(name, overrides),
-                                      label=step)
-        page = run_dir / part / f"{part}.html"
-        _announce(progress, f"{step}: done ({time.monotonic() - started:.0f} s since the start) -> {page}")
-        # the suite's file indexes its parts (their numbers; tables and figures stay in the part's own file)
+    plotly_path = write_plotly(run_dir)
+    order = run_order(spec.parts)
+    lanes: queue.Queue[int] = queue.Queue()
+    for lane in range(side_by_side()):
+        lanes.put(lane)
+
+    def run_part(number: int, part: str) -> dict[str, Any]:
+        lane = lanes.get()
+        try:
+            part_overrides = {key: value for key, value in overrides.items() if key in defaults[part]}
+            step = f"[{number}/{len(order)}] {part}"
+            _announce(progress, f"{step}: {get_report(part).description}")
+            part_metrics = execute_report(get_report(part), part_overrides, run_dir / part, progress=progress,
+                                          kernel_name=kernel_name, execution_timeout_s=execution_timeout_s,
+                                          plotly_path=plotly_path, command=report_command(name, overrides),
+                                          label=step, bar_position=lane)
+            page = run_dir / part / f"{part}.html"
+            _announce(progress, f"{step}: done ({time.monotonic() - started:.0f} s since the start) -> {page}")
+            return part_metrics
+        finally:
+            lanes.put(lane)
+
+    finished: dict[str, dict[str, Any]] = {}
+    with ThreadPoolExecutor(max_workers=lanes.qsize()) as pool:
+        running: dict[str, Future] = {}
+        for number, part in enumerate(order, start=1):
+            if get_report(part).measures_speed:  # alone: the parts beside it finish first
+                _collect(running, finished)
+                finished[part] = run_part(number, part)
+            else:
+                running[part] = pool.submit(run_part, number, part)
+        _collect(running, finished)
+    # the suite's file indexes its parts (their numbers; tables and figures stay in the part's own file)
+    merged: dict[str, Any] = {"report": name, "parts": {}}
+    for part in spec.parts:
+        part_metrics = finished[part]
         merged["parts"][part] = {"report": part_metrics.get("report"), "parameters": part_metrics.get("parameters"),
                                  "metrics": part_metrics.get("metrics", {}),
                                  "tables": sorted(part_metrics.get("tables") or {}),
@@ -155,6 +191,27 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     render_suite_index(run_dir, list(spec.parts), title=f"hilbert_lab reports ({name})",
                        gpu_runs=committed_gpu_runs() if name == "default" else [])
     return run_dir
+
+
+def side_by_side() -> int:
+    """How many parts of a suite that time nothing run at once: one per core this process may use, two at most."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(2, cores))
+
+
+def run_order(parts: Sequence[str]) -> list[str]:
+    """The order a suite runs `parts` in: those that measure speed first (each alone), then the others."""
+    return ([part for part in parts if get_report(part).measures_speed]
+            + [part for part in parts if not get_report(part).measures_speed])
+
+
+def _collect(running: dict[str, Future], finished: dict[str, dict[str, Any]]) -> None:
+    """Wait for every part in `running`; their metrics into `finished`. A failed part raises once all have ended
+    (the others' pages are kept)."""
+    wait(running.values())
+    for part, future in running.items():
+        finished[part] = future.result()
+    running.clear()
 
 
 def report_page(run_dir: str | Path, name: str) -> Path:

@@ -131,3 +131,27 @@ def test_quiet_report_run_prints_only_the_page_path(tmp_path):
     assert not marker.exists(), "the idle kernel was sent SIGINT at shutdown"
     metrics = json.loads((root / "tiny" / "r1" / "metrics.json").read_text())
     assert metrics["metrics"]["total"]["value"] == pytest.approx(25.0)
+
+
+@pytest.mark.slow  # two kernels: make test-all
+def test_two_reports_side_by_side_each_write_into_their_own_folder(tmp_path, monkeypatch):
+    """Kernels start in their run folder (not by changing this process's folder, which threads share): two tiny
+    reports run at once from a relative output root each find their own parameters and files."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec = _tiny_report(tmp_path)
+    monkeypatch.setattr("hilbert_lab.reports.runner.report_parameters",
+                        lambda name: {"scale": 2.0, "labels": ["a", "b", "c"], "output_dir": "."})
+    monkeypatch.chdir(tmp_path)
+    scales = {"left": 3.0, "right": 5.0}
+    with ThreadPoolExecutor(2) as pool:
+        futures = {side: pool.submit(execute_report, spec, {"scale": scale}, Path("out") / side, progress=False,
+                                     kernel_name=None, execution_timeout_s=300)
+                   for side, scale in scales.items()}
+        results = {side: future.result() for side, future in futures.items()}
+    assert Path.cwd() == tmp_path
+    for side, scale in scales.items():
+        written = json.loads((tmp_path / "out" / side / "metrics.json").read_text())
+        assert written["parameters"]["scale"] == results[side]["parameters"]["scale"] == scale
+        assert written["metrics"]["total"]["value"] == pytest.approx(12.5 * scale)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out", "tiny.ipynb"]  # nothing written beside
