@@ -4,12 +4,12 @@ The op `hilbert_lab::dilated_attention(q, k, v, config)` -> (out (B, Nq, H, D), 
 `hilbert_lab::dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, config)` -> (dq, dk, dv) (both under
 torch.ops), paired by one autograd Function (`dilated_attention_call`). `config` (`call_config`) holds the call's
 plain values: segment lengths, dilation rates, mode, causality, the backend's name, the scale, whether the LSE is
-wanted, training, the packed documents as host integers, and which global heads q's heads are (as flash-attn's varlen entries take max_seqlen on the
-host). The plan (plan.cached_plan) and the executor (selection.resolve_executor; forward and backward resolve alike)
-are found inside from those values. As in flash-attn's interface, forward and backward are separate ops, so the
-backward gets no Python state from its forward: every executor rebuilds its per-call states from the plan and the
-shapes (function.run_backward with states None). Fake implementations give shapes and strides, so torch.compile traces
-through the op without running it.
+wanted, training, the packed documents as host integers (as flash-attn's varlen entries take max_seqlen on the
+host), and which global heads q's heads are (global_heads). The plan (plan.cached_plan) and the executor
+(selection.resolve_executor; forward and backward resolve alike) are found inside from those values. As in
+flash-attn's interface, forward and backward are separate ops, so the backward gets no Python state from its forward:
+every executor rebuilds its per-call states from the plan and the shapes (function.run_backward with states None).
+Fake implementations give shapes and strides, so torch.compile traces through the op without running it.
 """
 from __future__ import annotations
 
