@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hilbert_lab.distributed.comm import wait_bounded
 
 FIELDS = ("segment_lengths", "dilation_rates", "mode", "causal", "dtype", "scale", "shard shape", "layout",
-          "ring_size", "backend", "cu_seqlens")
+          "ring_size", "backend", "cu_seqlens", "global_heads")
 PER_RING = ("cu_seqlens",)  # compared among the ranks of one ring only (each ring holds its own sequence)
 _VALUE_BYTES = 64  # each field's value travels as text (truncated) so that the error can show every rank's
 _ERROR_BYTES = 512  # the first bytes of a rank's own input error
