@@ -1,5 +1,5 @@
-"""Head-parallel dilated attention on gloo worlds of 2 and 4 ranks against the float64 dense reference, and
-the all-to-all's key/value head assignment."""
+"""Head-parallel and hybrid (head-parallel x ring) dilated attention on gloo worlds of 2 and 4 ranks against the
+float64 dense reference, and the all-to-all's key/value head assignment."""
 from __future__ import annotations
 
 import sys
@@ -16,11 +16,13 @@ from ring_worlds import run_world  # noqa: E402
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="torch.distributed with gloo is not available in this torch build")
 CHECKS = ["check_ulysses_matches_reference", "check_ulysses_grouped_heads", "check_ulysses_packed_rows",
-          "check_ulysses_refuses_bad_input", "check_ulysses_module"]
+          "check_ulysses_refuses_bad_input", "check_ulysses_module", "check_ring_of_a_run_of_heads",
+          "check_hybrid_matches_reference"]
 
 
 @pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_ulysses_matches_reference(tmp_path, world_size):
+    """On 2 ranks the hybrid's mesh is 2 x 1 (ring x ulysses), on 4 ranks 2 x 2."""
     run_world(world_size, tmp_path, CHECKS)
 
 

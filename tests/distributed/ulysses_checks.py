@@ -27,9 +27,10 @@ def _reference(q, k, v, pattern, cu_seqlens):
 
 
 def compare(rank, world, seq_len, segment_lengths, dilation_rates, mode, causal, *, layout="contiguous", heads=4,
-            kv_heads=None, batch=2, dim=3, seed=0, cu_seqlens=None):
+            kv_heads=None, batch=2, dim=3, seed=0, cu_seqlens=None, positions=None, call=None, **options):
     """Assert this rank's output, LSE and q/k/v gradients (random upstream gradients of both) equal its shard of
-    the dense reference's on the whole sequence (atol 1e-10)."""
+    the dense reference's on the whole sequence (atol 1e-10). call: the function under test (default
+    ulysses_dilated_attention; options go to it), positions: this rank's (default shard_positions')."""
     if cu_seqlens is not None:
         batch = 1
     gen = torch.Generator().manual_seed(seed)
@@ -41,11 +42,11 @@ def compare(rank, world, seq_len, segment_lengths, dilation_rates, mode, causal,
     ref_out, ref_lse = _reference(*leaves, pattern, cu_seqlens)
     grad_lse = torch.randn(ref_lse.shape, generator=gen, dtype=torch.float64)
     ((ref_out * grad).sum() + (_finite(ref_lse) * grad_lse).sum()).backward()
-    positions = shard_positions(rank, world, seq_len, layout)
+    positions = shard_positions(rank, world, seq_len, layout) if positions is None else positions
     local = [t[:, positions].clone().requires_grad_(True) for t in (q, k, v)]
-    out, lse = ulysses_dilated_attention(*local, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                         causal=causal, mode=mode, layout=layout, return_lse=True,
-                                         cu_seqlens=None if cu_seqlens is None else torch.tensor(cu_seqlens))
+    out, lse = (call or ulysses_dilated_attention)(
+        *local, segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=causal, mode=mode,
+        layout=layout, return_lse=True, cu_seqlens=None if cu_seqlens is None else torch.tensor(cu_seqlens), **options)
     ((out * grad[:, positions]).sum() + (_finite(lse) * grad_lse[:, :, positions]).sum()).backward()
     what = (f"rank {rank}/{world} N={seq_len} w={segment_lengths} r={dilation_rates} {mode} causal={causal} "
             f"{layout} H={heads} H_kv={kv_heads} cu_seqlens={cu_seqlens}")
@@ -142,3 +143,81 @@ def check_ulysses_module(rank, world):
     (out * grad[:, positions]).sum().backward()
     torch.testing.assert_close(out, single(x)[:, positions], atol=ATOL, rtol=0)
     torch.testing.assert_close(x_local.grad, x_full.grad[:, positions], atol=ATOL, rtol=0)
+
+
+@check
+def check_ring_of_a_run_of_heads(rank, world):
+    """The ring on heads [a, b) of H (global_heads) gives those heads' slice of the whole layer's result."""
+    from hilbert_lab.distributed.ring import ring_dilated_attention
+
+    n = 8
+    seq_len = n * world
+    for start, count, kv_heads in ((2, 2, None), (4, 2, 1)):
+        _slice_of_heads(rank, world, seq_len, start, count, kv_heads, ring_dilated_attention)
+
+
+def _slice_of_heads(rank, world, seq_len, start, count, kv_heads, call, **options):
+    heads = 6
+    gen = torch.Generator().manual_seed(start)
+    q, k, v, grad = (torch.randn(1, seq_len, heads, 3, generator=gen, dtype=torch.float64) for _ in range(4))
+    pattern = DilatedPattern.create([4, 12, seq_len], [1, 2, 3], mode="longnet", causal=True)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    ref_out, ref_lse = reference_attention(*leaves, pattern)
+    (ref_out * grad).sum().backward()
+    heads_run = slice(start, start + count)
+    local = [t[:, shard_positions(rank, world, seq_len, "zigzag"), heads_run] for t in (q, k, v)]
+    if kv_heads is not None:  # every local query head reads the first local key/value head's copy
+        local[1], local[2] = local[1][:, :, :kv_heads], local[2][:, :, :kv_heads]
+    local = [t.clone().requires_grad_(True) for t in local]
+    out, lse = call(*local, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+                    causal=True, layout="zigzag", return_lse=True, global_heads=(start, heads), **options)
+    positions = shard_positions(rank, world, seq_len, "zigzag")
+    (out * grad[:, positions, heads_run]).sum().backward()
+    if kv_heads is None:
+        torch.testing.assert_close(out, ref_out[:, positions, heads_run], atol=ATOL, rtol=0)
+        torch.testing.assert_close(lse, ref_lse[:, heads_run][:, :, positions], atol=ATOL, rtol=0)
+        for mine, full in zip(local, leaves):
+            torch.testing.assert_close(mine.grad, full.grad[:, positions, heads_run], atol=ATOL, rtol=0)
+        return
+    k_rep = k[:, :, heads_run][:, :, :kv_heads].expand(-1, -1, count, -1)
+    v_rep = v[:, :, heads_run][:, :, :kv_heads].expand(-1, -1, count, -1)
+    k_full, v_full = k.clone(), v.clone()
+    k_full[:, :, heads_run], v_full[:, :, heads_run] = k_rep, v_rep
+    expected, _ = reference_attention(q, k_full, v_full, pattern)
+    torch.testing.assert_close(out, expected[:, positions, heads_run], atol=ATOL, rtol=0)
+
+
+@check
+def check_hybrid_matches_reference(rank, world):
+    """Head-parallel pairs around rings on a 2 x 2 mesh (ring x ulysses): both modes, causal zigzag, spanning
+    segments, grouped-query heads fewer than the ulysses degree, a packed row."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hilbert_lab.distributed.hybrid import hybrid_dilated_attention, hybrid_positions
+
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("ring", "ulysses"))
+    r, u = mesh.get_local_rank("ring"), mesh.get_local_rank("ulysses")
+    n = 4
+    seq_len = n * world
+    for layout, mode, causal, segments, rates, kv_heads, bounds in (
+            ("zigzag", "longnet", True, [2, 3 * n, seq_len], [1, 2, 4], None, None),
+            ("contiguous", "head_groups", False, [2, 2 * n, seq_len], [1, 2, 2], None, None),
+            ("zigzag", "longnet", True, [4, seq_len], [1, 2], 1, None),
+            ("contiguous", "longnet", True, [4, 2 * n], [1, 2], None, [0, 3, n + 1, seq_len])):
+        positions = hybrid_positions(r, u, 2, world // 2, seq_len, layout)
+        compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=6 if mode == "head_groups"
+                else 4, kv_heads=kv_heads, positions=positions, call=hybrid_dilated_attention, mesh=mesh,
+                cu_seqlens=bounds)
+    y = torch.randn(1, 4, 2, 2, dtype=torch.float64)
+    try:  # the last rank disagrees: every rank of the mesh raises
+        hybrid_dilated_attention(y, y, y, segment_lengths=[4], dilation_rates=[1], mesh=mesh, causal=rank == world - 1)
+    except ValueError as error:
+        assert "hybrid_dilated_attention" in str(error) or "rejected its inputs" in str(error), error
+    else:
+        raise AssertionError("ranks that disagree on causal were accepted")
+    try:
+        hybrid_dilated_attention(y, y, y, segment_lengths=[4], dilation_rates=[1], mesh=None)
+    except ValueError as error:
+        assert "mesh must be a 2-D DeviceMesh" in str(error), error
+    else:
+        raise AssertionError("mesh=None was accepted")
