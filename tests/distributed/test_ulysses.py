@@ -50,3 +50,14 @@ def test_module_refuses_unknown_parallel_and_a_ring_size():
         RingDilatedAttention([4], [1], parallel="heads")
     with pytest.raises(ValueError, match="ring_size must be None with parallel='ulysses'"):
         RingDilatedAttention([4], [1], parallel="ulysses", ring_size=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_gpus_nccl(tmp_path, monkeypatch, world_size):
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world_size or not dist.is_nccl_available():
+        pytest.skip(f"needs {world_size} CUDA GPUs and NCCL")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    run_world(world_size, tmp_path, ["check_nccl_ulysses"], timeout_s=300, backend="nccl")

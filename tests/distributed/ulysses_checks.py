@@ -221,3 +221,54 @@ def check_hybrid_matches_reference(rank, world):
         assert "mesh must be a 2-D DeviceMesh" in str(error), error
     else:
         raise AssertionError("mesh=None was accepted")
+
+
+@check
+def check_nccl_ulysses(rank, world):
+    """On GPUs with NCCL: head-parallel (P ranks) and hybrid (2 x P/2 mesh) float64 exact against the engine;
+    bf16 within twice the engine's own bf16 error (out, dq, dk, dv), the LSE loss included."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hilbert_lab.attention.engine import dilated_attention
+    from hilbert_lab.distributed.hybrid import hybrid_dilated_attention, hybrid_positions
+
+    device = torch.device("cuda", rank)
+    mesh = init_device_mesh("cuda", (2, world // 2), mesh_dim_names=("ring", "ulysses"))
+    r, u = mesh.get_local_rank("ring"), mesh.get_local_rank("ulysses")
+    n, dim, heads = 256, 64, 8
+    seq_len = n * world
+    cases = [(dict(segment_lengths=[64, 2 * n, seq_len], dilation_rates=[1, 2, 4], causal=True), "zigzag", None),
+             (dict(segment_lengths=[128, 3 * n], dilation_rates=[1, 4], mode="head_groups"), "contiguous", 2),
+             (dict(segment_lengths=[seq_len], dilation_rates=[1], causal=True), "zigzag", 1)]
+    for args, layout, kv_heads in cases:
+        calls = (("ulysses", ulysses_dilated_attention, shard_positions(rank, world, seq_len, layout), {}),
+                 ("hybrid", hybrid_dilated_attention, hybrid_positions(r, u, 2, world // 2, seq_len, layout),
+                  {"mesh": mesh}))
+        for name, call, positions, options in calls:
+            positions = positions.to(device)
+            results = {}
+            for dtype in (torch.float64, torch.bfloat16):
+                gen = torch.Generator().manual_seed(8)
+                q, k, v, grad = (torch.randn(1, seq_len, heads, dim, generator=gen, dtype=torch.float64)
+                                 .to(device, dtype) for _ in range(4))
+                if kv_heads is not None:
+                    k, v = k[:, :, :kv_heads].contiguous(), v[:, :, :kv_heads].contiguous()
+                grad_lse = torch.randn(1, heads, seq_len, generator=gen, dtype=torch.float64).to(
+                    device, torch.float64 if dtype == torch.float64 else torch.float32)
+                full = [t.clone().requires_grad_(True) for t in (q, k, v)]
+                ref, ref_lse = dilated_attention(*full, **args, return_lse=True)
+                torch.autograd.backward((ref, _finite(ref_lse)), (grad, grad_lse))
+                local = [t[:, positions].clone().requires_grad_(True) for t in (q, k, v)]
+                out, lse = call(*local, **args, layout=layout, return_lse=True, **options)
+                upstream = (grad[:, positions], grad_lse[:, :, positions].contiguous())
+                torch.autograd.backward((out, _finite(lse)), upstream)
+                results[dtype] = ([out.detach()] + [t.grad for t in local],
+                                  [ref.detach()[:, positions]] + [t.grad[:, positions] for t in full])
+            for mine, theirs in zip(*results[torch.float64]):
+                torch.testing.assert_close(mine, theirs, atol=ATOL, rtol=0, msg=lambda m: f"{name} {args}: {m}")
+            exact = results[torch.float64][1]
+            for what, mine, theirs, truth in zip(("out", "dq", "dk", "dv"), *results[torch.bfloat16], exact):
+                error = (mine.double() - truth).abs().max().item()
+                engine_error = (theirs.double() - truth).abs().max().item()
+                assert error <= 2 * engine_error + 1e-3, \
+                    f"{name} {args} {layout} {what}: bf16 error {error} vs engine {engine_error}"
