@@ -34,6 +34,15 @@ def describe(value) -> str:
     return repr(value)
 
 
+def describe_shapes(q, k) -> str:
+    """The shard shape for the agreement (with k's where it has fewer heads)."""
+    if not isinstance(q, torch.Tensor):
+        return type(q).__name__
+    if not isinstance(k, torch.Tensor) or k.shape == q.shape:
+        return str(tuple(q.shape))
+    return f"{tuple(q.shape)}; k, v {tuple(k.shape)}"
+
+
 def describe_documents(cu_seqlens, documents, error: Exception | None) -> str:
     """Text of a packed row's documents ((start, length), ...) for the agreement: its entries' count and a
     digest of their values first (the text travels cut to 64 bytes), then the values ("None" without

@@ -21,12 +21,11 @@ import torch.distributed as dist
 from hilbert_lab.attention.executors import Executor
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.validation import validate_attention_inputs, validate_cu_seqlens
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents
+from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents, describe_shapes
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, resolve_timeout
-from hilbert_lab.distributed.exchange import HeadExchange, heads_to_sequence, kv_heads_per_rank, sequence_to_heads
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible, shard_positions
-from hilbert_lab.distributed.ulysses import check_head_degree
+from hilbert_lab.distributed.ulysses import back_to_sequence, check_head_degree, heads_of_sequence
 
 MESH_DIMS = ("ring", "ulysses")  # the names of the mesh's two dimensions
 
@@ -107,7 +106,7 @@ def hybrid_dilated_attention(
         "causal": describe(pattern.causal if pattern is not None else causal),
         "dtype": str(getattr(q, "dtype", type(q).__name__)),
         "scale": describe(resolved_scale),
-        "shard shape": str(tuple(getattr(q, "shape", ()))) + "; k, v " + str(tuple(getattr(k, "shape", ()))),
+        "shard shape": describe_shapes(q, k),
         "layout": describe(layout),
         "mesh": f"ring {ring_degree} x ulysses {degree}",
         "backend": describe(getattr(backend, "name", backend)),
@@ -121,19 +120,11 @@ def hybrid_dilated_attention(
             error = exc
     if error is not None:
         raise error
-    heads, kv = q.shape[2], k.shape[2]
-    common = dict(group=ulysses_group, world_size=degree, rank=index, layout="contiguous", timeout_s=timeout,
-                  label="hybrid")
-    exchange = HeadExchange(num_heads=heads, **common)
-    kv_exchange = HeadExchange(num_heads=kv, heads=kv_heads_per_rank(heads, kv, degree), **common)
+    heads = q.shape[2]
+    *local, exchange = heads_of_sequence(q, k, v, ulysses_group, degree, index, "contiguous", timeout, "hybrid")
     local = ring_dilated_attention(
-        sequence_to_heads(q, exchange), sequence_to_heads(k, kv_exchange), sequence_to_heads(v, kv_exchange),
-        segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates, causal=pattern.causal,
+        *local, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates, causal=pattern.causal,
         mode=pattern.mode, group=ring_group, layout=layout, backend=backend, scale=resolved_scale,
         return_lse=return_lse, check_config=False, timeout_s=timeout, cu_seqlens=cu_seqlens,
         global_heads=(index * heads // degree, heads))
-    if not return_lse:
-        return heads_to_sequence(local, exchange)
-    out, lse = local
-    lse = heads_to_sequence(lse.transpose(1, 2).unsqueeze(-1), exchange).squeeze(-1).transpose(1, 2)
-    return heads_to_sequence(out, exchange), lse
+    return back_to_sequence(local, exchange, return_lse)

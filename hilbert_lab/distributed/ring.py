@@ -37,7 +37,7 @@ from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.validation import (
     kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
 )
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents
+from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents, describe_shapes
 from hilbert_lab.distributed.branches import RingBranch, RingLayout, plan_branches
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, RingComm, resolve_timeout
 from hilbert_lab.distributed.documents import split_documents
@@ -67,15 +67,6 @@ def _local_executor(backend: str | Executor, q: torch.Tensor, pattern: DilatedPa
         raise ValueError(f"backend {executor.name!r} runs the whole pattern on one sequence with one key/value head "
                          f"per query head; it does not take {refused}: use backend 'auto', 'sdpa', 'fa4' or 'manual'")
     return executor
-
-
-def _shapes(q, k) -> str:
-    """The shard shape for the agreement (with k's where it has fewer heads)."""
-    if not isinstance(q, torch.Tensor):
-        return type(q).__name__
-    if not isinstance(k, torch.Tensor) or k.shape == q.shape:
-        return str(tuple(q.shape))
-    return f"{tuple(q.shape)}; k, v {tuple(k.shape)}"
 
 
 def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list[int]:
@@ -226,7 +217,7 @@ def ring_dilated_attention(
             "causal": describe(pattern.causal if pattern is not None else causal),
             "dtype": str(getattr(q, "dtype", type(q).__name__)),
             "scale": describe(resolved_scale),
-            "shard shape": _shapes(q, k),
+            "shard shape": describe_shapes(q, k),
             "layout": describe(layout),
             "ring_size": str(len(members)) if members is not None else describe(ring_size),
             "backend": (f"{resolved.name} on {q.device.type}" if resolved is not None else

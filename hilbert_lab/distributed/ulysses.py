@@ -23,7 +23,7 @@ from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.executors import Executor
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.validation import validate_attention_inputs, validate_cu_seqlens
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents
+from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents, describe_shapes
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, resolve_timeout
 from hilbert_lab.distributed.exchange import HeadExchange, heads_to_sequence, kv_heads_per_rank, sequence_to_heads
 from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible
@@ -36,12 +36,26 @@ def check_head_degree(num_heads: int, degree: int) -> None:
                          f"{degree} (the ranks of the group), got remainder {num_heads % degree}")
 
 
-def _shapes(q, k) -> str:
-    if not isinstance(q, torch.Tensor):
-        return type(q).__name__
-    if not isinstance(k, torch.Tensor) or k.shape == q.shape:
-        return str(tuple(q.shape))
-    return f"{tuple(q.shape)}; k, v {tuple(k.shape)}"
+def heads_of_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: dist.ProcessGroup | None,
+                      degree: int, index: int, layout: str, timeout_s: float, label: str):
+    """(q, k, v) as this rank's heads of the whole sequence of the group (B, N, H/P, D), (B, N, h_kv, D), and the
+    HeadExchange that returns results (`back_to_sequence`); index: this rank's place in the group."""
+    heads, kv = q.shape[2], k.shape[2]
+    common = dict(group=group, world_size=degree, rank=index, layout=layout, timeout_s=timeout_s, label=label)
+    exchange = HeadExchange(num_heads=heads, **common)
+    kv_exchange = HeadExchange(num_heads=kv, heads=kv_heads_per_rank(heads, kv, degree), **common)
+    return (sequence_to_heads(q, exchange), sequence_to_heads(k, kv_exchange), sequence_to_heads(v, kv_exchange),
+            exchange)
+
+
+def back_to_sequence(local, exchange: HeadExchange, return_lse: bool):
+    """out (B, N, H/P, D) [and lse (B, H/P, N)] of this rank's heads -> its shard out (B, N/P, H, D) [, lse
+    (B, H, N/P)]."""
+    if not return_lse:
+        return heads_to_sequence(local, exchange)
+    out, lse = local
+    lse = heads_to_sequence(lse.transpose(1, 2).unsqueeze(-1), exchange).squeeze(-1).transpose(1, 2)
+    return heads_to_sequence(out, exchange), lse
 
 
 def ulysses_dilated_attention(
@@ -102,7 +116,7 @@ def ulysses_dilated_attention(
             "causal": describe(pattern.causal if pattern is not None else causal),
             "dtype": str(getattr(q, "dtype", type(q).__name__)),
             "scale": describe(resolved_scale),
-            "shard shape": _shapes(q, k),
+            "shard shape": describe_shapes(q, k),
             "layout": describe(layout),
             "backend": describe(getattr(backend, "name", backend)),
             "return_lse": describe(return_lse),
@@ -119,15 +133,7 @@ def ulysses_dilated_attention(
                      return_lse=return_lse, cu_seqlens=boundaries)
     if world == 1:
         return dilated_attention(q, k, v, **arguments)
-    rank, heads, kv = dist.get_rank(group), q.shape[2], k.shape[2]
-    common = dict(group=group, world_size=world, rank=rank, layout=layout, timeout_s=timeout, label="ulysses")
-    exchange = HeadExchange(num_heads=heads, **common)
-    kv_exchange = HeadExchange(num_heads=kv, heads=kv_heads_per_rank(heads, kv, world), **common)
-    local = dilated_attention(sequence_to_heads(q, exchange), sequence_to_heads(k, kv_exchange),
-                              sequence_to_heads(v, kv_exchange), global_heads=(rank * heads // world, heads),
-                              **arguments)
-    if not return_lse:
-        return heads_to_sequence(local, exchange)
-    out, lse = local
-    lse = heads_to_sequence(lse.transpose(1, 2).unsqueeze(-1), exchange).squeeze(-1).transpose(1, 2)
-    return heads_to_sequence(out, exchange), lse
+    rank, heads = dist.get_rank(group), q.shape[2]
+    *local, exchange = heads_of_sequence(q, k, v, group, world, rank, layout, timeout, "ulysses")
+    return back_to_sequence(dilated_attention(*local, global_heads=(rank * heads // world, heads), **arguments),
+                            exchange, return_lse)
