@@ -21,7 +21,9 @@ from hilbert_lab.attention.layout import read_through_layout
 from hilbert_lab.attention.op import call_config, call_executor, call_plan, dilated_attention_call
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan
-from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
+from hilbert_lab.attention.validation import (
+    kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
+)
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
 
@@ -48,6 +50,7 @@ def dilated_attention(
     return_lse: bool = False,
     hilbert_pattern: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
+    global_heads: Optional[tuple[int, int]] = None,
 ):
     """LongNet dilated attention on q (B, N, H, D), k, v (B, N, H_kv, D) -> out (B, N, H, D) [, lse (B, H, N)].
 
@@ -82,6 +85,10 @@ def dilated_attention(
     dilation offsets and causality restart at its start; its last segment is ragged; a segment longer
     than the document is the document); no query sees a key of another document. Executors declaring
     `varlen` run the blocks of all documents in a few kernel calls (auto prefers them for packed rows).
+    global_heads: (start, total) when q's H heads are the heads [start, start + H) of a layer of `total`
+    heads (a head-parallel rank's share): each head keeps the global head's offsets (longnet and head_groups
+    modes), so the result is those heads' slice of the whole layer's; grouped-query heads pair locally
+    (local query head j reads local key/value head j // (H / H_kv)).
     """
     if isinstance(q, torch.Tensor) and q.device.type in ("cpu", "cuda") and torch.is_autocast_enabled(q.device.type):
         # Like SDPA under autocast: run in the autocast dtype, with autocast off inside (explicit casts).
@@ -91,10 +98,11 @@ def dilated_attention(
             return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                      causal=causal, mode=mode, backend=backend, ordering=ordering, scale=scale,
                                      dropout_p=dropout_p, return_lse=return_lse, hilbert_pattern=hilbert_pattern,
-                                     cu_seqlens=cu_seqlens)
+                                     cu_seqlens=cu_seqlens, global_heads=global_heads)
     scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p, grouped_heads=True,
                                       fewer_queries=True)
     documents = validate_cu_seqlens(cu_seqlens, k)
+    global_heads = validate_global_heads(global_heads, q.shape[2])
     query_len = q.shape[1] if q.shape[1] < k.shape[1] else None  # queries at the last positions
     if query_len is not None and documents is not None:
         raise ValueError("cu_seqlens (packed documents) needs q, k, v of one length; fewer queries than keys are "
@@ -130,7 +138,7 @@ def dilated_attention(
     if dropout_p > 0.0 or isinstance(backend, Executor):
         # weights dropped inside the softmax (the eager autograd path, whatever the executor), or an executor
         # object (not a name the op can carry): the one attention function on the plan
-        plan = call_plan(pattern, q, k, documents)
+        plan = call_plan(pattern, q, k, documents, global_heads)
         if dropout_p > 0.0:
             out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
         else:
@@ -139,7 +147,7 @@ def dilated_attention(
     else:
         out, lse = dilated_attention_call(q, k, v, call_config(pattern.segment_lengths, pattern.dilation_rates,
                                                                pattern.mode, pattern.causal, backend, scale, need_lse,
-                                                               training, documents))
+                                                               training, documents, global_heads))
     if hilbert_pattern:
         out, lse = permute_sequence(out, inverse), permute_sequence(lse, inverse, dim=2)
     return (out, lse) if return_lse else out

@@ -4,12 +4,12 @@ The op `hilbert_lab::dilated_attention(q, k, v, config)` -> (out (B, Nq, H, D), 
 `hilbert_lab::dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, config)` -> (dq, dk, dv) (both under
 torch.ops), paired by one autograd Function (`dilated_attention_call`). `config` (`call_config`) holds the call's
 plain values: segment lengths, dilation rates, mode, causality, the backend's name, the scale, whether the LSE is
-wanted, training, and the packed documents as host integers (as flash-attn's varlen entries take max_seqlen on the
-host). The plan (plan.cached_plan) and the executor (selection.resolve_executor; forward and backward resolve alike)
-are found inside from those values. As in flash-attn's interface, forward and backward are separate ops, so the
-backward gets no Python state from its forward: every executor rebuilds its per-call states from the plan and the
-shapes (function.run_backward with states None). Fake implementations give shapes and strides, so torch.compile traces
-through the op without running it.
+wanted, training, the packed documents as host integers (as flash-attn's varlen entries take max_seqlen on the
+host), and which global heads q's heads are (global_heads). The plan (plan.cached_plan) and the executor
+(selection.resolve_executor; forward and backward resolve alike) are found inside from those values. As in
+flash-attn's interface, forward and backward are separate ops, so the backward gets no Python state from its forward:
+every executor rebuilds its per-call states from the plan and the shapes (function.run_backward with states None).
+Fake implementations give shapes and strides, so torch.compile traces through the op without running it.
 """
 from __future__ import annotations
 
@@ -42,39 +42,49 @@ def call_executor(backend: str | Executor, q: torch.Tensor, k: torch.Tensor, pat
 
 
 def call_plan(pattern: DilatedPattern, q: torch.Tensor, k: torch.Tensor,
-              documents: Optional[tuple[tuple[int, int], ...]]) -> Plan:
-    """The plan of a call on q (B, Nq, H, D), k (B, N, H_kv, D): grouped heads, fewer queries, packed documents."""
+              documents: Optional[tuple[tuple[int, int], ...]],
+              global_heads: Optional[tuple[int, int]] = None) -> Plan:
+    """The plan of a call on q (B, Nq, H, D), k (B, N, H_kv, D): grouped heads, fewer queries, packed documents,
+    q's heads a run of a larger layer's heads (global_heads (start, total))."""
     return cached_plan(pattern, k.shape[1], q.shape[2], num_kv_heads=None if k.shape[2] == q.shape[2] else k.shape[2],
-                       documents=documents, query_len=q.shape[1] if q.shape[1] < k.shape[1] else None)
+                       documents=documents, query_len=q.shape[1] if q.shape[1] < k.shape[1] else None,
+                       global_heads=global_heads)
 
 
 def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], mode: str, causal: bool, backend: str,
                 scale: float, need_lse: bool, training: bool,
-                documents: Optional[Sequence[tuple[int, int]]]) -> str:
+                documents: Optional[Sequence[tuple[int, int]]],
+                global_heads: Optional[tuple[int, int]] = None) -> str:
     """The op's one non-tensor argument: every plain value of a call in one string (a short schema keeps the
     dispatcher's per-call cost down; `repr` of the scale round-trips exactly). documents: the (start, length)
-    of each document of a packed row (validation.validate_cu_seqlens), or None."""
+    of each document of a packed row (validation.validate_cu_seqlens), or None. global_heads: (start, total)
+    when q's heads are the heads [start, start + H) of a layer of `total` heads (validation.validate_global_heads),
+    or None."""
     packed = "-" if documents is None else ",".join(f"{int(start)}:{int(length)}" for start, length in documents)
+    heads = "-" if global_heads is None else f"{int(global_heads[0])}:{int(global_heads[1])}"
     return ";".join([",".join(str(int(w)) for w in segment_lengths), ",".join(str(int(r)) for r in dilation_rates),
                      mode, str(int(bool(causal))), backend, repr(float(scale)), str(int(bool(need_lse))),
-                     str(int(bool(training))), packed])
+                     str(int(bool(training))), packed, heads])
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Optional[tuple[tuple[int, int], ...]]]:
-    """(pattern, backend, scale, need_lse, training, documents) of a `call_config` string."""
-    segments, rates, mode, causal, backend, scale, need_lse, training, packed = config.split(";")
+def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Optional[tuple[tuple[int, int], ...]],
+                                  Optional[tuple[int, int]]]:
+    """(pattern, backend, scale, need_lse, training, documents, global_heads) of a `call_config` string."""
+    segments, rates, mode, causal, backend, scale, need_lse, training, packed, heads = config.split(";")
     pattern = DilatedPattern.create([int(x) for x in segments.split(",")], [int(x) for x in rates.split(",")],
                                     mode=mode, causal=causal == "1")
     documents = None if packed == "-" else tuple(tuple(int(x) for x in pair.split(":")) for pair in packed.split(","))
-    return pattern, backend, float(scale), need_lse == "1", training == "1", documents
+    global_heads = None if heads == "-" else tuple(int(x) for x in heads.split(":"))
+    return pattern, backend, float(scale), need_lse == "1", training == "1", documents, global_heads
 
 
 def _job(q: torch.Tensor, k: torch.Tensor, config: str) -> tuple[Job, bool]:
     """(the call's job, whether the LSE is wanted)."""
-    pattern, backend, scale, need_lse, training, documents = _parsed(config)
+    pattern, backend, scale, need_lse, training, documents, global_heads = _parsed(config)
     executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
-    return make_job([plan_part(executor, call_plan(pattern, q, k, documents))], scale), need_lse or training
+    plan = call_plan(pattern, q, k, documents, global_heads)
+    return make_job([plan_part(executor, plan)], scale), need_lse or training
 
 
 def _lse_layout(lse: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,9 @@ position `start + s * seg + offset + j * step`, read from a (B, N, H_kv, D) tens
   tokens per segment (causal attention is then bottom-right aligned inside the block);
 - several query heads may read one key/value head (grouped-query attention): `kv_heads` is the block's
   slice of key/value heads;
-- documents of a packed row restart the pattern: blocks of each document start at its offset.
+- documents of a packed row restart the pattern: blocks of each document start at its offset;
+- the heads may be a run of a larger layer's heads (head-parallel ranks): `global_heads` (start, total)
+  says that local head j is global head start + j, whose offsets (pattern.head_offsets(total)) it keeps.
 The ragged last segment is its own block; a segment longer than N is clipped to N. The engine, the
 ring, the memory estimate and the locality traces all read this plan.
 
@@ -27,7 +29,8 @@ import torch
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
 
 IDENTITY_ORDERINGS = (None, "identity")
-__all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected", "kv_split"]
+__all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected", "kv_split",
+           "local_offsets"]
 
 
 def _count(heads: slice) -> int:
@@ -150,6 +153,12 @@ class Plan:
     first_branch: Optional[int] = None
     kv_shared: bool = False
     unselected: Optional[tuple[tuple[slice, int, int], ...]] = None
+    global_heads: Optional[tuple[int, int]] = None
+
+    def head_offsets(self) -> list:
+        """Per branch an int64 array (H,) of the plan's heads: the head's offset, -1 when not in the branch
+        (the global heads' offsets for a plan of a run of heads)."""
+        return local_offsets(self.pattern, self.num_heads, self.global_heads)
 
     def clear_unselected(self, x: torch.Tensor, value: float = 0.0) -> torch.Tensor:
         """Fill at least the entries of x (B, N, H, *rest) that no block writes with `value` and return x:
@@ -185,7 +194,8 @@ class Plan:
 
 def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
                branches: Optional[tuple[int, ...]] = None, *, num_kv_heads: Optional[int] = None,
-               documents: Optional[tuple[tuple[int, int], ...]] = None, query_len: Optional[int] = None) -> Plan:
+               documents: Optional[tuple[tuple[int, int], ...]] = None, query_len: Optional[int] = None,
+               global_heads: Optional[tuple[int, int]] = None) -> Plan:
     """The blocks of `pattern` for N = seq_len key positions and H = num_heads query heads.
 
     branches: plan only these branches (the others contribute no block; `merge` then says whether the
@@ -196,7 +206,10 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
     ragged; a segment longer than the document is the document); default one document of N tokens.
     query_len: the queries are the last query_len positions (default N); segments before them carry no
     block, and the segment where they begin is its own block with fewer queries than keys.
+    global_heads: (start, total): the H heads are the heads [start, start + H) of a layer of `total` heads and
+    keep their offsets (a head-parallel rank's share); num_kv_heads then counts the local key/value heads.
     """
+    first_head, total = (0, num_heads) if global_heads is None else global_heads
     kv = num_heads if num_kv_heads is None else num_kv_heads
     documents = ((0, seq_len),) if documents is None else tuple(documents)
     query_start = 0 if query_len is None else seq_len - query_len
@@ -205,12 +218,15 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
     kv_readers: dict[int, set[int]] = {}
     counted = set()
     for doc_start, doc_len in documents:
-        for group in pattern.groups(doc_len, num_heads):
+        for group in pattern.groups(doc_len, total):
             if branches is not None and group.branch not in branches:
+                continue
+            local = tuple(h - first_head for h in group.heads if first_head <= h < first_head + num_heads)
+            if not local:
                 continue
             if (group.branch, group.offset) not in counted:
                 counted.add((group.branch, group.offset))
-                for h in group.heads:
+                for h in local:
                     branches_per_head[h] += 1
             seg, step, offset = group.segment_length, group.dilation_rate, group.offset  # seg = min(w, doc)
             full = doc_len // seg
@@ -221,31 +237,42 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
                 selected = len(range(offset, length, step))
                 if selected == 0:
                     continue
-                for heads, kv_heads in kv_split(group.heads, num_heads, kv):
+                for heads, kv_heads in kv_split(local, num_heads, kv):
                     for kv_head in range(kv_heads.start, kv_heads.stop, kv_heads.step):
                         kv_readers.setdefault(kv_head, set()).add(group.branch)
                     kv_slice = None if kv == num_heads else kv_heads
                     blocks.extend(_with_queries(Block(group.branch, heads, doc_start + start, count, length, offset,
                                                       step, selected, kv_slice), query_start))
     # Coverage (every query row and every key written) holds only when the queries are all positions.
-    covered = query_start == 0 and _covers(pattern, seq_len, num_heads, branches)
+    offsets = local_offsets(pattern, num_heads, global_heads)
+    covered = query_start == 0 and _covers(pattern, offsets, branches)
     first = blocks[0].branch if blocks and query_start == 0 else None
-    if first is not None and not _covers(pattern, seq_len, num_heads, (first,)):
+    if first is not None and not _covers(pattern, offsets, (first,)):
         first = None
     kv_shared = any(len(readers) > 1 for readers in kv_readers.values())
     unselected = None
     if len(documents) == 1 and query_start == 0 and kv == num_heads and max(branches_per_head) <= 1:
-        unselected = _unselected(pattern, seq_len, num_heads, branches)
+        unselected = _unselected(pattern, offsets, branches)
     return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads, pattern,
                 None if branches is None else tuple(branches), None if num_kv_heads is None else kv, query_len,
-                covered=covered, first_branch=first, kv_shared=kv_shared, unselected=unselected)
+                covered=covered, first_branch=first, kv_shared=kv_shared, unselected=unselected,
+                global_heads=global_heads)
 
 
-def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Optional[tuple[int, ...]]) -> bool:
+def local_offsets(pattern: DilatedPattern, num_heads: int, global_heads: Optional[tuple[int, int]] = None) -> list:
+    """Per branch an int64 array (num_heads,): the offsets of the heads [start, start + num_heads) of a layer of
+    `total` heads (global_heads (start, total); None: the num_heads heads themselves)."""
+    if global_heads is None:
+        return pattern.head_offsets(num_heads)
+    start, total = global_heads
+    return [offsets[start: start + num_heads] for offsets in pattern.head_offsets(total)]
+
+
+def _covers(pattern: DilatedPattern, offsets: list, branches: Optional[tuple[int, ...]]) -> bool:
     """Whether every (position, head) is selected by some planned branch: a branch with dilation 1 selects
-    every position of the heads in it."""
+    every position of the heads in it (offsets: per branch, each planned head's offset or -1)."""
+    num_heads = len(offsets[0])
     covered = [False] * num_heads
-    offsets = pattern.head_offsets(num_heads)
     for branch, r in enumerate(pattern.dilation_rates):
         if branches is not None and branch not in branches:
             continue
@@ -255,17 +282,18 @@ def _covers(pattern: DilatedPattern, seq_len: int, num_heads: int, branches: Opt
     return all(covered)
 
 
-def _unselected(pattern: DilatedPattern, seq_len: int, num_heads: int,
+def _unselected(pattern: DilatedPattern, offsets: list,
                 branches: Optional[tuple[int, ...]]) -> tuple[tuple[slice, int, int], ...]:
     """Where each head is in at most one planned branch: the heads whose branch has a dilation > 1 (or no
     branch), in runs of consecutive heads, as (heads, 0, 1) triples (every position): those entries are
     cleared whole before the blocks write theirs, a few fills instead of one over every head."""
+    num_heads = len(offsets[0])
     clear = []
     in_branch = [False] * num_heads
-    for branch, offsets in enumerate(pattern.head_offsets(num_heads)):
+    for branch, heads_offsets in enumerate(offsets):
         if branches is not None and branch not in branches:
             continue
-        for h in (offsets >= 0).nonzero()[0]:
+        for h in (heads_offsets >= 0).nonzero()[0]:
             in_branch[int(h)] = True
             if pattern.dilation_rates[branch] > 1:
                 clear.append(int(h))
@@ -327,7 +355,8 @@ def _with_queries(block: Block, query_start: int) -> list[Block]:
 @functools.lru_cache(maxsize=128)
 def cached_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
                 branches: Optional[tuple[int, ...]] = None, *, num_kv_heads: Optional[int] = None,
-                documents: Optional[tuple[tuple[int, int], ...]] = None, query_len: Optional[int] = None) -> Plan:
+                documents: Optional[tuple[tuple[int, int], ...]] = None, query_len: Optional[int] = None,
+                global_heads: Optional[tuple[int, int]] = None) -> Plan:
     """`build_plan`, cached per arguments."""
     return build_plan(pattern, seq_len, num_heads, None if branches is None else tuple(branches),
-                      num_kv_heads=num_kv_heads, documents=documents, query_len=query_len)
+                      num_kv_heads=num_kv_heads, documents=documents, query_len=query_len, global_heads=global_heads)

@@ -114,3 +114,21 @@ def _documents(values: list[int], q: torch.Tensor, seq_len: Optional[int]) -> Op
         raise ValueError(f"cu_seqlens must be non-decreasing, got {values[:12]}{' ...' if len(values) > 12 else ''}")
     documents = tuple((a, b - a) for a, b in zip(values, values[1:]) if b > a)
     return None if len(documents) == 1 else documents
+
+
+def validate_global_heads(global_heads, num_heads: int) -> Optional[tuple[int, int]]:
+    """(start, total) when q's `num_heads` heads are the heads [start, start + num_heads) of a layer of `total`
+    heads (a head-parallel rank's share, keeping the global heads' offsets), or None for all the heads.
+
+    global_heads: None or a pair of integers (start, total) with 0 <= start and start + num_heads <= total;
+    (0, num_heads) is None."""
+    if global_heads is None:
+        return None
+    if (not isinstance(global_heads, (tuple, list)) or len(global_heads) != 2
+            or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in global_heads)):
+        raise ValueError(f"global_heads must be None or a pair of integers (start, total), got {global_heads!r}")
+    start, total = int(global_heads[0]), int(global_heads[1])
+    if start < 0 or start + num_heads > total:
+        raise ValueError(f"global_heads (start, total) must hold q's {num_heads} heads: 0 <= start and start + "
+                         f"{num_heads} <= total, got {global_heads!r}")
+    return None if (start, total) == (0, num_heads) else (start, total)

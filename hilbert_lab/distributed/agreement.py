@@ -1,4 +1,4 @@
-"""The configuration agreement of a ring call: every rank of the group stops together on a mismatch.
+"""The configuration agreement of a ring or head-parallel call: every rank of the group stops together on a mismatch.
 
 Before any data moves (and before a rank takes the one-rank shortcut), one all_gather over the whole
 group, on the host (over gloo, so that no rank waits for its queued kernels), of a fixed-size int64 row per
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hilbert_lab.distributed.comm import wait_bounded
 
 FIELDS = ("segment_lengths", "dilation_rates", "mode", "causal", "dtype", "scale", "shard shape", "layout",
-          "ring_size", "backend", "cu_seqlens")
+          "ring_size", "backend", "cu_seqlens", "global_heads")
 PER_RING = ("cu_seqlens",)  # compared among the ranks of one ring only (each ring holds its own sequence)
 _VALUE_BYTES = 64  # each field's value travels as text (truncated) so that the error can show every rank's
 _ERROR_BYTES = 512  # the first bytes of a rank's own input error
@@ -32,6 +32,15 @@ def describe(value) -> str:
     if isinstance(value, (list, tuple)):
         return repr(tuple(value))
     return repr(value)
+
+
+def describe_shapes(q, k) -> str:
+    """The shard shape for the agreement (with k's where it has fewer heads)."""
+    if not isinstance(q, torch.Tensor):
+        return type(q).__name__
+    if not isinstance(k, torch.Tensor) or k.shape == q.shape:
+        return str(tuple(q.shape))
+    return f"{tuple(q.shape)}; k, v {tuple(k.shape)}"
 
 
 def describe_documents(cu_seqlens, documents, error: Exception | None) -> str:
@@ -100,13 +109,13 @@ def host_group(group: dist.ProcessGroup | None, timeout_s: float) -> dist.Proces
     return found
 
 
-def _mismatches(table: torch.Tensor, ranks: list[int]) -> list[str]:
-    """'field: rank a: value; ranks b, c: value' for every field the ranks (of one ring, for PER_RING
-    fields) disagree on."""
+def _mismatches(table: torch.Tensor, ranks: list[int], names: tuple[str, ...]) -> list[str]:
+    """'field: rank a: value; ranks b, c: value' for every field of `names` the ranks (of one ring, for
+    PER_RING fields) disagree on."""
     words = _VALUE_BYTES // 8
     base = 1 + _ERROR_BYTES // 8
     problems = []
-    for index, name in enumerate(FIELDS):
+    for index, name in enumerate(names):
         start = base + index * (1 + words)
         rings: dict[int, dict[int, list[int]]] = {}
         for rank, line in zip(ranks, table):
@@ -125,12 +134,15 @@ def _mismatches(table: torch.Tensor, ranks: list[int]) -> list[str]:
 
 
 def agree_on_configuration(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
-                           timeout_s: float, ring: int = 0) -> None:
-    """Raise on every rank of `group` unless all ranks hold equal `fields` (every name of FIELDS; those of
-    PER_RING equal among the ranks of one `ring`, e.g. its first global rank) and none rejected its inputs
-    (`error`); see the module docstring."""
+                           timeout_s: float, ring: int = 0, *, caller: str = "ring_dilated_attention",
+                           members: str = "ring") -> None:
+    """Raise on every rank of `group` unless all ranks hold equal `fields` (the ring's: every name of FIELDS;
+    another caller's: its own names, in one order on every rank; those of PER_RING equal among the ranks of
+    one `ring`, e.g. its first global rank) and none rejected its inputs (`error`); see the module docstring.
+    caller / members: the function and the ranks ("ring", "group") the errors name."""
+    names = tuple(fields)
     row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
-    row += _fields_row(tuple(fields[name] for name in FIELDS)) + [int(ring)]
+    row += _fields_row(tuple(fields[name] for name in names)) + [int(ring)]
     gather = host_group(group, timeout_s)
     device = "cpu" if _has_gloo(gather) else torch.device("cuda", torch.cuda.current_device())
     mine = torch.tensor(row, dtype=torch.int64, device=device)
@@ -139,7 +151,7 @@ def agree_on_configuration(fields: dict[str, str], error: Exception | None, grou
     work = dist.all_gather(rows, mine, group=gather, async_op=True)
     ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
     wait_bounded([(work, f"gather the configuration of the ranks {ranks}")], timeout_s,
-                 f"rank {dist.get_rank()}: ring configuration check")
+                 f"rank {dist.get_rank()}: {members} configuration check")
     table = torch.stack(rows).cpu()
     rejected = [rank for rank, line in zip(ranks, table) if line[0] != 0]
     if rejected:
@@ -147,10 +159,9 @@ def agree_on_configuration(fields: dict[str, str], error: Exception | None, grou
             raise error
         first = table[ranks.index(rejected[0])]
         others = f" (and ranks {rejected[1:]})" if len(rejected) > 1 else ""
-        raise ValueError(f"rank {rejected[0]}{others} of the ring rejected its inputs, so every rank stops: "
+        raise ValueError(f"rank {rejected[0]}{others} of the {members} rejected its inputs, so every rank stops: "
                          f"{_row_text(first[1: 1 + _ERROR_BYTES // 8])}")
-    problems = _mismatches(table, ranks)
+    problems = _mismatches(table, ranks, names)
     if problems:
-        raise ValueError("the ranks of the ring disagree on their configuration (every rank must call "
-                         "ring_dilated_attention with the same arguments, dtype and shard shape): "
-                         + " | ".join(problems))
+        raise ValueError(f"the ranks of the {members} disagree on their configuration (every rank must call "
+                         f"{caller} with the same arguments, dtype and shard shape): " + " | ".join(problems))

@@ -21,7 +21,7 @@ import torch
 import hilbert_lab.distributed.contiguous as contiguous
 import hilbert_lab.distributed.zigzag as zigzag
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.attention.plan import kv_split
+from hilbert_lab.attention.plan import kv_split, local_offsets
 from hilbert_lab.distributed.sharding import shard_positions
 
 ALGORITHMS = {contiguous.NAME: contiguous, zigzag.NAME: zigzag}
@@ -102,12 +102,13 @@ class RingBranch:
     per_segment: bool = False  # its segments cross shard borders off the layout's sub-rings (split per segment)
 
 
-def head_groups(pattern: DilatedPattern, branch: int, num_heads: int,
-                num_kv_heads: Optional[int] = None) -> tuple[HeadGroup, ...]:
+def head_groups(pattern: DilatedPattern, branch: int, num_heads: int, num_kv_heads: Optional[int] = None,
+                global_heads: Optional[tuple[int, int]] = None) -> tuple[HeadGroup, ...]:
     """The branch's heads grouped by offset, offsets ascending. With fewer key/value heads (num_kv_heads),
     a group whose heads do not line up with the kv heads is split as the plan splits it (attention.plan.
-    kv_split), so that every group's query heads read its kv heads evenly."""
-    offsets = pattern.head_offsets(num_heads)[branch]
+    kv_split), so that every group's query heads read its kv heads evenly. global_heads (start, total): the
+    heads are a run of a layer's heads and keep the global heads' offsets (attention.plan.local_offsets)."""
+    offsets = local_offsets(pattern, num_heads, global_heads)[branch]
     groups = []
     for offset in sorted({int(o) for o in offsets[offsets >= 0]}):
         heads = tuple(int(h) for h in (offsets == offset).nonzero()[0])
@@ -120,14 +121,14 @@ def head_groups(pattern: DilatedPattern, branch: int, num_heads: int,
     return tuple(groups)
 
 
-def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int,
-                  num_kv_heads: Optional[int] = None) -> list[RingBranch]:
+def plan_branches(pattern: DilatedPattern, geometry: RingLayout, num_heads: int, num_kv_heads: Optional[int] = None,
+                  global_heads: Optional[tuple[int, int]] = None) -> list[RingBranch]:
     """Per branch: local, ring (and its sub-ring), or per segment (see the module docstring)."""
     plans = []
     for branch, (requested, rate) in enumerate(zip(pattern.segment_lengths, pattern.dilation_rates)):
         segment = min(requested, geometry.seq_len)
         found = geometry.algorithm.classify(segment, geometry.ring_size, geometry.index, geometry.seq_len)
         local, members = found if found is not None else (False, ())
-        plans.append(RingBranch(branch, segment, rate, head_groups(pattern, branch, num_heads, num_kv_heads),
-                                members, local, per_segment=found is None))
+        groups = head_groups(pattern, branch, num_heads, num_kv_heads, global_heads)
+        plans.append(RingBranch(branch, segment, rate, groups, members, local, per_segment=found is None))
     return plans

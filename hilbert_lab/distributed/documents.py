@@ -58,11 +58,14 @@ def _border_index(geometry: RingLayout, position: int) -> int:
 @functools.lru_cache(maxsize=64)
 def split_documents(pattern: DilatedPattern, geometry: RingLayout, num_heads: int,
                     documents: tuple[tuple[int, int], ...], num_kv_heads: Optional[int] = None,
-                    branches: Optional[tuple[int, ...]] = None) -> tuple[Optional[Plan], tuple[RingBranch, ...]]:
+                    branches: Optional[tuple[int, ...]] = None, global_heads: Optional[tuple[int, int]] = None,
+                    ) -> tuple[Optional[Plan], tuple[RingBranch, ...]]:
     """(the local plan on this rank's storage rows, or None when no segment lies inside a piece; the spans
     this rank takes part in, in the order every member runs them); see the module docstring. branches: split
-    only these (default all). A plain row is one document (0, N). Cached."""
-    plan = cached_plan(pattern, geometry.seq_len, num_heads, num_kv_heads=num_kv_heads, documents=documents)
+    only these (default all). A plain row is one document (0, N). global_heads: the heads are a run of a layer's
+    heads keeping their offsets (attention.plan). Cached."""
+    plan = cached_plan(pattern, geometry.seq_len, num_heads, num_kv_heads=num_kv_heads, documents=documents,
+                       global_heads=global_heads)
     mine = pieces(geometry, geometry.index)
     local = []
     spans: set[tuple[int, int, int]] = set()
@@ -83,7 +86,8 @@ def split_documents(pattern: DilatedPattern, geometry: RingLayout, num_heads: in
     found = []
     for branch, begin, end in sorted(spans, key=lambda s: (s[0], _border_index(geometry, s[1]) % 2, s[1])):
         found.append(RingBranch(branch, end - begin, pattern.dilation_rates[branch],
-                                head_groups(pattern, branch, num_heads, num_kv_heads), holders(geometry, begin, end),
+                                head_groups(pattern, branch, num_heads, num_kv_heads, global_heads),
+                                holders(geometry, begin, end),
                                 local=False, span=(begin, end)))
     return _local_plan(plan, tuple(local), geometry.shard_len), tuple(found)
 
@@ -99,4 +103,4 @@ def _local_plan(plan: Plan, blocks: tuple, shard_len: int) -> Optional[Plan]:
             branches_of.setdefault(h, set()).add(blk.branch)
     merge = any(len(found) > 1 for found in branches_of.values())
     return Plan(blocks, plan.num_branches, merge, shard_len, plan.num_heads, plan.pattern,
-                num_kv_heads=plan.num_kv_heads, kv_shared=plan.kv_shared)
+                num_kv_heads=plan.num_kv_heads, kv_shared=plan.kv_shared, global_heads=plan.global_heads)

@@ -1,6 +1,7 @@
-"""torch.nn modules over ring attention: RingDilatedAttention and RingMultiheadDilatedAttention.
+"""torch.nn modules over context parallelism: RingDilatedAttention and RingMultiheadDilatedAttention.
 
-Both take this rank's shard of the sequence; parameter names match hilbert_lab.attention.modules so
+Both take this rank's shard of the sequence and run it around the ring (parallel="ring") or head-parallel
+(parallel="ulysses": all-to-all over heads); parameter names match hilbert_lab.attention.modules so
 a single-process MultiheadDilatedAttention state_dict loads into RingMultiheadDilatedAttention.
 Dropout is not supported in the ring (it would need a shared RNG stream per block).
 """
@@ -18,6 +19,9 @@ from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.distributed.comm import resolve_timeout
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import LAYOUTS
+from hilbert_lab.distributed.ulysses import ulysses_dilated_attention
+
+PARALLEL_MODES = ("ring", "ulysses")  # how the shards' attention is computed: around the ring, or head-parallel
 
 
 class RingDilatedAttention(nn.Module):
@@ -25,7 +29,9 @@ class RingDilatedAttention(nn.Module):
 
     ring_size=None: one ring over all ranks of `group` (default: the world); otherwise consecutive
     rings of ring_size ranks (it must divide the group size), each holding one sequence. timeout_s
-    bounds every wait of the ring (None: $HILBERT_LAB_RING_TIMEOUT_S or 120 s).
+    bounds every wait of the ring (None: $HILBERT_LAB_RING_TIMEOUT_S or 120 s). parallel="ulysses": the
+    ranks of `group` exchange heads instead (ulysses_dilated_attention; H divisible by the group size,
+    ring_size None).
     """
 
     def __init__(
@@ -41,9 +47,16 @@ class RingDilatedAttention(nn.Module):
         ring_size: Optional[int] = None,
         layout: str = "contiguous",
         timeout_s: Optional[float] = None,
+        parallel: str = "ring",
     ) -> None:
         super().__init__()
         self.pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
+        if parallel not in PARALLEL_MODES:
+            raise ValueError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
+        if parallel == "ulysses" and ring_size is not None:
+            raise ValueError(f"ring_size must be None with parallel='ulysses' (the heads are exchanged over the "
+                             f"whole group), got {ring_size!r}")
+        self.parallel = parallel
         if ring_size is not None and (isinstance(ring_size, bool) or not isinstance(ring_size, numbers.Integral)
                                       or ring_size < 1):
             raise ValueError(f"ring_size must be None (the group size) or a positive integer, got {ring_size!r}")
@@ -59,6 +72,13 @@ class RingDilatedAttention(nn.Module):
         """Shards (B, N/P, H, D) -> out shard (B, N/P, H, D) [, lse (B, H, N/P)]; cu_seqlens: the whole row's
         packed documents [0, n1, ..., N] (B = 1), the same on every rank (see ring_dilated_attention)."""
         p = self.pattern
+        if self.parallel == "ulysses":
+            return ulysses_dilated_attention(
+                q, k, v, segment_lengths=p.segment_lengths, dilation_rates=p.dilation_rates,
+                causal=p.causal if causal is None else causal, mode=p.mode, group=self.group, layout=self.layout,
+                backend=self.backend, scale=self.scale, return_lse=return_lse, timeout_s=self.timeout_s,
+                cu_seqlens=cu_seqlens,
+            )
         return ring_dilated_attention(
             q, k, v, segment_lengths=p.segment_lengths, dilation_rates=p.dilation_rates,
             causal=p.causal if causal is None else causal, mode=p.mode, group=self.group,
@@ -69,7 +89,8 @@ class RingDilatedAttention(nn.Module):
     def extra_repr(self) -> str:
         p = self.pattern
         return (f"segment_lengths={list(p.segment_lengths)}, dilation_rates={list(p.dilation_rates)}, "
-                f"mode={p.mode!r}, causal={p.causal}, ring_size={self.ring_size}, layout={self.layout!r}")
+                f"mode={p.mode!r}, causal={p.causal}, ring_size={self.ring_size}, layout={self.layout!r}, "
+                f"parallel={self.parallel!r}")
 
 
 class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
@@ -77,7 +98,8 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
 
     The projections, their initialisation and forward are MultiheadDilatedAttention's (so a single-process
     state_dict loads directly; num_kv_heads: grouped-query key/value heads, as there); only the inner
-    attention is the ring. forward(x, cu_seqlens=...) takes the whole row's packed documents.
+    attention is the ring (or head-parallel: parallel="ulysses"). forward(x, cu_seqlens=...) takes the whole
+    row's packed documents.
     """
 
     def __init__(
@@ -96,6 +118,7 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
         layout: str = "contiguous",
         timeout_s: Optional[float] = None,
         num_kv_heads: Optional[int] = None,
+        parallel: str = "ring",
         device=None,
         dtype=None,
     ) -> None:
@@ -103,4 +126,4 @@ class RingMultiheadDilatedAttention(MultiheadDilatedAttention):
                          backend=backend, num_kv_heads=num_kv_heads, device=device, dtype=dtype)
         self.attention = RingDilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode,
                                               backend=backend, group=group, ring_size=ring_size, layout=layout,
-                                              timeout_s=timeout_s)
+                                              timeout_s=timeout_s, parallel=parallel)

@@ -34,8 +34,10 @@ from hilbert_lab.attention.executors import Executor
 from hilbert_lab.attention.function import Job, Part, attention, make_job, plan_part
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import Plan, cached_plan
-from hilbert_lab.attention.validation import kernel_layout, validate_attention_inputs, validate_cu_seqlens
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents
+from hilbert_lab.attention.validation import (
+    kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
+)
+from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents, describe_shapes
 from hilbert_lab.distributed.branches import RingBranch, RingLayout, plan_branches
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, RingComm, resolve_timeout
 from hilbert_lab.distributed.documents import split_documents
@@ -67,15 +69,6 @@ def _local_executor(backend: str | Executor, q: torch.Tensor, pattern: DilatedPa
     return executor
 
 
-def _shapes(q, k) -> str:
-    """The shard shape for the agreement (with k's where it has fewer heads)."""
-    if not isinstance(q, torch.Tensor):
-        return type(q).__name__
-    if not isinstance(k, torch.Tensor) or k.shape == q.shape:
-        return str(tuple(q.shape))
-    return f"{tuple(q.shape)}; k, v {tuple(k.shape)}"
-
-
 def ring_members(group: dist.ProcessGroup | None, ring_size: int | None) -> list[int]:
     """Global ranks of this process's ring: consecutive blocks of `ring_size` ranks of `group`."""
     world = [dist.get_global_rank(group, r) if group is not None else r for r in range(dist.get_world_size(group))]
@@ -99,23 +92,28 @@ class RingPlan(NamedTuple):
 
 
 def plan_ring(pattern: DilatedPattern, geometry: RingLayout, num_heads: int, num_kv_heads: int | None = None,
-              documents: tuple[tuple[int, int], ...] | None = None) -> RingPlan:
-    """This rank's RingPlan; documents: a packed row's (start, length) documents."""
+              documents: tuple[tuple[int, int], ...] | None = None,
+              global_heads: tuple[int, int] | None = None) -> RingPlan:
+    """This rank's RingPlan; documents: a packed row's (start, length) documents; global_heads: the heads are a
+    run of a layer's heads keeping their offsets."""
     if documents is not None:
-        local_plan, spans = split_documents(pattern, geometry, num_heads, documents, num_kv_heads)
+        local_plan, spans = split_documents(pattern, geometry, num_heads, documents, num_kv_heads,
+                                            global_heads=global_heads)
         return RingPlan(local_plan, list(spans), "cu_seqlens (packed documents)", True)
-    branches = plan_branches(pattern, geometry, num_heads, num_kv_heads)
+    branches = plan_branches(pattern, geometry, num_heads, num_kv_heads, global_heads)
     if any(b.per_segment for b in branches):
         # Split as a packed row of one document: the per-segment branches' crossing segments become sub-rings
         # of their own, their other segments and the local branches one local part.
         local_plan, spans = split_documents(pattern, geometry, num_heads, ((0, geometry.seq_len),), num_kv_heads,
-                                            tuple(b.branch for b in branches if b.local or b.per_segment))
+                                            tuple(b.branch for b in branches if b.local or b.per_segment),
+                                            global_heads)
         return RingPlan(local_plan, [b for b in branches if not (b.local or b.per_segment)] + list(spans),
                         "segments crossing shard borders", True)
     inside = tuple(b.branch for b in branches if b.local)
     if not inside:
         return RingPlan(None, branches, None, False)
-    local_plan = cached_plan(pattern, geometry.shard_len, num_heads, inside, num_kv_heads=num_kv_heads)
+    local_plan = cached_plan(pattern, geometry.shard_len, num_heads, inside, num_kv_heads=num_kv_heads,
+                             global_heads=global_heads)
     refused = None if num_kv_heads is None else f"{num_kv_heads} key/value heads for {num_heads}"
     return RingPlan(local_plan, [b for b in branches if not b.local], refused, False)
 
@@ -148,6 +146,7 @@ def ring_dilated_attention(
     check_config: bool = True,
     timeout_s: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
+    global_heads: tuple[int, int] | None = None,
 ):
     """This rank's shard of the single-process engine's dilated attention over the whole sequence.
 
@@ -172,6 +171,9 @@ def ring_dilated_attention(
     document is attended as its own sequence; documents may span shards, and any segment length works
     (a segment crossing a shard border is a sub-ring of the ranks holding it: documents.py). The
     configuration check compares its length and a digest of its values.
+
+    global_heads: (start, total) when the H heads are the heads [start, start + H) of a layer of `total` heads
+    (head-parallel groups around rings: hybrid.py); each keeps the global head's offsets, as in dilated_attention.
     """
     if not dist.is_initialized():
         raise RuntimeError("ring_dilated_attention needs torch.distributed to be initialised (dist.init_process_group)")
@@ -193,10 +195,11 @@ def ring_dilated_attention(
         geometry = RingLayout(len(members), members.index(dist.get_rank()), q.shape[1] * len(members), layout)
         check_divisible(geometry.seq_len, len(members), layout)
         documents = validate_cu_seqlens(cu_seqlens, q, seq_len=geometry.seq_len)
+        global_heads = validate_global_heads(global_heads, q.shape[2])
         if cu_seqlens is not None and documents is None:  # one document: still the packed path (any segment length)
             documents = ((0, geometry.seq_len),)
         if len(members) > 1:
-            plan = plan_ring(pattern, geometry, q.shape[2], grouped, documents)
+            plan = plan_ring(pattern, geometry, q.shape[2], grouped, documents, global_heads)
             # A split row resolves both on every rank (the configuration check compares them), whatever this
             # rank's share of the crossing segments.
             if plan.local_plan is not None or plan.split:
@@ -214,12 +217,13 @@ def ring_dilated_attention(
             "causal": describe(pattern.causal if pattern is not None else causal),
             "dtype": str(getattr(q, "dtype", type(q).__name__)),
             "scale": describe(resolved_scale),
-            "shard shape": _shapes(q, k),
+            "shard shape": describe_shapes(q, k),
             "layout": describe(layout),
             "ring_size": str(len(members)) if members is not None else describe(ring_size),
             "backend": (f"{resolved.name} on {q.device.type}" if resolved is not None else
                         describe(getattr(backend, "name", backend))),
             "cu_seqlens": describe_documents(cu_seqlens, documents, error),
+            "global_heads": describe(global_heads),
         }
         agree_on_configuration(fields, error, group, timeout, ring=-1 if members is None else members[0])
     if error is not None:
@@ -227,7 +231,7 @@ def ring_dilated_attention(
     if len(members) == 1:  # one rank holds the whole sequence: exactly the local engine
         return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
                                  causal=causal, mode=mode, backend=backend, scale=resolved_scale,
-                                 return_lse=return_lse, cu_seqlens=cu_seqlens)
+                                 return_lse=return_lse, cu_seqlens=cu_seqlens, global_heads=global_heads)
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     steps = None
     if step is not None:

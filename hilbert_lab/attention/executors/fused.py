@@ -15,7 +15,7 @@ import torch
 
 from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.attention.plan import Plan
+from hilbert_lab.attention.plan import Plan, local_offsets
 from hilbert_lab.kernels import triton_dilated
 
 CAPABILITIES = Capabilities(dtypes=(torch.float16, torch.bfloat16, torch.float32), head_dims=(256, 1),
@@ -36,11 +36,11 @@ def unavailable(device: Optional[torch.device] = None, dtype: Optional[torch.dty
 
 @functools.lru_cache(maxsize=128)
 def _head_offsets(pattern: DilatedPattern, num_heads: int, device: torch.device,
-                  branches: Optional[tuple[int, ...]]) -> torch.Tensor:
-    """int32 (num_branches, H): each head's offset per branch, -1 where the head is not in it or the
-    branch is not planned (cached per device)."""
+                  branches: Optional[tuple[int, ...]], global_heads: Optional[tuple[int, int]] = None) -> torch.Tensor:
+    """int32 (num_branches, H): each head's offset per branch (a run of a layer's heads: the global heads'),
+    -1 where the head is not in it or the branch is not planned (cached per device)."""
     rows = []
-    for branch, offsets in enumerate(pattern.head_offsets(num_heads)):
+    for branch, offsets in enumerate(local_offsets(pattern, num_heads, global_heads)):
         row = torch.as_tensor(offsets, dtype=torch.int32)
         if branches is not None and branch not in branches:
             row = torch.full_like(row, -1)
@@ -57,7 +57,8 @@ def kernel_arguments(plan: Plan, q: torch.Tensor) -> dict:
     segments = tuple(w if w <= seq_len else max(seq_len, r) for w, r in zip(pattern.segment_lengths,
                                                                            pattern.dilation_rates))
     return dict(segment_lengths=segments, dilation_rates=pattern.dilation_rates,
-                head_offsets=_head_offsets(pattern, q.shape[2], q.device, plan.branches), causal=pattern.causal)
+                head_offsets=_head_offsets(pattern, q.shape[2], q.device, plan.branches, plan.global_heads),
+                causal=pattern.causal)
 
 
 def _check(plan: Plan, q: torch.Tensor, k: torch.Tensor) -> None:

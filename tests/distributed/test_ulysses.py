@@ -1,0 +1,63 @@
+"""Head-parallel and hybrid (head-parallel x ring) dilated attention on gloo worlds of 2 and 4 ranks against the
+float64 dense reference, and the all-to-all's key/value head assignment."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from hilbert_lab.distributed.exchange import kv_heads_per_rank  # noqa: E402
+from ring_worlds import run_world  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="torch.distributed with gloo is not available in this torch build")
+CHECKS = ["check_ulysses_matches_reference", "check_ulysses_grouped_heads", "check_ulysses_packed_rows",
+          "check_ulysses_refuses_bad_input", "check_ulysses_module", "check_ring_of_a_run_of_heads",
+          "check_hybrid_matches_reference"]
+
+
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_ulysses_matches_reference(tmp_path, world_size):
+    """On 2 ranks the hybrid's mesh is 2 x 1 (ring x ulysses), on 4 ranks 2 x 2."""
+    run_world(world_size, tmp_path, CHECKS)
+
+
+@pytest.mark.parametrize("heads, kv_heads, world, expected", [
+    (8, 4, 2, None),  # P divides H_kv: shards of H_kv / P heads
+    (4, 1, 2, ((0,), (0,))),
+    (4, 1, 4, ((0,), (0,), (0,), (0,))),
+    (6, 3, 2, ((0, 0, 1), (1, 2, 2))),  # query heads 0-2 read kv 0, 0, 1; local head j reads j
+    (12, 3, 2, ((0, 0, 1), (1, 2, 2))),  # runs of 2 query heads per copy
+    (8, 2, 4, ((0,), (0,), (1,), (1,))),
+])
+def test_kv_heads_per_rank(heads, kv_heads, world, expected):
+    per_rank = kv_heads_per_rank(heads, kv_heads, world)
+    assert per_rank == expected
+    for rank in range(world):  # local query head j reads local kv head j // (H/P / h_kv): the global one
+        local = per_rank[rank] if per_rank else tuple(range(rank * kv_heads // world, (rank + 1) * kv_heads // world))
+        for j in range(heads // world):
+            assert local[j // (heads // world // len(local))] == (rank * heads // world + j) // (heads // kv_heads)
+
+
+def test_module_refuses_unknown_parallel_and_a_ring_size():
+    from hilbert_lab.distributed.modules import RingDilatedAttention
+
+    with pytest.raises(ValueError, match=r"parallel must be one of \('ring', 'ulysses'\)"):
+        RingDilatedAttention([4], [1], parallel="heads")
+    with pytest.raises(ValueError, match="ring_size must be None with parallel='ulysses'"):
+        RingDilatedAttention([4], [1], parallel="ulysses", ring_size=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_gpus_nccl(tmp_path, monkeypatch, world_size):
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() < world_size or not dist.is_nccl_available():
+        pytest.skip(f"needs {world_size} CUDA GPUs and NCCL")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    run_world(world_size, tmp_path, ["check_nccl_ulysses"], timeout_s=300, backend="nccl")
