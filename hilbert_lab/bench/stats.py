@@ -12,6 +12,8 @@ import numpy as np
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 2000
 VERDICTS = ("A faster", "B faster", "no difference")
+# An interval that contains 1 settles "no difference" only when it also lies within 1 -/+ this margin.
+NO_DIFFERENCE_MARGIN = 0.05
 
 
 def _as_samples(samples: Sequence[float], name: str) -> np.ndarray:
@@ -100,6 +102,14 @@ def verdict(ratio: float, low: float, high: float, min_effect: float = 0.0) -> s
     return "no difference"
 
 
+def settled(low: float, high: float, margin: float = NO_DIFFERENCE_MARGIN) -> bool:
+    """Whether a ratio's interval [low, high] decides: it excludes 1 (a difference), or it lies within
+    [1 / (1 + margin), 1 + margin] (no difference larger than `margin`). A wider interval around 1 is open."""
+    if not np.all(np.isfinite([low, high])):
+        return False
+    return high < 1.0 or low > 1.0 or (low >= 1.0 / (1.0 + margin) and high <= 1.0 + margin)
+
+
 def format_ratio(ratio: float, low: float, high: float, digits: int = 2) -> str:
     """'1.23x [1.10, 1.41]' (never a ratio without its interval)."""
     if not np.all(np.isfinite([ratio, low, high])):
@@ -115,8 +125,9 @@ def compare(a_samples: Sequence[float], b_samples: Sequence[float], a_name: str 
     paired: as in ratio_ci (default: paired when the sample counts match, as interleaved runs are); pass
     False for samples from separate runs, whose i-th repeats have nothing in common.
 
-    Returns {a_median, a_low, a_high, b_median, ..., speedup, speedup_low, speedup_high, verdict, text},
-    verdict naming the faster side ("<a_name> faster", "<b_name> faster") or "no difference".
+    Returns {a_median, a_low, a_high, b_median, ..., speedup, speedup_low, speedup_high, verdict, settled, text},
+    verdict naming the faster side ("<a_name> faster", "<b_name> faster") or "no difference"; settled: whether the
+    interval decides (`settled`: a "no difference" whose interval is wider than the margin is not settled).
     """
     a_median, a_low, a_high = bootstrap_median_ci(a_samples, confidence, seed=seed)
     b_median, b_low, b_high = bootstrap_median_ci(b_samples, confidence, seed=seed)
@@ -127,4 +138,5 @@ def compare(a_samples: Sequence[float], b_samples: Sequence[float], a_name: str 
     return {"a_median": a_median, "a_low": a_low, "a_high": a_high, "b_median": b_median, "b_low": b_low,
             "b_high": b_high, "speedup": speedup, "speedup_low": low, "speedup_high": high,
             "samples": int(min(np.size(a_samples), np.size(b_samples))), "verdict": named,
+            "settled": settled(low, high),
             "text": f"{a_name} vs {b_name}: {format_ratio(speedup, low, high)} ({named})"}

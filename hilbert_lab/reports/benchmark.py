@@ -116,11 +116,14 @@ def scaling_figure(table: Any, value: str = "median_ms", title: str | None = Non
 def ordering_ab(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequence[str], orderings: Sequence[str],
                 segment_lengths: Sequence[int], dilation_rates: Sequence[int], batch_size: int, num_heads: int,
                 head_dim: int, repeats: int, backend: str = "auto", threads: int | None = 1, seed: int = 0,
-                progress: bool = False) -> Any:
+                progress: bool = False, max_rounds: int | None = None) -> Any:
     """Identity vs each other ordering timed alternately in one process (bench.timing.time_interleaved):
     DataFrame (seq_len, mode, backend, ordering, segment_lengths, dilation_rates, identity_times_ms,
-    ordered_times_ms, max_abs_difference). The pattern is the cases' own (a segment longer than the sequence
-    covers it, as in benchmark_cases), so the two tables time the same attention.
+    ordered_times_ms, max_abs_difference, rounds, settled). The pattern is the cases' own (a segment longer than
+    the sequence covers it, as in benchmark_cases), so the two tables time the same attention.
+
+    Rounds come `repeats` at a time until the speed-up's interval settles (bench.stats.settled: it excludes 1, or
+    lies within 5% of it) or `max_rounds` (default 4 x repeats) are spent; `settled` says which.
 
     threads pins torch's CPU threads during the timing (ignored on CUDA); the outputs of the two layouts
     are compared (an ordering is a permutation in memory: the difference must be ~0).
@@ -130,8 +133,12 @@ def ordering_ab(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequ
     from tqdm.auto import tqdm
 
     from hilbert_lab.attention.engine import dilated_attention
+    from hilbert_lab.bench.stats import ratio_ci, settled
     from hilbert_lab.bench.timing import time_interleaved
 
+    if repeats < 1 or (max_rounds is not None and max_rounds < repeats):
+        raise ValueError(f"repeats must be >= 1 and max_rounds None or >= repeats, got {repeats} and {max_rounds}")
+    limit = 4 * repeats if max_rounds is None else max_rounds
     torch_dtype = getattr(torch, dtype)
     cuda = str(device).startswith("cuda")
     rows = []
@@ -148,15 +155,23 @@ def ordering_ab(*, device: str, dtype: str, seq_lens: Sequence[int], modes: Sequ
                                          backend=backend, ordering=layout)
 
         difference = float((run(None).double() - run(ordering).double()).abs().max())
-        timings = time_interleaved({"identity": lambda: run(None), "ordered": lambda: run(ordering)}, device=device,
-                                   warmup=1, rounds=repeats, max_seconds=float("inf"),
-                                   threads=None if cuda else threads)
+        samples: dict[str, list[float]] = {"identity": [], "ordered": []}
+        decided = False
+        while not decided and len(samples["identity"]) < limit:
+            timings = time_interleaved({"identity": lambda: run(None), "ordered": lambda: run(ordering)},
+                                       device=device, warmup=0 if samples["identity"] else 1,
+                                       rounds=min(repeats, limit - len(samples["identity"])),
+                                       max_seconds=float("inf"), threads=None if cuda else threads)
+            for name, timing in timings.items():
+                samples[name] += list(timing.samples)
+            decided = settled(*ratio_ci(samples["identity"], samples["ordered"])[1:])
         rows.append({"seq_len": seq_len, "mode": mode, "backend": backend, "ordering": ordering,
-                     "segment_lengths": lengths, "dilation_rates": rates, "identity_times_ms": list(timings["identity"].samples),
-                     "ordered_times_ms": list(timings["ordered"].samples),
-                     "max_abs_difference": difference})
+                     "segment_lengths": lengths, "dilation_rates": rates, "identity_times_ms": samples["identity"],
+                     "ordered_times_ms": samples["ordered"], "max_abs_difference": difference,
+                     "rounds": len(samples["identity"]), "settled": decided})
     return pd.DataFrame(rows, columns=["seq_len", "mode", "backend", "ordering", "segment_lengths", "dilation_rates",
-                                       "identity_times_ms", "ordered_times_ms", "max_abs_difference"])
+                                       "identity_times_ms", "ordered_times_ms", "max_abs_difference", "rounds",
+                                       "settled"])
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hilbert_lab.bench.stats import (bootstrap_median_ci, compare, format_ratio, ratio_ci,
+from hilbert_lab.bench.stats import (bootstrap_median_ci, compare, format_ratio, ratio_ci, settled,
                                      verdict)
 
 
@@ -80,3 +80,24 @@ def test_compare_names_the_faster_side_and_formats_interval():
     assert "[" in result["text"] and "x" in result["text"]
     assert format_ratio(2.0, 1.5, 2.5) == "2.00x [1.50, 2.50]"
     assert compare(slow, fast, "a", "b")["verdict"] == "b faster"
+
+
+@pytest.mark.parametrize("low, high, decided", [
+    (0.80, 0.95, True),    # excludes 1: faster
+    (1.02, 1.30, True),    # excludes 1: slower
+    (0.97, 1.04, True),    # within 5% of 1: no difference
+    (0.90, 1.10, False),   # contains 1, wider than 5%: open
+    (0.96, 1.06, False),
+    (float("nan"), 1.0, False),
+])
+def test_settled_needs_an_interval_that_excludes_one_or_stays_within_the_margin(low, high, decided):
+    assert settled(low, high) is decided
+
+
+def test_compare_says_whether_its_interval_settles():
+    rng = np.random.default_rng(3)
+    base = rng.uniform(5.0, 15.0, 20)
+    assert compare(base * 0.5, base)["settled"] is True  # twice as fast, paired: decided
+    noisy = compare(base, np.random.default_rng(0).permutation(base))  # same values, wide interval around 1
+    assert noisy["verdict"] == "no difference" and noisy["speedup_low"] < 0.95 < 1.05 < noisy["speedup_high"]
+    assert noisy["settled"] is False
