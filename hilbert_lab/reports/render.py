@@ -116,7 +116,13 @@ def render_run(run_dir: str | Path, out_path: str | Path | None = None, *, name:
     run_dir = Path(run_dir)
     metrics, env = load_run(run_dir)
     name = name or (env.get("parameters") or {}).get("report") or metrics.get("report") or "report"
-    page = build_page(metrics, env)
+    return _write_page(build_page(metrics, env), env, run_dir, name, out_path, index_href=index_href,
+                       plotly_path=plotly_path)
+
+
+def _write_page(page: Page, env: dict[str, Any], run_dir: Path, name: str, out_path: str | Path | None, *,
+                index_href: str | None, plotly_path: str | Path | None) -> Path:
+    """Write `page` (the page of run `run_dir`, report `name`) as render_run does."""
     out_path = Path(out_path) if out_path is not None else run_dir / f"{name}.html"
     out_path.parent.mkdir(parents=True, exist_ok=True)
     plotly_path = write_plotly(out_path.parent) if plotly_path is None else Path(plotly_path)
@@ -162,8 +168,8 @@ def render_suite_index(suite_dir: str | Path, parts: list[str], *, title: str,
         try:
             metrics, env = load_run(part_dir)
             page = build_page(metrics, env)
-            render_run(part_dir, part_dir / f"{part}.html", name=part, index_href="../index.html",
-                       plotly_path=plotly_path)
+            _write_page(page, env, part_dir, part, part_dir / f"{part}.html", index_href="../index.html",
+                        plotly_path=plotly_path)
             entries.append(_card(page, env, f"{part}/{part}.html", page.title, part=True))
         except Exception as error:  # one broken part must not hide the others
             entries.append({"href": f"{part}/{part}.html", "title": part, "device": "",
@@ -174,7 +180,9 @@ def render_suite_index(suite_dir: str | Path, parts: list[str], *, title: str,
         target = f"gpu/{run_dir.parent.name}-{run_dir.name}.html"
         try:
             page = build_page(metrics, env)
-            render_run(run_dir, suite_dir / target, index_href="../index.html", plotly_path=plotly_path)
+            name = (env.get("parameters") or {}).get("report") or metrics.get("report") or "report"
+            _write_page(page, env, run_dir, name, suite_dir / target, index_href="../index.html",
+                        plotly_path=plotly_path)
             entries.append(_card(page, env, target, page.title, part=False))
         except Exception as error:
             entries.append({"href": target, "title": f"{run_dir.parent.name} ({run_dir.name})", "device": "",

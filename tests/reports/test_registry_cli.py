@@ -110,20 +110,25 @@ def test_suite_layout_and_merged_metrics(monkeypatch, tmp_path):
 
     seen = []
 
+    parts = get_report("default").parts
+
     def fake_execute(spec, overrides, run_dir, **kwargs):
         seen.append((spec.name, overrides))
         run_dir.mkdir(parents=True)
-        return {"report": spec.name, "metrics": {"x": {"value": len(seen)}}}
+        return {"report": spec.name, "metrics": {"x": {"value": parts.index(spec.name) + 1}}}
 
     monkeypatch.setattr(runner, "execute_report", fake_execute)
     run_dir = runner.run_report("default", {"device": "cpu", "repeats": 2}, output_root=tmp_path, run_id="rid",
                                 progress=False)
     assert run_dir == tmp_path / "default" / "rid"
-    # each part gets only the overrides it has (locality has neither device nor repeats)
-    assert seen == [("benchmark-small", {"device": "cpu", "repeats": 2}), ("locality", {}),
-                    ("claims-small", {"device": "cpu", "repeats": 2}), ("training", {}), ("serialization-small", {})]
+    # each part gets only the overrides it has (locality has neither device nor repeats); the parts that measure
+    # speed run first, one at a time, the others after them (side by side: in any order)
+    assert seen[:2] == [("benchmark-small", {"device": "cpu", "repeats": 2}),
+                        ("claims-small", {"device": "cpu", "repeats": 2})]
+    assert sorted(seen[2:]) == [("locality", {}), ("serialization-small", {}), ("training", {})]
     merged = json.loads((run_dir / "metrics.json").read_text())
-    assert [merged["parts"][name]["metrics"]["x"]["value"] for name in get_report("default").parts] == [1, 2, 3, 4, 5]
+    assert list(merged["parts"]) == list(parts)  # the index keeps the suite's order
+    assert [merged["parts"][name]["metrics"]["x"]["value"] for name in parts] == [1, 2, 3, 4, 5]
     assert json.loads((run_dir / "env.json").read_text())["parameters"]["overrides"] == {"device": "cpu", "repeats": 2}
     index = (run_dir / "index.html").read_text()
     assert "href='locality/locality.html'" in index
@@ -222,8 +227,8 @@ def test_report_run_names_each_report_and_ends_with_the_page_to_open(capsys, mon
     monkeypatch.setattr(runner, "committed_gpu_runs", lambda: [])
     assert main(["report", "run", "default", "--output-root", str(tmp_path), "--run-id", "rid"]) == 0
     captured = capsys.readouterr()
-    parts = get_report("default").parts
-    assert labels == [f"[{number}/{len(parts)}] {part}" for number, part in enumerate(parts, start=1)]
+    parts = runner.run_order(get_report("default").parts)
+    assert sorted(labels) == [f"[{number}/{len(parts)}] {part}" for number, part in enumerate(parts, start=1)]
     for number, part in enumerate(parts, start=1):
         assert f"[{number}/{len(parts)}] {part}: {get_report(part).description}" in captured.err
     page = tmp_path / "default" / "rid" / "index.html"
