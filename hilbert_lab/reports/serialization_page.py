@@ -11,7 +11,7 @@ from typing import Any
 
 from hilbert_lab.reports.serialization import (
     KEY_METRICS, MEANINGFUL, METRIC_NAMES, _locality_line, _names, _setting, _trained_verdicts, conclusion_paragraphs,
-    locality_verdicts,
+    locality_verdicts, losses,
 )
 
 
@@ -109,10 +109,15 @@ def _locality_findings(locality: Any) -> list[str]:
     lines = [f"Exactly (no training), {_names(top['best'])} windows keep {fmt(top['best_value'])} of each token's 8 "
              f"nearest neighbours in its attention group against {fmt(top['rowmajor'])} for row-major ({top['data']}, "
              f"{top['setting']}), the largest gap of {len(verdicts)} settings."]
-    small = [v for v in verdicts if not v["meaningful"]]
+    lost = [v for v in verdicts if v["worse"]]
+    if lost:
+        lines.append(f"On {len(lost)} of {len(verdicts)} settings some ordering keeps {100 * MEANINGFUL:.0f}% or more "
+                     "fewer of the 8 nearest neighbours than row-major (e.g. " + "; ".join(losses(v) for v in lost[:3])
+                     + "): there that ordering loses.")
+    small = [v for v in verdicts if not v["meaningful"] and not v["worse"]]
     if small:
-        lines.append(f"On {len(small)} of {len(verdicts)} settings no ordering beats row-major's 8-NN recall by "
-                     f"{100 * MEANINGFUL:.0f}% (e.g. " + "; ".join(f"{v['data']} {v['setting']}" for v in small[:3])
+        lines.append(f"On {len(small)} of {len(verdicts)} settings every ordering is within {100 * MEANINGFUL:.0f}% of "
+                     "row-major's 8-NN recall (e.g. " + "; ".join(f"{v['data']} {v['setting']}" for v in small[:3])
                      + "): there the ordering does not matter.")
     return lines
 
