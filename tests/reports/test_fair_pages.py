@@ -69,6 +69,26 @@ def test_a_model_estimate_confirms_no_claim():
     overview = next(s.table for s in page.sections if s.heading.startswith("Claimed vs measured"))
     c10 = overview.set_index(overview["claim"].str[:4]).loc["C10:"]
     assert c10["verdict"] != "confirmed"
+    # its reason names why the row settles nothing (an estimate), not a missing interval it never needed
+    assert c10["reason"].startswith("1 row inconclusive (a model estimate, not a measurement); 1 row not reproducible")
+    assert "no interval recorded" not in c10["reason"] and ". p=1 runs no ring buffers." in c10["reason"]
+
+
+@pytest.mark.parametrize("run, device_words", [
+    (REPO / "reports" / "claims" / "h200-gpu", "measured on the GPU"),
+    (REPO / "reports" / "default" / "20261125T201010Z-9391a95-3de4" / "claims-small", "on a CPU"),
+])
+def test_c12_reason_follows_the_device_of_its_row(run, device_words):
+    """The GPU run's C12 row (configuration '..., cuda') is not explained as a CPU measurement, and the CPU run's is."""
+    metrics, env = load_run(run)
+    row = next(r for r in metrics["tables"]["claims"]["rows"] if r["claim"] == "C12")
+    assert ("cuda" in row["configuration"]) == (device_words == "measured on the GPU")
+    page = build_page(metrics, env)
+    overview = next(s.table for s in page.sections if s.heading.startswith("Claimed vs measured"))
+    reason = overview.set_index(overview["claim"].str[:4]).loc["C12:"]["reason"]
+    assert device_words.lower() in reason.lower()
+    assert ("on a cpu" in reason.lower()) == (device_words == "on a CPU")
+    assert claims_verdict.device_reason("cuda:0") != claims_verdict.device_reason("cpu")
 
 
 TRAINING_RUN = REPO / "reports" / "default" / "20261125T201010Z-9391a95-3de4" / "training"
