@@ -129,6 +129,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
 
     from hilbert_lab.reports.page import Page, Section, fmt, style_axes
     from hilbert_lab.viz.serialization import METRIC_AXES, accuracy_figure, locality_figure
+    from hilbert_lab.viz.style import ordering_name
 
     locality, trained = _table(metrics, "locality"), _table(metrics, "trained")
     values = {key: entry.get("value") for key, entry in (metrics.get("metrics") or {}).items()}
@@ -168,7 +169,8 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         seeds = sorted({int(s) for s in mine[0]["rows"]["seeds"].dropna()}) if "seeds" in trained else []
         table = trained[trained["source"] == source].assign(
             accuracy=lambda f: [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in zip(f["mean"], f["low"], f["high"])])
-        table = table.assign(task=[f"{d}, w={w}" for d, w in zip(table["data"], table["window"])])
+        table = table.assign(task=[f"{d}, w={w}" for d, w in zip(table["data"], table["window"])],
+                             ordering=table["ordering"].map(ordering_name))
         columns = [c for c in ("task", "ordering", "accuracy", "recall@8", "unmet_adjacent") if c in table.columns]
         shown = table[columns].rename(columns={"task": "task (data, window)", "accuracy": "eval accuracy [95%]",
                                                "recall@8": "8-NN recall (exact)",

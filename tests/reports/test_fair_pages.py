@@ -269,3 +269,37 @@ def test_a_page_drawn_from_other_runs_names_their_revisions_and_dates_in_its_hea
     dates = {html.escape(source["recorded"]) for source in page.sources}
     assert all(revision in header for revision in revisions) and all(date in header for date in dates), header
     assert header.count("git ") == 1 and "530aee9" in header and "2026-11-23" in header, header
+
+
+def _committed_runs() -> list[Path]:
+    return sorted({path.parent for path in (REPO / "reports").rglob("metrics.json")})
+
+
+@pytest.mark.parametrize("run", _committed_runs(), ids=lambda run: str(run.relative_to(REPO / "reports")))
+def test_every_committed_page_draws_each_ordering_in_its_colour_under_its_display_name(run):
+    """The benchmark page drew 'auto / Hilbert' in plotly's red in one chart and #1f77b4 in the next, and the
+    serialization tables showed 'rowmajor', 'hilbert/hilbert-trans': every series and cell naming an ordering
+    uses its display name, and every series its colour from viz.style.ORDERING_COLOURS."""
+    from hilbert_lab.viz.style import ordering_figure_problems, ordering_table_problems
+
+    page = build_page(*load_run(run))
+    problems = []
+    for section in page.sections:
+        if section.figure is not None:
+            problems += [f"{section.heading}: {p}" for p in ordering_figure_problems(section.figure)]
+        if section.table is not None:
+            problems += [f"{section.heading}: {p}" for p in ordering_table_problems(section.table)]
+    assert problems == [], problems[:5]
+
+
+def test_benchmark_page_draws_one_ordering_in_one_colour_in_every_chart():
+    from hilbert_lab.viz.style import ORDERING_COLOURS
+
+    page = build_page(*load_run(REPO / "reports" / "default" / "20261125T201010Z-9391a95-3de4" / "benchmark-small"))
+    colours: dict[str, set] = {}
+    for section in page.sections:
+        for trace in (section.figure.data if section.figure is not None else []):
+            for ordering in ("identity", "Hilbert"):
+                if f" / {ordering}" in str(trace.name).split(" (on top of ")[0]:
+                    colours.setdefault(ordering, set()).add(trace.line.color)
+    assert colours == {"identity": {ORDERING_COLOURS["identity"]}, "Hilbert": {ORDERING_COLOURS["hilbert"]}}
