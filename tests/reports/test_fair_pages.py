@@ -303,3 +303,15 @@ def test_benchmark_page_draws_one_ordering_in_one_colour_in_every_chart():
                 if f" / {ordering}" in str(trace.name).split(" (on top of ")[0]:
                     colours.setdefault(ordering, set()).add(trace.line.color)
     assert colours == {"identity": {ORDERING_COLOURS["identity"]}, "Hilbert": {ORDERING_COLOURS["hilbert"]}}
+
+
+def test_ring_throughput_and_memory_axes_start_at_zero():
+    """Two points (1 and 2 GPUs) on an autoranged axis fill the plot from the lower to the higher value: a small
+    change looks like a collapse. The per-GPU axes start at zero."""
+    page = build_page(*load_run(REPO / "reports" / "ring" / "h200-gpu"))
+    sections = [s for s in page.sections if s.heading.startswith(("Throughput per GPU", "Memory per GPU"))]
+    assert len(sections) == 2
+    for section in sections:
+        values = [v for trace in section.figure.data for v in trace.y]
+        assert min(values) > 0  # autorange would not reach zero on its own
+        assert section.figure.layout.yaxis.rangemode == "tozero", section.heading
