@@ -315,3 +315,23 @@ def test_ring_throughput_and_memory_axes_start_at_zero():
         values = [v for trace in section.figure.data for v in trace.y]
         assert min(values) > 0  # autorange would not reach zero on its own
         assert section.figure.layout.yaxis.rangemode == "tozero", section.heading
+
+
+def test_length_probe_series_is_labelled_as_the_probe_not_the_run_it_was_stored_in():
+    """The probe's rows sit in the JSON of 'H100 128K dil8 fine-tune (32K seed 0)': its legend named that run.
+    The series says what it is, on which device, and by which revision (unrecorded there)."""
+    from hilbert_lab.reports.training_length import probe_label
+
+    metrics, env = load_run(TRAINING_RUN)
+    rows = metrics["tables"]["longest_trainable"]["rows"]
+    stored_in, device = rows[0]["run"], rows[0]["device"]
+    assert "fine-tune" in stored_in and "revision" not in rows[0]
+    page = build_page(metrics, env)
+    section = next(s for s in page.sections if s.heading.startswith("Longest trainable sequence"))
+    names = {str(trace.name) for trace in section.figure.data}
+    assert names == {f"length probe, {device}, rev unrecorded", f"length probe, {device}, rev unrecorded: failed"}
+    assert not any(stored_in in name or "seed" in name for name in names)
+    assert probe_label({"device": "NVIDIA H200", "revision": "ca29081 + uncommitted changes (results committed in "
+                                                             "91678e4)"}) == \
+        "length probe, NVIDIA H200, rev ca29081 + uncommitted changes"
+    assert probe_label({"device": None, "revision": "not recorded (older run)"}) == "length probe, GPU, rev unrecorded"
