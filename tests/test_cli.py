@@ -218,6 +218,24 @@ def test_estimate_accepts_a_gpu_device_it_only_describes(capsys):
     assert code == 0 and row["backend"] == "sdpa" and row["inputs_bytes"] == 3 * 4096 * 4 * 32 * 2
 
 
+@pytest.mark.parametrize("backend", ["fa4", "flash", "xformers", "sdpa_cudnn", "sdpa_efficient"])
+def test_estimate_refuses_a_cuda_only_backend_on_the_cpu(capsys, backend):
+    """`estimate --backend fa4 --device cpu` printed 'fits yes' for a backend that runs only on CUDA."""
+    from hilbert_lab.attention.executors import BACKENDS, EXECUTORS
+
+    assert EXECUTORS[backend].capabilities.devices == ("cuda",)
+    code, out, err = run_cli(capsys, "estimate", "--seq-len", "4096", "--backend", backend, "--device", "cpu")
+    runs_on_cpu = ["auto"] + [name for name in BACKENDS if "cpu" in EXECUTORS[name].capabilities.devices]
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.strip() == (f"hilbert-lab: error: --backend must be one that runs on cpu: {', '.join(runs_on_cpu)}; "
+                           f"got '{backend}' (it runs on cuda only)")
+    assert "fits" not in err and backend not in runs_on_cpu
+    with pytest.raises(ValueError, match=f"backend must be one that runs on cpu: .*got '{backend}'"):
+        MemoryConfig(seq_len=4096, backend=backend, device="cpu")
+    # the same backend on the device it runs on is estimated
+    assert MemoryConfig(seq_len=4096, backend=backend, device="cuda:0").backend == backend
+
+
 def test_estimate_refuses_sizes_no_device_holds_at_once():
     from hilbert_lab.attention.memory import MAX_INPUT_BYTES
 
