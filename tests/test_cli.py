@@ -396,6 +396,12 @@ def test_report_list_is_aligned_and_cites_files_that_exist(capsys):
      ["--segment-lengths", "--dilation-rates"], ["segment_lengths", "dilation_rates"]),
     (["ring", "--segment-lengths", "256,512", "--dilation-rates", "1,2,4"], ["--segment-lengths and --dilation-rates"],
      ["segment_lengths", "dilation_rates"]),
+    # train: TrainConfig's fields as the flags `train --help` lists, before a run folder is made
+    (["train", "--out", "RUN", "--num-kv-heads", "3"], ["--num-kv-heads must", "dividing --num-heads=4"],
+     ["num_kv_heads", "num_heads", "None"]),
+    (["train", "--out", "RUN", "--dim", "30"], ["--dim=30 must be a multiple of --num-heads=4"], ["num_heads", "dim="]),
+    (["train", "--out", "RUN", "--num-heads", "16", "--dim", "48"], ["even head dim: --dim=48 / --num-heads=16 = 3"],
+     ["num_heads", "dim //", "dim="]),
 ])
 def test_library_errors_are_reported_with_flag_names(capsys, tmp_path, argv, flags, names):
     code, out, err = run_cli(capsys, *[str(tmp_path / "run") if word == "RUN" else word for word in argv])
@@ -413,6 +419,8 @@ def test_flag_names_leave_words_positionals_and_paths_alone():
     assert flag_names("run_dir '/tmp/seq_len/x' does not exist", parser) == "run_dir '/tmp/seq_len/x' does not exist"
     assert flag_names("the backend of the mode", parser) == "the backend of the mode"
     assert flag_names("pass_ and json_out", parser) == "--pass and --json-out"
+    # a plain word given a value is a parameter ('dim=30'); the word alone stays a word
+    assert flag_names("dim=30 and the dim of a head", {"dim": "--dim"}) == "--dim=30 and the dim of a head"
 
 
 def test_results_table_gives_each_case_its_median_and_interval():

@@ -104,8 +104,15 @@ class TrainConfig:
         for item in dataclasses.fields(self):
             setattr(self, item.name, check_field(item.name, getattr(self, item.name), types_[item.name]))
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads must be None or a positive integer dividing num_heads={self.num_heads}, got "
-                             f"{self.num_kv_heads!r}")
+            raise ValueError(f"num_kv_heads must be a positive integer dividing num_heads={self.num_heads} (or unset: "
+                             f"one per head), got {self.num_kv_heads!r}")
+        # the model's shapes, before a run folder is made: heads of dim / num_heads channels, rotated in pairs
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim={self.dim} must be a multiple of num_heads={self.num_heads} (a head's width is their "
+                             "quotient)")
+        if self.rotary and (self.dim // self.num_heads) % 2:
+            raise ValueError(f"rotary needs an even head dim: dim={self.dim} / num_heads={self.num_heads} = "
+                             f"{self.dim // self.num_heads}")
         if self.pack and self.ring:
             raise ValueError("pack=True (packed documents) does not run with ring=True: ring attention takes one "
                              "sequence per row; use one of them")
