@@ -336,7 +336,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # a query q takes part in branch (w, r) only through the head whose offset is (q % w) % r and sees
     # only keys of that residue, so num_heads >= r (every offset covered) and depth >= 2 (a local dense
     # branch moves the needle to a position of the query's residue, the spanning branch carries it).
-    # H100 (reports/results/retrieval_grid_h100.json, 3 seeds each unless noted), with this curriculum: dense top
+    # H100 (reports/results/retrieval_grid_h100.json, measured with older code (rev 8043871 + uncommitted
+    # changes), 3 seeds each unless noted), with this curriculum: dense top
     # 0.881 (0.998, 0.645, 1.000), dil8 0.662 (0.29, 0.74, 0.95), dil16 0.678 (1 seed), local at chance. A seed
     # learns the task at 1K first (step 800-1200 or later), the dilated relay within ~200 steps of 16K: the
     # "-long1k" rows give the 1K phase until step 1600 (dil8 0.965, dil16 0.938); "-early16k" stays at chance.
