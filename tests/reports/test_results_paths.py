@@ -98,7 +98,7 @@ def test_code_quoting_an_older_gpu_result_says_it_was_measured_with_older_code()
     """Docstrings quoted gpu_curves.json (no revision) and gpu_attention.json (rev 0ceb35e) as current: a quote
     in the package of a GPU result (a GPU named in the file) that older code made carries 'measured with older
     code (rev ...' nearby."""
-    from hilbert_lab.reports.provenance import UNRECORDED_REVISION, older_code, result_git
+    from hilbert_lab.reports.provenance import older_code, result_git
 
     package = Path(__file__).resolve().parents[2] / "hilbert_lab"
     quoted, unlabelled = set(), []
