@@ -13,6 +13,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Mapping
 from typing import Callable, Sequence
 
 from hilbert_lab.io import path_problem
@@ -244,17 +245,19 @@ def option_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
     return flags
 
 
-def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
-    """`message` (a library error) with the Python parameter names of `parser`'s options written as their
-    flags: "segment_lengths and dilation_rates must have the same length" -> "--segment-lengths and
-    --dilation-rates must ...". A name without "_" is translated only where it opens the message followed
-    by "must" ("backend must be one of ..."), so plain words stay words."""
-    flags = option_flags(parser)
+def flag_names(message: str, parser: argparse.ArgumentParser | Mapping[str, str]) -> str:
+    """`message` (a library error) with the Python parameter names of `parser`'s options (or of a
+    {name: flag} mapping) written as their flags: "segment_lengths and dilation_rates must have the same
+    length" -> "--segment-lengths and --dilation-rates must ...". A name without "_" is translated only where
+    it opens the message followed by "must" ("backend must be one of ...") or is given a value ("dim=30"),
+    so plain words stay words."""
+    flags = dict(parser) if isinstance(parser, Mapping) else option_flags(parser)
 
     def replace(match: re.Match) -> str:
         name = match.group(0)
         opens = match.start() == 0 and message[match.end():].startswith(" must ")
-        if name in flags and ("_" in name or opens):
+        assigned = message[match.end():match.end() + 1] == "="
+        if name in flags and ("_" in name or opens or assigned):
             return flags[name]
         return name
 

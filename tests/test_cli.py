@@ -218,6 +218,24 @@ def test_estimate_accepts_a_gpu_device_it_only_describes(capsys):
     assert code == 0 and row["backend"] == "sdpa" and row["inputs_bytes"] == 3 * 4096 * 4 * 32 * 2
 
 
+@pytest.mark.parametrize("backend", ["fa4", "flash", "xformers", "sdpa_cudnn", "sdpa_efficient"])
+def test_estimate_refuses_a_cuda_only_backend_on_the_cpu(capsys, backend):
+    """`estimate --backend fa4 --device cpu` printed 'fits yes' for a backend that runs only on CUDA."""
+    from hilbert_lab.attention.executors import BACKENDS, EXECUTORS
+
+    assert EXECUTORS[backend].capabilities.devices == ("cuda",)
+    code, out, err = run_cli(capsys, "estimate", "--seq-len", "4096", "--backend", backend, "--device", "cpu")
+    runs_on_cpu = ["auto"] + [name for name in BACKENDS if "cpu" in EXECUTORS[name].capabilities.devices]
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert err.strip() == (f"hilbert-lab: error: --backend must be one that runs on cpu: {', '.join(runs_on_cpu)}; "
+                           f"got '{backend}' (it runs on cuda only)")
+    assert "fits" not in err and backend not in runs_on_cpu
+    with pytest.raises(ValueError, match=f"backend must be one that runs on cpu: .*got '{backend}'"):
+        MemoryConfig(seq_len=4096, backend=backend, device="cpu")
+    # the same backend on the device it runs on is estimated
+    assert MemoryConfig(seq_len=4096, backend=backend, device="cuda:0").backend == backend
+
+
 def test_estimate_refuses_sizes_no_device_holds_at_once():
     from hilbert_lab.attention.memory import MAX_INPUT_BYTES
 
@@ -378,6 +396,12 @@ def test_report_list_is_aligned_and_cites_files_that_exist(capsys):
      ["--segment-lengths", "--dilation-rates"], ["segment_lengths", "dilation_rates"]),
     (["ring", "--segment-lengths", "256,512", "--dilation-rates", "1,2,4"], ["--segment-lengths and --dilation-rates"],
      ["segment_lengths", "dilation_rates"]),
+    # train: TrainConfig's fields as the flags `train --help` lists, before a run folder is made
+    (["train", "--out", "RUN", "--num-kv-heads", "3"], ["--num-kv-heads must", "dividing --num-heads=4"],
+     ["num_kv_heads", "num_heads", "None"]),
+    (["train", "--out", "RUN", "--dim", "30"], ["--dim=30 must be a multiple of --num-heads=4"], ["num_heads", "dim="]),
+    (["train", "--out", "RUN", "--num-heads", "16", "--dim", "48"], ["even head dim: --dim=48 / --num-heads=16 = 3"],
+     ["num_heads", "dim //", "dim="]),
 ])
 def test_library_errors_are_reported_with_flag_names(capsys, tmp_path, argv, flags, names):
     code, out, err = run_cli(capsys, *[str(tmp_path / "run") if word == "RUN" else word for word in argv])
@@ -395,6 +419,8 @@ def test_flag_names_leave_words_positionals_and_paths_alone():
     assert flag_names("run_dir '/tmp/seq_len/x' does not exist", parser) == "run_dir '/tmp/seq_len/x' does not exist"
     assert flag_names("the backend of the mode", parser) == "the backend of the mode"
     assert flag_names("pass_ and json_out", parser) == "--pass and --json-out"
+    # a plain word given a value is a parameter ('dim=30'); the word alone stays a word
+    assert flag_names("dim=30 and the dim of a head", {"dim": "--dim"}) == "--dim=30 and the dim of a head"
 
 
 def test_results_table_gives_each_case_its_median_and_interval():

@@ -131,3 +131,16 @@ def _expected_numbers() -> list[str]:
 @pytest.mark.parametrize("number", _expected_numbers())
 def test_headline_numbers_are_those_of_the_committed_results(number):
     assert number in FLAT, f"the README does not show {number!r} (computed from reports/results/)"
+
+
+def test_every_page_the_readme_names_is_one_the_default_suite_writes():
+    """The serialization row pointed to serialization/serialization.html; the default suite writes each part as
+    PART/PART.html (reports.render.write_index), the committed GPU runs as gpu/REPORT-RUN.html."""
+    from hilbert_lab.reports.registry import get_report
+    from hilbert_lab.reports.render import committed_gpu_runs
+
+    written = ({"index.html"} | {f"{part}/{part}.html" for part in get_report("default").parts}
+               | {f"gpu/{run.parent.name}-{run.name}.html" for run in committed_gpu_runs()})
+    named = [path.removeprefix("reports/default/<run-id>/") for path in re.findall(r"`([^`\s]+\.html)`", README)]
+    assert "serialization-small/serialization-small.html" in named and "training/training.html" in named
+    assert [path for path in named if path not in written] == [], sorted(written)

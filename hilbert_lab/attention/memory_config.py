@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hilbert_lab.attention.executors import BACKENDS
+from hilbert_lab.attention.executors import BACKENDS, EXECUTORS
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.dtypes import DTYPES
 
@@ -57,6 +57,12 @@ class MemoryConfig:
         known = ("auto",) + BACKENDS
         if self.backend not in known:
             raise ValueError(f"backend must be one of {', '.join(known)}; got {self.backend!r}")
+        kind = self.device.split(":")[0]
+        runs_here = ("auto",) + tuple(name for name in BACKENDS if kind in EXECUTORS[name].capabilities.devices)
+        if self.backend not in runs_here:  # an estimate of a call that cannot run there answers nothing
+            where = " or ".join(EXECUTORS[self.backend].capabilities.devices)
+            raise ValueError(f"backend must be one that runs on {kind}: {', '.join(runs_here)}; got {self.backend!r} "
+                             f"(it runs on {where} only)")
         pattern = DilatedPattern.create(self.segment_lengths, self.dilation_rates, mode=self.mode, causal=self.causal)
         object.__setattr__(self, "segment_lengths", pattern.segment_lengths)
         object.__setattr__(self, "dilation_rates", pattern.dilation_rates)

@@ -10,7 +10,8 @@ Rules of `select_backend` (first match wins):
    output and LSE) for N >= 32768, and for training with head dim > 64 at any N; else the fused
    kernel "triton". Measured on an H100 (bf16, w [2048, 4096, 8192], r [1, 2, 4], both modes,
    causal or not, D 64 and 128, forward and forward+backward; `benchmarks/bench_gpu_attention.py`,
-   reports/results/gpu_attention.json, medians of do_bench):
+   reports/results/gpu_attention.json, measured with older code (rev 0ceb35e + uncommitted changes),
+   medians of do_bench):
    - N = 8K: the fused kernel wins every cell (e.g. head_groups fwd 0.22 vs 0.43 ms): 4-7 cuDNN
      calls per pattern cost more host time than the GPU work they launch;
    - N >= 32K, D = 64: in-place cuDNN wins or ties every cell (head_groups fwd+bwd 2.79 vs 3.29 ms

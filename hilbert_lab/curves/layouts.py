@@ -11,7 +11,8 @@ layout slot ``j``, so ``x_layout = x[:, perm]`` and ``x = x_layout[:, inverse]``
 * ``permute_sequence(x, perm)``: ``x.index_select(1, perm)``, differentiable. A permutation made by
   ``layout_permutation`` moves the tokens of every full block the same way; on CUDA tensors it runs
   through the per-segment permutation kernel (``hilbert_lab.kernels.cuda_curves``; 0.077 ms against
-  index_select's 0.166 ms for bf16 (2, 32768, 12, 64) on an H100, reports/results/gpu_curves.json),
+  index_select's 0.166 ms for bf16 (2, 32768, 12, 64) on an H100, reports/results/gpu_curves.json,
+  measured with older code (rev unrecorded)),
   forward and backward. Everything else, and every CPU tensor, uses index_select.
 
 The layout functions are cached (bounded LRU, per device); the returned tensors are shared: do not

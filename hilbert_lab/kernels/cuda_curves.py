@@ -37,8 +37,9 @@ def _stream() -> int:
 
 
 METHODS = {"table": 0, "bitscan": 1}
-# "auto": the faster form measured on an H100 (reports/results/gpu_curves.json, launch_sweep): the
-# table for both directions (the prefix-scan encode is 30% slower, its decode within 2%).
+# "auto": the faster form measured on an H100 (reports/results/gpu_curves.json, launch_sweep; measured with
+# older code (rev unrecorded)): the table for both directions (the prefix-scan encode is 30% slower, its
+# decode within 2%).
 AUTO_METHOD = {"encode": "table", "decode": "table"}
 
 
@@ -122,7 +123,8 @@ def decode(index: torch.Tensor, order: int, ndim: int, curve: str = "hilbert", *
 
 def set_launch_config(items: int = 4, threads: int = 256, encode_points: int = 4, decode_points: int = 2) -> None:
     """Launch configuration of the vectorised 2D int32 kernels (a benchmarking knob; the defaults are
-    the fastest measured on an H100, reports/results/gpu_curves.json): ``items`` vectors per thread
+    the fastest measured on an H100, reports/results/gpu_curves.json, measured with older code (rev
+    unrecorded)): ``items`` vectors per thread
     (1, 2, 4 or 8), ``threads`` per block (a multiple of 32 in [32, 512]), points per vector to encode
     and to decode (2, or 4: 16-byte index vectors). Results never depend on it."""
     if items not in (1, 2, 4, 8):

@@ -231,7 +231,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         result = train(config, out, resume=args.resume)
         reporting = is_main_rank()  # rank 0 alone reports
     except (RunFolderError, ValueError) as error:
-        message = error.cli if isinstance(error, RunFolderError) else str(error)
+        message = error.cli if isinstance(error, RunFolderError) else arguments.flag_names(str(error), train_flags())
         if is_main_rank():  # one line, not one a rank
             print("hilbert-lab train: error: " + " ".join(message.split()), file=sys.stderr)
         return 2
@@ -265,6 +265,12 @@ def _default_text(name: str) -> str:
     if value is None:
         return _UNSET.get(name, "none")
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def train_flags() -> dict[str, str]:
+    """TrainConfig field -> its `train` flag (num_kv_heads -> --num-kv-heads), so that a library error names
+    the flags the user typed."""
+    return {name: "--" + name.replace("_", "-") for name, _, _ in _OVERRIDES}
 
 
 def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:

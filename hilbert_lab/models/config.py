@@ -104,8 +104,15 @@ class TrainConfig:
         for item in dataclasses.fields(self):
             setattr(self, item.name, check_field(item.name, getattr(self, item.name), types_[item.name]))
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_kv_heads must be None or a positive integer dividing num_heads={self.num_heads}, got "
-                             f"{self.num_kv_heads!r}")
+            raise ValueError(f"num_kv_heads must be a positive integer dividing num_heads={self.num_heads} (or unset: "
+                             f"one per head), got {self.num_kv_heads!r}")
+        # the model's shapes, before a run folder is made: heads of dim / num_heads channels, rotated in pairs
+        if self.dim % self.num_heads:
+            raise ValueError(f"dim={self.dim} must be a multiple of num_heads={self.num_heads} (a head's width is their "
+                             "quotient)")
+        if self.rotary and (self.dim // self.num_heads) % 2:
+            raise ValueError(f"rotary needs an even head dim: dim={self.dim} / num_heads={self.num_heads} = "
+                             f"{self.dim // self.num_heads}")
         if self.pack and self.ring:
             raise ValueError("pack=True (packed documents) does not run with ring=True: ring attention takes one "
                              "sequence per row; use one of them")
@@ -329,7 +336,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # a query q takes part in branch (w, r) only through the head whose offset is (q % w) % r and sees
     # only keys of that residue, so num_heads >= r (every offset covered) and depth >= 2 (a local dense
     # branch moves the needle to a position of the query's residue, the spanning branch carries it).
-    # H100 (reports/results/retrieval_grid_h100.json, 3 seeds each unless noted), with this curriculum: dense top
+    # H100 (reports/results/retrieval_grid_h100.json, measured with older code (rev 8043871 + uncommitted
+    # changes), 3 seeds each unless noted), with this curriculum: dense top
     # 0.881 (0.998, 0.645, 1.000), dil8 0.662 (0.29, 0.74, 0.95), dil16 0.678 (1 seed), local at chance. A seed
     # learns the task at 1K first (step 800-1200 or later), the dilated relay within ~200 steps of 16K: the
     # "-long1k" rows give the 1K phase until step 1600 (dil8 0.965, dil16 0.938); "-early16k" stays at chance.

@@ -97,13 +97,16 @@ def scaling_figure(table: Any, value: str = "median_ms", title: str | None = Non
     labelled ticks, coinciding lines drawn apart (viz.style)."""
     import plotly.graph_objects as go
 
-    from hilbert_lab.viz.style import readable_log_axes, separate_overlapping
+    from hilbert_lab.viz.style import ordering_name, ordering_trace, readable_log_axes, separate_overlapping
 
     fig = go.Figure()
-    for key, group in table.groupby(["backend", "mode", "ordering", "pass"], sort=False):
+    variants: dict[tuple[Any, ...], int] = {}
+    for (backend, mode, ordering, pass_), group in table.groupby(["backend", "mode", "ordering", "pass"], sort=False):
         group = group.sort_values("seq_len")
+        variant = variants.setdefault((backend, mode, pass_), len(variants))
         fig.add_trace(go.Scatter(x=group["seq_len"].tolist(), y=group[value].tolist(), mode="lines+markers",
-                                 name=" / ".join(map(str, key))))
+                                 name=" / ".join([str(backend), ordering_name(ordering), str(mode), str(pass_)]),
+                                 **ordering_trace(ordering, variant)))
     axis = {"median_ms": "median time (ms, lower is better)", "useful_tflops": "useful TFLOP/s (higher is better)",
             "peak_mib": "peak memory above inputs (MiB, lower is better)"}.get(value, value)
     fig.update_layout(title=title or f"{value} vs sequence length", xaxis_title="sequence length (tokens)",

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from hilbert_lab.reports.benchmark import _rows, comparisons
-from hilbert_lab.viz.style import ordering_colour, ordering_name
+from hilbert_lab.viz.style import ordering_name, ordering_trace
 
 # the backend that ran -> what it is
 EXECUTORS = {"triton": "the fused Triton kernel", "sdpa": "PyTorch SDPA per block", "manual": "eager attention per block",
@@ -23,7 +23,13 @@ EXECUTORS = {"triton": "the fused Triton kernel", "sdpa": "PyTorch SDPA per bloc
 
 def _label(row: dict[str, Any]) -> str:
     return f"{row['backend']} / {ordering_name(row['ordering'])}" + (f" / {row['mode']}" if row.get("mode") != "longnet" else "") \
-        + ("" if row.get("pass", "forward") == "forward" else " (fwd+bwd)")
+        + ("" if row.get("pass", "forward") == "forward" else " / fwd+bwd")
+
+
+def _style(row: dict[str, Any], variants: dict[tuple[Any, ...], int]) -> dict[str, Any]:
+    """A series' line and marker: its ordering's colour on every figure, a dash per (backend, mode, pass)."""
+    key = (row["backend"], row.get("mode"), row.get("pass", "forward"))
+    return ordering_trace(row["ordering"], variants.setdefault(key, len(variants)))
 
 
 def _backend(row: dict[str, Any]) -> str:
@@ -57,7 +63,7 @@ def _ratio(compared: dict[str, Any]) -> str:
     return text
 
 
-def _time_figure(lines: dict[str, list[dict[str, Any]]], ticks: list[int]) -> Any:
+def _time_figure(lines: dict[str, list[dict[str, Any]]], ticks: list[int], variants: dict[tuple[Any, ...], int]) -> Any:
     import plotly.graph_objects as go
 
     from hilbert_lab.reports.page import style_axes
@@ -67,6 +73,7 @@ def _time_figure(lines: dict[str, list[dict[str, Any]]], ticks: list[int]) -> An
         group = sorted(group, key=lambda r: r["seq_len"])
         fig.add_trace(go.Scatter(
             x=[r["seq_len"] for r in group], y=[r["median"] for r in group], name=label, mode="lines+markers",
+            **_style(group[0], variants),
             error_y=dict(type="data", symmetric=False, array=[r["high"] - r["median"] for r in group],
                          arrayminus=[r["median"] - r["low"] for r in group])))
     style_axes(fig, "sequence length (tokens, log scale)", "time per call (ms, log scale; lower is better)", ticks)
@@ -207,6 +214,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     for row in ok:
         lines.setdefault(_label(row), []).append(row)
     ticks = sorted({row["seq_len"] for row in ok})
+    variants: dict[tuple[Any, ...], int] = {}
     findings, sections = [], []
     table = comparisons(metrics)
     if len(table):
@@ -230,7 +238,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
                        f"{max(ticks):,} tokens for {_label(fastest)} (1 = linear, as the dilated pattern's work is).")
             time_conclusion += " " + scaling
             findings.append(scaling)
-        sections.append(Section("Time per call", time_conclusion, figure=_time_figure(lines, ticks)))
+        sections.append(Section("Time per call", time_conclusion, figure=_time_figure(lines, ticks, variants)))
     if len(table):
         fig = go.Figure()
         for (backend, mode, ordering), group in table.groupby(["backend", "mode", "ordering"], sort=False):
@@ -238,7 +246,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             fig.add_trace(go.Scatter(
                 x=group["seq_len"].tolist(), y=group["speedup"].tolist(), mode="lines+markers",
                 name=f"{backend} / {ordering_name(ordering)}" + ("" if mode == "longnet" else f" / {mode}"),
-                line={"color": ordering_colour(ordering)},
+                **_style({"backend": backend, "mode": mode, "ordering": ordering}, variants),
                 error_y=dict(type="data", symmetric=False, array=(group["speedup_high"] - group["speedup"]).tolist(),
                              arrayminus=(group["speedup"] - group["speedup_low"]).tolist())))
         fig.add_hline(y=1.0, line_dash="dash", line_color="#888", annotation_text="no difference",
@@ -266,7 +274,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         for label, group in lines.items():
             group = sorted((r for r in group if r in peaks), key=lambda r: r["seq_len"])
             fig.add_trace(go.Scatter(x=[r["seq_len"] for r in group], y=[r["peak_mib"] for r in group],
-                                     name=label, mode="lines+markers"))
+                                     name=label, mode="lines+markers", **_style(lines[label][0], variants)))
         positive = all(r["peak_mib"] > 0 for r in peaks)  # an RSS growth of 0 has no place on a log axis
         style_axes(fig, "sequence length (tokens, log scale)", f"peak above inputs (MiB{', log' if positive else ''}; "
                    "lower is better)", ticks)
@@ -292,7 +300,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         for label, group in lines.items():
             group = sorted(group, key=lambda r: r["seq_len"])
             fig.add_trace(go.Scatter(x=[r["seq_len"] for r in group], y=[r["useful_tflops"] for r in group],
-                                     name=label, mode="lines+markers"))
+                                     name=label, mode="lines+markers", **_style(group[0], variants)))
         style_axes(fig, "sequence length (tokens, log scale)", "useful TFLOP/s (higher is better)", ticks)
         fig.update_layout(title="useful TFLOP/s: FLOPs of the query-key pairs the pattern computes, per second",
                           xaxis_type="log", height=380)

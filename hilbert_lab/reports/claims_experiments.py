@@ -286,6 +286,7 @@ def claim_c11() -> list[dict]:
 
 def claim_c12(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict]:
     """C12: Flash-style fused attention 5-10x over the manual backend (on modern GPUs)."""
+    from hilbert_lab.reports.claims_verdict import device_reason
     from hilbert_lab.viz.backends import time_backends
 
     fused = "sdpa_flash" if device.startswith("cuda") else "sdpa"
@@ -304,4 +305,4 @@ def claim_c12(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict
                  format_ratio(speedup, low, high),
                  ("confirmed" if 5 <= speedup <= 10 else "refuted") if device.startswith("cuda")
                  else "not reproducible here",
-                 "the claim is about modern GPUs; on a CPU the fused SDPA path is measured against manual instead")]
+                 device_reason(device))]

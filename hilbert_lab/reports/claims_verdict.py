@@ -27,7 +27,8 @@ _CLAUSE = re.compile(r"(?<=[.;])\s+(?=[A-Za-z0-9'(])")
 _MEMORY_CHANGE = re.compile(r"\d+(?:\.\d+)?% (?:higher|lower) \(([\d,.]+) -> ([\d,.]+) MiB\)")
 _INTERVAL = re.compile(r"(\d+(?:\.\d+)?)x \[(\d+(?:\.\d+)?), (\d+(?:\.\d+)?)\]")
 
-__all__ = ["CLAIM_VERDICTS", "RENAMED", "ROW_VERDICTS", "claim_verdict", "quote_claimed_ratios", "settle_row"]
+__all__ = ["CLAIM_VERDICTS", "RENAMED", "ROW_VERDICTS", "claim_verdict", "device_reason", "quote_claimed_ratios",
+           "settle_row"]
 
 
 def quote_claimed_ratios(text: str) -> str:
@@ -65,6 +66,28 @@ def _is_estimate(row: Mapping[str, Any]) -> bool:
     return "estimate" in str(row.get("configuration", "")).lower()
 
 
+def device_reason(device: str) -> str:
+    """C12's reason for the device its row was measured on."""
+    if str(device).startswith("cuda"):
+        return "the claim is about modern GPUs; measured on the GPU with the flash SDPA path against manual"
+    return "the claim is about modern GPUs; on a CPU the fused SDPA path is measured against manual instead"
+
+
+def _device_reason(row: Mapping[str, Any], why: str) -> str:
+    """A reason written for a CPU run ('on a CPU the fused SDPA path ...') restated for the GPU where the row's
+    configuration says it was measured on one (runs before the reason followed the device)."""
+    if "cuda" in str(row.get("configuration", "")):
+        return why.replace(device_reason("cpu"), device_reason("cuda"))
+    return why
+
+
+def _inconclusive_cause(row: Mapping[str, Any]) -> str:
+    """Why a row is inconclusive, in the words of settle_row."""
+    if _is_estimate(row):
+        return "a model estimate, not a measurement"
+    return "no interval recorded" if "(no interval recorded)" in str(row.get("measured", "")) else ""
+
+
 def settle_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """The row as the page states it: 'nan' -> 'not measured', a negative reduction written as an increase,
     renamed package names updated; its verdict made to follow from what it records: a ratio without an
@@ -78,7 +101,7 @@ def settle_row(row: Mapping[str, Any]) -> dict[str, Any]:
                                                      if m.group(1) in (m.group(2), m.group(3)) and m.group(2) != m.group(3)
                                                      else ""), measured)
     measured = _memory_within_resolution(row, measured)
-    verdict, why = row["verdict"], _renamed(str(row.get("why") or ""))
+    verdict, why = row["verdict"], _device_reason(row, _renamed(str(row.get("why") or "")))
     if verdict in ("confirmed", "refuted"):
         if _is_estimate(row):
             verdict, why = "inconclusive", f"A model estimate, not a measurement of what the claim states, settles nothing. {why}"
@@ -129,7 +152,8 @@ def _clauses(rows: Sequence[Mapping[str, Any]], limit: int = 3) -> list[str]:
                 order.append(key)
             seen[key].add(clause)
     kept = [next(iter(seen[key])) for key in order if len(seen[key]) == 1]
-    return [clause[0].upper() + clause[1:] for clause in kept[:limit]]
+    # a clause that opens with a symbol ('p=1 runs ...') keeps its case
+    return [clause if re.match(r"\w+=", clause) else clause[0].upper() + clause[1:] for clause in kept[:limit]]
 
 
 def claim_verdict(rows: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
@@ -160,12 +184,17 @@ def claim_verdict(rows: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     verdict = "partly confirmed" if "partly confirmed" in kind_verdicts else _tally(ups, downs)
     if verdict in ("confirmed", "refuted") and any(v.startswith("mostly") for v in kind_verdicts):
         verdict = "mostly " + verdict
-    inconclusive = sum(1 for row in rows if row["verdict"] == "inconclusive")
+    causes: dict[str, int] = {}
+    for row in rows:
+        if row["verdict"] == "inconclusive":
+            cause = _inconclusive_cause(row)
+            label = f"inconclusive ({cause})" if cause else "inconclusive"
+            causes[label] = causes.get(label, 0) + 1
     unmeasured = sum(1 for row in rows if row["verdict"] == "not reproducible here")
     if not verdict:
-        verdict = "inconclusive" if inconclusive else "not reproducible here"
-    counts = [f"{n} row{'s' if n > 1 else ''} {label}" for n, label in
-              ((inconclusive, "inconclusive (no interval recorded)"), (unmeasured, "not reproducible here")) if n]
+        verdict = "inconclusive" if causes else "not reproducible here"
+    counts = [f"{n} row{'s' if n > 1 else ''} {label}" for label, n in
+              [*causes.items(), ("not reproducible here", unmeasured)] if n]
     clauses = _clauses([row for row in rows if row["verdict"] != "not reproducible here"] or rows)
     reason = "; ".join(parts + counts)
     reason = (reason[0].upper() + reason[1:] + ". " if reason else "") + ". ".join(clauses) + ("." if clauses else "")

@@ -21,8 +21,37 @@ SOURCE_FIELDS = ("what", "device", "revision", "recorded", "command")
 # revision that does not contain it were measured with older code
 CURRENT_CODE = "b3d5760abbdabd847aa2afe72a66f55381f0e619"
 
-__all__ = ["CURRENT_CODE", "NOT_RECORDED", "SOURCE_FIELDS", "committed_in", "document_source", "env_source",
-           "gpus_used", "older_code", "older_code_of_revision", "revision_text", "strip_paths", "when"]
+# Committed GPU results under reports/results that carry no git revision, each with why it is kept: wherever
+# they are quoted (a page, a docstring) they read "measured with older code (rev unrecorded)" (older_code(None);
+# document_source gives a page built from one 'not recorded'). Every other GPU result file records its revision
+# (tests/reports/test_results_paths.py checks both ways).
+UNRECORDED_REVISION = {
+    "bench_engine_h100.json": "engine timings on an H100, written without a git revision (first committed in "
+                              "0591b7a); quoted by no page",
+    "gpu_curves.json": "curve-kernel timings on an H100 (benchmarks/bench_gpu_curves.py), written without a git "
+                       "revision (first committed in 02265ff); the kernels' docstrings quote it as older code",
+    "train_gpu_h100_run/summary.json": "the summary of a training run on an H100, written without a git revision "
+                                       "(first committed in 0591b7a); quoted by no page",
+    "train_gpu_h100_run/log.jsonl": "the log of that run, without an environment block (first committed in "
+                                    "0591b7a); quoted by no page",
+}
+
+__all__ = ["CURRENT_CODE", "NOT_RECORDED", "SOURCE_FIELDS", "UNRECORDED_REVISION", "committed_in", "document_source",
+           "env_source", "gpus_used", "older_code", "older_code_of_revision", "result_git", "revision_text",
+           "strip_paths", "when"]
+
+
+def result_git(document: Any) -> dict[str, Any] | None:
+    """The git block a committed result records: its environment's ('environment' or 'env') git, or a top-level
+    'revision'; None when it records none."""
+    if not isinstance(document, Mapping):
+        return None
+    for key in ("environment", "env"):
+        block = document.get(key)
+        if isinstance(block, Mapping) and isinstance(block.get("git"), Mapping) and block["git"].get("commit"):
+            return dict(block["git"])
+    revision = document.get("revision")
+    return {"commit": revision} if isinstance(revision, str) and revision else None
 
 
 def when(stamp: Any) -> str | None:

@@ -239,7 +239,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
                 fig.add_trace(go.Scatter(x=group["gpus"].tolist(), y=group[column].tolist(), mode="lines+markers",
                                          name=f"{variant}, {tokens(seq_len)} tokens"))
             style_axes(fig, "GPUs in the ring", axis, gpus)
-            fig.update_layout(title=title, height=400)
+            # from zero: a per-GPU rate or memory read against a cropped axis overstates its change
+            fig.update_layout(title=title, height=400, yaxis_rangemode="tozero")
             sections.append(Section("Throughput per GPU" if column.startswith("tokens") else "Memory per GPU",
                                     throughput_line if column.startswith("tokens") else findings[-2], figure=fig))
     anchors, communication = frame("anchors"), frame("communication")

@@ -30,7 +30,7 @@ METRIC_NAMES = {"recall@4": "4-NN recall", "recall@8": "8-NN recall", "recall@26
 TRAINED_COLUMNS = ["source", "device", "task", "data", "neighbourhood", "window", "ordering", "mean", "low", "high",
                    "seeds", "steps", "recall@8", "unmet_adjacent", "diameter_mean"]
 
-__all__ = ["KEY_METRICS", "MEANINGFUL", "METRIC_NAMES", "TIE", "conclusion_paragraphs", "locality_verdicts", "ranking_verdict", "trained_rows",
+__all__ = ["KEY_METRICS", "MEANINGFUL", "METRIC_NAMES", "TIE", "conclusion_paragraphs", "locality_verdicts", "losses", "ranking_verdict", "trained_rows",
            "trained_run_row"]
 
 
@@ -168,11 +168,28 @@ def locality_verdicts(table: Any, metric: str) -> list[dict[str, Any]]:
         scale = max(abs(v) for v in values.values()) or 1.0
         base = values.get("rowmajor")
         gap = abs(best_value - base) / max(abs(best_value), abs(base), 1e-12) if base is not None else spread / scale
+        # every ordering against rowmajor: those MEANINGFUL (relative) worse than it, worst first
+        worse = [] if base is None else sorted(
+            (k for k, v in values.items() if direction * (base - v) / max(abs(v), abs(base), 1e-12) >= MEANINGFUL),
+            key=lambda k: direction * values[k])
         out.append({"data": data, "setting": setting, "best": [k for k, v in values.items() if v == best_value],
                     "near": [k for k, v in values.items() if abs(v - best_value) <= TIE * scale],
                     "best_value": best_value, "rowmajor": base, "gap": gap, "meaningful": gap >= MEANINGFUL,
-                    "same": spread <= TIE * scale, "values": values})
+                    "worse": worse, "same": spread <= TIE * scale, "values": values})
     return out
+
+
+def losses(verdict: Mapping[str, Any], with_setting: bool = True) -> str:
+    """Where orderings lose to rowmajor by MEANINGFUL or more: '64 x 64 w=256 r=4: Morton (either orientation) 0,
+    Hilbert (either orientation) 0.162 vs row-major 0.193' (orderings of one printed value named together)."""
+    from hilbert_lab.reports.page import fmt
+
+    groups: dict[str, list[str]] = {}
+    for name in verdict["worse"]:
+        groups.setdefault(fmt(verdict["values"][name]), []).append(name)
+    text = ", ".join(f"{_family(names)} {value}" for value, names in groups.items())
+    text += f" vs row-major {fmt(verdict['rowmajor'])}"
+    return (f"{verdict['data']} {verdict['setting']}: " if with_setting else "") + text
 
 
 def _locality_line(table: Any, metric: str) -> str:
@@ -200,10 +217,15 @@ def _locality_line(table: Any, metric: str) -> str:
         top = max(gaps, key=lambda v: abs(v["best_value"] - v["rowmajor"]))
         parts.append(f"the largest gap: {top['data']}, {top['setting']}: {_names(top['best'])} "
                      f"{fmt(top['best_value'])} vs row-major {fmt(top['rowmajor'])}")
-    small = [v for v in verdicts if not v["meaningful"]]
+    lost = [v for v in verdicts if v["worse"]]
+    if lost:
+        parts.append(f"some ordering is {100 * MEANINGFUL:.0f}% or more worse than row-major on {len(lost)} of "
+                     f"{len(verdicts)} settings (" + "; ".join(losses(v) for v in lost[:3])
+                     + ("; ..." if len(lost) > 3 else "") + ")")
+    small = [v for v in verdicts if not v["meaningful"] and not v["worse"]]
     if small:
-        parts.append(f"on the other {len(small)} settings the orderings are within {100 * MEANINGFUL:.0f}% of row-major "
-                     "(no finding)")
+        parts.append(f"on the other {len(small)} settings every ordering is within {100 * MEANINGFUL:.0f}% of "
+                     "row-major (no finding)")
     return "; ".join(parts) + "."
 
 
@@ -279,11 +301,15 @@ def conclusion_paragraphs(locality: Any, trained: Any, metric: str = "recall@8")
             if bases and not all("rowmajor" in v["near"] for v in members):
                 text += f" vs row-major {span(bases)}"
             use.append(text + ")")
-        same = [v["setting"] for v in mine if not v["meaningful"]]
+        same = [v["setting"] for v in mine if not v["meaningful"] and not v["worse"]]
         text = f"{data}: " + (("use " + "; ".join(use)) if use else
                               f"no ordering beats row-major by {100 * MEANINGFUL:.0f}% at any setting")
-        if use and same:
-            text += f"; within {100 * MEANINGFUL:.0f}% of row-major (no finding) at {', '.join(same)}"
+        lost = [v for v in mine if v["worse"]]
+        if lost:
+            text += (f"; {100 * MEANINGFUL:.0f}% or more worse than row-major: "
+                     + "; ".join(f"at {v['setting']}, " + losses(v, with_setting=False) for v in lost))
+        if (use or lost) and same:
+            text += f"; every ordering within {100 * MEANINGFUL:.0f}% of row-major (no finding) at {', '.join(same)}"
         paragraphs.append(text + ".")
     if paragraphs:
         paragraphs.insert(0, f"From the exact locality ({label}; an ordering is recommended where the best beats "

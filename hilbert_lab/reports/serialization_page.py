@@ -11,7 +11,7 @@ from typing import Any
 
 from hilbert_lab.reports.serialization import (
     KEY_METRICS, MEANINGFUL, METRIC_NAMES, _locality_line, _names, _setting, _trained_verdicts, conclusion_paragraphs,
-    locality_verdicts,
+    locality_verdicts, losses,
 )
 
 
@@ -109,10 +109,15 @@ def _locality_findings(locality: Any) -> list[str]:
     lines = [f"Exactly (no training), {_names(top['best'])} windows keep {fmt(top['best_value'])} of each token's 8 "
              f"nearest neighbours in its attention group against {fmt(top['rowmajor'])} for row-major ({top['data']}, "
              f"{top['setting']}), the largest gap of {len(verdicts)} settings."]
-    small = [v for v in verdicts if not v["meaningful"]]
+    lost = [v for v in verdicts if v["worse"]]
+    if lost:
+        lines.append(f"On {len(lost)} of {len(verdicts)} settings some ordering keeps {100 * MEANINGFUL:.0f}% or more "
+                     "fewer of the 8 nearest neighbours than row-major (e.g. " + "; ".join(losses(v) for v in lost[:3])
+                     + "): there that ordering loses.")
+    small = [v for v in verdicts if not v["meaningful"] and not v["worse"]]
     if small:
-        lines.append(f"On {len(small)} of {len(verdicts)} settings no ordering beats row-major's 8-NN recall by "
-                     f"{100 * MEANINGFUL:.0f}% (e.g. " + "; ".join(f"{v['data']} {v['setting']}" for v in small[:3])
+        lines.append(f"On {len(small)} of {len(verdicts)} settings every ordering is within {100 * MEANINGFUL:.0f}% of "
+                     "row-major's 8-NN recall (e.g. " + "; ".join(f"{v['data']} {v['setting']}" for v in small[:3])
                      + "): there the ordering does not matter.")
     return lines
 
@@ -124,6 +129,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
 
     from hilbert_lab.reports.page import Page, Section, fmt, style_axes
     from hilbert_lab.viz.serialization import METRIC_AXES, accuracy_figure, locality_figure
+    from hilbert_lab.viz.style import ordering_name
 
     locality, trained = _table(metrics, "locality"), _table(metrics, "trained")
     values = {key: entry.get("value") for key, entry in (metrics.get("metrics") or {}).items()}
@@ -163,7 +169,8 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         seeds = sorted({int(s) for s in mine[0]["rows"]["seeds"].dropna()}) if "seeds" in trained else []
         table = trained[trained["source"] == source].assign(
             accuracy=lambda f: [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in zip(f["mean"], f["low"], f["high"])])
-        table = table.assign(task=[f"{d}, w={w}" for d, w in zip(table["data"], table["window"])])
+        table = table.assign(task=[f"{d}, w={w}" for d, w in zip(table["data"], table["window"])],
+                             ordering=table["ordering"].map(ordering_name))
         columns = [c for c in ("task", "ordering", "accuracy", "recall@8", "unmet_adjacent") if c in table.columns]
         shown = table[columns].rename(columns={"task": "task (data, window)", "accuracy": "eval accuracy [95%]",
                                                "recall@8": "8-NN recall (exact)",

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["device_name", "longest_trainable_sections", "longest_trainable_table"]
+__all__ = ["device_name", "longest_trainable_sections", "longest_trainable_table", "probe_label"]
 
 
 def device_name(report: Mapping[str, Any]) -> str | None:
@@ -44,6 +44,17 @@ def longest_trainable_table(groups: Mapping[str, Mapping[str, Mapping[str, Any]]
     return pd.DataFrame(rows, columns=columns)
 
 
+def probe_label(row: Mapping[str, Any]) -> str:
+    """A probe's series label: what it is, its device and the revision that made it ('length probe, NVIDIA H100
+    80GB HBM3, rev unrecorded'), not the run whose JSON it was stored in."""
+    from hilbert_lab.reports.provenance import NOT_RECORDED
+
+    revision = str(row.get("revision") or "")
+    recorded = revision and not revision.startswith(NOT_RECORDED) and revision not in ("nan", "None", "-")
+    return (f"length probe, {row.get('device') or 'GPU'}, "
+            + (f"rev {revision.split(' (')[0]}" if recorded else "rev unrecorded"))
+
+
 def longest_trainable_sections(metrics: Mapping[str, Any]):
     """The section (figure, table, conclusion) and findings of the "longest_trainable" table, if any."""
     from hilbert_lab.reports.page import Section, fmt, fmt_count, metrics_table, out_of_memory, tokens
@@ -78,7 +89,7 @@ def longest_trainable_sections(metrics: Mapping[str, Any]):
             made_by += (" The file that command names is not in the repository: its rows were stored in the JSON "
                         "named above.")
         capacity = probes["device_memory_gib"].dropna()
-        fig = memory_by_length(probes.to_dict(orient="records"),
+        fig = memory_by_length([{**row, "run": probe_label(row)} for row in probes.to_dict(orient="records")],
                                capacity_gib=float(capacity.iloc[0]) if len(capacity) else None)
         fig.update_xaxes(title_text="sequence length (tokens, log scale)")
         fig.update_yaxes(title_text="peak memory (GiB, lower is better)", row=1, col=1)

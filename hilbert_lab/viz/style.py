@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ORDERING_COLOURS", "ORDERING_NAMES", "PALETTE", "compact_number", "log_ticks", "ordering_colour",
+           "ordering_figure_problems", "ordering_table_problems", "ordering_trace",
            "ordering_name", "readable_log_axes", "run_colours", "separate_overlapping"]
 
 # plotly's default qualitative palette
@@ -183,3 +184,47 @@ def run_colours(names: Sequence[str] | Iterable[str], given: Mapping[str, str] |
         if name not in colours:
             colours[name] = PALETTE[len(colours) % len(PALETTE)]
     return colours
+
+
+_VARIANT_DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+
+
+def ordering_trace(ordering: str, variant: int = 0) -> dict[str, Any]:
+    """Trace properties of one ordering's series: its colour (ORDERING_COLOURS) on line and markers, and a dash
+    per `variant` (0, 1, ...) to tell apart series of one ordering, such as its backends."""
+    colour = ordering_colour(ordering)
+    return {"line": {"color": colour, "dash": _VARIANT_DASHES[variant % len(_VARIANT_DASHES)]},
+            "marker": {"color": colour}}
+
+
+def ordering_figure_problems(figure: Any) -> list[str]:
+    """Traces of `figure` that name an ordering by its id ('rowmajor', 'hilbert-trans') instead of its display
+    name, or draw an ordering named by its display name in another colour than ORDERING_COLOURS gives it. A
+    trace name's ' / '-separated parts are matched ('auto / Hilbert / fwd+bwd'); [] when every one is right."""
+    names = {ordering_name(ordering): ordering for ordering in ORDERING_COLOURS}
+    problems = []
+    for trace in figure.data:
+        name = str(trace.name or "").split(" (on top of ")[0]
+        for part in name.split(" / "):
+            if part in ORDERING_COLOURS and part not in names:
+                problems.append(f"{trace.name!r}: ordering id {part!r}, not its display name")
+            elif part in names:
+                want = ORDERING_COLOURS[names[part]].lower()
+                drawn = [c for c in (getattr(getattr(trace, "line", None), "color", None),
+                                     getattr(getattr(trace, "marker", None), "color", None)) if isinstance(c, str)]
+                if not drawn or any(c.lower() != want for c in drawn):
+                    problems.append(f"{trace.name!r}: drawn in {drawn or 'the default colour'}, not {part}'s {want}")
+    return problems
+
+
+def ordering_table_problems(table: Any) -> list[str]:
+    """Cells of a pandas table that show an ordering by its id ('rowmajor', 'hilbert/hilbert-trans') where the
+    pages use its display name: a cell, or a ' / '- or ', '-separated part of one, equal to such an id."""
+    ids = {ordering for ordering in ORDERING_COLOURS if ordering_name(ordering) != ordering}
+    problems = []
+    for column in table.columns:
+        for value in table[column]:
+            parts = {str(value), *str(value).split(" / "), *str(value).split(", ")}
+            if parts & ids:
+                problems.append(f"column {column!r}: {value!r} shows the id {sorted(parts & ids)[0]!r}")
+    return problems

@@ -69,6 +69,26 @@ def test_a_model_estimate_confirms_no_claim():
     overview = next(s.table for s in page.sections if s.heading.startswith("Claimed vs measured"))
     c10 = overview.set_index(overview["claim"].str[:4]).loc["C10:"]
     assert c10["verdict"] != "confirmed"
+    # its reason names why the row settles nothing (an estimate), not a missing interval it never needed
+    assert c10["reason"].startswith("1 row inconclusive (a model estimate, not a measurement); 1 row not reproducible")
+    assert "no interval recorded" not in c10["reason"] and ". p=1 runs no ring buffers." in c10["reason"]
+
+
+@pytest.mark.parametrize("run, device_words", [
+    (REPO / "reports" / "claims" / "h200-gpu", "measured on the GPU"),
+    (REPO / "reports" / "default" / "20261125T201010Z-9391a95-3de4" / "claims-small", "on a CPU"),
+])
+def test_c12_reason_follows_the_device_of_its_row(run, device_words):
+    """The GPU run's C12 row (configuration '..., cuda') is not explained as a CPU measurement, and the CPU run's is."""
+    metrics, env = load_run(run)
+    row = next(r for r in metrics["tables"]["claims"]["rows"] if r["claim"] == "C12")
+    assert ("cuda" in row["configuration"]) == (device_words == "measured on the GPU")
+    page = build_page(metrics, env)
+    overview = next(s.table for s in page.sections if s.heading.startswith("Claimed vs measured"))
+    reason = overview.set_index(overview["claim"].str[:4]).loc["C12:"]["reason"]
+    assert device_words.lower() in reason.lower()
+    assert ("on a cpu" in reason.lower()) == (device_words == "on a CPU")
+    assert claims_verdict.device_reason("cuda:0") != claims_verdict.device_reason("cpu")
 
 
 TRAINING_RUN = REPO / "reports" / "default" / "20261125T201010Z-9391a95-3de4" / "training"
@@ -249,3 +269,69 @@ def test_a_page_drawn_from_other_runs_names_their_revisions_and_dates_in_its_hea
     dates = {html.escape(source["recorded"]) for source in page.sources}
     assert all(revision in header for revision in revisions) and all(date in header for date in dates), header
     assert header.count("git ") == 1 and "530aee9" in header and "2026-11-23" in header, header
+
+
+def _committed_runs() -> list[Path]:
+    return sorted({path.parent for path in (REPO / "reports").rglob("metrics.json")})
+
+
+@pytest.mark.parametrize("run", _committed_runs(), ids=lambda run: str(run.relative_to(REPO / "reports")))
+def test_every_committed_page_draws_each_ordering_in_its_colour_under_its_display_name(run):
+    """The benchmark page drew 'auto / Hilbert' in plotly's red in one chart and #1f77b4 in the next, and the
+    serialization tables showed 'rowmajor', 'hilbert/hilbert-trans': every series and cell naming an ordering
+    uses its display name, and every series its colour from viz.style.ORDERING_COLOURS."""
+    from hilbert_lab.viz.style import ordering_figure_problems, ordering_table_problems
+
+    page = build_page(*load_run(run))
+    problems = []
+    for section in page.sections:
+        if section.figure is not None:
+            problems += [f"{section.heading}: {p}" for p in ordering_figure_problems(section.figure)]
+        if section.table is not None:
+            problems += [f"{section.heading}: {p}" for p in ordering_table_problems(section.table)]
+    assert problems == [], problems[:5]
+
+
+def test_benchmark_page_draws_one_ordering_in_one_colour_in_every_chart():
+    from hilbert_lab.viz.style import ORDERING_COLOURS
+
+    page = build_page(*load_run(REPO / "reports" / "default" / "20261125T201010Z-9391a95-3de4" / "benchmark-small"))
+    colours: dict[str, set] = {}
+    for section in page.sections:
+        for trace in (section.figure.data if section.figure is not None else []):
+            for ordering in ("identity", "Hilbert"):
+                if f" / {ordering}" in str(trace.name).split(" (on top of ")[0]:
+                    colours.setdefault(ordering, set()).add(trace.line.color)
+    assert colours == {"identity": {ORDERING_COLOURS["identity"]}, "Hilbert": {ORDERING_COLOURS["hilbert"]}}
+
+
+def test_ring_throughput_and_memory_axes_start_at_zero():
+    """Two points (1 and 2 GPUs) on an autoranged axis fill the plot from the lower to the higher value: a small
+    change looks like a collapse. The per-GPU axes start at zero."""
+    page = build_page(*load_run(REPO / "reports" / "ring" / "h200-gpu"))
+    sections = [s for s in page.sections if s.heading.startswith(("Throughput per GPU", "Memory per GPU"))]
+    assert len(sections) == 2
+    for section in sections:
+        values = [v for trace in section.figure.data for v in trace.y]
+        assert min(values) > 0  # autorange would not reach zero on its own
+        assert section.figure.layout.yaxis.rangemode == "tozero", section.heading
+
+
+def test_length_probe_series_is_labelled_as_the_probe_not_the_run_it_was_stored_in():
+    """The probe's rows sit in the JSON of 'H100 128K dil8 fine-tune (32K seed 0)': its legend named that run.
+    The series says what it is, on which device, and by which revision (unrecorded there)."""
+    from hilbert_lab.reports.training_length import probe_label
+
+    metrics, env = load_run(TRAINING_RUN)
+    rows = metrics["tables"]["longest_trainable"]["rows"]
+    stored_in, device = rows[0]["run"], rows[0]["device"]
+    assert "fine-tune" in stored_in and "revision" not in rows[0]
+    page = build_page(metrics, env)
+    section = next(s for s in page.sections if s.heading.startswith("Longest trainable sequence"))
+    names = {str(trace.name) for trace in section.figure.data}
+    assert names == {f"length probe, {device}, rev unrecorded", f"length probe, {device}, rev unrecorded: failed"}
+    assert not any(stored_in in name or "seed" in name for name in names)
+    assert probe_label({"device": "NVIDIA H200", "revision": "ca29081 + uncommitted changes (results committed in "
+                                                             "91678e4)"}) == \
+        "length probe, NVIDIA H200, rev ca29081 + uncommitted changes"
+    assert probe_label({"device": None, "revision": "not recorded (older run)"}) == "length probe, GPU, rev unrecorded"

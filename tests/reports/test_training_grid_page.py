@@ -122,7 +122,10 @@ def test_longest_trainable_section_names_the_longest_length_and_the_failure():
                                          "checkpointing): peak 64 GiB")
     assert "16 GiB per 1M tokens" in section.conclusion
     assert "8M tokens: out of memory (tried to allocate 1 GiB)" in section.conclusion
-    failed = [trace for trace in section.figure.data if trace.name == "H100 run: failed"]
+    # the series is the probe (device, revision), not the run whose JSON stores it
+    assert {trace.name for trace in section.figure.data} == {f"length probe, H100, rev {head[:7]}",
+                                                             f"length probe, H100, rev {head[:7]}: failed"}
+    failed = [trace for trace in section.figure.data if trace.name == f"length probe, H100, rev {head[:7]}: failed"]
     assert len(failed) == 1 and list(failed[0].x) == [2**23]
     assert any(finding.startswith("H100 length probe (stored in H100 run) trains 4M") for finding in page.findings)
     assert "run" not in section.table.columns and "device memory (GiB)" in section.table.columns

@@ -100,3 +100,39 @@ def test_an_ordering_keeps_its_colour_and_name_in_every_figure():
         found = colours(figure)
         assert found["Hilbert"] == ORDERING_COLOURS["hilbert"] and found["row-major"] == ORDERING_COLOURS["rowmajor"]
         assert "rowmajor" not in found and "hilbert" not in found
+
+
+def test_a_raw_ordering_id_or_an_off_palette_colour_is_caught():
+    from hilbert_lab.viz.style import ORDERING_COLOURS, ordering_figure_problems, ordering_table_problems, ordering_trace
+
+    pd = pytest.importorskip("pandas")
+    right = go.Figure([go.Scatter(x=[1], y=[1], name="auto / Hilbert", **ordering_trace("hilbert")),
+                       go.Scatter(x=[1], y=[1], name="manual / row-major / fwd+bwd", **ordering_trace("rowmajor", 1))])
+    assert ordering_figure_problems(right) == []
+    assert right.data[0].line.color == ORDERING_COLOURS["hilbert"] == "#1f77b4"
+    assert right.data[1].line.dash == "dash" and right.data[1].marker.color == ORDERING_COLOURS["rowmajor"]
+    default = go.Figure(go.Scatter(x=[1], y=[1], name="auto / Hilbert"))  # plotly's cycle would pick its colour
+    assert ordering_figure_problems(default) == ["'auto / Hilbert': drawn in the default colour, not Hilbert's #1f77b4"]
+    red = go.Figure(go.Scatter(x=[1], y=[1], name="Morton", line={"color": "#EF553B"}))
+    assert ordering_figure_problems(red) == ["'Morton': drawn in ['#EF553B'], not Morton's #ff7f0e"]
+    raw = go.Figure(go.Scatter(x=[1], y=[1], name="auto / rowmajor", line={"color": "#7f7f7f"}))
+    assert ordering_figure_problems(raw) == ["'auto / rowmajor': ordering id 'rowmajor', not its display name"]
+    table = pd.DataFrame({"ordering": ["row-major", "hilbert/hilbert-trans", "snake", "Hilbert (transposed)"]})
+    assert ordering_table_problems(table) == [
+        "column 'ordering': 'hilbert/hilbert-trans' shows the id 'hilbert/hilbert-trans'"]
+
+
+def test_benchmark_scaling_figure_uses_display_names_and_ordering_colours():
+    pd = pytest.importorskip("pandas")
+    from hilbert_lab.reports.benchmark import scaling_figure
+    from hilbert_lab.viz.style import ORDERING_COLOURS, ordering_figure_problems
+
+    table = pd.DataFrame([{"backend": backend, "mode": "longnet", "ordering": ordering, "pass": "forward",
+                           "seq_len": n, "median_ms": n / 100 * (2 if backend == "manual" else 1) * (1.5 if ordering == "hilbert" else 1)}
+                          for backend in ("auto", "manual") for ordering in ("identity", "hilbert") for n in (512, 1024)])
+    figure = scaling_figure(table)
+    assert [t.name for t in figure.data][:2] == ["auto / identity / longnet / forward", "auto / Hilbert / longnet / forward"]
+    assert ordering_figure_problems(figure) == []
+    hilbert = [t for t in figure.data if "Hilbert" in t.name]
+    assert {t.line.color for t in hilbert} == {ORDERING_COLOURS["hilbert"]}
+    assert len({t.line.dash for t in hilbert}) == 2  # the two backends told apart by dash
