@@ -104,10 +104,10 @@ def _backend_finding(ok: list[dict[str, Any]]) -> str | None:
 
 
 def unsettled(metrics: dict[str, Any], table: Any) -> dict[tuple[Any, ...], str]:
-    """{(backend, seq_len, ordering): the separate runs' ratio} of the interleaved comparisons whose verdict the
-    same cases timed in separate processes contradict (one says slower or faster, the other something else):
-    the run could not settle those."""
-    from hilbert_lab.bench.stats import compare
+    """{(backend, seq_len, ordering): why} of the interleaved comparisons this run could not settle: an interval
+    that still spans 1 by more than the margin after its last round (bench.stats.settled), or a verdict that the same
+    cases timed in separate processes contradict (one says slower or faster, the other something else)."""
+    from hilbert_lab.bench.stats import NO_DIFFERENCE_MARGIN, compare
 
     if not len(table) or table["timing"].iloc[0] != "interleaved":
         return {}
@@ -115,12 +115,16 @@ def unsettled(metrics: dict[str, Any], table: Any) -> dict[tuple[Any, ...], str]
              if r.get("status") == "ok" and r.get("times_ms") and r.get("pass", "forward") == "forward"}
     out = {}
     for row in table.itertuples():
-        ordered, identity = cases.get((row.backend, row.seq_len, row.ordering)), cases.get((row.backend, row.seq_len,
-                                                                                              "identity"))
+        key = (row.backend, row.seq_len, row.ordering)
+        if getattr(row, "settled", True) is False:
+            out[key] = (f"its interval still spans 1 by more than {100 * NO_DIFFERENCE_MARGIN:.0f}% after "
+                        f"{int(row.samples)} rounds")
+            continue
+        ordered, identity = cases.get(key), cases.get((row.backend, row.seq_len, "identity"))
         if ordered and identity:
             separate = compare(ordered["times_ms"], identity["times_ms"], row.ordering, "identity", paired=False)
             if separate["verdict"] != row.verdict:
-                out[(row.backend, row.seq_len, row.ordering)] = _ratio(separate)
+                out[key] = f"{_ratio(separate)} in separate runs"
     return out
 
 
@@ -141,8 +145,8 @@ def _ordering_findings(table: Any, open_cases: dict[tuple[Any, ...], str] | None
     def said(r: Any) -> str:
         key = (r.backend, r.seq_len, r.ordering)
         if key in open_cases:
-            return (f"not settled at {int(r.seq_len):,} tokens ({r.backend}): {_ratio(r._asdict())} interleaved but "
-                    f"{open_cases[key]} in separate runs")
+            return (f"not settled at {int(r.seq_len):,} tokens ({r.backend}): {_ratio(r._asdict())} interleaved, but "
+                    f"{open_cases[key]}")
         return f"{_ratio(r._asdict())} at {int(r.seq_len):,} tokens ({r.backend})"
 
     spread = ("; " if len(shown) > 2 else " and ").join(said(r) for r in shown.itertuples())
@@ -154,8 +158,9 @@ def _ordering_findings(table: Any, open_cases: dict[tuple[Any, ...], str] | None
                f" {tally} of {len(table)} comparisons, speed-up {spread}.")
     conclusion = (f"Speed-up = identity time / ordered time (above 1: the ordering is faster); {len(table)} "
                   f"comparisons, {timing}: faster in {faster}, slower in {slower}, no difference in {same}"
-                  + (f", not settled in {unknown} (the same cases timed in separate processes give another verdict, "
-                     "so this run cannot tell)" if unknown else "") + ".")
+                  + (f", not settled in {unknown} (an interval still wide around 1 after its last round, or the same "
+                     "cases timed in separate processes give another verdict: this run cannot tell)" if unknown else "")
+                  + ".")
     return finding, conclusion
 
 

@@ -212,8 +212,12 @@ def test_benchmark_card_says_not_settled_when_the_two_timings_disagree():
     assert "not settled at 512 tokens (auto)" in page.headline
     agreed = benchmark_page.render(_ab_metrics(slower, (rng.normal(10, 0.1, 21), rng.normal(11, 0.1, 21))), env)
     assert "slower in 1 of 1 comparisons" in agreed.headline and "not settled" not in agreed.headline
-    same = benchmark_page.render(_ab_metrics(noise, noise), env)
-    assert "no different in 1 of 1" in same.headline  # an interval holding 1 reads 'no difference'
+    steady = (rng.normal(10, 0.1, 21), rng.normal(10, 0.1, 21))
+    same = benchmark_page.render(_ab_metrics(steady, steady), env)
+    assert "no different in 1 of 1" in same.headline  # an interval holding 1, within 5% of it: no difference
+    wide = benchmark_page.render(_ab_metrics(noise, steady), env)  # holds 1, but 10-20% either way: open
+    assert "not settled in 1 of 1 comparisons" in wide.headline and "no different" not in wide.headline
+    assert "its interval still spans 1 by more than 5% after 21 rounds" in wide.headline
 
 
 def test_memory_differences_below_the_resolution_are_no_difference():
