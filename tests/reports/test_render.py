@@ -30,11 +30,14 @@ def _ab_metrics(identity, ordered):
             "tables": {"ordering_ab": {"rows": rows}, "results": {"rows": results}}}
 
 
-def test_benchmark_page_says_no_difference_for_noise_and_names_a_real_effect():
+def test_benchmark_page_says_no_difference_only_for_a_narrow_interval_and_names_a_real_effect():
     rng = np.random.default_rng(0)
-    same = _ab_metrics(rng.lognormal(0, 0.3, 21), rng.lognormal(0, 0.3, 21))
-    table = benchmark.comparisons(same)
+    noisy = _ab_metrics(rng.lognormal(0, 0.3, 21), rng.lognormal(0, 0.3, 21))
+    table = benchmark.comparisons(noisy)
     assert table.iloc[0].verdict == "no difference" and table.iloc[0].timing == "interleaved"
+    assert not table.iloc[0].settled  # the interval holds 1 but spans far more than 5% around it
+    assert any("not settled in 1 of 1" in finding for finding in benchmark_page.render(noisy, CPU_ENV).findings)
+    same = _ab_metrics(rng.normal(10, 0.1, 21), rng.normal(10, 0.1, 21))
     page = benchmark_page.render(same, CPU_ENV)
     assert any("no different in 1 of 1" in finding for finding in page.findings)
     assert any("indicative only" in note for note in page.notes)
