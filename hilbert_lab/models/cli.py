@@ -115,7 +115,12 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
                 if problem]
     if problems:
         raise ValueError("; ".join(problems))
-    return TrainConfig.from_dict(values)
+    try:
+        return TrainConfig.from_dict(values)
+    except ValueError as error:  # TrainConfig's words: a field as its flag, unless the --config file set it
+        flags = {name: "--" + name.replace("_", "-") for name, _, _ in _OVERRIDES
+                 if not sources.get(name, "").startswith("--config")}
+        raise ValueError(arguments.flag_names(str(error), flags)) from None
 
 
 def _named(name: str, value: Any, sources: dict[str, str]) -> str:
@@ -231,7 +236,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         result = train(config, out, resume=args.resume)
         reporting = is_main_rank()  # rank 0 alone reports
     except (RunFolderError, ValueError) as error:
-        message = error.cli if isinstance(error, RunFolderError) else arguments.flag_names(str(error), train_flags())
+        message = error.cli if isinstance(error, RunFolderError) else str(error)
         if is_main_rank():  # one line, not one a rank
             print("hilbert-lab train: error: " + " ".join(message.split()), file=sys.stderr)
         return 2
@@ -265,12 +270,6 @@ def _default_text(name: str) -> str:
     if value is None:
         return _UNSET.get(name, "none")
     return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def train_flags() -> dict[str, str]:
-    """TrainConfig field -> its `train` flag (num_kv_heads -> --num-kv-heads), so that a library error names
-    the flags the user typed."""
-    return {name: "--" + name.replace("_", "-") for name, _, _ in _OVERRIDES}
 
 
 def register_cli(subparsers: "argparse._SubParsersAction") -> argparse.ArgumentParser:
