@@ -216,9 +216,10 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         fast = [value for key, value in timings if key.startswith("seconds_1M")]
         line = (f"All exact metrics of one ordering on {grid} take {fmt(max(fast))} s at most on this CPU."
                 if fast else f"The locality table took {fmt(timings[0][1])} s on this CPU.")
-        sections.append(Section("Speed of the exact metrics (CPU)", line + " Single wall-clock runs on a shared "
-                                "2-core machine (no interval; no conclusion rests on them).", table=pd.DataFrame(rows),
-                                collapsed=True))
+        sections.append(Section("Speed of the exact metrics (CPU)", line + " Single wall-clock runs, possibly with "
+                                "another report beside this one (a suite runs the reports that compare no timings "
+                                "side by side): no interval, and no conclusion rests on them.",
+                                table=pd.DataFrame(rows), collapsed=True))
     missing = [f"{key[len('missing_'):]}: {value}" for key, value in values.items() if key.startswith("missing_")]
     if missing:
         notes.append("Trained results not found (skipped): " + "; ".join(missing) + ".")

@@ -193,3 +193,14 @@ def test_committed_run_never_calls_a_losing_ordering_no_difference():
     which = " ".join(next(s for s in page.sections if s.heading.startswith("Which ordering")).text)
     for paragraph in which.split("64 x 64: ")[1:2]:
         assert "no finding) at w=256 r=4" not in paragraph and "at w=256 r=4, Morton (either orientation) 0" in paragraph
+
+
+def test_speed_section_says_another_report_may_have_run_beside_it():
+    """A suite runs the reports that compare no timings two at a time: the page's seconds are not clean timings."""
+    from hilbert_lab.reports.registry import get_report
+
+    assert not get_report("serialization-small").measures_speed
+    speed = next(section for section in build_page(_metrics(), CPU_ENV).sections
+                 if section.heading == "Speed of the exact metrics (CPU)")
+    assert "possibly with another report beside this one" in speed.conclusion
+    assert "no conclusion rests on them" in speed.conclusion
