@@ -51,7 +51,8 @@ _SMALL_BENCHMARK = {
 _SMALL_CLAIMS = {"device": "cpu", "max_tokens": 2048, "repeats": 5, "save_png": False}
 # exact locality on smaller data sets (the largest ones dominate the time), the committed trained results as they are
 _SMALL_SERIALIZATION = {"grids": [[64, 64], [128, 128], [16, 32, 32]],
-                        "point_clouds": {"uniform 3D": 16384, "clustered 3D": 16384}, "timing_grid": [512, 512]}
+                        "point_clouds": {"uniform 3D": 16384, "clustered 3D": 16384}, "timing_grid": [512, 512],
+                        "save_png": False}
 
 REPORTS: dict[str, ReportSpec] = {
     spec.name: spec

@@ -36,7 +36,7 @@ SMALL_REPORTS = {
     "training": {"cpu_train_steps": 20},
     "serialization": {"grids": [[16, 16]], "point_clouds": {"uniform 3D": 512}, "settings": [[[16], [1]], [[64], [1]]],
                       "orderings": ["rowmajor", "hilbert"], "timing_grid": [],
-                      "window_examples": [[8, "rowmajor", 16, 1], [8, "hilbert", 16, 1]]},
+                      "window_examples": [[8, "rowmajor", 16, 1], [8, "hilbert", 16, 1]], "save_png": False},
 }
 
 

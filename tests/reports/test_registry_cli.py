@@ -236,3 +236,13 @@ def test_report_run_names_each_report_and_ends_with_the_page_to_open(capsys, mon
     assert main(["report", "run", "locality", "--output-root", str(tmp_path), "--run-id", "one", "--quiet"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() == str(tmp_path / "locality" / "one" / "locality.html") and captured.err == ""
+
+
+def test_the_default_suite_writes_no_png():
+    """kaleido starts a browser per PNG (seconds each); the suite's pages draw every figure from metrics.json."""
+    from hilbert_lab.reports.registry import report_parameters
+
+    parts = report_parameters("default")
+    with_png = [part for part, defaults in parts.items() if "save_png" in defaults]
+    assert sorted(with_png) == ["benchmark-small", "claims-small", "serialization-small"]
+    assert all(parts[part]["save_png"] is False for part in with_png)
