@@ -43,8 +43,21 @@ $(VENV)/.installed-%: pyproject.toml
 	@$(PY) -c "import torch" & warm=$$!; \
 	{ test -x $(VENV)/bin/uv && $(VENV)/bin/uv pip install --quiet --no-cache --python $(PY) -e ".[$*]"; } \
 		|| $(PIP) -e ".[$*]"; status=$$?; wait $$warm; exit $$status
-	@$(PY) -c "import torch, numba, hilbert_lab.attention.engine"  # their bytecode, once, before the parallel workers
+	@$(PY) -m hilbert_lab.locality.warm & kernels=$$!; $(PY) -c "$$WARM_IMPORTS"; status=$$?; \
+		wait $$kernels || status=1; exit $$status
 	@touch $@
+
+# Set-up ends with two processes side by side: one compiles the Numba kernels into their on-disk cache
+# (hilbert_lab.locality.warm: half a minute of one core, once), the other imports what the test workers and report
+# kernels import, writing its bytecode once (the venv's packages are installed without it).
+define WARM_IMPORTS
+import importlib.util
+for name in ("torch", "numba", "hilbert_lab.attention.engine", "pandas", "plotly.graph_objects", "papermill",
+             "ipykernel.kernelapp", "nbconvert", "hilbert_lab.reports.runner", "pytest", "transformers"):
+    if importlib.util.find_spec(name.split(".")[0]) is not None:
+        importlib.import_module(name)
+endef
+export WARM_IMPORTS
 
 setup: $(VENV)/.installed-$(ALL_EXTRAS)
 
