@@ -43,13 +43,15 @@ $(VENV)/.installed-%: pyproject.toml
 	@$(PY) -c "import torch" & warm=$$!; \
 	{ test -x $(VENV)/bin/uv && $(VENV)/bin/uv pip install --quiet --no-cache --python $(PY) -e ".[$*]"; } \
 		|| $(PIP) -e ".[$*]"; status=$$?; wait $$warm; exit $$status
-	@$(PY) -m hilbert_lab.locality.warm & kernels=$$!; $(PY) -c "$$WARM_IMPORTS"; status=$$?; \
+	@$(PY) -m hilbert_lab.locality.warm curves locality & kernels=$$!; \
+	$(PY) -c "$$WARM_IMPORTS" && $(PY) -m hilbert_lab.locality.warm serialization; status=$$?; \
 		wait $$kernels || status=1; exit $$status
 	@touch $@
 
-# Set-up ends with two processes side by side: one compiles the Numba kernels into their on-disk cache
-# (hilbert_lab.locality.warm: half a minute of one core, once), the other imports what the test workers and report
-# kernels import, writing its bytecode once (the venv's packages are installed without it).
+# Set-up ends with two processes side by side (about 25 s each on 2 cores). They compile the Numba kernels into
+# their on-disk cache (hilbert_lab.locality.warm: 30 s of one core, once, instead of seconds in the first test or
+# report that calls each), and import what the test workers and report kernels import, writing its bytecode once
+# (the venv's packages are installed without it).
 define WARM_IMPORTS
 import importlib.util
 for name in ("torch", "numba", "hilbert_lab.attention.engine", "pandas", "plotly.graph_objects", "papermill",
