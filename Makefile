@@ -9,7 +9,8 @@ TORCH_CPU := torch==2.13.0
 # pip does not byte-compile every file it installs (most are never imported: a minute of CPU for the dev venv);
 # Python compiles a module on its first import and keeps the bytecode in the venv, so make lets it write
 # bytecode (PYTHONDONTWRITEBYTECODE, set on some images, is lifted for make's commands).
-PIP := $(PY) -m pip install -q --disable-pip-version-check --no-compile
+# The machine's pip installs into the venv (which is made without a pip of its own: ensurepip costs seconds).
+PIP := python3 -m pip --python $(PY) install -q --disable-pip-version-check --no-compile
 unexport PYTHONDONTWRITEBYTECODE
 
 # What each command installs. The quick tier needs the test tools and the reports extra (one notebook run, one
@@ -35,31 +36,16 @@ CHECK_COLLECTED := status=$$?; if [ $$status -eq 5 ]; then echo "pytest collecte
 # One stamp per set of extras: `make report` installs only what the reports need (no test tools, no Triton
 # interpreter, no transformers); `make test` adds the test tools, `make test-all` transformers, to the same venv.
 # torch comes from pip (this machine's pinned CPU build, which uv would not see), together with uv; uv then installs
-# the package and its extras (parallel downloads and unpacking: seconds, where pip takes half a minute) while
-# torch's bytecode is written on the other core. pip installs them where uv cannot.
+# the package, its extras and a pip for the venv (parallel downloads and unpacking: seconds, where pip takes half a
+# minute) while torch's bytecode is written on the other core. pip installs them where uv cannot.
 $(VENV)/.installed-%: pyproject.toml
-	@test -x $(PY) || python3 -m venv $(if $(HAS_GPU),--system-site-packages) $(VENV)
+	@test -x $(PY) || python3 -m venv --without-pip $(if $(HAS_GPU),--system-site-packages) $(VENV)
 	@if [ -z "$(HAS_GPU)" ]; then $(PIP) "$(TORCH_CPU)" uv; fi
 	@$(PY) -c "import torch" & warm=$$!; \
-	{ test -x $(VENV)/bin/uv && $(VENV)/bin/uv pip install --quiet --no-cache --python $(PY) -e ".[$*]"; } \
-		|| $(PIP) -e ".[$*]"; status=$$?; wait $$warm; exit $$status
-	@$(PY) -m hilbert_lab.locality.warm curves locality & kernels=$$!; \
-	$(PY) -c "$$WARM_IMPORTS" && $(PY) -m hilbert_lab.locality.warm serialization; status=$$?; \
-		wait $$kernels || status=1; exit $$status
+	{ test -x $(VENV)/bin/uv && $(VENV)/bin/uv pip install --quiet --no-cache --python $(PY) pip -e ".[$*]"; } \
+		|| $(PIP) pip -e ".[$*]"; status=$$?; wait $$warm; exit $$status
+	@$(PY) -c "import torch, numba, hilbert_lab.attention.engine"  # their bytecode, once, before the parallel workers
 	@touch $@
-
-# Set-up ends with two processes side by side (about 25 s each on 2 cores). They compile the Numba kernels into
-# their on-disk cache (hilbert_lab.locality.warm: 30 s of one core, once, instead of seconds in the first test or
-# report that calls each), and import what the test workers and report kernels import, writing its bytecode once
-# (the venv's packages are installed without it).
-define WARM_IMPORTS
-import importlib.util
-for name in ("torch", "numba", "hilbert_lab.attention.engine", "pandas", "plotly.graph_objects", "papermill",
-             "ipykernel.kernelapp", "nbconvert", "hilbert_lab.reports.runner", "pytest", "transformers"):
-    if importlib.util.find_spec(name.split(".")[0]) is not None:
-        importlib.import_module(name)
-endef
-export WARM_IMPORTS
 
 setup: $(VENV)/.installed-$(ALL_EXTRAS)
 

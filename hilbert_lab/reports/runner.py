@@ -127,8 +127,8 @@ def run_report(name: str, parameters: dict[str, Any] | None = None, *, output_ro
     env.json. A suite puts each part in a sub-directory and writes index.html (each part's headline, and the
     committed GPU runs rendered into gpu/) plus metrics.json (each part's metrics and the names of its tables
     and figures) and env.json, with one plotly.min.js for all its pages; a suite's overrides apply to every
-    part that has the parameter. A suite runs the parts that measure speed first, each alone, then the others
-    side by side (run_order, side_by_side).
+    part that has the parameter. A suite runs the parts that time nothing first, side by side, then those that
+    measure speed, each alone (run_order, side_by_side).
     """
     spec = get_report(name)
     overrides = dict(parameters or {})
@@ -200,9 +200,10 @@ def side_by_side() -> int:
 
 
 def run_order(parts: Sequence[str]) -> list[str]:
-    """The order a suite runs `parts` in: those that measure speed first (each alone), then the others."""
-    return ([part for part in parts if get_report(part).measures_speed]
-            + [part for part in parts if not get_report(part).measures_speed])
+    """The order a suite runs `parts` in: those that time nothing first, side by side (they also compile the Numba
+    kernels into their cache, which the others then load), then those that measure speed, each alone."""
+    return ([part for part in parts if not get_report(part).measures_speed]
+            + [part for part in parts if get_report(part).measures_speed])
 
 
 def _collect(running: dict[str, Future], finished: dict[str, dict[str, Any]]) -> None:

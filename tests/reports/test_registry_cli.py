@@ -121,11 +121,11 @@ def test_suite_layout_and_merged_metrics(monkeypatch, tmp_path):
     run_dir = runner.run_report("default", {"device": "cpu", "repeats": 2}, output_root=tmp_path, run_id="rid",
                                 progress=False)
     assert run_dir == tmp_path / "default" / "rid"
-    # each part gets only the overrides it has (locality has neither device nor repeats); the parts that measure
-    # speed run first, one at a time, the others after them (side by side: in any order)
-    assert seen[:2] == [("benchmark-small", {"device": "cpu", "repeats": 2}),
+    # each part gets only the overrides it has (locality has neither device nor repeats); the parts that time
+    # nothing run first (side by side: in any order), then those that measure speed, one at a time
+    assert sorted(seen[:3]) == [("locality", {}), ("serialization-small", {}), ("training", {})]
+    assert seen[3:] == [("benchmark-small", {"device": "cpu", "repeats": 2}),
                         ("claims-small", {"device": "cpu", "repeats": 2})]
-    assert sorted(seen[2:]) == [("locality", {}), ("serialization-small", {}), ("training", {})]
     merged = json.loads((run_dir / "metrics.json").read_text())
     assert list(merged["parts"]) == list(parts)  # the index keeps the suite's order
     assert [merged["parts"][name]["metrics"]["x"]["value"] for name in parts] == [1, 2, 3, 4, 5]
