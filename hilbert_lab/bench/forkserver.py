@@ -15,8 +15,10 @@ import importlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -35,6 +37,7 @@ class _Server:
 
 
 _SERVERS: dict[tuple[str, str], _Server] = {}
+_LOCK = threading.Lock()  # one case at a time per runner process: a server answers one request at a time
 
 
 def can_fork(env: dict[str, str]) -> bool:
@@ -96,7 +99,7 @@ def _server(base_env: dict[str, str]) -> _Server:
 def _kill_case(pid: int) -> None:
     for kill in (os.killpg, os.kill):  # its own group; the pid alone if it died before setsid
         try:
-            kill(pid, 9)
+            kill(pid, signal.SIGKILL)
             return
         except (ProcessLookupError, PermissionError):
             continue
@@ -106,6 +109,13 @@ def run_forked(in_path: str, out_path: str, err_path: str, *, base_env: dict[str
                timeout_s: float, preload: Sequence[str] = ()) -> tuple[int | None, bool]:
     """Run `python -m hilbert_lab.bench.worker in_path out_path` as a child of the server, output to `err_path`;
     (return code, timed out). OSError when no server can be had (the caller then spawns the case itself)."""
+    with _LOCK:
+        return _run_forked(in_path, out_path, err_path, base_env=base_env, env=env, timeout_s=timeout_s,
+                           preload=preload)
+
+
+def _run_forked(in_path: str, out_path: str, err_path: str, *, base_env: dict[str, str], env: dict[str, str],
+                timeout_s: float, preload: Sequence[str]) -> tuple[int | None, bool]:
     server = _server(base_env)
     request = {"in": in_path, "out": out_path, "err": err_path, "env": {**base_env, **env}, "cwd": os.getcwd(),
                "preload": list(preload)}

@@ -38,6 +38,7 @@ ks = [4, 8, 26]
 timing_grid = [1024, 1024]
 trained_results = {"GPU": "reports/results/serialization_h100.json", "CPU": "reports/results/serialization_cpu.json"}
 window_examples = [[32, "rowmajor", 64, 1], [32, "hilbert", 64, 1], [32, "morton", 64, 1], [32, "hilbert", 256, 4]]
+save_png = True  # also write the accuracy and recall figures as PNG files (kaleido: seconds each)
 output_dir = "."
 
 # %%
@@ -51,8 +52,9 @@ from hilbert_lab.reports.recorder import ReportRecorder
 from hilbert_lab.viz.serialization import accuracy_figure, locality_figure, windows_grid_figure
 
 parameters = dict(grids=grids, point_clouds=point_clouds, settings=settings, orderings=orderings, ks=ks,
-                  timing_grid=timing_grid, trained_results=trained_results, window_examples=window_examples)
-recorder = ReportRecorder(output_dir, "serialization", parameters)
+                  timing_grid=timing_grid, trained_results=trained_results, window_examples=window_examples,
+                  save_png=save_png)
+recorder = ReportRecorder(output_dir, "serialization", parameters, png=save_png)
 datasets = {" x ".join(map(str, shape)): tuple(shape) for shape in grids}
 for name, count in point_clouds.items():
     dims = 3 if "3D" in name else 2

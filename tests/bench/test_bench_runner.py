@@ -152,13 +152,16 @@ def _wait_for(proc: subprocess.Popen, what: str, condition) -> None:
 
 
 def _case_workers(pid: int) -> list:
-    """The case processes (hilbert_lab.bench.worker) that the run with this pid has started and not yet reaped."""
+    """The case processes that the run with this pid has started and not yet reaped: interpreters running
+    hilbert_lab.bench.worker, and children forked by its fork server (hilbert_lab.bench.forkserver)."""
     import psutil
 
     workers = []
     for child in psutil.Process(pid).children(recursive=True):
         try:
-            if "hilbert_lab.bench.worker" in child.cmdline():
+            parent = child.parent()
+            forked = parent is not None and "hilbert_lab.bench.forkserver" in parent.cmdline()
+            if forked or "hilbert_lab.bench.worker" in child.cmdline():
                 workers.append(child)
         except psutil.Error:  # exited meanwhile
             pass
