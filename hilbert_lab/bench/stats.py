@@ -1,7 +1,8 @@
 """Timing statistics: bootstrap medians, ratio intervals and verdicts (the samples come from `bench.timing`).
 
 Every timing comparison the reports print goes through `compare` (or `ratio_ci` + `verdict`): a ratio
-is never shown without its 95% interval, and an interval that contains 1 reads "no difference".
+is never shown without its 95% interval; an interval that contains 1 reads "no difference", and `settled` says
+whether it is narrow enough (within NO_DIFFERENCE_MARGIN of 1) to say so.
 """
 from __future__ import annotations
 

@@ -104,21 +104,26 @@ def _backend_finding(ok: list[dict[str, Any]]) -> str | None:
 
 
 def unsettled(metrics: dict[str, Any], table: Any) -> dict[tuple[Any, ...], str]:
-    """{(backend, seq_len, ordering): why} of the interleaved comparisons this run could not settle: an interval
-    that still spans 1 by more than the margin after its last round (bench.stats.settled), or a verdict that the same
-    cases timed in separate processes contradict (one says slower or faster, the other something else)."""
+    """{(backend, seq_len, ordering): why} of the comparisons this run could not settle: an interval that still spans
+    1 by more than the margin after its last round (bench.stats.settled), or, for an interleaved comparison, a verdict
+    that the same cases timed in separate processes contradict (one says slower or faster, the other something
+    else)."""
     from hilbert_lab.bench.stats import NO_DIFFERENCE_MARGIN, compare
 
-    if not len(table) or table["timing"].iloc[0] != "interleaved":
+    if not len(table):
         return {}
+    interleaved = table["timing"].iloc[0] == "interleaved"
+    out = {(row.backend, row.seq_len, row.ordering): (f"its interval still spans 1 by more than "
+                                                      f"{100 * NO_DIFFERENCE_MARGIN:.0f}% after {int(row.samples)} "
+                                                      f"{'rounds' if interleaved else 'repeats'}")
+           for row in table.itertuples() if getattr(row, "settled", True) is False}
+    if not interleaved:
+        return out
     cases = {(r["backend"], r["seq_len"], r["ordering"]): r for r in _rows(metrics, "results")
              if r.get("status") == "ok" and r.get("times_ms") and r.get("pass", "forward") == "forward"}
-    out = {}
     for row in table.itertuples():
         key = (row.backend, row.seq_len, row.ordering)
-        if getattr(row, "settled", True) is False:
-            out[key] = (f"its interval still spans 1 by more than {100 * NO_DIFFERENCE_MARGIN:.0f}% after "
-                        f"{int(row.samples)} rounds")
+        if key in out:
             continue
         ordered, identity = cases.get(key), cases.get((row.backend, row.seq_len, "identity"))
         if ordered and identity:
@@ -332,7 +337,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
              f"{parameters.get('dtype')}) timed at {', '.join(f'{n:,}' for n in lengths)} tokens, backends "
              f"{', '.join(sorted({row['backend'] for row in results}))}, orderings "
              f"{', '.join(sorted({ordering_name(row['ordering']) for row in results}))}; {len(ok)} of {len(results)} cases finished. "
-             "Times are medians with 95% bootstrap intervals; a ratio whose interval contains 1 reads 'no difference'.")
+             "Times are medians with 95% bootstrap intervals; a ratio whose interval lies within 5% of 1 reads 'no "
+             "difference', and one whose interval still spans 1 more widely after its last round 'not settled'.")
     page = Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
                 sections=sections, notes=[] if gpu else [CPU_TIMING_NOTE])
     return older_code_page(page, older_code(env.get("git")) if gpu else "")

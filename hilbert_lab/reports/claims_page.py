@@ -96,5 +96,5 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     headline = (f"{len(groups['hold'])} of {len(order)} claims hold, {len(groups['fail'])} refuted, "
                 f"{len(groups['part'])} in part, {len(groups['open'])} not settled on {device}.")
     page = Page(title="Claims: the predecessor's results re-measured", findings=findings, about=summary,
-                headline=headline, sections=head + sections, notes=[] if gpu else [CPU_TIMING_NOTE])
+                headline=headline, sections=head + sections, notes=[] if gpu else [CPU_TIMING_NOTE + " An interval containing 1 reads 'no difference'."])
     return older_code_page(page, older_code(env.get("git")) if gpu else "")

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from hilbert_lab.reports.provenance import env_source
 
 CPU_TIMING_NOTE = ("Absolute CPU timings on a shared 2-core machine are indicative only; comparisons use "
-                   "medians with 95% bootstrap intervals, and an interval containing 1 reads 'no difference'.")
+                   "medians with 95% bootstrap intervals.")
 MAX_FINDINGS = 5
 # the smallest peak-memory difference a page reads as a difference: a CPU peak is an RSS reading, and the same
 # case differs by several MiB between processes and runs (allocator arenas, pages); a CUDA peak

@@ -157,3 +157,14 @@ def test_page_figures_are_drawn_with_the_page_template():
                                        re.S).group(2))
         assert payload["template"] == json.loads(json.dumps(expected)), payload.get("template", {}).keys()
         assert payload["template"]["layout"]["plot_bgcolor"] == "white"
+
+
+def test_separate_runs_with_a_wide_interval_are_not_settled():
+    rng = np.random.default_rng(1)
+    metrics = _ab_metrics(rng.lognormal(0, 0.3, 21), rng.lognormal(0, 0.3, 21))
+    del metrics["tables"]["ordering_ab"]  # an older run: only the cases timed in separate processes
+    table = benchmark.comparisons(metrics)
+    assert table.iloc[0].timing == "separate runs" and not table.iloc[0].settled
+    page = benchmark_page.render(metrics, CPU_ENV)
+    assert any("not settled in 1 of 1" in finding and "after 21 repeats" in finding for finding in page.findings)
+    assert "within 5% of 1 reads 'no difference'" in page.about
