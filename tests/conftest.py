@@ -109,8 +109,10 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
 
     def long_first(item) -> int:
+        """Long work first: slow and browser tests outside groups, and the numba group (the longest stretch one
+        worker must run alone: started first, the other worker takes everything else beside it)."""
         long = item.get_closest_marker("slow") or item.get_closest_marker("browser")
-        return 0 if long and not groups[item.nodeid] else 1
+        return 0 if (long and not groups[item.nodeid]) or groups[item.nodeid] == "numba-kernels" else 1
 
     items.sort(key=long_first)  # stable: the collection order otherwise
 

@@ -334,6 +334,7 @@ def test_estimate_json_carries_the_breakdown(capsys):
         assert len(row["breakdown"][name]) > 1, row["breakdown"]
 
 
+@pytest.mark.slow  # two isolated cases with every allocation an mmap: 8 s here
 def test_the_eager_estimate_matches_the_cpu_allocation_peak_where_the_second_chunk_is_smaller():
     """bfloat16 longnet at N = 4096 (B 2, H 12, D 64): the first branch's 32 blocks of 256 run in chunks of 21
     and 11 blocks, so the first chunk's score tensors set the peak (no second chunk as large beside a

@@ -41,6 +41,7 @@ def _process_case_module(folder) -> None:
         "            'preloaded': 'json.tool' in sys.modules}\n")
 
 
+@pytest.mark.slow  # a fork server, a timed-out case and a spawned interpreter: 12 s here
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="cases are forked on Linux only")
 def test_forked_cases_are_fresh_processes_with_their_environment(tmp_path, monkeypatch):
     _process_case_module(tmp_path)

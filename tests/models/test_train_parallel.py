@@ -185,6 +185,7 @@ FLAGS = ["--seq-len", "64", "--context-length", "48", "--segment-lengths", "8,16
          "--backend", "manual", "--eval-every", "2", "--quiet", "--json"]
 
 
+@pytest.mark.slow  # four interpreters (one process, torchrun and its two ranks): 30 s here
 @pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
 def test_the_train_command_under_torchrun_gives_the_one_process_result(tmp_path):
     import subprocess
@@ -205,7 +206,14 @@ def test_the_train_command_under_torchrun_gives_the_one_process_result(tmp_path)
     got = json.loads(lines[0])["final_eval"]
     assert got["count"] == want["count"] and abs(got["loss"] - want["loss"]) < 1e-10
     assert (tmp_path / "two" / "checkpoint.pt").is_file() and list((tmp_path / "two").glob("checkpoint-step2.dcp"))
-    # without torchrun: exit 2 and one line saying how to launch it
+
+
+def test_the_train_command_without_torchrun_exits_2_saying_how_to_launch_it(tmp_path):
+    import subprocess
+    import sys
+
     bare = subprocess.run([sys.executable, "-m", "hilbert_lab.cli", "train", "--out", str(tmp_path / "bare"), *FLAGS,
-                           "--data-parallel", "2"], capture_output=True, text=True, env=env, timeout=300)
+                           "--data-parallel", "2"], capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert bare.returncode == 2 and bare.stderr.count("\n") == 1 and "torchrun --nproc-per-node 2" in bare.stderr
+    assert not (tmp_path / "bare").exists()
