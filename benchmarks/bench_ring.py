@@ -1,5 +1,6 @@
 """Ring dilated attention on 1, 2, 4 or 8 GPUs (NCCL): correctness, tokens/s per GPU, hidden communication,
-causal layouts, PyTorch's context parallelism on dense causal attention, longest sequence.
+causal layouts, PyTorch's context parallelism on dense causal attention, the ring against head-parallel
+(Ulysses) and hybrid context parallelism, longest sequence.
 
 Run once per GPU count with the same arguments, passing the 1-GPU JSON as --baseline to the others:
 
@@ -7,8 +8,14 @@ Run once per GPU count with the same arguments, passing the 1-GPU JSON as --base
     torchrun --nproc_per_node=1 benchmarks/bench_ring.py --out reports/results/ring_1gpu.json
     torchrun --nproc_per_node=2 benchmarks/bench_ring.py --out reports/results/ring_2gpu.json \
         --baseline reports/results/ring_1gpu.json
-CPU smoke run (gloo, tiny):
+CPU smoke run (gloo; --smoke shrinks every size: H 4, D 16, N 1024 / 2048, segments 64 / 256, one iteration,
+two rounds; no context_parallel section); --nproc_per_node=4 also runs the hybrid mode:
     torchrun --nproc_per_node=2 benchmarks/bench_ring.py --smoke --out /tmp/ring_smoke.json
+
+Modes (hilbert_lab.bench.parallel_modes): "ring" (ring_dilated_attention), "ulysses" (head-parallel:
+ulysses_dilated_attention, H divisible by P) and "hybrid" (hybrid_dilated_attention on a mesh of ring 2 x
+ulysses P/2: an even P >= 4, H divisible by P/2; on 2 ranks a 2 x 1 or 1 x 2 mesh is the ring or ulysses
+itself, so it is skipped). A mode that cannot run on this world is recorded with its reason, never run.
 
 Sections of the JSON (rank 0 rewrites it after every measurement, so a crash keeps what was done):
 - correctness: N = --check-len, bf16, per config; also the spanning one causal on zigzag shards, alone and
@@ -16,7 +23,11 @@ Sections of the JSON (rank 0 rewrites it after every measurement, so a crash kee
   documents crossing shard borders. Each rank runs the single-GPU engine on the whole
   sequence (bf16, and float32 as the yardstick) and compares its shard of the ring output and of
   dq/dk/dv (same random upstream gradient). Pass when the ring's error against float32 is at most twice
-  the single-GPU bf16 error against float32 plus 1e-3 (ring and single GPU round differently).
+  the single-GPU bf16 error against float32 plus 1e-3 (ring and single GPU round differently). Every row
+  names its mode in `parallel`; the ring's rows are keyed by check, those of the other modes (P > 1 only: on
+  one rank every mode is the engine) "ulysses_<check>" and "hybrid_<check>" (same checks, rule and fields,
+  "ring_vs_*" then meaning that mode's result; hybrid rows add `mesh` [R, U]). A skipped mode is one entry
+  keyed by its name: {"parallel", "skipped": reason}.
 - throughput: per config and N in --seq-lens, median fwd+bwd seconds over --iters after one warm-up
   (host wall time of a step that starts with a barrier and ends with a device sync; the slowest rank's
   median), tokens/s per GPU = N / seconds / P, bytes sent per rank, and on P > 1 the hidden share of the
@@ -35,6 +46,13 @@ Sections of the JSON (rank 0 rewrites it after every measurement, so a crash kee
   our ring (zigzag and contiguous) against torch.distributed.tensor.experimental.context_parallel (ring
   SDPA, its default head-tail load balance; cuDNN and flash kernels, both rotate methods), interleaved
   rounds, medians with bootstrap intervals; on 1 GPU the same attention by SDPA (cuDNN) for reference.
+- parallel_modes (P > 1): per config "longnet" and "spanning" at --modes-len tokens (default: the largest of
+  --seq-lens divisible by 2P), fwd+bwd of each mode on the same shards (non-causal, so contiguous shards, as
+  in the throughput section), interleaved rounds as causal_layouts: per mode
+  median_ms, ci_ms, samples_ms, speed_vs_ring (time(ring) / time(mode), > 1: the mode is faster, with its
+  bootstrap interval and verdict; not on the ring itself), bytes_sent_max_rank (one step's sends: ring
+  steps and all-to-alls, as comm.STATS counts them), and hybrid's mesh [R, U]; besides the modes: seq_len,
+  segment_lengths, dilation_rates, causal, layout, heads, and `skipped` {mode: reason}.
 - longest: per config, the longest N whose fwd+bwd runs: doubling from --max-start, then bisection in
   steps of the granularity every shard needs (all ranks agree by an all-reduce on an OOM).
 - ratios (with --baseline): tokens/s per GPU over the baseline's, longest N over the baseline's.
@@ -60,11 +78,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.attention.engine import dilated_attention  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.parallel_modes import (  # noqa: E402
+    MODES, default_seq_len, hybrid_mesh_shape, placement, ring_layout, sent_bytes, skip_reason,
+)
 from hilbert_lab.bench.stats import bootstrap_median_ci, ratio_ci, verdict  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
 from hilbert_lab.distributed import comm, ring  # noqa: E402
 from hilbert_lab.distributed.ring import ring_dilated_attention  # noqa: E402
-from hilbert_lab.distributed.sharding import shard_positions  # noqa: E402
 
 
 def _environment(device: torch.device) -> dict:
@@ -114,12 +134,13 @@ def _max_over_ranks(values: list[float], device) -> list[float]:
 
 
 def correctness(args, device, segment_lengths, dilation_rates, causal=False, layout="contiguous", *,
-                kv_heads: int | None = None, packed: bool = False) -> dict:
-    """Ring (bf16) vs single-GPU engine (bf16 and float32) on --check-len tokens; max abs errors. kv_heads:
-    k and v with that many heads (grouped-query); packed: documents of uneven lengths crossing shard borders."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+                kv_heads: int | None = None, packed: bool = False, parallel: str = "ring") -> dict:
+    """Ring (or the mode `parallel`; bf16) vs single-GPU engine (bf16 and float32) on --check-len tokens; max
+    abs errors. kv_heads: k and v with that many heads (grouped-query); packed: documents of uneven lengths
+    crossing shard borders."""
     seq_len = args.check_len
-    pos = shard_positions(rank, world, seq_len, layout).to(device)
+    place = placement(parallel, seq_len, layout, device)
+    pos = place.positions.to(device)
     kwargs = dict(segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=causal, mode=args.mode)
     bounds = [0, seq_len // 3 + 5, seq_len // 3 + 7, seq_len // 2 + 17, seq_len - 9, seq_len] if packed else None
     if bounds is not None:
@@ -141,7 +162,7 @@ def correctness(args, device, segment_lengths, dilation_rates, causal=False, lay
         del leaves, out
     q, k, v, grad = draw(args.dtype)
     local = [t[:, pos].clone().requires_grad_(True) for t in (q, k, v)]
-    out = ring_dilated_attention(*local, **kwargs, layout=layout)
+    out = place.call(*local, **kwargs)
     out.backward(grad[:, pos])
     ring_values = [out.detach().float()] + [t.grad.float() for t in local]
     names = ("out", "dq", "dk", "dv")
@@ -151,15 +172,18 @@ def correctness(args, device, segment_lengths, dilation_rates, causal=False, lay
     report = {name: {"ring_vs_single": row[0], "ring_vs_fp32": row[1], "single_vs_fp32": row[2]}
               for name, row in zip(names, stats.tolist())}
     passed = all(r["ring_vs_fp32"] <= 2 * r["single_vs_fp32"] + 1e-3 for r in report.values())
-    return {"seq_len": seq_len, "dtype": str(args.dtype), "causal": causal, "layout": layout, "kv_heads": kv_heads,
-            "cu_seqlens": bounds, "max_abs_error": report, "pass": passed}
+    mesh = {} if place.mesh is None else {"mesh": list(place.mesh)}
+    return {"parallel": parallel, **mesh, "seq_len": seq_len, "dtype": str(args.dtype), "causal": causal,
+            "layout": layout, "kv_heads": kv_heads, "cu_seqlens": bounds, "max_abs_error": report, "pass": passed}
 
 
-def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=False, layout="contiguous"):
-    """A fwd+bwd step on this rank's shard (barrier first, device sync last), and a reset. The shard's
-    values are drawn directly (seeded by rank): nothing of the whole sequence is held, so the longest run
-    measures the ring's memory, not the benchmark's."""
+def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=False, layout="contiguous",
+               parallel="ring"):
+    """A fwd+bwd step on this rank's shard (barrier first, device sync last), and a reset; parallel: the mode
+    (MODES). The shard's values are drawn directly (seeded by rank): nothing of the whole sequence is held, so
+    the longest run measures the ring's memory, not the benchmark's."""
     world = dist.get_world_size()
+    call = placement(parallel, seq_len, layout, device).call
     gen = torch.Generator(device=device).manual_seed(100 + dist.get_rank())
     q, k, v, grad = (torch.randn(1, seq_len // world, args.heads, args.head_dim, generator=gen, device=device,
                                  dtype=args.dtype) for _ in range(4))
@@ -167,8 +191,8 @@ def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=Fa
 
     def step() -> None:
         dist.barrier()
-        out = ring_dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                     causal=causal, mode=args.mode, layout=layout)
+        out = call(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=causal,
+                   mode=args.mode)
         out.backward(grad)
         _sync(device)
         q.grad = k.grad = v.grad = None
@@ -271,6 +295,25 @@ def causal_layouts(args, device, segment_lengths, dilation_rates) -> dict:
     variants = {layout: (lambda s=step: contextlib.nullcontext(s)) for layout, step in steps.items()}
     result = _summary(_interleaved(variants, args.rounds, device), baseline="contiguous")
     return {"seq_len": seq_len, "segment_lengths": segment_lengths, "dilation_rates": dilation_rates, **result}
+
+
+def compare_modes(args, device, seq_len, segment_lengths, dilation_rates) -> dict:
+    """One config: fwd+bwd of every mode that runs on this world (interleaved, the ring as reference), with the
+    bytes each sends per rank (max over ranks); the others under `skipped` with their reason."""
+    world, causal = dist.get_world_size(), False  # non-causal, as the throughput section
+    layout = ring_layout(causal)
+    skipped = {mode: reason for mode in MODES if (reason := skip_reason(mode, world, args.heads))}
+    steps = {mode: _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal, layout, mode)
+             for mode in MODES if mode not in skipped}
+    sent = {mode: _max_over_ranks([float(sent_bytes(step))], device)[0] for mode, step in steps.items()}
+    variants = {mode: (lambda s=step: contextlib.nullcontext(s)) for mode, step in steps.items()}
+    result = _summary(_interleaved(variants, args.rounds, device), baseline="ring")
+    for mode in steps:
+        result[mode]["bytes_sent_max_rank"] = int(sent[mode])
+    if "hybrid" in steps:
+        result["hybrid"]["mesh"] = list(hybrid_mesh_shape(world))
+    return {"seq_len": seq_len, "segment_lengths": segment_lengths, "dilation_rates": dilation_rates,
+            "causal": causal, "layout": layout, "heads": args.heads, "skipped": skipped, **result}
 
 
 def overhead(args, device, seq_len, segment_lengths, dilation_rates) -> dict:
@@ -434,23 +477,31 @@ def _int_list(text: str) -> list[int]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", required=True, help="JSON file to write (rank 0, after every measurement)")
     parser.add_argument("--baseline", default=None, help="JSON of the same run on 1 GPU, for the ratios")
-    parser.add_argument("--heads", type=int, default=12)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--segment-lengths", type=_int_list, default=[2048, 8192, 32768, 131072])
-    parser.add_argument("--dilation-rates", type=_int_list, default=[1, 2, 4, 8])
-    parser.add_argument("--spanning-dilation", type=int, default=16)
-    parser.add_argument("--mode", choices=("longnet", "head_groups"), default="longnet")
-    parser.add_argument("--seq-lens", type=_int_list, default=[524288, 1048576])
-    parser.add_argument("--check-len", type=int, default=32768)
-    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--heads", type=int, default=12, help="query heads H (ulysses needs H %% P == 0)")
+    parser.add_argument("--head-dim", type=int, default=64, help="head dimension D")
+    parser.add_argument("--segment-lengths", type=_int_list, default=[2048, 8192, 32768, 131072],
+                        help="segment lengths of the longnet config (comma-separated)")
+    parser.add_argument("--dilation-rates", type=_int_list, default=[1, 2, 4, 8],
+                        help="dilation rates of the longnet config, one per segment length")
+    parser.add_argument("--spanning-dilation", type=int, default=16,
+                        help="dilation of the spanning config's whole-sequence branch")
+    parser.add_argument("--mode", choices=("longnet", "head_groups"), default="longnet",
+                        help="how the branches share the heads (DilatedPattern mode)")
+    parser.add_argument("--seq-lens", type=_int_list, default=[524288, 1048576],
+                        help="sequence lengths N of the throughput and overhead sections")
+    parser.add_argument("--check-len", type=int, default=32768, help="sequence length of the correctness section")
+    parser.add_argument("--iters", type=int, default=5, help="timed fwd+bwd steps per measurement (throughput)")
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds of the A/B sections")
-    parser.add_argument("--layout-len", type=int, default=524288)
-    parser.add_argument("--cp-len", type=int, default=131072)
-    parser.add_argument("--max-start", type=int, default=1 << 20)
-    parser.add_argument("--max-limit", type=int, default=1 << 25)
-    parser.add_argument("--sections", default="correctness,throughput,layouts,context_parallel,longest",
+    parser.add_argument("--layout-len", type=int, default=524288, help="sequence length of the causal_layouts section")
+    parser.add_argument("--cp-len", type=int, default=131072, help="sequence length of the context_parallel section")
+    parser.add_argument("--modes-len", type=int, default=None,
+                        help="sequence length of the parallel_modes section (default: the largest of --seq-lens "
+                             "divisible by 2P)")
+    parser.add_argument("--max-start", type=int, default=1 << 20, help="first N of the longest section's doubling")
+    parser.add_argument("--max-limit", type=int, default=1 << 25, help="largest N the longest section tries")
+    parser.add_argument("--sections", default="correctness,throughput,layouts,context_parallel,parallel_modes,longest",
                         help="comma-separated sections to run (also: overhead)")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU sizes (float32) to check the script runs")
     args = parser.parse_args()
@@ -462,7 +513,7 @@ def main() -> int:
     device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     args.dtype = torch.bfloat16 if cuda else torch.float32
     if args.smoke:
-        args.heads, args.head_dim, args.iters, args.rounds, args.check_len = 2, 16, 1, 2, 1024
+        args.heads, args.head_dim, args.iters, args.rounds, args.check_len = 4, 16, 1, 2, 1024
         args.segment_lengths, args.dilation_rates, args.seq_lens = [64, 256], [1, 2], [1024, 2048]
         args.max_start, args.max_limit, args.layout_len, args.cp_len = 1024, 4096, 2048, 1024
         sections.discard("context_parallel")  # needs CUDA SDPA kernels
@@ -479,14 +530,21 @@ def main() -> int:
     try:
         configs = _configs(args)
         if "correctness" in sections:
-            report["correctness"] = {name: correctness(args, device, *cfg) for name, cfg in configs.items()}
-            report["correctness"]["spanning_causal_zigzag"] = correctness(args, device, *configs["spanning"],
-                                                                          causal=True, layout="zigzag")
-            report["correctness"]["gqa_causal_zigzag"] = correctness(args, device, *configs["spanning"], causal=True,
-                                                                     layout="zigzag", kv_heads=max(1, args.heads // 4))
-            report["correctness"]["packed_causal_zigzag"] = correctness(args, device, *configs["longnet"], causal=True,
-                                                                        layout="zigzag", packed=True)
-            save()
+            zigzag = dict(causal=True, layout="zigzag")
+            checks = [(name, cfg, {}) for name, cfg in configs.items()] + [
+                ("spanning_causal_zigzag", configs["spanning"], zigzag),
+                ("gqa_causal_zigzag", configs["spanning"], {**zigzag, "kv_heads": max(1, args.heads // 4)}),
+                ("packed_causal_zigzag", configs["longnet"], {**zigzag, "packed": True})]
+            report["correctness"] = {}
+            for parallel in MODES:
+                reason = skip_reason(parallel, world, args.heads)
+                if reason is not None:
+                    report["correctness"][parallel] = {"parallel": parallel, "skipped": reason}
+                    continue
+                for name, cfg, options in checks:
+                    key = name if parallel == "ring" else f"{parallel}_{name}"
+                    report["correctness"][key] = correctness(args, device, *cfg, **options, parallel=parallel)
+                save()
         if "throughput" in sections:
             bandwidth = p2p_bandwidth(device)
             report["p2p_bandwidth_bytes_per_s"] = bandwidth
@@ -506,6 +564,15 @@ def main() -> int:
             report["context_parallel"] = (context_parallel_anchor(args, device) if world > 1
                                           else single_gpu_dense_causal(args, device))
             save()
+        if "parallel_modes" in sections and world > 1:
+            modes_len = args.modes_len or default_seq_len(args.seq_lens, world)
+            if modes_len is None:
+                report["parallel_modes"] = {"skipped": f"no --seq-lens divisible by 2P = {2 * world}: pass --modes-len"}
+            else:
+                report["parallel_modes"] = {}
+                for name in ("longnet", "spanning"):
+                    report["parallel_modes"][name] = compare_modes(args, device, modes_len, *configs[name])
+                    save()
         if "longest" in sections:
             report["longest"] = {}
             for name, cfg in configs.items():

@@ -14,17 +14,23 @@ import datetime
 import functools
 import hashlib
 import math
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.distributed as dist
 
 from hilbert_lab.distributed.comm import wait_bounded
 
+if TYPE_CHECKING:
+    from hilbert_lab.attention.executors import Executor
+    from hilbert_lab.attention.pattern import DilatedPattern
+
 FIELDS = ("segment_lengths", "dilation_rates", "mode", "causal", "dtype", "scale", "shard shape", "layout",
           "ring_size", "backend", "cu_seqlens", "global_heads")
 PER_RING = ("cu_seqlens",)  # compared among the ranks of one ring only (each ring holds its own sequence)
 _VALUE_BYTES = 64  # each field's value travels as text (truncated) so that the error can show every rank's
 _ERROR_BYTES = 512  # the first bytes of a rank's own input error
+_ABSENT: Any = object()  # a field configuration_fields leaves out (the caller does not agree on it)
 
 
 def describe(value) -> str:
@@ -53,6 +59,37 @@ def describe_documents(cu_seqlens, documents, error: Exception | None) -> str:
         return "not checked"
     bounds = [0] + [start + length for start, length in documents]
     return f"{len(bounds)} entries, digest {_digest(repr(bounds)) & (2**64 - 1):016x}: {bounds}"
+
+
+def configuration_fields(q: Any, k: Any, pattern: DilatedPattern | None, *, segment_lengths: Sequence[int],
+                         dilation_rates: Sequence[int], mode: str, causal: bool, scale: Any, layout: str,
+                         backend: str | Executor, cu_seqlens: torch.Tensor | None,
+                         documents: tuple[tuple[int, int], ...] | None, error: Exception | None,
+                         placement: dict[str, str] | None = None, resolved: Executor | None = None,
+                         return_lse: Any = _ABSENT, global_heads: Any = _ABSENT) -> dict[str, str]:
+    """The fields every rank must agree on (agree_on_configuration), in the order they are compared: the pattern
+    (`pattern`'s values once it is valid, else the raw arguments), dtype, scale (resolved), shard shape, layout,
+    then `placement` (e.g. {"ring_size": ...} or {"mesh": ...}), backend (`resolved`'s name and device type
+    where an executor was resolved), return_lse if given, cu_seqlens, global_heads if given."""
+    fields = {
+        "segment_lengths": describe(pattern.segment_lengths if pattern is not None else segment_lengths),
+        "dilation_rates": describe(pattern.dilation_rates if pattern is not None else dilation_rates),
+        "mode": describe(pattern.mode if pattern is not None else mode),
+        "causal": describe(pattern.causal if pattern is not None else causal),
+        "dtype": str(getattr(q, "dtype", type(q).__name__)),
+        "scale": describe(scale),
+        "shard shape": describe_shapes(q, k),
+        "layout": describe(layout),
+        **(placement or {}),
+        "backend": (f"{resolved.name} on {q.device.type}" if resolved is not None else
+                    describe(getattr(backend, "name", backend))),
+    }
+    if return_lse is not _ABSENT:
+        fields["return_lse"] = describe(return_lse)
+    fields["cu_seqlens"] = describe_documents(cu_seqlens, documents, error)
+    if global_heads is not _ABSENT:
+        fields["global_heads"] = describe(global_heads)
+    return fields
 
 
 def _text_row(text: str, size: int) -> list[int]:
@@ -136,10 +173,10 @@ def _mismatches(table: torch.Tensor, ranks: list[int], names: tuple[str, ...]) -
 def agree_on_configuration(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
                            timeout_s: float, ring: int = 0, *, caller: str = "ring_dilated_attention",
                            members: str = "ring") -> None:
-    """Raise on every rank of `group` unless all ranks hold equal `fields` (the ring's: every name of FIELDS;
-    another caller's: its own names, in one order on every rank; those of PER_RING equal among the ranks of
-    one `ring`, e.g. its first global rank) and none rejected its inputs (`error`); see the module docstring.
-    caller / members: the function and the ranks ("ring", "group") the errors name."""
+    """Raise on every rank of `group` unless all ranks hold equal `fields` (built by configuration_fields; the
+    ring's: every name of FIELDS; another caller's: its own names, in one order on every rank; those of PER_RING
+    equal among the ranks of one `ring`, e.g. its first global rank) and none rejected its inputs (`error`); see
+    the module docstring. caller / members: the function and the ranks ("ring", "group") the errors name."""
     names = tuple(fields)
     row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
     row += _fields_row(tuple(fields[name] for name in names)) + [int(ring)]

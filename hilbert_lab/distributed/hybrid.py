@@ -21,7 +21,7 @@ import torch.distributed as dist
 from hilbert_lab.attention.executors import Executor
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.validation import validate_attention_inputs, validate_cu_seqlens
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents, describe_shapes
+from hilbert_lab.distributed.agreement import agree_on_configuration, configuration_fields
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, resolve_timeout
 from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible, shard_positions
@@ -99,20 +99,10 @@ def hybrid_dilated_attention(
         documents = validate_cu_seqlens(cu_seqlens, q, seq_len=seq_len)
     except (ValueError, TypeError) as exc:
         error = exc
-    fields = {
-        "segment_lengths": describe(pattern.segment_lengths if pattern is not None else segment_lengths),
-        "dilation_rates": describe(pattern.dilation_rates if pattern is not None else dilation_rates),
-        "mode": describe(pattern.mode if pattern is not None else mode),
-        "causal": describe(pattern.causal if pattern is not None else causal),
-        "dtype": str(getattr(q, "dtype", type(q).__name__)),
-        "scale": describe(resolved_scale),
-        "shard shape": describe_shapes(q, k),
-        "layout": describe(layout),
-        "mesh": f"ring {ring_degree} x ulysses {degree}",
-        "backend": describe(getattr(backend, "name", backend)),
-        "return_lse": describe(return_lse),
-        "cu_seqlens": describe_documents(cu_seqlens, documents, error),
-    }
+    fields = configuration_fields(
+        q, k, pattern, segment_lengths=segment_lengths, dilation_rates=dilation_rates, mode=mode, causal=causal,
+        scale=resolved_scale, layout=layout, backend=backend, cu_seqlens=cu_seqlens, documents=documents, error=error,
+        placement={"mesh": f"ring {ring_degree} x ulysses {degree}"}, return_lse=return_lse)
     for group in (ulysses_group, ring_group):  # the second carries the first's error to the whole mesh
         try:
             agree_on_configuration(fields, error, group, timeout, caller="hybrid_dilated_attention", members="mesh")

@@ -37,7 +37,7 @@ from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.validation import (
     kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
 )
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents, describe_shapes
+from hilbert_lab.distributed.agreement import agree_on_configuration, configuration_fields, describe
 from hilbert_lab.distributed.branches import RingBranch, RingLayout, plan_branches
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, RingComm, resolve_timeout
 from hilbert_lab.distributed.documents import split_documents
@@ -210,21 +210,11 @@ def ring_dilated_attention(
         error = exc
     if check_config is not False and dist.get_world_size(group) > 1:
         resolved = step or local
-        fields = {
-            "segment_lengths": describe(pattern.segment_lengths if pattern is not None else segment_lengths),
-            "dilation_rates": describe(pattern.dilation_rates if pattern is not None else dilation_rates),
-            "mode": describe(pattern.mode if pattern is not None else mode),
-            "causal": describe(pattern.causal if pattern is not None else causal),
-            "dtype": str(getattr(q, "dtype", type(q).__name__)),
-            "scale": describe(resolved_scale),
-            "shard shape": describe_shapes(q, k),
-            "layout": describe(layout),
-            "ring_size": str(len(members)) if members is not None else describe(ring_size),
-            "backend": (f"{resolved.name} on {q.device.type}" if resolved is not None else
-                        describe(getattr(backend, "name", backend))),
-            "cu_seqlens": describe_documents(cu_seqlens, documents, error),
-            "global_heads": describe(global_heads),
-        }
+        fields = configuration_fields(
+            q, k, pattern, segment_lengths=segment_lengths, dilation_rates=dilation_rates, mode=mode, causal=causal,
+            scale=resolved_scale, layout=layout, backend=backend, cu_seqlens=cu_seqlens, documents=documents,
+            error=error, placement={"ring_size": str(len(members)) if members is not None else describe(ring_size)},
+            resolved=resolved, global_heads=global_heads)
         agree_on_configuration(fields, error, group, timeout, ring=-1 if members is None else members[0])
     if error is not None:
         raise error

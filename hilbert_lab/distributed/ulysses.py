@@ -23,7 +23,7 @@ from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.executors import Executor
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.validation import validate_attention_inputs, validate_cu_seqlens
-from hilbert_lab.distributed.agreement import agree_on_configuration, describe, describe_documents, describe_shapes
+from hilbert_lab.distributed.agreement import agree_on_configuration, configuration_fields
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, resolve_timeout
 from hilbert_lab.distributed.exchange import HeadExchange, heads_to_sequence, kv_heads_per_rank, sequence_to_heads
 from hilbert_lab.distributed.sharding import LAYOUTS, check_divisible
@@ -109,19 +109,10 @@ def ulysses_dilated_attention(
     except (ValueError, TypeError) as exc:
         error = exc
     if check_config and world > 1:
-        fields = {
-            "segment_lengths": describe(pattern.segment_lengths if pattern is not None else segment_lengths),
-            "dilation_rates": describe(pattern.dilation_rates if pattern is not None else dilation_rates),
-            "mode": describe(pattern.mode if pattern is not None else mode),
-            "causal": describe(pattern.causal if pattern is not None else causal),
-            "dtype": str(getattr(q, "dtype", type(q).__name__)),
-            "scale": describe(resolved_scale),
-            "shard shape": describe_shapes(q, k),
-            "layout": describe(layout),
-            "backend": describe(getattr(backend, "name", backend)),
-            "return_lse": describe(return_lse),
-            "cu_seqlens": describe_documents(cu_seqlens, documents, error),
-        }
+        fields = configuration_fields(
+            q, k, pattern, segment_lengths=segment_lengths, dilation_rates=dilation_rates, mode=mode, causal=causal,
+            scale=resolved_scale, layout=layout, backend=backend, cu_seqlens=cu_seqlens, documents=documents,
+            error=error, return_lse=return_lse)
         agree_on_configuration(fields, error, group, timeout, caller="ulysses_dilated_attention", members="group")
     if error is not None:
         raise error
