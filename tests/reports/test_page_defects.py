@@ -170,33 +170,39 @@ def test_serialization_finding_quotes_the_trained_intervals_and_they_are_disjoin
     assert min(rows[quoted[0]]["low"] for quoted in ahead) > max(rows[quoted[0]]["high"] for quoted in behind)
 
 
-def test_ring_findings_are_the_raw_results_of_both_gpu_counts(suite):
-    """Longest trainable length, memory and tokens/s per GPU on the ring page, from the committed result files."""
-    raw = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_h200.json").read_text()) for gpus in (1, 2)}
+def test_ring_findings_are_the_raw_results_of_every_gpu_count(suite):
+    """Memory and tokens/s per GPU on the ring page, from the committed result files of 1, 2 and 4 GPUs; the
+    longest sequence from the rev 530aee9 files, under their label."""
+    from hilbert_lab.reports.page import fmt
+
+    raw = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_h200.json").read_text()) for gpus in (1, 2, 4)}
+    old = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_h200_530aee9.json").read_text())
+           for gpus in (1, 2)}
     page = "gpu/ring-h200-gpu.html"
-    text = _finding(suite, page, "Longest sequence")
+    text = _finding(suite, page, "Measured with older code (rev 530aee9")
     quoted = re.findall(r"(\w+) \(sends[^)]*\): ([\d.]+)M tokens on 1 GPU(?:, ([\d.]+)M tokens on 2 GPUs|; on 2 GPUs "
                         r"(not measured))", text)
     assert {variant for variant, *_ in quoted} == {"longnet", "spanning"}, text
     for variant, one, two, missing in quoted:
-        longest = {gpus: raw[gpus]["longest"].get(variant) for gpus in (1, 2)}
+        longest = {gpus: old[gpus]["longest"].get(variant) for gpus in (1, 2)}
         assert float(one) == round(longest[1]["seq_len"] / 1e6, 1), variant
         if missing:
             assert longest[2] is None or not longest[2].get("seq_len"), variant
         else:
             assert float(two) == round(longest[2]["seq_len"] / 1e6, 1), variant
     at_1m = {(gpus, name): next(row for row in rows if row["seq_len"] == 2**20)
-             for gpus in (1, 2) for name, rows in raw[gpus]["throughput"].items()}
-    memory = re.findall(r"(\w+): ([\d.]+) GiB on 1 GPU -> ([\d.]+) GiB on 2 GPUs",
+             for gpus in (1, 2, 4) for name, rows in raw[gpus]["throughput"].items()}
+    memory = re.findall(r"(\w+): ([\d.]+) GiB on 1 GPU -> ([\d.]+) GiB on 2 GPUs -> ([\d.]+) GiB on 4 GPUs",
                         _finding(suite, page, "Memory per GPU"))
-    speed = re.findall(r"(\w+): ([\d.]+)M on 1 GPU, ([\d.]+)M on 2 GPUs", _finding(suite, page, "Tokens/s per GPU"))
+    speed = re.findall(r"(\w+): ([\d.]+)M on 1 GPU, ([\d.]+)M on 2 GPUs, ([\d.]+)M on 4 GPUs",
+                       _finding(suite, page, "Tokens/s per GPU"))
     assert {name for name, *_ in memory} == {name for name, *_ in speed} == {"longnet", "spanning"}
-    for name, single, double in memory:
-        assert (float(single), float(double)) == tuple(
-            round(at_1m[(gpus, name)]["peak_memory_gib_max_rank"], 1) for gpus in (1, 2)), name
-    for name, single, double in speed:
-        assert (float(single), float(double)) == tuple(
-            round(at_1m[(gpus, name)]["tokens_per_s_per_gpu"] / 1e6, 2) for gpus in (1, 2)), name
+    for name, *values in memory:
+        assert tuple(map(float, values)) == tuple(
+            float(fmt(at_1m[(gpus, name)]["peak_memory_gib_max_rank"])) for gpus in (1, 2, 4)), name
+    for name, *values in speed:
+        assert tuple(map(float, values)) == tuple(
+            round(at_1m[(gpus, name)]["tokens_per_s_per_gpu"] / 1e6, 2) for gpus in (1, 2, 4)), name
 
 
 @pytest.mark.parametrize("page", ["claims-small/claims-small.html", "gpu/claims-h200-gpu.html"])
@@ -330,6 +336,7 @@ def test_h200_benchmark_names_autos_choice(suite):
 def test_ring_page_states_what_was_not_measured_once_and_no_noise_share(suite):
     markup = _pages(suite)["gpu/ring-h200-gpu.html"]
     assert "GPU(s): not measured" not in markup and markup.count("Not measured:") == 1
+    assert "Not measured: the longest sequence with rev f620cad" in markup
     assert "<th>hidden share</th>" not in markup and "tokens/s per GPU / 1 GPU" not in markup
 
 

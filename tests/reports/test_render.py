@@ -87,13 +87,16 @@ def test_committed_gpu_runs_render_offline(tmp_path):
 def test_ring_converter_reads_every_gpu_count(tmp_path):
     from hilbert_lab.reports.ring import ring_run, write_ring_run
 
-    paths = [REPO / "reports" / "results" / f"ring_{n}gpu_h200.json" for n in (1, 2)]
+    paths = [REPO / "reports" / "results" / f"ring_{n}gpu_h200.json" for n in (1, 2, 4)]
     metrics, env = ring_run(paths)
     gpus = sorted({row["gpus"] for row in metrics["tables"]["throughput"]["rows"]})
-    assert gpus == [1, 2] and env["device"]["device_count"] == 2
+    assert gpus == [1, 2, 4] and env["device"]["device_count"] == 4 and env["git"]["commit"] == "f620cad"
     anchors = metrics["tables"]["anchors"]["rows"]
-    assert any(r["variant"].startswith("context_parallel") for r in anchors)
-    assert any(r["section"] == "causal_layouts" for r in anchors) and metrics["tables"]["ratios"]["rows"]
+    assert {r["gpus"] for r in anchors if r["variant"].startswith("context_parallel")} == {2, 4}
+    assert {r["gpus"] for r in anchors if r["section"] == "causal_layouts"} == {2}
+    assert {r["gpus"] for r in metrics["tables"]["ratios"]["rows"]} == {2, 4}
+    assert {r["gpus"] for r in metrics["tables"]["parallel_modes"]["rows"]} == {2, 4}
+    assert metrics["tables"]["longest"]["rows"] == []  # the runs of this revision measured no longest sequence
     row = next(r for r in metrics["tables"]["throughput"]["rows"] if r["gpus"] == 2)
     assert row["tokens_per_s_total"] == pytest.approx(2 * row["tokens_per_s_per_gpu"])
     out = write_ring_run(paths, tmp_path / "ring")

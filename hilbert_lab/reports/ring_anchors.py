@@ -1,0 +1,96 @@
+"""The ring page's two anchors timed in interleaved rounds (bench_ring.py's context_parallel and causal_layouts
+sections): our ring against PyTorch's context parallelism on dense causal attention, and zigzag against
+contiguous shards on the causal spanning pattern; per GPU count, medians with 95% bootstrap intervals.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+def implementation_name(variant: str) -> str:
+    """'context_parallel_cudnn_attention_allgather' -> 'PyTorch context parallel (cuDNN, allgather)', 'ring_zigzag'
+    -> 'our ring, zigzag shards', 'contiguous' -> 'contiguous shards'."""
+    kernel = re.fullmatch(r"context_parallel_(\w+?)_attention_(\w+)", variant)
+    if kernel:
+        name = {"cudnn": "cuDNN"}.get(kernel[1], kernel[1])
+        return f"PyTorch context parallel ({name}, {kernel[2]})"
+    layout = variant.removeprefix("ring_")
+    if layout in ("zigzag", "contiguous"):
+        return f"{'our ring, ' if variant.startswith('ring_') else ''}{layout} shards"
+    return variant.replace("_", " ")
+
+
+def anchor_table(frame: Any) -> Any:
+    """Interleaved A/B rows, labelled for reading: time with its interval, speed against the reference."""
+    import pandas as pd
+
+    from hilbert_lab.reports.page import fmt, fmt_interval
+
+    return pd.DataFrame({
+        "GPUs": frame["gpus"], "implementation": frame["variant"].map(implementation_name), "tokens": frame["seq_len"],
+        "step ms [95%]": [fmt_interval(r.median_ms, r.low_ms, r.high_ms) if r.low_ms == r.low_ms else fmt(r.median_ms)
+                          for r in frame.itertuples()],
+        "speed vs reference [95%]": [f"{r.speedup_of_reference:.3f} [{r.speedup_low:.3f}, {r.speedup_high:.3f}]"
+                                     if r.speedup_low == r.speedup_low and r.speedup_low is not None else "-"
+                                     for r in frame.itertuples()],
+        "verdict": frame["verdict"]})
+
+
+def context_parallel_section(cp: Any) -> tuple[Any, str]:
+    """(Section, finding): our ring (zigzag shards) against PyTorch's context parallelism at its fastest, per GPU
+    count, with the speed ratio's interval; the one-GPU SDPA time for reference."""
+    import plotly.graph_objects as go
+
+    from hilbert_lab.reports.page import Section, fmt, style_axes, tokens
+
+    timed = cp[cp["low_ms"].notna()]
+    fig = go.Figure()
+    for count, group in timed.groupby("gpus"):
+        fig.add_trace(go.Bar(x=group["variant"].map(implementation_name).tolist(), y=group["median_ms"].tolist(),
+                             name=f"{int(count)} GPUs", error_y=dict(
+                                 type="data", symmetric=False, array=(group["high_ms"] - group["median_ms"]).tolist(),
+                                 arrayminus=(group["median_ms"] - group["low_ms"]).tolist())))
+    style_axes(fig, "implementation", "forward+backward step (ms, lower is better)")
+    fig.update_layout(title=f"dense causal attention, {tokens(cp.seq_len.iloc[0])} tokens: our ring vs PyTorch "
+                            "context parallelism", height=440, barmode="group", yaxis_rangemode="tozero")
+
+    def against(count: int) -> str:
+        group = timed[timed.gpus == count]
+        theirs = group[group.variant.str.startswith("context_parallel")].sort_values("median_ms")
+        ours = group[group.variant == "ring_zigzag"]
+        if not len(theirs) or not len(ours):
+            return f"on {count} GPUs PyTorch's context parallelism did not run"
+        best = theirs.iloc[0]
+        return (f"on {count} GPUs ours {fmt(float(ours.median_ms.iloc[0]))} ms, PyTorch's at its fastest "
+                f"{implementation_name(best.variant).removeprefix('PyTorch context parallel ')} {fmt(float(best.median_ms))} ms, its speed relative to ours "
+                f"{best.speedup_of_reference:.3f} [{best.speedup_low:.3f}, {best.speedup_high:.3f}] "
+                f"(PyTorch {best.verdict.replace('the reference', 'ours')})")
+
+    single = cp[cp.low_ms.isna()]
+    conclusion = (f"Dense causal attention at {tokens(cp.seq_len.iloc[0])} tokens, forward+backward, our ring (zigzag "
+                  "shards) against PyTorch's context parallelism: "
+                  + "; ".join(against(int(count)) for count in sorted(set(timed.gpus)))
+                  + (f"; one GPU (SDPA cuDNN) {fmt(float(single.median_ms.iloc[0]))} ms" if len(single) else "") + ".")
+    return (Section("Against PyTorch's context parallelism (dense causal)", conclusion, figure=fig,
+                    table=anchor_table(cp)), conclusion)
+
+
+def layouts_section(layouts: Any) -> tuple[Any, str]:
+    """(Section, finding): zigzag against contiguous shards on the causal spanning pattern, per GPU count."""
+    from hilbert_lab.reports.page import Section, fmt, tokens
+
+    zig = layouts[layouts.variant == "zigzag"].sort_values("gpus")
+
+    def pair(row: Any) -> str:
+        contiguous = layouts[(layouts.variant == "contiguous") & (layouts.gpus == row.gpus)].median_ms.iloc[0]
+        return (f"on {int(row.gpus)} GPUs zigzag {fmt(row.median_ms)} ms vs contiguous {fmt(float(contiguous))} ms "
+                f"per step, zigzag speed-up {row.speedup_of_reference:.3f} [{row.speedup_low:.3f}, "
+                f"{row.speedup_high:.3f}] (zigzag {row.verdict.replace('the reference', 'contiguous')})")
+
+    conclusion = (f"Causal spanning pattern at {tokens(zig.seq_len.iloc[0])} tokens, zigzag against contiguous "
+                  f"shards: {'; '.join(pair(row) for row in zig.itertuples())}.")
+    return Section("Causal load balance", conclusion, table=anchor_table(layouts)), conclusion
+
+
+__all__ = ["anchor_table", "context_parallel_section", "implementation_name", "layouts_section"]
