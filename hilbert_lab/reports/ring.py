@@ -1,13 +1,13 @@
-"""Ring-attention runs (benchmarks/bench_ring.py JSON, one file per GPU count) as a report run directory
-(metrics.json + env.json) and its page.
+"""Ring-attention runs (benchmarks/bench_ring.py JSON, one file per GPU count and section set) as a report run
+directory (metrics.json + env.json) and its page.
 
     python -m hilbert_lab.reports.ring reports/results/ring_{1,2,4}gpu_h200.json \
-        reports/results/ring_4gpu_layouts_h200.json reports/results/ring_{1,2}gpu_h200_530aee9.json \
+        reports/results/ring_4gpu_layouts_h200.json reports/results/ring_{1,2,4}gpu_longest_h200.json \
         --out reports/ring/h200-gpu
 
-The last two files were measured with older code (rev 530aee9 + uncommitted changes): when files of the current
-code are given too, an older file adds only its longest-sequence rows, shown under that label (provenance.older_code)
-and quoted by no finding. The comparison of context-parallel modes is drawn by reports.ring_modes.
+A file measured with older code (provenance.older_code), given beside files of the current code, adds only its
+longest-sequence rows, shown under that label and quoted by no finding. The comparison of context-parallel modes
+is drawn by reports.ring_modes.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ THROUGHPUT_COLUMNS = ["gpus", "variant", "seq_len", "seconds", "tokens_per_s_per
                       "peak_memory_gib_max_rank", "bytes_sent_max_rank"]
 CORRECTNESS_COLUMNS = ["gpus", "mode", "mesh", "variant", "seq_len", "dtype", "tensor", "ring_vs_single",
                        "ring_vs_fp32", "single_vs_fp32", "pass"]
-LONGEST_COLUMNS = ["gpus", "variant", "longest_seq_len", "first_failure_or_limit", "revision", "stored_in"]
+LONGEST_COLUMNS = ["gpus", "variant", "longest_seq_len", "first_failure_or_limit", "limit_reached", "revision",
+                   "stored_in"]
 COMMUNICATION_COLUMNS = ["gpus", "variant", "seq_len", "bytes_sent_max_rank", "seconds", "compute_only_seconds",
                          "exposed_communication_seconds", "transfer_seconds_alone", "hidden_share"]
 ANCHOR_COLUMNS = ["section", "gpus", "variant", "seq_len", "median_ms", "low_ms", "high_ms", "speedup_of_reference",
@@ -71,8 +72,10 @@ def ring_run(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any
     for path, data, label in current + [item for item in results if item[2]]:
         gpus = _gpus(data)
         for variant, entry in (data.get("longest") or {}).items():
+            limit = (data.get("config") or {}).get("max_limit")
             longest.append({"gpus": gpus, "variant": variant, "longest_seq_len": entry.get("seq_len"),
-                            "first_failure_or_limit": entry.get("first_failure_or_limit"), "stored_in": path.name,
+                            "first_failure_or_limit": entry.get("first_failure_or_limit"),
+                            "limit_reached": bool(limit) and (entry.get("seq_len") or 0) >= limit, "stored_in": path.name,
                             "revision": revision_text(result_git(data), committed_in(path))})
         if label:
             continue
@@ -211,14 +214,16 @@ def _longest_section(longest: Any, order: dict, sends: set[str], page_label: str
     lines = []
     for variant in sorted(set(longest.variant), key=order.get):
         chosen = longest[longest.variant == variant].sort_values("gpus")
-        counts = ", ".join(f"{fmt_count(r.longest_seq_len)} tokens {_on(r.gpus)}" for r in chosen.itertuples())
+        counts = ", ".join(f"{fmt_count(r.longest_seq_len)} tokens {_on(r.gpus)}"
+                           + (" (the search's limit: a lower bound)" if getattr(r, "limit_reached", False) else "")
+                           for r in chosen.itertuples())
         missing = [g for g in gpus if g not in set(chosen.gpus)]
         lines.append(f"{variant} ({'sends keys/values around the ring' if variant in sends else 'sends nothing'}): "
                      f"{counts}" + (f"; on {', '.join(map(str, missing))} GPUs not measured" if missing else ""))
     conclusion = (f"{label[:1].upper() + label[1:]}, not with the code of the other sections. " if label else "") + (
         "Longest sequence that runs a forward+backward step (doubling, then bisection; the search stops at the first "
-        "failure or its limit): " + "; ".join(lines) + f". Only {len(gpus)} ring sizes were run, too few to state how "
-        "the length grows with the GPU count.")
+        "failure or its limit): " + "; ".join(lines) + (f". Only {len(gpus)} ring sizes were run, too few to state how "
+        "the length grows with the GPU count." if len(gpus) < 3 else "."))
     fig = go.Figure()
     for variant in sorted(set(longest.variant), key=order.get):
         group = longest[longest.variant == variant].sort_values("gpus")

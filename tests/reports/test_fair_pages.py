@@ -31,29 +31,21 @@ def test_older_code_names_the_revision_or_says_unrecorded():
 
 
 def test_ring_page_quotes_no_older_figure_and_defines_its_configs():
-    """The ring page's runs are of the current code, but its longest-sequence rows come from rev 530aee9 files:
-    those sit under that label, and no finding or the index card quotes them."""
+    """Every run of the ring page is of the current code: no finding quotes an older figure or a proportion that
+    two points cannot show; the configs are defined, the one that sends nothing says so."""
     page = build_page(*load_run(REPO / "reports" / "ring" / "h200-gpu"))
     summary = " ".join(page.findings + [page.headline])
-    for stale in ("11.9M", "23.9M", "in proportion", "530aee9", "Longest sequence"):
+    for stale in ("in proportion", "530aee9", "older code"):
         assert stale not in summary, stale
-    assert "older code" not in page.headline and len(page.findings) == 5
+    assert not any("older code" in section.heading for section in page.sections)
     # the config that communicates is defined first, the one that sends nothing says so
     definitions = page.about.split("Configs: ", 1)[1]
     assert definitions.startswith("'spanning'") and "travel around the ring" in definitions
     assert definitions.index("'longnet'") > 0 and "so its ring sends no byte" in definitions
     assert not any("final code" in note for note in page.notes)
-    older = [section for section in page.sections if "older code" in section.heading]
-    assert [section.heading for section in older] == [
-        "Longest sequence: measured with older code (rev 530aee9 + uncommitted changes)"]
-    longest = older[0]
-    assert longest.conclusion.startswith("Measured with older code (rev 530aee9 + uncommitted changes), not with the "
-                                         "code of the other sections.")
-    assert "proportion" not in longest.conclusion and "too few to state how the length grows" in longest.conclusion
+    longest = next(section for section in page.sections if section.heading == "Longest sequence")
+    assert "proportion" not in longest.conclusion
     assert longest.conclusion.index("spanning") < longest.conclusion.index("longnet")
-    assert "spanning (sends keys/values around the ring): 11.9M tokens on 1 GPU; on 2 GPUs not measured" \
-        in longest.conclusion
-    assert "530aee9" in longest.figure.layout.title.text
     # a config whose ring sends nothing is not presented as a communication result
     communication = next(section for section in page.sections if section.heading == "Communication")
     assert communication.conclusion.startswith("What the ring sends (longnet sends no byte): spanning on 2 GPUs")
@@ -283,7 +275,7 @@ def test_a_page_drawn_from_other_runs_names_their_revisions_and_dates_in_its_hea
     revisions = {html.escape(source["revision"]) for source in page.sources}
     dates = {html.escape(source["recorded"]) for source in page.sources}
     assert all(revision in header for revision in revisions) and all(date in header for date in dates), header
-    assert header.count("git ") == 1 and "f620cad" in header and "530aee9" in header, header
+    assert header.count("git ") == 1 and "f620cad" in header and "5a4f58b" in header, header
 
 
 def _committed_runs() -> list[Path]:

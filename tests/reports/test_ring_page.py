@@ -1,7 +1,8 @@
 """The ring page against the committed bench_ring.py files it is drawn from: the context-parallel modes table
 and finding (ring, head-parallel, hybrid; skipped modes with their reason), the mode of each correctness row,
-and the longest-sequence rows of rev 530aee9 files shown under their older-code label and quoted by no finding
-or index card."""
+the longest sequence on 1, 2 and 4 GPUs (a run that reached the search's limit said to be a lower bound), and
+longest-sequence rows of an older revision shown under their older-code label and quoted by no finding or index
+card."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import pytest
 
 pytest.importorskip("plotly", reason="plotly (notebooks extra) draws the figures")
 
-from hilbert_lab.reports.page import fmt, fmt_interval  # noqa: E402
+from hilbert_lab.reports.page import fmt, fmt_count, fmt_interval  # noqa: E402
 from hilbert_lab.reports.render import build_page, load_run  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,30 +115,59 @@ def test_throughput_finding_gives_the_per_gpu_ratios_of_1_2_and_4_gpus(page):
     assert f"on 4 GPUs {fmt(shares[2**19])} at 512K, {fmt(shares[2**20])} at 1M" in communication
 
 
-def test_longest_sequence_of_older_code_is_labelled_and_quoted_by_no_finding_or_card(page, tmp_path):
-    from hilbert_lab.reports.render import render_suite_index
+OLD_GIT = {"commit": "530aee9cc7654194312dc063ce92929560f35304", "dirty": True}
+CURRENT = [RESULTS / name for name in ("ring_1gpu_h200.json", "ring_2gpu_h200.json", "ring_4gpu_h200.json",
+                                       "ring_4gpu_layouts_h200.json")]
 
+
+def _older_copy(tmp_path: Path, name: str) -> Path:
+    """`name` as if measured at rev 530aee9 with uncommitted changes."""
+    data = _raw(name)
+    data["environment"]["git"] = dict(OLD_GIT)
+    path = tmp_path / name.replace(".json", "_530aee9.json")
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def test_longest_sequence_is_the_json_and_a_run_at_the_search_limit_is_a_lower_bound(page):
     section = _section(page, "Longest sequence")
-    assert section.heading == f"Longest sequence: {LABEL}"
-    old = {gpus: _raw(f"ring_{gpus}gpu_h200_530aee9.json")["longest"] for gpus in (1, 2)}
-    assert "longest" not in _raw("ring_1gpu_h200.json") and "longest" not in _raw("ring_2gpu_h200.json")
+    assert section.heading == "Longest sequence"
+    runs = {gpus: _raw(f"ring_{gpus}gpu_longest_h200.json") for gpus in (1, 2, 4)}
     heights = {trace.name: dict(zip(trace.x, trace.y)) for trace in section.figure.data}
-    assert heights == {variant: {str(gpus): old[gpus][variant]["seq_len"] for gpus in (1, 2) if variant in old[gpus]}
+    assert heights == {variant: {str(gpus): runs[gpus]["longest"][variant]["seq_len"] for gpus in (1, 2, 4)}
                        for variant in ("longnet", "spanning")}
-    assert not any("11.9M" in line or "23.9M" in line or "older code" in line for line in page.findings)
+    for gpus, run in runs.items():
+        for variant, entry in run["longest"].items():
+            at_limit = entry["seq_len"] >= run["config"]["max_limit"]
+            words = f"{fmt_count(entry['seq_len'])} tokens on {gpus} GPU{'s' if gpus > 1 else ''}"
+            text = section.conclusion.split(f"{variant} (", 1)[1].split(";")[0]
+            assert (words + " (the search's limit: a lower bound)" in text) == at_limit and words in text, text
+    assert runs[4]["longest"]["longnet"]["seq_len"] >= runs[4]["config"]["max_limit"]  # the 4-GPU search hit it
+
+
+def test_longest_sequence_of_older_code_is_labelled_and_quoted_by_no_finding_or_card(tmp_path):
+    from hilbert_lab.reports.render import render_suite_index
+    from hilbert_lab.reports.ring import write_ring_run
+
+    older = [_older_copy(tmp_path, f"ring_{gpus}gpu_longest_h200.json") for gpus in (1, 2)]
+    run = write_ring_run(CURRENT + older, tmp_path / "run")
+    page = build_page(*load_run(run))
+    section = _section(page, "Longest sequence")
+    assert section.heading == f"Longest sequence: {LABEL}" and LABEL in section.figure.layout.title.text
+    assert not any(LABEL in line or "older code" in line for line in page.findings + [page.headline])
     sources = [source for source in page.sources if "530aee9" in source["what"]]
     assert len(sources) == 2 and all(f"its longest sequence only, {LABEL}" in source["what"] for source in sources)
-    index = render_suite_index(tmp_path, [], title="ring", gpu_runs=[RUN]).read_text(encoding="utf-8")
+    index = render_suite_index(tmp_path / "index", [], title="ring", gpu_runs=[run]).read_text(encoding="utf-8")
     card = index.split("Ring attention across GPUs", 1)[1].split("</div>", 1)[0]
-    assert "Context-parallel modes" in card and "11.9M" not in card and "older code" not in card
+    assert "Context-parallel modes" in card and "older code" not in card
 
 
-def test_only_older_files_put_the_whole_page_under_their_label():
+def test_only_older_files_put_the_whole_page_under_their_label(tmp_path):
     from hilbert_lab.reports.ring import render, ring_run
 
-    metrics, env = ring_run([RESULTS / f"ring_{gpus}gpu_h200_530aee9.json" for gpus in (1, 2)])
-    assert metrics["tables"]["throughput"]["rows"] and not metrics["tables"]["parallel_modes"]["rows"]
+    metrics, env = ring_run([_older_copy(tmp_path, f"ring_{gpus}gpu_h200.json") for gpus in (1, 2)])
+    assert metrics["tables"]["throughput"]["rows"] and metrics["tables"]["parallel_modes"]["rows"]
     page = render(metrics, env)
-    assert "older code (rev 530aee9 + uncommitted changes)" in page.headline
+    assert LABEL in page.headline
     assert all(section.heading.endswith(LABEL) for section in page.sections[1:])
     assert not any(section.heading.count("older code") > 1 for section in page.sections)
