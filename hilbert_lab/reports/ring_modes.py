@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-MODES = ("ring", "ulysses", "hybrid")
+from hilbert_lab.bench.parallel_modes import COMPARED_MODES
+
 MODE_NAMES = {"ring": "ring", "ulysses": "head-parallel (Ulysses)", "hybrid": "hybrid"}
 PARALLEL_MODES_COLUMNS = ["gpus", "config", "mode", "seq_len", "median_ms", "low_ms", "high_ms", "speed_vs_ring",
                           "speed_low", "speed_high", "verdict", "bytes_sent_max_rank", "mesh", "skipped"]
@@ -32,7 +33,7 @@ def parallel_modes_rows(data: Mapping[str, Any], gpus: int) -> list[dict[str, An
         if not isinstance(block, Mapping):
             continue
         skipped = block.get("skipped") or {}
-        for mode in [m for m in MODES if m in block or m in skipped] + [m for m in skipped if m not in MODES]:
+        for mode in [m for m in COMPARED_MODES if m in block or m in skipped] + [m for m in skipped if m not in COMPARED_MODES]:
             entry = block.get(mode) if isinstance(block.get(mode), Mapping) else {}
             versus = entry.get("speed_vs_ring") or {}
             low_ms, high_ms = entry.get("ci_ms") or [None, None]
@@ -130,7 +131,7 @@ def modes_section(frame: Any, sends: set[str]) -> tuple[Any, str, str]:
     finding, headline = modes_finding(frame, sends)
     ran = frame[frame["median_ms"].notna()]
     fig = go.Figure()
-    for mode in [m for m in MODES if m in set(ran["mode"])]:
+    for mode in [m for m in COMPARED_MODES if m in set(ran["mode"])]:
         group = ran[ran["mode"] == mode]
         fig.add_trace(go.Bar(
             x=[f"{r.config}, {int(r.gpus)} GPUs" for r in group.itertuples()], y=group["median_ms"].tolist(),
@@ -143,5 +144,5 @@ def modes_section(frame: Any, sends: set[str]) -> tuple[Any, str, str]:
     return Section("Ring, head-parallel and hybrid", finding, figure=fig, table=modes_table(frame)), finding, headline
 
 
-__all__ = ["MODES", "MODE_NAMES", "PARALLEL_MODES_COLUMNS", "VERDICTS", "mode_name", "modes_finding",
+__all__ = ["MODE_NAMES", "PARALLEL_MODES_COLUMNS", "VERDICTS", "mode_name", "modes_finding",
            "modes_section", "modes_table", "parallel_modes_rows"]
