@@ -75,7 +75,8 @@ def ring_run(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any
             limit = (data.get("config") or {}).get("max_limit")
             longest.append({"gpus": gpus, "variant": variant, "longest_seq_len": entry.get("seq_len"),
                             "first_failure_or_limit": entry.get("first_failure_or_limit"),
-                            "limit_reached": bool(limit) and (entry.get("seq_len") or 0) >= limit, "stored_in": path.name,
+                            "limit_reached": bool(limit) and (entry.get("seq_len") or 0) >= limit,
+                            "stored_in": path.name,
                             "revision": revision_text(result_git(data), committed_in(path))})
         if label:
             continue
@@ -252,8 +253,6 @@ def _communication_line(communication: Any, throughput: Any, sends: set[str]) ->
             "told from the run-to-run noise of the step at this size: bench_ring's hidden share (1 - exposed / "
             "transfer time, exposed = the step minus the same step moving no byte, one difference of two medians "
             f"without an interval) comes out {hidden}, and is not stated as a result.")
-
-
 
 
 def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:

@@ -33,7 +33,8 @@ def parallel_modes_rows(data: Mapping[str, Any], gpus: int) -> list[dict[str, An
         if not isinstance(block, Mapping):
             continue
         skipped = block.get("skipped") or {}
-        for mode in [m for m in COMPARED_MODES if m in block or m in skipped] + [m for m in skipped if m not in COMPARED_MODES]:
+        listed = [m for m in COMPARED_MODES if m in block or m in skipped]
+        for mode in listed + [m for m in skipped if m not in COMPARED_MODES]:
             entry = block.get(mode) if isinstance(block.get(mode), Mapping) else {}
             versus = entry.get("speed_vs_ring") or {}
             low_ms, high_ms = entry.get("ci_ms") or [None, None]
