@@ -136,7 +136,12 @@ def test_property_hilbert_agrees_with_hilbertcurve(data):
     assert int(encode(np.array(point), order)) == expected
 
 
-@pytest.mark.parametrize("dtype", INTEGER_DTYPES)
+# each integer dtype compiles its own numba specialisation (seconds on a fresh checkout): two in the quick tier
+QUICK_DTYPES = (np.uint8, np.int32)
+
+
+@pytest.mark.parametrize("dtype", [dtype if dtype in QUICK_DTYPES else pytest.param(dtype, marks=pytest.mark.slow)
+                                   for dtype in INTEGER_DTYPES])
 def test_every_integer_dtype_gives_identical_results(dtype):
     rng = np.random.default_rng(3)
     coords = rng.integers(0, 128, size=(1000, 2))
@@ -350,7 +355,8 @@ def test_bad_decode_out_and_32_bit_signed_limits():
     assert encode(np.zeros((3, 2), dtype=np.int64), 16, dtype=np.uint32).dtype == np.uint32
 
 
-@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32])
+@pytest.mark.parametrize("dtype", [np.uint8, pytest.param(np.uint16, marks=pytest.mark.slow),
+                                   pytest.param(np.uint32, marks=pytest.mark.slow)])
 def test_unsigned_narrow_coords_out_of_range_are_caught(dtype):
     coords = np.zeros((PARALLEL_MIN_POINTS + 9, 2), dtype=dtype)
     coords[-1, 1] = 1 << 7
