@@ -79,11 +79,12 @@ from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.attention.engine import dilated_attention  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.parallel_modes import (  # noqa: E402
-    COMPARED_MODES, default_seq_len, hybrid_mesh_shape, placement, ring_layout, sent_bytes, skip_reason,
+    default_seq_len, hybrid_mesh_shape, placement, ring_layout, sent_bytes, skip_reason,
 )
 from hilbert_lab.bench.stats import bootstrap_median_ci, ratio_ci, verdict  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
 from hilbert_lab.distributed import comm, ring  # noqa: E402
+from hilbert_lab.distributed.modules import PARALLEL_MODES  # noqa: E402
 from hilbert_lab.distributed.ring import ring_dilated_attention  # noqa: E402
 
 
@@ -180,7 +181,7 @@ def correctness(args, device, segment_lengths, dilation_rates, causal=False, lay
 def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=False, layout="contiguous",
                parallel="ring"):
     """A fwd+bwd step on this rank's shard (barrier first, device sync last), and a reset; parallel: the mode
-    (COMPARED_MODES). The shard's values are drawn directly (seeded by rank): nothing of the whole sequence is held, so
+    (PARALLEL_MODES). The shard's values are drawn directly (seeded by rank): nothing of the whole sequence is held, so
     the longest run measures the ring's memory, not the benchmark's."""
     world = dist.get_world_size()
     call = placement(parallel, seq_len, layout, device).call
@@ -302,9 +303,9 @@ def compare_modes(args, device, seq_len, segment_lengths, dilation_rates) -> dic
     bytes each sends per rank (max over ranks); the others under `skipped` with their reason."""
     world, causal = dist.get_world_size(), False  # non-causal, as the throughput section
     layout = ring_layout(causal)
-    skipped = {mode: reason for mode in COMPARED_MODES if (reason := skip_reason(mode, world, args.heads))}
+    skipped = {mode: reason for mode in PARALLEL_MODES if (reason := skip_reason(mode, world, args.heads))}
     steps = {mode: _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal, layout, mode)
-             for mode in COMPARED_MODES if mode not in skipped}
+             for mode in PARALLEL_MODES if mode not in skipped}
     sent = {mode: _max_over_ranks([float(sent_bytes(step))], device)[0] for mode, step in steps.items()}
     variants = {mode: (lambda s=step: contextlib.nullcontext(s)) for mode, step in steps.items()}
     result = _summary(_interleaved(variants, args.rounds, device), baseline="ring")
@@ -536,7 +537,7 @@ def main() -> int:
                 ("gqa_causal_zigzag", configs["spanning"], {**zigzag, "kv_heads": max(1, args.heads // 4)}),
                 ("packed_causal_zigzag", configs["longnet"], {**zigzag, "packed": True})]
             report["correctness"] = {}
-            for parallel in COMPARED_MODES:
+            for parallel in PARALLEL_MODES:
                 reason = skip_reason(parallel, world, args.heads)
                 if reason is not None:
                     report["correctness"][parallel] = {"parallel": parallel, "skipped": reason}

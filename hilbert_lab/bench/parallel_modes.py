@@ -24,7 +24,6 @@ from hilbert_lab.distributed.ring import ring_dilated_attention
 from hilbert_lab.distributed.sharding import shard_positions
 from hilbert_lab.distributed.ulysses import ulysses_dilated_attention
 
-COMPARED_MODES = (*PARALLEL_MODES, "hybrid")  # the module's modes, and the hybrid on a 2-D mesh
 _MESHES: dict[tuple[str, int, int], object] = {}  # (device type, R, U) -> the DeviceMesh, made once per world
 
 
@@ -40,8 +39,8 @@ def hybrid_mesh_shape(world: int) -> Optional[tuple[int, int]]:
 
 def skip_reason(mode: str, world: int, heads: int) -> Optional[str]:
     """Why `mode` does not run on `world` ranks with `heads` query heads, or None where it runs."""
-    if mode not in COMPARED_MODES:
-        raise ValueError(f"mode must be one of {COMPARED_MODES}, got {mode!r}")
+    if mode not in PARALLEL_MODES:
+        raise ValueError(f"mode must be one of {PARALLEL_MODES}, got {mode!r}")
     if mode == "ring":
         return None
     if world == 1:

@@ -44,12 +44,19 @@ def hybrid_positions(ring_index: int, ulysses_index: int, ring_degree: int, ulys
     return ring_shard.chunk(ulysses_degree)[ulysses_index]
 
 
-def _mesh_groups(mesh) -> tuple[dist.ProcessGroup, dist.ProcessGroup, int, int, int]:
-    """(ring group, ulysses group, R, U, this rank's ulysses index) of a 2-D mesh."""
+def check_mesh(mesh) -> tuple[str, ...]:
+    """The dimension names of `mesh`, a 2-D DeviceMesh with dimensions MESH_DIMS (in either order); else a
+    ValueError naming mesh."""
     names = tuple(getattr(mesh, "mesh_dim_names", None) or ())
     if getattr(mesh, "ndim", None) != 2 or sorted(names) != sorted(MESH_DIMS):
         raise ValueError(f"mesh must be a 2-D DeviceMesh with dimensions named {MESH_DIMS}, got "
                          f"{type(mesh).__name__} with dimensions {names or None}")
+    return names
+
+
+def _mesh_groups(mesh) -> tuple[dist.ProcessGroup, dist.ProcessGroup, int, int, int]:
+    """(ring group, ulysses group, R, U, this rank's ulysses index) of a 2-D mesh."""
+    names = check_mesh(mesh)
     return (mesh.get_group("ring"), mesh.get_group("ulysses"), mesh.size(names.index("ring")),
             mesh.size(names.index("ulysses")), mesh.get_local_rank("ulysses"))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from hilbert_lab.bench.parallel_modes import COMPARED_MODES
+from hilbert_lab.distributed.modules import PARALLEL_MODES
 
 MODE_NAMES = {"ring": "ring", "ulysses": "head-parallel (Ulysses)", "hybrid": "hybrid"}
 PARALLEL_MODES_COLUMNS = ["gpus", "config", "mode", "seq_len", "median_ms", "low_ms", "high_ms", "speed_vs_ring",
@@ -33,8 +33,8 @@ def parallel_modes_rows(data: Mapping[str, Any], gpus: int) -> list[dict[str, An
         if not isinstance(block, Mapping):
             continue
         skipped = block.get("skipped") or {}
-        listed = [m for m in COMPARED_MODES if m in block or m in skipped]
-        for mode in listed + [m for m in skipped if m not in COMPARED_MODES]:
+        listed = [m for m in PARALLEL_MODES if m in block or m in skipped]
+        for mode in listed + [m for m in skipped if m not in PARALLEL_MODES]:
             entry = block.get(mode) if isinstance(block.get(mode), Mapping) else {}
             versus = entry.get("speed_vs_ring") or {}
             low_ms, high_ms = entry.get("ci_ms") or [None, None]
@@ -132,7 +132,7 @@ def modes_section(frame: Any, sends: set[str]) -> tuple[Any, str, str]:
     finding, headline = modes_finding(frame, sends)
     ran = frame[frame["median_ms"].notna()]
     fig = go.Figure()
-    for mode in [m for m in COMPARED_MODES if m in set(ran["mode"])]:
+    for mode in [m for m in PARALLEL_MODES if m in set(ran["mode"])]:
         group = ran[ran["mode"] == mode]
         fig.add_trace(go.Bar(
             x=[f"{r.config}, {int(r.gpus)} GPUs" for r in group.itertuples()], y=group["median_ms"].tolist(),

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with gloo is not available in this torch build")
 CHECKS = ["check_ulysses_matches_reference", "check_ulysses_grouped_heads", "check_ulysses_packed_rows",
           "check_ulysses_refuses_bad_input", "check_ulysses_module", "check_ring_of_a_run_of_heads",
-          "check_hybrid_matches_reference"]
+          "check_hybrid_matches_reference", "check_hybrid_module"]
 
 
 @pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])
@@ -46,10 +46,38 @@ def test_kv_heads_per_rank(heads, kv_heads, world, expected):
 def test_module_refuses_unknown_parallel_and_a_ring_size():
     from hilbert_lab.distributed.modules import RingDilatedAttention
 
-    with pytest.raises(ValueError, match=r"parallel must be one of \('ring', 'ulysses'\)"):
+    with pytest.raises(ValueError, match=r"parallel must be one of \('ring', 'ulysses', 'hybrid'\)"):
         RingDilatedAttention([4], [1], parallel="heads")
     with pytest.raises(ValueError, match="ring_size must be None with parallel='ulysses'"):
         RingDilatedAttention([4], [1], parallel="ulysses", ring_size=2)
+
+
+class _Mesh:
+    """Stands for a 2-D DeviceMesh where only its shape and dimension names are read (no process group)."""
+
+    def __init__(self, names=("ring", "ulysses")):
+        self.ndim, self.mesh_dim_names = len(names), names
+
+
+@pytest.mark.parametrize("module", ["RingDilatedAttention", "RingMultiheadDilatedAttention"])
+def test_module_hybrid_needs_a_mesh_and_only_it(module):
+    from hilbert_lab.distributed import modules
+
+    cls = getattr(modules, module)
+    args = (8, 2, [4], [1]) if module == "RingMultiheadDilatedAttention" else ([4], [1])
+    with pytest.raises(ValueError, match=r"mesh must be a 2-D DeviceMesh with dimensions named \('ring', 'ulysses'\) "
+                                         r"with parallel='hybrid', got None"):
+        cls(*args, parallel="hybrid")
+    with pytest.raises(ValueError, match=r"mesh must be a 2-D DeviceMesh .* got _Mesh with dimensions \('dp',\)"):
+        cls(*args, parallel="hybrid", mesh=_Mesh(("dp",)))
+    for parallel in ("ring", "ulysses"):
+        with pytest.raises(ValueError, match=f"mesh must be None with parallel='{parallel}' .*'hybrid' only"):
+            cls(*args, parallel=parallel, mesh=_Mesh())
+    with pytest.raises(ValueError, match="ring_size must be None with parallel='hybrid'"):
+        cls(*args, parallel="hybrid", mesh=_Mesh(), ring_size=2)
+    with pytest.raises(ValueError, match="group must be None with parallel='hybrid'"):
+        cls(*args, parallel="hybrid", mesh=_Mesh(), group=object())
+    assert cls(*args, parallel="hybrid", mesh=_Mesh(("ulysses", "ring"))) is not None
 
 
 @pytest.mark.gpu

@@ -223,6 +223,57 @@ def check_hybrid_matches_reference(rank, world):
         raise AssertionError("mesh=None was accepted")
 
 
+def _hybrid_module(q, k, v, *, segment_lengths, dilation_rates, causal, mode, layout, return_lse, cu_seqlens, mesh):
+    """The call of `compare` through RingDilatedAttention(parallel="hybrid", mesh=mesh)."""
+    from hilbert_lab.distributed.modules import RingDilatedAttention
+
+    module = RingDilatedAttention(segment_lengths, dilation_rates, causal=causal, mode=mode, layout=layout,
+                                  parallel="hybrid", mesh=mesh)
+    return module(q, k, v, return_lse=return_lse, cu_seqlens=cu_seqlens)
+
+
+@check
+def check_hybrid_module(rank, world):
+    """RingDilatedAttention(parallel="hybrid") on a 2 x P/2 mesh (ring x ulysses) equals the dense reference
+    (out, LSE, dq, dk, dv; grouped-query heads, both modes, a packed row), and RingMultiheadDilatedAttention with
+    a single-process module's weights gives its outputs and input gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hilbert_lab.attention.modules import MultiheadDilatedAttention
+    from hilbert_lab.distributed.hybrid import hybrid_positions
+    from hilbert_lab.distributed.modules import RingMultiheadDilatedAttention
+
+    ring, ulysses = 2, world // 2
+    mesh = init_device_mesh("cpu", (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
+    r, u = mesh.get_local_rank("ring"), mesh.get_local_rank("ulysses")
+    n = 4
+    seq_len = n * world
+    for layout, mode, causal, segments, rates, heads, kv_heads, bounds in (
+            ("zigzag", "longnet", True, [2, 3 * n, seq_len], [1, 2, 4], 4, 1, None),
+            ("contiguous", "head_groups", False, [2, 2 * n, seq_len], [1, 2, 2], 6, None, None),
+            ("contiguous", "longnet", True, [4, 2 * n], [1, 2], 4, None, [0, 3, n + 1, seq_len])):
+        compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=heads, kv_heads=kv_heads,
+                positions=hybrid_positions(r, u, ring, ulysses, seq_len, layout), call=_hybrid_module, mesh=mesh,
+                cu_seqlens=bounds)
+    embed, heads = 8, 2 * ulysses
+    torch.manual_seed(7)
+    kwargs = dict(causal=True, mode="longnet", dtype=torch.float64, num_kv_heads=1)
+    single = MultiheadDilatedAttention(embed, heads, [2, seq_len], [1, 2], **kwargs)
+    parallel = RingMultiheadDilatedAttention(embed, heads, [2, seq_len], [1, 2], layout="zigzag", parallel="hybrid",
+                                             mesh=mesh, **kwargs)
+    parallel.load_state_dict(single.state_dict())
+    gen = torch.Generator().manual_seed(8)
+    x, grad = (torch.randn(2, seq_len, embed, dtype=torch.float64, generator=gen) for _ in range(2))
+    x_full = x.clone().requires_grad_(True)
+    (single(x_full) * grad).sum().backward()
+    positions = hybrid_positions(r, u, ring, ulysses, seq_len, "zigzag")
+    x_local = x[:, positions].clone().requires_grad_(True)
+    out = parallel(x_local)
+    (out * grad[:, positions]).sum().backward()
+    torch.testing.assert_close(out, single(x)[:, positions], atol=ATOL, rtol=0)
+    torch.testing.assert_close(x_local.grad, x_full.grad[:, positions], atol=ATOL, rtol=0)
+
+
 @check
 def check_nccl_ulysses(rank, world):
     """On GPUs with NCCL: head-parallel (P ranks) and hybrid (2 x P/2 mesh) float64 exact against the engine;
