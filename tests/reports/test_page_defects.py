@@ -171,25 +171,21 @@ def test_serialization_finding_quotes_the_trained_intervals_and_they_are_disjoin
 
 
 def test_ring_findings_are_the_raw_results_of_every_gpu_count(suite):
-    """Memory and tokens/s per GPU on the ring page, from the committed result files of 1, 2 and 4 GPUs; the
-    longest sequence from the rev 530aee9 files, under their label."""
+    """Memory, tokens/s per GPU and the longest sequence on the ring page, from the committed result files of 1, 2
+    and 4 GPUs."""
     from hilbert_lab.reports.page import fmt
 
     raw = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_h200.json").read_text()) for gpus in (1, 2, 4)}
-    old = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_h200_530aee9.json").read_text())
-           for gpus in (1, 2)}
+    longest = {gpus: json.loads((REPO / "reports" / "results" / f"ring_{gpus}gpu_longest_h200.json").read_text())
+               for gpus in (1, 2, 4)}
     page = "gpu/ring-h200-gpu.html"
-    text = _finding(suite, page, "Measured with older code (rev 530aee9")
-    quoted = re.findall(r"(\w+) \(sends[^)]*\): ([\d.]+)M tokens on 1 GPU(?:, ([\d.]+)M tokens on 2 GPUs|; on 2 GPUs "
-                        r"(not measured))", text)
+    text = _finding(suite, page, "Longest sequence that runs")
+    quoted = re.findall(r"(\w+) \(sends[^)]*\): ([\d.]+)M tokens on 1 GPU, ([\d.]+)M tokens on 2 GPUs, ([\d.]+)M "
+                        r"tokens on 4 GPUs", text)
     assert {variant for variant, *_ in quoted} == {"longnet", "spanning"}, text
-    for variant, one, two, missing in quoted:
-        longest = {gpus: old[gpus]["longest"].get(variant) for gpus in (1, 2)}
-        assert float(one) == round(longest[1]["seq_len"] / 1e6, 1), variant
-        if missing:
-            assert longest[2] is None or not longest[2].get("seq_len"), variant
-        else:
-            assert float(two) == round(longest[2]["seq_len"] / 1e6, 1), variant
+    for variant, *values in quoted:
+        assert tuple(map(float, values)) == tuple(
+            round(longest[gpus]["longest"][variant]["seq_len"] / 1e6, 1) for gpus in (1, 2, 4)), variant
     at_1m = {(gpus, name): next(row for row in rows if row["seq_len"] == 2**20)
              for gpus in (1, 2, 4) for name, rows in raw[gpus]["throughput"].items()}
     memory = re.findall(r"(\w+): ([\d.]+) GiB on 1 GPU -> ([\d.]+) GiB on 2 GPUs -> ([\d.]+) GiB on 4 GPUs",
@@ -335,8 +331,7 @@ def test_h200_benchmark_names_autos_choice(suite):
 
 def test_ring_page_states_what_was_not_measured_once_and_no_noise_share(suite):
     markup = _pages(suite)["gpu/ring-h200-gpu.html"]
-    assert "GPU(s): not measured" not in markup and markup.count("Not measured:") == 1
-    assert "Not measured: the longest sequence with rev f620cad" in markup
+    assert "GPU(s): not measured" not in markup and "Not measured:" not in markup  # every section was measured
     assert "<th>hidden share</th>" not in markup and "tokens/s per GPU / 1 GPU" not in markup
 
 
