@@ -183,8 +183,9 @@ def train(
     mesh = init_mesh(config.data_parallel, config.context_parallel, torch.device(config.device).type) \
         if config.on_mesh else None
     if mesh is not None:
+        same_everywhere = {**config.to_dict(), "device": torch.device(config.device).type}  # each rank its own index
         check_agreement("configuration, run folder and resume flag",
-                        [config.to_dict(), None if out_dir is None else str(out_dir), resume, stop_at])
+                        [same_everywhere, None if out_dir is None else str(out_dir), resume, stop_at])
     model = build_model(config)  # bad model arguments fail here, before anything is written
     if config.init_from is not None and not resume:
         _load_weights(model, config.init_from)
