@@ -107,8 +107,15 @@ def dry_run_parts(executor: Executor, plan: Plan, shape: tuple[int, int, int, in
                   ordering: Optional[str] = None) -> tuple[dict[str, int], dict[str, int]]:
     """dry_run's two peaks as the bytes live at each, by the operator that allocated them (WORKSPACE: buffers a
     kernel holds inside one call); each dict adds up to its peak."""
-    with torch.inference_mode(False):  # called under inference mode too (auto's choice in a generate loop)
+    # Called under inference mode too (auto's choice in a generate loop), and inside a forward that
+    # activation checkpointing records: identity hooks keep the dry run's own autograd graph out of the
+    # checkpoint's saved tensors, which its recomputation (with the choice cached) would not save again.
+    with torch.inference_mode(False), torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
         return _dry_run(executor, plan, shape, dtype, device, kv_heads, ordering)
+
+
+def _keep(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], dtype: torch.dtype, device: str,

@@ -362,3 +362,28 @@ def test_the_eager_estimate_matches_the_cpu_allocation_peak_where_the_second_chu
     measured = (_allocation_peak(inference), _allocation_peak(training))
     estimated = (estimate.forward_bytes, estimate.forward_backward_bytes)
     assert all(abs(e - m) <= 0.02 * m for e, m in zip(estimated, measured)), (estimated, measured)
+
+
+def test_an_estimate_inside_a_checkpointed_forward_leaves_the_recomputation_alike():
+    """auto's memory check may run its dry run inside the first forward that activation checkpointing records;
+    the recomputation finds the choice cached, so the dry run's own graph must not count as saved tensors."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from hilbert_lab.attention.dry_run import dry_run
+    from hilbert_lab.attention.executors import EXECUTORS
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.attention.plan import cached_plan
+
+    plan = cached_plan(DilatedPattern.create((8, 16), (1, 2)), 16, 2)
+    estimates = []
+
+    def step(x):
+        if not estimates:
+            estimates.append(dry_run(EXECUTORS["sdpa"], plan, (1, 16, 2, 4), torch.float32, "cpu"))
+        return (x * x).sum()
+
+    x = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    checkpoint(step, x, use_reentrant=False).backward()
+    assert torch.equal(x.grad, 2 * x.detach())
+    assert estimates == [dry_run(EXECUTORS["sdpa"], plan, (1, 16, 2, 4), torch.float32, "cpu")]
