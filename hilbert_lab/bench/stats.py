@@ -104,18 +104,15 @@ def verdict(ratio: float, low: float, high: float, min_effect: float = 0.0) -> s
     return "no difference"
 
 
-def verdict_sentence(verdict: str, reference: str, *, reference_side: str = "A") -> str:
-    """How the side compared reads against the reference, named `reference`, for a `verdict` (VERDICTS) of the
-    time ratio A / B: 'faster than <reference>', 'slower than <reference>' or 'no different from <reference>'.
-    reference_side: which side of the ratio the reference is, "A" (as in time(reference) / time(compared)) or
-    "B"."""
+def verdict_sentence(verdict: str, reference: str) -> str:
+    """How side B reads against side A, the reference named `reference`, for a `verdict` (VERDICTS) of the time
+    ratio time(A) / time(B): 'faster than <reference>', 'slower than <reference>' or 'no different from
+    <reference>'."""
     if verdict not in VERDICTS:
         raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
-    if reference_side not in ("A", "B"):
-        raise ValueError(f"reference_side must be 'A' or 'B', got {reference_side!r}")
     if verdict == "no difference":
         return f"no different from {reference}"
-    return f"{'slower' if verdict == f'{reference_side} faster' else 'faster'} than {reference}"
+    return f"{'slower' if verdict == 'A faster' else 'faster'} than {reference}"
 
 
 def settled(low: float, high: float, margin: float = NO_DIFFERENCE_MARGIN) -> bool:
