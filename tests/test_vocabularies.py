@@ -15,7 +15,8 @@ PACKAGE = Path(hilbert_lab.__file__).parent
 DEFINITIONS = {
     "MODES": r"^MODES\s*=", "DTYPES": r"^DTYPES\s*=\s*\(", "GRID_ORDERINGS": r"^GRID_ORDERINGS\s*=",
     "ORDERINGS": r"^ORDERINGS\s*=", "_orderings": r"^def _orderings\(", "curve_coordinates": r"^def curve_coordinates\(",
-    "useful_pairs": r"^def useful_pairs\(", "atomic_write": r"^def atomic_write\(",
+    "useful_pairs": r"^def useful_pairs\(", "atomic_write": r"^def atomic_write\(", "VERDICTS": r"^VERDICTS\s*=",
+    "verdict_sentence": r"^def verdict_sentence\(",
 }
 
 

@@ -1,4 +1,5 @@
-"""Timing statistics: bootstrap medians, ratio intervals and verdicts (the samples come from `bench.timing`).
+"""Timing statistics: bootstrap medians, ratio intervals, verdicts and their wording (`verdict_sentence`); the
+samples come from `bench.timing`.
 
 Every timing comparison the reports print goes through `compare` (or `ratio_ci` + `verdict`): a ratio
 is never shown without its 95% interval; an interval that contains 1 reads "no difference", and `settled` says
@@ -101,6 +102,17 @@ def verdict(ratio: float, low: float, high: float, min_effect: float = 0.0) -> s
     if low > 1.0:
         return "B faster"
     return "no difference"
+
+
+def verdict_sentence(verdict: str, reference: str) -> str:
+    """How side B reads against side A, the reference named `reference`, for a `verdict` (VERDICTS) of the time
+    ratio time(A) / time(B): 'faster than <reference>', 'slower than <reference>' or 'no different from
+    <reference>'."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict must be one of {', '.join(VERDICTS)}, got {verdict!r}")
+    if verdict == "no difference":
+        return f"no different from {reference}"
+    return f"{'slower' if verdict == 'A faster' else 'faster'} than {reference}"
 
 
 def settled(low: float, high: float, margin: float = NO_DIFFERENCE_MARGIN) -> bool:

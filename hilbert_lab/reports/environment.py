@@ -5,7 +5,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from hilbert_lab.bench import env as bench_env
-from hilbert_lab.bench.env import git_revision  # noqa: F401  (the runner records the revision it ran)
 
 NOTEBOOK_PACKAGES = ("pandas", "plotly", "ipywidgets", "anywidget", "papermill", "nbformat", "nbclient",
                      "nbconvert", "ipykernel", "jupytext")

@@ -7,7 +7,7 @@ directory (metrics.json + env.json) and its page.
 
 A file measured with older code (provenance.older_code), given beside files of the current code, adds only its
 longest-sequence rows, shown under that label and quoted by no finding. The comparison of context-parallel modes
-is drawn by reports.ring_modes.
+is drawn by reports.ring_modes, the interleaved anchors by reports.ring_anchors.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from hilbert_lab.reports.provenance import (committed_in, document_source, older_code, result_git, revision_text,
                                             strip_paths)
-from hilbert_lab.reports.ring_anchors import context_parallel_section, layouts_section
+from hilbert_lab.reports.ring_anchors import ANCHOR_COLUMNS, anchor_rows, context_parallel_section, layouts_section
 from hilbert_lab.reports.ring_modes import PARALLEL_MODES_COLUMNS, mode_name, modes_section, parallel_modes_rows
 
 THROUGHPUT_COLUMNS = ["gpus", "variant", "seq_len", "seconds", "tokens_per_s_per_gpu", "tokens_per_s_total",
@@ -30,8 +30,6 @@ LONGEST_COLUMNS = ["gpus", "variant", "longest_seq_len", "first_failure_or_limit
                    "stored_in"]
 COMMUNICATION_COLUMNS = ["gpus", "variant", "seq_len", "bytes_sent_max_rank", "seconds", "compute_only_seconds",
                          "exposed_communication_seconds", "transfer_seconds_alone", "hidden_share"]
-ANCHOR_COLUMNS = ["section", "gpus", "variant", "seq_len", "median_ms", "low_ms", "high_ms", "speedup_of_reference",
-                  "speedup_low", "speedup_high", "verdict"]
 RATIO_COLUMNS = ["gpus", "variant", "seq_len", "tokens_per_s_per_gpu_vs_1_gpu"]
 
 
@@ -94,25 +92,7 @@ def ring_run(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any
                                     "dtype": str(check.get("dtype", "")).replace("torch.", ""), "tensor": tensor,
                                     **errors, "pass": check.get("pass")})
         modes += parallel_modes_rows(data, gpus)
-        for section, reference in (("causal_layouts", "contiguous"), ("context_parallel", "ring_zigzag")):
-            block = data.get(section) or {}
-            for variant, entry in block.items():
-                if not isinstance(entry, dict) or "median_ms" not in entry:
-                    continue
-                versus = entry.get(f"speed_vs_{reference}") or {}
-                low, high = (versus.get("ci") or [None, None])
-                # bench_ring's ratio is time(reference) / time(variant): "B faster" = this variant faster
-                said = {"B faster": "faster than the reference", "A faster": "slower than the reference"}.get(
-                    versus.get("verdict"), versus.get("verdict", "reference"))
-                anchors.append({"section": section, "gpus": gpus, "variant": variant, "seq_len": block.get("seq_len"),
-                                "median_ms": entry["median_ms"], "low_ms": entry["ci_ms"][0], "high_ms": entry["ci_ms"][1],
-                                "speedup_of_reference": versus.get("ratio"), "speedup_low": low, "speedup_high": high,
-                                "verdict": said})
-        reference = (data.get("context_parallel") or {}).get("sdpa_cudnn_seconds")
-        if reference:
-            anchors.append({"section": "context_parallel", "gpus": gpus, "variant": "one GPU: SDPA cuDNN",
-                            "seq_len": data["context_parallel"].get("seq_len"), "median_ms": reference * 1e3,
-                            "verdict": "ideal on P GPUs: this / P"})
+        anchors += anchor_rows(data, gpus)
         for variant, by_len in (data.get("ratios_vs_baseline") or {}).items():
             if variant == "longest_seq_len":
                 continue
@@ -188,9 +168,10 @@ def config_definitions(parameters: dict[str, Any], sends: set[str]) -> list[str]
     if not segments or not dilations:
         return []
     pattern = f"segments {list(segments)} with dilations {list(dilations)}"
+    travel = "were not sent in this run" if sends and "spanning" not in sends else "travel around the ring"
     spanning = (f"'spanning', the config that measures ring communication: the dilated pattern {pattern} plus a "
                 f"branch spanning the whole sequence (dilation {parameters.get('spanning_dilation', '?')}), whose "
-                f"keys/values {'were not sent in this run' if sends and 'spanning' not in sends else 'travel around the ring'}.")
+                f"keys/values {travel}.")
     longnet = (f"'longnet': the same pattern without that branch; every segment lies inside one GPU's shard at the "
                f"lengths run, so its ring {'sends keys/values' if 'longnet' in sends else 'sends no byte'}: it shows "
                "what sharding alone does.")
@@ -241,8 +222,8 @@ def _communication_line(communication: Any, throughput: Any, sends: set[str]) ->
     from hilbert_lab.reports.page import fmt, tokens
 
     rows = "; ".join(f"{r.variant} {_on(r.gpus)} at {tokens(r.seq_len)} tokens: {fmt(r.bytes_sent_max_rank / 2**20)} "
-                     f"MiB sent, transfer alone {fmt(r.transfer_seconds_alone * 1e3)} ms of a {fmt(r.seconds * 1e3)} ms "
-                     "step" for r in communication.itertuples())
+                     f"MiB sent, transfer alone {fmt(r.transfer_seconds_alone * 1e3)} ms of a "
+                     f"{fmt(r.seconds * 1e3)} ms step" for r in communication.itertuples())
     quiet = ", ".join(sorted(set(throughput["variant"]) - sends))
     share = float((communication["transfer_seconds_alone"] / communication["seconds"]).max())
     hidden = "; ".join(f"{_on(g)} " + ", ".join(f"{fmt(r.hidden_share)} at {tokens(r.seq_len)}" for r in
@@ -286,7 +267,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         findings.append(conclusion)
         sections.append(Section("Communication", conclusion, table=communication.drop(
             columns=["hidden_share", "exposed_communication_seconds"], errors="ignore").rename(columns={
-                "gpus": "GPUs", "variant": "config", "seq_len": "tokens", "bytes_sent_max_rank": "bytes sent (largest rank)", "seconds": "step (s)",
+                "gpus": "GPUs", "variant": "config", "seq_len": "tokens",
+                "bytes_sent_max_rank": "bytes sent (largest rank)", "seconds": "step (s)",
                 "compute_only_seconds": "step moving no byte (s)", "transfer_seconds_alone": "transfer alone (s)"})))
     if len(throughput):
         longest_len = int(throughput["seq_len"].max())
@@ -352,9 +334,10 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             + "".join(f"; {mode_name(mode)} skipped {_on(count)}" for mode, count in
                       dict.fromkeys(zip(skipped["mode"], skipped["gpus"])))
             + f"); largest difference against one GPU {worst['ring_vs_single']:.1e} ({worst['tensor']}, "
-            f"{mode_name(worst['mode'], worst['mesh'])}, {worst['variant'].replace('_', ' ')}, {int(worst['gpus'])} GPUs, {worst['dtype']}),"
-            f" at the level of bf16 rounding (single vs fp32: {worst['single_vs_fp32']:.1e}; a check passes when the "
-            "parallel result's error against fp32 is at most twice the single GPU's plus 1e-3).",
+            f"{mode_name(worst['mode'], worst['mesh'])}, {worst['variant'].replace('_', ' ')}, "
+            f"{int(worst['gpus'])} GPUs, {worst['dtype']}), at the level of bf16 rounding (single vs fp32: "
+            f"{worst['single_vs_fp32']:.1e}; a check passes when the parallel result's error against fp32 is at most "
+            "twice the single GPU's plus 1e-3).",
             table=correctness.assign(mode=[mode_name(r.mode, r.mesh) for r in correctness.itertuples()],
                                      variant=correctness["variant"].str.replace("_", " ")).drop(
                 columns=["mesh"]).rename(columns={
@@ -362,8 +345,9 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
                     "ring_vs_fp32": "max |parallel - fp32|", "single_vs_fp32": "max |1 GPU - fp32|"}), collapsed=True))
     if len(throughput):
         sections.append(Section("Every throughput measurement", table=throughput.rename(columns={
-            "gpus": "GPUs", "variant": "config", "seq_len": "tokens", "seconds": "step (s)", "tokens_per_s_per_gpu": "tokens/s per GPU",
-            "tokens_per_s_total": "tokens/s (all GPUs)", "peak_memory_gib_max_rank": "peak GiB (largest rank)",
+            "gpus": "GPUs", "variant": "config", "seq_len": "tokens", "seconds": "step (s)",
+            "tokens_per_s_per_gpu": "tokens/s per GPU", "tokens_per_s_total": "tokens/s (all GPUs)",
+            "peak_memory_gib_max_rank": "peak GiB (largest rank)",
             "bytes_sent_max_rank": "bytes sent (largest rank)"}), collapsed=True))
     counts = " and ".join(", ".join(map(str, gpus)).rsplit(", ", 1))
     about = (f"Ring attention (each sequence sharded over the GPUs, key/value blocks passed around the ring) on "

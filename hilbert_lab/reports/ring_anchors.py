@@ -1,11 +1,49 @@
 """The ring page's two anchors timed in interleaved rounds (bench_ring.py's context_parallel and causal_layouts
 sections): our ring against PyTorch's context parallelism on dense causal attention, and zigzag against
-contiguous shards on the causal spanning pattern; per GPU count, medians with 95% bootstrap intervals.
+contiguous shards on the causal spanning pattern; per GPU count, medians with 95% bootstrap intervals. Rows of
+the run's `anchors` table, each section (table, figure) and its finding.
 """
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping
+
+from hilbert_lab.bench.stats import VERDICTS, verdict_sentence
+
+ANCHOR_COLUMNS = ["section", "gpus", "variant", "seq_len", "median_ms", "low_ms", "high_ms", "speedup_of_reference",
+                  "speedup_low", "speedup_high", "verdict"]
+# the reference of each section: bench_ring's speed is time(reference) / time(variant), its verdict of that ratio
+_REFERENCES = {"causal_layouts": "contiguous", "context_parallel": "ring_zigzag"}
+
+
+def anchor_rows(data: Mapping[str, Any], gpus: int) -> list[dict[str, Any]]:
+    """ANCHOR_COLUMNS rows of one bench_ring.py file's causal_layouts and context_parallel sections: per variant
+    timed, its median and interval, its speed against the section's reference with interval and bench_ring's
+    verdict ('reference' on the reference itself); the one-GPU SDPA time, where recorded, as a row without an
+    interval."""
+    rows = []
+    for section, reference in _REFERENCES.items():
+        block = data.get(section) or {}
+        for variant, entry in block.items():
+            if not isinstance(entry, Mapping) or "median_ms" not in entry:
+                continue
+            versus = entry.get(f"speed_vs_{reference}") or {}
+            low, high = versus.get("ci") or [None, None]
+            rows.append({"section": section, "gpus": gpus, "variant": variant, "seq_len": block.get("seq_len"),
+                         "median_ms": entry["median_ms"], "low_ms": entry["ci_ms"][0], "high_ms": entry["ci_ms"][1],
+                         "speedup_of_reference": versus.get("ratio"), "speedup_low": low, "speedup_high": high,
+                         "verdict": versus.get("verdict", "reference")})
+    single = (data.get("context_parallel") or {}).get("sdpa_cudnn_seconds")
+    if single:
+        rows.append({"section": "context_parallel", "gpus": gpus, "variant": "one GPU: SDPA cuDNN",
+                     "seq_len": data["context_parallel"].get("seq_len"), "median_ms": single * 1e3,
+                     "verdict": "ideal on P GPUs: this / P"})
+    return rows
+
+
+def _verdict_text(verdict: Any) -> Any:
+    """A row's verdict as the table reads it: a bench verdict against 'the reference', any other text as it is."""
+    return verdict_sentence(verdict, "the reference") if verdict in VERDICTS else verdict
 
 
 def implementation_name(variant: str) -> str:
@@ -34,7 +72,7 @@ def anchor_table(frame: Any) -> Any:
         "speed vs reference [95%]": [f"{r.speedup_of_reference:.3f} [{r.speedup_low:.3f}, {r.speedup_high:.3f}]"
                                      if r.speedup_low == r.speedup_low and r.speedup_low is not None else "-"
                                      for r in frame.itertuples()],
-        "verdict": frame["verdict"]})
+        "verdict": frame["verdict"].map(_verdict_text)})
 
 
 def context_parallel_section(cp: Any) -> tuple[Any, str]:
@@ -62,10 +100,11 @@ def context_parallel_section(cp: Any) -> tuple[Any, str]:
         if not len(theirs) or not len(ours):
             return f"on {count} GPUs PyTorch's context parallelism did not run"
         best = theirs.iloc[0]
+        kernel = implementation_name(best.variant).removeprefix("PyTorch context parallel ")
         return (f"on {count} GPUs ours {fmt(float(ours.median_ms.iloc[0]))} ms, PyTorch's at its fastest "
-                f"{implementation_name(best.variant).removeprefix('PyTorch context parallel ')} {fmt(float(best.median_ms))} ms, its speed relative to ours "
+                f"{kernel} {fmt(float(best.median_ms))} ms, its speed relative to ours "
                 f"{best.speedup_of_reference:.3f} [{best.speedup_low:.3f}, {best.speedup_high:.3f}] "
-                f"(PyTorch {best.verdict.replace('the reference', 'ours')})")
+                f"(PyTorch {verdict_sentence(best.verdict, 'ours')})")
 
     single = cp[cp.low_ms.isna()]
     conclusion = (f"Dense causal attention at {tokens(cp.seq_len.iloc[0])} tokens, forward+backward, our ring (zigzag "
@@ -86,11 +125,12 @@ def layouts_section(layouts: Any) -> tuple[Any, str]:
         contiguous = layouts[(layouts.variant == "contiguous") & (layouts.gpus == row.gpus)].median_ms.iloc[0]
         return (f"on {int(row.gpus)} GPUs zigzag {fmt(row.median_ms)} ms vs contiguous {fmt(float(contiguous))} ms "
                 f"per step, zigzag speed-up {row.speedup_of_reference:.3f} [{row.speedup_low:.3f}, "
-                f"{row.speedup_high:.3f}] (zigzag {row.verdict.replace('the reference', 'contiguous')})")
+                f"{row.speedup_high:.3f}] (zigzag {verdict_sentence(row.verdict, 'contiguous')})")
 
     conclusion = (f"Causal spanning pattern at {tokens(zig.seq_len.iloc[0])} tokens, zigzag against contiguous "
                   f"shards: {'; '.join(pair(row) for row in zig.itertuples())}.")
     return Section("Causal load balance", conclusion, table=anchor_table(layouts)), conclusion
 
 
-__all__ = ["anchor_table", "context_parallel_section", "implementation_name", "layouts_section"]
+__all__ = ["ANCHOR_COLUMNS", "anchor_rows", "anchor_table", "context_parallel_section",
+           "implementation_name", "layouts_section"]

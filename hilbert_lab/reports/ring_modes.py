@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from hilbert_lab.bench.stats import verdict_sentence
 from hilbert_lab.distributed.modules import PARALLEL_MODES
 
 MODE_NAMES = {"ring": "ring", "ulysses": "head-parallel (Ulysses)", "hybrid": "hybrid"}
 PARALLEL_MODES_COLUMNS = ["gpus", "config", "mode", "seq_len", "median_ms", "low_ms", "high_ms", "speed_vs_ring",
                           "speed_low", "speed_high", "verdict", "bytes_sent_max_rank", "mesh", "skipped"]
-# bench_ring's ratio is time(ring) / time(mode): "A faster" = the ring faster, "B faster" = the mode faster
-VERDICTS = {"A faster": "slower than the ring", "B faster": "faster than the ring",
-            "no difference": "no different from the ring"}
 
 
 def mode_name(mode: str, mesh: Any = None) -> str:
@@ -114,7 +112,9 @@ def modes_table(frame: Any) -> Any:
         "step ms [95%]": [fmt_interval(r.median_ms, r.low_ms, r.high_ms) for r in frame.itertuples()],
         "speed vs ring [95%]": [_ratio(r) if _present(r.speed_vs_ring) else ("reference" if r.mode == "ring" and
                                 _present(r.median_ms) else "-") for r in frame.itertuples()],
-        "verdict": [VERDICTS.get(r.verdict, r.verdict) if _present(r.verdict) else "-" for r in frame.itertuples()],
+        # bench_ring's ratio is time(ring) / time(mode): its verdict words the mode against the ring
+        "verdict": [verdict_sentence(r.verdict, "the ring") if _present(r.verdict) else "-"
+                    for r in frame.itertuples()],
         "sent per rank (MiB)": [fmt(r.bytes_sent_max_rank / 2**20) if _present(r.bytes_sent_max_rank) else "-"
                                 for r in frame.itertuples()],
         "mesh (ring x Ulysses)": [f"{r.mesh[0]} x {r.mesh[1]}" if isinstance(r.mesh, (list, tuple)) else "-"
@@ -145,5 +145,5 @@ def modes_section(frame: Any, sends: set[str]) -> tuple[Any, str, str]:
     return Section("Ring, head-parallel and hybrid", finding, figure=fig, table=modes_table(frame)), finding, headline
 
 
-__all__ = ["MODE_NAMES", "PARALLEL_MODES_COLUMNS", "VERDICTS", "mode_name", "modes_finding",
-           "modes_section", "modes_table", "parallel_modes_rows"]
+__all__ = ["MODE_NAMES", "PARALLEL_MODES_COLUMNS", "mode_name", "modes_finding", "modes_section", "modes_table",
+           "parallel_modes_rows"]

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
 
-from hilbert_lab.reports.environment import collect_environment, git_revision
+from hilbert_lab.bench.env import git_revision
+from hilbert_lab.reports.environment import collect_environment
 from hilbert_lab.reports.export import export_html
 from hilbert_lab.reports.html import write_plotly
 from hilbert_lab.reports.recorder import to_jsonable

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hilbert_lab.bench.stats import (bootstrap_median_ci, compare, format_ratio, ratio_ci, settled,
-                                     verdict)
+                                     verdict, verdict_sentence)
 
 
 def _loop_bootstrap(values, resamples, seed, confidence=0.95):
@@ -69,6 +69,20 @@ def test_verdict_cases():
     assert verdict(1.1, 0.9, 1.3) == "no difference"
     assert verdict(1.02, 1.01, 1.03, min_effect=0.05) == "no difference"
     assert verdict(float("nan"), 0.1, 0.2) == "no difference"
+
+
+def test_verdict_sentence_words_side_b_against_the_reference():
+    sentences = {"A faster": "slower than the ring", "B faster": "faster than the ring",
+                 "no difference": "no different from the ring"}
+    assert {label: verdict_sentence(label, "the ring") for label in sentences} == sentences
+
+
+def test_verdict_sentence_follows_the_ratio_and_refuses_other_words():
+    # time(reference) / time(other) = 2: the other side takes half the time
+    assert verdict_sentence(verdict(2.0, 1.5, 2.5), "contiguous") == "faster than contiguous"
+    assert verdict_sentence(verdict(0.5, 0.4, 0.6), "the reference") == "slower than the reference"
+    with pytest.raises(ValueError, match="verdict must be one of A faster, B faster, no difference"):
+        verdict_sentence("faster than the ring", "the ring")
 
 
 def test_compare_names_the_faster_side_and_formats_interval():

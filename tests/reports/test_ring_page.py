@@ -171,3 +171,30 @@ def test_only_older_files_put_the_whole_page_under_their_label(tmp_path):
     assert LABEL in page.headline
     assert all(section.heading.endswith(LABEL) for section in page.sections[1:])
     assert not any(section.heading.count("older code") > 1 for section in page.sections)
+
+
+def test_anchor_verdicts_are_worded_against_their_reference(page):
+    from hilbert_lab.bench.stats import verdict_sentence
+    from hilbert_lab.reports.ring_anchors import implementation_name
+
+    cp = _section(page, "Against PyTorch's context parallelism").table
+    layouts = _section(page, "Causal load balance").table
+    seen = 0
+    for name in ("ring_2gpu_h200.json", "ring_4gpu_h200.json", "ring_4gpu_layouts_h200.json"):
+        raw = _raw(name)
+        gpus = raw["environment"]["world_size"]
+        for section, reference, table in (("context_parallel", "ring_zigzag", cp),
+                                          ("causal_layouts", "contiguous", layouts)):
+            for variant, entry in (raw.get(section) or {}).items():
+                if not isinstance(entry, dict) or "median_ms" not in entry:
+                    continue
+                row = table[(table["GPUs"] == gpus) & (table["implementation"] == implementation_name(variant))]
+                versus = entry.get(f"speed_vs_{reference}")
+                expected = verdict_sentence(versus["verdict"], "the reference") if versus else "reference"
+                assert row["verdict"].tolist() == [expected], (name, variant)
+                seen += 1
+    assert seen == 16
+    finding = next(line for line in page.findings if line.startswith("Dense causal attention"))
+    assert finding.count("(PyTorch faster than ours)") == 2
+    finding = next(line for line in page.findings if line.startswith("Causal spanning pattern"))
+    assert "(zigzag faster than contiguous)" in finding and "(zigzag slower than contiguous)" in finding
