@@ -180,14 +180,18 @@ def test_block_path_values_and_gradients_on_a_model_of_the_kernel(monkeypatch, s
 
 
 def test_block_path_is_only_taken_for_layout_permutations(monkeypatch, rng):
+    """The layout tensor itself runs the kernel (once, with x permuted); an equal copy, another permutation or a
+    missing extension run no kernel (None: permute_sequence falls back to index_select)."""
     monkeypatch.setattr(layouts, "_cuda_kernels", lambda: _ModelKernels)
+    monkeypatch.setattr(_ModelKernels, "calls", 0)
     x = torch.randn(1, 64, 2, 2)
     perm, _ = layout_permutation(64, 16, "hilbert")
-    assert layouts._permute_blocks(x, perm) is not None
+    assert torch.equal(layouts._permute_blocks(x, perm), x.index_select(1, perm)) and _ModelKernels.calls == 1
     assert layouts._permute_blocks(x, perm.clone()) is None  # equal values, not a layout tensor
     assert layouts._permute_blocks(x, torch.from_numpy(rng.permutation(64))) is None
     monkeypatch.setattr(layouts, "_cuda_kernels", lambda: None)  # the extension could not load
     assert layouts._permute_blocks(x, perm) is None
+    assert _ModelKernels.calls == 1
 
 
 def test_a_layout_tensor_changed_in_place_is_read_as_it_now_is(monkeypatch):

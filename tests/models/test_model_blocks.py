@@ -247,10 +247,17 @@ def test_ring_switch_refuses_what_the_ring_cannot_do():
     assert all(torch.equal(before[name], after[name]) for name in before)
 
 
-def test_generate_restores_training_mode():
-    model = _lm().train()
-    model.generate(_tokens(batch=1, length=4), 2)
-    assert model.training
+def test_generate_runs_in_eval_mode_and_restores_training_mode():
+    """A model in training mode (dropout 0.5) generates with dropout off: its greedy tokens are the eval model's
+    teacher-forced argmax; afterwards every module is back in training mode (and an eval model stays in eval)."""
+    model = _lm(dropout=0.5).train()
+    prompt = _tokens(batch=2, length=4)
+    out = model.generate(prompt, 6)
+    assert all(module.training for module in model.modules())
+    logits = model.eval()(out)
+    torch.testing.assert_close(out[:, 4:], logits[:, 3:-1].argmax(dim=-1), atol=0, rtol=0)
+    model.generate(prompt, 1)
+    assert not any(module.training for module in model.modules())
 
 
 def test_config_rebuilds_the_same_architecture():
