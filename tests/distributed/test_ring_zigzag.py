@@ -148,3 +148,16 @@ def test_the_gloo_check_holds_every_kind_of_branch():
     plans = plan_branches(DilatedPattern.create([2, 8, 32], [1, 2, 4]), RingLayout(4, 1, 32, "zigzag"), 4)
     assert [(p.local, p.members) for p in plans] == [(True, (1,)), (False, (0, 1)), (False, (0, 1, 2, 3))]
 
+
+@pytest.mark.parametrize("segment", [3 * 1024, 5 * 1024])
+def test_split_local_part_is_one_block_per_shard_block(segment):
+    """A branch split per segment (3 or 5 zigzag chunks on 4 ranks): the other branches' blocks in a rank's two
+    chunks continue each other in storage and are one block each, exactly the blocks of the shard's own plan."""
+    seq_len, heads = 8192, 12
+    pattern = DilatedPattern.create([32, 128, 512, segment, seq_len], [1, 2, 4, 8, 16], causal=True)
+    reference = cached_plan(pattern, seq_len // 4, heads, (0, 1, 2))
+    for rank in range(4):
+        plan = plan_ring(pattern, RingLayout(4, rank, seq_len, "zigzag"), heads)
+        assert plan.split
+        local = [blk for blk in plan.local_plan.blocks if blk.branch < 3]
+        assert sorted(map(repr, local)) == sorted(map(repr, reference.blocks)), rank
