@@ -201,7 +201,8 @@ class BranchSchedule:
     def scatter(self, dst: torch.Tensor, value: torch.Tensor, b: int, parts: tuple[int, ...],
                 write: Callable[[torch.Tensor, torch.Tensor], None], role: str = QUERY) -> None:
         """write(view, piece) for this rank's rows `parts` of bundle b in dst (B, n, H, ...) (role KEY:
-        H_kv heads), value (B, L, h, ...) stacked; rows without a view are read, written and stored back."""
+        H_kv heads), value (B, L, h, ...) stacked; a group's slice rows are written in place (a view), index rows
+        are read, written and stored back."""
         selections = self._rows(self.me, b, parts)
         view = self._view(dst, b, selections, role)
         if view is not None:
@@ -210,7 +211,8 @@ class BranchSchedule:
         for rows, (heads, stacked) in zip(selections, self._pieces(b, role)):
             piece = dst[:, rows, heads]
             write(piece, value[:, :, stacked])
-            dst[:, rows, heads] = piece
+            if not isinstance(rows, slice):
+                dst[:, rows, heads] = piece
 
     def dense(self, x: torch.Tensor, b: int) -> torch.Tensor:
         """This rank's rows of x for bundle b, (B, L, h, ...) stored as (B, h, L, ...) (the kernels' layout)."""
