@@ -8,7 +8,7 @@
 - ring: the members of this rank's sub-ring, the ranks sharing its segment; the branch is one job part
   whose steps move keys and values between them (steps.py);
 - per segment: segments cross shard borders at places that no sub-ring of the layout follows (e.g. w = 1.5 n,
-  or zigzag's w = 2c); the ring splits the branch per segment as it splits a packed row (documents.py):
+  or zigzag's w = 3c on 4 ranks); the ring splits the branch per segment as it splits a packed row (documents.py):
   segments inside a piece join the local part, each crossing one is a sub-ring of the ranks holding it.
 """
 from __future__ import annotations

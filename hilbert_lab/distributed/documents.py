@@ -6,7 +6,8 @@ local and ring. The plan of the whole row (attention.plan.cached_plan with its d
 segment of each block instead:
 - a segment inside one of this rank's pieces (positions stored as consecutive rows: the shard, or a zigzag
   chunk; rank P-1's two zigzag chunks are one piece) is a block of the local plan, moved from positions to
-  storage rows; the local plan runs on the engine's executor as one job part, and sends nothing;
+  storage rows (a block's parts in consecutive pieces that continue each other in storage are one block); the
+  local plan runs on the engine's executor as one job part, and sends nothing;
 - a segment crossing a piece border is a span [a, b) whose keys sit on the ranks holding it: a sub-ring
   (`branches.RingBranch` with `span=(a, b)`) run by `steps.RingSteps` like a ring branch of a plain row,
   one job part each. Its members select the positions p of [a, b) with (p - a) % r == offset for each
@@ -92,11 +93,26 @@ def split_documents(pattern: DilatedPattern, geometry: RingLayout, num_heads: in
     return _local_plan(plan, tuple(local), geometry.shard_len), tuple(found)
 
 
+def _coalesce(blocks: tuple) -> tuple:
+    """Blocks whose segments continue each other in storage (a block's part in one piece, then in the next) as
+    one block: one kernel call instead of one per piece."""
+    out: list = []
+    for blk in blocks:
+        last = out[-1] if out else None
+        if last is not None and blk.start == last.start + last.count * last.seg and \
+                replace(blk, start=last.start, count=last.count) == last:
+            out[-1] = replace(last, count=last.count + blk.count)
+        else:
+            out.append(blk)
+    return tuple(out)
+
+
 def _local_plan(plan: Plan, blocks: tuple, shard_len: int) -> Optional[Plan]:
-    """A plan of `blocks` on a shard: merge where some head has blocks of several branches; coverage and
-    cleared entries are not known (the executors then clear and zero what they own)."""
+    """A plan of `blocks` (coalesced) on a shard: merge where some head has blocks of several branches; coverage
+    and cleared entries are not known (the executors then clear and zero what they own)."""
     if not blocks:
         return None
+    blocks = _coalesce(blocks)
     branches_of: dict[int, set[int]] = {}
     for blk in blocks:
         for h in range(blk.heads.start, blk.heads.stop, blk.heads.step or 1):

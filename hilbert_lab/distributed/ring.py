@@ -155,8 +155,9 @@ def ring_dilated_attention(
     H_kv heads (grouped-query attention as in dilated_attention; the K/V rows that travel carry H_kv
     heads). Returns out (B, N/P, H, D) (and lse (B, H, N/P) if return_lse), differentiable with exact
     gradients. Any segment lengths work on both layouts: a branch whose segments divide N/P (zigzag:
-    N/2P) sends nothing, one whose segments are multiples of N/P (zigzag: >= N) runs around sub-rings of
-    whole shards, and any other runs each segment that crosses a shard border around the ranks holding it.
+    N/2P) sends nothing, one whose segments are multiples of N/P (zigzag: m chunks N/2P, m dividing 2P) runs
+    around sub-rings of the ranks holding them, and any other runs each segment that crosses a shard border
+    around the ranks holding it.
 
     Every rank of the group must call it with the same arguments and equal shards. check_config (one
     small all_gather over `group` before anything else) makes every rank raise a ValueError when the

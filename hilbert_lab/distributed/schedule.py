@@ -11,7 +11,8 @@
 - packets: per bundle the K then V rows of all of a member's parts, stored (B, h, L, D) (the kernels'
   layout, so that neither the calls nor the dK/dV sums copy) in one uint8 buffer (comm.unpack's layout).
 - calls: per packet the kernel calls that attend (masked cells skipped), joined by the layout's algorithm.
-- routes: holders[j], the members that hold member j's packet, in hop order (the algorithm's routes).
+- routes: holders[j], the members that hold member j's packet, in hop order: the algorithm's routes without the
+  members that attend none of its keys.
 """
 from __future__ import annotations
 
@@ -60,18 +61,29 @@ def _join(first: Rows, second: Rows, device: torch.device) -> Rows:
     return torch.cat(as_index)
 
 
+@functools.lru_cache(maxsize=1024)
+def member_runs(geometry: RingLayout, member: int, segment: int, causal: bool,
+                span: tuple[int, int] | None = None) -> tuple[tuple[int, slice, int], ...]:
+    """((chunk id, storage slice, segment index), ...): the member's parts before selection, one per run of the
+    layout (runs lie inside one segment of a ring branch), or one for the whole shard when not causal and every
+    run lies in one segment; a span is one segment (index 0). Cached."""
+    runs = geometry.runs(member)
+    # chunk ids order positions: chunk c holds [c * length, (c + 1) * length)
+    segments = [0 if span is not None else chunk * (run.stop - run.start) // segment for chunk, run in runs]
+    if not causal and len(set(segments)) == 1:
+        return ((runs[0][0], slice(0, geometry.shard_len), segments[0]),)
+    return tuple((chunk, run, index) for (chunk, run), index in zip(runs, segments))
+
+
 @functools.lru_cache(maxsize=4096)
 def member_parts(geometry: RingLayout, member: int, segment: int, rate: int, offset: int, causal: bool,
                  device: torch.device, span: tuple[int, int] | None = None) -> tuple[tuple[int, Rows], ...]:
-    """((chunk id, selected storage rows), ...) of a member for one (branch, offset); cached. span: the
-    positions [a, b) of one segment starting at a (a document's), else segments start at multiples of
-    `segment`."""
+    """((chunk id, selected storage rows), ...) of a member for one (branch, offset), one per part of
+    `member_runs`; cached. span: the positions [a, b) of one segment starting at a (a document's), else
+    segments start at multiples of `segment`."""
     positions = geometry.positions(member)
-    runs = geometry.runs(member)
-    if not causal:
-        runs = ((runs[0][0], slice(0, geometry.shard_len)),)
     parts = []
-    for chunk, run in runs:
+    for chunk, run, _ in member_runs(geometry, member, segment, causal, span):
         held = positions[run]
         if span is None:
             selected = is_selected(held, segment, rate, offset)
@@ -91,17 +103,21 @@ class BranchSchedule:
         self.branch, self.geometry, self.causal = branch, geometry, causal
         self.me = branch.members.index(geometry.index)
         self.size = len(branch.members)
-        self.holders = geometry.algorithm.routes(self.size, causal)
         self.batch, self.head_dim, self.device = q.shape[0], q.shape[3], q.device
-        # parts[j][g]: ((chunk id, selected rows), ...) of member j for head group g
+        # parts[j][g]: ((chunk id, selected rows), ...) of member j for head group g; segments[j]: their segments
         self.parts = [[member_parts(geometry, member, branch.segment_length, branch.dilation_rate, group.offset,
                                     causal, q.device, branch.span) for group in branch.groups]
                       for member in branch.members]
+        self.segments = [tuple(index for _, _, index in member_runs(geometry, member, branch.segment_length, causal,
+                                                                    branch.span)) for member in branch.members]
         bundles: dict[tuple, list[int]] = {}
         for g, group in enumerate(branch.groups):  # stacked groups keep query head j reading kv head j // ratio
             key = tuple(count_rows(rows) for j in range(self.size) for _, rows in self.parts[j][g])
             bundles.setdefault(key + (group.num_heads // group.num_kv_heads,), []).append(g)
         self.bundles = tuple(tuple(groups) for groups in bundles.values())
+        # a packet passes over the members that attend none of its keys (e.g. zigzag's earlier holders of a segment)
+        self.holders = [[m for m in route if m == j or any(self.cells(m, j, b) for b in range(len(self.bundles)))]
+                        for j, route in enumerate(geometry.algorithm.routes(self.size, causal))]
         self._bytes: dict[tuple[int, torch.dtype], int] = {}
 
     @property
@@ -185,7 +201,8 @@ class BranchSchedule:
     def scatter(self, dst: torch.Tensor, value: torch.Tensor, b: int, parts: tuple[int, ...],
                 write: Callable[[torch.Tensor, torch.Tensor], None], role: str = QUERY) -> None:
         """write(view, piece) for this rank's rows `parts` of bundle b in dst (B, n, H, ...) (role KEY:
-        H_kv heads), value (B, L, h, ...) stacked; rows without a view are read, written and stored back."""
+        H_kv heads), value (B, L, h, ...) stacked; a group's slice rows are written in place (a view), index rows
+        are read, written and stored back."""
         selections = self._rows(self.me, b, parts)
         view = self._view(dst, b, selections, role)
         if view is not None:
@@ -194,7 +211,8 @@ class BranchSchedule:
         for rows, (heads, stacked) in zip(selections, self._pieces(b, role)):
             piece = dst[:, rows, heads]
             write(piece, value[:, :, stacked])
-            dst[:, rows, heads] = piece
+            if not isinstance(rows, slice):
+                dst[:, rows, heads] = piece
 
     def dense(self, x: torch.Tensor, b: int) -> torch.Tensor:
         """This rank's rows of x for bundle b, (B, L, h, ...) stored as (B, h, L, ...) (the kernels' layout)."""
@@ -232,15 +250,20 @@ class BranchSchedule:
         return tensors[2 * b][:, :, rows].transpose(1, 2), tensors[2 * b + 1][:, :, rows].transpose(1, 2)
 
     # -- calls and routes -----------------------------------------------------------------------------------
+    def cells(self, member: int, origin: int, b: int) -> dict[tuple[int, int], str]:
+        """(query part of `member`, key part of `origin`) -> "diagonal" or "full" for every pair of parts of
+        bundle b that attends: both hold rows, of one segment, the keys not after the queries when causal."""
+        cells = {}
+        for qi, ((q_chunk, q_count), q_segment) in enumerate(zip(self.chunks(member, b), self.segments[member])):
+            for ki, ((k_chunk, k_count), k_segment) in enumerate(zip(self.chunks(origin, b), self.segments[origin])):
+                if q_count and k_count and q_segment == k_segment and not (self.causal and k_chunk > q_chunk):
+                    cells[(qi, ki)] = "diagonal" if self.causal and k_chunk == q_chunk else "full"
+        return cells
+
     def calls(self, origin: int):
         """(bundle, query parts, key parts, causal) of the kernel calls for the origin's packet."""
         for b in range(len(self.bundles)):
-            cells = {}
-            for qi, (q_chunk, q_count) in enumerate(self.chunks(self.me, b)):
-                for ki, (k_chunk, k_count) in enumerate(self.chunks(origin, b)):
-                    if q_count and k_count and not (self.causal and k_chunk > q_chunk):
-                        cells[(qi, ki)] = "diagonal" if self.causal and k_chunk == q_chunk else "full"
-            for q_parts, k_parts, causal in self.geometry.algorithm.join(cells):
+            for q_parts, k_parts, causal in self.geometry.algorithm.join(self.cells(self.me, origin, b)):
                 yield b, q_parts, k_parts, causal
 
     def origins(self, dtype: torch.dtype) -> list[int]:

@@ -3,11 +3,13 @@ holds chunks i and 2P-1-i, an early and a late one, so that every rank does the 
 
 What this layout decides (branches.py and schedule.py ask it):
 - runs: a member's positions are two runs, its early chunk then its late one (chunk ids order positions);
-- classify: a branch whose effective segment w divides c is local; one with w == N spans all ranks;
-  any other runs per segment (None): each segment crossing a piece border is a sub-ring of the ranks
-  holding it (documents.py);
+- classify: a branch whose effective segment w divides c is local; one whose w is m whole chunks with m
+  dividing 2P is a ring over the ranks holding this rank's segments (the mirror image of a segment is a
+  segment with the same holders, so these groups split the ranks; w == N: all ranks; a group of one rank
+  holds its segment in storage order and is local); any other runs per segment (None): each segment
+  crossing a piece border is a sub-ring of the ranks holding it (documents.py);
 - routes: every packet visits every other member (a rotation), causal or not: every rank's late chunk
-  attends every earlier rank's keys;
+  attends every earlier rank's keys (the schedule passes over members that attend none of a packet's keys);
 - join: the own packet is one causal call (early and late rows against early and late keys, masked by
   position order); a remote packet is one full call (an earlier rank's early chunk for both query chunks,
   or both chunks of a later rank for the late query chunk); other shapes fall back to one call per cell.
@@ -28,14 +30,17 @@ def runs(member: int, ring_size: int, shard_len: int) -> tuple[tuple[int, slice]
 
 def classify(segment: int, ring_size: int, index: int, seq_len: int) -> tuple[bool, tuple[int, ...]] | None:
     """(local, members of this rank's ring) of a branch with effective segment length `segment`, on rank `index`
-    of a ring of `ring_size` ranks holding `seq_len` tokens; None where segments cross chunk borders but do not
-    cover the sequence (the ring then runs each crossing segment on its own)."""
-    chunk = seq_len // ring_size // 2
+    of a ring of `ring_size` ranks holding `seq_len` tokens; None where segments cross chunk borders other than as
+    m whole chunks with m dividing 2P (the ring then runs each crossing segment on its own)."""
+    chunk, chunks = seq_len // ring_size // 2, 2 * ring_size
     if chunk % segment == 0:
         return True, (index,)
-    if segment == seq_len:
-        return False, tuple(range(ring_size))
-    return None
+    whole = segment // chunk  # chunks per segment
+    if segment % chunk or chunks % whole:
+        return None
+    first = (index // whole) * whole  # the segment of this rank's early chunk; its late chunk's is the mirror image
+    members = tuple(sorted({min(c, chunks - 1 - c) for c in range(first, first + whole)}))
+    return (True, (index,)) if members == (index,) else (False, members)
 
 
 def routes(members: int, causal: bool) -> list[list[int]]:

@@ -41,6 +41,7 @@ def _entry(rank: int, world_size: int, init_file: str, names: list[str], backend
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import ring_checks  # noqa: F401  registers the checks in this (spawned) process
     import ulysses_checks  # noqa: F401
+    import zigzag_checks  # noqa: F401
 
     dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world_size,
                             timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
