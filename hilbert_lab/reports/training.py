@@ -14,6 +14,7 @@ from hilbert_lab.reports.repo_paths import REPO_ROOT, resolve_repo_path, results
 from hilbert_lab.reports.training_grid import grid_buckets_table, grid_rows_table, grid_sections, load_grids
 from hilbert_lab.reports.training_length import device_name, longest_trainable_sections, longest_trainable_table
 from hilbert_lab.reports.training_ring import loss_agreement, ring_comparison_sections, ring_comparison_table
+from hilbert_lab.reports.training_scaling import load_scaling, scaling_sections, scaling_table
 
 __all__ = [
     "REPO_ROOT",
@@ -29,11 +30,13 @@ __all__ = [
     "phases_table",
     "render",
     "load_runs",
+    "load_scaling",
     "loss_agreement",
     "resolve_repo_path",
     "results_dir",
     "ring_comparison_table",
     "run_phases",
+    "scaling_table",
     "throughput_table",
 ]
 
@@ -271,7 +274,7 @@ def _sources(finals: Any, grid_rows: Any, probes: Any) -> list[dict[str, str]]:
 
 def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     """Training page: findings (the retrieval grid's main result, its control, the 128K fine-tunes, the ring
-    against one GPU, the longest trainable length), the grids, curves per group, tables behind closed sections."""
+    against one GPU, scaling over GPUs, the longest trainable length), the grids, curves per group, tables behind closed sections."""
     from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, percent_interval
     from hilbert_lab.reports.provenance import older_code_of_revision
     from hilbert_lab.viz.training import throughput_bars
@@ -297,6 +300,9 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     ring_sections, ring_findings = ring_comparison_sections(metrics, finals)
     sections += ring_sections
     findings += ring_findings
+    scaling_parts, scaling_findings = scaling_sections(metrics)
+    sections += scaling_parts
+    findings += scaling_findings
     probe_sections, probe_findings = longest_trainable_sections(metrics)
     sections += probe_sections
     findings += probe_findings + [line for line in grid_findings if line not in findings]

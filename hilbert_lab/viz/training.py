@@ -1,5 +1,6 @@
 """Plotly figures of training runs: loss/accuracy curves with curriculum phases, throughput bars, peak memory
-against sequence length (the longest trainable length), and the retrieval grid (accuracy against attention FLOPs, accuracy per needle distance)."""
+against sequence length (the longest trainable length), scaling over GPUs, and the retrieval grid (accuracy against
+attention FLOPs, accuracy per needle distance)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -13,6 +14,7 @@ __all__ = [
     "accuracy_vs_flops",
     "curriculum_phases",
     "memory_by_length",
+    "scaling_bars",
     "throughput_bars",
     "training_curves",
 ]
@@ -148,6 +150,34 @@ def throughput_bars(rows: Sequence[Mapping[str, Any]], *, title: str = "training
     figure.update_layout(title=title, barmode="group")
     figure.update_yaxes(title_text="tokens/s", row=1, col=1)
     figure.update_yaxes(title_text="GiB", row=1, col=2)
+    return figure
+
+
+def scaling_bars(rows: Sequence[Mapping[str, Any]], *, target: float | None = None,
+                 title: str = "tokens/s per GPU against one GPU"):
+    """Bars of each setup's median tokens/s per GPU over one GPU's (whiskers: its slowest and fastest run), with and
+    without gradient checkpointing; a dashed line at `target`. `rows` need keys setup, gradient_checkpointing,
+    ratio, ratio_low, ratio_high."""
+    import plotly.graph_objects as go
+
+    _check_rows(rows, ("setup", "gradient_checkpointing", "ratio", "ratio_low", "ratio_high"), "scaling")
+    figure = go.Figure()
+    for checkpointing, color in ((False, _COLORS[0]), (True, _COLORS[1])):
+        chosen = [row for row in rows if bool(row["gradient_checkpointing"]) is checkpointing]
+        if not chosen:
+            continue
+        ratios = [float(row["ratio"]) for row in chosen]
+        figure.add_trace(go.Bar(
+            x=[str(row["setup"]) for row in chosen], y=ratios, marker_color=color,
+            name=("with" if checkpointing else "without") + " gradient checkpointing",
+            error_y=dict(type="data", symmetric=False,
+                         array=[float(r["ratio_high"]) - m for r, m in zip(chosen, ratios)],
+                         arrayminus=[m - float(r["ratio_low"]) for r, m in zip(chosen, ratios)])))
+    if target is not None:
+        figure.add_hline(y=target, line_dash="dash", annotation_text=f"target {target:g}")
+    figure.update_layout(title=title, barmode="group", height=420, xaxis_title="setup",
+                         yaxis_title="tokens/s per GPU / one GPU's (higher is better)")
+    figure.update_yaxes(rangemode="tozero")
     return figure
 
 

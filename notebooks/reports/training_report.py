@@ -35,6 +35,13 @@ runs = {
         "H100 128K dil8 fine-tune (32K seed 0)": "reports/results/train_gpu_h100_128k.json",
         "H100 128K dil8 fine-tune (32K seed 1)": "reports/results/train_gpu_h100_128k_seed1.json",
     },
+    "128K needle retrieval on 2 H200s, context parallel 2 (dil8 fine-tuned from 32K)": {
+        "2 H200 context parallel 128K fine-tune (32K seed 2)": "reports/results/train_mesh/retrieval_128k_cp2_h200.json",
+    },
+    "32K pretraining on one H200 (the 2-GPU 128K run starts from seed 2)": {
+        "H200 32K seed 2": "reports/results/train_mesh/pretrain_32k_seed2_h200.json",
+        "H200 32K seed 0": "reports/results/train_mesh/pretrain_32k_seed0_h200.json",
+    },
     "ring attention on 2 H200 vs 1 H200 (60 steps)": {
         "H200 1 GPU": "reports/results/train_h200_1gpu_60steps.json",
         "H200 ring 2 GPUs": "reports/results/train_h200_ring2_60steps.json",
@@ -45,6 +52,8 @@ grids = {
     "32K grid on H100": "reports/results/retrieval_grid_h100.json",
     "CPU small-scale grid (N=512)": "reports/results/retrieval_grid_cpu.json",
 }
+# tokens/s per GPU on 1, 2 and 4 GPUs at a fixed length per GPU (train_gpu.py runs merged); absent: no section
+scaling = "reports/results/train_mesh/scaling_h200.json"
 cpu_train_steps = 0
 output_dir = "."
 
@@ -60,10 +69,12 @@ from hilbert_lab.reports.training import (
     history_table,
     load_grids,
     load_runs,
+    load_scaling,
     longest_trainable_table,
     phases_table,
     ring_comparison_table,
     run_phases,
+    scaling_table,
     throughput_table,
 )
 from hilbert_lab.viz.training import (
@@ -75,7 +86,7 @@ from hilbert_lab.viz.training import (
 )
 import pandas as pd
 
-recorder = ReportRecorder(output_dir, "training", dict(runs=runs, grids=grids,
+recorder = ReportRecorder(output_dir, "training", dict(runs=runs, grids=grids, scaling=scaling,
                                                             cpu_train_steps=cpu_train_steps))
 groups = load_runs(runs)
 if cpu_train_steps > 0:
@@ -133,6 +144,19 @@ for row in comparison.to_dict(orient="records"):
                     row["recomputed_max_rel_loss_difference"] if row["recomputed_points"]
                     else row["max_rel_loss_difference"],
                     note=f"over {row['recomputed_points'] or row['points']} logged points")
+
+# %% [markdown]
+# ## Scaling over GPUs
+# Tokens/s per GPU of training steps at the same tokens per GPU on 1, 2 and 4 GPUs: data parallel splits the
+# batch's rows, context parallel each sequence (`benchmarks/train_gpu.py --data-parallel / --context-parallel`
+# under torchrun, FSDP2 on a DeviceMesh). Every segment fits a shard, so context parallelism sends no keys.
+#
+
+# %%
+scaling_data = load_scaling(scaling)
+scaling_rows = scaling_table(scaling_data) if scaling_data else pd.DataFrame()
+recorder.table("scaling", scaling_rows.drop(columns=["tokens_per_s_per_gpu"], errors="ignore"),
+               caption="tokens/s per GPU per setup (runs: slowest, median, fastest) against one GPU")
 
 # %% [markdown]
 # ## Throughput and memory at 32K tokens

@@ -205,3 +205,20 @@ def test_accuracy_by_distance_one_sorted_trace_per_row():
     assert figure.data[0].x == ("128-256", "256-512") and figure.data[0].y == (0.9, 0.2)
     assert list(figure.layout.xaxis.categoryarray) == ["128-256", "256-512"] and figure.layout.scattermode == "group"
     assert figure.data[0].error_y.arrayminus == pytest.approx((0.1, 0.1))
+
+
+def test_scaling_bars_draw_each_setups_ratio_with_its_slowest_and_fastest_run():
+    from hilbert_lab.viz.training import scaling_bars
+
+    rows = [{"setup": "1 GPU", "gradient_checkpointing": False, "ratio": 1.0, "ratio_low": 0.98, "ratio_high": 1.01},
+            {"setup": "context parallel 4", "gradient_checkpointing": False, "ratio": 0.8, "ratio_low": 0.7,
+             "ratio_high": 0.85},
+            {"setup": "1 GPU", "gradient_checkpointing": True, "ratio": 1.0, "ratio_low": 0.9, "ratio_high": 1.0}]
+    figure = scaling_bars(rows, target=0.95)
+    plain, checkpointed = figure.data
+    assert list(plain.x) == ["1 GPU", "context parallel 4"] and list(plain.y) == [1.0, 0.8]
+    assert list(plain.error_y.array) == pytest.approx([0.01, 0.05])
+    assert list(plain.error_y.arrayminus) == pytest.approx([0.02, 0.1])
+    assert list(checkpointed.y) == [1.0] and figure.layout.shapes[0].y0 == 0.95
+    with pytest.raises(ValueError, match="scaling rows need keys"):
+        scaling_bars([{"setup": "1 GPU"}])

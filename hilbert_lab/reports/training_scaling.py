@@ -1,0 +1,108 @@
+"""The training page's scaling section: tokens/s per GPU at a fixed length per GPU on 1, 2 and 4 GPUs (data and
+context parallel on a DeviceMesh), each setup's runs against one GPU (benchmarks/train_gpu.py runs, merged into one
+JSON of {"runs": {setup: [report, ...]}})."""
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping
+from typing import Any
+
+from hilbert_lab.reports.repo_paths import resolve_repo_path
+
+__all__ = ["SCALING_TARGET", "load_scaling", "scaling_sections", "scaling_table"]
+
+SCALING_TARGET = 0.95  # tokens/s per GPU against one GPU, every run
+
+
+def load_scaling(path: str) -> dict[str, Any] | None:
+    """The scaling JSON at `path` (resolved against the repository root), or None when it is absent."""
+    resolved = resolve_repo_path(path)
+    if not resolved.is_file():
+        return None
+    data = json.loads(resolved.read_text())
+    if not isinstance(data.get("runs"), Mapping):
+        raise ValueError(f"scaling file {path!r} must hold 'runs': {{setup: [report, ...]}}")
+    return data
+
+
+def _setup(report: Mapping[str, Any]) -> tuple[int, int, str]:
+    config = report.get("config") or {}
+    dp, cp = int(config.get("data_parallel", 1)), int(config.get("context_parallel", 1))
+    if dp * cp == 1:
+        return dp, cp, "1 GPU"
+    layout = config.get("ring_layout", "contiguous")
+    parts = [f"data parallel {dp}"] * (dp > 1) + [f"context parallel {cp} ({layout})"] * (cp > 1)
+    return dp, cp, " x ".join(parts)
+
+
+def scaling_table(data: Mapping[str, Any]):
+    """One row per (setup, gradient checkpointing): setup, gpus, tokens_per_gpu (one step's tokens per GPU), the
+    runs' tokens/s per GPU (runs, median, low, high = the slowest and fastest run), ratio_low / ratio / ratio_high
+    (against the median of one GPU's runs with the same checkpointing), peak_memory_gib, conditions."""
+    import pandas as pd
+
+    rows = []
+    conditions = data.get("conditions") or {}
+    for name, reports in data["runs"].items():
+        dp, cp, label = _setup(reports[0])
+        for checkpointing in (False, True):
+            measured = [row for report in reports for row in report.get("throughput") or []
+                        if bool(row["gradient_checkpointing"]) is checkpointing and "tokens_per_s_per_gpu" in row]
+            if not measured:
+                continue
+            speeds = [float(row["tokens_per_s_per_gpu"]) for row in measured]
+            rows.append({"setup": label, "gpus": dp * cp, "data_parallel": dp, "context_parallel": cp,
+                         "tokens_per_gpu": measured[0]["seq_len"] // cp * (measured[0]["batch_size"] // dp),
+                         "gradient_checkpointing": checkpointing, "runs": len(speeds), "tokens_per_s_per_gpu": speeds,
+                         "median": statistics.median(speeds), "low": min(speeds), "high": max(speeds),
+                         "peak_memory_gib": max(float(row.get("peak_memory_gib") or 0.0) for row in measured),
+                         "conditions": conditions.get(name, "")})
+    table = pd.DataFrame(rows)
+    if not len(table):
+        return table
+    one = table[table["gpus"] == 1].set_index("gradient_checkpointing")["median"].to_dict()
+    for column, source in (("ratio_low", "low"), ("ratio", "median"), ("ratio_high", "high")):
+        table[column] = [row[source] / one[row["gradient_checkpointing"]] if row["gradient_checkpointing"] in one
+                         else float("nan") for row in table.to_dict(orient="records")]
+    return table.sort_values(["gradient_checkpointing", "gpus", "context_parallel"]).reset_index(drop=True)
+
+
+def scaling_sections(metrics: Mapping[str, Any]):
+    """([Section], [finding]) of the recorded "scaling" table (nothing when it is absent or empty)."""
+    from hilbert_lab.reports.page import Section, fmt, metrics_table
+    from hilbert_lab.viz.training import scaling_bars
+
+    table = metrics_table(metrics, "scaling")
+    if not len(table):
+        return [], []
+    plain = table[~table["gradient_checkpointing"].astype(bool)]
+    several = plain[plain["gpus"] > 1]
+    verdicts = []
+    for gpus in sorted(set(several["gpus"])):
+        rows = several[several["gpus"] == gpus].to_dict(orient="records")
+        met = all(row["ratio_low"] >= SCALING_TARGET for row in rows)
+        verdicts.append(f"{gpus} GPUs: " + ", ".join(
+            f"{row['setup']} {row['ratio_low']:.2f}-{row['ratio_high']:.2f}x" for row in rows)
+            + (" (target met in every run)" if met else f" (below the {SCALING_TARGET:.2f} target)"))
+    tokens = fmt(int(table["tokens_per_gpu"].iloc[0]))
+    shared = len(set(plain["conditions"])) > 1
+    finding = (f"Tokens/s per GPU against one GPU at {tokens} tokens per GPU per step, without gradient checkpointing, "
+               f"slowest to fastest of {int(plain['runs'].min())} runs: " + "; ".join(verdicts) + "."
+               + (" The setups ran under different conditions (see the scaling section)." if shared else ""))
+    shown = table.assign(**{
+        "tokens/s per GPU: median [slowest, fastest run]": [f"{fmt(r['median'])} [{fmt(r['low'])}, {fmt(r['high'])}]"
+                                                            for r in table.to_dict("records")],
+        "against one GPU's median": [f"{r['ratio']:.3f} [{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
+                            for r in table.to_dict("records")]})
+    shown = shown[["setup", "gpus", "gradient_checkpointing", "tokens/s per GPU: median [slowest, fastest run]",
+                   "against one GPU's median", "peak_memory_gib", "conditions"]].rename(
+        columns={"gradient_checkpointing": "gradient checkpointing", "peak_memory_gib": "peak memory (GiB)"})
+    text = ("Each setup trains the same model at the same tokens per GPU per step, so equal bars mean perfect "
+            "scaling. The bar is the median run; the whiskers are the slowest and fastest runs. The dashed line is "
+            f"the {SCALING_TARGET:.2f} target. The conditions column says which runs shared the machine with "
+            "other work. One GPU trains under torch.autocast with float32 weights, a mesh rank under FSDP2's mixed "
+            "precision (bf16 compute copies): the two steps are not the same program.")
+    return [Section("Scaling over GPUs: tokens/s per GPU", text, figure=scaling_bars(table.to_dict("records"),
+                                                                                     target=SCALING_TARGET),
+                    table=shown)], [finding]
