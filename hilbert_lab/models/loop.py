@@ -143,6 +143,12 @@ def _load_weights(model: torch.nn.Module, path: str) -> None:
     load_weights(model, state, path, what="init_from", fit="this configuration")
 
 
+def agreed_configuration(config: TrainConfig) -> dict[str, Any]:
+    """The fields every rank of a mesh run must start with alike: the configuration, its device named by type
+    (each rank holds its own index, cuda:0, cuda:1, ...)."""
+    return {**config.to_dict(), "device": torch.device(config.device).type}
+
+
 def train(
     config: TrainConfig,
     out_dir: str | os.PathLike | None = None,
@@ -183,9 +189,8 @@ def train(
     mesh = init_mesh(config.data_parallel, config.context_parallel, torch.device(config.device).type) \
         if config.on_mesh else None
     if mesh is not None:
-        same_everywhere = {**config.to_dict(), "device": torch.device(config.device).type}  # each rank its own index
         check_agreement("configuration, run folder and resume flag",
-                        [same_everywhere, None if out_dir is None else str(out_dir), resume, stop_at])
+                        [agreed_configuration(config), None if out_dir is None else str(out_dir), resume, stop_at])
     model = build_model(config)  # bad model arguments fail here, before anything is written
     if config.init_from is not None and not resume:
         _load_weights(model, config.init_from)

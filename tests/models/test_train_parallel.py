@@ -217,3 +217,11 @@ def test_the_train_command_without_torchrun_exits_2_saying_how_to_launch_it(tmp_
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "torchrun --nproc-per-node 2" in err
     assert not (tmp_path / "bare").exists()
+
+
+def test_ranks_agree_on_a_configuration_whatever_their_device_index():
+    from hilbert_lab.models.loop import agreed_configuration
+
+    first, second = (agreed_configuration(_config(data_parallel=2, device=f"cuda:{index}")) for index in (0, 1))
+    assert first == second and first["device"] == "cuda"
+    assert agreed_configuration(_config(data_parallel=2, seed=1)) != agreed_configuration(_config(data_parallel=2))
