@@ -20,6 +20,9 @@ SOURCE_FIELDS = ("what", "device", "revision", "recorded", "command")
 # the commit that made the attention core one executor interface: cost figures (time, memory, lengths) of a
 # revision that does not contain it were measured with older code
 CURRENT_CODE = "b3d5760abbdabd847aa2afe72a66f55381f0e619"
+# the commit that runs a zigzag branch whose segments are whole chunks as one ring over their holders: causal-layout
+# timings of a revision that does not contain it measured the older zigzag path
+ZIGZAG_CODE = "adab9dbb52805ba1bcf512444eefe37543c137fa"
 
 # Committed GPU results under reports/results that carry no git revision, each with why it is kept: wherever
 # they are quoted (a page, a docstring) they read "measured with older code (rev unrecorded)" (older_code(None);
@@ -89,23 +92,23 @@ def revision_text(git: Mapping[str, Any] | None, committed: Mapping[str, Any] | 
 
 
 @functools.lru_cache(maxsize=64)
-def _contains_current_code(commit: str, repo_root: str) -> bool:
+def _contains(since: str, commit: str, repo_root: str) -> bool:
     try:
-        return subprocess.run(["git", "-C", repo_root, "merge-base", "--is-ancestor", CURRENT_CODE, commit],
+        return subprocess.run(["git", "-C", repo_root, "merge-base", "--is-ancestor", since, commit],
                               capture_output=True, timeout=20).returncode == 0
     except (OSError, subprocess.SubprocessError):
         return False
 
 
-def older_code(git: Mapping[str, Any] | None, repo_root: str | Path = REPO_ROOT) -> str:
-    """'' when the recorded revision contains CURRENT_CODE (the current attention core), else the label its
-    figures are shown under: 'measured with older code (rev 530aee9 + uncommitted changes)' or
+def older_code(git: Mapping[str, Any] | None, repo_root: str | Path = REPO_ROOT, *, since: str = CURRENT_CODE) -> str:
+    """'' when the recorded revision contains `since` (default CURRENT_CODE, the current attention core), else the
+    label its figures are shown under: 'measured with older code (rev 530aee9 + uncommitted changes)' or
     'measured with older code (rev unrecorded)'. A revision git cannot place counts as older."""
     git = git or {}
     commit = str(git.get("commit") or "")
     if not commit:
         return "measured with older code (rev unrecorded)"
-    if _contains_current_code(commit, str(repo_root)):
+    if _contains(since, commit, str(repo_root)):
         return ""
     return f"measured with older code (rev {revision_text(git)})"
 

@@ -314,9 +314,9 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     for section_name, build in (("context_parallel", context_parallel_section), ("causal_layouts", layouts_section)):
         rows = anchors[anchors.section == section_name] if len(anchors) else anchors
         if len(rows) and (section_name != "causal_layouts" or (rows.variant == "zigzag").any()):
-            section, finding = build(rows)
+            section, finding = build(rows) if build is context_parallel_section else build(rows, page_label)
             sections.append(section)
-            findings.append(finding)
+            findings += [finding] if finding else []
     if len(longest):
         section, finding = _longest_section(longest, order, sends, page_label)
         sections.append(section)

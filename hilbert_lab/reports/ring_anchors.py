@@ -9,9 +9,10 @@ import re
 from typing import Any, Mapping
 
 from hilbert_lab.bench.stats import VERDICTS, verdict_sentence
+from hilbert_lab.reports.provenance import ZIGZAG_CODE, older_code
 
 ANCHOR_COLUMNS = ["section", "gpus", "variant", "seq_len", "median_ms", "low_ms", "high_ms", "speedup_of_reference",
-                  "speedup_low", "speedup_high", "verdict"]
+                  "speedup_low", "speedup_high", "verdict", "revision"]
 # the reference of each section: bench_ring's speed is time(reference) / time(variant), its verdict of that ratio
 _REFERENCES = {"causal_layouts": "contiguous", "context_parallel": "ring_zigzag"}
 
@@ -20,8 +21,9 @@ def anchor_rows(data: Mapping[str, Any], gpus: int) -> list[dict[str, Any]]:
     """ANCHOR_COLUMNS rows of one bench_ring.py file's causal_layouts and context_parallel sections: per variant
     timed, its median and interval, its speed against the section's reference with interval and bench_ring's
     verdict ('reference' on the reference itself); the one-GPU SDPA time, where recorded, as a row without an
-    interval."""
+    interval. revision: the commit the file was measured at."""
     rows = []
+    revision = ((data.get("environment") or {}).get("git") or {}).get("commit")
     for section, reference in _REFERENCES.items():
         block = data.get(section) or {}
         for variant, entry in block.items():
@@ -32,12 +34,12 @@ def anchor_rows(data: Mapping[str, Any], gpus: int) -> list[dict[str, Any]]:
             rows.append({"section": section, "gpus": gpus, "variant": variant, "seq_len": block.get("seq_len"),
                          "median_ms": entry["median_ms"], "low_ms": entry["ci_ms"][0], "high_ms": entry["ci_ms"][1],
                          "speedup_of_reference": versus.get("ratio"), "speedup_low": low, "speedup_high": high,
-                         "verdict": versus.get("verdict", "reference")})
+                         "verdict": versus.get("verdict", "reference"), "revision": revision})
     single = (data.get("context_parallel") or {}).get("sdpa_cudnn_seconds")
     if single:
         rows.append({"section": "context_parallel", "gpus": gpus, "variant": "one GPU: SDPA cuDNN",
                      "seq_len": data["context_parallel"].get("seq_len"), "median_ms": single * 1e3,
-                     "verdict": "ideal on P GPUs: this / P"})
+                     "verdict": "ideal on P GPUs: this / P", "revision": revision})
     return rows
 
 
@@ -115,8 +117,10 @@ def context_parallel_section(cp: Any) -> tuple[Any, str]:
                     table=anchor_table(cp)), conclusion)
 
 
-def layouts_section(layouts: Any) -> tuple[Any, str]:
-    """(Section, finding): zigzag against contiguous shards on the causal spanning pattern, per GPU count."""
+def layouts_section(layouts: Any, page_label: str = "") -> tuple[Any, str | None]:
+    """(Section, finding): zigzag against contiguous shards on the causal spanning pattern, per GPU count; a run
+    without ZIGZAG_CODE gets the older-code label and no finding (unless `page_label` puts the whole page under
+    one)."""
     from hilbert_lab.reports.page import Section, fmt, tokens
 
     zig = layouts[layouts.variant == "zigzag"].sort_values("gpus")
@@ -129,6 +133,11 @@ def layouts_section(layouts: Any) -> tuple[Any, str]:
 
     conclusion = (f"Causal spanning pattern at {tokens(zig.seq_len.iloc[0])} tokens, zigzag against contiguous "
                   f"shards: {'; '.join(pair(row) for row in zig.itertuples())}.")
+    older = "" if page_label else "; ".join(sorted({label for label in (
+        older_code({"commit": r}, since=ZIGZAG_CODE) for r in zig.get("revision", [])) if label}))
+    if older:  # the zigzag path changed since: labelled, and quoted by no finding
+        return Section(f"Causal load balance: {older}", conclusion + " The zigzag path has changed since.",
+                       table=anchor_table(layouts)), None
     return Section("Causal load balance", conclusion, table=anchor_table(layouts)), conclusion
 
 

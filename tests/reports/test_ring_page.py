@@ -196,5 +196,23 @@ def test_anchor_verdicts_are_worded_against_their_reference(page):
     assert seen == 16
     finding = next(line for line in page.findings if line.startswith("Dense causal attention"))
     assert finding.count("(PyTorch faster than ours)") == 2
-    finding = next(line for line in page.findings if line.startswith("Causal spanning pattern"))
-    assert "(zigzag faster than contiguous)" in finding and "(zigzag slower than contiguous)" in finding
+    balance = _section(page, "Causal load balance").conclusion  # older zigzag code: a section, no finding
+    assert "(zigzag faster than contiguous)" in balance and "(zigzag slower than contiguous)" in balance
+    assert not any(line.startswith("Causal spanning pattern") for line in page.findings)
+
+
+def test_zigzag_timings_before_the_zigzag_change_are_labelled_older_code():
+    import pandas as pd
+
+    from hilbert_lab.reports.provenance import ZIGZAG_CODE
+    from hilbert_lab.reports.ring_anchors import anchor_rows, layouts_section
+
+    data = json.loads((RESULTS / "ring_4gpu_layouts_h200.json").read_text())
+    section, finding = layouts_section(pd.DataFrame(anchor_rows(data, 4)))
+    assert section.heading == "Causal load balance: measured with older code (rev f620cad)" and finding is None
+    assert section.conclusion.endswith("(zigzag slower than contiguous). The zigzag path has changed since.")
+    data["environment"]["git"]["commit"] = ZIGZAG_CODE
+    section, finding = layouts_section(pd.DataFrame(anchor_rows(data, 4)))
+    assert section.heading == "Causal load balance" and finding == section.conclusion
+    assert finding + " The zigzag path has changed since." == layouts_section(
+        pd.DataFrame(anchor_rows(json.loads((RESULTS / "ring_4gpu_layouts_h200.json").read_text()), 4)))[0].conclusion
