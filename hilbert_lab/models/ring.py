@@ -25,8 +25,8 @@ def use_ring_attention(model: nn.Module, *, group=None, ring_size: int | None = 
                        layout: str = "contiguous") -> nn.Module:
     """Replace each block's MultiheadDilatedAttention by a RingMultiheadDilatedAttention holding the
     same parameters (in place; returns ``model``). ``group``/``ring_size``/``layout`` as in
-    ``hilbert_lab.distributed.ring_dilated_attention``. The ring has no attention dropout, no
-    ``ordering`` and one key/value head per query head (ValueError if the model uses them)."""
+    ``hilbert_lab.distributed.ring_dilated_attention``; grouped-query key/value heads carry over. The ring has no
+    attention dropout and no ``ordering`` (ValueError if the model uses them)."""
     from hilbert_lab.distributed import RingMultiheadDilatedAttention
 
     for block in _blocks(model):
@@ -38,15 +38,13 @@ def use_ring_attention(model: nn.Module, *, group=None, ring_size: int | None = 
             raise ValueError(f"attention_dropout must be 0 for ring attention, got {inner.dropout}")
         if inner.ordering not in (None, "identity") or inner.hilbert_pattern:
             raise ValueError(f"ordering must be None for ring attention, got {inner.ordering!r}")
-        if local.num_kv_heads != local.num_heads:
-            raise ValueError(f"num_kv_heads must equal num_heads ({local.num_heads}) for ring attention (one key/value "
-                             f"head per query head there), got {local.num_kv_heads}")
         pattern = inner.pattern
         weight = local.q_proj.weight
         ring = RingMultiheadDilatedAttention(
             local.embed_dim, local.num_heads, list(pattern.segment_lengths), list(pattern.dilation_rates),
             bias=local.q_proj.bias is not None, causal=pattern.causal, mode=pattern.mode, backend=inner.backend,
-            group=group, ring_size=ring_size, layout=layout, device=weight.device, dtype=weight.dtype,
+            num_kv_heads=local.num_kv_heads, group=group, ring_size=ring_size, layout=layout, device=weight.device,
+            dtype=weight.dtype,
         )
         ring.load_state_dict(local.state_dict())
         ring.train(local.training)
@@ -68,7 +66,7 @@ def use_local_attention(model: nn.Module) -> nn.Module:
         local = MultiheadDilatedAttention(
             ring.embed_dim, ring.num_heads, list(inner.pattern.segment_lengths), list(inner.pattern.dilation_rates),
             bias=ring.q_proj.bias is not None, causal=inner.pattern.causal, mode=inner.pattern.mode,
-            backend=inner.backend, device=weight.device, dtype=weight.dtype,
+            backend=inner.backend, num_kv_heads=ring.num_kv_heads, device=weight.device, dtype=weight.dtype,
         )
         local.load_state_dict(ring.state_dict())
         local.train(ring.training)

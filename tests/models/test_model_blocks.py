@@ -239,12 +239,18 @@ def test_ring_switch_refuses_what_the_ring_cannot_do():
         use_ring_attention(_lm(ordering="hilbert"))
     with pytest.raises(ValueError, match="DilatedTransformerBlocks"):
         use_ring_attention(torch.nn.Linear(2, 2))
-    model = _lm()
-    before = {name: p.clone() for name, p in model.state_dict().items()}
-    use_local_attention(use_ring_attention(model))  # constructing ring layers needs no process group
-    after = model.state_dict()
-    assert before.keys() == after.keys()
-    assert all(torch.equal(before[name], after[name]) for name in before)
+    from hilbert_lab.distributed import RingMultiheadDilatedAttention
+
+    for kv_heads in (None, 2):  # grouped-query key/value heads carry over
+        model = _lm(num_kv_heads=kv_heads)
+        before = {name: p.clone() for name, p in model.state_dict().items()}
+        use_ring_attention(model)  # constructing ring layers needs no process group
+        rings = [m for m in model.modules() if isinstance(m, RingMultiheadDilatedAttention)]
+        assert [ring.num_kv_heads for ring in rings] == [kv_heads or 4] * 2
+        use_local_attention(model)
+        after = model.state_dict()
+        assert before.keys() == after.keys()
+        assert all(torch.equal(before[name], after[name]) for name in before)
 
 
 def test_generate_runs_in_eval_mode_and_restores_training_mode():

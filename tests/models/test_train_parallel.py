@@ -13,7 +13,7 @@ from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest
 
 # (data_parallel, context_parallel, ring_layout, other TrainConfig fields)
 MESHES = {2: [(2, 1, "contiguous", {}), (1, 2, "zigzag", {}),
-              (2, 1, "contiguous", {"num_kv_heads": 2}), (1, 2, "contiguous", {"gradient_checkpointing": True})],
+              (2, 1, "contiguous", {"num_kv_heads": 2}), (1, 2, "contiguous", {"gradient_checkpointing": True, "num_kv_heads": 2})],
           4: [(2, 2, "zigzag", {})]}
 
 
