@@ -35,10 +35,10 @@ runs = {
         "H100 128K dil8 fine-tune (32K seed 0)": "reports/results/train_gpu_h100_128k.json",
         "H100 128K dil8 fine-tune (32K seed 1)": "reports/results/train_gpu_h100_128k_seed1.json",
     },
-    "128K needle retrieval on 2 H200s, context parallel 2 (dil8 fine-tuned from 32K)": {
+    "128K retrieval, context parallel on 2 H200s": {
         "2 H200 context parallel 128K fine-tune (32K seed 2)": "reports/results/train_mesh/retrieval_128k_cp2_h200.json",
     },
-    "32K pretraining on one H200 (the 2-GPU 128K run starts from seed 2)": {
+    "32K start of the 2-GPU run, one H200": {
         "H200 32K seed 2": "reports/results/train_mesh/pretrain_32k_seed2_h200.json",
         "H200 32K seed 0": "reports/results/train_mesh/pretrain_32k_seed0_h200.json",
     },
