@@ -311,12 +311,13 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
             sections.append(Section("Throughput per GPU" if column.startswith("tokens") else "Memory per GPU",
                                     conclusion, figure=fig))
     anchors = frame("anchors")
-    for section_name, build in (("context_parallel", context_parallel_section), ("causal_layouts", layouts_section)):
-        rows = anchors[anchors.section == section_name] if len(anchors) else anchors
-        if len(rows) and (section_name != "causal_layouts" or (rows.variant == "zigzag").any()):
-            section, finding = build(rows) if build is context_parallel_section else build(rows, page_label)
-            sections.append(section)
-            findings += [finding] if finding else []
+    cp, layouts = (anchors[anchors.section == name] if len(anchors) else anchors
+                   for name in ("context_parallel", "causal_layouts"))
+    built = ([context_parallel_section(cp)] if len(cp) else []) + \
+        ([layouts_section(layouts, page_label)] if len(layouts) and (layouts.variant == "zigzag").any() else [])
+    for section, finding in built:
+        sections.append(section)
+        findings += [finding] if finding else []
     if len(longest):
         section, finding = _longest_section(longest, order, sends, page_label)
         sections.append(section)
