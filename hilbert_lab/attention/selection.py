@@ -1,6 +1,10 @@
 """GPU description and backend selection: documented rules, optional timing with a JSON cache.
 
 Rules of `select_backend` (first match wins):
+0. CUDA, fp16/bf16, a whole pattern with its shape known, on a GPU kind with a measured table in the package
+   (attention.auto_table, written by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call
+   in the table's nearest cell (same mode, causal, training and raggedness; nearest head dim, then N), unless
+   the in-place buffers do not fit in free memory (then the fused kernel, as in rule 3).
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
@@ -37,7 +41,8 @@ Timing is measured in `hilbert_lab.bench.selection` (`measure_selection`, or the
 segment_lengths, dilation_rates, mode, causal) key and stores the fastest in a JSON file
 ($HILBERT_LAB_CACHE_DIR or ~/.cache/hilbert_lab, file backend_selection.json). This module only reads
 that file: `select_backend(..., timed=True)` returns the stored winner for the key when there is one
-that runs here, else the rule. `backend="auto"` always applies the rule (no file is read).
+that runs here, else the rule. `backend="auto"` always applies the rules (the packaged table of rule 0
+included; the timing file is not read).
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from hilbert_lab.attention.auto_table import device_kind, is_ragged, load_table, table_choice
 from hilbert_lab.attention.dry_run import dry_run
 from hilbert_lab.attention.executors import (
     BACKENDS, EXECUTORS, BackendUnavailableError, Executor, get_executor, unavailable_reason,
@@ -130,9 +136,35 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_patter
             fits = _inplace_fits(device, shape, dtype, segment_lengths, dilation_rates, mode, causal, training)
     if head_dim is not None and unavailable_reason("fa4", device, dtype, head_dim) is not None:
         fa4_ok = False
+    measured = None
+    if whole_pattern and seq_len is not None and segment_lengths and dtype in (torch.float16, torch.bfloat16):
+        rates = tuple(int(r) for r in dilation_rates) if dilation_rates is not None else (1,) * len(segment_lengths)
+        measured = _measured_choice(device, dtype, seq_len, head_dim, tuple(int(w) for w in segment_lengths), rates,
+                                    mode, bool(causal), bool(training))
     return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
-                    mode=mode,
-                    seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits)
+                    mode=mode, seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits,
+                    measured=measured)
+
+
+def _device_kind(device: torch.device) -> Optional[str]:
+    """The table name of the CUDA device (auto_table.device_kind), None where CUDA is not there to name it."""
+    return device_kind(torch.cuda.get_device_name(device)) if torch.cuda.is_available() else None
+
+
+@functools.lru_cache(maxsize=512)
+def _measured_choice(device: torch.device, dtype: torch.dtype, seq_len: int, head_dim: int,
+                     segment_lengths: tuple[int, ...], dilation_rates: tuple[int, ...], mode: str, causal: bool,
+                     training: bool) -> Optional[str]:
+    """The packaged table's choice for the call (attention.auto_table): the fastest executor of its nearest cell
+    that runs here; None without a table for this GPU kind or a cell of this kind."""
+    kind = _device_kind(device)
+    cells = load_table(kind) if kind is not None else ()
+    if not cells:
+        return None
+    return table_choice(cells, mode=mode, causal=causal, seq_len=seq_len, head_dim=head_dim, training=training,
+                        ragged=is_ragged(seq_len, segment_lengths, dilation_rates),
+                        runs=lambda name: name in EXECUTORS and not EXECUTORS[name].capabilities.oracle
+                        and unavailable_reason(name, device, dtype, head_dim) is None)
 
 
 INPLACE_QUERY_BYTES = 1 << 30  # below this estimate the buffers are taken to fit without asking the device
@@ -189,12 +221,18 @@ INPLACE_MIN_SEQ_LEN = 32768  # rule 3: from here on in-place cuDNN beats the fus
 
 def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool = False,
              flash_ok: bool = False, fa4_ok: bool = False, mode: str = "longnet", seq_len: Optional[int] = None,
-             head_dim: Optional[int] = None, training: bool = False, inplace_fits: bool = True) -> str:
+             head_dim: Optional[int] = None, training: bool = False, inplace_fits: bool = True,
+             measured: Optional[str] = None) -> str:
     """The module's rules as a pure function of the facts they read (testable without a GPU), then the head-dim
     rule: with head_dim known, a choice that does not declare that head dim on the device gives way to the first
-    of `head_dim_fallbacks` that does."""
-    choice = _rule_choice(device_type, capability, dtype, triton_ok=triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
-                          mode=mode, seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=inplace_fits)
+    of `head_dim_fallbacks` that does. measured: the packaged table's choice for the call (rule 0), taken
+    unless the in-place buffers do not fit."""
+    if measured is not None and device_type == "cuda" and inplace_fits:
+        choice = measured
+    else:
+        choice = _rule_choice(device_type, capability, dtype, triton_ok=triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
+                              mode=mode, seq_len=seq_len, head_dim=head_dim, training=training,
+                              inplace_fits=inplace_fits)
     if head_dim is None:
         return choice
     fused = device_type == "cuda" and capability is not None and capability[0] >= 9 and triton_ok and \

@@ -1,0 +1,94 @@
+"""The measured table `backend="auto"` reads on this GPU, then `auto` checked against it, in one process.
+
+Table: every candidate executor ("sdpa", "triton", "fa4" where each runs) timed round-robin in every cell of
+the sweep (bf16, H 12, w [2048, 4096, 8192], r [1, 2, 4]; both modes, causal or not, forward alone and
+forward+backward; N 8K-512K at head dims 64 and 128, and ragged N = 32K + 5 and 128K + 5 at the smallest
+head dim; the batch keeps B * N <= 256K tokens). It is written, after each finished cell, to the package
+(hilbert_lab/attention/auto_tables/<kind>.json, kind from the GPU's name), where `auto` reads it
+(attention.auto_table, rule 0 of attention.selection).
+
+Check: per cell, `auto` (reading that table) timed beside the same executors on fresh inputs; prints auto
+over the fastest executor per cell and writes the rows as JSON (--check-out). --stage measure or check runs
+one of the two (check: the packaged table).
+
+Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 7]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hilbert_lab.attention import unavailable_reason  # noqa: E402
+from hilbert_lab.attention.auto_table import device_kind, load_table, table_path  # noqa: E402
+from hilbert_lab.bench.auto_table import check_auto_table, measure_auto_table, sweep_cells  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
+
+PATTERN = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
+TOLERANCE = 1.03  # auto within 3% of the fastest executor
+
+
+def ints(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seq-lens", default="8192,32768,131072,524288")
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--ragged-lens", default="32773,131077")
+    parser.add_argument("--backends", default="sdpa,triton,fa4")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
+                        help="measure the table, check auto against the packaged one, or both (default)")
+    parser.add_argument("--check-out", default=None, help="JSON of the check (default: none written)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_auto_table: needs a CUDA GPU", file=sys.stderr)
+        raise SystemExit(2)
+    device = torch.device("cuda")
+    kind = device_kind(torch.cuda.get_device_name(device))
+    began = time.time()
+    if args.stage != "check":
+        backends = [name for name in args.backends.split(",")
+                    if unavailable_reason(name, device, torch.bfloat16) is None]
+        cells = sweep_cells(ints(args.seq_lens), ints(args.head_dims), ints(args.ragged_lens))
+        meta = dict(env=collect_environment(str(device)), command=strip_paths(" ".join(sys.argv)))
+        path = table_path(kind)
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+        def keep(table: dict) -> None:
+            atomic_write(path, json.dumps({**meta, **table}, indent=1))
+
+        measure_auto_table(cells, backends, **PATTERN, device=device, repeats=args.repeats, on_cell=keep)
+        load_table.cache_clear()
+        print(f"wrote {path} in {time.time() - began:.0f} s", flush=True)
+    if args.stage == "measure":
+        return
+    table = json.loads(table_path(kind).read_text())
+    rows = check_auto_table(table, device=device, repeats=args.repeats)
+    print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest")
+    for row in rows:
+        print(f"{row['mode']:11s} {int(row['causal'])} {row['seq_len']:7d} {row['head_dim']:3d} "
+              f"{'fwd+bwd' if row['training'] else 'fwd':7s} {row['auto_picks']:10s} {row.get('fastest', '-'):8s} "
+              f"{row.get('auto_over_fastest', float('nan')):.3f}")
+    ratios = [row["auto_over_fastest"] for row in rows if "auto_over_fastest" in row]
+    summary = dict(cells=len(rows), within=sum(r <= TOLERANCE for r in ratios), tolerance=TOLERANCE,
+                   worst=max(ratios, default=None), seconds=time.time() - began)
+    print(json.dumps(summary))
+    if args.check_out:
+        out = Path(args.check_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(dict(env=collect_environment(str(device)), command=strip_paths(" ".join(sys.argv)),
+                                       table=f"hilbert_lab/attention/auto_tables/{kind}.json",
+                                       summary=summary, rows=rows), indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""The measured table `backend="auto"` reads: per GPU kind, the time of each executor in cells of a sweep.
+
+A table is a JSON file of the package (hilbert_lab/attention/auto_tables/<kind>.json, kind from the device's
+name: "NVIDIA H200" -> "nvidia-h200"), written by `benchmarks/bench_auto_table.py` on that GPU. Each cell
+holds its coordinates (mode, causal, N, head dim D, training: forward and backward or forward alone, ragged:
+N leaves uneven blocks) and the median milliseconds of every executor timed there (bench.auto_table).
+
+`table_choice` answers a call from the cell of the same mode, causal, training and raggedness nearest in
+head dim, then in N (on a log scale): the fastest executor of that cell that runs the call. A call with no
+such cell (another GPU kind, another dtype class, an empty table) gets None and `auto` keeps its rules.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+TABLE_DIR = Path(__file__).with_name("auto_tables")
+CELL_KEYS = ("mode", "causal", "seq_len", "head_dim", "training", "ragged", "times_ms")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measured cell: its coordinates and the median milliseconds per executor name."""
+
+    mode: str
+    causal: bool
+    seq_len: int
+    head_dim: int
+    training: bool
+    ragged: bool
+    times_ms: tuple[tuple[str, float], ...]
+
+    def fastest_first(self) -> list[str]:
+        """The executors of the cell, fastest first."""
+        return [name for name, _ in sorted(self.times_ms, key=lambda item: item[1])]
+
+
+def device_kind(name: str) -> str:
+    """The table name of a device: its name in lower case, runs of other characters as one '-'
+    ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3")."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def is_ragged(seq_len: int, segment_lengths: Sequence[int], dilation_rates: Optional[Sequence[int]] = None) -> bool:
+    """Whether N leaves blocks of uneven length: a segment length w <= N that does not divide N, or a segment
+    covering all N (w > N) whose dilation rate does not divide N."""
+    rates = list(dilation_rates) if dilation_rates is not None else [1] * len(segment_lengths)
+    return any(seq_len % w if w <= seq_len else seq_len % r for w, r in zip(segment_lengths, rates))
+
+
+def table_path(kind: str) -> Path:
+    """Where the table of GPU kind `kind` lives in the package."""
+    return TABLE_DIR / f"{kind}.json"
+
+
+def parse_table(data: object, source: str) -> tuple[Cell, ...]:
+    """The cells of a table's JSON object; ValueError naming `source` and the key when it is malformed."""
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise ValueError(f"{source}: a table is a JSON object with a list 'cells'")
+    cells = []
+    for index, raw in enumerate(data["cells"]):
+        missing = [key for key in CELL_KEYS if not isinstance(raw, dict) or key not in raw]
+        if missing:
+            raise ValueError(f"{source}: cells[{index}] lacks {missing} (each cell has {list(CELL_KEYS)})")
+        times = raw["times_ms"]
+        if not isinstance(times, dict) or not times or not all(
+                isinstance(value, (int, float)) and math.isfinite(value) and value > 0 for value in times.values()):
+            raise ValueError(f"{source}: cells[{index}].times_ms must map executor names to positive milliseconds")
+        cells.append(Cell(str(raw["mode"]), bool(raw["causal"]), int(raw["seq_len"]), int(raw["head_dim"]),
+                          bool(raw["training"]), bool(raw["ragged"]),
+                          tuple(sorted((str(name), float(value)) for name, value in times.items()))))
+    return tuple(cells)
+
+
+@functools.lru_cache(maxsize=16)
+def load_table(kind: str) -> tuple[Cell, ...]:
+    """The packaged table of GPU kind `kind` (read once per process); () when there is none."""
+    path = table_path(kind)
+    if not path.is_file():
+        return ()
+    return parse_table(json.loads(path.read_text()), str(path.name))
+
+
+def nearest_cell(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, head_dim: int, training: bool,
+                 ragged: bool) -> Optional[Cell]:
+    """The cell of the same mode, causal, training and raggedness nearest in head dim, then in log N; None
+    when the table has none of that kind."""
+    same = [cell for cell in cells if (cell.mode, cell.causal, cell.training, cell.ragged) ==
+            (mode, bool(causal), bool(training), bool(ragged))]
+    if not same:
+        return None
+    return min(same, key=lambda cell: (abs(cell.head_dim - head_dim), abs(math.log2(cell.seq_len / seq_len)),
+                                       cell.seq_len))
+
+
+def table_choice(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, head_dim: int, training: bool,
+                 ragged: bool, runs: Callable[[str], bool]) -> Optional[str]:
+    """The fastest executor of the nearest cell (`nearest_cell`) for which runs(name) holds; None without one."""
+    cell = nearest_cell(cells, mode=mode, causal=causal, seq_len=seq_len, head_dim=head_dim, training=training,
+                        ragged=ragged)
+    if cell is None:
+        return None
+    return next((name for name in cell.fastest_first() if runs(name)), None)

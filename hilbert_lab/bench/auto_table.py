@@ -1,0 +1,151 @@
+"""Measuring the table `auto` reads (attention.auto_table), and checking `auto` against it.
+
+`measure_auto_table` times every candidate executor in every cell of a sweep (mode x causal x N x head dim x
+forward / forward and backward, and ragged N), round-robin in one process (`time_interleaved`), and returns
+the table as a JSON object; `benchmarks/bench_auto_table.py` writes it into the package for the GPU it ran on,
+keeping every finished cell. `check_auto_table` times `backend="auto"` beside the same executors per cell:
+auto over the fastest of them, with the interval of each median.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from hilbert_lab.attention.auto_table import device_kind, is_ragged
+from hilbert_lab.attention.engine import dilated_attention
+from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.selection import resolve_executor
+from hilbert_lab.bench.timing import Timing, time_interleaved
+
+MODES = ("head_groups", "longnet")
+
+
+@dataclass(frozen=True)
+class SweepCell:
+    """Where one cell is timed: the pattern's mode and causality, N, head dim, forward and backward or not,
+    and the batch and heads of its inputs."""
+
+    mode: str
+    causal: bool
+    seq_len: int
+    head_dim: int
+    training: bool
+    batch: int
+    heads: int
+
+
+def sweep_cells(seq_lens: Sequence[int], head_dims: Sequence[int], ragged_lens: Sequence[int] = (), *,
+                heads: int = 12, batch_tokens: int = 262144, modes: Sequence[str] = MODES) -> list[SweepCell]:
+    """The cells of a table: every mode, causal or not, forward alone or with the backward, for each N of
+    seq_lens at each head dim and each N of ragged_lens at the smallest head dim. The batch is the largest
+    (at least 1) that keeps batch * N <= batch_tokens."""
+    if not seq_lens or not head_dims or any(int(n) < 1 for n in (*seq_lens, *ragged_lens)):
+        raise ValueError(f"seq_lens and head_dims must be non-empty and lengths positive, got seq_lens={seq_lens!r}, "
+                         f"head_dims={head_dims!r}, ragged_lens={ragged_lens!r}")
+    points = [(int(n), int(d)) for n in seq_lens for d in head_dims] + [(int(n), min(head_dims)) for n in ragged_lens]
+    return [SweepCell(mode, causal, n, d, training, max(1, batch_tokens // n), heads)
+            for n, d in points for mode in modes for causal in (False, True) for training in (False, True)]
+
+
+def cell_calls(cell: SweepCell, names: Sequence[str], segment_lengths: Sequence[int], dilation_rates: Sequence[int],
+               *, device: torch.device | str, dtype: torch.dtype = torch.bfloat16,
+               seed: int = 0) -> tuple[dict[str, Callable[[], object]], dict[str, str]]:
+    """(calls, errors): one call per executor name of `names` on random inputs of the cell (forward under
+    no_grad, or forward and backward with a random upstream gradient), each run once here; a name whose call
+    raises is left out, with its error line."""
+    generator = torch.Generator().manual_seed(seed)
+    shape = (cell.batch, cell.seq_len, cell.heads, cell.head_dim)
+    q, k, v, upstream = (torch.randn(shape, generator=generator).to(device=device, dtype=dtype) for _ in range(4))
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    kwargs = dict(segment_lengths=list(segment_lengths), dilation_rates=list(dilation_rates), mode=cell.mode,
+                  causal=cell.causal)
+
+    def call(name: str):
+        if cell.training:
+            out = dilated_attention(*leaves, backend=name, **kwargs)
+            return torch.autograd.grad(out, leaves, upstream)
+        with torch.no_grad():
+            return dilated_attention(q, k, v, backend=name, **kwargs)
+
+    calls, errors = {}, {}
+    for name in names:
+        try:
+            call(name)
+        except Exception as error:  # a candidate that cannot run the cell is not in its row
+            errors[name] = f"{type(error).__name__}: {error}"[:200]
+            continue
+        calls[name] = lambda name=name: call(name)
+    return calls, errors
+
+
+def _timing_row(timings: dict[str, Timing]) -> dict:
+    return {"times_ms": {name: t.median for name, t in timings.items()},
+            "intervals_ms": {name: [t.low, t.high] for name, t in timings.items()}}
+
+
+def measure_auto_table(cells: Sequence[SweepCell], backends: Sequence[str], segment_lengths: Sequence[int],
+                       dilation_rates: Sequence[int], *, device: torch.device | str, repeats: int = 7,
+                       on_cell: Optional[Callable[[dict], None]] = None, progress: bool = True) -> dict:
+    """The table (a JSON object) of `backends` timed in every cell on `device`: {"device", "kind", "dtype",
+    "pattern", "backends", "cells": [{mode, causal, seq_len, head_dim, training, ragged, batch, heads,
+    times_ms, intervals_ms, errors}]}. on_cell(table) runs after each finished cell (to keep it)."""
+    device = torch.device(device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    table = {"device": name, "kind": device_kind(name), "dtype": "bfloat16" if device.type == "cuda" else "float32",
+             "pattern": {"segment_lengths": list(segment_lengths), "dilation_rates": list(dilation_rates)},
+             "backends": list(backends), "cells": []}
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for cell in _cells_progress(cells, progress):
+        calls, errors = cell_calls(cell, backends, segment_lengths, dilation_rates, device=device, dtype=dtype)
+        if not calls:
+            continue
+        timings = time_interleaved(calls, device=device, warmup=2, rounds=repeats, max_seconds=float("inf"))
+        row = {**asdict(cell), "ragged": is_ragged(cell.seq_len, segment_lengths, dilation_rates),
+               **_timing_row(timings), "errors": errors}
+        table["cells"].append(row)
+        if on_cell is not None:
+            on_cell(table)
+        del calls
+    return table
+
+
+def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 7,
+                     progress: bool = True) -> list[dict]:
+    """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
+    the medians and intervals, the executor auto resolved to, and auto over the fastest executor."""
+    device = torch.device(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    segments, rates = table["pattern"]["segment_lengths"], table["pattern"]["dilation_rates"]
+    rows = []
+    for raw in _cells_progress(table["cells"], progress):
+        cell = SweepCell(**{field: raw[field] for field in SweepCell.__dataclass_fields__})
+        calls, errors = cell_calls(cell, ["auto", *raw["times_ms"]], segments, rates, device=device, dtype=dtype,
+                                   seed=1)
+        picked = resolve_executor("auto", _probe(cell, device, dtype),
+                                  DilatedPattern.create(segments, rates, mode=cell.mode, causal=cell.causal),
+                                  training=cell.training).name
+        timings = time_interleaved(calls, device=device, warmup=2, rounds=repeats, max_seconds=float("inf"))
+        row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked, **_timing_row(timings), "errors": errors}
+        others = {name: t.median for name, t in timings.items() if name != "auto"}
+        if "auto" in timings and others:
+            fastest = min(others, key=others.get)
+            row.update(fastest=fastest, auto_over_fastest=timings["auto"].median / others[fastest])
+        rows.append(row)
+        del calls
+    return rows
+
+
+def _probe(cell: SweepCell, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of the cell's (B, N, H, D) shape on `device` for `resolve_executor` (expanded from one element:
+    no memory)."""
+    return torch.zeros((), device=device, dtype=dtype).expand(cell.batch, cell.seq_len, cell.heads, cell.head_dim)
+
+
+def _cells_progress(cells, show: bool):
+    if not show:
+        return cells
+    from tqdm.auto import tqdm
+
+    return tqdm(cells, desc="cells")
