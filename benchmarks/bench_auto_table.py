@@ -2,8 +2,8 @@
 
 Table: every candidate executor ("sdpa", "triton", "fa4" where each runs) timed round-robin in every cell of
 the sweep (bf16, H 12, w [2048, 4096, 8192], r [1, 2, 4]; both modes, causal or not, forward alone and
-forward+backward; N 8K-512K at head dims 64 and 128, and ragged N = 32K + 5 and 128K + 5 at the smallest
-head dim; the batch keeps B * N <= 256K tokens). It is written, after each finished cell, to the package
+forward+backward; B 1, N 8K-512K at head dims 64 and 128, and ragged N = 32K + 5 and 128K + 5 at the
+smallest head dim). It is written, after each finished cell, to the package
 (hilbert_lab/attention/auto_tables/<kind>.json, kind from the GPU's name), where `auto` reads it
 (attention.auto_table, rule 0 of attention.selection).
 

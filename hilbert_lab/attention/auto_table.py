@@ -2,11 +2,13 @@
 
 A table is a JSON file of the package (hilbert_lab/attention/auto_tables/<kind>.json, kind from the device's
 name: "NVIDIA H200" -> "nvidia-h200"), written by `benchmarks/bench_auto_table.py` on that GPU. Each cell
-holds its coordinates (mode, causal, N, head dim D, training: forward and backward or forward alone, ragged:
-N leaves uneven blocks) and the median milliseconds of every executor timed there (bench.auto_table).
+holds its coordinates (mode, causal, N, batch B, heads H, head dim D, training: forward and backward or forward
+alone, ragged: N leaves uneven blocks) and the median milliseconds of every executor timed there
+(bench.auto_table).
 
 `table_choice` answers a call from the cell of the same mode, causal, training and raggedness nearest in
-head dim, then in N (on a log scale): the fastest executor of that cell that runs the call. A call with no
+head dim, then in query rows B * N * H on a log scale (the GPU work per kernel call grows with them while the
+host time per call does not), then in N: the fastest executor of that cell that runs the call. A call with no
 such cell (another GPU kind, another dtype class, an empty table) gets None and `auto` keeps its rules.
 """
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 TABLE_DIR = Path(__file__).with_name("auto_tables")
-CELL_KEYS = ("mode", "causal", "seq_len", "head_dim", "training", "ragged", "times_ms")
+CELL_KEYS = ("mode", "causal", "seq_len", "batch", "heads", "head_dim", "training", "ragged", "times_ms")
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,17 @@ class Cell:
     mode: str
     causal: bool
     seq_len: int
+    batch: int
+    heads: int
     head_dim: int
     training: bool
     ragged: bool
     times_ms: tuple[tuple[str, float], ...]
+
+    @property
+    def rows(self) -> int:
+        """Query rows B * N * H."""
+        return self.batch * self.seq_len * self.heads
 
     def fastest_first(self) -> list[str]:
         """The executors of the cell, fastest first."""
@@ -71,8 +80,8 @@ def parse_table(data: object, source: str) -> tuple[Cell, ...]:
         if not isinstance(times, dict) or not times or not all(
                 isinstance(value, (int, float)) and math.isfinite(value) and value > 0 for value in times.values()):
             raise ValueError(f"{source}: cells[{index}].times_ms must map executor names to positive milliseconds")
-        cells.append(Cell(str(raw["mode"]), bool(raw["causal"]), int(raw["seq_len"]), int(raw["head_dim"]),
-                          bool(raw["training"]), bool(raw["ragged"]),
+        cells.append(Cell(str(raw["mode"]), bool(raw["causal"]), int(raw["seq_len"]), int(raw["batch"]),
+                          int(raw["heads"]), int(raw["head_dim"]), bool(raw["training"]), bool(raw["ragged"]),
                           tuple(sorted((str(name), float(value)) for name, value in times.items()))))
     return tuple(cells)
 
@@ -86,23 +95,23 @@ def load_table(kind: str) -> tuple[Cell, ...]:
     return parse_table(json.loads(path.read_text()), str(path.name))
 
 
-def nearest_cell(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, head_dim: int, training: bool,
-                 ragged: bool) -> Optional[Cell]:
-    """The cell of the same mode, causal, training and raggedness nearest in head dim, then in log N; None
-    when the table has none of that kind."""
+def nearest_cell(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, rows: int, head_dim: int,
+                 training: bool, ragged: bool) -> Optional[Cell]:
+    """The cell of the same mode, causal, training and raggedness nearest in head dim, then in log query rows
+    (B * N * H), then in log N; None when the table has none of that kind."""
     same = [cell for cell in cells if (cell.mode, cell.causal, cell.training, cell.ragged) ==
             (mode, bool(causal), bool(training), bool(ragged))]
     if not same:
         return None
-    return min(same, key=lambda cell: (abs(cell.head_dim - head_dim), abs(math.log2(cell.seq_len / seq_len)),
-                                       cell.seq_len))
+    return min(same, key=lambda cell: (abs(cell.head_dim - head_dim), abs(math.log2(cell.rows / rows)),
+                                       abs(math.log2(cell.seq_len / seq_len)), cell.rows))
 
 
-def table_choice(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, head_dim: int, training: bool,
-                 ragged: bool, runs: Callable[[str], bool]) -> Optional[str]:
+def table_choice(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, rows: int, head_dim: int,
+                 training: bool, ragged: bool, runs: Callable[[str], bool]) -> Optional[str]:
     """The fastest executor of the nearest cell (`nearest_cell`) for which runs(name) holds; None without one."""
-    cell = nearest_cell(cells, mode=mode, causal=causal, seq_len=seq_len, head_dim=head_dim, training=training,
-                        ragged=ragged)
+    cell = nearest_cell(cells, mode=mode, causal=causal, seq_len=seq_len, rows=rows, head_dim=head_dim,
+                        training=training, ragged=ragged)
     if cell is None:
         return None
     return next((name for name in cell.fastest_first() if runs(name)), None)

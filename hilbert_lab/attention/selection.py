@@ -3,7 +3,8 @@
 Rules of `select_backend` (first match wins):
 0. CUDA, fp16/bf16, a whole pattern with its shape known, on a GPU kind with a measured table in the package
    (attention.auto_table, written by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call
-   in the table's nearest cell (same mode, causal, training and raggedness; nearest head dim, then N), unless
+   in the table's nearest cell (same mode, causal, training and raggedness; nearest head dim, then query rows
+   B * N * H, then N), unless
    the in-place buffers do not fit in free memory (then the fused kernel, as in rule 3).
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
@@ -139,8 +140,9 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_patter
     measured = None
     if whole_pattern and seq_len is not None and segment_lengths and dtype in (torch.float16, torch.bfloat16):
         rates = tuple(int(r) for r in dilation_rates) if dilation_rates is not None else (1,) * len(segment_lengths)
-        measured = _measured_choice(device, dtype, seq_len, head_dim, tuple(int(w) for w in segment_lengths), rates,
-                                    mode, bool(causal), bool(training))
+        rows = int(shape[0]) * seq_len * int(shape[2])
+        measured = _measured_choice(device, dtype, seq_len, rows, head_dim, tuple(int(w) for w in segment_lengths),
+                                    rates, mode, bool(causal), bool(training))
     return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
                     mode=mode, seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits,
                     measured=measured)
@@ -152,7 +154,7 @@ def _device_kind(device: torch.device) -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=512)
-def _measured_choice(device: torch.device, dtype: torch.dtype, seq_len: int, head_dim: int,
+def _measured_choice(device: torch.device, dtype: torch.dtype, seq_len: int, rows: int, head_dim: int,
                      segment_lengths: tuple[int, ...], dilation_rates: tuple[int, ...], mode: str, causal: bool,
                      training: bool) -> Optional[str]:
     """The packaged table's choice for the call (attention.auto_table): the fastest executor of its nearest cell
@@ -161,7 +163,8 @@ def _measured_choice(device: torch.device, dtype: torch.dtype, seq_len: int, hea
     cells = load_table(kind) if kind is not None else ()
     if not cells:
         return None
-    return table_choice(cells, mode=mode, causal=causal, seq_len=seq_len, head_dim=head_dim, training=training,
+    return table_choice(cells, mode=mode, causal=causal, seq_len=seq_len, rows=rows, head_dim=head_dim,
+                        training=training,
                         ragged=is_ragged(seq_len, segment_lengths, dilation_rates),
                         runs=lambda name: name in EXECUTORS and not EXECUTORS[name].capabilities.oracle
                         and unavailable_reason(name, device, dtype, head_dim) is None)

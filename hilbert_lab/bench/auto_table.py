@@ -37,15 +37,14 @@ class SweepCell:
 
 
 def sweep_cells(seq_lens: Sequence[int], head_dims: Sequence[int], ragged_lens: Sequence[int] = (), *,
-                heads: int = 12, batch_tokens: int = 262144, modes: Sequence[str] = MODES) -> list[SweepCell]:
+                heads: int = 12, batch: int = 1, modes: Sequence[str] = MODES) -> list[SweepCell]:
     """The cells of a table: every mode, causal or not, forward alone or with the backward, for each N of
-    seq_lens at each head dim and each N of ragged_lens at the smallest head dim. The batch is the largest
-    (at least 1) that keeps batch * N <= batch_tokens."""
+    seq_lens at each head dim and each N of ragged_lens at the smallest head dim; inputs (batch, N, heads, D)."""
     if not seq_lens or not head_dims or any(int(n) < 1 for n in (*seq_lens, *ragged_lens)):
         raise ValueError(f"seq_lens and head_dims must be non-empty and lengths positive, got seq_lens={seq_lens!r}, "
                          f"head_dims={head_dims!r}, ragged_lens={ragged_lens!r}")
     points = [(int(n), int(d)) for n in seq_lens for d in head_dims] + [(int(n), min(head_dims)) for n in ragged_lens]
-    return [SweepCell(mode, causal, n, d, training, max(1, batch_tokens // n), heads)
+    return [SweepCell(mode, causal, n, d, training, batch, heads)
             for n, d in points for mode in modes for causal in (False, True) for training in (False, True)]
 
 
@@ -55,9 +54,9 @@ def cell_calls(cell: SweepCell, names: Sequence[str], segment_lengths: Sequence[
     """(calls, errors): one call per executor name of `names` on random inputs of the cell (forward under
     no_grad, or forward and backward with a random upstream gradient), each run once here; a name whose call
     raises is left out, with its error line."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=device).manual_seed(seed)
     shape = (cell.batch, cell.seq_len, cell.heads, cell.head_dim)
-    q, k, v, upstream = (torch.randn(shape, generator=generator).to(device=device, dtype=dtype) for _ in range(4))
+    q, k, v, upstream = (torch.randn(shape, generator=generator, device=device).to(dtype) for _ in range(4))
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     kwargs = dict(segment_lengths=list(segment_lengths), dilation_rates=list(dilation_rates), mode=cell.mode,
                   causal=cell.causal)
