@@ -8,8 +8,9 @@ smallest head dim). It is written, after each finished cell, to the package
 (attention.auto_table, rule 0 of attention.selection).
 
 Check: per cell, `auto` (reading that table) timed beside the same executors on fresh inputs; prints auto
-over the fastest executor per cell and writes the rows as JSON (--check-out). --stage measure or check runs
-one of the two (check: the packaged table).
+over the fastest executor per cell, and a summary (bench.auto_table.check_summary: cells where auto, and
+its pick timed by name, are within 3% of the fastest), and writes the rows as JSON (--check-out).
+--stage measure or check runs one of the two (check: the packaged table).
 
 Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 7]
 """
@@ -26,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hilbert_lab.attention import unavailable_reason  # noqa: E402
 from hilbert_lab.attention.auto_table import device_kind, load_table, table_path  # noqa: E402
-from hilbert_lab.bench.auto_table import check_auto_table, measure_auto_table, sweep_cells  # noqa: E402
+from hilbert_lab.bench.auto_table import check_auto_table, check_summary, measure_auto_table, sweep_cells  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 
@@ -78,9 +79,7 @@ def main() -> None:
         print(f"{row['mode']:11s} {int(row['causal'])} {row['seq_len']:7d} {row['head_dim']:3d} "
               f"{'fwd+bwd' if row['training'] else 'fwd':7s} {row['auto_picks']:10s} {row.get('fastest', '-'):8s} "
               f"{row.get('auto_over_fastest', float('nan')):.3f}")
-    ratios = [row["auto_over_fastest"] for row in rows if "auto_over_fastest" in row]
-    summary = dict(cells=len(rows), within=sum(r <= TOLERANCE for r in ratios), tolerance=TOLERANCE,
-                   worst=max(ratios, default=None), seconds=time.time() - began)
+    summary = {**check_summary(rows, TOLERANCE), "seconds": time.time() - began}
     print(json.dumps(summary))
     if args.check_out:
         out = Path(args.check_out)

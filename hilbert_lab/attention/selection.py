@@ -1,36 +1,26 @@
 """GPU description and backend selection: documented rules, optional timing with a JSON cache.
 
 Rules of `select_backend` (first match wins):
-0. CUDA, fp16/bf16, a whole pattern with its shape known, on a GPU kind with a measured table in the package
+0. CUDA, fp16/bf16, a whole pattern of known shape, on a GPU kind with a measured table in the package
    (attention.auto_table, written by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call
    in the table's nearest cell (same mode, causal, training and raggedness; nearest head dim, then query rows
-   B * N * H, then N), unless
-   the in-place buffers do not fit in free memory (then the fused kernel, as in rule 3).
+   B * N * H, then N), unless the in-place buffers do not fit in free memory (then the fused kernel, rule 3).
+   On an H200 the table's pick is within 3% of the fastest executor in 76 of 80 cells, these rules' in 29
+   (reports/results/auto_table/check_h200_run1.json).
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
    efficient kernel; flash needs fp16/bf16) and no flash-attn. Pascal: use float32.
-3. CUDA, fp16/bf16 on Hopper or newer (compute capability >= 9.0) with Triton, for a whole
-   pattern: "sdpa" (cuDNN reading the plan's blocks in place, exact backward with the merged
-   output and LSE) for N >= 32768, and for training with head dim > 64 at any N; else the fused
-   kernel "triton". Measured on an H100 (bf16, w [2048, 4096, 8192], r [1, 2, 4], both modes,
-   causal or not, D 64 and 128, forward and forward+backward; `benchmarks/bench_gpu_attention.py`,
-   reports/results/gpu_attention.json, measured with older code (rev 0ceb35e + uncommitted changes),
-   medians of do_bench):
-   - N = 8K: the fused kernel wins every cell (e.g. head_groups fwd 0.22 vs 0.43 ms): 4-7 cuDNN
-     calls per pattern cost more host time than the GPU work they launch;
-   - N >= 32K, D = 64: in-place cuDNN wins or ties every cell (head_groups fwd+bwd 2.79 vs 3.29 ms
-     at 32K, 21.1 vs 26.0 ms at 512K; longnet fwd+bwd 8.64 vs 8.84 ms at 32K, 67.4 vs 70.8 at 512K);
-   - D = 128, forward+backward: the fused kernel's backward is 2.6-3.8x slower than cuDNN's
-     (longnet 32K: 14.7 vs 40.1 ms), so training takes "sdpa" at every N.
-   With FlashAttention-4 installed ("fa4", the extra "fa4"), LongNet-mode training from 32K on takes
-   it instead of "sdpa": measured on an H100 at the headline shape (B=2, N=32K, H=12, D=64, one run,
-   reports/results/gpu_attention_fa4.json) fwd+bwd 6.05 vs 7.68 ms (causal 4.62 vs 5.54). Elsewhere
-   its host time per call (the CuTe interface's Python work) outweighs its faster kernels at these
-   sizes: head_groups fwd 0.82 vs 0.66 ms and causal LongNet fwd 1.94 vs 1.51 ms with "sdpa".
-   When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the
-   fused kernel (no such buffers) runs instead: the longest-sequence runs need it. Dense-block callers
-   (the ring's local steps, whole_pattern=False) skip this rule.
+3. CUDA, fp16/bf16 on Hopper or newer with Triton, for a whole pattern, where no table applies: "sdpa" (cuDNN
+   reading the plan's blocks in place, exact backward with the merged output and LSE) for N >= 32768, and for
+   training with head dim > 64 at any N; else the fused kernel "triton" (measured on an H100 with older code,
+   reports/results/gpu_attention.json: at 8K the fused kernel wins every cell, its 4-7 cuDNN calls per pattern
+   costing more host time than their GPU work; from 32K at D 64 in-place cuDNN wins or ties; at D 128 the fused
+   backward is 2.6-3.8x slower). With FlashAttention-4 installed ("fa4"), LongNet-mode training from 32K on
+   takes it instead of "sdpa" (H100 headline fwd+bwd 6.05 vs 7.68 ms, reports/results/gpu_attention_fa4.json).
+   When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel
+   (no such buffers) runs instead. Dense-block callers (the ring's local steps, whole_pattern=False) skip this
+   rule and rule 0.
 4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
    "triton"/"flex" are opt-in there or chosen by timing.
 Head dims (with the shape known): a choice that does not declare the call's head dim D on the device
@@ -193,8 +183,16 @@ _FIT_DECISIONS: dict[tuple, bool] = {}
 
 
 def clear_fit_decisions() -> None:
-    """Forget the in-place fit decisions: the next call per shape asks the device's free memory again."""
+    """Forget the in-place fit decisions and the executors `auto` resolved on CUDA from them: the next call per
+    shape asks the device's free memory again."""
     _FIT_DECISIONS.clear()
+    _RESOLVED.clear()
+
+
+# (backend name, device, dtype, shape, pattern, training, whole_pattern, packed) -> executor, on CUDA: a call's
+# choice is a function of these and of the fit decision kept per shape, so it is made once (tens of microseconds
+# of host time per call otherwise, which small calls feel)
+_RESOLVED: dict[tuple, Executor] = {}
 
 
 @functools.lru_cache(maxsize=256)
@@ -362,6 +360,12 @@ def resolve_executor(backend: str | Executor, q: torch.Tensor, pattern: Optional
     executor does not take (auto then never picks one). packed: the plan holds several documents; auto
     then takes the first executor that runs here and declares `varlen` (one kernel call for the blocks
     of many documents), else the rule's."""
+    key = None
+    if not isinstance(backend, Executor) and q.device.type == "cuda":
+        key = (backend, q.device, q.dtype, tuple(q.shape), pattern, training, whole_pattern, packed)
+        hit = _RESOLVED.get(key)
+        if hit is not None:
+            return hit
     if isinstance(backend, Executor):
         chosen = backend
     elif backend == "auto" and packed and _varlen_executor(q, training) is not None:
@@ -378,6 +382,10 @@ def resolve_executor(backend: str | Executor, q: torch.Tensor, pattern: Optional
     reason = chosen.unavailable_reason(q.device, q.dtype, q.shape[-1])
     if reason is not None:
         raise BackendUnavailableError(f"backend {chosen.name!r} cannot run on {q.device} / {q.dtype}: {reason}")
+    if key is not None:
+        if len(_RESOLVED) > 4096:
+            _RESOLVED.clear()
+        _RESOLVED[key] = chosen
     return chosen
 
 

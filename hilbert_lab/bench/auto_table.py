@@ -15,11 +15,9 @@ import torch
 
 from hilbert_lab.attention.auto_table import device_kind, is_ragged
 from hilbert_lab.attention.engine import dilated_attention
-from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.bench.timing import Timing, time_interleaved
-
-MODES = ("head_groups", "longnet")
 
 
 @dataclass(frozen=True)
@@ -134,6 +132,29 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
         rows.append(row)
         del calls
     return rows
+
+
+def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:
+    """Over the rows of `check_auto_table`: how many cells `auto` (its own timing, host time of choosing
+    included) and its pick (that executor's timing by name: the choice alone) are within `tolerance` of the
+    fastest executor, with the median and worst ratio of each."""
+    auto, picked = [], []
+    for row in rows:
+        times = row["times_ms"]
+        others = {name: value for name, value in times.items() if name != "auto"}
+        if "auto" not in times or not others:
+            continue
+        fastest = min(others.values())
+        auto.append(times["auto"] / fastest)
+        if row["auto_picks"] in others:
+            picked.append(others[row["auto_picks"]] / fastest)
+
+    def stats(ratios: list[float]) -> dict:
+        ordered = sorted(ratios)
+        return {"within": sum(r <= tolerance for r in ordered),
+                "median": ordered[len(ordered) // 2] if ordered else None, "worst": ordered[-1] if ordered else None}
+
+    return {"cells": len(rows), "tolerance": tolerance, "auto": stats(auto), "picked": stats(picked)}
 
 
 def _probe(cell: SweepCell, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

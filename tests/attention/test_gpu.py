@@ -160,3 +160,19 @@ def test_auto_runs_every_head_dim_in_bf16_like_the_oracle(head_dim):
     steps = [cache.attend(q[:, :40], k[:, :40], v[:, :40])]
     steps += [cache.attend(q[:, n:n + 1], k[:, n:n + 1], v[:, n:n + 1]) for n in range(40, 80)]
     assert relative_error(torch.cat(steps, 1), expected_out) < 3e-2
+
+
+def test_auto_resolves_once_per_call_key_on_cuda_until_the_fit_decisions_are_cleared():
+    from hilbert_lab.attention import selection
+
+    q = torch.zeros(1, 4096, 4, 64, device="cuda", dtype=torch.bfloat16)
+    pattern = DilatedPattern.create([1024, 2048], [1, 2], causal=True)
+    selection.clear_fit_decisions()
+    first = selection.resolve_executor("auto", q, pattern, training=True)
+    key = ("auto", q.device, q.dtype, tuple(q.shape), pattern, True, True, False)
+    assert selection._RESOLVED[key] is first
+    assert selection.resolve_executor("auto", q, pattern, training=True) is first
+    assert first.name == selection.select_backend(q.device, q.dtype, shape=tuple(q.shape), causal=True, training=True,
+                                                  segment_lengths=[1024, 2048], dilation_rates=[1, 2])
+    selection.clear_fit_decisions()
+    assert key not in selection._RESOLVED

@@ -1,0 +1,127 @@
+"""The measured table `auto` reads: names, raggedness, parsing, the nearest cell, the rule reading the packaged
+table, and the bench functions that measure and check one (on the CPU, tiny)."""
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+import torch
+
+from hilbert_lab.attention import auto_table, selection
+from hilbert_lab.attention.auto_table import Cell, is_ragged, nearest_cell, parse_table, table_choice
+from hilbert_lab.attention.executors import EXECUTORS
+from hilbert_lab.bench.auto_table import check_auto_table, check_summary, measure_auto_table, sweep_cells
+
+
+def _cell(n, times, *, batch=1, heads=12, mode="longnet", causal=True, d=64, training=False, ragged=False):
+    return Cell(mode, causal, n, batch, heads, d, training, ragged, tuple(sorted(times.items())))
+
+
+def test_device_kind_and_raggedness():
+    assert auto_table.device_kind("NVIDIA H200") == "nvidia-h200"
+    assert auto_table.device_kind("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    segments, rates = [2048, 4096, 8192], [1, 2, 4]
+    assert not is_ragged(32768, segments, rates)
+    assert is_ragged(32773, segments, rates)  # every segment length leaves a tail
+    assert not is_ragged(1000, [2048], [4]) and is_ragged(1001, [2048], [4])  # one segment: the rate decides
+    assert not is_ragged(4096, [2048, 8192], [1, 2]) and is_ragged(4097, [2048, 8192], [1, 2])
+
+
+def test_the_nearest_cell_answers_and_the_fastest_runnable_executor_wins():
+    cells = [_cell(8192, {"sdpa": 2.0, "triton": 1.0, "fa4": 1.5}),
+             _cell(131072, {"sdpa": 5.0, "triton": 6.0, "fa4": 4.0}),
+             _cell(32773, {"sdpa": 3.0, "triton": 2.5}, ragged=True),
+             _cell(8192, {"sdpa": 1.0, "triton": 3.0}, training=True)]
+    choose = functools.partial(table_choice, cells, mode="longnet", causal=True, head_dim=64, ragged=False,
+                               training=False, runs=lambda name: True)
+    assert choose(seq_len=8192, rows=8192 * 12) == "triton"
+    assert choose(seq_len=131072, rows=131072 * 12) == "fa4"
+    # the query rows decide: 8K tokens in a batch of 16 are as much work per call as 128K in one
+    assert choose(seq_len=8192, rows=16 * 8192 * 12) == "fa4"
+    assert choose(seq_len=16384, rows=16384 * 12) == "triton"  # nearer 8K's rows than 128K's
+    assert table_choice(cells, mode="longnet", causal=True, seq_len=8192, rows=8192 * 12, head_dim=64, ragged=False,
+                        training=False, runs=lambda name: name != "triton") == "fa4"  # the next fastest that runs
+    assert choose(seq_len=131072, rows=131072 * 12, runs=lambda name: False) is None
+    assert table_choice(cells, mode="longnet", causal=True, seq_len=40000, rows=40000 * 12, head_dim=64, ragged=True,
+                        training=False, runs=lambda name: True) == "triton"
+    assert table_choice(cells, mode="longnet", causal=True, seq_len=8192, rows=8192 * 12, head_dim=128, ragged=False,
+                        training=True, runs=lambda name: True) == "sdpa"  # nearest head dim of its kind
+    for other in (dict(mode="head_groups", causal=True), dict(mode="longnet", causal=False)):
+        assert table_choice(cells, seq_len=8192, rows=8192 * 12, head_dim=64, ragged=False, training=False,
+                            runs=lambda name: True, **other) is None  # no cell of that kind: the rules decide
+    assert nearest_cell(cells, mode="longnet", causal=True, seq_len=8192, rows=8192 * 12, head_dim=64,
+                        training=False, ragged=False).times_ms == (("fa4", 1.5), ("sdpa", 2.0), ("triton", 1.0))
+
+
+def test_a_malformed_table_is_refused_naming_the_file_and_the_key():
+    with pytest.raises(ValueError, match="x.json: a table is a JSON object with a list 'cells'"):
+        parse_table([], "x.json")
+    cell = dict(mode="longnet", causal=True, seq_len=8, batch=1, heads=2, head_dim=4, training=False, ragged=False,
+                times_ms={"sdpa": 1.0})
+    assert parse_table({"cells": [cell]}, "x.json")[0].rows == 16
+    with pytest.raises(ValueError, match=r"x.json: cells\[0\] lacks \['heads'\]"):
+        parse_table({"cells": [{k: v for k, v in cell.items() if k != "heads"}]}, "x.json")
+    with pytest.raises(ValueError, match=r"cells\[0\].times_ms must map executor names to positive milliseconds"):
+        parse_table({"cells": [{**cell, "times_ms": {"sdpa": float("nan")}}]}, "x.json")
+
+
+def test_the_measured_choice_wins_unless_the_in_place_buffers_do_not_fit():
+    rule = functools.partial(selection.rule_for, "cuda", (9, 0), torch.bfloat16, triton_ok=True, seq_len=32768,
+                             head_dim=64)
+    assert rule() == "sdpa" and rule(measured="fa4") == "fa4" and rule(measured="triton") == "triton"
+    assert rule(measured="fa4", inplace_fits=False) == "triton"
+    assert selection.rule_for("cpu", None, torch.float32, measured="fa4") == "sdpa"  # tables are for CUDA
+    assert rule(head_dim=4, measured="sdpa") == "triton"  # the head-dim rule still stands after it
+
+
+def test_auto_reads_the_packaged_table(monkeypatch):
+    """Every cell of every packaged table names known executors, and the rule returns each cell's fastest at
+    that cell's own coordinates (the device, its facts and availability stubbed: no GPU here)."""
+    tables = sorted(auto_table.TABLE_DIR.glob("*.json"))
+    assert tables, "no table in the package"
+    monkeypatch.setattr(selection, "_cuda_facts", lambda device, dtype: ((9, 0), True, False, True))
+    monkeypatch.setattr(selection, "_inplace_fits", lambda *args: True)
+    monkeypatch.setattr(selection, "unavailable_reason", lambda *args, **kwargs: None)
+    for path in tables:
+        data = json.loads(path.read_text())
+        cells = auto_table.load_table(path.stem)
+        assert len(cells) == len(data["cells"]) > 0
+        segments, rates = data["pattern"]["segment_lengths"], data["pattern"]["dilation_rates"]
+        monkeypatch.setattr(selection, "_device_kind", lambda device, kind=path.stem: kind)
+        selection._measured_choice.cache_clear()
+        for cell in cells:
+            assert {name for name, _ in cell.times_ms} <= set(EXECUTORS)
+            assert cell.ragged == is_ragged(cell.seq_len, segments, rates)
+            picked = selection.rule_backend("cuda", torch.bfloat16, shape=(cell.batch, cell.seq_len, cell.heads,
+                                                                          cell.head_dim),
+                                            segment_lengths=segments, dilation_rates=rates, mode=cell.mode,
+                                            causal=cell.causal, training=cell.training)
+            assert picked == cell.fastest_first()[0], cell
+    selection._measured_choice.cache_clear()
+
+
+def test_measuring_and_checking_a_table_on_the_cpu():
+    cells = sweep_cells([64], [8], [69], heads=2, modes=("longnet",))
+    assert len(cells) == 8 and {c.seq_len for c in cells} == {64, 69} and {c.training for c in cells} == {False, True}
+    kept = []
+    table = measure_auto_table(cells[:2], ["sdpa", "manual"], [16, 32], [1, 2], device="cpu", repeats=2,
+                               on_cell=lambda t: kept.append(len(t["cells"])), progress=False)
+    assert kept == [1, 2] and table["kind"] == "cpu"
+    parsed = parse_table(table, "cpu.json")
+    assert [c.seq_len for c in parsed] == [64, 64] and all(dict(c.times_ms).keys() == {"manual", "sdpa"}
+                                                          for c in parsed)
+    rows = check_auto_table(table, device="cpu", repeats=2, progress=False)
+    assert [row["auto_picks"] for row in rows] == ["sdpa", "sdpa"]  # the CPU rule (no table for the CPU)
+    summary = check_summary(rows, 1e9)
+    assert summary["cells"] == 2 and summary["auto"]["within"] == 2 and summary["picked"]["within"] == 2
+    with pytest.raises(ValueError, match="seq_lens and head_dims must be non-empty"):
+        sweep_cells([], [64])
+
+
+def test_check_summary_counts_auto_and_its_pick_against_the_fastest():
+    rows = [{"auto_picks": "a", "times_ms": {"auto": 1.1, "a": 1.0, "b": 1.0}},
+            {"auto_picks": "a", "times_ms": {"auto": 2.0, "a": 1.5, "b": 1.0}}]
+    summary = check_summary(rows, 1.03)
+    assert summary["auto"] == {"within": 0, "median": 2.0, "worst": 2.0}
+    assert summary["picked"] == {"within": 1, "median": 1.5, "worst": 1.5}
