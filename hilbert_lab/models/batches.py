@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import TrainConfig
+from .blocks import document_positions
 from .packing import make_packed_batch
 from .parallel import local_batch
 from .tasks import IGNORE_INDEX, make_batch
@@ -75,6 +76,10 @@ def batch_logits(runner, tokens, targets, positions, config: TrainConfig, cu_seq
     documents of a packed row; mesh: this rank's rows and sequence shard of it (models.parallel.local_batch)."""
     if mesh is not None:
         tokens, targets, positions = local_batch(mesh, tokens, targets, layout=config.ring_layout)
+        if cu_seqlens is not None:  # the shard's positions in their documents; the ring reads the whole row's
+            cu = cu_seqlens.to(config.device)
+            return runner(tokens.to(config.device), document_positions(cu)[positions.to(config.device)],
+                          cu_seqlens=cu), targets.to(config.device)
         return runner(tokens.to(config.device), positions.to(config.device)), targets.to(config.device)
     tokens, targets = tokens.to(config.device), targets.to(config.device)
     with autocast_scope(config):

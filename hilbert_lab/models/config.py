@@ -119,10 +119,9 @@ class TrainConfig:
         if self.ring and self.on_mesh:
             raise ValueError("ring=True does not go with data_parallel or context_parallel > 1: context_parallel is "
                              "the ring on a DeviceMesh; use it alone")
-        if self.pack and self.on_mesh:
-            raise ValueError("pack=True (packed documents) does not run with data_parallel or context_parallel > 1: "
-                             "a packed batch is one row, and ring attention takes one sequence per row; use one of "
-                             "them")
+        if self.pack and self.data_parallel > 1:
+            raise ValueError("pack=True (packed documents) does not run with data_parallel > 1: a packed batch is one "
+                             "row; shard it with context_parallel instead")
         shards = self.context_parallel * (2 if self.ring_layout == "zigzag" and self.context_parallel > 1 else 1)
         lengths = sorted({self.seq_len, *(phase[0] for phase in self.curriculum if len(phase) == 2)})
         if any(length % shards for length in lengths):

@@ -297,9 +297,12 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
                                                   mesh)
             optimizer.zero_grad(set_to_none=True)
             loss_sum, hits, answers = answer_loss(logits, local_targets)
-            # a packed row holds as many answers as it has documents with questions; otherwise every rank
-            # divides by the whole batch's answers
-            answers = max(answers, 1) if config.pack else answers_per_batch
+            # a packed row holds as many answers as it has documents with questions (over its shards on a mesh);
+            # otherwise every rank divides by the whole batch's answers
+            if config.pack:
+                answers = max(int(all_reduce_sum([float(answers)], config, mesh)[0]), 1)
+            else:
+                answers = answers_per_batch
             # on a mesh FSDP averages the gradients over its ranks: each rank's share scaled back to the global mean
             (loss_sum * ((mesh.size() if mesh is not None else 1) / answers)).backward()
             if config.ring:

@@ -1,5 +1,6 @@
 """`train` on a DeviceMesh (data_parallel x context_parallel, FSDP2): on gloo ranks (CPU, float64) every logged
-training loss and the final evaluation equal the single-process run's; the sharded checkpoint the ranks write
+training loss and the final evaluation equal the single-process run's (grouped-query heads, checkpointed
+activations and a packed row sharded over context_parallel included); the sharded checkpoint the ranks write
 resumes in one process with the uninterrupted run's next losses; a wrong world size, or ranks started with different
 configurations, fail on every rank; a rank that dies stops the others."""
 from __future__ import annotations
@@ -13,7 +14,8 @@ from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest
 
 # (data_parallel, context_parallel, ring_layout, other TrainConfig fields)
 MESHES = {2: [(2, 1, "contiguous", {}), (1, 2, "zigzag", {}),
-              (2, 1, "contiguous", {"num_kv_heads": 2}), (1, 2, "contiguous", {"gradient_checkpointing": True, "num_kv_heads": 2})],
+              (2, 1, "contiguous", {"num_kv_heads": 2}),
+              (1, 2, "contiguous", {"gradient_checkpointing": True, "num_kv_heads": 2}), (1, 2, "zigzag", {"pack": True})],
           4: [(2, 2, "zigzag", {})]}
 
 
@@ -123,9 +125,9 @@ def test_a_mesh_run_needs_a_process_group_and_divisible_batches():
         _config(data_parallel=3)
     with pytest.raises(ValueError, match=r"every training length \(\[64\]\) must be a multiple of 6: the zigzag"):
         _config(context_parallel=3, ring_layout="zigzag")
-    for degrees in (dict(context_parallel=2), dict(data_parallel=2)):
-        with pytest.raises(ValueError, match="pack=True .* data_parallel or context_parallel > 1"):
-            _config(pack=True, **degrees)
+    with pytest.raises(ValueError, match="pack=True .* data_parallel > 1: a packed batch is one row; shard it with "
+                                         "context_parallel instead"):
+        _config(pack=True, data_parallel=2)
 
 
 def _dying_rank(rank: int, world_size: int, folder: str) -> None:
