@@ -13,11 +13,12 @@ Rules of `select_backend` (first match wins):
    efficient kernel; flash needs fp16/bf16) and no flash-attn. Pascal: use float32.
 3. CUDA, fp16/bf16 on Hopper or newer with Triton, for a whole pattern, where no table applies: "sdpa" (cuDNN
    reading the plan's blocks in place, exact backward with the merged output and LSE) for N >= 32768, and for
-   training with head dim > 64 at any N; else the fused kernel "triton" (measured on an H100 with older code,
-   reports/results/gpu_attention.json: at 8K the fused kernel wins every cell, its 4-7 cuDNN calls per pattern
-   costing more host time than their GPU work; from 32K at D 64 in-place cuDNN wins or ties; at D 128 the fused
-   backward is 2.6-3.8x slower). With FlashAttention-4 installed ("fa4"), LongNet-mode training from 32K on
-   takes it instead of "sdpa" (H100 headline fwd+bwd 6.05 vs 7.68 ms, reports/results/gpu_attention_fa4.json).
+   training with head dim > 64 at any N; else the fused kernel "triton" (on an H100,
+   reports/results/gpu_attention.json, measured with older code (rev 0ceb35e + uncommitted changes): at 8K
+   the fused kernel wins every cell, its 4-7 cuDNN calls per pattern costing more host time than their GPU
+   work; from 32K at D 64 in-place cuDNN wins or ties; at D 128 the fused backward is 2.6-3.8x slower). With
+   FlashAttention-4 installed ("fa4"), LongNet-mode training from 32K on takes it instead of "sdpa" (H100
+   headline fwd+bwd 6.05 vs 7.68 ms, reports/results/gpu_attention_fa4.json).
    When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel
    (no such buffers) runs instead. Dense-block callers (the ring's local steps, whole_pattern=False) skip this
    rule and rule 0.
