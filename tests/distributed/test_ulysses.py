@@ -1,5 +1,5 @@
-"""Head-parallel and hybrid (head-parallel x ring) dilated attention on gloo worlds of 2 and 4 ranks against the
-float64 dense reference, and the all-to-all's key/value head assignment."""
+"""Head-parallel and hybrid (head-parallel x ring) dilated attention on gloo worlds of 2, 4 and 8 ranks (every
+grid of 8) against the float64 dense reference, and the all-to-all's key/value head assignment."""
 from __future__ import annotations
 
 import sys
@@ -24,6 +24,11 @@ CHECKS = ["check_ulysses_matches_reference", "check_ulysses_grouped_heads", "che
 def test_ulysses_matches_reference(tmp_path, world_size):
     """On 2 ranks the hybrid's mesh is 2 x 1 (ring x ulysses), on 4 ranks 2 x 2."""
     run_world(world_size, tmp_path, CHECKS)
+
+
+@pytest.mark.slow  # eight gloo ranks on a 2-core machine
+def test_eight_ranks_on_every_hybrid_grid_match_the_reference(tmp_path):
+    run_world(8, tmp_path, ["check_eight_rank_grids"])
 
 
 @pytest.mark.parametrize("heads, kv_heads, world, expected", [

@@ -323,3 +323,31 @@ def check_nccl_ulysses(rank, world):
                 engine_error = (theirs.double() - truth).abs().max().item()
                 assert error <= 2 * engine_error + 1e-3, \
                     f"{name} {args} {layout} {what}: bf16 error {error} vs engine {engine_error}"
+
+
+@check
+def check_eight_rank_grids(rank, world):
+    """Eight ranks on every (ring x ulysses) grid 8 x 1, 4 x 2, 2 x 4, 1 x 8, and head-parallel alone: spanning
+    and local branches, causal zigzag, grouped-query heads fewer than the ulysses degree, a packed row; each rank's
+    out, LSE and gradients equal its shard of the dense reference."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hilbert_lab.distributed.hybrid import hybrid_dilated_attention, hybrid_positions
+
+    assert world == 8, world
+    n = 4
+    seq_len = n * world
+    for ring, ulysses in ((8, 1), (4, 2), (2, 4), (1, 8)):
+        mesh = init_device_mesh("cpu", (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
+        r, u = mesh.get_local_rank("ring"), mesh.get_local_rank("ulysses")
+        for layout, mode, causal, segments, rates, kv_heads, bounds in (
+                ("zigzag", "longnet", True, [2, 3 * n, seq_len], [1, 2, 4], None, None),
+                ("contiguous", "head_groups", False, [2, 2 * n, seq_len], [1, 2, 2], None, None),
+                ("zigzag", "longnet", True, [4, seq_len], [1, 2], 2, None),
+                ("contiguous", "longnet", True, [4, 2 * n], [1, 2], None, [0, 3, n + 1, 5 * n + 2, seq_len])):
+            positions = hybrid_positions(r, u, ring, ulysses, seq_len, layout)
+            compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=8, kv_heads=kv_heads,
+                    positions=positions, call=hybrid_dilated_attention, mesh=mesh, cu_seqlens=bounds, batch=1,
+                    dim=2)
+    compare(rank, world, seq_len, [4, 2 * n, seq_len], [1, 2, 4], "longnet", True, layout="zigzag", heads=8,
+            kv_heads=2, batch=1, dim=2)  # head-parallel alone over the 8 ranks

@@ -16,7 +16,8 @@ from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest
 MESHES = {2: [(2, 1, "contiguous", {}), (1, 2, "zigzag", {}),
               (2, 1, "contiguous", {"num_kv_heads": 2}),
               (1, 2, "contiguous", {"gradient_checkpointing": True, "num_kv_heads": 2}), (1, 2, "zigzag", {"pack": True})],
-          4: [(2, 2, "zigzag", {})]}
+          4: [(2, 2, "zigzag", {})],
+          8: [(2, 4, "zigzag", {}), (1, 8, "contiguous", {"pack": True})]}
 
 
 def _config(**overrides):
@@ -71,6 +72,26 @@ def _check_against_one_process(folder, world_size):
 def test_training_on_two_ranks_equals_one_process_and_resumes_in_one(tmp_path):
     run_world(_rank_trains, 2, tmp_path)
     _check_against_one_process(tmp_path, 2)
+
+
+def _rank_trains_on_eight(rank: int, world_size: int, folder: str) -> None:
+    from hilbert_lab.models.train import train
+
+    for index, (dp, cp, layout, extra) in enumerate(MESHES[world_size]):
+        result = train(_config(data_parallel=dp, context_parallel=cp, ring_layout=layout, **extra),
+                       os.path.join(folder, f"run{index}"), stop_at=3)
+        if rank == 0:
+            with open(os.path.join(folder, f"run{index}.json"), "w") as handle:
+                json.dump({"history": _losses(result.history), "eval": result.final_eval["loss"]}, handle)
+
+
+@pytest.mark.slow  # eight gloo ranks on a 2-core machine
+@pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
+def test_training_on_eight_ranks_equals_one_process_and_resumes_in_one(tmp_path):
+    """A 2 x 4 mesh (zigzag) and a packed row over 8 context-parallel ranks: every logged loss and the final
+    evaluation equal one process's, and each sharded checkpoint resumes in one process."""
+    run_world(_rank_trains_on_eight, 8, tmp_path)
+    _check_against_one_process(tmp_path, 8)
 
 
 def _rank_resumes_on_two(rank: int, world_size: int, folder: str) -> None:
