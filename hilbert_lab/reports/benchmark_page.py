@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from hilbert_lab.reports.auto_check import auto_check_sections
 from hilbert_lab.reports.benchmark import _rows, comparisons
 from hilbert_lab.viz.style import ordering_name, ordering_trace
 
@@ -210,8 +211,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
 
     from hilbert_lab.bench.stats import bootstrap_median_ci
     from hilbert_lab.reports.page import (CPU_TIMING_NOTE, Page, Section, fmt, fmt_count, fmt_interval, is_gpu_env,
-                                          memory_change, memory_resolution_mib, older_code_page, out_of_memory,
-                                          style_axes)
+                                          memory_change, memory_resolution_mib, metrics_table, older_code_page,
+                                          out_of_memory, style_axes)
     from hilbert_lab.reports.provenance import older_code
 
     gpu = is_gpu_env(env)
@@ -327,6 +328,9 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         "peak MiB": row.get("peak_mib"), "error": out_of_memory(row.get("error"))} for row in results])
     if not cases["error"].astype(bool).any():
         cases = cases.drop(columns=["error"])
+    auto_sections, auto_findings = auto_check_sections(metrics)
+    sections += auto_sections
+    findings += auto_findings[:max(0, 5 - len(findings))]
     sections.append(Section("Every case", _agreement(metrics, ok, table), table=cases, collapsed=True,
                             caption=f"{len(ok)} of {len(results)} cases finished; mode {', '.join(modes)}, "
                                     f"{', '.join(passes)} pass; {parameters.get('repeats', '?')} repeats per case, "
@@ -340,5 +344,6 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
              "Times are medians with 95% bootstrap intervals; a ratio whose interval lies within 5% of 1 reads 'no "
              "difference', and one whose interval still spans 1 more widely after its last round 'not settled'.")
     page = Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
-                sections=sections, notes=[] if gpu else [CPU_TIMING_NOTE])
+                sections=sections, notes=[] if gpu else [CPU_TIMING_NOTE],
+                sources=metrics_table(metrics, "auto_check_source").to_dict("records"))
     return older_code_page(page, older_code(env.get("git")) if gpu else "")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import html
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -307,3 +307,36 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
     describe()
     return Panel(widget=layout, figures={"timing": figure}, controls=controls, message=message, refresh=run,
                  state=state)
+
+
+def auto_choice_heatmap(rows: Sequence[Mapping[str, Any]], title: str = "auto's pick against the fastest executor",
+                        worst: float = 1.3) -> Any:
+    """Heatmap of a measured-table check (rows of reports.auto_check.auto_check_table: mode, causal, head_dim,
+    training, seq_len, auto_picks, picked_over_fastest): one row per (mode, causal, D, direction), one column per
+    N; the colour is the pick's time over the fastest executor's (1 = the fastest; capped at `worst`), the text the
+    executor auto picked and that ratio."""
+    import plotly.graph_objects as go
+
+    def key(row: Mapping[str, Any]) -> tuple:
+        return row["mode"], not row["causal"], int(row["head_dim"]), bool(row["training"])
+
+    def line(row: Mapping[str, Any]) -> str:
+        return (f"{row['mode']} {'causal' if row['causal'] else 'full'} D{row['head_dim']} "
+                f"{'fwd+bwd' if row['training'] else 'fwd'}")
+
+    columns = sorted({int(row["seq_len"]) for row in rows})
+    lines = [line(row) for row in sorted({key(row): row for row in rows}.values(), key=key)]
+    ratio = [[None] * len(columns) for _ in lines]
+    text = [[""] * len(columns) for _ in lines]
+    for row in rows:
+        value = float(row["picked_over_fastest"])
+        i, j = lines.index(line(row)), columns.index(int(row["seq_len"]))
+        ratio[i][j], text[i][j] = value, f"{row['auto_picks']}<br>{value:.2f}"
+    labels = [f"{n // 1024}K" + (f"+{n % 1024}" if n % 1024 else "") if n >= 1024 else str(n) for n in columns]
+    figure = go.Figure(go.Heatmap(z=ratio, x=labels, y=lines, text=text, texttemplate="%{text}", zmin=1.0, zmax=worst,
+                                  colorscale=[[0.0, "#00CC96"], [0.1, "#B6E880"], [1.0, "#EF553B"]],
+                                  colorbar={"title": "pick / fastest"},
+                                  hovertemplate="%{y}, N %{x}: %{text}<extra></extra>"))
+    figure.update_layout(title=title, xaxis_title="N (B 1, H 12; +5: ragged)", height=140 + 28 * len(lines),
+                         margin=dict(l=220), xaxis_type="category", yaxis_autorange="reversed")
+    return figure

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -43,6 +45,7 @@ ab_repeats = 21
 threads = 1
 ab_backend = "auto"
 case_timeout_s = 300.0
+auto_check = "reports/results/auto_table/check_h200_run1.json"  # committed GPU check of auto's table ("" for none)
 save_png = True
 output_dir = "."
 
@@ -90,3 +93,19 @@ if ab_repeats > 0 and "identity" in orderings and len(orderings) > 1:
     recorder.table("ordering_ab", ab, caption="interleaved identity / ordered times (ms) per pair", show=False)
 comparisons(recorder.data)[["backend", "mode", "seq_len", "ordering", "timing", "speedup", "speedup_low",
                             "speedup_high", "verdict"]]
+
+# %% [markdown]
+# ## auto's measured table (a committed GPU check)
+# Per cell of the table `backend="auto"` reads on that GPU (`benchmarks/bench_auto_table.py`): the executor auto
+# picked, its time by name over the fastest executor's, and auto's own time over it.
+
+# %%
+import pandas as pd
+
+from hilbert_lab.reports.auto_check import auto_check_source, auto_check_table, load_auto_check
+
+auto_data = load_auto_check(auto_check) if auto_check else None
+if auto_data is not None:
+    recorder.table("auto_check", auto_check_table(auto_data),
+                   caption=f"auto against the fastest executor ({auto_check})")
+    recorder.table("auto_check_source", pd.DataFrame([auto_check_source(auto_data, auto_check)]), show=False)
