@@ -15,10 +15,15 @@ Also: the headline shape (bf16, B=2, N=32768, H=12, D=64, w [2048, 4096, 8192], 
 the longest causal LongNet fwd+bwd that runs (B=1, H=12, D=64, w [2048, 8192, 32768, 131072],
 r [1, 2, 4, 8]). Writes JSON with the environment.
 
+Part "ragged": causal cells at N = m and m + 5 (m 32K with H 12, D 64; m 128K with H 8, D 32; B 1; w [2048,
+8192, 32768, 131072], r [1, 4, 8, 32]; both modes, fwd and fwd+bwd), each timed as a sweep cell, and the ratio
+(m + 5) / m of auto, of each executor and of the FlashAttention-4 floor (target: <= 1.10).
+
 Part "profile": torch.profiler's CUDA kernel time per call of each of ours on the headline cells, by
 kind (attention kernels, copies, fills, elementwise adds/conversions, merge, other), beside the wall time.
 
-Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,longest,profile] [--quick]
+Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
+[--quick]
 """
 from __future__ import annotations
 
@@ -43,6 +48,8 @@ from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
 LONGEST = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8])
+RAGGED = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 4, 8, 32])
+RAGGED_CELLS = ((32768, 12, 64), (131072, 8, 32))  # (m, H, D): N = m and m + 5
 DEV = torch.device("cuda")
 
 
@@ -207,7 +214,8 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
     scale = head_dim**-0.5
     results, errors = run_variants(pattern, q, k, v, direction, scale, repeats)
     picked = select_backend(DEV, torch.bfloat16, shape=tuple(q.shape), segment_lengths=pattern.segment_lengths,
-                            mode=mode, causal=causal, training=direction == "fwd+bwd")
+                            dilation_rates=pattern.dilation_rates, mode=mode, causal=causal,
+                            training=direction == "fwd+bwd")
     floor_name, floor = best(results, "floor[")
     strided_name, strided = best(results, "strided[")
     ts_name, ts = best(results, "torchscale[")
@@ -228,6 +236,21 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
     gc.collect()
     torch.cuda.empty_cache()
     return row
+
+
+def ragged_pair(m, heads, head_dim, mode, direction, repeats):
+    """The causal cells N = m and m + 5 (pattern RAGGED, B 1) and the ratio (m + 5) / m of auto, each executor
+    and the FlashAttention-4 floor."""
+    rows = [cell(mode, True, n, head_dim, direction, 1, heads, RAGGED, repeats) for n in (m, m + 5)]
+    for row in rows:
+        row.pop("timings")
+        print(fmt(row), flush=True)
+    names = [name for name in ("auto", *executors(), "fa4_floor")
+             if rows[0].get(f"{name}_ms") and rows[1].get(f"{name}_ms")]
+    ratios = {name: rows[1][f"{name}_ms"] / rows[0][f"{name}_ms"] for name in names}
+    print(f"ragged {mode:11s} m={m} H={heads} D={head_dim} {direction:7s} (m+5)/m: "
+          + " ".join(f"{name}={value:.2f}" for name, value in ratios.items()), flush=True)
+    return dict(mode=mode, m=m, heads=heads, head_dim=head_dim, direction=direction, ratios=ratios, rows=rows)
 
 
 def fmt(row):
@@ -290,7 +313,7 @@ def longest(max_tokens: int, start: int, backend: str = "auto") -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="reports/results/gpu_attention.json")
-    parser.add_argument("--parts", default="headline,sweep,longest")
+    parser.add_argument("--parts", default="headline,sweep,ragged,longest")
     parser.add_argument("--seq-lens", default="8192,32768,131072,524288")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--repeats", type=int, default=15)
@@ -324,6 +347,10 @@ def main() -> None:
                             row.pop("timings")
                             result["sweep"].append(row)
                             print(fmt(row), flush=True)
+    if "ragged" in parts:
+        result["ragged"] = [ragged_pair(m, heads, head_dim, mode, direction, args.repeats)
+                            for m, heads, head_dim in RAGGED_CELLS for mode in ("longnet", "head_groups")
+                            for direction in ("fwd", "fwd+bwd")]
     if "profile" in parts:
         result["profile"] = []
         for mode in ("head_groups", "longnet"):
