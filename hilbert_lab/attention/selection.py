@@ -1,10 +1,10 @@
 """GPU description and backend selection: documented rules, optional timing with a JSON cache.
 
 Rules of `select_backend` (first match wins):
-0. CUDA, fp16/bf16, a whole pattern of known shape, on a GPU kind with a measured table in the package
-   (attention.auto_table, written by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call
-   in the table's nearest cell (same mode, causal, training and raggedness; nearest head dim, then query rows
-   B * N * H, then N), unless the in-place buffers do not fit in free memory (then the fused kernel, rule 3).
+0. CUDA, fp16/bf16, a whole pattern of known shape, on a GPU kind with a table in the package (attention.auto_table,
+   by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell (same
+   mode, causal, training and raggedness; nearest head dim, then query rows B * N * H, then N; within a factor
+   sqrt(2) of both: auto_table.REACH), unless the in-place buffers do not fit (then the fused kernel, rule 3).
    On an H200 the table's pick is within 3% of the fastest executor in 76 of 80 cells, these rules' in 29
    (reports/results/auto_table/check_h200_run1.json).
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,

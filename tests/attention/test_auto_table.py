@@ -39,14 +39,18 @@ def test_the_nearest_cell_answers_and_the_fastest_runnable_executor_wins():
     assert choose(seq_len=131072, rows=131072 * 12) == "fa4"
     # the query rows decide: 8K tokens in a batch of 16 are as much work per call as 128K in one
     assert choose(seq_len=8192, rows=16 * 8192 * 12) == "fa4"
-    assert choose(seq_len=16384, rows=16384 * 12) == "triton"  # nearer 8K's rows than 128K's
+    assert choose(seq_len=11000, rows=11000 * 12) == "triton"  # within sqrt(2) of the 8K cell's rows
+    for n in (16384, 65536, 1 << 20, 4096):  # a factor 2 or more from every cell: the table does not answer
+        assert choose(seq_len=n, rows=n * 12) is None, n
     assert table_choice(cells, mode="longnet", causal=True, seq_len=8192, rows=8192 * 12, head_dim=64, ragged=False,
                         training=False, runs=lambda name: name != "triton") == "fa4"  # the next fastest that runs
     assert choose(seq_len=131072, rows=131072 * 12, runs=lambda name: False) is None
     assert table_choice(cells, mode="longnet", causal=True, seq_len=40000, rows=40000 * 12, head_dim=64, ragged=True,
                         training=False, runs=lambda name: True) == "triton"
-    assert table_choice(cells, mode="longnet", causal=True, seq_len=8192, rows=8192 * 12, head_dim=128, ragged=False,
+    assert table_choice(cells, mode="longnet", causal=True, seq_len=8192, rows=8192 * 12, head_dim=80, ragged=False,
                         training=True, runs=lambda name: True) == "sdpa"  # nearest head dim of its kind
+    assert table_choice(cells, mode="longnet", causal=True, seq_len=8192, rows=8192 * 12, head_dim=128, ragged=False,
+                        training=True, runs=lambda name: True) is None  # twice the cell's head dim: not measured
     for other in (dict(mode="head_groups", causal=True), dict(mode="longnet", causal=False)):
         assert table_choice(cells, seq_len=8192, rows=8192 * 12, head_dim=64, ragged=False, training=False,
                             runs=lambda name: True, **other) is None  # no cell of that kind: the rules decide
