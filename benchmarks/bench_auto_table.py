@@ -2,8 +2,9 @@
 
 Table: every candidate executor ("sdpa", "triton", "fa4" where each runs) timed round-robin in every cell of
 the sweep (bf16, H 12, w [2048, 4096, 8192], r [1, 2, 4]; both modes, causal or not, forward alone and
-forward+backward; B 1, N 8K-512K at head dims 64 and 128, and ragged N = 32K + 5 and 128K + 5 at the
-smallest head dim). It is written, after each finished cell, to the package
+forward+backward; B 1 and 2, N 8K-512K at head dims 64 and 128, and ragged N = 32K + 5 and 128K + 5 at the
+smallest head dim: query rows B * N * H a factor 2 apart, so that every call between 8K at B 1 and 512K at B 2
+lies within the factor sqrt(2) a cell answers). It is written, after each finished cell, to the package
 (hilbert_lab/attention/auto_tables/<kind>.json, kind from the GPU's name), where `auto` reads it
 (attention.auto_table, rule 0 of attention.selection).
 
@@ -44,6 +45,7 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="8192,32768,131072,524288")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--ragged-lens", default="32773,131077")
+    parser.add_argument("--batches", default="1,2")
     parser.add_argument("--backends", default="sdpa,triton,fa4")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
@@ -59,7 +61,8 @@ def main() -> None:
     if args.stage != "check":
         backends = [name for name in args.backends.split(",")
                     if unavailable_reason(name, device, torch.bfloat16) is None]
-        cells = sweep_cells(ints(args.seq_lens), ints(args.head_dims), ints(args.ragged_lens))
+        cells = sweep_cells(ints(args.seq_lens), ints(args.head_dims), ints(args.ragged_lens),
+                            batches=ints(args.batches))
         meta = dict(env=collect_environment(str(device)), command=strip_paths(" ".join(sys.argv)))
         path = table_path(kind)
         path.parent.mkdir(parents=True, exist_ok=True)

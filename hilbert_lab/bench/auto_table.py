@@ -35,15 +35,16 @@ class SweepCell:
 
 
 def sweep_cells(seq_lens: Sequence[int], head_dims: Sequence[int], ragged_lens: Sequence[int] = (), *,
-                heads: int = 12, batch: int = 1, modes: Sequence[str] = MODES) -> list[SweepCell]:
+                heads: int = 12, batches: Sequence[int] = (1,), modes: Sequence[str] = MODES) -> list[SweepCell]:
     """The cells of a table: every mode, causal or not, forward alone or with the backward, for each N of
-    seq_lens at each head dim and each N of ragged_lens at the smallest head dim; inputs (batch, N, heads, D)."""
-    if not seq_lens or not head_dims or any(int(n) < 1 for n in (*seq_lens, *ragged_lens)):
-        raise ValueError(f"seq_lens and head_dims must be non-empty and lengths positive, got seq_lens={seq_lens!r}, "
-                         f"head_dims={head_dims!r}, ragged_lens={ragged_lens!r}")
+    seq_lens at each head dim and each N of ragged_lens at the smallest head dim, each at every batch size of
+    `batches`; inputs (batch, N, heads, D)."""
+    if not seq_lens or not head_dims or not batches or any(int(n) < 1 for n in (*seq_lens, *ragged_lens, *batches)):
+        raise ValueError(f"seq_lens, head_dims and batches must be non-empty and positive, got seq_lens={seq_lens!r}, "
+                         f"head_dims={head_dims!r}, ragged_lens={ragged_lens!r}, batches={batches!r}")
     points = [(int(n), int(d)) for n in seq_lens for d in head_dims] + [(int(n), min(head_dims)) for n in ragged_lens]
-    return [SweepCell(mode, causal, n, d, training, batch, heads)
-            for n, d in points for mode in modes for causal in (False, True) for training in (False, True)]
+    return [SweepCell(mode, causal, n, d, training, int(batch), heads) for n, d in points for batch in batches
+            for mode in modes for causal in (False, True) for training in (False, True)]
 
 
 def cell_calls(cell: SweepCell, names: Sequence[str], segment_lengths: Sequence[int], dilation_rates: Sequence[int],

@@ -106,6 +106,7 @@ def test_auto_reads_the_packaged_table(monkeypatch):
 
 
 def test_measuring_and_checking_a_table_on_the_cpu():
+    assert len(sweep_cells([64, 128], [8, 16], [69], heads=2, batches=(1, 2))) == (4 + 1) * 2 * 8
     cells = sweep_cells([64], [8], [69], heads=2, modes=("longnet",))
     assert len(cells) == 8 and {c.seq_len for c in cells} == {64, 69} and {c.training for c in cells} == {False, True}
     kept = []
@@ -119,7 +120,7 @@ def test_measuring_and_checking_a_table_on_the_cpu():
     assert [row["auto_picks"] for row in rows] == ["sdpa", "sdpa"]  # the CPU rule (no table for the CPU)
     summary = check_summary(rows, 1e9)
     assert summary["cells"] == 2 and summary["auto"]["within"] == 2 and summary["picked"]["within"] == 2
-    with pytest.raises(ValueError, match="seq_lens and head_dims must be non-empty"):
+    with pytest.raises(ValueError, match="seq_lens, head_dims and batches must be non-empty"):
         sweep_cells([], [64])
 
 
