@@ -34,7 +34,8 @@ def _losses(history):
     return [(r["step"], r["kind"], r["loss"]) for r in history]
 
 
-def _rank_trains(rank: int, world_size: int, folder: str) -> None:
+def _rank_trains_each_mesh(rank: int, world_size: int, folder: str) -> None:
+    """Every mesh of MESHES[world_size] trains to step 3; rank 0 writes each run's losses and evaluation."""
     from hilbert_lab.models.train import train
 
     for index, (dp, cp, layout, extra) in enumerate(MESHES[world_size]):
@@ -43,6 +44,12 @@ def _rank_trains(rank: int, world_size: int, folder: str) -> None:
         if rank == 0:
             with open(os.path.join(folder, f"run{index}.json"), "w") as handle:
                 json.dump({"history": _losses(result.history), "eval": result.final_eval["loss"]}, handle)
+
+
+def _rank_trains(rank: int, world_size: int, folder: str) -> None:
+    from hilbert_lab.models.train import train
+
+    _rank_trains_each_mesh(rank, world_size, folder)
     with pytest.raises(ValueError, match="must equal the world size"):
         train(_config(data_parallel=world_size, context_parallel=2, ring_layout="zigzag"))
     with pytest.raises(ValueError, match=r"same configuration, run folder and resume flag; ranks \[1\] differ"):
@@ -74,23 +81,12 @@ def test_training_on_two_ranks_equals_one_process_and_resumes_in_one(tmp_path):
     _check_against_one_process(tmp_path, 2)
 
 
-def _rank_trains_on_eight(rank: int, world_size: int, folder: str) -> None:
-    from hilbert_lab.models.train import train
-
-    for index, (dp, cp, layout, extra) in enumerate(MESHES[world_size]):
-        result = train(_config(data_parallel=dp, context_parallel=cp, ring_layout=layout, **extra),
-                       os.path.join(folder, f"run{index}"), stop_at=3)
-        if rank == 0:
-            with open(os.path.join(folder, f"run{index}.json"), "w") as handle:
-                json.dump({"history": _losses(result.history), "eval": result.final_eval["loss"]}, handle)
-
-
 @pytest.mark.slow  # eight gloo ranks on a 2-core machine
 @pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
 def test_training_on_eight_ranks_equals_one_process_and_resumes_in_one(tmp_path):
     """A 2 x 4 mesh (zigzag) and a packed row over 8 context-parallel ranks: every logged loss and the final
     evaluation equal one process's, and each sharded checkpoint resumes in one process."""
-    run_world(_rank_trains_on_eight, 8, tmp_path)
+    run_world(_rank_trains_each_mesh, 8, tmp_path)
     _check_against_one_process(tmp_path, 8)
 
 
