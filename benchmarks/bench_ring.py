@@ -39,7 +39,8 @@ Sections of the JSON (rank 0 rewrites it after every measurement, so a crash kee
   whole ring).
 - overhead (P > 1): per config "longnet" and N in --seq-lens, each rank's ring call against the single-GPU
   engine on a sequence of the shard's length, back-to-back calls, interleaved rounds: what the ring adds
-  where nothing is sent (not in the default sections).
+  where nothing is sent, with its per-call configuration check and without it (check_config=False: what the
+  check's host all_gather costs) (not in the default sections).
 - causal_layouts (P > 1): the spanning config, causal, at --layout-len tokens: contiguous against zigzag
   shards, interleaved, ratio with its bootstrap interval.
 - context_parallel (P > 1): dense causal attention (one branch, segment N, dilation 1) at --cp-len tokens:
@@ -329,7 +330,8 @@ def overhead(args, device, seq_len, segment_lengths, dilation_rates) -> dict:
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
     kwargs = dict(segment_lengths=segment_lengths, dilation_rates=dilation_rates, mode=args.mode)
     calls = {"engine_on_shard": lambda: dilated_attention(q, k, v, **kwargs),
-             "ring": lambda: ring_dilated_attention(q, k, v, **kwargs)}
+             "ring": lambda: ring_dilated_attention(q, k, v, **kwargs),
+             "ring_unchecked": lambda: ring_dilated_attention(q, k, v, check_config=False, **kwargs)}
 
     def batch(call, iters: int) -> float:
         dist.barrier()
@@ -347,16 +349,20 @@ def overhead(args, device, seq_len, segment_lengths, dilation_rates) -> dict:
     for _ in range(args.rounds):
         for name, call in calls.items():
             times[name].append(batch(call, max(args.iters, 1)))
-    ratio, low, high = ratio_ci(times["ring"], times["engine_on_shard"])
-    per_rank = torch.tensor([ratio, low, high], dtype=torch.float64, device=device)
+    per_rank = torch.tensor([*ratio_ci(times["ring"], times["engine_on_shard"]),
+                             *ratio_ci(times["ring_unchecked"], times["engine_on_shard"])],
+                            dtype=torch.float64, device=device)
     gathered = [torch.empty_like(per_rank) for _ in range(world)]
     dist.all_gather(gathered, per_rank)
     rows = [t.tolist() for t in gathered]
     worst = max(range(world), key=lambda r: rows[r][0])
+    unchecked_worst = max(range(world), key=lambda r: rows[r][3])
     return {"seq_len": seq_len, "shard_len": seq_len // world, "segment_lengths": segment_lengths,
             "dilation_rates": dilation_rates, "seconds_rank0": times,
             "ring_over_engine_per_rank": [{"ratio": r[0], "low": r[1], "high": r[2]} for r in rows],
-            "slowest_rank": worst, "per_gpu_throughput_vs_one_gpu_on_its_shard": 1 / rows[worst][0]}
+            "unchecked_ring_over_engine_per_rank": [{"ratio": r[3], "low": r[4], "high": r[5]} for r in rows],
+            "slowest_rank": worst, "per_gpu_throughput_vs_one_gpu_on_its_shard": 1 / rows[worst][0],
+            "per_gpu_throughput_vs_one_gpu_on_its_shard_unchecked": 1 / rows[unchecked_worst][3]}
 
 
 def context_parallel_anchor(args, device) -> dict:
