@@ -8,8 +8,8 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .config import TrainConfig
 from .blocks import document_positions
+from .config import TrainConfig
 from .packing import make_packed_batch
 from .parallel import local_batch
 from .tasks import IGNORE_INDEX, make_batch
