@@ -103,9 +103,11 @@ comparisons(recorder.data)[["backend", "mode", "seq_len", "ordering", "timing", 
 import pandas as pd
 
 from hilbert_lab.reports.auto_check import auto_check_source, auto_check_table, load_auto_check
+from hilbert_lab.viz.backends import auto_choice_heatmap
 
 auto_data = load_auto_check(auto_check) if auto_check else None
 if auto_data is not None:
-    recorder.table("auto_check", auto_check_table(auto_data),
-                   caption=f"auto against the fastest executor ({auto_check})")
+    auto_rows = auto_check_table(auto_data)
+    recorder.table("auto_check", auto_rows, caption=f"auto against the fastest executor ({auto_check})", show=False)
     recorder.table("auto_check_source", pd.DataFrame([auto_check_source(auto_data, auto_check)]), show=False)
+    auto_choice_heatmap(auto_rows.to_dict("records")).show()
