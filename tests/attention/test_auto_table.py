@@ -102,6 +102,20 @@ def test_auto_reads_the_packaged_table(monkeypatch):
                                             segment_lengths=segments, dilation_rates=rates, mode=cell.mode,
                                             causal=cell.causal, training=cell.training)
             assert picked == cell.fastest_first()[0], cell
+        cell = cells[0]
+        shape = (cell.batch, cell.seq_len, cell.heads, cell.head_dim)
+        common = dict(shape=shape, segment_lengths=segments, dilation_rates=rates, mode=cell.mode, causal=cell.causal,
+                      training=cell.training)
+        rules = functools.partial(selection.rule_for, "cuda", (9, 0), triton_ok=True, fa4_ok=True,
+                                  seq_len=cell.seq_len, head_dim=cell.head_dim, mode=cell.mode, training=cell.training)
+        # dense-block callers (the ring's steps) and full-precision calls keep the rules: the table timed neither
+        assert selection.rule_backend("cuda", torch.bfloat16, whole_pattern=False, **common) == \
+            rules(torch.bfloat16, triton_ok=False)
+        assert selection.rule_backend("cuda", torch.float32, **common) == rules(torch.float32) == "sdpa"
+        # a call far below every cell's query rows is not the table's to answer
+        assert selection._measured_choice(torch.device("cuda"), torch.bfloat16, cell.seq_len, cell.heads,
+                                          cell.head_dim, tuple(segments), tuple(rates), cell.mode, cell.causal,
+                                          cell.training) is None
     selection._measured_choice.cache_clear()
 
 
