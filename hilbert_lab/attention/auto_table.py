@@ -98,6 +98,20 @@ def load_table(kind: str) -> tuple[Cell, ...]:
     return parse_table(json.loads(path.read_text()), str(path.name))
 
 
+def describe_table(kind: str) -> str:
+    """One line on the packaged table of GPU kind `kind`: its cells and what they span, or that `auto` keeps its
+    rules there."""
+    cells = load_table(kind)
+    if not cells:
+        return f"no measured table for {kind}: auto keeps its rules"
+    rows = sorted({cell.rows for cell in cells if not cell.ragged})
+    dims = sorted({cell.head_dim for cell in cells})
+    ragged = sum(cell.ragged for cell in cells)
+    return (f"measured table {kind}: {len(cells)} cells ({ragged} of them ragged N) at head dims "
+            f"{', '.join(map(str, dims))} and query rows B*N*H {', '.join(f'{n:,}' for n in rows)}; auto takes it "
+            f"for fp16/bf16 calls within a factor {REACH:.2f} of a cell")
+
+
 def nearest_cell(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, rows: int, head_dim: int,
                  training: bool, ragged: bool) -> Optional[Cell]:
     """The cell of the same mode, causal, training and raggedness nearest in head dim, then in log query rows

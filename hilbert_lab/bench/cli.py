@@ -102,6 +102,7 @@ def _safety_config(args: argparse.Namespace) -> SafetyConfig:
 def _info(args: argparse.Namespace) -> int:
     import torch
 
+    from hilbert_lab.attention.auto_table import describe_table, device_kind
     from hilbert_lab.attention.executors import available_backends
     from hilbert_lab.attention.selection import get_gpu_info, rule_backend
     from hilbert_lab.bench.env import cpu_description, package_versions
@@ -116,6 +117,7 @@ def _info(args: argparse.Namespace) -> int:
         entry: dict[str, Any] = {}
         if device.startswith("cuda"):
             entry["gpu"] = get_gpu_info(int(device.split(":")[1]))
+            entry["auto_table"] = describe_table(device_kind(entry["gpu"]["name"]))
         entry["backends"] = available_backends(device)
         entry["auto"] = {dtype: rule_backend(device, getattr(torch, dtype)) for dtype in DTYPES}
         info["devices"][device] = entry
@@ -135,7 +137,7 @@ def _info(args: argparse.Namespace) -> int:
         if gpu:
             print(f"{device}: {gpu['name']} ({gpu['architecture']}, compute capability "
                   f"{'.'.join(map(str, gpu['compute_capability']))}, {gpu['memory_gb']:.1f} GiB, "
-                  f"bf16 {'yes' if gpu['supports_bf16'] else 'no'})")
+                  f"bf16 {'yes' if gpu['supports_bf16'] else 'no'})\n{device} {entry['auto_table']}")
         print(f"{device} backends: {', '.join(entry['backends'])}")
         print(f"{device} auto picks: " + ", ".join(f"{d} -> {b}" for d, b in entry["auto"].items()))
     return 0

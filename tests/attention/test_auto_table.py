@@ -58,6 +58,15 @@ def test_the_nearest_cell_answers_and_the_fastest_runnable_executor_wins():
                         training=False, ragged=False).times_ms == (("fa4", 1.5), ("sdpa", 2.0), ("triton", 1.0))
 
 
+def test_the_table_of_a_kind_is_described_in_one_line():
+    cells = auto_table.load_table("nvidia-h200")
+    line = auto_table.describe_table("nvidia-h200")
+    assert line.startswith(f"measured table nvidia-h200: {len(cells)} cells ({sum(c.ragged for c in cells)} of them "
+                           "ragged N) at head dims 64, 128 and query rows")
+    assert f"{min(cell.rows for cell in cells):,}" in line and "within a factor 1.41 of a cell" in line
+    assert auto_table.describe_table("no-such-gpu") == "no measured table for no-such-gpu: auto keeps its rules"
+
+
 def test_a_malformed_table_is_refused_naming_the_file_and_the_key():
     with pytest.raises(ValueError, match="x.json: a table is a JSON object with a list 'cells'"):
         parse_table([], "x.json")
