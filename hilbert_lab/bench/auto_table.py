@@ -91,10 +91,10 @@ def measure_auto_table(cells: Sequence[SweepCell], backends: Sequence[str], segm
     times_ms, intervals_ms, errors}]}. on_cell(table) runs after each finished cell (to keep it)."""
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    table = {"device": name, "kind": device_kind(name), "dtype": "bfloat16" if device.type == "cuda" else "float32",
+    dtype = _dtype_on(device)
+    table = {"device": name, "kind": device_kind(name), "dtype": str(dtype).removeprefix("torch."),
              "pattern": {"segment_lengths": list(segment_lengths), "dilation_rates": list(dilation_rates)},
              "backends": list(backends), "cells": []}
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     for cell in _cells_progress(cells, progress):
         calls, errors = cell_calls(cell, backends, segment_lengths, dilation_rates, device=device, dtype=dtype)
         if not calls:
@@ -114,7 +114,7 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
     """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
     the medians and intervals, the executor auto resolved to, and auto over the fastest executor."""
     device = torch.device(device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = _dtype_on(device)
     segments, rates = table["pattern"]["segment_lengths"], table["pattern"]["dilation_rates"]
     rows = []
     for raw in _cells_progress(table["cells"], progress):
@@ -156,6 +156,11 @@ def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:
                 "median": ordered[len(ordered) // 2] if ordered else None, "worst": ordered[-1] if ordered else None}
 
     return {"cells": len(rows), "tolerance": tolerance, "auto": stats(auto), "picked": stats(picked)}
+
+
+def _dtype_on(device: torch.device) -> torch.dtype:
+    """What tables are timed in: bf16 on a GPU, float32 on the CPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def _probe(cell: SweepCell, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -3,11 +3,10 @@
 by name over the fastest executor's (the choice), and auto's own time over it (the choice and its host time)."""
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from hilbert_lab.reports.repo_paths import resolve_repo_path
+from hilbert_lab.reports.repo_paths import load_committed_json, resolve_repo_path
 
 __all__ = ["AUTO_TOLERANCE", "auto_check_sections", "auto_check_source", "auto_check_table", "load_auto_check"]
 
@@ -16,13 +15,8 @@ AUTO_TOLERANCE = 1.03  # auto within 3% of the fastest executor
 
 def load_auto_check(path: str) -> dict[str, Any] | None:
     """The check JSON at `path` (resolved against the repository root), or None when it is absent."""
-    resolved = resolve_repo_path(path)
-    if not resolved.is_file():
-        return None
-    data = json.loads(resolved.read_text())
-    if not isinstance(data.get("rows"), list):
-        raise ValueError(f"auto check file {path!r} must hold 'rows': [row, ...] (bench.auto_table.check_auto_table)")
-    return data
+    return load_committed_json(path, "rows", list, "auto check",
+                               "[row, ...] (bench.auto_table.check_auto_table)")
 
 
 def auto_check_table(data: Mapping[str, Any]):
@@ -53,14 +47,16 @@ def auto_check_source(data: Mapping[str, Any], path: str) -> dict[str, str]:
 
 
 def auto_check_sections(metrics: Mapping[str, Any]):
-    """([Section], [finding]) of the recorded "auto_check" table and its "auto_check_source" (nothing when absent)."""
+    """([Section], [finding], [source row]) of the recorded "auto_check" table and its "auto_check_source"
+    (nothing when absent)."""
     from hilbert_lab.reports.page import Section, metrics_table
     from hilbert_lab.viz.backends import auto_choice_heatmap
 
     table = metrics_table(metrics, "auto_check")
     if not len(table):
-        return [], []
-    source = (metrics_table(metrics, "auto_check_source").to_dict("records") or [{}])[0]
+        return [], [], []
+    sources = metrics_table(metrics, "auto_check_source").to_dict("records")
+    source = (sources or [{}])[0]
     where = f"{source.get('device', 'a GPU')}, rev {source.get('revision', '?')}"
     picked, auto = table["picked_over_fastest"], table["auto_over_fastest"]
     worst = table.loc[picked.idxmax()]
@@ -83,4 +79,4 @@ def auto_check_sections(metrics: Mapping[str, Any]):
             "auto_over_fastest": "auto / fastest"})
     return [Section("auto's measured table: its pick against the fastest executor", finding,
                     figure=auto_choice_heatmap(table.to_dict("records")), text=[text]),
-            Section("auto's measured table: every cell", "", table=shown, collapsed=True)], [finding]
+            Section("auto's measured table: every cell", "", table=shown, collapsed=True)], [finding], sources

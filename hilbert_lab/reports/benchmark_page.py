@@ -211,8 +211,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
 
     from hilbert_lab.bench.stats import bootstrap_median_ci
     from hilbert_lab.reports.page import (CPU_TIMING_NOTE, Page, Section, fmt, fmt_count, fmt_interval, is_gpu_env,
-                                          memory_change, memory_resolution_mib, metrics_table, older_code_page,
-                                          out_of_memory, style_axes)
+                                          memory_change, memory_resolution_mib, older_code_page, out_of_memory,
+                                          style_axes)
     from hilbert_lab.reports.provenance import older_code
 
     gpu = is_gpu_env(env)
@@ -328,7 +328,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
         "peak MiB": row.get("peak_mib"), "error": out_of_memory(row.get("error"))} for row in results])
     if not cases["error"].astype(bool).any():
         cases = cases.drop(columns=["error"])
-    auto_sections, auto_findings = auto_check_sections(metrics)
+    auto_sections, auto_findings, auto_sources = auto_check_sections(metrics)
     sections += auto_sections
     findings += auto_findings[:max(0, 5 - len(findings))]
     sections.append(Section("Every case", _agreement(metrics, ok, table), table=cases, collapsed=True,
@@ -345,5 +345,5 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
              "difference', and one whose interval still spans 1 more widely after its last round 'not settled'.")
     page = Page(title="Benchmark: dilated attention time, throughput and memory", findings=findings[:5], about=about,
                 sections=sections, notes=[] if gpu else [CPU_TIMING_NOTE],
-                sources=metrics_table(metrics, "auto_check_source").to_dict("records"))
+                sources=auto_sources)
     return older_code_page(page, older_code(env.get("git")) if gpu else "")

@@ -3,12 +3,11 @@ context parallel on a DeviceMesh), each setup's runs against one GPU (benchmarks
 JSON of {"runs": {setup: [report, ...]}})."""
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from hilbert_lab.reports.repo_paths import resolve_repo_path
+from hilbert_lab.reports.repo_paths import load_committed_json
 
 __all__ = ["SCALING_TARGET", "load_scaling", "scaling_sections", "scaling_table"]
 
@@ -17,13 +16,7 @@ SCALING_TARGET = 0.95  # tokens/s per GPU against one GPU, every run
 
 def load_scaling(path: str) -> dict[str, Any] | None:
     """The scaling JSON at `path` (resolved against the repository root), or None when it is absent."""
-    resolved = resolve_repo_path(path)
-    if not resolved.is_file():
-        return None
-    data = json.loads(resolved.read_text())
-    if not isinstance(data.get("runs"), Mapping):
-        raise ValueError(f"scaling file {path!r} must hold 'runs': {{setup: [report, ...]}}")
-    return data
+    return load_committed_json(path, "runs", Mapping, "scaling", "{setup: [report, ...]}")
 
 
 def _setup(report: Mapping[str, Any]) -> tuple[int, int, str]:

@@ -35,8 +35,8 @@ def test_the_committed_check_gives_the_finding_its_rows_say():
     assert table["picked_over_fastest"].tolist() == pytest.approx(picked)
     source = auto_check_source(data, CHECK)
     assert source["revision"].startswith("5d0c0f2") and "H200" in source["device"]
-    sections, findings = auto_check_sections(_metrics(table, source))
-    assert len(sections) == 2 and len(findings) == 1
+    sections, findings, sources = auto_check_sections(_metrics(table, source))
+    assert len(sections) == 2 and len(findings) == 1 and sources == [source]
     within = sum(value <= 1.03 for value in picked)
     assert f"in {within} of 80 cells (worst {max(picked):.2f}x" in findings[0]
     assert f"in {sum(value <= 1.03 for value in auto)} (median {statistics.median(auto):.2f}x)" in findings[0]
@@ -51,7 +51,7 @@ def test_the_committed_check_gives_the_finding_its_rows_say():
 
 def test_no_check_no_section_and_a_malformed_check_is_refused(tmp_path):
     assert load_auto_check(str(tmp_path / "absent.json")) is None
-    assert auto_check_sections({"tables": {}}) == ([], [])
+    assert auto_check_sections({"tables": {}}) == ([], [], [])
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"cells": []}))
     with pytest.raises(ValueError, match="must hold 'rows'"):
