@@ -9,9 +9,11 @@ plain isend/irecv pairs. Every send is counted, globally and per label, in `STAT
 Every wait is bounded: a step whose operations do not complete within the ring's `timeout_s`
 (default `HILBERT_LAB_RING_TIMEOUT_S` or 120 s) raises `RingTimeoutError`, and one that fails (a
 peer closed its connection) `RingCommError`, both naming this rank, the label (e.g.
-"forward/branch1"), the step and the peers waited for. A bounded wait blocks the CPU until the
-step's transfers are done (on NCCL too); timeout_s=inf restores plain `work.wait()` (on NCCL: the
-stream waits, not the CPU) with only the process group's own timeout.
+"forward/branch1"), the step and the peers waited for. On gloo the host waits for each step. On NCCL
+the stream waits (the host goes on queueing kernels) and the host checks each step, bounded, once
+DEFERRED_STEPS later steps have been posted (or at `settle_transfers()`): a host that waited for every
+transfer would leave the GPU idle while it queues the next step's kernels. timeout_s=inf: plain
+`work.wait()`, with only the process group's own timeout.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import math
 import numbers
 import os
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -101,11 +103,27 @@ def resolve_timeout(timeout_s: float | None = None) -> float:
     return float(timeout_s)
 
 
-def wait_bounded(works: Sequence[tuple[object, str]], timeout_s: float, context: str) -> None:
+DEFERRED_STEPS = 2  # device-side steps (NCCL) the host may run ahead of before it checks the oldest
+_DEFERRED: deque = deque()  # (works, timeout_s, context) of device-side steps the host has not checked yet
+
+
+def wait_bounded(works: Sequence[tuple[object, str]], timeout_s: float, context: str, *,
+                 on_device: bool = False) -> None:
     """Wait for every (work, what it does) within timeout_s seconds in all, or raise naming what is missing.
 
     context: who waits and where (e.g. "rank 1: forward/branch0 step 2"); what: e.g. "receive from rank 0".
+    on_device (NCCL works on CUDA tensors, finite timeout_s): the current stream waits for the works and the
+    host returns at once; the host then checks, bounded, every earlier device-side step that has completed
+    and the oldest ones beyond DEFERRED_STEPS (settle_transfers checks them all).
     """
+    if on_device and not math.isinf(timeout_s):
+        for work, _ in works:
+            if work is not None:
+                work.wait()  # no timeout: the stream waits, not the host
+        _DEFERRED.append((works, timeout_s, context))
+        while _DEFERRED and (len(_DEFERRED) > DEFERRED_STEPS or _completed(_DEFERRED[0][0])):
+            wait_bounded(*_DEFERRED.popleft())
+        return
     deadline = time.monotonic() + timeout_s
     for index, (work, what) in enumerate(works):
         if work is None:
@@ -132,17 +150,31 @@ def wait_bounded(works: Sequence[tuple[object, str]], timeout_s: float, context:
             ) from exc
 
 
+def _completed(works: Sequence[tuple[object, str]]) -> bool:
+    return all(work is None or work.is_completed() for work, _ in works)
+
+
+def settle_transfers() -> None:
+    """Check, on the host and bounded, every device-side step not checked yet (RingTimeoutError /
+    RingCommError as a step's own wait): call it where the host waits for the device anyway (e.g. before
+    reading a loss), so that a peer lost in the last steps of a call is reported within the ring's bound."""
+    while _DEFERRED:
+        wait_bounded(*_DEFERRED.popleft())
+
+
 class _Handle:
     """Pending operations of one exchange; `wait()` blocks until all completed, at most timeout_s seconds."""
 
-    def __init__(self, works: list[tuple[object, str]], timeout_s: float = math.inf, context: str = "") -> None:
+    def __init__(self, works: list[tuple[object, str]], timeout_s: float = math.inf, context: str = "",
+                 on_device: bool = False) -> None:
         self._works = works
         self._timeout_s = timeout_s
         self._context = context
+        self._on_device = on_device
 
     def wait(self) -> None:
         works, self._works = self._works, []
-        wait_bounded(works, self._timeout_s, self._context)
+        wait_bounded(works, self._timeout_s, self._context, on_device=self._on_device)
 
 
 _WARMED_GROUPS: set[int] = set()
@@ -219,8 +251,9 @@ class RingComm:
             self.stats.record(label, tensor_bytes(tensor))
         context = self.context(label, step)
         described = [f"send to rank {peer}" for peer, _ in sends] + [f"receive from rank {peer}" for peer, _ in recvs]
+        on_device = self.nccl and all(t.is_cuda for _, t in list(sends) + list(recvs))
         try:
-            if self.nccl and all(t.is_cuda for _, t in list(sends) + list(recvs)):
+            if on_device:
                 ops = [dist.P2POp(dist.isend, t, peer, group=self.group) for peer, t in sends]
                 ops += [dist.P2POp(dist.irecv, t, peer, group=self.group) for peer, t in recvs]
                 works = dist.batch_isend_irecv(ops)
@@ -233,7 +266,7 @@ class RingComm:
         except RuntimeError as exc:  # a connection already closed by an earlier failure
             raise RingCommError(f"{context}: could not post the step's operations ({str(exc).splitlines()[0]}); "
                                 f"a rank of the ring has failed before; the process group is not usable") from exc
-        return _Handle(list(zip(works, described)), self.timeout_s, context)
+        return _Handle(list(zip(works, described)), self.timeout_s, context, on_device)
 
     def send_recv(self, send: torch.Tensor | None, recv: torch.Tensor | None, label: str = "",
                   step: int | None = None) -> _Handle:

@@ -5,7 +5,8 @@ zigzag). `sequence_to_heads` gives rank r the heads `heads[r]` of the whole sequ
 (B, N, h, D); `heads_to_sequence` is its transpose: from every rank's (B, N, h, D) it gives each rank its
 shard (B, N/P, H_x, D), adding up where several ranks hold copies of one head (key/value heads replicated
 for grouped-query attention). Each is the other's backward, so gradients are exact. One all_to_all_single
-per call over a contiguous (P, B, N/P, h, D) buffer; every wait is bounded (comm.wait_bounded).
+per call over a contiguous (P, B, N/P, h, D) buffer; every wait is bounded (comm.wait_bounded; on NCCL the
+stream waits and the host checks later).
 """
 from __future__ import annotations
 
@@ -64,8 +65,9 @@ def _all_to_all(buffer: torch.Tensor, exchange: HeadExchange, what: str) -> torc
     received = torch.empty_like(buffer)
     work = dist.all_to_all_single(received, buffer, group=exchange.group, async_op=True)
     STATS.record(f"{exchange.label}/{what}", tensor_bytes(buffer) * (exchange.world_size - 1) // exchange.world_size)
+    on_device = buffer.is_cuda and "nccl" in str(dist.get_backend(exchange.group))
     wait_bounded([(work, f"exchange {what} with the {exchange.world_size} ranks")], exchange.timeout_s,
-                 f"rank {dist.get_rank()}: {exchange.label} all-to-all ({what})")
+                 f"rank {dist.get_rank()}: {exchange.label} all-to-all ({what})", on_device=on_device)
     return received
 
 

@@ -66,6 +66,9 @@ def all_reduce_sum(values: list[float], config: TrainConfig, mesh=None) -> list[
         return values
     import torch.distributed as dist
 
+    from hilbert_lab.distributed import settle_transfers
+
+    settle_transfers()  # the host waits for the device here anyway: check the ring's last steps, bounded
     buffer = torch.tensor(values, dtype=torch.float64, device=config.device)
     dist.all_reduce(buffer)
     return buffer.tolist()

@@ -15,7 +15,9 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).parent))
 
 from hilbert_lab.distributed import RingCommError, RingTimeoutError  # noqa: E402
-from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, TIMEOUT_ENV, resolve_timeout, wait_bounded  # noqa: E402
+from hilbert_lab.distributed.comm import (  # noqa: E402
+    DEFAULT_TIMEOUT_S, DEFERRED_STEPS, TIMEOUT_ENV, resolve_timeout, settle_transfers, wait_bounded,
+)
 from ring_faults import FAULTY, GROUP_TIMEOUT_S, RING_TIMEOUT_S, run_faulty_world  # noqa: E402
 
 NO_GLOO = not dist.is_available() or not dist.is_gloo_available()
@@ -86,16 +88,20 @@ def test_timeout_setting(monkeypatch):
 
 
 class _Work:
-    """A stand-in for a torch.distributed work handle whose wait fails like gloo's."""
+    """A stand-in for a torch.distributed work handle whose wait fails like gloo's (a timed wait) and which may
+    still be running on the device (`completed`)."""
 
-    def __init__(self, error: str | None = None) -> None:
-        self.error, self.timeouts = error, []
+    def __init__(self, error: str | None = None, completed: bool = False) -> None:
+        self.error, self.timeouts, self.completed = error, [], completed
 
     def wait(self, timeout=None):
         self.timeouts.append(timeout)
-        if self.error:
+        if self.error and timeout is not None:
             raise RuntimeError(self.error)
         return True
+
+    def is_completed(self) -> bool:
+        return self.completed
 
 
 def test_wait_bounded_names_what_is_missing():
@@ -113,3 +119,31 @@ def test_wait_bounded_names_what_is_missing():
     unbounded = _Work()
     wait_bounded([(unbounded, "receive from rank 0")], math.inf, "x")
     assert unbounded.timeouts == [None]
+
+
+def test_device_side_waits_let_the_host_run_ahead_and_check_each_step_bounded_later():
+    """NCCL steps: the stream waits at once (no timeout), the host checks a step only once DEFERRED_STEPS later
+    steps are posted or it has completed, and settle_transfers checks the rest; a stalled step still raises,
+    naming itself, at a later step."""
+    settle_transfers()
+    running = [_Work() for _ in range(DEFERRED_STEPS + 1)]
+    for index, work in enumerate(running):
+        wait_bounded([(work, f"receive from rank {index}")], 2.0, f"step {index}", on_device=True)
+    assert running[0].timeouts[0] is None and len(running[0].timeouts) == 2  # the stream's wait, then the host's
+    assert all(work.timeouts == [None] for work in running[1:])  # not yet checked on the host
+    done = _Work(completed=True)
+    running[1].completed = True
+    wait_bounded([(done, "send to rank 0")], 2.0, "later", on_device=True)
+    assert len(running[1].timeouts) == 2 and len(done.timeouts) == 1  # completed steps are checked in order
+    settle_transfers()
+    assert len(running[2].timeouts) == 2 and len(done.timeouts) == 2
+    stalled = _Work("[c10d] Work timed out", completed=False)
+    wait_bounded([(stalled, "receive from rank 1")], 2.0, "rank 0: forward/branch1 step 1", on_device=True)
+    with pytest.raises(RingTimeoutError, match=r"forward/branch1 step 1: no progress within 2 s waiting to receive"):
+        for step in range(DEFERRED_STEPS):
+            wait_bounded([(_Work(), "send")], 2.0, f"step {step}", on_device=True)
+    settle_transfers()
+    unbounded = _Work()
+    wait_bounded([(unbounded, "receive from rank 0")], math.inf, "x", on_device=True)
+    assert unbounded.timeouts == [None]
+    settle_transfers()
