@@ -31,8 +31,9 @@ Sections of the JSON (rank 0 rewrites it after every measurement, so a crash kee
 - throughput: per config and N in --seq-lens, median fwd+bwd seconds over --iters after one warm-up
   (host wall time of a step that starts with a barrier and ends with a device sync; the slowest rank's
   median), tokens/s per GPU = N / seconds / P, bytes sent per rank, and on P > 1 the hidden share of the
-  communication: the same step with a communicator that moves no byte (compute alone) gives the exposed
-  communication time = full - compute; the transfer time alone = bytes sent / the measured P2P bandwidth;
+  communication: --iters pairs of the step and the same step with a communicator that moves no byte (compute
+  alone), back to back, give the exposed communication time = the median over pairs of (step - compute alone);
+  the transfer time alone = bytes sent / the measured P2P bandwidth;
   hidden share = 1 - exposed / transfer (clipped to [0, 1]). Configs: "longnet" (--segment-lengths /
   --dilation-rates: with N/P >= 131072 every segment lies inside a shard and nothing is sent) and
   "spanning" (the same plus a whole-sequence branch, dilation --spanning-dilation: K/V travel around the
@@ -65,6 +66,7 @@ import contextlib
 import datetime
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -243,9 +245,7 @@ def throughput(args, device, seq_len, segment_lengths, dilation_rates, bandwidth
     row = {"seq_len": seq_len, "seconds": seconds, "tokens_per_s_per_gpu": seq_len / seconds / world,
            "peak_memory_gib_max_rank": peak / 2**30, "bytes_sent_max_rank": int(sent)}
     if world > 1 and sent > 0:
-        with _compute_only():
-            compute = _max_over_ranks([_median_seconds(step, iters)], device)[0]
-        exposed = max(seconds - compute, 0.0)
+        compute, exposed = _paired_compute(step, iters, device)
         row["compute_only_seconds"] = compute
         row["exposed_communication_seconds"] = exposed
         if bandwidth:
@@ -253,6 +253,28 @@ def throughput(args, device, seq_len, segment_lengths, dilation_rates, bandwidth
             row["transfer_seconds_alone"] = transfer
             row["hidden_share"] = min(1.0, max(0.0, 1.0 - exposed / transfer))
     return row
+
+
+def _paired_compute(step, iters: int, device) -> tuple[float, float]:
+    """(compute-alone seconds, exposed communication seconds): `iters` pairs of the step and the same step moving
+    no byte, back to back (after one warm-up of each), the order alternating; exposed = the median over pairs of
+    (step - compute alone), clipped at 0, and compute = the median compute-alone step; each the slowest rank's."""
+    pairs = []
+    with _compute_only():
+        step()
+    step()
+    for index in range(max(iters, 1)):
+        timed = {}
+        for alone in ((False, True) if index % 2 == 0 else (True, False)):
+            with _compute_only() if alone else contextlib.nullcontext():
+                start = time.perf_counter()
+                step()
+                timed[alone] = time.perf_counter() - start
+        pairs.append((timed[True], timed[False] - timed[True]))
+    compute = statistics.median(alone for alone, _ in pairs)
+    exposed = statistics.median(difference for _, difference in pairs)
+    compute, exposed = _max_over_ranks([compute, exposed], device)
+    return compute, max(exposed, 0.0)
 
 
 def _interleaved(variants: dict, rounds: int, device) -> dict[str, list[float]]:
