@@ -311,9 +311,10 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
                 for parameter in model.parameters():
                     if parameter.grad is not None:
                         dist.all_reduce(parameter.grad)
-            grad_norm = None
+            grad_norm = None  # a device tensor, read at log steps only: reading it every step would make the host
+            # wait for the backward each step, and the GPU wait for the host's next batch
             if config.grad_clip is not None:
-                grad_norm = _grad_norm(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             window_steps += 1
             window_tokens += config.batch_size * length
@@ -325,7 +326,8 @@ def _run(config: TrainConfig, model: LongNetLM, optimizer: torch.optim.Optimizer
                 elapsed = time.perf_counter() - window_start
                 record = {
                     "kind": "train", "step": done, "seq_len": length, "loss": loss_total / answers,
-                    "accuracy": hits_total / answers, "lr": lr, "grad_norm": grad_norm,
+                    "accuracy": hits_total / answers, "lr": lr,
+                    "grad_norm": None if grad_norm is None else _grad_norm(grad_norm),
                     "tokens_per_s": window_tokens / elapsed,
                 }
                 if on_cuda:
