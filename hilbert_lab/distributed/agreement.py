@@ -1,8 +1,9 @@
 """The configuration agreement of a ring or head-parallel call: every rank of the group stops together on a mismatch.
 
-Before any data moves (and before a rank takes the one-rank shortcut), one all_gather over the whole
-group, on the host (over gloo, so that no rank waits for its queued kernels), of a fixed-size int64 row per
-rank: an error flag and the error's text, then per field of the configuration a digest and the value's text.
+Before any data moves, one all_gather over the whole group, on the host (over gloo, so that no rank waits
+for its queued kernels), of a fixed-size int64 row per rank (posted first: post_agreement; the ring queues the
+work that moves no data, its local part or the one-rank shortcut, while the rows travel, and waits before its
+first exchange and before it returns): an error flag and the error's text, then per field of the configuration a digest and the value's text.
 A rank that rejected its inputs raises its own error, the others a ValueError naming it; ranks that hold
 different values of a field (pattern, dtype, scale, shard shape, layout, ring_size, backend; the packed row's
 cu_seqlens among the ranks of one ring, each ring holding its own sequence) all raise the same ValueError
@@ -170,13 +171,44 @@ def _mismatches(table: torch.Tensor, ranks: list[int], names: tuple[str, ...]) -
     return problems
 
 
-def agree_on_configuration(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
-                           timeout_s: float, ring: int = 0, *, caller: str = "ring_dilated_attention",
-                           members: str = "ring") -> None:
-    """Raise on every rank of `group` unless all ranks hold equal `fields` (built by configuration_fields; the
-    ring's: every name of FIELDS; another caller's: its own names, in one order on every rank; those of PER_RING
-    equal among the ranks of one `ring`, e.g. its first global rank) and none rejected its inputs (`error`); see
-    the module docstring. caller / members: the function and the ranks ("ring", "group") the errors name."""
+class PendingAgreement:
+    """The configuration gather of one call, posted (post_agreement); `wait()` raises on every rank as
+    agree_on_configuration does, else returns (once it has passed, later calls return at once)."""
+
+    def __init__(self, work, rows: list[torch.Tensor], ranks: list[int], names: tuple[str, ...],
+                 error: Exception | None, timeout_s: float, caller: str, members: str) -> None:
+        self._work, self._rows, self._ranks, self._names = work, rows, ranks, names
+        self._error, self._timeout_s, self._caller, self._members = error, timeout_s, caller, members
+        self._passed = False
+
+    def wait(self) -> None:
+        if self._passed:
+            return
+        ranks, members = self._ranks, self._members
+        wait_bounded([(self._work, f"gather the configuration of the ranks {ranks}")], self._timeout_s,
+                     f"rank {dist.get_rank()}: {members} configuration check")
+        table = torch.stack(self._rows).cpu()
+        rejected = [rank for rank, line in zip(ranks, table) if line[0] != 0]
+        if rejected:
+            if self._error is not None:
+                raise self._error
+            first = table[ranks.index(rejected[0])]
+            others = f" (and ranks {rejected[1:]})" if len(rejected) > 1 else ""
+            raise ValueError(f"rank {rejected[0]}{others} of the {members} rejected its inputs, so every rank "
+                             f"stops: {_row_text(first[1: 1 + _ERROR_BYTES // 8])}")
+        problems = _mismatches(table, ranks, self._names)
+        if problems:
+            raise ValueError(f"the ranks of the {members} disagree on their configuration (every rank must call "
+                             f"{self._caller} with the same arguments, dtype and shard shape): " + " | ".join(problems))
+        self._passed = True
+
+
+def post_agreement(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
+                   timeout_s: float, ring: int = 0, *, caller: str = "ring_dilated_attention",
+                   members: str = "ring") -> PendingAgreement:
+    """Post the agreement's gather (the arguments as agree_on_configuration's) and return at once: the caller
+    queues work that moves no data while the rows travel, and waits (PendingAgreement.wait) before its first
+    exchange and before it returns."""
     names = tuple(fields)
     row = [int(error is not None)] + _text_row("" if error is None else str(error), _ERROR_BYTES)
     row += _fields_row(tuple(fields[name] for name in names)) + [int(ring)]
@@ -187,18 +219,14 @@ def agree_on_configuration(fields: dict[str, str], error: Exception | None, grou
     rows = [torch.empty_like(mine) for _ in range(world)]
     work = dist.all_gather(rows, mine, group=gather, async_op=True)
     ranks = [dist.get_global_rank(group, r) if group is not None else r for r in range(world)]
-    wait_bounded([(work, f"gather the configuration of the ranks {ranks}")], timeout_s,
-                 f"rank {dist.get_rank()}: {members} configuration check")
-    table = torch.stack(rows).cpu()
-    rejected = [rank for rank, line in zip(ranks, table) if line[0] != 0]
-    if rejected:
-        if error is not None:
-            raise error
-        first = table[ranks.index(rejected[0])]
-        others = f" (and ranks {rejected[1:]})" if len(rejected) > 1 else ""
-        raise ValueError(f"rank {rejected[0]}{others} of the {members} rejected its inputs, so every rank stops: "
-                         f"{_row_text(first[1: 1 + _ERROR_BYTES // 8])}")
-    problems = _mismatches(table, ranks, names)
-    if problems:
-        raise ValueError(f"the ranks of the {members} disagree on their configuration (every rank must call "
-                         f"{caller} with the same arguments, dtype and shard shape): " + " | ".join(problems))
+    return PendingAgreement(work, rows, ranks, names, error, timeout_s, caller, members)
+
+
+def agree_on_configuration(fields: dict[str, str], error: Exception | None, group: dist.ProcessGroup | None,
+                           timeout_s: float, ring: int = 0, *, caller: str = "ring_dilated_attention",
+                           members: str = "ring") -> None:
+    """Raise on every rank of `group` unless all ranks hold equal `fields` (built by configuration_fields; the
+    ring's: every name of FIELDS; another caller's: its own names, in one order on every rank; those of PER_RING
+    equal among the ranks of one `ring`, e.g. its first global rank) and none rejected its inputs (`error`); see
+    the module docstring. caller / members: the function and the ranks ("ring", "group") the errors name."""
+    post_agreement(fields, error, group, timeout_s, ring, caller=caller, members=members).wait()

@@ -205,12 +205,15 @@ class RingComm:
         self.index = self.ranks.index(self.rank) if self.rank in self.ranks else None
         self.size = len(self.ranks)
         self.nccl = "nccl" in str(dist.get_backend(group))
-        if self.nccl and id(group) not in _WARMED_GROUPS:
-            # batch_isend_irecv on NCCL needs the communicator to exist on every rank first.
-            work = dist.barrier(group=group, async_op=True)
+
+    def _warm(self) -> None:
+        """batch_isend_irecv on NCCL needs the group's communicator to exist on every rank first: one barrier at
+        the group's first exchange (not at construction: a caller may build the ring before its ranks agree)."""
+        if self.nccl and id(self.group) not in _WARMED_GROUPS:
+            work = dist.barrier(group=self.group, async_op=True)
             wait_bounded([(work, "pass the barrier that sets up the group's communicator")], self.timeout_s,
                          self.context("set-up", None))
-            _WARMED_GROUPS.add(id(group))
+            _WARMED_GROUPS.add(id(self.group))
 
     @property
     def next_rank(self) -> int:
@@ -246,6 +249,7 @@ class RingComm:
                 raise ValueError("exchange needs contiguous tensors")
         if not sends and not recvs:
             return _Handle([])
+        self._warm()
         for _, tensor in sends:
             STATS.record(label, tensor_bytes(tensor))
             self.stats.record(label, tensor_bytes(tensor))

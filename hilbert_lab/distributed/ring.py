@@ -37,7 +37,7 @@ from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.validation import (
     kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
 )
-from hilbert_lab.distributed.agreement import agree_on_configuration, configuration_fields, describe
+from hilbert_lab.distributed.agreement import configuration_fields, describe, post_agreement
 from hilbert_lab.distributed.branches import RingBranch, RingLayout, plan_branches
 from hilbert_lab.distributed.comm import DEFAULT_TIMEOUT_S, RingComm, resolve_timeout
 from hilbert_lab.distributed.documents import split_documents
@@ -160,7 +160,8 @@ def ring_dilated_attention(
     around the ranks holding it.
 
     Every rank of the group must call it with the same arguments and equal shards. check_config (one
-    small all_gather over `group` before anything else) makes every rank raise a ValueError when the
+    small all_gather over `group`, posted first and waited for before any data moves; the local part is
+    queued meanwhile) makes every rank raise a ValueError when the
     ranks disagree (pattern, dtype, scale, shard shape, layout, ring_size, backend, cu_seqlens) or one
     rank's inputs are invalid, instead of a wrong result or a hang. timeout_s bounds every wait of the
     ring (default $HILBERT_LAB_RING_TIMEOUT_S or 120 s; inf: none): a rank that stalls or dies makes the
@@ -181,7 +182,7 @@ def ring_dilated_attention(
     error: Exception | None = None
     members: list[int] | None = None
     pattern = local = step = documents = plan = None
-    resolved_scale, timeout = scale, DEFAULT_TIMEOUT_S
+    resolved_scale, timeout, pending = scale, DEFAULT_TIMEOUT_S, None
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     try:
         timeout = resolve_timeout(timeout_s)
@@ -216,18 +217,25 @@ def ring_dilated_attention(
             scale=resolved_scale, layout=layout, backend=backend, cu_seqlens=cu_seqlens, documents=documents,
             error=error, placement={"ring_size": str(len(members)) if members is not None else describe(ring_size)},
             resolved=resolved, global_heads=global_heads)
-        agree_on_configuration(fields, error, group, timeout, ring=-1 if members is None else members[0])
+        pending = post_agreement(fields, error, group, timeout, ring=-1 if members is None else members[0])
+    agreed = (lambda: None) if pending is None else pending.wait
     if error is not None:
+        agreed()  # raises this rank's error, as every other rank raises naming it
         raise error
+    # The work that moves no data (the one-rank shortcut, the local part) is queued while the agreement's rows
+    # travel; every rank waits for them before its first exchange and before it returns.
     if len(members) == 1:  # one rank holds the whole sequence: exactly the local engine
-        return dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
-                                 causal=causal, mode=mode, backend=backend, scale=resolved_scale,
-                                 return_lse=return_lse, cu_seqlens=cu_seqlens, global_heads=global_heads)
+        result = dilated_attention(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates,
+                                   causal=causal, mode=mode, backend=backend, scale=resolved_scale,
+                                   return_lse=return_lse, cu_seqlens=cu_seqlens, global_heads=global_heads)
+        agreed()
+        return result
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     steps = None
     if step is not None:
         steps = RingSteps(RingComm(members, group, timeout_s=timeout), step.kernel_for(q),
-                          step.capabilities.in_place)
+                          step.capabilities.in_place, ready=agreed)
     job = ring_job(pattern, plan, geometry, q, local, steps, resolved_scale)
     out, lse = attention(job, q, k, v, need_lse=return_lse or training or job.num_slots > 1)
+    agreed()
     return (out, lse) if return_lse else out

@@ -1,6 +1,6 @@
 """The steps of a ring branch as a part of the one attention function (attention.function): two pipelines.
 
-`RingSteps(comm, kernel, in_place)` is the executor of every ring branch's job part; its plan is the
+`RingSteps(comm, kernel, in_place, ready)` is the executor of every ring branch's job part; its plan is the
 branch's schedule (schedule.BranchSchedule). Every kernel call goes through executors.kernel.call_forward /
 call_backward with the dense kernel of the resolved executor, so a ring step gets the fallbacks, grouped
 query heads and the non-finite semantics of the engine's blocks.
@@ -20,7 +20,7 @@ holder and the last holder sends the sum home). dq, dk, dv go into the job's tot
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -56,14 +56,18 @@ class _QueryRows:
 class RingSteps:
     """The job part executor of ring branches: sends and receives through `comm`, calls `kernel`."""
 
-    def __init__(self, comm: RingComm, kernel: DenseKernel, in_place: bool = True):
-        self.comm, self.kernel, self.in_place = comm, kernel, in_place
+    def __init__(self, comm: RingComm, kernel: DenseKernel, in_place: bool = True,
+                 ready: Optional[Callable[[], None]] = None):
+        self.comm, self.kernel, self.in_place, self.ready = comm, kernel, in_place, ready
 
     def _readable(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tensors if self.in_place else tuple(t.contiguous() for t in tensors)
 
     def _exchange(self, schedule: BranchSchedule, sends, recvs, label: str, step: int):
-        """Post [(peer member, tensor)] sends and receives of one step; a handle to wait on."""
+        """Post [(peer member, tensor)] sends and receives of one step (after `ready()`, e.g. the ranks'
+        agreement, which raises where they disagree); a handle to wait on."""
+        if self.ready is not None:
+            self.ready()
         peer = lambda member: self.comm.global_rank(schedule.branch.members[member])  # noqa: E731
         return self.comm.exchange([(peer(p), t) for p, t in sends], [(peer(p), t) for p, t in recvs],
                                   label=f"{label}/{schedule.label}", step=step)

@@ -291,6 +291,42 @@ def check_configuration_agreement(rank, world):
 
 
 @check
+def check_local_part_runs_while_the_agreement_travels(rank, world):
+    """The ring queues its local part before the ranks' configuration rows arrive (a late rank does not delay
+    it), returns only once every rank has agreed, and the result is the engine's."""
+    import time
+
+    import hilbert_lab.distributed.ring as ring_module
+
+    seq_len = 8 * world
+    q, k, v, _ = _full_inputs(3, 1, seq_len, 2, 4)
+    pos = shard_positions(rank, world, seq_len)
+    local = [t[:, pos] for t in (q, k, v)]
+    entered = []
+    original = ring_module.attention
+
+    def spy(*args, **kwargs):
+        entered.append(time.perf_counter())
+        return original(*args, **kwargs)
+
+    ring_module.attention = spy
+    try:
+        dist.barrier()
+        if rank != 0:
+            time.sleep(0.5)
+        start = time.perf_counter()
+        out = ring_dilated_attention(*local, segment_lengths=[4, 8], dilation_rates=[1, 2])  # inside the shards
+        returned = time.perf_counter()
+    finally:
+        ring_module.attention = original
+    if rank == 0:
+        assert entered[0] - start < 0.25, f"the local part waited {entered[0] - start:.3f} s for the late rank"
+        assert returned - start >= 0.4, f"returned after {returned - start:.3f} s, before the late rank agreed"
+    ref, _ = single_process(q, k, v, [4, 8], [1, 2], "longnet", False)
+    torch.testing.assert_close(out, ref[:, pos], atol=ATOL, rtol=0)
+
+
+@check
 def check_ring_size_disagreement(rank, world):
     """Rank 0 asks for a ring of one rank, the others for the whole group: every rank raises one ValueError
     naming ring_size in bounded time (the agreement runs before the one-rank shortcut), then the group works."""

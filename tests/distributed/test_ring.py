@@ -32,7 +32,7 @@ ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag",
               "check_message_counts", "check_constraints_raise", "check_modules", "check_example",
               "check_low_precision", "check_ring_comm", "check_configuration_agreement",
               "check_agreement_of_a_group_without_gloo", "check_inputs_validated", "check_ring_size_disagreement",
-              "check_nonfinite_like_engine"]
+              "check_nonfinite_like_engine", "check_local_part_runs_while_the_agreement_travels"]
 
 
 @pytest.mark.slow  # make test keeps one gloo world: two ranks, below
