@@ -45,7 +45,9 @@ Sections of the JSON (rank 0 rewrites it after every measurement, so a crash kee
 - causal_layouts (P > 1): the spanning config, causal, at --layout-len tokens: contiguous against zigzag
   shards, interleaved, ratio with its bootstrap interval.
 - context_parallel (P > 1): dense causal attention (one branch, segment N, dilation 1) at --cp-len tokens:
-  our ring (zigzag and contiguous) against torch.distributed.tensor.experimental.context_parallel (ring
+  our ring (zigzag and contiguous; `ring_auto_steps` names the executor of auto's ring steps, and each other dense
+  executor that runs here is timed by name on zigzag: ring_zigzag_<name>) against
+  torch.distributed.tensor.experimental.context_parallel (ring
   SDPA, its default head-tail load balance; cuDNN and flash kernels, both rotate methods), interleaved
   rounds, medians with bootstrap intervals; on 1 GPU the same attention by SDPA (cuDNN) for reference.
 - parallel_modes (P > 1): per config "longnet" and "spanning" at --modes-len tokens (default: the largest of
@@ -88,7 +90,9 @@ from hilbert_lab.bench.stats import bootstrap_median_ci, ratio_ci, verdict  # no
 from hilbert_lab.bench.timing import time_function  # noqa: E402
 from hilbert_lab.distributed import comm, ring  # noqa: E402
 from hilbert_lab.distributed.modules import PARALLEL_MODES  # noqa: E402
-from hilbert_lab.distributed.ring import ring_dilated_attention  # noqa: E402
+from hilbert_lab.attention import unavailable_reason  # noqa: E402
+from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
+from hilbert_lab.distributed.ring import resolve_step_executor, ring_dilated_attention  # noqa: E402
 
 
 def _environment(device: torch.device) -> dict:
@@ -182,7 +186,7 @@ def correctness(args, device, segment_lengths, dilation_rates, causal=False, lay
 
 
 def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=False, layout="contiguous",
-               parallel="ring"):
+               parallel="ring", backend="auto"):
     """A fwd+bwd step on this rank's shard (barrier first, device sync last), and a reset; parallel: the mode
     (PARALLEL_MODES). The shard's values are drawn directly (seeded by rank): nothing of the whole sequence is held, so
     the longest run measures the ring's memory, not the benchmark's."""
@@ -196,7 +200,7 @@ def _ring_step(args, device, seq_len, segment_lengths, dilation_rates, causal=Fa
     def step() -> None:
         dist.barrier()
         out = call(q, k, v, segment_lengths=segment_lengths, dilation_rates=dilation_rates, causal=causal,
-                   mode=args.mode)
+                   mode=args.mode, backend=backend)
         out.backward(grad)
         _sync(device)
         q.grad = k.grad = v.grad = None
@@ -388,12 +392,20 @@ def overhead(args, device, seq_len, segment_lengths, dilation_rates) -> dict:
 
 
 def context_parallel_anchor(args, device) -> dict:
-    """Dense causal attention: our ring (zigzag, contiguous) against PyTorch's context parallel SDPA."""
+    """Dense causal attention: our ring (zigzag, contiguous; "auto" and, on zigzag, each dense executor that runs
+    here by name) against PyTorch's context parallel SDPA."""
     seq_len, world = args.cp_len, dist.get_world_size()
     variants = {}
     for layout in ("zigzag", "contiguous"):
         step = _ring_step(args, device, seq_len, [seq_len], [1], True, layout)
         variants[f"ring_{layout}"] = lambda s=step: contextlib.nullcontext(s)
+    probe = torch.empty(1, seq_len // world, args.heads, args.head_dim, device=device, dtype=args.dtype)
+    auto_steps = resolve_step_executor("auto", probe, DilatedPattern.create([seq_len], [1], causal=True),
+                                       training=True).name
+    for name in ("sdpa", "fa4"):
+        if name != auto_steps and unavailable_reason(name, device, args.dtype) is None:
+            step = _ring_step(args, device, seq_len, [seq_len], [1], True, "zigzag", backend=name)
+            variants[f"ring_zigzag_{name}"] = lambda s=step: contextlib.nullcontext(s)
     errors = {}
     try:
         from torch.distributed.device_mesh import init_device_mesh
@@ -431,7 +443,7 @@ def context_parallel_anchor(args, device) -> dict:
         errors["context_parallel"] = f"ImportError: {exc}"
     samples = _interleaved(variants, args.rounds, device)
     return {"seq_len": seq_len, "heads": args.heads, "head_dim": args.head_dim, "errors": errors,
-            **_summary(samples, baseline="ring_zigzag")}
+            "ring_auto_steps": auto_steps, **_summary(samples, baseline="ring_zigzag")}
 
 
 def single_gpu_dense_causal(args, device) -> dict:
