@@ -6,7 +6,7 @@ Rules of `select_backend` (first match wins):
    mode, causal, training and raggedness; nearest head dim, then query rows B * N * H, then N; within a factor
    sqrt(2) of both: auto_table.REACH), unless the in-place buffers do not fit (then the fused kernel, rule 3).
    On an H200 the table's pick is within 3% of the fastest executor in 76 of 80 cells, these rules' in 29
-   (reports/results/auto_table/check_h200_run1.json).
+   (reports/results/auto_table/check_h200_run1.json); auto itself in 66 (check_h200_run2.json).
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
@@ -20,8 +20,9 @@ Rules of `select_backend` (first match wins):
    FlashAttention-4 installed ("fa4"), LongNet-mode training from 32K on takes it instead of "sdpa" (H100
    headline fwd+bwd 6.05 vs 7.68 ms, reports/results/gpu_attention_fa4.json).
    When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel
-   (no such buffers) runs instead. Dense-block callers (the ring's local steps, whole_pattern=False) skip this
-   rule and rule 0.
+   (no such buffers) runs instead. Dense-block callers (the ring's steps, whole_pattern=False) skip this rule and
+   rule 0; in training from 32K tokens (the shard) with FlashAttention-4 they take "fa4" (dense causal 131072 on
+   2 H200s: ring steps on fa4 91.4 ms fwd+bwd, on sdpa 109.0: ring_throughput/ring_2gpu_h200_fa4_run*.json).
 4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
    "triton"/"flex" are opt-in there or chosen by timing.
 Head dims (with the shape known): a choice that does not declare the call's head dim D on the device
@@ -61,18 +62,13 @@ _ARCHITECTURES = {3: "Kepler", 5: "Maxwell", 6: "Pascal", 7: "Volta", 8: "Ampere
 
 def architecture_name(major: int, minor: int) -> str:
     """Architecture for compute capability (major, minor): 7.5 Turing, 8.9 Ada, 10.x/12.x Blackwell."""
-    if (major, minor) == (7, 5):
-        return "Turing"
-    if (major, minor) == (8, 9):
-        return "Ada"
-    return _ARCHITECTURES.get(major, "Blackwell" if major > 12 else "unknown")
+    named = {(7, 5): "Turing", (8, 9): "Ada"}.get((major, minor))
+    return named or _ARCHITECTURES.get(major, "Blackwell" if major > 12 else "unknown")
 
 
 def get_gpu_info(device: int | str | torch.device | None = None) -> dict:
     """Describe a CUDA device: name, architecture, compute_capability, memory_gb, bf16 / fp16 support.
-
-    Without CUDA: {"available": False, "architecture": None, ...}.
-    """
+    Without CUDA: {"available": False, "architecture": None, ...}."""
     if not torch.cuda.is_available():
         return {"available": False, "name": None, "architecture": None, "compute_capability": None,
                 "memory_gb": None, "supports_bf16": False, "supports_fp16": False, "device_count": 0}
@@ -136,7 +132,7 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_patter
                                     rates, mode, bool(causal), bool(training))
     return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
                     mode=mode, seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits,
-                    measured=measured)
+                    measured=measured, dense_blocks=not whole_pattern)
 
 
 def _device_kind(device: torch.device) -> Optional[str]:
@@ -224,17 +220,17 @@ INPLACE_MIN_SEQ_LEN = 32768  # rule 3: from here on in-place cuDNN beats the fus
 def rule_for(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool = False,
              flash_ok: bool = False, fa4_ok: bool = False, mode: str = "longnet", seq_len: Optional[int] = None,
              head_dim: Optional[int] = None, training: bool = False, inplace_fits: bool = True,
-             measured: Optional[str] = None) -> str:
+             measured: Optional[str] = None, dense_blocks: bool = False) -> str:
     """The module's rules as a pure function of the facts they read (testable without a GPU), then the head-dim
     rule: with head_dim known, a choice that does not declare that head dim on the device gives way to the first
     of `head_dim_fallbacks` that does. measured: the packaged table's choice for the call (rule 0), taken
-    unless the in-place buffers do not fit."""
+    unless the in-place buffers do not fit. dense_blocks: the caller runs dense blocks of its own (rule 3)."""
     if measured is not None and device_type == "cuda" and inplace_fits:
         choice = measured
     else:
         choice = _rule_choice(device_type, capability, dtype, triton_ok=triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
                               mode=mode, seq_len=seq_len, head_dim=head_dim, training=training,
-                              inplace_fits=inplace_fits)
+                              inplace_fits=inplace_fits, dense_blocks=dense_blocks)
     if head_dim is None:
         return choice
     fused = device_type == "cuda" and capability is not None and capability[0] >= 9 and triton_ok and \
@@ -253,13 +249,15 @@ def head_dim_fallbacks(fused: bool) -> tuple[str, ...]:
 
 def _rule_choice(device_type: str, capability: Optional[tuple[int, int]], dtype: torch.dtype, *, triton_ok: bool,
                  flash_ok: bool, fa4_ok: bool, mode: str, seq_len: Optional[int], head_dim: Optional[int],
-                 training: bool, inplace_fits: bool) -> str:
+                 training: bool, inplace_fits: bool, dense_blocks: bool = False) -> str:
     """Rules 1-4 (the module docstring)."""
     if device_type == "cpu":
         return "sdpa" if dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16) else "manual"
     if device_type != "cuda" or capability is None:
         return "manual"
     half = dtype in (torch.float16, torch.bfloat16)
+    if dense_blocks and half and capability[0] >= 9 and fa4_ok and training and (seq_len or 0) >= INPLACE_MIN_SEQ_LEN:
+        return "fa4"
     in_place = "fa4" if fa4_ok and training and mode == "longnet" and capability[0] >= 9 else "sdpa"
     if half and capability[0] >= 9 and triton_ok:
         if not inplace_fits:

@@ -119,7 +119,7 @@ def test_auto_reads_the_packaged_table(monkeypatch):
                                   seq_len=cell.seq_len, head_dim=cell.head_dim, mode=cell.mode, training=cell.training)
         # dense-block callers (the ring's steps) and full-precision calls keep the rules: the table timed neither
         assert selection.rule_backend("cuda", torch.bfloat16, whole_pattern=False, **common) == \
-            rules(torch.bfloat16, triton_ok=False)
+            rules(torch.bfloat16, triton_ok=False, dense_blocks=True)
         assert selection.rule_backend("cuda", torch.float32, **common) == rules(torch.float32) == "sdpa"
         # a call far below every cell's query rows is not the table's to answer
         assert selection._measured_choice(torch.device("cuda"), torch.bfloat16, cell.seq_len, cell.heads,

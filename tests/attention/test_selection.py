@@ -46,6 +46,14 @@ def test_rule_picks_the_fused_kernel_where_it_was_measured_to_win():
     assert rule(ampere, torch.bfloat16, flash_ok=True) == "flash"
     assert selection.rule_for("cuda", hopper, torch.bfloat16, triton_ok=False) == "sdpa"  # no triton / dense blocks
     assert selection.rule_for("cuda", hopper, torch.bfloat16, triton_ok=False, flash_ok=True) == "flash"
+    # dense blocks (the ring's steps): FlashAttention-4 in training from a 32K shard, else the rules above
+    dense = functools.partial(selection.rule_for, "cuda", hopper, torch.bfloat16, triton_ok=False, fa4_ok=True,
+                              dense_blocks=True, head_dim=64)
+    assert dense(training=True, seq_len=65536) == dense(training=True, seq_len=32768, mode="head_groups") == "fa4"
+    assert dense(training=True, seq_len=16384) == dense(seq_len=65536) == "sdpa"
+    assert dense(training=True, seq_len=65536, fa4_ok=False) == "sdpa"
+    assert selection.rule_for("cuda", ampere, torch.bfloat16, fa4_ok=True, dense_blocks=True, training=True,
+                              seq_len=65536) == "sdpa"
     assert selection.rule_for("cpu", None, torch.float32) == "sdpa"
     assert selection.rule_for("cpu", None, torch.int32) == "manual"
 
