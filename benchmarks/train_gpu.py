@@ -8,7 +8,8 @@ The same training run sharded over 2 GPUs with ring attention, compared with the
         --compare reports/results/train_gpu_h100.json --out reports/results/train_gpu_ring2.json
 On a DeviceMesh with FSDP2 (models.parallel): --data-parallel and --context-parallel, their product the process
 count, e.g. torchrun --nproc_per_node=4 benchmarks/train_gpu.py --data-parallel 2 --context-parallel 2 --out ...
-(tokens/s counts the global batch; tokens_per_s_per_gpu divides it by the process count).
+(tokens/s counts the global batch; tokens_per_s_per_gpu divides it by the process count). The one-GPU baseline
+of a scaling table runs the same program on a mesh of one: torchrun --nproc_per_node=1 ... --fsdp.
 LongNet's geometric dilation on the spanning segment instead (the whole grid: train_retrieval_grid.py):
     python benchmarks/train_gpu.py --preset gpu-32k-dil16 --out reports/results/train_gpu_h100_dil16.json
 Long runs resume: add --run-dir DIR (and --resume to continue after a time limit).
@@ -148,6 +149,9 @@ def main() -> int:
     parser.add_argument("--ring-layout", choices=("contiguous", "zigzag"), default="contiguous")
     parser.add_argument("--data-parallel", type=int, default=1, help="ranks that split each batch's rows (FSDP2)")
     parser.add_argument("--context-parallel", type=int, default=1, help="ranks that shard each sequence (FSDP2)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="one rank on a DeviceMesh of one (FSDP2 mixed precision, as every mesh rank trains): "
+                             "the like-for-like one-GPU baseline of the scaling table; run under torchrun")
     parser.add_argument("--compare", help="JSON of the 1-GPU run: report the loss-curve difference")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-train", action="store_true")
@@ -177,9 +181,10 @@ def main() -> int:
         parser.error(f"--init-from must name an existing checkpoint file, got {args.init_from!r}")
     values = _base_config(args)
     rank, world_size = 0, 1
-    if min(args.data_parallel, args.context_parallel) < 1 or (args.ring and args.data_parallel * args.context_parallel > 1):
-        parser.error("--data-parallel and --context-parallel must be >= 1, and they do not go with --ring")
-    on_mesh = args.data_parallel * args.context_parallel > 1
+    if min(args.data_parallel, args.context_parallel) < 1 or \
+            (args.ring and (args.fsdp or args.data_parallel * args.context_parallel > 1)):
+        parser.error("--data-parallel and --context-parallel must be >= 1, and they (and --fsdp) do not go with --ring")
+    on_mesh = args.fsdp or args.data_parallel * args.context_parallel > 1
     distributed = args.ring or on_mesh
     if distributed:
         import torch.distributed as dist
@@ -190,7 +195,7 @@ def main() -> int:
         dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=600))
         rank, world_size = dist.get_rank(), dist.get_world_size()
         values.update(ring=args.ring, ring_layout=args.ring_layout, data_parallel=args.data_parallel,
-                      context_parallel=args.context_parallel)
+                      context_parallel=args.context_parallel, fsdp=args.fsdp)
         if cuda:
             values["device"] = f"cuda:{torch.cuda.current_device()}"
         values["progress"] = values["progress"] and rank == 0

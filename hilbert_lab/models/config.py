@@ -31,7 +31,7 @@ MAX_SEED = 2 ** 63 - 1
 # with a different value is refused.
 RUN_CONTROL_FIELDS = frozenset(
     {"log_every", "eval_every", "eval_batches", "final_eval_batches", "checkpoint_every", "device", "gradient_checkpointing",
-     "compile", "progress", "ring", "ring_layout", "data_parallel", "context_parallel"}
+     "compile", "progress", "ring", "ring_layout", "data_parallel", "context_parallel", "fsdp"}
 )
 
 
@@ -95,6 +95,9 @@ class TrainConfig:
     # their product must be the world size. 1 and 1: one process.
     data_parallel: int = 1
     context_parallel: int = 1
+    # With data_parallel = context_parallel = 1: train on a DeviceMesh of one rank all the same (FSDP2's mixed
+    # precision instead of autocast): the program every rank of a mesh runs, a like-for-like one-GPU baseline.
+    fsdp: bool = False
     # Checkpoint whose model weights start the run (fresh optimizer and schedule): fine-tuning at another
     # length or pattern. The pattern holds no parameters, so segments and rates may differ from the checkpoint's.
     init_from: str | None = None
@@ -117,8 +120,8 @@ class TrainConfig:
             raise ValueError("pack=True (packed documents) does not run with ring=True: ring attention takes one "
                              "sequence per row; use one of them")
         if self.ring and self.on_mesh:
-            raise ValueError("ring=True does not go with data_parallel or context_parallel > 1: context_parallel is "
-                             "the ring on a DeviceMesh; use it alone")
+            raise ValueError("ring=True does not go with data_parallel or context_parallel > 1 or fsdp: "
+                             "context_parallel is the ring on a DeviceMesh; use it alone")
         if self.pack and self.data_parallel > 1:
             raise ValueError("pack=True (packed documents) does not run with data_parallel > 1: a packed batch is one "
                              "row; shard it with context_parallel instead")
@@ -146,8 +149,9 @@ class TrainConfig:
 
     @property
     def on_mesh(self) -> bool:
-        """Whether the run spans several ranks on a DeviceMesh (data_parallel or context_parallel > 1)."""
-        return self.data_parallel * self.context_parallel > 1
+        """Whether the run trains on a DeviceMesh: several ranks (data_parallel or context_parallel > 1), or one
+        with fsdp."""
+        return self.fsdp or self.data_parallel * self.context_parallel > 1
 
     def seq_len_at(self, step: int) -> int:
         """Training sequence length at (0-based) ``step``: the curriculum's phase, else seq_len."""
@@ -231,7 +235,7 @@ FIELD_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gradient_checkpointing": ((lambda value: True), "true or false"),
     "compile": ((lambda value: True), "true or false"), "progress": ((lambda value: True), "true or false"),
     "ring": ((lambda value: True), "true or false"), "ring_layout": _choices(RING_LAYOUTS),
-    "data_parallel": _at_least(1), "context_parallel": _at_least(1),
+    "data_parallel": _at_least(1), "context_parallel": _at_least(1), "fsdp": ((lambda value: True), "true or false"),
     "init_from": ((lambda value: bool(value)), "None or a checkpoint path"),
     "num_kv_heads": ((lambda value: value >= 1), "None or an integer >= 1 dividing num_heads"),
     "pack": ((lambda value: True), "true or false"),

@@ -13,7 +13,8 @@ import pytest
 from gloo_world import NO_GLOO, run_world  # tests/models is on sys.path (pytest prepend import mode)
 
 # (data_parallel, context_parallel, ring_layout, other TrainConfig fields)
-MESHES = {2: [(2, 1, "contiguous", {}), (1, 2, "zigzag", {}),
+MESHES = {1: [(1, 1, "contiguous", {"fsdp": True})],
+          2: [(2, 1, "contiguous", {}), (1, 2, "zigzag", {}),
               (2, 1, "contiguous", {"num_kv_heads": 2}),
               (1, 2, "contiguous", {"gradient_checkpointing": True, "num_kv_heads": 2}), (1, 2, "zigzag", {"pack": True})],
           4: [(2, 2, "zigzag", {})],
@@ -60,6 +61,7 @@ def _check_against_one_process(folder, world_size):
     from hilbert_lab.models.train import train
 
     for index, (dp, cp, _, extra) in enumerate(MESHES[world_size]):
+        extra = {name: value for name, value in extra.items() if name != "fsdp"}  # one process: no mesh at all
         reference = train(_config(**extra), folder / f"reference{index}")
         expected = _losses(reference.history)
         run = json.loads((folder / f"run{index}.json").read_text())
@@ -79,6 +81,15 @@ def _check_against_one_process(folder, world_size):
 def test_training_on_two_ranks_equals_one_process_and_resumes_in_one(tmp_path):
     run_world(_rank_trains, 2, tmp_path)
     _check_against_one_process(tmp_path, 2)
+
+
+@pytest.mark.skipif(NO_GLOO, reason="torch.distributed with the gloo backend is not available in this build")
+def test_training_on_a_mesh_of_one_equals_one_process_and_resumes_in_one(tmp_path):
+    """fsdp=True on one rank (the program every mesh rank runs: the scaling table's like-for-like one-GPU
+    baseline) logs the one-process losses, and its sharded checkpoint resumes in one process."""
+    run_world(_rank_trains_each_mesh, 1, tmp_path)
+    assert list((tmp_path / "run0").glob("checkpoint-step*.dcp")), "the run did not train on a mesh"
+    _check_against_one_process(tmp_path, 1)
 
 
 @pytest.mark.slow  # eight gloo ranks on a 2-core machine
