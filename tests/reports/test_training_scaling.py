@@ -36,6 +36,19 @@ def test_ratios_are_each_run_against_the_median_of_one_gpu():
     assert list(table.loc[("data parallel 4", False)]["tokens_per_s_per_gpu"]) == [80.0, 70.0, 90.0]
 
 
+def test_ratios_are_against_one_gpu_on_a_mesh_of_one_where_it_was_measured():
+    data = _data()
+    fsdp = [_report(1, 1, s, s / 4) for s in (120.0, 118.0, 121.0)]
+    for report in fsdp:
+        report["config"] = {"data_parallel": 1, "context_parallel": 1, "fsdp": True}
+    data["runs"]["gpu1_fsdp"] = fsdp
+    table = scaling_table(data).set_index(["setup", "gradient_checkpointing"])
+    assert table.loc[("1 GPU, FSDP2 on a mesh of one", False)]["ratio"] == pytest.approx(1.0)
+    assert table.loc[("1 GPU", False)]["ratio"] == pytest.approx(100.0 / 120.0)
+    assert table.loc[("context parallel 2 (zigzag)", False)]["ratio"] == pytest.approx(97.0 / 120.0)
+    assert table.loc[("data parallel 4", True)]["ratio"] == pytest.approx(40.0 / 30.0)
+
+
 def test_the_finding_names_each_setup_against_the_target():
     metrics = {"tables": {"scaling": {"rows": scaling_table(_data()).to_dict(orient="records")}}}
     sections, findings = scaling_sections(metrics)
