@@ -250,6 +250,7 @@ def throughput(args, device, seq_len, segment_lengths, dilation_rates, bandwidth
            "peak_memory_gib_max_rank": peak / 2**30, "bytes_sent_max_rank": int(sent)}
     if world > 1 and sent > 0:
         compute, exposed = _paired_compute(step, iters, device)
+        row["exposed_pairs"] = max(iters, 1)
         row["compute_only_seconds"] = compute
         row["exposed_communication_seconds"] = exposed
         if bandwidth:

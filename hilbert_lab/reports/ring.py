@@ -29,7 +29,7 @@ CORRECTNESS_COLUMNS = ["gpus", "mode", "mesh", "variant", "seq_len", "dtype", "t
 LONGEST_COLUMNS = ["gpus", "variant", "longest_seq_len", "first_failure_or_limit", "limit_reached", "revision",
                    "stored_in"]
 COMMUNICATION_COLUMNS = ["gpus", "variant", "seq_len", "bytes_sent_max_rank", "seconds", "compute_only_seconds",
-                         "exposed_communication_seconds", "transfer_seconds_alone", "hidden_share"]
+                         "exposed_communication_seconds", "exposed_pairs", "transfer_seconds_alone", "hidden_share"]
 RATIO_COLUMNS = ["gpus", "variant", "seq_len", "tokens_per_s_per_gpu_vs_1_gpu"]
 
 
@@ -229,11 +229,15 @@ def _communication_line(communication: Any, throughput: Any, sends: set[str]) ->
     hidden = "; ".join(f"{_on(g)} " + ", ".join(f"{fmt(r.hidden_share)} at {tokens(r.seq_len)}" for r in
                                                  group.sort_values("seq_len").itertuples())
                        for g, group in communication.groupby("gpus"))
+    pairs = communication["exposed_pairs"].dropna() if "exposed_pairs" in communication else ()
+    exposed = (f"the median over {int(min(pairs))} back-to-back pairs of the step minus the same step moving no byte"
+               if len(pairs) == len(communication) else
+               "the step minus the same step moving no byte, one difference of two medians")
     return (f"What the ring sends{f' ({quiet} sends no byte)' if quiet else ''}: {rows}. The transfers "
             f"alone take at most {100 * share:.2g}% of a step, so how much of them the computation hides cannot be "
             "told from the run-to-run noise of the step at this size: bench_ring's hidden share (1 - exposed / "
-            "transfer time, exposed = the step minus the same step moving no byte, one difference of two medians "
-            f"without an interval) comes out {hidden}, and is not stated as a result.")
+            f"transfer time, exposed = {exposed}, without an interval) comes out {hidden}, and is not stated as a "
+            "result.")
 
 
 def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
