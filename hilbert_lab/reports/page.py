@@ -62,17 +62,19 @@ class Page:
         self.headline = self.headline or (self.findings[0] if self.findings else self.about)
 
 
-def older_code_page(page: Page, label: str, keep: Sequence[str] = ()) -> Page:
+def older_code_page(page: Page, label: str, keep: Sequence[str] = (), before: str = "") -> Page:
     """`page` when `label` is '' (its figures come from the current code); else the page with its figures under
     `label` ('measured with older code (rev 530aee9)', provenance.older_code): its findings move into a first
     section of that heading, every section heading names it, and the findings (hence the index card) quote none
-    of its figures, only `keep` (sentences without figures, e.g. definitions)."""
+    of its figures, only `keep` (sentences without figures, e.g. definitions). before: the change the figures
+    predate (default: the current attention core, provenance.CURRENT_CODE)."""
     if not label:
         return page
     from hilbert_lab.reports.provenance import CURRENT_CODE
 
-    first = (f"Every figure on this page was {label}, before the current attention core ({CURRENT_CODE[:7]}), and "
-             "is not re-measured: no figure of it is stated as a current finding.")
+    before = before or f"the current attention core ({CURRENT_CODE[:7]})"
+    first = (f"Every figure on this page was {label}, before {before}, and is not re-measured: no figure of it is "
+             "stated as a current finding.")
     old = Section(label[0].upper() + label[1:], "These were the page's findings when it was measured; they hold "
                   "for that revision only.", text=list(page.findings))
     sections = [old] + [replace(section, heading=f"{section.heading}: {label}") for section in page.sections]

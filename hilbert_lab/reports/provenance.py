@@ -23,6 +23,9 @@ CURRENT_CODE = "b3d5760abbdabd847aa2afe72a66f55381f0e619"
 # the commit that runs a zigzag branch whose segments are whole chunks as one ring over their holders: causal-layout
 # timings of a revision that does not contain it measured the older zigzag path
 ZIGZAG_CODE = "adab9dbb52805ba1bcf512444eefe37543c137fa"
+# the commit from which a ring step or head-parallel all-to-all on NCCL no longer makes the host wait for its transfer:
+# context-parallel timings of a revision that does not contain it measured the host waiting at every step
+RING_WAIT_CODE = "6d0bbb0484e229a7b6b120f77bbb35f77fee930d"
 
 # Committed GPU results under reports/results that carry no git revision, each with why it is kept: wherever
 # they are quoted (a page, a docstring) they read "measured with older code (rev unrecorded)" (older_code(None);
@@ -39,8 +42,8 @@ UNRECORDED_REVISION = {
                                     "0591b7a); quoted by no page",
 }
 
-__all__ = ["CURRENT_CODE", "NOT_RECORDED", "SOURCE_FIELDS", "UNRECORDED_REVISION", "committed_in", "document_source",
-           "env_source", "gpus_used", "older_code", "older_code_of_revision", "result_git", "revision_text",
+__all__ = ["CURRENT_CODE", "NOT_RECORDED", "RING_WAIT_CODE", "SOURCE_FIELDS", "UNRECORDED_REVISION", "committed_in",
+           "document_source", "env_source", "gpus_used", "older_code", "older_code_of_revision", "result_git", "revision_text",
            "strip_paths", "when"]
 
 

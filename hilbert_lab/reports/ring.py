@@ -17,8 +17,8 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from hilbert_lab.reports.provenance import (committed_in, document_source, older_code, result_git, revision_text,
-                                            strip_paths)
+from hilbert_lab.reports.provenance import (RING_WAIT_CODE, committed_in, document_source, older_code, result_git,
+                                            revision_text, strip_paths)
 from hilbert_lab.reports.ring_anchors import ANCHOR_COLUMNS, anchor_rows, context_parallel_section, layouts_section
 from hilbert_lab.reports.ring_modes import PARALLEL_MODES_COLUMNS, mode_name, modes_section, parallel_modes_rows
 
@@ -255,7 +255,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
     throughput, correctness, longest = frame("throughput"), frame("correctness"), frame("longest")
     gpus = sorted(throughput["gpus"].unique().tolist()) if len(throughput) else []
     parameters = metrics.get("parameters") or {}
-    page_label = older_code(env.get("git"))
+    page_label = older_code(env.get("git"), since=RING_WAIT_CODE)  # its timings: the ring's own, and the host's waits
     sends = _sending_variants(throughput)
     order = {variant: (variant not in sends, variant) for variant in
              set(throughput.get("variant", [])) | set(longest.get("variant", []))}
@@ -367,7 +367,8 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
                 notes=notes, sources=list(metrics.get("sources") or []),
                 measured_here=not metrics.get("sources"),
                 device=f"{device.get('device') or device.get('name') or 'GPU'}, {counts} GPUs")
-    return older_code_page(page, page_label)
+    return older_code_page(page, page_label, before=f"the ring's steps stopped making the host wait for each transfer "
+                                                     f"({RING_WAIT_CODE[:7]})")
 
 
 def main(argv: list[str] | None = None) -> int:
