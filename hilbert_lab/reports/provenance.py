@@ -26,6 +26,9 @@ ZIGZAG_CODE = "adab9dbb52805ba1bcf512444eefe37543c137fa"
 # the commit from which a ring step or head-parallel all-to-all on NCCL no longer makes the host wait for its transfer:
 # context-parallel timings of a revision that does not contain it measured the host waiting at every step
 RING_WAIT_CODE = "6d0bbb0484e229a7b6b120f77bbb35f77fee930d"
+# the commit from which a training step no longer makes the host wait for its backward (the gradient norm stays on
+# the device until a log step): training throughput of a revision that does not contain it measured that wait
+TRAIN_STEP_CODE = "5cbf0873b232b3c9e831f169eb59608f2ff14e71"
 
 # Committed GPU results under reports/results that carry no git revision, each with why it is kept: wherever
 # they are quoted (a page, a docstring) they read "measured with older code (rev unrecorded)" (older_code(None);
@@ -42,9 +45,9 @@ UNRECORDED_REVISION = {
                                     "0591b7a); quoted by no page",
 }
 
-__all__ = ["CURRENT_CODE", "NOT_RECORDED", "RING_WAIT_CODE", "SOURCE_FIELDS", "UNRECORDED_REVISION", "committed_in",
-           "document_source", "env_source", "gpus_used", "older_code", "older_code_of_revision", "result_git", "revision_text",
-           "strip_paths", "when"]
+__all__ = ["CURRENT_CODE", "NOT_RECORDED", "RING_WAIT_CODE", "SOURCE_FIELDS", "TRAIN_STEP_CODE", "UNRECORDED_REVISION",
+           "committed_in", "document_source", "env_source", "gpus_used", "older_code", "older_code_of_revision",
+           "result_git", "revision_text", "strip_paths", "when"]
 
 
 def result_git(document: Any) -> dict[str, Any] | None:
@@ -116,13 +119,13 @@ def older_code(git: Mapping[str, Any] | None, repo_root: str | Path = REPO_ROOT,
     return f"measured with older code (rev {revision_text(git)})"
 
 
-def older_code_of_revision(revision: Any) -> str:
+def older_code_of_revision(revision: Any, *, since: str = CURRENT_CODE) -> str:
     """older_code of a revision as revision_text writes it ('ca29081 + uncommitted changes (results committed in
     91678e4)', 'not recorded (...)'): how a page built from a table's revision column labels its figures."""
     text = str(revision or "")
     if not text or text.startswith(NOT_RECORDED) or text in ("nan", "None", "-"):
         return older_code(None)
-    return older_code({"commit": text.split()[0], "dirty": "uncommitted" in text.split(" (")[0]})
+    return older_code({"commit": text.split()[0], "dirty": "uncommitted" in text.split(" (")[0]}, since=since)
 
 
 def gpus_used(env: Mapping[str, Any]) -> int | None:

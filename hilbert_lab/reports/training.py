@@ -276,7 +276,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
     """Training page: findings (the retrieval grid's main result, its control, the 128K fine-tunes, the ring
     against one GPU, scaling over GPUs, the longest trainable length), the grids, curves per group, tables behind closed sections."""
     from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, percent_interval
-    from hilbert_lab.reports.provenance import older_code_of_revision
+    from hilbert_lab.reports.provenance import TRAIN_STEP_CODE, older_code_of_revision
     from hilbert_lab.viz.training import throughput_bars
 
     finals, history, phases = (metrics_table(metrics, name) for name in ("final_evals", "history", "phases"))
@@ -315,7 +315,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]):
         fig.update_layout(height=400)
         top = throughput.sort_values("tokens_per_s", ascending=False).iloc[0]
         revisions = finals.set_index("run")["revision"].to_dict() if "revision" in finals else {}
-        older = next((label for label in (older_code_of_revision(revisions.get(run))
+        older = next((label for label in (older_code_of_revision(revisions.get(run), since=TRAIN_STEP_CODE)
                                           for run in dict.fromkeys(throughput["run"])) if label), "")
         sections.append(Section("Training throughput and memory" + (f": {older}" if older else ""),
                                 f"Fastest: {top['run']} at {fmt(top['tokens_per_s'])} tokens/s "

@@ -33,7 +33,7 @@ def scaling_table(data: Mapping[str, Any]):
     """One row per (setup, gradient checkpointing): setup, gpus, tokens_per_gpu (one step's tokens per GPU), the
     runs' tokens/s per GPU (runs, median, low, high = the slowest and fastest run), ratio_low / ratio / ratio_high
     (against the median of one GPU's runs with the same checkpointing: those of FSDP2 on a mesh of one, the program
-    of a mesh rank, where the data hold them), peak_memory_gib, conditions."""
+    of a mesh rank, where the data hold them), peak_memory_gib, conditions, revision (the data's)."""
     import pandas as pd
 
     rows = []
@@ -47,6 +47,7 @@ def scaling_table(data: Mapping[str, Any]):
                 continue
             speeds = [float(row["tokens_per_s_per_gpu"]) for row in measured]
             rows.append({"setup": label, "gpus": dp * cp, "data_parallel": dp, "context_parallel": cp,
+                         "revision": str(data.get("revision") or ""),
                          "tokens_per_gpu": measured[0]["seq_len"] // cp * (measured[0]["batch_size"] // dp),
                          "gradient_checkpointing": checkpointing, "runs": len(speeds), "tokens_per_s_per_gpu": speeds,
                          "median": statistics.median(speeds), "low": min(speeds), "high": max(speeds),
@@ -65,13 +66,18 @@ def scaling_table(data: Mapping[str, Any]):
 
 
 def scaling_sections(metrics: Mapping[str, Any]):
-    """([Section], [finding]) of the recorded "scaling" table (nothing when it is absent or empty)."""
+    """([Section], [finding]) of the recorded "scaling" table (nothing when it is absent or empty). Runs of a
+    revision before provenance.TRAIN_STEP_CODE go under the older-code label and give no finding."""
     from hilbert_lab.reports.page import Section, fmt, metrics_table
+    from hilbert_lab.reports.provenance import TRAIN_STEP_CODE, older_code_of_revision
     from hilbert_lab.viz.training import scaling_bars
 
     table = metrics_table(metrics, "scaling")
     if not len(table):
         return [], []
+    revisions = [text for text in dict.fromkeys(table.get("revision", [])) if text and text != "nan"]
+    older = next((label for label in (older_code_of_revision(text, since=TRAIN_STEP_CODE) for text in revisions)
+                  if label), "")
     plain = table[~table["gradient_checkpointing"].astype(bool)]
     several = plain[plain["gpus"] > 1]
     verdicts = []
@@ -100,6 +106,9 @@ def scaling_sections(metrics: Mapping[str, Any]):
             "other work. A mesh rank trains under FSDP2's mixed precision (bf16 compute copies). One GPU trains "
             "under torch.autocast with float32 weights, a different program, unless its setup says FSDP2 on a mesh "
             "of one; where that setup was measured, the ratios are against it.")
-    return [Section("Scaling over GPUs: tokens/s per GPU", text, figure=scaling_bars(table.to_dict("records"),
-                                                                                     target=SCALING_TARGET),
-                    table=shown)], [finding]
+    heading = "Scaling over GPUs: tokens/s per GPU" + (f": {older}" if older else "")
+    if older:  # the step then made the host wait for its backward: a figure of the code before, quoted by no finding
+        text = (f"{older[0].upper() + older[1:]}, before the training step stopped making the host wait for its "
+                f"backward ({TRAIN_STEP_CODE[:7]}): {finding} " + text)
+    return [Section(heading, text, figure=scaling_bars(table.to_dict("records"), target=SCALING_TARGET),
+                    table=shown)], [] if older else [finding]

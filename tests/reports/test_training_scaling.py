@@ -69,3 +69,18 @@ def test_the_committed_runs_load(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"runs": []}))
     with pytest.raises(ValueError, match="must hold 'runs'"):
         load_scaling(str(tmp_path / "bad.json"))
+
+
+def test_runs_before_the_training_step_change_are_labelled_and_give_no_finding():
+    from hilbert_lab.reports.provenance import TRAIN_STEP_CODE
+
+    data = load_scaling("reports/results/train_mesh/scaling_h200.json")  # rev d093f1e
+    sections, findings = scaling_sections({"tables": {"scaling": {"rows": scaling_table(data).to_dict("records")}}})
+    assert findings == []
+    assert sections[0].heading == "Scaling over GPUs: tokens/s per GPU: measured with older code (rev d093f1e)"
+    assert sections[0].conclusion.startswith("Measured with older code (rev d093f1e), before the training step stopped "
+                                             f"making the host wait for its backward ({TRAIN_STEP_CODE[:7]}): "
+                                             "Tokens/s per GPU against one GPU")
+    data["revision"] = TRAIN_STEP_CODE
+    sections, findings = scaling_sections({"tables": {"scaling": {"rows": scaling_table(data).to_dict("records")}}})
+    assert len(findings) == 1 and sections[0].heading == "Scaling over GPUs: tokens/s per GPU"
