@@ -18,7 +18,8 @@ from hilbert_lab.distributed.ulysses import ulysses_dilated_attention
 
 __all__ = [
     "CommStats", "LAYOUTS", "MESH_DIMS", "PARALLEL_MODES", "RingComm", "RingCommError", "RingDilatedAttention",
-    "RingMultiheadDilatedAttention", "RingTimeoutError", "STATS",
-    "all_gather_sequence", "check_divisible", "comm", "hybrid_dilated_attention", "hybrid_positions", "plan_branches",
-    "reset_stats", "ring_dilated_attention", "settle_transfers", "shard", "shard_positions", "ulysses_dilated_attention", "unshard", "zigzag_shard", "zigzag_unshard",
+    "RingMultiheadDilatedAttention", "RingTimeoutError", "STATS", "all_gather_sequence", "check_divisible", "comm",
+    "hybrid_dilated_attention", "hybrid_positions", "plan_branches", "reset_stats", "ring_dilated_attention",
+    "settle_transfers", "shard", "shard_positions", "ulysses_dilated_attention", "unshard", "zigzag_shard",
+    "zigzag_unshard",
 ]

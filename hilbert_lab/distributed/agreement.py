@@ -3,7 +3,8 @@
 Before any data moves, one all_gather over the whole group, on the host (over gloo, so that no rank waits
 for its queued kernels), of a fixed-size int64 row per rank (posted first: post_agreement; the ring queues the
 work that moves no data, its local part or the one-rank shortcut, while the rows travel, and waits before its
-first exchange and before it returns): an error flag and the error's text, then per field of the configuration a digest and the value's text.
+first exchange and before it returns): an error flag and the error's text, then per field of the configuration
+a digest and the value's text.
 A rank that rejected its inputs raises its own error, the others a ValueError naming it; ranks that hold
 different values of a field (pattern, dtype, scale, shard shape, layout, ring_size, backend; the packed row's
 cu_seqlens among the ranks of one ring, each ring holding its own sequence) all raise the same ValueError

@@ -64,8 +64,8 @@ def auto_check_sections(metrics: Mapping[str, Any]):
                f"{(AUTO_TOLERANCE - 1) * 100:.0f}% of the fastest executor in {int((picked <= AUTO_TOLERANCE).sum())} "
                f"of {len(table)} cells (worst {picked.max():.2f}x: {worst['mode']} "
                f"{'causal' if worst['causal'] else 'full'} D{int(worst['head_dim'])} "
-               f"{'fwd+bwd' if worst['training'] else 'fwd'} at N {int(worst['seq_len']):,}); auto itself, the host time "
-               f"of its choice included, in {int((auto <= AUTO_TOLERANCE).sum())} (median {auto.median():.2f}x).")
+               f"{'fwd+bwd' if worst['training'] else 'fwd'} at N {int(worst['seq_len']):,}); auto itself, the host "
+               f"time of its choice included, in {int((auto <= AUTO_TOLERANCE).sum())} (median {auto.median():.2f}x).")
     text = ("Each cell times auto beside every executor it can pick, round-robin in one process (B 1, H 12, bf16, "
             "w [2048, 4096, 8192], r [1, 2, 4]). The colour is the time of the executor auto picked, called by name, "
             "over the fastest executor's: the quality of the choice alone. Where executors are within noise of each "

@@ -45,7 +45,8 @@ def test_the_committed_runs_predate_the_ring_wait_change_and_are_labelled_so():
     page = build_page(*load_run(RUN))
     assert page.headline == page.findings[0]
     assert page.headline.startswith("Every figure on this page was measured with older code (rev 5a4f58b), before the "
-                                    f"ring's steps stopped making the host wait for each transfer ({RING_WAIT_CODE[:7]})")
+                                    "ring's steps stopped making the host wait for each transfer "
+                                    f"({RING_WAIT_CODE[:7]})")
     assert all(section.heading.endswith("measured with older code (rev 5a4f58b)") for section in page.sections[1:])
 
 
