@@ -261,25 +261,18 @@ def throughput(args, device, seq_len, segment_lengths, dilation_rates, bandwidth
 
 
 def _paired_compute(step, iters: int, device) -> tuple[float, float]:
-    """(compute-alone seconds, exposed communication seconds): `iters` pairs of the step and the same step moving
-    no byte, back to back (after one warm-up of each), the order alternating; exposed = the median over pairs of
-    (step - compute alone), clipped at 0, and compute = the median compute-alone step; each the slowest rank's."""
-    pairs = []
-    with _compute_only():
-        step()
-    step()
-    for index in range(max(iters, 1)):
-        timed = {}
-        for alone in ((False, True) if index % 2 == 0 else (True, False)):
-            with _compute_only() if alone else contextlib.nullcontext():
-                start = time.perf_counter()
-                step()
-                timed[alone] = time.perf_counter() - start
-        pairs.append((timed[True], timed[False] - timed[True]))
-    compute = statistics.median(alone for alone, _ in pairs)
-    exposed = statistics.median(difference for _, difference in pairs)
-    compute, exposed = _max_over_ranks([compute, exposed], device)
-    return compute, max(exposed, 0.0)
+    """(compute-alone seconds, exposed communication seconds): `iters` interleaved rounds (_interleaved) of the
+    step and the same step moving no byte, back to back; exposed = the median over rounds of (step - compute
+    alone), clipped at 0, and compute = the median compute-alone step (each sample the slowest rank's)."""
+
+    @contextlib.contextmanager
+    def alone():
+        with _compute_only():
+            yield step
+
+    samples = _interleaved({"full": lambda: contextlib.nullcontext(step), "alone": alone}, max(iters, 1), device)
+    exposed = statistics.median(full - quiet for full, quiet in zip(samples["full"], samples["alone"]))
+    return statistics.median(samples["alone"]), max(exposed, 0.0)
 
 
 def _interleaved(variants: dict, rounds: int, device) -> dict[str, list[float]]:
