@@ -1,0 +1,132 @@
+"""Recorded launches of a compiled-kernel library: a replay gives the library's own results on new inputs,
+and every call the record cannot reproduce stays on the library's path (a fake library on the CPU)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from hilbert_lab.kernels.recorded_launches import RecordedEntry
+
+
+def _library() -> types.ModuleType:
+    """A library in the style of FlashAttention-4's interface: Python that allocates and decides, then calls
+    compiled kernels looked up in a compile cache hung on the entry function."""
+    lib = types.ModuleType("fake_kernels")
+    lib.torch = torch
+    lib.python_calls = 0
+
+    def scale_kernel(x, tmp, factor):  # tmp = x * factor (tmp arrives uninitialised)
+        tmp.copy_(x * factor)
+
+    def accumulate_kernel(tmp, y, acc):  # acc += tmp + y (acc must start at zero)
+        acc.add_(tmp + y)
+
+    def write_kernel(acc, out_flat):  # a kernel reading the caller's out through a reshaped view
+        out_flat.copy_(acc.reshape(-1))
+
+    def entry(x, y, out=None, factor=1.0, copy_input=False):
+        lib.python_calls += 1
+        out = torch.empty_like(x) if out is None else out
+        tmp = lib.torch.empty(x.shape, dtype=x.dtype)
+        acc = lib.torch.zeros(x.shape, dtype=x.dtype)
+        if copy_input:  # a buffer filled from the inputs by a torch op: no record can reproduce it
+            tmp = lib.torch.empty(x.shape, dtype=x.dtype).copy_(x * 0 + y)
+        cache = entry.compile_cache
+        for key, kernel in (("scale", scale_kernel), ("acc", accumulate_kernel), ("write", write_kernel)):
+            if key not in cache:
+                cache[key] = kernel
+        if not copy_input:
+            cache["scale"](x, tmp, factor)
+        cache["acc"](tmp, y, acc)
+        cache["write"](acc, out.view(-1))
+        return out, acc
+
+    entry.compile_cache = {}
+    lib.entry = entry
+    return lib
+
+
+def _inputs(seed: int, shape=(4, 64)):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(shape, generator=gen, dtype=torch.float64)
+
+
+def test_a_replay_gives_the_librarys_results_on_new_inputs_without_its_python():
+    lib = _library()
+    recorded = RecordedEntry(lib, "entry", outputs=("out",))
+    for seed in range(4):
+        x, y = _inputs(seed)
+        out = torch.empty_like(x)
+        result, acc = recorded({"x": x, "y": y, "out": out}, {"factor": 0.5})
+        expected = x * 0.5 + y
+        assert result is out
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        torch.testing.assert_close(acc, expected, rtol=0, atol=0)  # a zero-started buffer, zeroed on every replay
+    assert lib.python_calls == 1  # the recording call; three replays after it
+    assert recorded.reasons == {}
+
+
+def test_each_key_is_recorded_once_and_a_new_shape_or_parameter_records_again():
+    lib = _library()
+    recorded = RecordedEntry(lib, "entry", outputs=("out",))
+    for shape, factor in [((4, 64), 2.0), ((4, 64), 2.0), ((8, 32), 2.0), ((4, 64), 3.0), ((8, 32), 2.0)]:
+        x, y = _inputs(1, shape)
+        out = torch.empty_like(x)
+        recorded({"x": x, "y": y, "out": out}, {"factor": factor})
+        torch.testing.assert_close(out, x * factor + y, rtol=0, atol=0)
+    assert lib.python_calls == 3 and len(recorded.records) == 3
+
+
+def test_a_buffer_filled_from_the_inputs_keeps_the_call_on_the_librarys_path():
+    lib = _library()
+    recorded = RecordedEntry(lib, "entry", outputs=("out",))
+    for seed in range(3):
+        x, y = _inputs(seed, (64, 512))  # 256 KiB buffers: too large to replay from a recorded copy
+        out = torch.empty_like(x)
+        recorded({"x": x, "y": y, "out": out}, {"factor": 1.0, "copy_input": True})
+        torch.testing.assert_close(out, 2 * y, rtol=0, atol=0)
+    assert lib.python_calls == 3
+    assert list(recorded.reasons.values()) == ["a 262144-byte buffer the library filled with data before launching"]
+
+
+def test_a_small_buffer_filled_from_the_inputs_stays_on_the_librarys_path_too():
+    lib = _library()
+    recorded = RecordedEntry(lib, "entry", outputs=("out",))
+    for seed in range(3):
+        x, y = _inputs(seed)
+        out = torch.empty_like(x)
+        recorded({"x": x, "y": y, "out": out}, {"factor": 1.0, "copy_input": True})
+        torch.testing.assert_close(out, 2 * y, rtol=0, atol=0)
+    assert lib.python_calls == 3
+    assert list(recorded.reasons.values()) == ["a 2048-byte buffer the library filled with data before launching"]
+
+
+def test_disabled_calls_the_library_every_time():
+    lib = _library()
+    recorded = RecordedEntry(lib, "entry", outputs=("out",))
+    recorded.enabled = False
+    for seed in range(2):
+        x, y = _inputs(seed)
+        out = torch.empty_like(x)
+        recorded({"x": x, "y": y, "out": out}, {"factor": 1.0})
+        torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    assert lib.python_calls == 2 and recorded.records == {}
+
+
+def test_the_recording_leaves_the_library_as_it_was():
+    lib = _library()
+    cache = lib.entry.compile_cache
+    x, y = _inputs(0)
+    RecordedEntry(lib, "entry", outputs=("out",))({"x": x, "y": y, "out": torch.empty_like(x)}, {"factor": 1.0})
+    assert lib.torch is torch and lib.entry.compile_cache is cache and set(cache) == {"scale", "acc", "write"}
+
+
+def test_an_entry_that_fails_leaves_the_library_as_it_was_and_raises():
+    lib = _library()
+    x, y = _inputs(0)
+    with pytest.raises(RuntimeError):
+        RecordedEntry(lib, "entry", outputs=("out",))({"x": x, "y": y[:, :3], "out": torch.empty_like(x)},
+                                                      {"factor": 1.0})
+    assert lib.torch is torch and isinstance(lib.entry.compile_cache, dict)
