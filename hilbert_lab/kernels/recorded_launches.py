@@ -4,8 +4,7 @@ Libraries of JIT-compiled kernels (FlashAttention-4's CuTe interface) spend tens
 every call choosing tiles and building arguments before they launch a kernel held in the `compile_cache` of an
 entry function. `RecordedEntry(module, entry, outputs)` runs the entry once per call key while it records
 every compiled launch the call makes; later calls with that key replay those launches. The key holds every
-tensor's shape, strides, dtype, device, 16-byte alignment and gradient flag, which tensors share memory, and
-the non-tensor arguments.
+tensor's shape, strides, dtype, device, 16-byte alignment and gradient flag, and the non-tensor arguments.
 
 A recorded argument is one of:
 - the caller's tensor, or a view of it at the recorded offset (the library's reshapes);
@@ -24,6 +23,7 @@ is assumed to take that value whatever the inputs (zeros, a parameter of the key
 from __future__ import annotations
 
 import importlib
+import sys
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -47,11 +47,13 @@ class _Buffer:
     device: torch.device
     init: str  # "empty" | "fill"
     value: Any = None  # the fill value
+    shape: tuple[int, ...] = ()  # the shape it is allocated in (its first use, where that is the whole of it)
 
     def allocate(self) -> torch.Tensor:
+        shape = self.shape or (self.numel,)
         if self.init == "empty":
-            return torch.empty(self.numel, dtype=self.dtype, device=self.device)
-        return torch.full((self.numel,), self.value, dtype=self.dtype, device=self.device)
+            return torch.empty(shape, dtype=self.dtype, device=self.device)
+        return torch.full(shape, self.value, dtype=self.dtype, device=self.device)
 
 
 @dataclass
@@ -98,7 +100,7 @@ def _storage_ptr(t: torch.Tensor) -> int:
 def _signature(t: Optional[torch.Tensor]):
     if t is None:
         return None
-    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr() % 16, t.requires_grad)
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() & 15, t.requires_grad)
 
 
 class _Recorder:
@@ -116,7 +118,7 @@ class _Recorder:
         if self.failure is not None:
             return
         try:
-            self.launches.append((fn, tuple(self.template(a, True) for a in args)))
+            self.launches.append(_launch_program(fn, tuple(self.template(a, True) for a in args)))
         except NotReplayable as why:
             self.failure = str(why)
 
@@ -148,10 +150,13 @@ class _Recorder:
             self.buffer_of[ptr] = len(self.buffers)
             self.buffers.append(_first_state(t))
             self.keep.append(t)
-        buffer = self.buffers[self.buffer_of[ptr]]
+        index = self.buffer_of[ptr]
+        buffer = self.buffers[index]
         if buffer.dtype != t.dtype:
             raise NotReplayable("one buffer read as two dtypes")
-        return ("buffer", self.buffer_of[ptr], geometry[0], geometry[1], t.storage_offset())
+        if buffer.shape == geometry[0] and t.is_contiguous() and t.storage_offset() == 0:
+            return ("whole", index)  # the buffer as it is allocated
+        return ("buffer", index, geometry[0], geometry[1], t.storage_offset())
 
 
 def _has_tensor(value) -> bool:
@@ -167,16 +172,18 @@ def _first_state(t: torch.Tensor) -> _Buffer:
     """How a library buffer looked at its first launch: poisoned (never written) or one value."""
     nbytes = t.untyped_storage().nbytes()
     flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(t.untyped_storage(), 0, (nbytes // t.element_size(),))
+    whole = t.is_contiguous() and t.storage_offset() == 0 and t.numel() == flat.numel()
+    shape = tuple(t.shape) if whole else ()
     if flat.numel() == 0:
-        return _Buffer(0, t.dtype, t.device, "empty")
+        return _Buffer(0, t.dtype, t.device, "empty", shape=shape)
     probe = torch.empty(1, dtype=t.dtype, device=t.device)
     _poison(probe)
     if t.is_floating_point() and bool(torch.isnan(flat).all()) or \
             not t.is_floating_point() and t.dtype != torch.bool and bool((flat == probe).all()):
-        return _Buffer(flat.numel(), t.dtype, t.device, "empty")
+        return _Buffer(flat.numel(), t.dtype, t.device, "empty", shape=shape)
     first = flat[0]
     if bool((flat == first).all()):
-        return _Buffer(flat.numel(), t.dtype, t.device, "fill", first.item())
+        return _Buffer(flat.numel(), t.dtype, t.device, "fill", first.item(), shape=shape)
     raise NotReplayable(f"a {nbytes}-byte buffer the library filled with data before launching")
 
 
@@ -215,16 +222,27 @@ def _resolve(template, tensors: dict, buffers: list):
     if kind == "view":
         t = tensors[template[1]]
         return t.detach().as_strided(template[2], template[3], t.storage_offset() + template[4])
+    if kind == "whole":
+        return buffers[template[1]]
     if kind == "buffer":
         return buffers[template[1]].as_strided(template[2], template[3], template[4])
     items = [_resolve(item, tensors, buffers) for item in template[2]]
     return template[1](*items) if hasattr(template[1], "_fields") else template[1](items)
 
 
+def _launch_program(fn: Callable, template: tuple):
+    """(fn, constant arguments, [(position, argument template)]): a launch whose constants are placed once."""
+    constants = [a[1] if a[0] == "const" else None for a in template]
+    return fn, constants, [(i, a) for i, a in enumerate(template) if a[0] != "const"]
+
+
 def _replay(record: _Record, tensors: dict):
     buffers = [buffer.allocate() for buffer in record.buffers]
-    for fn, template in record.launches:
-        fn(*[_resolve(a, tensors, buffers) for a in template])
+    for fn, constants, variable in record.launches:
+        args = constants.copy()
+        for position, template in variable:
+            args[position] = _resolve(template, tensors, buffers)
+        fn(*args)
     return _resolve(record.result, tensors, buffers)
 
 
@@ -263,7 +281,9 @@ class RecordedEntry:
     @property
     def module(self) -> types.ModuleType:
         """The library module, looked up on every call (a test may stand another in for it)."""
-        return importlib.import_module(self._module) if isinstance(self._module, str) else self._module
+        if not isinstance(self._module, str):
+            return self._module
+        return sys.modules.get(self._module) or importlib.import_module(self._module)
 
     def __call__(self, tensors: dict[str, Optional[torch.Tensor]], params: dict[str, Any]):
         module = self.module
@@ -285,11 +305,7 @@ class RecordedEntry:
         return result
 
     def key(self, tensors: dict, params: dict) -> tuple:
-        names = tuple(tensors)
-        ptrs = [None if t is None else _storage_ptr(t) for t in tensors.values()]
-        sharing = tuple(ptrs.index(p) if p is not None else -1 for p in ptrs)
-        return (names, tuple(_signature(t) for t in tensors.values()), sharing,
-                tuple(sorted(params.items(), key=lambda item: item[0])))
+        return (tuple(tensors), tuple([_signature(t) for t in tensors.values()]), tuple(params.items()))
 
     def _record(self, module: types.ModuleType, entry: Callable, key: tuple, tensors: dict, params: dict):
         before = {name: tensors[name].clone() for name in self.outputs if tensors.get(name) is not None}
