@@ -73,16 +73,20 @@ def test_segments_longer_than_the_sequence_are_clipped():
 
 @pytest.mark.parametrize("segments,rates", CONFIGS)
 @pytest.mark.parametrize("seq_len,num_heads", [(64, 12), (80, 7), (29, 5)])
-def test_cleared_entries_and_the_blocks_cover_every_entry(segments, rates, seq_len, num_heads):
+@pytest.mark.parametrize("head_dim,dtype", [(1, torch.float32), (8, torch.bfloat16), (3, torch.float64)])
+def test_cleared_entries_and_the_blocks_cover_every_entry(segments, rates, seq_len, num_heads, head_dim, dtype):
     """head_groups (each head in one branch): the entries the plan clears and the blocks' views together
-    touch every (position, head); only heads of dilated branches are cleared, in few runs."""
+    touch every (position, head); only heads of dilated branches are cleared, in few runs, and each cleared
+    entry is exactly zero (rows cleared through wider elements where their bytes allow) while the others keep
+    their values."""
     pattern = DilatedPattern.create(segments, rates, mode="head_groups")
     plan = build_plan(pattern, seq_len, num_heads)
-    x = torch.zeros(2, seq_len, num_heads, 1)
+    x = torch.zeros(2, seq_len, num_heads, head_dim, dtype=dtype)
     for blk in plan.blocks:
         blk.view(x).add_(1)
     cleared = plan.clear_unselected(torch.full_like(x, 7.0))
     assert bool(((x > 0) | (cleared == 0)).all())
+    assert bool(((cleared == 0) | (cleared == 7)).all())
     assert len(plan.unselected) <= pattern.num_branches
     dense_heads = [h for h in range(num_heads) if all(
         pattern.dilation_rates[b] == 1 for b, offsets in enumerate(pattern.head_offsets(num_heads)) if offsets[h] >= 0)]
