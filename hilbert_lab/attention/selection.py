@@ -5,8 +5,7 @@ Rules of `select_backend` (first match wins):
    by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell (same
    mode, causal, training and raggedness; nearest head dim, then query rows B * N * H, then N; within a factor
    sqrt(2) of both: auto_table.REACH), unless the in-place buffers do not fit (then the fused kernel, rule 3).
-   On an H200 the table's pick is within 3% of the fastest executor in 76 of 80 cells, these rules' in 29
-   (reports/results/auto_table/check_h200_run1.json); auto itself in 66 (check_h200_run2.json).
+   H200 (160 cells, reports/results/auto_table/check_h200_run3.json): the pick within 3% of the fastest in 148.
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
@@ -76,16 +75,10 @@ def get_gpu_info(device: int | str | torch.device | None = None) -> dict:
     index = torch.cuda.current_device() if index is None else index
     props = torch.cuda.get_device_properties(index)
     major, minor = props.major, props.minor
-    return {
-        "available": True,
-        "name": props.name,
-        "architecture": architecture_name(major, minor),
-        "compute_capability": (major, minor),
-        "memory_gb": props.total_memory / 2**30,
-        "supports_bf16": major >= 8,
-        "supports_fp16": (major, minor) >= (5, 3),
-        "device_count": torch.cuda.device_count(),
-    }
+    return {"available": True, "name": props.name, "architecture": architecture_name(major, minor),
+            "compute_capability": (major, minor), "memory_gb": props.total_memory / 2**30,
+            "supports_bf16": major >= 8, "supports_fp16": (major, minor) >= (5, 3),
+            "device_count": torch.cuda.device_count()}
 
 
 def recommended_dtype(device: torch.device | str) -> torch.dtype:
@@ -163,7 +156,7 @@ INPLACE_QUERY_BYTES = 1 << 30  # below this estimate the buffers are taken to fi
 def _inplace_fits(device: torch.device, shape: Sequence[int], dtype: torch.dtype, segment_lengths: Sequence[int],
                   dilation_rates: Optional[Sequence[int]], mode: str, causal: bool, training: bool) -> bool:
     """Whether the peak memory of "sdpa" (the in-place executor where it applies) fits in free GPU memory
-    (90%): attention.memory's estimate; the device is asked only when the estimate reaches
+    (90% of `_free_bytes`): attention.memory's estimate; the device is asked only when the estimate reaches
     INPLACE_QUERY_BYTES. The first answer per device, shape and pattern holds for the process
     (`clear_fit_decisions` forgets them): a forward recomputed under gradient checkpointing, when other
     memory is free, must take the path the forward took."""
@@ -172,8 +165,15 @@ def _inplace_fits(device: torch.device, shape: Sequence[int], dtype: torch.dtype
            mode, bool(causal), bool(training))
     if key not in _FIT_DECISIONS:
         extra = _inplace_peak_bytes(*key)
-        _FIT_DECISIONS[key] = extra < INPLACE_QUERY_BYTES or extra < 0.9 * torch.cuda.mem_get_info(device)[0]
+        _FIT_DECISIONS[key] = extra < INPLACE_QUERY_BYTES or extra < 0.9 * _free_bytes(device)
     return _FIT_DECISIONS[key]
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Bytes a new allocation can take on `device`: free device memory plus the blocks PyTorch's caching allocator
+    holds unused (reserved, not allocated), which it hands out before asking the device."""
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return torch.cuda.mem_get_info(device)[0] + max(0, cached)
 
 
 _FIT_DECISIONS: dict[tuple, bool] = {}

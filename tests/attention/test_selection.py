@@ -61,13 +61,16 @@ def test_rule_picks_the_fused_kernel_where_it_was_measured_to_win():
 def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(monkeypatch):
     """Rule 3's fits-decision (no GPU needed: the device facts and its free memory are stand-ins) is
     attention.memory's estimate of "sdpa" (the in-place executor on Hopper, bf16) against 90% of the free
-    memory, forward for inference and forward+backward for training; below 1 GiB the device is not asked."""
+    memory, forward for inference and forward+backward for training; below 1 GiB the device is not asked.
+    Free memory counts the blocks PyTorch's allocator holds unused (reserved, not allocated)."""
     from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
 
     shape, lengths, rates = (1, 1 << 18, 16, 128), (4096, 16384, 65536), (1, 2, 4)
     monkeypatch.setattr(selection, "_cuda_facts", lambda device, dtype: ((9, 0), True, False, False))
-    free = {"bytes": 0}
+    free = {"bytes": 0, "cached": 0}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free["bytes"], 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: (1 << 30) + free["cached"])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1 << 30)
     for training in (False, True):
         estimate = estimate_memory(MemoryConfig(seq_len=shape[1], batch_size=1, num_heads=16, head_dim=128,
                                                 segment_lengths=lengths, dilation_rates=rates, backend="sdpa",
@@ -86,6 +89,10 @@ def test_the_inplace_fit_decision_is_the_memory_estimate_against_free_memory(mon
         assert pick() == "triton"  # does not fit: the fused kernel, no per-branch buffers
         free["bytes"] = int(peak / 0.9) + 1024
         assert pick() == "triton"
+        selection.clear_fit_decisions()
+        free["bytes"], free["cached"] = int(peak / 0.9) // 2, int(peak / 0.9) // 2 + 2048
+        assert pick() == "sdpa"  # the allocator's unused blocks make up the rest
+        free["cached"] = 0
     assert estimate.forward_backward_bytes > estimate.forward_bytes  # training asks for more
 
     def no_query(device=None):
