@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -33,6 +34,7 @@ import torch
 __all__ = ["RecordedEntry"]
 
 MAX_RECORDS = 4096  # call keys kept per entry (a new one past this starts the records afresh)
+_RECORDING = threading.RLock()
 
 class NotReplayable(Exception):
     """A call whose launches cannot be replayed from a record (the message says why)."""
@@ -113,6 +115,7 @@ class _Recorder:
         self.buffer_of: dict[int, int] = {}  # storage pointer -> buffer index
         self.keep: list[torch.Tensor] = []  # every buffer stays alive: no address is reused during the call
         self.failure: Optional[str] = None
+        self.thread = threading.get_ident()
 
     def launch(self, fn: Callable, args: tuple) -> None:
         if self.failure is not None:
@@ -201,7 +204,8 @@ class _RecordingCache:
         fn = self._cache[key]
 
         def launch(*args):
-            self._recorder.launch(fn, args)
+            if threading.get_ident() == self._recorder.thread:  # another thread's call is not this record's
+                self._recorder.launch(fn, args)
             return fn(*args)
         return launch
 
@@ -310,20 +314,21 @@ class RecordedEntry:
     def _record(self, module: types.ModuleType, entry: Callable, key: tuple, tensors: dict, params: dict):
         before = {name: tensors[name].clone() for name in self.outputs if tensors.get(name) is not None}
         recorder = _Recorder(tensors)
-        owners = [obj for obj in vars(module).values() if callable(obj) and hasattr(obj, "compile_cache")]
-        caches = [owner.compile_cache for owner in owners]
-        real_torch = vars(module).get("torch")
-        try:
-            for owner, cache in zip(owners, caches):
-                owner.compile_cache = _RecordingCache(cache, recorder)
-            if real_torch is torch:
-                module.torch = _PoisonTorch()
-            result = entry(**tensors, **params)
-        finally:
-            for owner, cache in zip(owners, caches):
-                owner.compile_cache = cache
-            if real_torch is torch:
-                module.torch = real_torch
+        with _RECORDING:  # one recording at a time patches a module
+            owners = [obj for obj in vars(module).values() if callable(obj) and hasattr(obj, "compile_cache")]
+            caches = [owner.compile_cache for owner in owners]
+            real_torch = vars(module).get("torch")
+            try:
+                for owner, cache in zip(owners, caches):
+                    owner.compile_cache = _RecordingCache(cache, recorder)
+                if real_torch is torch:
+                    module.torch = _PoisonTorch()
+                result = entry(**tensors, **params)
+            finally:
+                for owner, cache in zip(owners, caches):
+                    owner.compile_cache = cache
+                if real_torch is torch:
+                    module.torch = real_torch
         try:
             if recorder.failure is not None:
                 raise NotReplayable(recorder.failure)

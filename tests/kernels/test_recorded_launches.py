@@ -130,3 +130,34 @@ def test_an_entry_that_fails_leaves_the_library_as_it_was_and_raises():
         RecordedEntry(lib, "entry", outputs=("out",))({"x": x, "y": y[:, :3], "out": torch.empty_like(x)},
                                                       {"factor": 1.0})
     assert lib.torch is torch and isinstance(lib.entry.compile_cache, dict)
+
+
+def test_launches_of_another_thread_during_a_recording_are_not_recorded():
+    """A launch another thread makes through the library while a call is being recorded runs, but is not part
+    of the record (the replay launches only what the recorded call launched)."""
+    import threading
+
+    lib = _library()
+    entry = lib.entry
+    elsewhere = []
+
+    def entry_with_a_neighbour(x, y, out=None, factor=1.0, copy_input=False):
+        result = entry(x, y, out=out, factor=factor, copy_input=copy_input)
+        other = torch.zeros_like(x)
+        thread = threading.Thread(target=lambda: entry.compile_cache["write"](x, other.view(-1)))
+        thread.start()
+        thread.join()
+        elsewhere.append(other)
+        return result
+
+    entry_with_a_neighbour.compile_cache = entry.compile_cache
+    lib.entry_with_a_neighbour = entry_with_a_neighbour
+    recorded = RecordedEntry(lib, "entry_with_a_neighbour", outputs=("out",))
+    for seed in range(3):
+        x, y = _inputs(seed)
+        out = torch.empty_like(x)
+        recorded({"x": x, "y": y, "out": out}, {"factor": 2.0})
+        torch.testing.assert_close(out, 2 * x + y, rtol=0, atol=0)
+    assert torch.equal(elsewhere[0], _inputs(0)[0])  # the other thread's launch ran
+    (record,) = recorded.records.values()
+    assert record is not None and len(record.launches) == 3 and lib.python_calls == 1
