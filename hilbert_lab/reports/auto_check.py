@@ -20,7 +20,7 @@ def load_auto_check(path: str) -> dict[str, Any] | None:
 
 
 def auto_check_table(data: Mapping[str, Any]):
-    """One row per cell: mode, causal, seq_len, head_dim, training, ragged, auto_picks, fastest, picked_ms,
+    """One row per cell: mode, causal, batch, seq_len, head_dim, training, ragged, auto_picks, fastest, picked_ms,
     fastest_ms, auto_ms, picked_over_fastest, auto_over_fastest."""
     import pandas as pd
 
@@ -32,7 +32,7 @@ def auto_check_table(data: Mapping[str, Any]):
         fastest = min(times, key=times.get)
         rows.append({key: row[key] for key in ("mode", "causal", "seq_len", "head_dim", "training", "ragged",
                                                "auto_picks")}
-                    | {"fastest": fastest, "picked_ms": times[row["auto_picks"]], "fastest_ms": times[fastest],
+                    | {"batch": int(row.get("batch", 1)), "fastest": fastest, "picked_ms": times[row["auto_picks"]], "fastest_ms": times[fastest],
                        "auto_ms": float(row["times_ms"]["auto"]),
                        "picked_over_fastest": times[row["auto_picks"]] / times[fastest],
                        "auto_over_fastest": float(row["times_ms"]["auto"]) / times[fastest]})
@@ -63,17 +63,18 @@ def auto_check_sections(metrics: Mapping[str, Any]):
     finding = (f"auto's measured table ({where}): its pick, timed by name, is within "
                f"{(AUTO_TOLERANCE - 1) * 100:.0f}% of the fastest executor in {int((picked <= AUTO_TOLERANCE).sum())} "
                f"of {len(table)} cells (worst {picked.max():.2f}x: {worst['mode']} "
-               f"{'causal' if worst['causal'] else 'full'} D{int(worst['head_dim'])} "
+               f"{'causal' if worst['causal'] else 'full'} B{int(worst['batch'])} D{int(worst['head_dim'])} "
                f"{'fwd+bwd' if worst['training'] else 'fwd'} at N {int(worst['seq_len']):,}); auto itself, the host "
                f"time of its choice included, in {int((auto <= AUTO_TOLERANCE).sum())} (median {auto.median():.2f}x).")
-    text = ("Each cell times auto beside every executor it can pick, round-robin in one process (B 1, H 12, bf16, "
-            "w [2048, 4096, 8192], r [1, 2, 4]). The colour is the time of the executor auto picked, called by name, "
+    batches = " and ".join(str(b) for b in sorted(set(table["batch"])))
+    text = (f"Each cell times auto beside every executor it can pick, round-robin in one process (B {batches}, H 12, "
+            "bf16, w [2048, 4096, 8192], r [1, 2, 4]). The colour is the time of the executor auto picked, called by name, "
             "over the fastest executor's: the quality of the choice alone. Where executors are within noise of each "
             "other the fastest changes from run to run.")
     shown = table.assign(direction=["fwd+bwd" if value else "fwd" for value in table["training"]])[
-        ["mode", "causal", "seq_len", "head_dim", "direction", "ragged", "auto_picks", "fastest", "picked_ms",
+        ["mode", "causal", "batch", "seq_len", "head_dim", "direction", "ragged", "auto_picks", "fastest", "picked_ms",
          "fastest_ms", "auto_ms", "picked_over_fastest", "auto_over_fastest"]].rename(columns={
-            "seq_len": "N", "head_dim": "D", "auto_picks": "auto picks", "picked_ms": "pick (ms)",
+            "batch": "B", "seq_len": "N", "head_dim": "D", "auto_picks": "auto picks", "picked_ms": "pick (ms)",
             "fastest_ms": "fastest (ms)", "auto_ms": "auto (ms)", "picked_over_fastest": "pick / fastest",
             "auto_over_fastest": "auto / fastest"})
     return [Section("auto's measured table: its pick against the fastest executor", finding,

@@ -312,17 +312,19 @@ def backend_dashboard(device: str = "cpu", dtype: str = "float32", seq_len: int 
 def auto_choice_heatmap(rows: Sequence[Mapping[str, Any]], title: str = "auto's pick against the fastest executor",
                         worst: float = 1.3) -> Any:
     """Heatmap of a measured-table check (rows of reports.auto_check.auto_check_table: mode, causal, head_dim,
-    training, seq_len, auto_picks, picked_over_fastest): one row per (mode, causal, D, direction), one column per
-    N; the colour is the pick's time over the fastest executor's (1 = the fastest; capped at `worst`), the text the
-    executor auto picked and that ratio."""
+    training, seq_len, auto_picks, picked_over_fastest[, batch]): one row per (mode, causal, D, direction[, B where
+    the rows hold several]), one column per N; the colour is the pick's time over the fastest executor's (1 = the
+    fastest; capped at `worst`), the text the executor auto picked and that ratio."""
     import plotly.graph_objects as go
 
+    several = len({int(row.get("batch", 1)) for row in rows}) > 1
+
     def key(row: Mapping[str, Any]) -> tuple:
-        return row["mode"], not row["causal"], int(row["head_dim"]), bool(row["training"])
+        return row["mode"], not row["causal"], int(row["head_dim"]), bool(row["training"]), int(row.get("batch", 1))
 
     def line(row: Mapping[str, Any]) -> str:
         return (f"{row['mode']} {'causal' if row['causal'] else 'full'} D{row['head_dim']} "
-                f"{'fwd+bwd' if row['training'] else 'fwd'}")
+                f"{'fwd+bwd' if row['training'] else 'fwd'}" + (f" B{int(row.get('batch', 1))}" if several else ""))
 
     columns = sorted({int(row["seq_len"]) for row in rows})
     lines = [line(row) for row in sorted({key(row): row for row in rows}.values(), key=key)]
@@ -337,6 +339,6 @@ def auto_choice_heatmap(rows: Sequence[Mapping[str, Any]], title: str = "auto's 
                                   colorscale=[[0.0, "#00CC96"], [0.1, "#B6E880"], [1.0, "#EF553B"]],
                                   colorbar={"title": "pick / fastest"},
                                   hovertemplate="%{y}, N %{x}: %{text}<extra></extra>"))
-    figure.update_layout(title=title, xaxis_title="N (B 1, H 12; +5: ragged)", height=140 + 28 * len(lines),
+    figure.update_layout(title=title, xaxis_title="N (H 12; +5: ragged)", height=140 + 28 * len(lines),
                          margin=dict(l=220), xaxis_type="category", yaxis_autorange="reversed")
     return figure

@@ -66,3 +66,19 @@ def test_the_heatmap_labels_ragged_lengths_and_leaves_unmeasured_cells_empty():
     heat = auto_choice_heatmap(rows).data[0]
     assert list(heat.x) == ["8K", "32K+5"] and list(heat.y) == ["longnet causal D64 fwd", "longnet causal D128 fwd"]
     assert list(heat.z[0]) == [1.0, 1.2] and list(heat.z[1]) == [1.05, None]
+
+
+def test_a_check_of_two_batch_sizes_keeps_every_cell_on_its_own_line():
+    """A check measured at B 1 and 2 (the same N, D and mode at both) draws each batch on its own heatmap line,
+    so no cell hides another, and the finding names the worst cell's batch."""
+    path = "reports/results/auto_table/check_h200_run3.json"
+    data = load_auto_check(path)
+    table = auto_check_table(data)
+    assert len(table) == len(data["rows"]) == 160 and sorted(set(table["batch"])) == [1, 2]
+    sections, findings, _ = auto_check_sections(_metrics(table, auto_check_source(data, path)))
+    heat = sections[0].figure.data[0]
+    assert sum(value is not None for line in heat.z for value in line) == 160
+    assert all(label.endswith((" B1", " B2")) for label in heat.y)
+    worst = table.loc[table["picked_over_fastest"].idxmax()]
+    assert f"B{int(worst['batch'])} D{int(worst['head_dim'])}" in findings[0]
+    assert "(B 1 and 2, H 12" in sections[0].text[0]
