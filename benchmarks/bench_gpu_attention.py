@@ -13,7 +13,7 @@ and checks each output against the torchscale-style composition (relative error)
 Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).
 Also: the headline shape (bf16, B=2, N=32768, H=12, D=64, w [2048, 4096, 8192], r [1, 2, 4]) and
 the longest causal LongNet fwd+bwd that runs (B=1, H=12, D=64, w [2048, 8192, 32768, 131072],
-r [1, 2, 4, 8]). Writes JSON with the environment.
+r [1, 2, 4, 8]). Writes JSON with the environment after every cell (a run cut short keeps what it finished).
 
 Part "ragged": causal cells at N = m and m + 5 (m 32K with H 12, D 64; m 128K with H 8, D 32; B 1; w [2048,
 8192, 32768, 131072], r [1, 4, 8, 32]; both modes, fwd and fwd+bwd), each timed as a sweep cell, and the ratio
@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hilbert_lab.io import strip_paths  # noqa: E402
+from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
 from hilbert_lab.attention.selection import select_backend  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
@@ -327,6 +327,13 @@ def main() -> None:
         parts, args.repeats = {"headline"}, 7
     began = time.time()
     result = dict(env=collect_environment(str(DEV)), command=strip_paths(" ".join(sys.argv)), headline=[], sweep=[])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every cell: a run cut short keeps what it finished
+        result["seconds"] = time.time() - began
+        atomic_write(out, json.dumps(result, indent=1, default=str))
+
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
     if "headline" in parts:
         for mode in ("head_groups", "longnet"):
@@ -335,6 +342,7 @@ def main() -> None:
                     row = cell(mode, causal, 32768, 64, direction, 2, 12, HEADLINE, args.repeats)
                     result["headline"].append(row)
                     print(fmt(row), flush=True)
+                    save()
     if "sweep" in parts:
         for seq_len in (int(s) for s in args.seq_lens.split(",")):
             for head_dim in (int(d) for d in args.head_dims.split(",")):
@@ -347,10 +355,14 @@ def main() -> None:
                             row.pop("timings")
                             result["sweep"].append(row)
                             print(fmt(row), flush=True)
+                            save()
     if "ragged" in parts:
-        result["ragged"] = [ragged_pair(m, heads, head_dim, mode, direction, args.repeats)
-                            for m, heads, head_dim in RAGGED_CELLS for mode in ("longnet", "head_groups")
-                            for direction in ("fwd", "fwd+bwd")]
+        result["ragged"] = []
+        for m, heads, head_dim in RAGGED_CELLS:
+            for mode in ("longnet", "head_groups"):
+                for direction in ("fwd", "fwd+bwd"):
+                    result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats))
+                    save()
     if "profile" in parts:
         result["profile"] = []
         for mode in ("head_groups", "longnet"):
@@ -359,12 +371,13 @@ def main() -> None:
                 result["profile"].append(row)
                 for name, data in row["profile"].items():
                     print(f"profile {mode:11s} {direction:7s} {name:7s} {data}", flush=True)
+                save()
     if "longest" in parts:
-        result["longest"] = [longest(args.longest_max, args.longest_start, name) for name in args.longest_backends.split(",")]
-    result["seconds"] = time.time() - began
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=str))
+        result["longest"] = []
+        for name in args.longest_backends.split(","):
+            result["longest"].append(longest(args.longest_max, args.longest_start, name))
+            save()
+    save()
     print(f"wrote {out} in {result['seconds']:.0f} s")
 
 
