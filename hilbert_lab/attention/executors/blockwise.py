@@ -7,7 +7,9 @@ gradient totals. Kernels that cannot read strided views (capability in_place Fal
 copies of each call's q, k, v. Every call goes through kernel.call_forward / call_backward (fallbacks,
 grouped-query heads, bottom-right causal, the LSE gradient, non-finite inputs). An executor whose
 kernel takes many sequences in one call (capability varlen) runs the plan of a packed row as packs
-(executors.varlen: one call for the blocks of many documents) where that saves most of the calls.
+(executors.varlen: one call for the blocks of many documents) where that saves most of the calls. The plan's
+small blocks (one segment of few keys: ragged tails, short sequences) run together in one batched pass
+(executors.small_blocks) instead of a call each, except on the oracle executor.
 """
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from typing import Callable, Optional
 import torch
 
 from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
-from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, call_state, guard_lse
+from hilbert_lab.attention.executors.kernel import (
+    DenseKernel, all_finite, call_backward, call_forward, call_state, guard_lse,
+)
+from hilbert_lab.attention.executors.small_blocks import small_backward, small_forward, small_pack, split_small
 from hilbert_lab.attention.executors.varlen import VarlenKernel, packed_backward, packed_forward, packs_for
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
@@ -56,9 +61,12 @@ def blockwise_forward(plan: Plan, q, k, v, slots: Slots, *, scale: float, kernel
 
 
 def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, merged: Merged, grads: Grads, *, scale: float,
-                       kernel: DenseKernel, dense_out_lse: bool = False, in_place: bool = True) -> None:
+                       kernel: DenseKernel, dense_out_lse: bool = False, in_place: bool = True,
+                       after_first: Optional[Callable[[], None]] = None) -> None:
     """Add (or write) every call's share of dq, dk, dv for the merged (out, lse) into `grads`. state: the
-    forward's (batch folds, call states), or None to rebuild the call states from shapes (kernel.call_state)."""
+    forward's (batch folds, call states), or None to rebuild the call states from shapes (kernel.call_state).
+    after_first: run once the first branch's calls (whose shares are written, Grads.first_branch; every document's)
+    are done and before any other share is added."""
     fold_flags, states = state if state is not None else (None, None)
     out = merged.dense("out") if dense_out_lse or not merged.out.is_contiguous() else merged.out
     grad_out = merged.grad_out
@@ -73,7 +81,16 @@ def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, merged: Merg
     if grad_lse is not None:
         tensors.append((grad_lse, QUERY))
     _, views = plan_views(plan, tensors, fold_flags)
-    for index_unit, (unit, unit_views_) in enumerate(zip(plan_units(plan), views)):
+    units = plan_units(plan)
+    order = range(len(units))
+    if after_first is not None:  # the first branch's calls (of every document) first, then after_first, the rest
+        first = [i for i in order if units[i].branch == grads.first_branch]
+        order = first + [None] + [i for i in order if units[i].branch != grads.first_branch]
+    for index_unit in order:
+        if index_unit is None:
+            after_first()
+            continue
+        unit, unit_views_ = units[index_unit], views[index_unit]
         owned = grads.owned(unit.branch)
         unit_states = states[index_unit] if states is not None else [None] * len(unit_views_)
         for call_views, state_of_call in zip(unit_views_, unit_states, strict=True):
@@ -90,6 +107,17 @@ def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, merged: Merg
                     grads.store(index, view, share, unit.branch)
 
 
+def _split(plan: Plan, capabilities: Capabilities, q, k, v) -> tuple[Plan, tuple]:
+    """(the plan its kernel calls run, the small blocks of the batched pass (executors.small_blocks)): none for
+    the oracle, for non-finite CPU inputs (whose rows the kernel calls keep apart, kernel.call_forward) and in dry
+    runs on meta tensors (which would count the pass's index tensors, cached per plan, on the first run only; the
+    per-call path they count instead differs by the few small calls' buffers)."""
+    if capabilities.oracle or q.device.type == "meta" or \
+            (q.device.type == "cpu" and not all(all_finite(t) for t in (q, k, v))):
+        return plan, ()
+    return split_small(plan, q.shape[0])
+
+
 def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKernel], capabilities: Capabilities,
                        unavailable=None, description: str = "",
                        varlen_for: Optional[Callable[[torch.Tensor], VarlenKernel]] = None) -> Executor:
@@ -102,21 +130,28 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         packs = packs_for(plan, q) if varlen_for is not None else None
         if packs is not None:
             varlen = varlen_for(q)
-            return varlen, packs, packed_forward(plan, packs, q, k, v, slots, scale=scale, kernel=varlen)
+            return varlen, packs, packed_forward(plan, packs, q, k, v, slots, scale=scale, kernel=varlen), ()
         kernel = kernel_for(q)
-        return kernel, None, blockwise_forward(plan, q, k, v, slots, scale=scale, kernel=kernel,
-                                               in_place=capabilities.in_place)
+        calls, small = _split(plan, capabilities, q, k, v)
+        states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel, in_place=capabilities.in_place)
+        if small:
+            small_forward(plan, small_pack(plan, small, q), q, k, v, slots, scale=scale)
+        return kernel, None, states, small
 
     def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
         if state is None:  # rebuilt from the plan and shapes: the forward's choices are functions of them
             packs = packs_for(plan, q) if varlen_for is not None else None
-            state = (varlen_for(q), packs, None) if packs is not None else (kernel_for(q), None, None)
-        kernel, packs, states = state
+            state = (varlen_for(q), packs, None, ()) if packs is not None else \
+                (kernel_for(q), None, None, _split(plan, capabilities, q, k, v)[1])
+        kernel, packs, states, small = state
         if packs is not None:
             packed_backward(plan, packs, states, q, k, v, merged, grads, scale=scale, kernel=kernel)
             return
-        blockwise_backward(plan, states, q, k, v, merged, grads, scale=scale, kernel=kernel,
-                           dense_out_lse=kernel.dense_out_lse, in_place=capabilities.in_place)
+        calls = split_small(plan, q.shape[0])[0] if small else plan
+        after = (lambda: small_backward(plan, small_pack(plan, small, q), q, k, v, merged, grads, scale=scale)) \
+            if small else None
+        blockwise_backward(calls, states, q, k, v, merged, grads, scale=scale, kernel=kernel,
+                           dense_out_lse=kernel.dense_out_lse, in_place=capabilities.in_place, after_first=after)
 
     extra = {} if unavailable is None else {"unavailable": unavailable}
     return Executor(name, capabilities, forward, backward, description=description, kernel_for=kernel_for,

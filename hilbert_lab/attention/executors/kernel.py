@@ -127,7 +127,7 @@ def call_forward(kernel: DenseKernel, q, k, v, *, causal: bool, scale: float, ne
         out_b, lse_b, state_b = call_forward(kernel, q, k[:, prefix:], v[:, prefix:], causal=True, scale=scale)
         out, lse = merge_lse([out_a, out_b], [lse_a, lse_b])
         return out.to(q.dtype), lse, CallState(kernel, split=(prefix, state_a, state_b))
-    if q.device.type == "cpu" and not all(_finite(t) for t in (q, k, v)):
+    if q.device.type == "cpu" and not all(all_finite(t) for t in (q, k, v)):
         return _nonfinite_forward(kernel, q, k, v, causal=causal, scale=scale)
     groups = q.shape[2] // k.shape[2]
     if not kernel.gqa:
@@ -205,7 +205,7 @@ def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool
     return dq, dk, dv
 
 
-def _finite(x: torch.Tensor) -> bool:
+def all_finite(x: torch.Tensor) -> bool:
     """Whether every element of x is finite, by one reduction without an x-sized temporary (NaN propagates
     through the minimum and maximum)."""
     if x.numel() == 0:

@@ -1,0 +1,208 @@
+"""A plan's small blocks in one batched pass: the ragged tails and short sequences, gathered, not one call each.
+
+A block of one segment with few keys (`SMALL_KEYS`: a ragged last segment, a sequence shorter than the segment)
+costs a kernel call whose launch and host time dwarf its work, and a ragged length adds one such call per
+(branch, offset, head group). `small_pack(plan, q)` gathers all of them into one problem set: problem p is one
+(block, batch element, query head) with its Lq queries and Lk keys, padded to the longest (a padded entry reads
+the problem's own last query or key and is masked out). Forward: one gather each of q, k, v, one masked softmax
+in float32 (float64 for float64 inputs) and one indexed write of the outputs and LSEs into the branches' slots.
+Backward, from the *merged* output and LSE like every kernel backward: dS = P (dP - rowsum(dO O) + dLSE), then
+one indexed add each into dq, dk, dv (keys shared by grouped query heads add up). The index tensors are built
+once per (plan, batch size, device) and cached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+from hilbert_lab.attention.executors.base import Grads, Merged, Slots
+from hilbert_lab.attention.plan import Block, Plan
+from hilbert_lab.attention.views import plan_cached
+
+SMALL_KEYS = 64  # blocks of one segment with at most this many keys run in the batched pass
+MIN_SMALL_BLOCKS = 2  # fewer small blocks than this keep their own kernel calls
+MAX_SCORES = 1 << 24  # problems x queries x keys of one pass at most (its float32 scores: 64 MiB)
+
+__all__ = ["SMALL_KEYS", "SmallPack", "small_backward", "small_forward", "split_small"]
+
+
+def _is_small(blk: Block) -> bool:
+    return blk.count == 1 and blk.length <= SMALL_KEYS
+
+
+def split_small(plan: Plan, batch: int = 1) -> tuple[Plan, tuple[Block, ...]]:
+    """(the plan without its small blocks, those blocks) when it has at least MIN_SMALL_BLOCKS of them and their
+    padded scores for `batch` rows stay within MAX_SCORES, else (plan, ()). The returned plan keeps the whole
+    plan's merge, coverage and first branch (cached per plan and batch)."""
+
+    def split():
+        small = tuple(blk for blk in plan.blocks if _is_small(blk))
+        if len(small) < MIN_SMALL_BLOCKS:
+            return plan, ()
+        problems = batch * sum(blk.num_heads for blk in small)
+        if problems * max(blk.num_queries for blk in small) * max(blk.length for blk in small) > MAX_SCORES:
+            return plan, ()
+        return replace(plan, blocks=tuple(blk for blk in plan.blocks if not _is_small(blk))), small
+
+    return plan_cached((id(plan), "small", batch), plan, split)
+
+
+@dataclass(frozen=True)
+class SmallPack:
+    """The small blocks' problems as index tensors on a device. Per problem p (P of them): its branch; its query
+    rows (batch, query row, head) (P, Lq) and key rows (batch, position, key/value head) (P, Lk), padded; which
+    (query, key) pairs it computes (P, Lq, Lk); the flat indices of its real queries and keys in (P * Lq) and
+    (P * Lk), with their rows (on the device, and on the host with each one's problem)."""
+
+    branches: tuple[int, ...]
+    query: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    key: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    allowed: torch.Tensor
+    query_flat: torch.Tensor
+    key_flat: torch.Tensor
+    query_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    key_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    query_problems: torch.Tensor  # on the host: the problem of each real query, and of each real key
+    key_problems: torch.Tensor
+    host_query_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # query_rows and key_rows on the host
+    host_key_rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _heads(heads: slice) -> list[int]:
+    return list(range(heads.start, heads.stop, heads.step or 1))
+
+
+def _build(plan: Plan, blocks: tuple[Block, ...], batch: int, device: torch.device) -> SmallPack:
+    problems = []  # (branch, b, query head, kv head, query positions, key positions)
+    for blk in blocks:
+        heads, kv_heads = _heads(blk.heads), _heads(blk.key_heads)
+        group = len(heads) // len(kv_heads)
+        keys = blk.positions()[0].tolist()
+        queries = keys[blk.length - blk.num_queries:]
+        for b in range(batch):
+            for i, head in enumerate(heads):
+                problems.append((blk.branch, b, head, kv_heads[i // group], queries, keys))
+    lq = max(len(p[4]) for p in problems)
+    lk = max(len(p[5]) for p in problems)
+    start = plan.query_start
+    rows_q = [[(b, pos - start, h) for pos in qs] + [(b, qs[-1] - start, h)] * (lq - len(qs))
+              for _, b, h, _, qs, _ in problems]
+    rows_k = [[(b, pos, kv) for pos in ks] + [(b, ks[-1], kv)] * (lk - len(ks)) for _, b, _, kv, _, ks in problems]
+    allowed = torch.zeros(len(problems), lq, lk, dtype=torch.bool)
+    for p, (_, _, _, _, qs, ks) in enumerate(problems):
+        shift = len(ks) - len(qs)  # queries are the last of the block's tokens: bottom-right causal
+        allowed[p, :len(qs), :len(ks)] = True if not plan.causal else \
+            torch.arange(len(ks))[None, :] <= torch.arange(shift, shift + len(qs))[:, None]
+    query_flat = [p * lq + i for p, prob in enumerate(problems) for i in range(len(prob[4]))]
+    key_flat = [p * lk + j for p, prob in enumerate(problems) for j in range(len(prob[5]))]
+
+    def columns(rows, length):
+        table = torch.tensor(rows, dtype=torch.int64).reshape(len(problems), length, 3)
+        return tuple(table[..., c] for c in range(3))
+
+    host_query, host_key = columns(rows_q, lq), columns(rows_k, lk)
+    flat_q = torch.tensor(query_flat, dtype=torch.int64)
+    flat_k = torch.tensor(key_flat, dtype=torch.int64)
+    host_query_rows = tuple(c.reshape(-1)[flat_q] for c in host_query)
+    host_key_rows = tuple(c.reshape(-1)[flat_k] for c in host_key)
+    on = lambda tensors: tuple(t.to(device) for t in tensors)  # noqa: E731
+    return SmallPack(tuple(p[0] for p in problems), on(host_query), on(host_key), allowed.to(device),
+                     flat_q.to(device), flat_k.to(device), on(host_query_rows), on(host_key_rows), flat_q // lq,
+                     flat_k // lk, host_query_rows, host_key_rows)
+
+
+def small_pack(plan: Plan, blocks: tuple[Block, ...], q: torch.Tensor) -> SmallPack:
+    """The problems of `blocks` (of `plan`) for q's batch size and device (cached per plan, batch and device)."""
+    return plan_cached((id(plan), "small pack", q.shape[0], str(q.device)), plan,
+                       lambda: _build(plan, blocks, q.shape[0], q.device))
+
+
+def _slot_index(pack: SmallPack, slot_of: dict, device: torch.device, plan: Plan) -> torch.Tensor:
+    """Per real query of the pack, the slot its branch writes (cached per plan and slot layout)."""
+
+    def build():
+        per_problem = torch.tensor([slot_of[branch] for branch in pack.branches], dtype=torch.int64)
+        return per_problem[pack.query_problems].to(device)
+
+    key = (id(plan), "small slots", len(pack.branches), tuple(sorted(slot_of.items())), str(device))
+    return plan_cached(key, plan, build)
+
+
+def _work_dtype(q: torch.Tensor) -> torch.dtype:
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
+def _gathered(x: torch.Tensor, rows: tuple[torch.Tensor, ...], dtype: torch.dtype) -> torch.Tensor:
+    return x[rows].to(dtype)
+
+
+def _probabilities(pack: SmallPack, q_rows, k_rows, scale: float, lse: Optional[torch.Tensor] = None):
+    """(softmax weights P (P, Lq, Lk), LSE (P, Lq)): the masked scores' softmax, or exp(S - lse) for a given LSE."""
+    scores = torch.matmul(q_rows, k_rows.transpose(1, 2)).mul_(scale).masked_fill_(~pack.allowed, float("-inf"))
+    if lse is None:
+        lse = torch.logsumexp(scores, dim=-1)
+    finite = torch.where(torch.isinf(lse), torch.zeros((), dtype=lse.dtype, device=lse.device), lse)
+    return torch.exp(scores - finite[..., None]), lse
+
+
+def small_forward(plan: Plan, pack: SmallPack, q, k, v, slots: Slots, *, scale: float) -> None:
+    """Every small problem's output and LSE, written into its branch's slot."""
+    dtype = _work_dtype(q)
+    weights, lse = _probabilities(pack, _gathered(q, pack.query, dtype), _gathered(k, pack.key, dtype), scale)
+    out = torch.matmul(weights, _gathered(v, pack.key, dtype))
+    slot = _slot_index(pack, slots.slot_of, q.device, plan)
+    rows = (slot, *pack.query_rows)
+    slots.outs.index_put_(rows, out.flatten(0, 1)[pack.query_flat].to(slots.outs.dtype))
+    slots.lses.index_put_(rows, lse.flatten()[pack.query_flat].to(slots.lses.dtype))
+
+
+def _store(grads: Grads, index: int, rows: tuple, share: Optional[torch.Tensor], owned: Optional[tuple]) -> None:
+    """Add a share into dq / dk / dv at `rows` (repeated rows add up); the rows of problems whose branch's shares
+    are written (`owned`: their totals hold nothing yet) are cleared first. share None: only the clearing."""
+    total = grads.total(index)
+    if owned is not None:
+        total.index_put_(owned, torch.zeros((), dtype=total.dtype, device=total.device))
+    if share is not None:
+        total.index_put_(rows, share.to(total.dtype), accumulate=True)
+
+
+def small_backward(plan: Plan, pack: SmallPack, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
+    """Every small problem's share of dq, dk, dv for the merged (out, lse), added into `grads`."""
+    dtype = _work_dtype(q)
+    q_rows, k_rows, v_rows = (_gathered(x, rows, dtype) for x, rows in ((q, pack.query), (k, pack.key),
+                                                                         (v, pack.key)))
+    lse = merged.lse.transpose(1, 2)[pack.query].to(dtype)  # (P, Lq) of the merged (B, Nq, H) LSE
+    weights, _ = _probabilities(pack, q_rows, k_rows, scale, lse)
+    ds = torch.zeros_like(weights)
+    grad_v = None
+    if merged.grad_out is not None:
+        grad_out = _gathered(merged.grad_out, pack.query, dtype)
+        grad_v = torch.matmul(weights.transpose(1, 2), grad_out).flatten(0, 1)[pack.key_flat]
+        delta = (grad_out * _gathered(merged.out, pack.query, dtype)).sum(-1, keepdim=True)
+        ds = weights * (torch.matmul(grad_out, v_rows.transpose(1, 2)) - delta)
+    if merged.grad_lse is not None:
+        ds = ds + weights * merged.grad_lse.transpose(1, 2)[pack.query].to(dtype)[..., None]
+    grad_q = torch.matmul(ds, k_rows).mul_(scale).flatten(0, 1)[pack.query_flat]
+    grad_k = torch.matmul(ds.transpose(1, 2), q_rows).mul_(scale).flatten(0, 1)[pack.key_flat]
+    owned_q, owned_k = _owned_rows(pack, grads, q.device, plan)
+    _store(grads, 0, pack.query_rows, grad_q, owned_q)
+    _store(grads, 1, pack.key_rows, grad_k, owned_k)
+    _store(grads, 2, pack.key_rows, grad_v, owned_k)
+
+
+def _owned_rows(pack: SmallPack, grads: Grads, device: torch.device, plan: Plan) -> tuple[Optional[tuple], ...]:
+    """The (query rows, key rows) of the problems whose branch's shares are written (Grads.owned), or None where
+    there are none (cached per plan and ownership)."""
+    owned = tuple(grads.owned(branch) for branch in pack.branches)
+    if not any(owned):
+        return None, None
+
+    def build():
+        per_problem = torch.tensor(owned, dtype=torch.bool)
+        return tuple(tuple(column[per_problem[problems]].to(device) for column in rows)
+                     for problems, rows in ((pack.query_problems, pack.host_query_rows),
+                                            (pack.key_problems, pack.host_key_rows)))
+
+    return plan_cached((id(plan), "small owned", len(pack.branches), owned, str(device)), plan, build)

@@ -1,0 +1,151 @@
+"""The batched pass over a plan's small blocks (ragged tails, short sequences): exact against the float64 dense
+oracle, and a length a few tokens past a multiple makes no more kernel calls than the multiple."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hilbert_lab.attention import DilatedPattern, dilated_attention
+from hilbert_lab.attention.executors import blockwise
+from hilbert_lab.attention.executors.small_blocks import SMALL_KEYS, split_small
+from hilbert_lab.attention.plan import cached_plan
+from hilbert_lab.attention.reference import reference_attention
+from hilbert_lab.attention.views import plan_units
+
+CASES = [  # (mode, causal, N, H, H_kv)
+    ("longnet", True, 37, 6, 6), ("longnet", False, 133, 6, 3), ("longnet", True, 70, 6, 1),
+    ("head_groups", True, 37, 6, 6), ("head_groups", False, 133, 6, 6),
+]
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isinf(x), torch.zeros((), dtype=x.dtype), x)
+
+
+@pytest.fixture
+def passes(monkeypatch):
+    """How many times the batched pass ran, forward and backward."""
+    counts = {"forward": 0, "backward": 0}
+    forward, backward = blockwise.small_forward, blockwise.small_backward
+
+    def counted(name, fn):
+        def run(*args, **kwargs):
+            counts[name] += 1
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(blockwise, "small_forward", counted("forward", forward))
+    monkeypatch.setattr(blockwise, "small_backward", counted("backward", backward))
+    return counts
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa"])
+@pytest.mark.parametrize("mode,causal,seq_len,heads,kv_heads", CASES)
+def test_the_small_pass_is_exact_with_grouped_heads_and_an_lse_gradient(backend, mode, causal, seq_len, heads,
+                                                                        kv_heads, passes):
+    """Outputs, LSE and the gradients of q, k, v for a random upstream gradient of both equal the float64 dense
+    oracle, with ragged tails, grouped key/value heads, both modes; the custom op's backward rebuilds the pass."""
+    segments, rates = [8, 16, 32], [1, 2, 4]
+    gen = torch.Generator().manual_seed(seq_len + heads + kv_heads)
+    q = torch.randn(2, seq_len, heads, 8, dtype=torch.float64, generator=gen).requires_grad_(True)
+    k, v = (torch.randn(2, seq_len, kv_heads, 8, dtype=torch.float64, generator=gen).requires_grad_(True)
+            for _ in range(2))
+    out, lse = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, mode=mode, causal=causal,
+                                 backend=backend, return_lse=True)
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
+    grads = torch.autograd.grad((out * grad_out).sum() + (_finite(lse) * grad_lse).sum(), (q, k, v))
+    pattern = DilatedPattern.create(segments, rates, mode=mode, causal=causal)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    groups = heads // kv_heads
+    ref_out, ref_lse = reference_attention(leaves[0], leaves[1].repeat_interleave(groups, 2),
+                                           leaves[2].repeat_interleave(groups, 2), pattern)
+    ref_grads = torch.autograd.grad((ref_out * grad_out).sum() + (_finite(ref_lse) * grad_lse).sum(), leaves)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(_finite(lse), _finite(ref_lse), rtol=1e-10, atol=1e-10)
+    for grad, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, ref, rtol=1e-10, atol=1e-10)
+    assert passes["forward"] >= 1 and passes["backward"] >= 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fewer_queries_than_keys_read_their_small_blocks_bottom_right(causal, passes):
+    """The last queries alone (decoding several tokens) through the pass equal the full computation's last rows."""
+    segments, rates = [8, 16, 32], [1, 2, 4]
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 45, 6, 8, dtype=torch.float64, generator=gen) for _ in range(3))
+    full, full_lse = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal,
+                                       backend="manual", return_lse=True)
+    last, last_lse = dilated_attention(q[:, -3:], k, v, segment_lengths=segments, dilation_rates=rates, causal=causal,
+                                       backend="manual", return_lse=True)
+    torch.testing.assert_close(last, full[:, -3:], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(last_lse, full_lse[:, :, -3:], rtol=1e-12, atol=1e-12)
+    assert passes["forward"] >= 2
+
+
+@pytest.mark.parametrize("mode", ["longnet", "head_groups"])
+@pytest.mark.parametrize("multiple,heads", [(32768, 12), (131072, 8)])
+def test_a_length_five_past_a_multiple_runs_its_tails_in_the_pass(mode, multiple, heads):
+    """N = m + 5 (causal, w [2K, 8K, 32K, 128K], r [1, 4, 8, 32]): every tail block is small and goes to the pass;
+    the kernel calls left are those of N = m, plus one where a branch's offsets no longer share one length."""
+    pattern = DilatedPattern.create([2048, 8192, 32768, 131072], [1, 4, 8, 32], mode=mode, causal=True)
+
+    def calls(plan):
+        return sum(unit.calls_per_piece for unit in plan_units(plan))
+
+    ragged = cached_plan(pattern, multiple + 5, heads)
+    large, small = split_small(ragged)
+    assert small and all(blk.count == 1 and blk.length <= SMALL_KEYS for blk in small)
+    assert all(blk.length > SMALL_KEYS or blk.count > 1 for blk in large.blocks)
+    assert calls(large) <= calls(cached_plan(pattern, multiple, heads)) + 1 < calls(ragged)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_a_packed_row_of_many_short_documents_is_exact(causal, kv_heads, passes):
+    """Documents of a packed row each end in small blocks of every branch: the pass runs after the first branch's
+    calls of every document (whose shares are written) and before any other share is added; outputs and
+    gradients equal the float64 oracle run document by document."""
+    segments, rates = [8, 16, 64], [1, 2, 4]
+    bounds = [0, 200, 205, 220, 512]  # long documents (large blocks in every branch) between short ones
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 512, 4, 3, dtype=torch.float64, generator=gen).requires_grad_(True)
+    k, v = (torch.randn(1, 512, kv_heads, 3, dtype=torch.float64, generator=gen).requires_grad_(True)
+            for _ in range(2))
+    out = dilated_attention(q, k, v, segment_lengths=segments, dilation_rates=rates, causal=causal, backend="manual",
+                            cu_seqlens=bounds)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad((out * grad_out).sum(), (q, k, v))
+    pattern = DilatedPattern.create(segments, rates, causal=causal)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    groups = 4 // kv_heads
+    ref = torch.cat([reference_attention(leaves[0][:, a:b], leaves[1][:, a:b].repeat_interleave(groups, 2),
+                                         leaves[2][:, a:b].repeat_interleave(groups, 2), pattern)[0]
+                     for a, b in zip(bounds, bounds[1:])], 1)
+    ref_grads = torch.autograd.grad((ref * grad_out).sum(), leaves)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+    for grad, expected in zip(grads, ref_grads):
+        torch.testing.assert_close(grad, expected, rtol=1e-10, atol=1e-10)
+    assert passes["backward"] >= 1
+
+
+def test_a_pass_whose_scores_would_exceed_the_bound_keeps_the_kernel_calls(monkeypatch, passes):
+    """The pass pads every problem to the longest: past MAX_SCORES (problems x queries x keys for the batch) the
+    small blocks keep their own kernel calls, with the same result."""
+    from hilbert_lab.attention import views
+    from hilbert_lab.attention.executors import small_blocks
+
+    pattern = DilatedPattern.create([8, 16, 32], [1, 2, 4], causal=True)
+    plan = cached_plan(pattern, 37, 6)
+    _, small = split_small(plan, 2)
+    needed = 2 * sum(blk.num_heads for blk in small) * max(blk.num_queries for blk in small) * \
+        max(blk.length for blk in small)
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 37, 6, 8, dtype=torch.float64, generator=gen) for _ in range(3))
+    args = dict(segment_lengths=[8, 16, 32], dilation_rates=[1, 2, 4], causal=True, backend="manual")
+    batched = dilated_attention(q, k, v, **args)
+    assert passes["forward"] == 1
+    monkeypatch.setattr(small_blocks, "MAX_SCORES", needed - 1)
+    monkeypatch.setattr(views, "_CACHE", {})  # plans split anew under the lower bound
+    assert split_small(plan, 2) == (plan, ()) and split_small(plan, 1)[1] == small
+    torch.testing.assert_close(dilated_attention(q, k, v, **args), batched, rtol=1e-12, atol=1e-12)
+    assert passes["forward"] == 1
