@@ -36,6 +36,7 @@ __all__ = ["RecordedEntry"]
 MAX_RECORDS = 4096  # call keys kept per entry (a new one past this starts the records afresh)
 _RECORDING = threading.RLock()
 
+
 class NotReplayable(Exception):
     """A call whose launches cannot be replayed from a record (the message says why)."""
 
@@ -304,6 +305,7 @@ class RecordedEntry:
             return entry(**tensors, **params)
         if len(self.records) >= MAX_RECORDS:
             self.records.clear()
+            self.reasons.clear()
         result, record = self._record(module, entry, key, tensors, params)
         self.records[key] = record
         return result
