@@ -20,8 +20,8 @@ def _library() -> types.ModuleType:
     def scale_kernel(x, tmp, factor):  # tmp = x * factor (tmp arrives uninitialised)
         tmp.copy_(x * factor)
 
-    def accumulate_kernel(tmp, y, acc):  # acc += tmp + y (acc must start at zero)
-        acc.add_(tmp + y)
+    def accumulate_kernel(tmp, y, acc_flat):  # acc += tmp + y (acc must start at zero), acc read as a flat view
+        acc_flat.add_((tmp + y).reshape(-1))
 
     def write_kernel(acc, out_flat):  # a kernel reading the caller's out through a reshaped view
         out_flat.copy_(acc.reshape(-1))
@@ -39,7 +39,7 @@ def _library() -> types.ModuleType:
                 cache[key] = kernel
         if not copy_input:
             cache["scale"](x, tmp, factor)
-        cache["acc"](tmp, y, acc)
+        cache["acc"](tmp, y, acc.view(-1))
         cache["write"](acc, out.view(-1))
         return out, acc
 
