@@ -2,7 +2,7 @@
 
 A block of one segment with few keys (`SMALL_KEYS`: a ragged last segment, a sequence shorter than the segment)
 costs a kernel call whose launch and host time dwarf its work, and a ragged length adds one such call per
-(branch, offset, head group). `small_pack(plan, q)` gathers all of them into one problem set: problem p is one
+(branch, offset, head group). `small_pack(plan, blocks, q)` gathers them into one problem set: problem p is one
 (block, batch element, query head) with its Lq queries and Lk keys, padded to the longest (a padded entry reads
 the problem's own last query or key and is masked out). Forward: one gather each of q, k, v, one masked softmax
 in float32 (float64 for float64 inputs) and one indexed write of the outputs and LSEs into the branches' slots.
@@ -25,7 +25,7 @@ SMALL_KEYS = 64  # blocks of one segment with at most this many keys run in the 
 MIN_SMALL_BLOCKS = 2  # fewer small blocks than this keep their own kernel calls
 MAX_SCORES = 1 << 24  # problems x queries x keys of one pass at most (its float32 scores: 64 MiB)
 
-__all__ = ["SMALL_KEYS", "SmallPack", "small_backward", "small_forward", "split_small"]
+__all__ = ["MAX_SCORES", "SMALL_KEYS", "SmallPack", "small_backward", "small_forward", "small_pack", "split_small"]
 
 
 def _is_small(blk: Block) -> bool:
