@@ -175,15 +175,17 @@ def small_backward(plan: Plan, pack: SmallPack, q, k, v, merged: Merged, grads: 
                                                                          (v, pack.key)))
     lse = merged.lse.transpose(1, 2)[pack.query].to(dtype)  # (P, Lq) of the merged (B, Nq, H) LSE
     weights, _ = _probabilities(pack, q_rows, k_rows, scale, lse)
-    ds = torch.zeros_like(weights)
-    grad_v = None
+    ds, grad_v = None, None
     if merged.grad_out is not None:
         grad_out = _gathered(merged.grad_out, pack.query, dtype)
         grad_v = torch.matmul(weights.transpose(1, 2), grad_out).flatten(0, 1)[pack.key_flat]
         delta = (grad_out * _gathered(merged.out, pack.query, dtype)).sum(-1, keepdim=True)
         ds = weights * (torch.matmul(grad_out, v_rows.transpose(1, 2)) - delta)
     if merged.grad_lse is not None:
-        ds = ds + weights * merged.grad_lse.transpose(1, 2)[pack.query].to(dtype)[..., None]
+        lse_share = weights * merged.grad_lse.transpose(1, 2)[pack.query].to(dtype)[..., None]
+        ds = lse_share if ds is None else ds + lse_share
+    if ds is None:
+        ds = torch.zeros_like(weights)
     grad_q = torch.matmul(ds, k_rows).mul_(scale).flatten(0, 1)[pack.query_flat]
     grad_k = torch.matmul(ds.transpose(1, 2), q_rows).mul_(scale).flatten(0, 1)[pack.key_flat]
     owned_q, owned_k = _owned_rows(pack, grads, q.device, plan)
@@ -194,15 +196,15 @@ def small_backward(plan: Plan, pack: SmallPack, q, k, v, merged: Merged, grads: 
 
 def _owned_rows(pack: SmallPack, grads: Grads, device: torch.device, plan: Plan) -> tuple[Optional[tuple], ...]:
     """The (query rows, key rows) of the problems whose branch's shares are written (Grads.owned), or None where
-    there are none (cached per plan and ownership)."""
-    owned = tuple(grads.owned(branch) for branch in pack.branches)
-    if not any(owned):
+    there are none (cached per plan and ownership rule: whether shares add, and the first branch)."""
+    if grads.accumulate and grads.first_branch not in pack.branches:
         return None, None
 
     def build():
-        per_problem = torch.tensor(owned, dtype=torch.bool)
+        per_problem = torch.tensor([grads.owned(branch) for branch in pack.branches], dtype=torch.bool)
         return tuple(tuple(column[per_problem[problems]].to(device) for column in rows)
                      for problems, rows in ((pack.query_problems, pack.host_query_rows),
                                             (pack.key_problems, pack.host_key_rows)))
 
-    return plan_cached((id(plan), "small owned", len(pack.branches), owned, str(device)), plan, build)
+    key = (id(plan), "small owned", len(pack.branches), grads.accumulate, grads.first_branch, str(device))
+    return plan_cached(key, plan, build)
