@@ -21,7 +21,7 @@ from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, 
 from hilbert_lab.attention.executors.kernel import (
     DenseKernel, all_finite, call_backward, call_forward, call_state, guard_lse,
 )
-from hilbert_lab.attention.executors.small_blocks import small_backward, small_forward, small_pack, split_small
+from hilbert_lab.attention.executors.small_blocks import small_backward, small_forward, split_small
 from hilbert_lab.attention.executors.varlen import VarlenKernel, packed_backward, packed_forward, packs_for
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
@@ -135,7 +135,7 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         calls, small = _split(plan, capabilities, q, k, v)
         states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel, in_place=capabilities.in_place)
         if small:
-            small_forward(plan, small_pack(plan, small, q), q, k, v, slots, scale=scale)
+            small_forward(plan, small, q, k, v, slots, scale=scale)
         return kernel, None, states, small
 
     def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
@@ -148,7 +148,7 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
             packed_backward(plan, packs, states, q, k, v, merged, grads, scale=scale, kernel=kernel)
             return
         calls = split_small(plan, q.shape[0])[0] if small else plan
-        after = (lambda: small_backward(plan, small_pack(plan, small, q), q, k, v, merged, grads, scale=scale)) \
+        after = (lambda: small_backward(plan, small, q, k, v, merged, grads, scale=scale)) \
             if small else None
         blockwise_backward(calls, states, q, k, v, merged, grads, scale=scale, kernel=kernel,
                            dense_out_lse=kernel.dense_out_lse, in_place=capabilities.in_place, after_first=after)

@@ -20,12 +20,18 @@ import torch
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.plan import Block, Plan
 from hilbert_lab.attention.views import plan_cached
+from hilbert_lab.kernels.triton_dilated import interpreting
+from hilbert_lab.kernels.triton_small_blocks import DTYPES as KERNEL_DTYPES
+from hilbert_lab.kernels.triton_small_blocks import (
+    HAVE_TRITON, scatter_rows, small_attention_backward, small_attention_forward, tile_length,
+)
 
 SMALL_KEYS = 64  # blocks of one segment with at most this many keys run in the batched pass
 MIN_SMALL_BLOCKS = 2  # fewer small blocks than this keep their own kernel calls
 MAX_SCORES = 1 << 24  # problems x queries x keys of one pass at most (its float32 scores: 64 MiB)
 
-__all__ = ["MAX_SCORES", "SMALL_KEYS", "SmallPack", "small_backward", "small_forward", "small_pack", "split_small"]
+__all__ = ["KernelPack", "MAX_SCORES", "SMALL_KEYS", "SmallPack", "small_backward", "small_forward", "small_pack",
+           "split_small"]
 
 
 def _is_small(blk: Block) -> bool:
@@ -74,8 +80,9 @@ def _heads(heads: slice) -> list[int]:
     return list(range(heads.start, heads.stop, heads.step or 1))
 
 
-def _build(plan: Plan, blocks: tuple[Block, ...], batch: int, device: torch.device) -> SmallPack:
-    problems = []  # (branch, b, query head, kv head, query positions, key positions)
+def _problems(plan: Plan, blocks: tuple[Block, ...], batch: int) -> list[tuple]:
+    """Per problem: (branch, batch element, query head, kv head, query positions, key positions)."""
+    problems = []
     for blk in blocks:
         heads, kv_heads = _heads(blk.heads), _heads(blk.key_heads)
         group = len(heads) // len(kv_heads)
@@ -84,6 +91,11 @@ def _build(plan: Plan, blocks: tuple[Block, ...], batch: int, device: torch.devi
         for b in range(batch):
             for i, head in enumerate(heads):
                 problems.append((blk.branch, b, head, kv_heads[i // group], queries, keys))
+    return problems
+
+
+def _build(plan: Plan, blocks: tuple[Block, ...], batch: int, device: torch.device) -> SmallPack:
+    problems = _problems(plan, blocks, batch)
     lq = max(len(p[4]) for p in problems)
     lk = max(len(p[5]) for p in problems)
     start = plan.query_start
@@ -147,8 +159,7 @@ def _probabilities(pack: SmallPack, q_rows, k_rows, scale: float, lse: Optional[
     return torch.exp(scores - finite[..., None]), lse
 
 
-def small_forward(plan: Plan, pack: SmallPack, q, k, v, slots: Slots, *, scale: float) -> None:
-    """Every small problem's output and LSE, written into its branch's slot."""
+def _gathered_forward(plan: Plan, pack: SmallPack, q, k, v, slots: Slots, *, scale: float) -> None:
     dtype = _work_dtype(q)
     weights, lse = _probabilities(pack, _gathered(q, pack.query, dtype), _gathered(k, pack.key, dtype), scale)
     out = torch.matmul(weights, _gathered(v, pack.key, dtype))
@@ -168,8 +179,7 @@ def _store(grads: Grads, index: int, rows: tuple, share: Optional[torch.Tensor],
         total.index_put_(rows, share.to(total.dtype), accumulate=True)
 
 
-def small_backward(plan: Plan, pack: SmallPack, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
-    """Every small problem's share of dq, dk, dv for the merged (out, lse), added into `grads`."""
+def _gathered_backward(plan: Plan, pack: SmallPack, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
     dtype = _work_dtype(q)
     q_rows, k_rows, v_rows = (_gathered(x, rows, dtype) for x, rows in ((q, pack.query), (k, pack.key),
                                                                          (v, pack.key)))
@@ -208,3 +218,113 @@ def _owned_rows(pack: SmallPack, grads: Grads, device: torch.device, plan: Plan)
 
     key = (id(plan), "small owned", len(pack.branches), grads.accumulate, grads.first_branch, str(device))
     return plan_cached(key, plan, build)
+
+
+@dataclass(frozen=True)
+class KernelPack:
+    """The small blocks' problems for the kernels (kernels.triton_small_blocks) on a device: query_rows (P, LQ, 3)
+    and key_rows (P, LK, 3) int32 (batch, position, head; LQ, LK tile lengths), lengths (P, 2) int32 (queries,
+    keys); on the host, each problem's branch and its real query and key rows."""
+
+    query_rows: torch.Tensor
+    key_rows: torch.Tensor
+    lengths: torch.Tensor
+    branches: tuple[int, ...]
+    host_queries: tuple[tuple[tuple[int, int, int], ...], ...]
+    host_keys: tuple[tuple[tuple[int, int, int], ...], ...]
+
+
+def _kernel_pack(plan: Plan, blocks: tuple[Block, ...], q: torch.Tensor) -> KernelPack:
+    """(cached per plan, batch and device)"""
+
+    def build():
+        problems = _problems(plan, blocks, q.shape[0])
+        start = plan.query_start
+        queries = tuple(tuple((b, pos - start, h) for pos in qs) for _, b, h, _, qs, _ in problems)
+        keys = tuple(tuple((b, pos, kv) for pos in ks) for _, b, _, kv, _, ks in problems)
+
+        def table(rows):
+            out = torch.zeros(len(rows), tile_length(max(len(r) for r in rows)), 3, dtype=torch.int32)
+            for p, r in enumerate(rows):
+                out[p, :len(r)] = torch.tensor(r, dtype=torch.int32)
+            return out
+
+        lengths = torch.tensor([(len(qs), len(ks)) for qs, ks in zip(queries, keys)], dtype=torch.int32)
+        return KernelPack(table(queries).to(q.device), table(keys).to(q.device), lengths.to(q.device),
+                          tuple(p[0] for p in problems), queries, keys)
+
+    return plan_cached((id(plan), "small kernel pack", q.shape[0], str(q.device)), plan, build)
+
+
+def _kernel_slots(pack: KernelPack, slot_of: dict, device: torch.device, plan: Plan) -> torch.Tensor:
+    """Per problem, the slot its branch writes (int32; cached per plan and slot layout)."""
+    key = (id(plan), "small kernel slots", len(pack.branches), tuple(sorted(slot_of.items())), str(device))
+    return plan_cached(key, plan, lambda: torch.tensor([slot_of[b] for b in pack.branches], dtype=torch.int32)
+                       .to(device))
+
+
+def _scatter_plan(pack: KernelPack, grads: Grads, device: torch.device, plan: Plan) -> tuple[tuple, tuple]:
+    """For the query rows and the key rows: (destination rows (R, 3), starts (R + 1), members, owned (R,), the
+    most members of a row) for kernels.triton_small_blocks.scatter_rows. A row is owned when a problem of a branch
+    whose shares are written (Grads.owned) reaches it (cached per plan and ownership rule)."""
+
+    def one(rows_per_problem, tile):
+        members: dict[tuple[int, int, int], list[int]] = {}
+        owned: dict[tuple[int, int, int], bool] = {}
+        for p, (rows, branch) in enumerate(zip(rows_per_problem, pack.branches)):
+            for i, row in enumerate(rows):
+                members.setdefault(row, []).append(p * tile + i)
+                owned[row] = owned.get(row, False) or grads.owned(branch)
+        order = sorted(members)
+        counts = [len(members[row]) for row in order]
+        starts = torch.cumsum(torch.tensor([0] + counts), 0).to(torch.int32)
+        flat = torch.tensor([m for row in order for m in members[row]], dtype=torch.int32)
+        return (torch.tensor(order, dtype=torch.int32).to(device), starts.to(device), flat.to(device),
+                torch.tensor([owned[row] for row in order], dtype=torch.int8).to(device), max(counts))
+
+    key = (id(plan), "small scatter", len(pack.branches), grads.accumulate, grads.first_branch, str(device))
+    return plan_cached(key, plan, lambda: (one(pack.host_queries, pack.query_rows.shape[1]),
+                                           one(pack.host_keys, pack.key_rows.shape[1])))
+
+
+def _kernels_run(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels run the pass for these inputs: Triton on a CUDA device (or its interpreter), one dtype
+    the kernels take, every last dim contiguous."""
+    q = tensors[0]
+    return HAVE_TRITON and (q.device.type == "cuda" or interpreting()) and q.dtype in KERNEL_DTYPES and \
+        all(t.dtype == q.dtype and t.stride(-1) == 1 for t in tensors)
+
+
+def small_forward(plan: Plan, blocks: tuple[Block, ...], q, k, v, slots: Slots, *, scale: float) -> None:
+    """Every small problem's output and LSE, written into its branch's slot: one kernel launch where the kernels
+    run (`_kernels_run`), else gathered torch operations."""
+    if not _kernels_run(q, k, v, slots.outs):
+        _gathered_forward(plan, small_pack(plan, blocks, q), q, k, v, slots, scale=scale)
+        return
+    pack = _kernel_pack(plan, blocks, q)
+    small_attention_forward(q, k, v, pack.query_rows, pack.key_rows, pack.lengths,
+                            _kernel_slots(pack, slots.slot_of, q.device, plan), slots.outs, slots.lses, scale=scale,
+                            causal=plan.causal)
+
+
+def small_backward(plan: Plan, blocks: tuple[Block, ...], q, k, v, merged: Merged, grads: Grads, *,
+                   scale: float) -> None:
+    """Every small problem's share of dq, dk, dv for the merged (out, lse), added into `grads` (owned rows
+    written): three kernel launches where the kernels run, else gathered torch operations."""
+    out = merged.out if merged.out.stride(-1) == 1 else merged.dense("out")
+    grad_out = merged.grad_out
+    if grad_out is not None and grad_out.stride(-1) != 1:
+        grad_out = merged.dense("grad_out")
+    if not _kernels_run(q, k, v, out, *(() if grad_out is None else (grad_out,))):
+        _gathered_backward(plan, small_pack(plan, blocks, q), q, k, v, merged, grads, scale=scale)
+        return
+    pack = _kernel_pack(plan, blocks, q)
+    lse = merged.lse if merged.lse.dtype == torch.float32 else merged.lse.float()
+    grad_lse = None if merged.grad_lse is None else merged.grad_lse.float()
+    dq, dk, dv = small_attention_backward(q, k, v, out, grad_out, lse, grad_lse, pack.query_rows, pack.key_rows,
+                                          pack.lengths, scale=scale, causal=plan.causal)
+    query_plan, key_plan = _scatter_plan(pack, grads, q.device, plan)
+    rows, starts, members, owned, most = query_plan
+    scatter_rows((dq,), (grads.dq,), rows, starts, members, owned, max_count=most)
+    rows, starts, members, owned, most = key_plan
+    scatter_rows((dk, dv), (grads.dk, grads.dv), rows, starts, members, owned, max_count=most)
