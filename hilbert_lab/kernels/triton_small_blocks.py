@@ -23,7 +23,8 @@ import torch
 
 from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
 
-__all__ = ["DTYPES", "HAVE_TRITON", "scatter_rows", "small_attention_backward", "small_attention_forward", "tile_length"]
+__all__ = ["DTYPES", "HAVE_TRITON", "scatter_rows", "small_attention_backward", "small_attention_forward",
+           "tile_length"]
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernels' input dtypes
 

@@ -98,7 +98,7 @@ def measured():
 
 
 @pytest.mark.slow  # the interpreter in a fresh process (8 s)
-@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton): its interpreter runs them")
 def test_the_small_block_kernels_equal_the_float64_oracle(measured):
     results = {tuple(r["case"]): r for r in measured if "case" in r}
     assert sorted(results) == sorted(CASES)
@@ -109,7 +109,7 @@ def test_the_small_block_kernels_equal_the_float64_oracle(measured):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton): its interpreter runs them")
 def test_the_row_scatter_writes_owned_rows_and_adds_the_others(measured):
     scatter = [r for r in measured if "scatter" in r]
     assert scatter and scatter[0]["scatter"] < 1e-5, scatter

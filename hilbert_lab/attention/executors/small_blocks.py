@@ -2,13 +2,19 @@
 
 A block of one segment with few keys (`SMALL_KEYS`: a ragged last segment, a sequence shorter than the segment)
 costs a kernel call whose launch and host time dwarf its work, and a ragged length adds one such call per
-(branch, offset, head group). `small_pack(plan, blocks, q)` gathers them into one problem set: problem p is one
-(block, batch element, query head) with its Lq queries and Lk keys, padded to the longest (a padded entry reads
-the problem's own last query or key and is masked out). Forward: one gather each of q, k, v, one masked softmax
-in float32 (float64 for float64 inputs) and one indexed write of the outputs and LSEs into the branches' slots.
-Backward, from the *merged* output and LSE like every kernel backward: dS = P (dP - rowsum(dO O) + dLSE), then
-one indexed add each into dq, dk, dv (keys shared by grouped query heads add up). The index tensors are built
-once per (plan, batch size, device) and cached.
+(branch, offset, head group). The pass takes them together: problem p is one (block, batch element, query head)
+with its queries and keys. Forward: every problem's output and LSE written into its branch's slot. Backward, from
+the *merged* output and LSE like every kernel backward: dS = P (dP - rowsum(dO O) + dLSE), its shares added into
+dq, dk, dv (keys shared by grouped query heads or by several branches add up; rows of a branch whose shares are
+written start from zero).
+
+Two implementations of that one pass, chosen by where it runs (`_kernels_run`):
+- on CUDA (Triton; or its interpreter), kernels.triton_small_blocks: one launch forward, and backward one launch
+  for the shares and two row scatters, over a `KernelPack` of int32 row indices;
+- elsewhere (the CPU, float64), gathered torch operations over a `SmallPack`: one gather each of q, k, v, padded
+  to the longest problem (a padded entry reads the problem's own last query or key and is masked out), one masked
+  softmax in float32 (float64 for float64 inputs), indexed writes and adds.
+Both packs are built once per (plan, batch size, device) and cached.
 """
 from __future__ import annotations
 
