@@ -129,16 +129,17 @@ def test_a_packed_row_of_many_short_documents_is_exact(causal, kv_heads, passes)
 
 
 def test_a_pass_whose_scores_would_exceed_the_bound_keeps_the_kernel_calls(monkeypatch, passes):
-    """The pass pads every problem to the longest: past MAX_SCORES (problems x queries x keys for the batch) the
-    small blocks keep their own kernel calls, with the same result."""
+    """The pass pads every problem to the longest and to the kernels' tiles: past MAX_SCORES elements of its
+    largest buffer (scores or gradient shares, `pass_elements`) the small blocks keep their own kernel calls, with
+    the same result."""
     from hilbert_lab.attention import views
     from hilbert_lab.attention.executors import small_blocks
 
     pattern = DilatedPattern.create([8, 16, 32], [1, 2, 4], causal=True)
     plan = cached_plan(pattern, 37, 6)
-    _, small = split_small(plan, 2)
-    needed = 2 * sum(blk.num_heads for blk in small) * max(blk.num_queries for blk in small) * \
-        max(blk.length for blk in small)
+    _, small = split_small(plan, 2, 8)
+    needed = small_blocks.pass_elements(2 * sum(blk.num_heads for blk in small), max(blk.num_queries for blk in small),
+                                        max(blk.length for blk in small), 8)
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(2, 37, 6, 8, dtype=torch.float64, generator=gen) for _ in range(3))
     args = dict(segment_lengths=[8, 16, 32], dilation_rates=[1, 2, 4], causal=True, backend="manual")
@@ -146,6 +147,15 @@ def test_a_pass_whose_scores_would_exceed_the_bound_keeps_the_kernel_calls(monke
     assert passes["forward"] == 1
     monkeypatch.setattr(small_blocks, "MAX_SCORES", needed - 1)
     monkeypatch.setattr(views, "_CACHE", {})  # plans split anew under the lower bound
-    assert split_small(plan, 2) == (plan, ()) and split_small(plan, 1)[1] == small
+    assert split_small(plan, 2, 8) == (plan, ()) and split_small(plan, 1, 8)[1] == small
     torch.testing.assert_close(dilated_attention(q, k, v, **args), batched, rtol=1e-12, atol=1e-12)
     assert passes["forward"] == 1
+
+
+def test_the_bound_counts_padded_tiles_and_the_gradient_shares():
+    """A pass's largest buffer: scores padded to the kernels' 16-row tiles, or shares of width D past the tiles."""
+    from hilbert_lab.attention.executors.small_blocks import pass_elements
+
+    assert pass_elements(10, 3, 5, 8) == 10 * 16 * 16
+    assert pass_elements(10, 3, 40, 8) == 10 * 64 * 64
+    assert pass_elements(10, 3, 5, 128) == 10 * 16 * 128

@@ -115,7 +115,7 @@ def _split(plan: Plan, capabilities: Capabilities, q, k, v) -> tuple[Plan, tuple
     if capabilities.oracle or q.device.type == "meta" or \
             (q.device.type == "cpu" and not all(all_finite(t) for t in (q, k, v))):
         return plan, ()
-    return split_small(plan, q.shape[0])
+    return split_small(plan, q.shape[0], q.shape[-1])
 
 
 def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKernel], capabilities: Capabilities,
@@ -147,7 +147,7 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         if packs is not None:
             packed_backward(plan, packs, states, q, k, v, merged, grads, scale=scale, kernel=kernel)
             return
-        calls = split_small(plan, q.shape[0])[0] if small else plan
+        calls = split_small(plan, q.shape[0], q.shape[-1])[0] if small else plan
         after = (lambda: small_backward(plan, small, q, k, v, merged, grads, scale=scale)) \
             if small else None
         blockwise_backward(calls, states, q, k, v, merged, grads, scale=scale, kernel=kernel,

@@ -34,31 +34,40 @@ from hilbert_lab.kernels.triton_small_blocks import (
 
 SMALL_KEYS = 64  # blocks of one segment with at most this many keys run in the batched pass
 MIN_SMALL_BLOCKS = 2  # fewer small blocks than this keep their own kernel calls
-MAX_SCORES = 1 << 24  # problems x queries x keys of one pass at most (its float32 scores: 64 MiB)
+MAX_SCORES = 1 << 24  # elements of one pass's float32 scores or gradient shares at most (64 MiB each)
 
-__all__ = ["KernelPack", "MAX_SCORES", "SMALL_KEYS", "SmallPack", "small_backward", "small_forward", "small_pack",
-           "split_small"]
+__all__ = ["KernelPack", "MAX_SCORES", "SMALL_KEYS", "SmallPack", "pass_elements", "small_backward", "small_forward",
+           "small_pack", "split_small"]
 
 
 def _is_small(blk: Block) -> bool:
     return blk.count == 1 and blk.length <= SMALL_KEYS
 
 
-def split_small(plan: Plan, batch: int = 1) -> tuple[Plan, tuple[Block, ...]]:
-    """(the plan without its small blocks, those blocks) when it has at least MIN_SMALL_BLOCKS of them and their
-    padded scores for `batch` rows stay within MAX_SCORES, else (plan, ()). The returned plan keeps the whole
-    plan's merge, coverage and first branch (cached per plan and batch)."""
+def pass_elements(problems: int, queries: int, keys: int, head_dim: int) -> int:
+    """A bound on the elements of a pass's largest float32 buffer (scores (P, LQ, LK), gradient shares (P * LQ, D)
+    and (P * LK, D)) for P problems of up to `queries` queries and `keys` keys, padded to the kernels' tiles."""
+    rows = max(tile_length(queries), tile_length(keys))
+    return problems * rows * max(tile_length(keys), head_dim)
+
+
+def split_small(plan: Plan, batch: int = 1, head_dim: int = 0) -> tuple[Plan, tuple[Block, ...]]:
+    """(the plan without its small blocks, those blocks) when it has at least MIN_SMALL_BLOCKS of them and the
+    pass's buffers for `batch` rows of head dim `head_dim` stay within MAX_SCORES elements (`pass_elements`), else
+    (plan, ()). The returned plan keeps the whole plan's merge, coverage and first branch (cached per plan, batch
+    and head dim)."""
 
     def split():
         small = tuple(blk for blk in plan.blocks if _is_small(blk))
         if len(small) < MIN_SMALL_BLOCKS:
             return plan, ()
         problems = batch * sum(blk.num_heads for blk in small)
-        if problems * max(blk.num_queries for blk in small) * max(blk.length for blk in small) > MAX_SCORES:
+        queries, keys = max(blk.num_queries for blk in small), max(blk.length for blk in small)
+        if pass_elements(problems, queries, keys, head_dim) > MAX_SCORES:
             return plan, ()
         return replace(plan, blocks=tuple(blk for blk in plan.blocks if not _is_small(blk))), small
 
-    return plan_cached((id(plan), "small", batch), plan, split)
+    return plan_cached((id(plan), "small", batch, head_dim), plan, split)
 
 
 @dataclass(frozen=True)
