@@ -16,9 +16,12 @@ test-artifacts/); servers take free ports; gloo worlds meet through a file in tm
 from __future__ import annotations
 
 import importlib.util
+import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -115,6 +118,22 @@ def pytest_collection_modifyitems(config, items):
         return 0 if (long and not groups[item.nodeid]) or groups[item.nodeid] == "numba-kernels" else 1
 
     items.sort(key=long_first)  # stable: the collection order otherwise
+
+
+@pytest.fixture(scope="session")
+def run_interpreted():
+    """run(script, timeout=600) -> the JSON objects (lines starting with "{") that `script` prints when run in a
+    fresh process under Triton's interpreter (TRITON_INTERPRET=1, CPU), the checkout on its path; a failure shows
+    the end of its stderr."""
+
+    def run(script: Path, timeout: float = 600) -> list[dict]:
+        env = dict(os.environ, TRITON_INTERPRET="1",
+                   PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+    return run
 
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

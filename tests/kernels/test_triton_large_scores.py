@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,12 +42,8 @@ def _measure(level: float) -> dict:
 
 
 @pytest.fixture(scope="module")
-def measured():
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=str(HERE.parents[2]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(HERE)], capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {r["level"]: r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+def measured(run_interpreted):
+    return {r["level"]: r for r in run_interpreted(HERE)}
 
 
 @pytest.mark.slow  # the interpreter in a fresh process; make test keeps the interpreted merges
