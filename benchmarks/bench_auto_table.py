@@ -28,7 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hilbert_lab.attention import unavailable_reason  # noqa: E402
 from hilbert_lab.attention.auto_table import device_kind, load_table, table_path  # noqa: E402
-from hilbert_lab.bench.auto_table import check_auto_table, check_summary, measure_auto_table, sweep_cells  # noqa: E402
+from hilbert_lab.bench.auto_table import (  # noqa: E402
+    check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
+)
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 
@@ -51,6 +53,9 @@ def main() -> None:
     parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
                         help="measure the table, check auto against the packaged one, or both (default)")
     parser.add_argument("--check-out", default=None, help="JSON of the check (default: none written)")
+    parser.add_argument("--update", action="store_true",
+                        help="measure only the given cells into the packaged table, each marked with this revision, "
+                             "keeping its other cells (e.g. --seq-lens '' --ragged-lens 32773,131077)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("bench_auto_table: needs a CUDA GPU", file=sys.stderr)
@@ -67,8 +72,12 @@ def main() -> None:
         path = table_path(kind)
         path.parent.mkdir(parents=True, exist_ok=True)
 
+        previous = json.loads(path.read_text()) if args.update else None
+        revision = meta["env"].get("git", {}).get("commit") or "unknown"
+
         def keep(table: dict) -> None:
-            atomic_write(path, json.dumps({**meta, **table}, indent=1))
+            written = {**meta, **table} if previous is None else update_cells(previous, table, revision=revision)
+            atomic_write(path, json.dumps(written, indent=1))
 
         measure_auto_table(cells, backends, **PATTERN, device=device, repeats=args.repeats, on_cell=keep)
         load_table.cache_clear()

@@ -39,9 +39,11 @@ def sweep_cells(seq_lens: Sequence[int], head_dims: Sequence[int], ragged_lens: 
     """The cells of a table: every mode, causal or not, forward alone or with the backward, for each N of
     seq_lens at each head dim and each N of ragged_lens at the smallest head dim, each at every batch size of
     `batches`; inputs (batch, N, heads, D)."""
-    if not seq_lens or not head_dims or not batches or any(int(n) < 1 for n in (*seq_lens, *ragged_lens, *batches)):
-        raise ValueError(f"seq_lens, head_dims and batches must be non-empty and positive, got seq_lens={seq_lens!r}, "
-                         f"head_dims={head_dims!r}, ragged_lens={ragged_lens!r}, batches={batches!r}")
+    if not (seq_lens or ragged_lens) or not head_dims or not batches or \
+            any(int(n) < 1 for n in (*seq_lens, *ragged_lens, *batches)):
+        raise ValueError(f"seq_lens or ragged_lens, head_dims and batches must be non-empty and positive, got "
+                         f"seq_lens={seq_lens!r}, head_dims={head_dims!r}, ragged_lens={ragged_lens!r}, "
+                         f"batches={batches!r}")
     points = [(int(n), int(d)) for n in seq_lens for d in head_dims] + [(int(n), min(head_dims)) for n in ragged_lens]
     return [SweepCell(mode, causal, n, d, training, int(batch), heads) for n, d in points for batch in batches
             for mode in modes for causal in (False, True) for training in (False, True)]
@@ -107,6 +109,23 @@ def measure_auto_table(cells: Sequence[SweepCell], backends: Sequence[str], segm
             on_cell(table)
         del calls
     return table
+
+
+CELL_COORDINATES = ("mode", "causal", "seq_len", "batch", "heads", "head_dim", "training")
+
+
+def update_cells(table: dict, measured: dict, *, revision: str) -> dict:
+    """`table` with the cells of `measured` (a table of the same device kind, dtype and pattern) in place of its
+    cells at the same coordinates (CELL_COORDINATES), or added; each such cell records the `revision` it was
+    measured at, and the table's "updates" lists the update. The other cells are kept as they were."""
+    for key in ("kind", "dtype", "pattern"):
+        if table.get(key) != measured.get(key):
+            raise ValueError(f"measured cells must share the table's {key}: {measured.get(key)!r} != {table.get(key)!r}")
+    where = lambda cell: tuple(cell[key] for key in CELL_COORDINATES)  # noqa: E731
+    fresh = {where(cell): {**cell, "revision": revision} for cell in measured["cells"]}
+    cells = [fresh.pop(where(cell), cell) for cell in table["cells"]] + list(fresh.values())
+    updates = [*table.get("updates", []), {"revision": revision, "cells": len(measured["cells"])}]
+    return {**table, "cells": cells, "updates": updates}
 
 
 def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 7,

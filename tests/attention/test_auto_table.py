@@ -11,7 +11,9 @@ import torch
 from hilbert_lab.attention import auto_table, selection
 from hilbert_lab.attention.auto_table import Cell, is_ragged, nearest_cell, parse_table, table_choice
 from hilbert_lab.attention.executors import EXECUTORS
-from hilbert_lab.bench.auto_table import check_auto_table, check_summary, measure_auto_table, sweep_cells
+from hilbert_lab.bench.auto_table import (
+    check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
+)
 
 
 def _cell(n, times, *, batch=1, heads=12, mode="longnet", causal=True, d=64, training=False, ragged=False):
@@ -143,8 +145,28 @@ def test_measuring_and_checking_a_table_on_the_cpu():
     assert [row["auto_picks"] for row in rows] == ["sdpa", "sdpa"]  # the CPU rule (no table for the CPU)
     summary = check_summary(rows, 1e9)
     assert summary["cells"] == 2 and summary["auto"]["within"] == 2 and summary["picked"]["within"] == 2
-    with pytest.raises(ValueError, match="seq_lens, head_dims and batches must be non-empty"):
+    with pytest.raises(ValueError, match="seq_lens or ragged_lens, head_dims and batches must be non-empty"):
         sweep_cells([], [64])
+    assert {c.seq_len for c in sweep_cells([], [8, 16], [69], heads=2)} == {69}  # the ragged cells alone
+
+
+def test_measured_cells_replace_the_tables_cells_at_their_coordinates():
+    """An update keeps every other cell, replaces the cells it measured (marked with its revision), adds new ones,
+    and refuses cells of another kind, dtype or pattern."""
+    def cell(n, training, ms):
+        return dict(mode="longnet", causal=True, seq_len=n, batch=1, heads=12, head_dim=64, training=training,
+                    ragged=n % 2 == 1, times_ms={"fa4": ms})
+
+    meta = dict(kind="nvidia-h200", dtype="bfloat16", pattern={"segment_lengths": [8], "dilation_rates": [1]})
+    table = dict(meta, env={"git": {"commit": "old"}}, cells=[cell(64, False, 1.0), cell(65, True, 2.0)])
+    measured = dict(meta, cells=[cell(65, True, 0.5), cell(67, True, 0.7)])
+    updated = update_cells(table, measured, revision="new")
+    assert [(c["seq_len"], c["times_ms"]["fa4"], c.get("revision")) for c in updated["cells"]] == \
+        [(64, 1.0, None), (65, 0.5, "new"), (67, 0.7, "new")]
+    assert updated["env"] == table["env"] and updated["updates"] == [{"revision": "new", "cells": 2}]
+    assert len(parse_table(updated, "nvidia-h200.json")) == 3
+    with pytest.raises(ValueError, match="share the table's dtype"):
+        update_cells(table, dict(measured, dtype="float16"), revision="new")
 
 
 def test_check_summary_counts_auto_and_its_pick_against_the_fastest():
