@@ -23,10 +23,10 @@ import torch
 
 from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
 
-__all__ = ["DTYPES", "HAVE_TRITON", "scatter_rows", "small_attention_backward", "small_attention_forward",
+__all__ = ["HAVE_TRITON", "INPUT_DTYPES", "scatter_rows", "small_attention_backward", "small_attention_forward",
            "tile_length"]
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the kernels' input dtypes
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes of q, k, v the kernels take
 
 if HAVE_TRITON:
 
@@ -170,7 +170,7 @@ def small_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
                             lse: torch.Tensor, *, scale: float, causal: bool) -> None:
     """Write every problem's output into out (S, B, Nq, H, D) and its LSE into lse (S, B, Nq, H) at slot[p].
 
-    q (B, Nq, H, D), k, v (B, N, H_kv, D) in one dtype of DTYPES, last dim contiguous; query_rows (P, LQ, 3) and
+    q (B, Nq, H, D), k, v (B, N, H_kv, D) in one dtype of INPUT_DTYPES, last dim contiguous; query_rows (P, LQ, 3) and
     key_rows (P, LK, 3) int32 (LQ, LK: `tile_length` of the longest); lengths (P, 2) int32 (nq, nk); slot (P,)
     int32; lse float32."""
     _need_triton("small_attention_forward")
