@@ -250,7 +250,7 @@ class KernelPack:
 
 
 def _kernel_pack(plan: Plan, blocks: tuple[Block, ...], q: torch.Tensor) -> KernelPack:
-    """(cached per plan, batch and device)"""
+    """The problems of `blocks` (of `plan`) for the kernels, on q's device (cached per plan, batch and device)."""
 
     def build():
         problems = _problems(plan, blocks, q.shape[0])
