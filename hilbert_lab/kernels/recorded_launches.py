@@ -13,8 +13,10 @@ A recorded argument is one of:
   before the launch" is seen) or filled with one value (`torch.zeros`);
 - a constant (scalars, None, flags).
 
-A call is replayed only after its replay, run once on the recording's inputs into fresh outputs, gave the
-library's own results (bitwise, or within `tolerance` where kernels add atomically). Anything else (a buffer
+A call is replayed only after its replay, run once on the recording's inputs into fresh outputs (its
+uninitialised buffers poisoned as in the recording, so entries no launch writes, such as the rows a varlen call
+skips, compare equal), gave the library's own results (bitwise, or within `tolerance` where kernels add
+atomically). Anything else (a buffer
 holding data before its first launch, which the library may have computed from the inputs with a torch op; a
 tensor hidden inside an argument object; a result that is none of the recorded buffers; a failed check) keeps
 that key on the library's own path, with the reason in `RecordedEntry.reasons`. A buffer filled with one value
@@ -241,8 +243,14 @@ def _launch_program(fn: Callable, template: tuple):
     return fn, constants, [(i, a) for i, a in enumerate(template) if a[0] != "const"]
 
 
-def _replay(record: _Record, tensors: dict):
+def _replay(record: _Record, tensors: dict, poison: bool = False):
+    """Run a record's launches on `tensors`; poison=True fills its uninitialised buffers as the recording did
+    (so entries no launch writes compare equal in the replay check)."""
     buffers = [buffer.allocate() for buffer in record.buffers]
+    if poison:
+        for buffer, t in zip(record.buffers, buffers):
+            if buffer.init == "empty":
+                _poison(t)
     for fn, constants, variable in record.launches:
         args = constants.copy()
         for position, template in variable:
@@ -350,7 +358,7 @@ class RecordedEntry:
         for name, value in before.items():
             copy = torch.empty_strided(value.shape, tensors[name].stride(), dtype=value.dtype, device=value.device)
             trial[name] = copy.copy_(value)
-        replayed = _replay(record, trial)
+        replayed = _replay(record, trial, poison=True)
         pairs = list(zip(_results(result), _results(replayed)))
         pairs += [(tensors[name], trial[name]) for name in before]
         if len(_results(result)) != len(_results(replayed)):

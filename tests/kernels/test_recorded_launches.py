@@ -79,6 +79,35 @@ def test_each_key_is_recorded_once_and_a_new_shape_or_parameter_records_again():
     assert lib.python_calls == 3 and len(recorded.records) == 3
 
 
+def test_a_call_that_leaves_rows_of_a_buffer_unwritten_is_replayed():
+    """A varlen-style call writes only the rows of its runs into a buffer it allocates uninitialised (the
+    LSE of FlashAttention-4's varlen forward): the check compares the written rows and still replays."""
+    lib = types.ModuleType("fake_varlen")
+    lib.torch = torch
+    lib.python_calls = 0
+
+    def rows_kernel(x, lse, rows):  # lse[r] = sum of x[r] for the runs' rows only
+        lse[rows] = x[rows].sum(-1)
+
+    def entry(x, rows):
+        lib.python_calls += 1
+        lse = lib.torch.empty(x.shape[0], dtype=x.dtype)
+        if "rows" not in entry.compile_cache:
+            entry.compile_cache["rows"] = rows_kernel
+        entry.compile_cache["rows"](x, lse, rows)
+        return lse
+
+    entry.compile_cache = {}
+    lib.entry = entry
+    recorded = RecordedEntry(lib, "entry")
+    rows = torch.tensor([0, 1, 4, 5, 6])
+    for seed in range(3):
+        x, _ = _inputs(seed, (8, 16))
+        lse = recorded({"x": x, "rows": rows}, {})
+        torch.testing.assert_close(lse[rows], x[rows].sum(-1), rtol=0, atol=0)
+    assert recorded.reasons == {} and lib.python_calls == 1
+
+
 @pytest.mark.parametrize("shape,nbytes", [((64, 512), 262144), ((4, 64), 2048)])
 def test_a_buffer_filled_from_the_inputs_keeps_the_call_on_the_librarys_path(shape, nbytes):
     """A buffer the library computes from the inputs with a torch op before a launch, small or large, cannot come
