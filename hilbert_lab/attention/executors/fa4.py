@@ -64,8 +64,9 @@ def _varlen_forward(q, k, v, runs: Runs, *, causal, scale, out, lse):
 
 
 def _varlen_backward(state, grad_out, q, k, v, out, lse, runs: Runs, *, causal, scale, grad_lse=None, into=None):
-    lse = lse.transpose(0, 1)  # float32 for the kernel's dtypes
-    lse = torch.where(torch.isfinite(lse) | torch.isnan(lse), lse, torch.full_like(lse, float("inf"))).contiguous()
+    # (h, rows), float32 for the kernel's dtypes; a row that saw no key (-inf) gets +inf: zero probabilities
+    lse = torch.nan_to_num(lse.transpose(0, 1), nan=float("nan"), posinf=float("inf"), neginf=float("inf"))
+    lse = lse.contiguous()
     dout = torch.zeros(q.shape, dtype=q.dtype, device=q.device) if grad_out is None else grad_out.to(q.dtype)
     dq, dk, dv = into if into is not None else (None, None, None)
     dlse = None if grad_lse is None else grad_lse.transpose(0, 1).contiguous()

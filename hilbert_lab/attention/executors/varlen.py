@@ -132,18 +132,30 @@ class Runs:
     max_length: int
 
 
+_ALIGN_INTS = 4  # int32 entries in 16 bytes: kernels copy a metadata tensor that starts off a 16-byte boundary
+
+
+def _aligned(values: list[int], ints: list[int]) -> int:
+    """Append `values` to `ints` at the next 16-byte boundary; where they start."""
+    ints.extend([0] * (-len(ints) % _ALIGN_INTS))
+    start = len(ints)
+    ints.extend(values)
+    return start
+
+
 def pack_runs(plan: Plan, packs: tuple[Pack, ...], device: torch.device) -> tuple[Runs, ...]:
-    """Every pack's Runs on `device`, moved there in one copy per dtype (cached per plan and device)."""
+    """Every pack's Runs on `device`, moved there in one copy per dtype (cached per plan and device); each
+    int32 tensor starts on a 16-byte boundary."""
 
     def build():
-        ints, longs, spans = [], [], []
+        ints: list[int] = []
+        longs, spans = [], []
         used_rows = 0
         for pack in packs:
             cu = list(pack.starts) + [pack.rows]
             used = list(pack.lengths) if pack.gaps else []
             covered = sum(pack.lengths) if pack.gaps else 0
-            spans.append((len(ints), len(cu), len(used), used_rows, covered))
-            ints.extend(cu + used)
+            spans.append((_aligned(cu, ints), len(cu), _aligned(used, ints), len(used), used_rows, covered))
             if pack.gaps:
                 starts, lengths = torch.tensor(pack.starts), torch.tensor(pack.lengths)
                 first = torch.cumsum(lengths, 0) - lengths  # where each run begins in the index
@@ -152,9 +164,9 @@ def pack_runs(plan: Plan, packs: tuple[Pack, ...], device: torch.device) -> tupl
         int_tensor = torch.tensor(ints, dtype=torch.int32).to(device)
         long_tensor = (torch.cat(longs) if longs else torch.empty(0, dtype=torch.int64)).to(device)
         out = []
-        for pack, (i0, n_cu, n_used, l0, n_index) in zip(packs, spans):
+        for pack, (i0, n_cu, u0, n_used, l0, n_index) in zip(packs, spans):
             out.append(Runs(pack.starts, pack.lengths, pack.rows, int_tensor[i0:i0 + n_cu],
-                            int_tensor[i0 + n_cu:i0 + n_cu + n_used] if n_used else None,
+                            int_tensor[u0:u0 + n_used] if n_used else None,
                             long_tensor[l0:l0 + n_index] if n_index else None, pack.max_length))
         return tuple(out)
 
@@ -168,9 +180,10 @@ class VarlenKernel:
     forward(q (rows, h, D), k, v (rows, h_kv, D), runs, *, causal, scale, out (rows, h, D), lse (rows, h))
     -> state: writes each run's output and LSE into out and lse at the runs' rows only.
     backward(state, grad_out (rows, h, D) or None, q, k, v, out, lse (rows, h), runs, *, causal, scale,
-    grad_lse (rows, h) or None, into (dq, dk, dv) views or None) -> (dq, dk, dv) for the given (merged)
-    out and LSE, valid at the runs' rows: the `into` views themselves where it wrote them (the caller
-    owns those entries), else tensors of its own. state: the forward's, or None (rebuilt from shapes)."""
+    grad_lse (rows, h) or None, into (dq, dk, dv) or None) -> (dq, dk, dv) for the given (merged) out and
+    LSE at the runs' rows: the `into` tensors themselves where it wrote them (at the runs' rows only,
+    leaving the others as they were), else tensors of its own, which hold zeros at the other rows only
+    where `into` was given. state: the forward's, or None (rebuilt from shapes)."""
 
     name: str
     forward: Callable[..., Any]
@@ -237,22 +250,18 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
     return states
 
 
-def _store_rows(grads: Grads, index: int, view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor],
-                branch: int) -> None:
-    """Write or add a share into a pack's view of dq / dk / dv at the runs' rows only (one gather of the
-    share's rows and one indexed write or add, where the totals' dtype takes the share's)."""
+def _write_rows(view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
+    """Write a share into a pack's view of dq / dk / dv at the runs' rows only (every row when None)."""
     if rows is None:
-        grads.store(index, view, share, branch)
-        return
-    picked = share.index_select(0, rows)
-    if grads.owned(branch):
-        view.index_copy_(0, rows, picked.to(view.dtype))
-    elif picked.dtype.itemsize <= view.dtype.itemsize:
-        view.index_add_(0, rows, picked.to(view.dtype))
-    else:  # a wider share into a narrower total: Grads.store's one rounding of the exact sum
-        current = view.index_select(0, rows)
-        grads.store(index, current, picked, branch)
-        view.index_copy_(0, rows, current)
+        view.copy_(share)
+    else:
+        view.index_copy_(0, rows, share.index_select(0, rows).to(view.dtype))
+
+
+def _zeros_like_views(views: tuple[torch.Tensor, ...], dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """Zeroed (dq, dk, dv) shaped as the views, in `dtype`: dk and dv share one allocation."""
+    dq = torch.zeros(views[0].shape, dtype=dtype, device=views[0].device)
+    return (dq, *torch.zeros((2, *views[1].shape), dtype=dtype, device=views[1].device).unbind(0))
 
 
 def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, merged: Merged, grads: Grads, *,
@@ -267,12 +276,21 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     states = states if states is not None else [None] * len(packs)  # None: each kernel rebuilds its own
     for pack, runs, state in zip(packs, pack_runs(plan, packs, q.device), states, strict=True):
         views = (pack.view(grads.dq, QUERY), pack.view(grads.dk, KEY), pack.view(grads.dv, KEY))
-        owned = grads.owned(pack.branch) and all(view.dtype == q.dtype for view in views)
+        owned = grads.owned(pack.branch)
+        if owned and all(view.dtype == q.dtype for view in views):
+            into = views  # written in place at the runs' rows
+        elif not owned and runs.index is not None:
+            into = _zeros_like_views(views, q.dtype)  # zero between the runs: added whole, with no index
+        else:
+            into = None
         shares = kernel.backward(state, None if grad_out is None else pack.view(grad_out, QUERY), pack.view(q, QUERY),
                                  pack.view(k, KEY), pack.view(v, KEY), pack.view(out, QUERY), pack.view(lse, QUERY),
                                  runs, causal=plan.causal, scale=scale,
-                                 grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY),
-                                 into=views if owned else None)
+                                 grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY), into=into)
         for index, (view, share) in enumerate(zip(views, shares)):
-            if share is not view:
-                _store_rows(grads, index, view, share, runs.index, pack.branch)
+            if share is view:
+                continue
+            if owned:
+                _write_rows(view, share, runs.index)
+            else:
+                grads.store(index, view, share, pack.branch)
