@@ -18,7 +18,7 @@ from hilbert_lab.attention.executors import Capabilities, Executor, unavailable_
 from hilbert_lab.attention.executors.blockwise import blockwise_executor
 from hilbert_lab.attention.executors.fa4 import FA4_VARLEN
 from hilbert_lab.attention.executors.manual import EAGER_CAPABILITIES, MANUAL_KERNEL, dense_backward, dense_forward
-from hilbert_lab.attention.executors.varlen import packs_for, per_sequence, plan_packs
+from hilbert_lab.attention.executors.varlen import _disjoint_branches, packs_for, per_sequence, plan_packs
 from hilbert_lab.attention.plan import cached_plan
 
 from ._oracle import max_diff
@@ -149,6 +149,21 @@ def test_packs_run_a_packed_row_in_few_calls_exactly(kernel, case, monkeypatch):
     assert packs is not None and len(packs) < len(plan.blocks) / 2
     assert any(pack.gaps for pack in packs) and sum(p.rows for p in plan_packs(plan)) > 0
     _check(CASES[case], _varlen_executor(varlen), seed=3)
+
+
+@pytest.mark.parametrize("case,disjoint", [("documents+gqa", {0, 1}), ("documents", {0, 1})])
+def test_branches_whose_packs_share_no_entry_are_told_apart(case, disjoint):
+    """A branch whose packs touch disjoint entries collects its shares in one buffer (added once); in
+    documents+gqa, branch 2's packs of query heads 0 and 1 both read key/value head 0 at one residue, so
+    their dk, dv shares must add (the exactness test above runs both kinds)."""
+    batch, lengths, heads, kv_heads, segments, rates, mode, causal = CASES[case]
+    pattern = DilatedPattern.create(segments, rates, mode=mode, causal=causal)
+    documents = tuple((sum(lengths[:i]), n) for i, n in enumerate(lengths))
+    plan = cached_plan(pattern, sum(lengths), heads, num_kv_heads=None if kv_heads == heads else kv_heads,
+                       documents=documents)
+    packs = plan_packs(plan)
+    assert set(_disjoint_branches(plan, packs)) == disjoint
+    assert {pack.branch for pack in packs} - disjoint == ({2} if case == "documents+gqa" else set())
 
 
 def test_a_single_sequence_keeps_its_units():
