@@ -36,6 +36,7 @@ from hilbert_lab.attention.executors.varlen import packs_for, plan_packs  # noqa
 from hilbert_lab.attention.plan import cached_plan  # noqa: E402
 from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
 
 
@@ -234,7 +235,8 @@ def main() -> None:
     if out.exists():
         parser.error(f"--out {out} exists; choose another path (results are never overwritten)")
     result = run(args)
-    result["environment"] = collect_environment()
+    result["environment"] = collect_environment(args.device)
+    result["command"] = strip_paths(" ".join(sys.argv))
     report(result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
