@@ -5,7 +5,8 @@ Rules of `select_backend` (first match wins):
    by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell (same
    mode, causal, training and raggedness; nearest head dim, then query rows B * N * H, then N; within a factor
    sqrt(2) of both: auto_table.REACH), unless the in-place buffers do not fit (then the fused kernel, rule 3).
-   H200 (160 cells, reports/results/auto_table/check_h200_run4.json): the pick within 3% of the fastest in 155.
+   H200 (160 cells, reports/results/auto_table/check_h200_run4.json, measured with older code (rev 587257f)):
+   the pick within 3% of the fastest in 155.
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
