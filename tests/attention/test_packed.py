@@ -6,8 +6,6 @@ bad input."""
 from __future__ import annotations
 
 import dataclasses
-import sys
-import types
 
 import pytest
 import torch
@@ -17,10 +15,11 @@ from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.attention.executors import Capabilities, Executor, unavailable_reason
 from hilbert_lab.attention.executors.blockwise import blockwise_executor
 from hilbert_lab.attention.executors.fa4 import FA4_VARLEN
-from hilbert_lab.attention.executors.manual import EAGER_CAPABILITIES, MANUAL_KERNEL, dense_backward, dense_forward
+from hilbert_lab.attention.executors.manual import EAGER_CAPABILITIES, MANUAL_KERNEL
 from hilbert_lab.attention.executors.varlen import _disjoint_branches, packs_for, per_sequence, plan_packs
 from hilbert_lab.attention.plan import cached_plan
 
+from ._fa4_standin import install_fa4_standin
 from ._oracle import max_diff
 
 TOL = 1e-10
@@ -87,49 +86,6 @@ def _varlen_executor(varlen):
                               varlen_for=lambda q: varlen)
 
 
-def _flash_attn_standin(monkeypatch):
-    """flash_attn.cute.interface with FlashAttention-4's varlen semantics in float64: sequence i is rows
-    [cu[i], cu[i] + seqused[i]) (cu[i + 1] - cu[i] without seqused); only those rows are written; LSE
-    (h, rows); rows of no sequence come back as NaN where the kernel allocates its own outputs."""
-
-    def sequences(cu, used):
-        starts = cu.tolist()
-        lengths = used.tolist() if used is not None else [b - a for a, b in zip(starts, starts[1:])]
-        return [(a, n) for a, n in zip(starts, lengths)]
-
-    def forward(q, k, v, *, softmax_scale, causal, return_lse, out, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                max_seqlen_q, max_seqlen_k):
-        assert q.dim() == 3 and cu_seqlens_q.dtype == torch.int32 and out.shape == q.shape and return_lse
-        assert torch.equal(cu_seqlens_q, cu_seqlens_k) and cu_seqlens_q.shape[0] - 1 == len(sequences(cu_seqlens_q, seqused_q))
-        lse = torch.full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float64)  # float32 in the kernel
-        for a, n in sequences(cu_seqlens_q, seqused_q):
-            assert n <= max_seqlen_q
-            o, l, _ = dense_forward(q[a:a + n][None], k[a:a + n][None], v[a:a + n][None], causal=causal,
-                                    scale=softmax_scale)
-            out[a:a + n] = o[0]
-            lse[:, a:a + n] = l[0]
-        return out, lse, None, None, None
-
-    def backward(q, k, v, out, dout, lse, *, softmax_scale, causal, dq, dk, dv, dlse, cu_seqlens_q, cu_seqlens_k,
-                 seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
-        assert lse.shape == (q.shape[1], q.shape[0]) and lse.is_contiguous()
-        dq, dk, dv = (torch.full_like(t, float("nan")) if d is None else d for t, d in ((q, dq), (k, dk), (v, dv)))
-        for a, n in sequences(cu_seqlens_q, seqused_q):
-            part = lambda t: t[a:a + n][None]  # noqa: E731
-            shares = dense_backward(part(dout), part(q), part(k), part(v), part(out), lse[:, a:a + n][None], causal=causal,
-                                    scale=softmax_scale, grad_lse=None if dlse is None else dlse[:, a:a + n][None])
-            for total, share in zip((dq, dk, dv), shares):
-                total[a:a + n] = share[0]
-        return dq, dk, dv
-
-    package = types.ModuleType("flash_attn")
-    cute = types.ModuleType("flash_attn.cute")
-    interface = types.ModuleType("flash_attn.cute.interface")
-    interface._flash_attn_fwd, interface._flash_attn_bwd = forward, backward
-    for name, module in (("flash_attn", package), ("flash_attn.cute", cute), ("flash_attn.cute.interface", interface)):
-        monkeypatch.setitem(sys.modules, name, module)
-
-
 @pytest.mark.parametrize("case", ["documents+gqa", "documents"])
 @pytest.mark.parametrize("kernel", ["per_sequence", "fa4_varlen"])
 def test_packs_run_a_packed_row_in_few_calls_exactly(kernel, case, monkeypatch):
@@ -137,7 +93,7 @@ def test_packs_run_a_packed_row_in_few_calls_exactly(kernel, case, monkeypatch):
     call each, outputs, LSE and gradient shares landing at the runs' rows only (rows between runs
     come back as NaN from the stand-in)."""
     if kernel == "fa4_varlen":
-        _flash_attn_standin(monkeypatch)
+        install_fa4_standin(monkeypatch)
     varlen = FA4_VARLEN if kernel == "fa4_varlen" else per_sequence(MANUAL_KERNEL)
     batch, lengths, heads, kv_heads, segments, rates, mode, causal = CASES[case]
     pattern = DilatedPattern.create(segments, rates, mode=mode, causal=causal)
