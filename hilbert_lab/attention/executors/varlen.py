@@ -25,6 +25,8 @@ from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, call_state
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
+from hilbert_lab.kernels.triton_dilated import interpreting
+from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, add_rows
 
 __all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
            "per_sequence", "plan_packs"]
@@ -264,42 +266,21 @@ def _zeros_like_views(views: tuple[torch.Tensor, ...], dtype: torch.dtype) -> tu
     return (dq, *torch.zeros((2, *views[1].shape), dtype=dtype, device=views[1].device).unbind(0))
 
 
-def _disjoint_branches(plan: Plan, packs: tuple[Pack, ...]) -> frozenset[int]:
-    """Branches whose packs' views share no entry of q (nor of k, v): one step, and each (residue, head)
-    in at most one pack. Their shares can be written, not added, into one zeroed buffer per branch."""
-
-    def decide():
-        steps: dict[int, set[int]] = {}
-        seen: set[tuple] = set()
-        clashes: set[int] = set()
-        for pack in packs:
-            steps.setdefault(pack.branch, set()).add(pack.step)
-            residue = pack.first % pack.step
-            for role, heads in ((QUERY, pack.heads), (KEY, pack.kv_heads)):
-                for head in range(heads.start, heads.stop, heads.step or 1):
-                    key = (pack.branch, role, residue, head)
-                    if key in seen:
-                        clashes.add(pack.branch)
-                    seen.add(key)
-        return frozenset(b for b, found in steps.items() if len(found) == 1 and b not in clashes)
-
-    return plan_cached((id(plan), "disjoint branches"), plan, decide)
-
-
-def _branch_buffers(q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Zeroed (dq, dk, dv) shaped as q, k, v in q's dtype: dk and dv share one allocation."""
-    return (torch.zeros(q.shape, dtype=q.dtype, device=q.device),
-            *torch.zeros((2, *k.shape), dtype=q.dtype, device=k.device).unbind(0))
+def _rows_kernel_runs(*tensors: torch.Tensor) -> bool:
+    """Whether `add_rows` adds the shares into these totals: Triton on a CUDA device (or its interpreter), totals
+    of a dtype a float32 sum rounds to once, last dims contiguous."""
+    return HAVE_TRITON and (tensors[0].device.type == "cuda" or interpreting()) and \
+        all(t.dtype in ROW_DTYPES and t.stride(-1) == 1 for t in tensors)
 
 
 def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, merged: Merged, grads: Grads, *,
                     scale: float, kernel: VarlenKernel) -> None:
     """Every pack's share of dq, dk, dv for the merged (out, lse), written or added into `grads`.
 
-    The first branch's shares are written into the totals' views. Each other branch whose packs touch
-    disjoint entries writes its shares into zeroed whole buffers, added to the totals once per branch
-    (one contiguous add per tensor instead of one strided add per pack); elsewhere a pack's shares
-    land in zeroed buffers of its own (zero between its runs) and are added whole."""
+    The first branch's shares are written into the totals' views at the runs' rows. A later branch's are added:
+    at the runs' rows only where Triton runs (`kernels.triton_rows.add_rows`: one launch per tensor, no atomics);
+    elsewhere they land in zeroed buffers (zero between the runs) added whole; a pack whose runs tile its view
+    adds its shares whole."""
     out = merged.out if merged.out.stride(-1) == 1 else merged.dense("out")
     grad_out = merged.grad_out
     if grad_out is not None and grad_out.stride(-1) != 1:
@@ -307,19 +288,13 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     lse = merged.lse.transpose(1, 2).contiguous()  # (1, N, H): views of it follow the queries' geometry
     grad_lse = None if merged.grad_lse is None else merged.grad_lse.transpose(1, 2).contiguous()
     states = states if states is not None else [None] * len(packs)  # None: each kernel rebuilds its own
-    disjoint = _disjoint_branches(plan, packs)
-    buffers: Optional[tuple[torch.Tensor, ...]] = None  # the current branch's, while it runs
-    roles = (QUERY, KEY, KEY)
-    for number, (pack, runs, state) in enumerate(zip(packs, pack_runs(plan, packs, q.device), states, strict=True)):
+    for pack, runs, state in zip(packs, pack_runs(plan, packs, q.device), states, strict=True):
         views = (pack.view(grads.dq, QUERY), pack.view(grads.dk, KEY), pack.view(grads.dv, KEY))
         owned = grads.owned(pack.branch)
-        whole = not owned and pack.branch in disjoint
-        if whole:
-            buffers = buffers if buffers is not None else _branch_buffers(q, k)
-            into = tuple(pack.view(t, role) for t, role in zip(buffers, roles))
-        elif owned and all(view.dtype == q.dtype for view in views):
+        by_rows = not owned and runs.index is not None and _rows_kernel_runs(*views)
+        if owned and all(view.dtype == q.dtype for view in views):
             into = views  # written in place at the runs' rows
-        elif not owned and runs.index is not None:
+        elif not owned and runs.index is not None and not by_rows:
             into = _zeros_like_views(views, q.dtype)  # zero between the runs: added whole, with no index
         else:
             into = None
@@ -328,15 +303,11 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
                                  runs, causal=plan.causal, scale=scale,
                                  grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY), into=into)
         for index, (view, share) in enumerate(zip(views, shares)):
-            if share is view or whole and share is into[index]:
+            if share is view:
                 continue
-            if whole:  # a kernel that kept its own tensors: zero outside the runs, and no other pack's entries
-                into[index].copy_(share)
-            elif owned:
+            if owned:
                 _write_rows(view, share, runs.index)
+            elif by_rows:  # a share valid at the runs' rows only
+                add_rows(view, share if share.stride(-1) == 1 else share.contiguous(), runs.index)
             else:
                 grads.store(index, view, share, pack.branch)
-        if whole and (number + 1 == len(packs) or packs[number + 1].branch != pack.branch):
-            for index, buffer in enumerate(buffers):
-                grads.store(index, grads.total(index), buffer, pack.branch)
-            buffers = None

@@ -1,0 +1,85 @@
+"""Packed rows' gradient adds under Triton's interpreter (TRITON_INTERPRET=1, CPU, float32): `add_rows` against a
+float64 sum on strided totals, and a packed row through the FlashAttention-4 stand-in, whose later branches' shares
+`add_rows` adds at the runs' rows, against the float64 oracle per document."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve()
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton): its interpreter "
+                                "runs the kernel")
+
+
+def _add_rows_error() -> float:
+    """The largest error of add_rows on a strided (R, h, D) view of a bigger total against a float64 sum."""
+    import torch
+
+    from hilbert_lab.kernels.triton_rows import add_rows
+
+    gen = torch.Generator().manual_seed(2)
+    base = torch.randn(40, 6, 5, generator=gen)
+    total = base[1::3, 1:4]  # rows 3 apart, heads 1..3: neither dense nor contiguous
+    share = torch.randn(total.shape, generator=gen)
+    rows = torch.tensor([0, 2, 3, 7, 12])
+    want = total.double().clone()
+    want[rows] += share.double()[rows]
+    untouched = base.clone()
+    add_rows(total, share, rows)
+    others = [i for i in range(total.shape[0]) if i not in rows.tolist()]
+    assert torch.equal(total[others], untouched[1::3, 1:4][others]) and torch.equal(base[0::3], untouched[0::3])
+    return (total.double() - want).abs().max().item()
+
+
+def _main() -> None:
+    import torch
+
+    sys.path.insert(0, str(HERE.parents[1]))
+    from attention import test_packed
+    from attention._fa4_standin import install_fa4_standin
+    from hilbert_lab.attention.executors import varlen
+    from hilbert_lab.attention.executors.fa4 import FA4_VARLEN
+
+    calls = []
+    add = varlen.add_rows
+    varlen.add_rows = lambda *a: (calls.append(1), add(*a))[1]
+    executor = test_packed._varlen_executor(FA4_VARLEN)  # the manual kernel's units, FlashAttention-4's packs
+    patch = pytest.MonkeyPatch()
+    install_fa4_standin(patch)
+    for case in ("documents+gqa", "documents"):
+        calls.clear()
+        errors = test_packed.relative_errors(test_packed.CASES[case], executor, torch.float32)
+        print(json.dumps({"case": case, "add_rows": len(calls), **errors}), flush=True)
+    patch.undo()
+    print(json.dumps({"add_rows_error": _add_rows_error()}), flush=True)
+
+
+@pytest.fixture(scope="module")
+def measured(run_interpreted):
+    return run_interpreted(HERE)
+
+
+@pytest.mark.slow  # the interpreter in a fresh process
+def test_add_rows_adds_the_listed_rows_of_a_strided_total(measured):
+    errors = [r["add_rows_error"] for r in measured if "add_rows_error" in r]
+    assert errors and errors[0] < 1e-6, errors
+
+
+@pytest.mark.slow
+def test_a_packed_row_whose_later_branches_add_by_rows_equals_the_oracle(measured):
+    results = {r["case"]: r for r in measured if "case" in r}
+    assert sorted(results) == ["documents", "documents+gqa"]
+    assert results["documents+gqa"]["add_rows"] >= 1  # later branches' shares went through the kernel
+    assert results["documents"]["add_rows"] == 0  # head groups: every share is written, none added
+    for case, result in results.items():
+        for name in ("out", "lse", "dq", "dk", "dv"):
+            assert result[name] < 1e-5, (case, name, result)
+
+
+if __name__ == "__main__":
+    _main()
