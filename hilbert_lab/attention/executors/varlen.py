@@ -278,7 +278,7 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     """Every pack's share of dq, dk, dv for the merged (out, lse), written or added into `grads`.
 
     The first branch's shares are written into the totals' views at the runs' rows. A later branch's are added:
-    at the runs' rows only where Triton runs (`kernels.triton_rows.add_rows`: one launch per tensor, no atomics);
+    at the runs' rows only where Triton runs (`kernels.triton_rows.add_rows`: one launch per pack, no atomics);
     elsewhere they land in zeroed buffers (zero between the runs) added whole; a pack whose runs tile its view
     adds its shares whole."""
     out = merged.out if merged.out.stride(-1) == 1 else merged.dense("out")
@@ -302,12 +302,14 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
                                  pack.view(k, KEY), pack.view(v, KEY), pack.view(out, QUERY), pack.view(lse, QUERY),
                                  runs, causal=plan.causal, scale=scale,
                                  grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY), into=into)
+        if by_rows:  # shares valid at the runs' rows only: one launch adds the three there
+            add_rows([(view, share if share.stride(-1) == 1 else share.contiguous())
+                      for view, share in zip(views, shares)], runs.index)
+            continue
         for index, (view, share) in enumerate(zip(views, shares)):
             if share is view:
                 continue
             if owned:
                 _write_rows(view, share, runs.index)
-            elif by_rows:  # a share valid at the runs' rows only
-                add_rows(view, share if share.stride(-1) == 1 else share.contiguous(), runs.index)
             else:
                 grads.store(index, view, share, pack.branch)
