@@ -16,11 +16,10 @@ A recorded argument is one of:
 A call is replayed only after its replay, run once on the recording's inputs into fresh outputs (its
 uninitialised buffers poisoned as in the recording, so entries no launch writes, such as the rows a varlen call
 skips, compare equal), gave the library's own results (bitwise, or within `tolerance` where kernels add
-atomically). Anything else (a buffer
-holding data before its first launch, which the library may have computed from the inputs with a torch op; a
-tensor hidden inside an argument object; a result that is none of the recorded buffers; a failed check) keeps
-that key on the library's own path, with the reason in `RecordedEntry.reasons`. A buffer filled with one value
-is assumed to take that value whatever the inputs (zeros, a parameter of the key).
+atomically). Anything else (a buffer holding data before its first launch, which the library may have computed
+from the inputs with a torch op; a tensor hidden inside an argument object; a result that is none of the recorded
+buffers; a failed check) keeps that key on the library's own path, with the reason in `RecordedEntry.reasons`.
+A buffer filled with one value is assumed to take that value whatever the inputs (zeros, a parameter of the key).
 """
 from __future__ import annotations
 

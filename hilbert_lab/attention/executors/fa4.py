@@ -15,7 +15,7 @@ from hilbert_lab.attention.executors.base import HALF_DTYPES, Capabilities
 from hilbert_lab.attention.executors.blockwise import blockwise_executor
 from hilbert_lab.attention.executors.kernel import DenseKernel
 from hilbert_lab.attention.executors.manual import MANUAL_KERNEL
-from hilbert_lab.attention.executors.varlen import Runs, VarlenKernel
+from hilbert_lab.attention.executors.varlen import Runs, VarlenKernel, write_rows
 from hilbert_lab.kernels.recorded_launches import RecordedEntry
 
 PACKAGE = "flash_attn.cute"
@@ -46,20 +46,12 @@ def _varlen_params(runs: Runs) -> dict:
     return dict(max_seqlen_q=runs.max_length, max_seqlen_k=runs.max_length)
 
 
-def _write_rows(dst: torch.Tensor, value: torch.Tensor, index) -> None:
-    """dst (rows, ...) <- value at the rows `index` (every row when None)."""
-    if index is None:
-        dst.copy_(value)
-    else:
-        dst.index_copy_(0, index, value.index_select(0, index).to(dst.dtype))
-
-
 def _varlen_forward(q, k, v, runs: Runs, *, causal, scale, out, lse):
     result = FA4_FORWARD(dict(q=q, k=k, v=v, out=out, **_varlen_tensors(runs)),
                          dict(softmax_scale=scale, causal=causal, return_lse=True, **_varlen_params(runs)))
     if result[0] is not out:
-        _write_rows(out, result[0], runs.index)
-    _write_rows(lse, result[1].transpose(0, 1), runs.index)  # the kernel's LSE is (h, rows)
+        write_rows(out, result[0], runs.index)
+    write_rows(lse, result[1].transpose(0, 1), runs.index)  # the kernel's LSE is (h, rows)
     return None
 
 

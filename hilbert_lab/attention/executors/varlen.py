@@ -29,7 +29,7 @@ from hilbert_lab.kernels.triton_dilated import interpreting
 from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, add_rows
 
 __all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
-           "per_sequence", "plan_packs"]
+           "per_sequence", "plan_packs", "write_rows"]
 
 
 def _count(heads: slice) -> int:
@@ -252,8 +252,8 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
     return states
 
 
-def _write_rows(view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
-    """Write a share into a pack's view of dq / dk / dv at the runs' rows only (every row when None)."""
+def write_rows(view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
+    """view (rows, ...) <- share at the rows `rows` (int64; every row when None), in the view's dtype."""
     if rows is None:
         view.copy_(share)
     else:
@@ -310,6 +310,6 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
             if share is view:
                 continue
             if owned:
-                _write_rows(view, share, runs.index)
+                write_rows(view, share, runs.index)
             else:
                 grads.store(index, view, share, pack.branch)
