@@ -46,6 +46,7 @@ from hilbert_lab.attention.selection import select_backend  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
+from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
 from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
@@ -150,26 +151,9 @@ def executors() -> list[str]:
     return [name for name in ("sdpa", "triton", "fa4") if unavailable_reason(name, DEV, torch.bfloat16) is None]
 
 
-KINDS = (("merge", ("merge", "accumulate")),
-         ("attention", ("attention", "fmha", "flash", "cudnn", "sm90", "dilated", "kernel_cutlass", "cute", "_fwd_kernel",
-                        "_bwd_dkdv", "_bwd_dq", "_delta_kernel")),
-         ("copies", ("copy", "memcpy", "Memcpy", "contiguous", "clone")), ("fills", ("fill", "zero")),
-         ("adds/conversions", ("add", "to_copy", "cast", "elementwise", "vectorized")))
-
-
-def kind_of(name: str) -> str:
-    lowered = name.lower()
-    for kind, words in KINDS:
-        if any(word.lower() in lowered for word in words):
-            return kind
-    return "other"
-
-
 def profile_cell(mode, causal, direction, names, calls=5):
     """CUDA kernel time per call of each of ours (and of "floor[fa4]", FlashAttention-4's floor calls run eagerly),
-    by kind (torch.profiler), on the headline shape."""
-    from torch.profiler import ProfilerActivity, profile
-
+    by kind (bench.kernel_profile), on the headline shape."""
     pattern = DilatedPattern.create(HEADLINE["segment_lengths"], HEADLINE["dilation_rates"], mode=mode, causal=causal)
     q, k, v = inputs(2, 32768, 12, 64, requires_grad=direction == "fwd+bwd")
     grad = torch.randn_like(q)
@@ -187,26 +171,9 @@ def profile_cell(mode, causal, direction, names, calls=5):
                 for t in (q, k, v):
                     t.grad = None
         try:
-            for _ in range(3):
-                once()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(calls):
-                    once()
-                torch.cuda.synchronize()
+            rows[name] = kernel_profile(once, calls=calls)
         except Exception as error:
             rows[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-            continue
-        kinds, kernels = {}, {}
-        for event in prof.key_averages():
-            device_us = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
-            if device_us <= 0:
-                continue
-            kinds[kind_of(event.key)] = kinds.get(kind_of(event.key), 0.0) + device_us / calls / 1000
-            kernels[event.key[:90]] = round(device_us / calls / 1000, 4)
-        rows[name] = {"ms_by_kind": {k: round(v, 4) for k, v in sorted(kinds.items())},
-                      "ms_total": round(sum(kinds.values()), 4),
-                      "top_kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:12])}
     return dict(mode=mode, causal=causal, direction=direction, shape=[2, 32768, 12, 64], profile=rows)
 
 
