@@ -17,7 +17,7 @@ KERNEL_KINDS = (("merge", ("merge", "accumulate")),
                 ("attention", ("attention", "fmha", "flash", "cudnn", "sm90", "dilated", "kernel_cutlass", "cute",
                                "_fwd_kernel", "_bwd_dkdv", "_bwd_dq", "_delta_kernel")),
                 ("copies", ("copy", "memcpy", "Memcpy", "contiguous", "clone")), ("fills", ("fill", "zero")),
-                ("adds/conversions", ("add", "to_copy", "cast", "elementwise", "vectorized")))
+                ("adds/conversions", ("add", "put_rows", "to_copy", "cast", "elementwise", "vectorized")))
 
 
 def kernel_kind(name: str) -> str:

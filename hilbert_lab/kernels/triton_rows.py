@@ -1,10 +1,11 @@
-"""Adding the listed rows of shares into strided totals, in one launch (Triton).
+"""Writing or adding the listed rows of shares into strided totals, in one launch (Triton).
 
-`add_rows(pairs, rows)`: total[rows[i]] += share[rows[i]] for up to three (total, share) pairs of (R, h, D) tensors
-(h may differ between pairs; any strides, last dim contiguous), each listed row once: plain loads and stores, no
-atomics, deterministic; the sum is taken in float32 and rounded once to the total's dtype. It adds a packed row's
-gradient shares (dq, dk, dv) at the rows of their runs only (attention.executors.varlen), where torch's
-`index_add_` would add atomically, one launch per tensor.
+`put_rows(pairs, rows, accumulate=True)`: total[rows[i]] += share[rows[i]] (accumulate=False: =) for up to three
+(total, share) pairs of (R, h, D) tensors (h may differ between pairs; any strides, last dim contiguous), each
+listed row once: plain loads and stores, no atomics, deterministic; a sum is taken in float32 and rounded once to
+the total's dtype. A packed row's outputs, LSEs and gradient shares land at the rows of their runs only this way
+(attention.executors.varlen), where torch needs a gather and an indexed write, or an atomic `index_add_`, per
+tensor.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton
 
-__all__ = ["HAVE_TRITON", "ROW_DTYPES", "add_rows"]
+__all__ = ["HAVE_TRITON", "ROW_DTYPES", "put_rows"]
 
 ROW_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # totals a float32 sum is rounded to once
 _TILE = 4096  # elements of one program: rows x heads x head dim, the last two as powers of two
@@ -22,38 +23,43 @@ _TILE = 4096  # elements of one program: rows x heads x head dim, the last two a
 if HAVE_TRITON:
 
     @triton.jit
-    def _add_pair(total, share, row, listed, st_r, st_h, ss_r, ss_h, heads, dim, BH: tl.constexpr, BD: tl.constexpr):
+    def _put_pair(total, share, row, listed, st_r, st_h, ss_r, ss_h, heads, dim, BH: tl.constexpr, BD: tl.constexpr,
+                  ADD: tl.constexpr):
         h = tl.arange(0, BH)
         d = tl.arange(0, BD)
         mask = listed[:, None, None] & (h < heads)[None, :, None] & (d < dim)[None, None, :]
         x = tl.load(share + row[:, None, None] * ss_r + h[None, :, None] * ss_h + d[None, None, :], mask=mask,
                     other=0.0)
         at = total + row[:, None, None] * st_r + h[None, :, None] * st_h + d[None, None, :]
-        y = tl.load(at, mask=mask, other=0.0)
-        tl.store(at, (y.to(tl.float32) + x.to(tl.float32)).to(total.dtype.element_ty), mask=mask)
+        if ADD:
+            y = tl.load(at, mask=mask, other=0.0)
+            tl.store(at, (y.to(tl.float32) + x.to(tl.float32)).to(total.dtype.element_ty), mask=mask)
+        else:
+            tl.store(at, x.to(total.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _add_rows_kernel(t0, s0, t1, s1, t2, s2, rows, count, g0_tr, g0_th, g0_sr, g0_sh, g0_h, g1_tr, g1_th, g1_sr,
+    def _put_rows_kernel(t0, s0, t1, s1, t2, s2, rows, count, g0_tr, g0_th, g0_sr, g0_sh, g0_h, g1_tr, g1_th, g1_sr,
                          g1_sh, g1_h, g2_tr, g2_th, g2_sr, g2_sh, g2_h, dim,
-                         BR: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
+                         BR: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, ADD: tl.constexpr):
         i = tl.program_id(0) * BR + tl.arange(0, BR)
         pair = tl.program_id(1)
         listed = i < count
         row = tl.load(rows + i, mask=listed, other=0).to(tl.int64)
         if pair == 0:
-            _add_pair(t0, s0, row, listed, g0_tr, g0_th, g0_sr, g0_sh, g0_h, dim, BH, BD)
+            _put_pair(t0, s0, row, listed, g0_tr, g0_th, g0_sr, g0_sh, g0_h, dim, BH, BD, ADD)
         elif pair == 1:
-            _add_pair(t1, s1, row, listed, g1_tr, g1_th, g1_sr, g1_sh, g1_h, dim, BH, BD)
+            _put_pair(t1, s1, row, listed, g1_tr, g1_th, g1_sr, g1_sh, g1_h, dim, BH, BD, ADD)
         else:
-            _add_pair(t2, s2, row, listed, g2_tr, g2_th, g2_sr, g2_sh, g2_h, dim, BH, BD)
+            _put_pair(t2, s2, row, listed, g2_tr, g2_th, g2_sr, g2_sh, g2_h, dim, BH, BD, ADD)
 
 
-def add_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor) -> None:
-    """total[rows] += share[rows] for each (total, share) of `pairs` (one to three): total (R, h, D) of a ROW_DTYPES
-    dtype, share of its shape, all on one device with one R and D, last dims contiguous; rows (n,) int64 or int32
-    on that device, each row at most once."""
+def put_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor, *,
+             accumulate: bool = True) -> None:
+    """total[rows] += share[rows] (accumulate=False: total[rows] = share[rows]) for each (total, share) of `pairs`
+    (one to three): total (R, h, D) of a ROW_DTYPES dtype, share of its shape, all on one device with one R and D,
+    last dims contiguous; rows (n,) int64 or int32 on that device, each row at most once."""
     if not HAVE_TRITON:
-        raise RuntimeError("add_rows needs the 'triton' package (pip install triton)")
+        raise RuntimeError("put_rows needs the 'triton' package (pip install triton)")
     if not 1 <= len(pairs) <= 3:
         raise ValueError(f"pairs must hold one to three (total, share) pairs, got {len(pairs)}")
     first = pairs[0][0]
@@ -73,5 +79,5 @@ def add_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Ten
     block_d = triton.next_power_of_2(dim)
     block_r = max(1, _TILE // (block_h * block_d))
     tensors = [x for pair in padded for x in pair]
-    _add_rows_kernel[(triton.cdiv(count, block_r), len(pairs))](*tensors, rows, count, *geometry, dim, BR=block_r,
-                                                                BH=block_h, BD=block_d, num_warps=4)
+    _put_rows_kernel[(triton.cdiv(count, block_r), len(pairs))](*tensors, rows, count, *geometry, dim, BR=block_r,
+                                                                BH=block_h, BD=block_d, ADD=accumulate, num_warps=4)

@@ -1,6 +1,6 @@
-"""Packed rows' gradient adds under Triton's interpreter (TRITON_INTERPRET=1, CPU, float32): `add_rows` against a
-float64 sum on strided totals, and a packed row through the FlashAttention-4 stand-in, whose later branches' shares
-`add_rows` adds at the runs' rows, against the float64 oracle per document."""
+"""Packed rows' row writes and adds under Triton's interpreter (TRITON_INTERPRET=1, CPU, float32): `put_rows` against
+torch on strided totals, and a packed row through the FlashAttention-4 stand-in, whose LSEs `put_rows` writes and
+whose later branches' gradient shares it adds at the runs' rows, against the float64 oracle per document."""
 from __future__ import annotations
 
 import importlib.util
@@ -16,13 +16,13 @@ pytestmark = pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (p
                                 "runs the kernel")
 
 
-def _add_rows_error() -> float:
-    """add_rows on strided (R, h, D) views of bigger float32 totals (three pairs, two head counts, one share strided
-    too): the largest difference of the whole totals from torch's float32 add at the listed rows (the rows not
-    listed, and the rest of each total, stay as they were)."""
+def _put_rows_error() -> float:
+    """put_rows on strided views of bigger float32 totals: adding three pairs of (R, h, D) (two head counts, one share
+    strided too), then writing a (R, h) pair read through a transpose (an LSE): the largest difference of the whole
+    totals from torch doing the same at the listed rows (the other rows, and the rest of each total, unchanged)."""
     import torch
 
-    from hilbert_lab.kernels.triton_rows import add_rows
+    from hilbert_lab.kernels.triton_rows import put_rows
 
     gen = torch.Generator().manual_seed(2)
     bases = [torch.randn(39, 6, 5, generator=gen) for _ in range(3)]
@@ -33,8 +33,12 @@ def _add_rows_error() -> float:
     rows = torch.tensor([0, 2, 3, 7, 12])
     for view_of, want, share in zip(pick, expected, shares):
         view_of(want)[rows] += share[rows]
-    add_rows([(view_of(base), share) for view_of, base, share in zip(pick, bases, shares)], rows)
-    return max((base - want).abs().max().item() for base, want in zip(bases, expected))
+    put_rows([(view_of(base), share) for view_of, base, share in zip(pick, bases, shares)], rows)
+    lse_base, lse = torch.randn(40, 4, generator=gen), torch.randn(3, 13, generator=gen)  # the kernel's (h, rows)
+    lse_want = lse_base.clone()
+    lse_want[1::3, 1:][rows] = lse.t()[rows]
+    put_rows([(lse_base[1::3, 1:].unsqueeze(-1), lse.t().unsqueeze(-1))], rows, accumulate=False)
+    return max((base - want).abs().max().item() for base, want in zip([*bases, lse_base], [*expected, lse_want]))
 
 
 def _main() -> None:
@@ -46,18 +50,19 @@ def _main() -> None:
     from hilbert_lab.attention.executors import varlen
     from hilbert_lab.attention.executors.fa4 import FA4_VARLEN
 
-    calls = []
-    add = varlen.add_rows
-    varlen.add_rows = lambda *a: (calls.append(1), add(*a))[1]
+    calls = []  # the adds put_rows makes
+    put = varlen.put_rows
+    varlen.put_rows = lambda *a, accumulate=True: (calls.append(1) if accumulate else None,
+                                                   put(*a, accumulate=accumulate))[1]
     executor = test_packed._varlen_executor(FA4_VARLEN)  # the manual kernel's units, FlashAttention-4's packs
     patch = pytest.MonkeyPatch()
     install_fa4_standin(patch)
     for case in ("documents+gqa", "documents"):
         calls.clear()
         errors = test_packed.relative_errors(test_packed.CASES[case], executor, torch.float32)
-        print(json.dumps({"case": case, "add_rows": len(calls), **errors}), flush=True)
+        print(json.dumps({"case": case, "adds": len(calls), **errors}), flush=True)
     patch.undo()
-    print(json.dumps({"add_rows_error": _add_rows_error()}), flush=True)
+    print(json.dumps({"put_rows_error": _put_rows_error()}), flush=True)
 
 
 @pytest.fixture(scope="module")
@@ -66,36 +71,36 @@ def measured(run_interpreted):
 
 
 @pytest.mark.slow  # the interpreter in a fresh process
-def test_add_rows_adds_the_listed_rows_of_a_strided_total(measured):
-    errors = [r["add_rows_error"] for r in measured if "add_rows_error" in r]
+def test_put_rows_adds_and_writes_the_listed_rows_of_strided_totals(measured):
+    errors = [r["put_rows_error"] for r in measured if "put_rows_error" in r]
     assert errors and errors[0] == 0.0, errors  # bitwise torch's float32 add, nothing else touched
 
 
 @pytest.mark.slow
-def test_a_packed_row_whose_later_branches_add_by_rows_equals_the_oracle(measured):
+def test_a_packed_row_written_and_added_by_rows_equals_the_oracle(measured):
     results = {r["case"]: r for r in measured if "case" in r}
     assert sorted(results) == ["documents", "documents+gqa"]
-    assert results["documents+gqa"]["add_rows"] >= 1  # later branches' shares went through the kernel
-    assert results["documents"]["add_rows"] == 0  # head groups: every share is written, none added
+    assert results["documents+gqa"]["adds"] >= 1  # later branches' shares went through the kernel
+    assert results["documents"]["adds"] == 0  # head groups: every share is written, none added
     for case, result in results.items():
         for name in ("out", "lse", "dq", "dk", "dv"):
             assert result[name] < 1e-5, (case, name, result)
 
 
 
-def test_add_rows_refuses_pairs_it_cannot_add():
+def test_put_rows_refuses_pairs_it_cannot_take():
     import torch
 
-    from hilbert_lab.kernels.triton_rows import add_rows
+    from hilbert_lab.kernels.triton_rows import put_rows
 
     rows = torch.tensor([0])
     x = torch.zeros(4, 2, 8)
     with pytest.raises(ValueError, match="one to three"):
-        add_rows([(x, x)] * 4, rows)
+        put_rows([(x, x)] * 4, rows)
     with pytest.raises(ValueError, match="one shape"):
-        add_rows([(x, torch.zeros(4, 3, 8))], rows)
+        put_rows([(x, torch.zeros(4, 3, 8))], rows)
     with pytest.raises(ValueError, match="totals of"):
-        add_rows([(x.double(), x.double())], rows)
+        put_rows([(x.double(), x.double())], rows)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from hilbert_lab.bench.kernel_profile import kernel_kind, kernel_profile
     ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "fills"),
     ("Memcpy DtoD (Device -> Device)", "copies"),
     ("void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>>", "adds/conversions"),
-    ("_add_rows_kernel", "adds/conversions"),
+    ("_put_rows_kernel", "adds/conversions"),
     ("void gemv2T_kernel_val", "other"),
 ])
 def test_kernels_are_sorted_into_kinds_by_name(name, kind):

@@ -26,7 +26,7 @@ from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, c
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
 from hilbert_lab.kernels.triton_dilated import interpreting
-from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, add_rows
+from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, put_rows
 
 __all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
            "per_sequence", "plan_packs", "write_rows"]
@@ -252,10 +252,22 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
     return states
 
 
+def _rows_kernel_runs(total: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether `put_rows` takes these: Triton on a CUDA device (or its interpreter), a total of a dtype a float32 sum
+    rounds to once, (rows, h, D) or (rows, h), and the total's last dim contiguous."""
+    return HAVE_TRITON and (total.device.type == "cuda" or interpreting()) and total.dtype in ROW_DTYPES and \
+        total.dim() in (2, 3) and total.stride(-1) == 1 and all(t.shape == total.shape for t in others)
+
+
 def write_rows(view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
-    """view (rows, ...) <- share at the rows `rows` (int64; every row when None), in the view's dtype."""
+    """view (rows, ...) <- share at the rows `rows` (int64; every row when None), in the view's dtype: one launch of
+    `put_rows` where Triton runs, else a gather and an indexed write."""
     if rows is None:
         view.copy_(share)
+    elif _rows_kernel_runs(view, share):
+        if view.dim() == 2:  # (rows, h) as (rows, h, 1): any strides
+            view, share = view.unsqueeze(-1), share.unsqueeze(-1)
+        put_rows([(view, share if share.stride(-1) == 1 else share.contiguous())], rows, accumulate=False)
     else:
         view.index_copy_(0, rows, share.index_select(0, rows).to(view.dtype))
 
@@ -266,19 +278,12 @@ def _zeros_like_views(views: tuple[torch.Tensor, ...], dtype: torch.dtype) -> tu
     return (dq, *torch.zeros((2, *views[1].shape), dtype=dtype, device=views[1].device).unbind(0))
 
 
-def _rows_kernel_runs(*tensors: torch.Tensor) -> bool:
-    """Whether `add_rows` adds the shares into these totals: Triton on a CUDA device (or its interpreter), totals
-    of a dtype a float32 sum rounds to once, last dims contiguous."""
-    return HAVE_TRITON and (tensors[0].device.type == "cuda" or interpreting()) and \
-        all(t.dtype in ROW_DTYPES and t.stride(-1) == 1 for t in tensors)
-
-
 def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, merged: Merged, grads: Grads, *,
                     scale: float, kernel: VarlenKernel) -> None:
     """Every pack's share of dq, dk, dv for the merged (out, lse), written or added into `grads`.
 
     The first branch's shares are written into the totals' views at the runs' rows. A later branch's are added:
-    at the runs' rows only where Triton runs (`kernels.triton_rows.add_rows`: one launch per pack, no atomics);
+    at the runs' rows only where Triton runs (`kernels.triton_rows.put_rows`: one launch per pack, no atomics);
     elsewhere they land in zeroed buffers (zero between the runs) added whole; a pack whose runs tile its view
     adds its shares whole."""
     out = merged.out if merged.out.stride(-1) == 1 else merged.dense("out")
@@ -291,7 +296,7 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     for pack, runs, state in zip(packs, pack_runs(plan, packs, q.device), states, strict=True):
         views = (pack.view(grads.dq, QUERY), pack.view(grads.dk, KEY), pack.view(grads.dv, KEY))
         owned = grads.owned(pack.branch)
-        by_rows = not owned and runs.index is not None and _rows_kernel_runs(*views)
+        by_rows = not owned and runs.index is not None and all(_rows_kernel_runs(view) for view in views)
         if owned and all(view.dtype == q.dtype for view in views):
             into = views  # written in place at the runs' rows
         elif not owned and runs.index is not None and not by_rows:
@@ -303,7 +308,7 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
                                  runs, causal=plan.causal, scale=scale,
                                  grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY), into=into)
         if by_rows:  # shares valid at the runs' rows only: one launch adds the three there
-            add_rows([(view, share if share.stride(-1) == 1 else share.contiguous())
+            put_rows([(view, share if share.stride(-1) == 1 else share.contiguous())
                       for view, share in zip(views, shares)], runs.index)
             continue
         for index, (view, share) in enumerate(zip(views, shares)):
