@@ -254,9 +254,9 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
 
 def _rows_kernel_runs(total: torch.Tensor, *others: torch.Tensor) -> bool:
     """Whether `put_rows` takes these: Triton on a CUDA device (or its interpreter), a total of a dtype a float32 sum
-    rounds to once, (rows, h, D) or (rows, h), and the total's last dim contiguous."""
+    rounds to once, (rows, h) of any strides or (rows, h, D) with its last dim contiguous."""
     return HAVE_TRITON and (total.device.type == "cuda" or interpreting()) and total.dtype in ROW_DTYPES and \
-        total.dim() in (2, 3) and total.stride(-1) == 1 and all(t.shape == total.shape for t in others)
+        (total.dim() == 2 or total.dim() == 3 and total.stride(-1) == 1) and all(t.shape == total.shape for t in others)
 
 
 def write_rows(view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
