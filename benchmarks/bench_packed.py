@@ -21,6 +21,7 @@ Writes JSON with the environment (--out). `--device cpu` runs the same on the CP
 test of this script: no FlashAttention-4, no floor; small --tokens).
 
 Usage: python benchmarks/bench_packed.py [--out PATH] [--tokens 131072] [--documents 64] [--repeats 10]
+       [--backends auto,sdpa,fa4] (auto,fa4: the same targets without the slow sdpa anchor)
 """
 from __future__ import annotations
 
@@ -143,7 +144,8 @@ def run(args) -> dict:
     bounds = document_bounds(args.tokens, args.documents)
     cu = bounds  # host boundaries, as the caller of a packed row holds them: no device-to-host read per call
     scale = args.head_dim ** -0.5
-    backends = [b for b in ("auto", "sdpa", "fa4") if b == "auto" or unavailable_reason(b, device, dtype) is None]
+    backends = [b for b in args.backends.split(",") if b == "auto" or unavailable_reason(b, device, dtype) is None]
+    has_fa4 = unavailable_reason("fa4", device, dtype) is None
     q, k, v = make_inputs(args, args.heads, device, dtype, False)
     grad = torch.randn_like(q)
     documents = tuple((a, b - a) for a, b in zip(bounds, bounds[1:]))
@@ -170,7 +172,7 @@ def run(args) -> dict:
             except Exception as error:  # a backend that cannot run this shape is reported with why
                 cell["times_ms"][name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
         steps = {"ours[auto]": step_of(variants["ours[auto]"], q, k, v, grad, direction)}
-        if "fa4" in backends:
+        if has_fa4:
             try:
                 floor_step, calls = varlen_floor(pattern, q, k, v, bounds, scale)
                 steps["floor[fa4-varlen]"] = lambda: floor_step(direction == "fwd+bwd")
@@ -249,9 +251,14 @@ def main() -> None:
     parser.add_argument("--dilation-rates", default="1,2,4")
     parser.add_argument("--not-causal", action="store_true")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--backends", default="auto,sdpa,fa4",
+                        help="executors timed as ours[...] and loop[...] (auto always; sdpa takes minutes)")
     args = parser.parse_args()
     if args.heads % 4:
         parser.error("--heads must be a multiple of 4 (the GQA comparison uses H / 4 key/value heads)")
+    chosen = args.backends.split(",")
+    if "auto" not in chosen or not set(chosen) <= {"auto", "sdpa", "fa4"}:
+        parser.error(f"--backends must list auto and any of sdpa, fa4 (comma-separated), got {args.backends!r}")
     out = Path(args.out)
     if out.exists():
         parser.error(f"--out {out} exists; choose another path (results are never overwritten)")
