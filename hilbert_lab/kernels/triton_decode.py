@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
 LOG2E = 1.4426950408889634
 
@@ -169,8 +169,7 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     int32 (P, H); max_keys: at least every branch's key count (min(w, C) / r rounded up); every last dimension
     contiguous. keys_per_split (default split_size), block_keys (keys per loop iteration), warps and stages (loads
     in flight) tune the partial launch."""
-    if not HAVE_TRITON:
-        raise RuntimeError("dilated_decode needs the 'triton' package")
+    require_triton("dilated_decode")
     append = k_new is not None
     if not append:  # placeholders the kernel never reads
         k_new = v_new = keys[:, 0]

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from typing import Sequence
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, interpreting, tl, triton  # None without Triton
 
 __all__ = [
     "HAVE_TRITON",
@@ -40,10 +39,6 @@ __all__ = [
 
 _LOG2E = 1.4426950408889634
 _MAX_STREAM_STRIDE = 64
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _patch_interpreter_scalars() -> None:

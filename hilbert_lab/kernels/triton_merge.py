@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
 if HAVE_TRITON:
 
@@ -49,8 +49,7 @@ if HAVE_TRITON:
 
 def merge_partials(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
     """Write the merge of outs (P, R, D) / lses (P, R) float32 into out (R, D) and lse (R,) (all contiguous)."""
-    if not HAVE_TRITON:
-        raise RuntimeError("merge_partials needs the 'triton' package")
+    require_triton("merge_partials")
     parts, rows, dim = outs.shape
     if lses.shape != (parts, rows) or out.shape != (rows, dim) or lse.shape != (rows,):
         raise ValueError(f"shapes must be outs (P, R, D), lses (P, R), out (R, D), lse (R,); got {tuple(outs.shape)}, "
@@ -99,8 +98,7 @@ def accumulate(acc: torch.Tensor, acc_lse: torch.Tensor, part: torch.Tensor, par
     become the LSE merge of themselves and part (R, D) (any float dtype) / part_lse (R,) float32 (all
     contiguous; rows whose lse is -inf on one side take the other side; -inf on both stay -inf; NaN on
     either side gives NaN)."""
-    if not HAVE_TRITON:
-        raise RuntimeError("accumulate needs the 'triton' package")
+    require_triton("accumulate")
     rows, dim = acc.shape
     if acc_lse.shape != (rows,) or part.shape != (rows, dim) or part_lse.shape != (rows,):
         raise ValueError(f"shapes must be acc (R, D), acc_lse (R,), part (R, D), part_lse (R,); got "

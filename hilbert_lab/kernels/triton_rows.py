@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton
 
 __all__ = ["HAVE_TRITON", "ROW_DTYPES", "put_rows"]
 
@@ -58,8 +58,7 @@ def put_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Ten
     """total[rows] += share[rows] (accumulate=False: total[rows] = share[rows]) for each (total, share) of `pairs`
     (one to three): total (R, h, D) of a ROW_DTYPES dtype, share of its shape, all on one device with one R and D,
     last dims contiguous; rows (n,) int64 or int32 on that device, each row at most once."""
-    if not HAVE_TRITON:
-        raise RuntimeError("put_rows needs the 'triton' package (pip install triton)")
+    require_triton("put_rows")
     if not 1 <= len(pairs) <= 3:
         raise ValueError(f"pairs must hold one to three (total, share) pairs, got {len(pairs)}")
     first = pairs[0][0]

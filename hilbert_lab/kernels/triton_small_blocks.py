@@ -21,7 +21,7 @@ from typing import Optional
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
 __all__ = ["HAVE_TRITON", "INPUT_DTYPES", "scatter_rows", "small_attention_backward", "small_attention_forward",
            "tile_length"]
@@ -139,11 +139,6 @@ if HAVE_TRITON:
                      .to(total_b.dtype.element_ty), mask=dmask)
 
 
-def _need_triton(what: str) -> None:
-    if not HAVE_TRITON:
-        raise RuntimeError(f"{what} needs the 'triton' package (pip install triton)")
-
-
 def tile_length(length: int) -> int:
     """Rows per problem the kernels take for problems of up to `length` rows: a power of two, at least 16."""
     return max(16, 1 << max(0, length - 1).bit_length())
@@ -173,7 +168,7 @@ def small_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     q (B, Nq, H, D), k, v (B, N, H_kv, D) in one dtype of INPUT_DTYPES, last dim contiguous; query_rows (P, LQ, 3) and
     key_rows (P, LK, 3) int32 (LQ, LK: `tile_length` of the longest); lengths (P, 2) int32 (nq, nk); slot (P,)
     int32; lse float32."""
-    _need_triton("small_attention_forward")
+    require_triton("small_attention_forward")
     problems, dim = query_rows.shape[0], q.shape[-1]
     lq, lk = _tiles(query_rows, key_rows)
     _forward_kernel[(problems,)](q, k, v, out, lse, query_rows, key_rows, lengths, slot, *_strides3(q),
@@ -190,7 +185,7 @@ def small_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     (B, Nq, H, D), LSE (B, H, Nq) (+-inf rows read as 0) and upstream gradients grad_out (like out) and grad_lse
     (B, H, Nq), each None for zero. Row p * LQ + i is problem p's query i (p * LK + j its key j); rows past
     nq / nk hold garbage. Inputs as in `small_attention_forward`."""
-    _need_triton("small_attention_backward")
+    require_triton("small_attention_backward")
     problems, dim = query_rows.shape[0], q.shape[-1]
     lq, lk = _tiles(query_rows, key_rows)
     dq = torch.empty((problems * lq, dim), dtype=torch.float32, device=q.device)
@@ -213,7 +208,7 @@ def scatter_rows(shares: tuple[torch.Tensor, ...], totals: tuple[torch.Tensor, .
     contiguous): destination row r (rows (R, 3) int32: batch, position, head) receives the sum of the share rows
     members[starts[r]:starts[r + 1]] (int32; at most max_count), added to the total's value there unless
     owned[r] (int8) is set; one rounding to the total's dtype."""
-    _need_triton("scatter_rows")
+    require_triton("scatter_rows")
     if len(shares) not in (1, 2) or len(totals) != len(shares):
         raise ValueError(f"shares and totals must be one or two tensors each; got {len(shares)} and {len(totals)}")
     dim = totals[0].shape[-1]

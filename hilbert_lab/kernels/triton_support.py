@@ -1,6 +1,9 @@
 """Triton where it is installed: `triton`, `tl` (triton.language) and HAVE_TRITON; None, None and False where it
-is not (the kernel modules then import, and raise a clear error on use)."""
+is not (the kernel modules then import, and raise a clear error on use: `require_triton`). `interpreting()`:
+whether Triton's interpreter runs the kernels (TRITON_INTERPRET=1, on the CPU)."""
 from __future__ import annotations
+
+import os
 
 try:
     import triton
@@ -12,4 +15,15 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     tl = None
     HAVE_TRITON = False
 
-__all__ = ["HAVE_TRITON", "tl", "triton"]
+__all__ = ["HAVE_TRITON", "interpreting", "require_triton", "tl", "triton"]
+
+
+def interpreting() -> bool:
+    """Whether Triton's interpreter runs the kernels (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def require_triton(what: str) -> None:
+    """RuntimeError naming `what` where Triton is not installed."""
+    if not HAVE_TRITON:
+        raise RuntimeError(f"{what} needs the 'triton' package (pip install triton)")

@@ -26,7 +26,7 @@ import torch
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.plan import Block, Plan
 from hilbert_lab.attention.views import plan_cached
-from hilbert_lab.kernels.triton_dilated import interpreting
+from hilbert_lab.kernels.triton_support import interpreting
 from hilbert_lab.kernels.triton_small_blocks import INPUT_DTYPES as KERNEL_DTYPES
 from hilbert_lab.kernels.triton_small_blocks import (
     HAVE_TRITON, scatter_rows, small_attention_backward, small_attention_forward, tile_length,

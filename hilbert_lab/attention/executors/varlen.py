@@ -25,7 +25,7 @@ from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, call_state
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
-from hilbert_lab.kernels.triton_dilated import interpreting
+from hilbert_lab.kernels.triton_support import interpreting
 from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, put_rows
 
 __all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
