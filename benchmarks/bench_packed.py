@@ -120,6 +120,11 @@ def timed(fn, q, k, v, grad, direction, device, repeats):
     return time_function(step_of(fn, q, k, v, grad, direction), device=device, warmup=2, repeats=repeats).as_dict()
 
 
+def failed(error: Exception) -> dict:
+    """The JSON entry of a variant that could not run here, with why."""
+    return {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+
+
 def rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
@@ -170,7 +175,7 @@ def run(args) -> dict:
                         cell["errors"][name] = rel(fn(q, k, v), expected)
                 cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
             except Exception as error:  # a backend that cannot run this shape is reported with why
-                cell["times_ms"][name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+                cell["times_ms"][name] = failed(error)
         steps = {"ours[auto]": step_of(variants["ours[auto]"], q, k, v, grad, direction)}
         if has_fa4:
             try:
@@ -180,14 +185,14 @@ def run(args) -> dict:
                 cell["times_ms"]["floor[fa4-varlen]"] = time_function(
                     steps["floor[fa4-varlen]"], device=device, warmup=2, repeats=args.repeats).as_dict()
             except Exception as error:
-                cell["times_ms"]["floor[fa4-varlen]"] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+                cell["times_ms"]["floor[fa4-varlen]"] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
             cell["kernels"] = {}
             for name, step in steps.items():
                 try:
                     cell["kernels"][name] = kernel_profile(step)
                 except Exception as error:
-                    cell["kernels"][name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+                    cell["kernels"][name] = failed(error)
         result["cells"][direction] = cell
     gqa: dict = {}
     for label, kv_heads in (("mha", args.heads), ("gqa", args.heads // 4)):

@@ -259,6 +259,11 @@ def _rows_kernel_runs(total: torch.Tensor, *others: torch.Tensor) -> bool:
         (total.dim() == 2 or total.dim() == 3 and total.stride(-1) == 1) and all(t.shape == total.shape for t in others)
 
 
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    """t with a contiguous last dim (itself where it has one)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def write_rows(view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Tensor]) -> None:
     """view (rows, ...) <- share at the rows `rows` (int64; every row when None), in the view's dtype: one launch of
     `put_rows` where Triton runs, else a gather and an indexed write."""
@@ -267,7 +272,7 @@ def write_rows(view: torch.Tensor, share: torch.Tensor, rows: Optional[torch.Ten
     elif _rows_kernel_runs(view, share):
         if view.dim() == 2:  # (rows, h) as (rows, h, 1): any strides
             view, share = view.unsqueeze(-1), share.unsqueeze(-1)
-        put_rows([(view, share if share.stride(-1) == 1 else share.contiguous())], rows, accumulate=False)
+        put_rows([(view, _unit_last(share))], rows, accumulate=False)
     else:
         view.index_copy_(0, rows, share.index_select(0, rows).to(view.dtype))
 
@@ -308,8 +313,7 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
                                  runs, causal=plan.causal, scale=scale,
                                  grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY), into=into)
         if by_rows:  # shares valid at the runs' rows only: one launch adds the three there
-            put_rows([(view, share if share.stride(-1) == 1 else share.contiguous())
-                      for view, share in zip(views, shares)], runs.index)
+            put_rows([(view, _unit_last(share)) for view, share in zip(views, shares)], runs.index)
             continue
         for index, (view, share) in enumerate(zip(views, shares)):
             if share is view:
