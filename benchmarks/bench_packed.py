@@ -9,6 +9,8 @@ gradient) it times, in the same process:
 - ours[auto|sdpa|fa4]: dilated_attention(q, k, v, cu_seqlens=[0, n1, ...]) on the packed row, the boundaries
   given as host integers (a device tensor would be read back on every call; auto takes the
   executor declaring varlen where one runs: fa4's packs, a few FlashAttention-4 varlen calls);
+- ours[auto,no-graphs] (GPU): the same with varlen.PACKED_REGIONS off, every call's Python on the host (by
+  default a row's calls on FlashAttention-4 are captured once and replayed as one CUDA graph per direction);
 - loop[auto|fa4]: a Python loop calling dilated_attention on each document (the caller's fallback);
 - floor[fa4-varlen]: FlashAttention-4's varlen kernels on the same packs (the calls fa4 makes), each
   pack's runs pre-gathered contiguous: no strided views, no rows between runs, no LSE copies, no merge;
@@ -16,7 +18,8 @@ and prints loop/ours (target >= 6x) and ours/floor (target <= 1.25x), with each 
 error against the loop; on a GPU also the profiler's kernel time of ours[auto] and of the floor
 (bench.kernel_profile: the floor is at the kernel when its wall time is within a few % of it). GQA:
 ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and peak CUDA memory above the
-inputs, and the K/V bytes (target: time <= 0.9x MHA's, K/V memory H_kv/H).
+inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
+K/V memory H_kv/H).
 Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
 test of this script: no FlashAttention-4, no floor; small --tokens).
 
@@ -35,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
-from hilbert_lab.attention.executors.varlen import packs_for, plan_packs  # noqa: E402
+from hilbert_lab.attention.executors.varlen import PACKED_REGIONS, packs_for, plan_packs  # noqa: E402
 from hilbert_lab.attention.plan import cached_plan  # noqa: E402
 from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
@@ -59,10 +62,17 @@ def make_inputs(args, kv_heads: int, device, dtype, requires_grad: bool):
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
-def ours(pattern, backend, cu):
+def ours(pattern, backend, cu, graphs: bool = True):
+    """dilated_attention on the packed row; graphs=False keeps the packs' calls out of CUDA graphs
+    (varlen.PACKED_REGIONS off: every call's Python on the host)."""
     def run(q, k, v):
-        return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
-                                 mode=pattern.mode, causal=pattern.causal, backend=backend, cu_seqlens=cu)
+        PACKED_REGIONS.enabled = graphs
+        try:
+            return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths,
+                                     dilation_rates=pattern.dilation_rates, mode=pattern.mode, causal=pattern.causal,
+                                     backend=backend, cu_seqlens=cu)
+        finally:
+            PACKED_REGIONS.enabled = True
     return run
 
 
@@ -165,8 +175,10 @@ def run(args) -> dict:
     with torch.no_grad():
         expected = loop(pattern, "auto", bounds)(q, k, v)
     for direction in ("fwd", "fwd+bwd"):
-        cell: dict = {"times_ms": {}, "errors": {}}
+        cell: dict = {"times_ms": {}, "errors": {}, "errors_after_timing": {}}
         variants = {f"ours[{b}]": ours(pattern, b, cu) for b in backends}
+        if cuda:
+            variants["ours[auto,no-graphs]"] = ours(pattern, "auto", cu, graphs=False)
         variants.update({f"loop[{b}]": loop(pattern, b, bounds) for b in backends if b != "sdpa"})
         for name, fn in variants.items():
             try:
@@ -174,6 +186,9 @@ def run(args) -> dict:
                     with torch.no_grad():
                         cell["errors"][name] = rel(fn(q, k, v), expected)
                 cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
+                if name.startswith("ours"):  # again after the timing: the path a steady loop runs (graph replays)
+                    with torch.no_grad():
+                        cell["errors_after_timing"][name] = rel(fn(q, k, v), expected)
             except Exception as error:  # a backend that cannot run this shape is reported with why
                 cell["times_ms"][name] = failed(error)
         steps = {"ours[auto]": step_of(variants["ours[auto]"], q, k, v, grad, direction)}
@@ -200,10 +215,11 @@ def run(args) -> dict:
         fn = ours(pattern, "auto", cu)
         row = {"kv_heads": kv_heads, "kv_bytes": 2 * k.numel() * k.element_size(),
                "fwd+bwd": timed(fn, q, k, v, grad, "fwd+bwd", device, args.repeats)}
-        if cuda:
-            row["peak_bytes"] = peak_bytes(fn, q, k, v, grad, device)
+        if cuda:  # eager (its temporaries are what a graph region's pool holds)
+            row["peak_bytes"] = peak_bytes(ours(pattern, "auto", cu, graphs=False), q, k, v, grad, device)
         gqa[label] = row
     result["gqa"] = gqa
+    result["graph_regions"] = dict(PACKED_REGIONS.counts)
     return result
 
 
@@ -219,9 +235,10 @@ def report(result) -> None:
     for direction, cell in result["cells"].items():
         print(f"\n{direction}:")
         for name, value in cell["times_ms"].items():
-            error = cell["errors"].get(name)
+            errors = [cell[kind].get(name) for kind in ("errors", "errors_after_timing")]
             text = f"{value['median']:.3f} ms" if "median" in value else value["error"]
-            print(f"  {name:20s} {text}" + (f"  (rel err vs loop {error:.2e})" if error is not None else ""))
+            print(f"  {name:22s} {text}" + ("  (rel err vs loop {:.2e}, after timing {:.2e})".format(*errors)
+                                           if None not in errors else ""))
         best_loop = min((median(cell, n) for n in cell["times_ms"] if n.startswith("loop") and median(cell, n)),
                         default=None)
         floor = median(cell, "floor[fa4-varlen]")

@@ -68,7 +68,7 @@ def _varlen_backward(state, grad_out, q, k, v, out, lse, runs: Runs, *, causal, 
     return result[0], result[1], result[2]
 
 
-FA4_VARLEN = VarlenKernel("fa4_varlen", _varlen_forward, _varlen_backward)
+FA4_VARLEN = VarlenKernel("fa4_varlen", _varlen_forward, _varlen_backward, graphs=True)
 
 
 def _workspace(q: torch.Tensor, k: torch.Tensor, backward: bool) -> int:

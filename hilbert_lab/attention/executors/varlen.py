@@ -25,11 +25,16 @@ from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, call_state
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
+from hilbert_lab.kernels.graph_regions import GraphRegions
 from hilbert_lab.kernels.triton_support import interpreting
 from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, put_rows
 
-__all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
-           "per_sequence", "plan_packs", "write_rows"]
+__all__ = ["PACKED_REGIONS", "Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward",
+           "packs_for", "per_sequence", "plan_packs", "write_rows"]
+
+# A packed row's calls on a kernel declaring `graphs`, run as one CUDA graph per (plan, addresses) once seen twice
+# (kernels.graph_regions): the row's few dozen calls then cost one graph launch of host time.
+PACKED_REGIONS = GraphRegions()
 
 
 def _count(heads: slice) -> int:
@@ -185,11 +190,14 @@ class VarlenKernel:
     grad_lse (rows, h) or None, into (dq, dk, dv) or None) -> (dq, dk, dv) for the given (merged) out and
     LSE at the runs' rows: the `into` tensors themselves where it wrote them (at the runs' rows only,
     leaving the others as they were), else tensors of its own, which hold zeros at the other rows only
-    where `into` was given. state: the forward's, or None (rebuilt from shapes)."""
+    where `into` was given. state: the forward's, or None (rebuilt from shapes).
+    graphs: its forward returns None and its calls read no device value on the host, so a row's calls may be
+    captured and replayed as one CUDA graph (`PACKED_REGIONS`)."""
 
     name: str
     forward: Callable[..., Any]
     backward: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    graphs: bool = False
 
 
 def _groups(runs: Runs) -> list[tuple[int, int, int]]:
@@ -243,13 +251,21 @@ def per_sequence(kernel: DenseKernel) -> VarlenKernel:
 
 def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *, scale: float,
                    kernel: VarlenKernel) -> list:
-    """One call per pack, each writing its runs' output and LSE into its branch's slot; the states."""
-    states = []
-    for pack, runs in zip(packs, pack_runs(plan, packs, q.device)):
-        states.append(kernel.forward(pack.view(q, QUERY), pack.view(k, KEY), pack.view(v, KEY), runs,
-                                     causal=plan.causal, scale=scale, out=pack.view(slots.out(pack.branch), QUERY),
-                                     lse=pack.view(slots.lse(pack.branch), QUERY)))
-    return states
+    """One call per pack, each writing its runs' output and LSE into its branch's slot; the states (None each
+    where the kernel declares `graphs`: the calls then run as one region of `PACKED_REGIONS`)."""
+    runs_of = pack_runs(plan, packs, q.device)
+
+    def launch():
+        return [kernel.forward(pack.view(q, QUERY), pack.view(k, KEY), pack.view(v, KEY), runs, causal=plan.causal,
+                               scale=scale, out=pack.view(slots.out(pack.branch), QUERY),
+                               lse=pack.view(slots.lse(pack.branch), QUERY))
+                for pack, runs in zip(packs, runs_of)]
+
+    if not kernel.graphs:
+        return launch()
+    key = ("forward", kernel.name, id(plan), scale, tuple(sorted(slots.slot_of.items())))
+    PACKED_REGIONS.run(key, (q, k, v, slots.outs, slots.lses), launch, keep=(plan, runs_of))
+    return [None] * len(packs)
 
 
 def _rows_kernel_runs(total: torch.Tensor, *others: torch.Tensor) -> bool:
@@ -290,35 +306,52 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     The first branch's shares are written into the totals' views at the runs' rows. A later branch's are added:
     at the runs' rows only where Triton runs (`kernels.triton_rows.put_rows`: one launch per pack, no atomics);
     elsewhere they land in zeroed buffers (zero between the runs) added whole; a pack whose runs tile its view
-    adds its shares whole."""
+    adds its shares whole. On a kernel declaring `graphs` the calls run as one region of `PACKED_REGIONS`."""
     out = merged.out if merged.out.stride(-1) == 1 else merged.dense("out")
     grad_out = merged.grad_out
     if grad_out is not None and grad_out.stride(-1) != 1:
         grad_out = merged.dense("grad_out")
     lse = merged.lse.transpose(1, 2).contiguous()  # (1, N, H): views of it follow the queries' geometry
     grad_lse = None if merged.grad_lse is None else merged.grad_lse.transpose(1, 2).contiguous()
+    totals = (grads.dq, grads.dk, grads.dv)  # allocated here, before any graph region
     states = states if states is not None else [None] * len(packs)  # None: each kernel rebuilds its own
-    for pack, runs, state in zip(packs, pack_runs(plan, packs, q.device), states, strict=True):
-        views = (pack.view(grads.dq, QUERY), pack.view(grads.dk, KEY), pack.view(grads.dv, KEY))
-        owned = grads.owned(pack.branch)
-        by_rows = not owned and runs.index is not None and all(_rows_kernel_runs(view) for view in views)
-        if owned and all(view.dtype == q.dtype for view in views):
-            into = views  # written in place at the runs' rows
-        elif not owned and runs.index is not None and not by_rows:
-            into = _zeros_like_views(views, q.dtype)  # zero between the runs: added whole, with no index
-        else:
-            into = None
-        shares = kernel.backward(state, None if grad_out is None else pack.view(grad_out, QUERY), pack.view(q, QUERY),
-                                 pack.view(k, KEY), pack.view(v, KEY), pack.view(out, QUERY), pack.view(lse, QUERY),
-                                 runs, causal=plan.causal, scale=scale,
-                                 grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY), into=into)
-        if by_rows:  # shares valid at the runs' rows only: one launch adds the three there
-            put_rows([(view, _unit_last(share)) for view, share in zip(views, shares)], runs.index)
+    runs_of = pack_runs(plan, packs, q.device)
+
+    def launch() -> None:
+        for pack, runs, state in zip(packs, runs_of, states, strict=True):
+            _pack_backward(plan, pack, runs, state, q, k, v, out, grad_out, lse, grad_lse, grads, totals,
+                           scale=scale, kernel=kernel)
+
+    if not kernel.graphs:
+        launch()
+        return
+    key = ("backward", kernel.name, id(plan), scale, grads.accumulate, grads.first_branch, grads.dtype)
+    PACKED_REGIONS.run(key, (q, k, v, out, grad_out, lse, grad_lse, *totals), launch, keep=(plan, runs_of))
+
+
+def _pack_backward(plan: Plan, pack: Pack, runs: Runs, state, q, k, v, out, grad_out, lse, grad_lse, grads: Grads,
+                   totals: tuple[torch.Tensor, ...], *, scale: float, kernel: VarlenKernel) -> None:
+    """One pack's shares of dq, dk, dv, written or added into the totals' views (packed_backward)."""
+    views = (pack.view(totals[0], QUERY), pack.view(totals[1], KEY), pack.view(totals[2], KEY))
+    owned = grads.owned(pack.branch)
+    by_rows = not owned and runs.index is not None and all(_rows_kernel_runs(view) for view in views)
+    if owned and all(view.dtype == q.dtype for view in views):
+        into = views  # written in place at the runs' rows
+    elif not owned and runs.index is not None and not by_rows:
+        into = _zeros_like_views(views, q.dtype)  # zero between the runs: added whole, with no index
+    else:
+        into = None
+    shares = kernel.backward(state, None if grad_out is None else pack.view(grad_out, QUERY), pack.view(q, QUERY),
+                             pack.view(k, KEY), pack.view(v, KEY), pack.view(out, QUERY), pack.view(lse, QUERY),
+                             runs, causal=plan.causal, scale=scale,
+                             grad_lse=None if grad_lse is None else pack.view(grad_lse, QUERY), into=into)
+    if by_rows:  # shares valid at the runs' rows only: one launch adds the three there
+        put_rows([(view, _unit_last(share)) for view, share in zip(views, shares)], runs.index)
+        return
+    for index, (view, share) in enumerate(zip(views, shares)):
+        if share is view:
             continue
-        for index, (view, share) in enumerate(zip(views, shares)):
-            if share is view:
-                continue
-            if owned:
-                write_rows(view, share, runs.index)
-            else:
-                grads.store(index, view, share, pack.branch)
+        if owned:
+            write_rows(view, share, runs.index)
+        else:
+            grads.store(index, view, share, pack.branch)

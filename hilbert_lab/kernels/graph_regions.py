@@ -1,0 +1,133 @@
+"""A region of kernel launches replayed as one CUDA graph, keyed by the addresses of the tensors it touches.
+
+A packed row runs a few dozen library calls per step; each spends tens of microseconds of Python before it
+launches, and the host, not the GPU, then sets the step's time. `GraphRegions.run(key, tensors, launch, keep)`
+runs `launch()` eagerly the first time a key is seen, captures it into a CUDA graph the second time (and
+replays that capture), and replays the graph from then on: one `cudaGraphLaunch` instead of the region's Python.
+
+A graph holds addresses, not values, so a replay is the region's launches on whatever the listed tensors hold
+then. The key is therefore the caller's `key` (everything else the launches depend on: shapes of the work,
+flags, scales) with the data pointer, shape, strides, dtype and gradient flag of every tensor the region reads
+or writes, and the stream. What a region may do:
+- read and write only `tensors` (any views of them) and device data owned by the objects in `keep`, which the
+  cache holds alive as long as the graph (cached metadata: its addresses stay valid);
+- allocate temporaries, which live in one memory pool per (device, stream) shared by the regions captured there
+  (nothing allocated in a region may outlive it: the next replay of any region rewrites it);
+- return nothing a caller keeps (`run` returns None);
+- never read a device value on the host (a capture that does is abandoned: the key then always runs eagerly,
+  with the reason in `reasons`).
+
+Nothing is captured inside another capture (the caller's own CUDA graph or `torch.compile`'s
+"reduce-overhead" then records the launches themselves), off CUDA, or when `enabled` is False. A region
+records no autograd history (it is captured under `torch.no_grad`).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Iterable, Optional
+
+import torch
+
+__all__ = ["GraphRegions"]
+
+_CAPTURE = threading.Lock()
+
+
+def _signature(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    if t is None:
+        return None
+    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
+
+
+class GraphRegions:
+    """Cache of captured regions (see the module docstring): `max_graphs` graphs, least recently used dropped.
+
+    Attributes: `enabled`; `counts` {"eager", "captured", "replayed", "refused"}: how the regions ran; `reasons`
+    {key: why a capture was abandoned}."""
+
+    def __init__(self, max_graphs: int = 128):
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be at least 1, got {max_graphs}")
+        self.max_graphs = max_graphs
+        self.enabled = True
+        self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
+        self.seen: OrderedDict[tuple, int] = OrderedDict()
+        self.reasons: dict[tuple, str] = {}
+        self.counts = {"eager": 0, "captured": 0, "replayed": 0, "refused": 0}
+        self._pools: dict[tuple[int, int], Any] = {}
+
+    def clear(self) -> None:
+        """Drop every graph (and the memory their temporaries held) and forget every key."""
+        self.graphs.clear()
+        self.seen.clear()
+        self.reasons.clear()
+        self._pools.clear()
+
+    def run(self, key: Hashable, tensors: Iterable[Optional[torch.Tensor]], launch: Callable[[], Any],
+            keep: Any = None) -> None:
+        """Run `launch()` (its return value is dropped) eagerly, by capture or by replay (module docstring)."""
+        tensors = tuple(tensors)
+        device = next((t.device for t in tensors if t is not None), None)
+        if not self._may_capture(device):
+            self.counts["eager"] += 1
+            launch()
+            return
+        full = (key, device.index, torch.cuda.current_stream(device).cuda_stream,
+                tuple([_signature(t) for t in tensors]))
+        entry = self.graphs.get(full)
+        if entry is not None:
+            self.graphs.move_to_end(full)
+            entry[0].replay()
+            self.counts["replayed"] += 1
+            return
+        if full in self.reasons or self.seen.get(full, 0) == 0:
+            self._note_seen(full)
+            self.counts["eager"] += 1
+            launch()
+            return
+        self._capture(full, device, launch, keep)
+
+    def _may_capture(self, device: Optional[torch.device]) -> bool:
+        return self.enabled and device is not None and device.type == "cuda" and \
+            not torch.cuda.is_current_stream_capturing()
+
+    def _note_seen(self, full: tuple) -> None:
+        self.seen[full] = self.seen.get(full, 0) + 1
+        self.seen.move_to_end(full)
+        while len(self.seen) > 4 * self.max_graphs:
+            self.seen.popitem(last=False)
+
+    def _capture(self, full: tuple, device: torch.device, launch: Callable[[], Any], keep: Any) -> None:
+        graph = torch.cuda.CUDAGraph()
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(current)
+        with _CAPTURE, torch.cuda.device(device):
+            pool = self._pools.get(full[1:3])
+            if pool is None:
+                pool = self._pools[full[1:3]] = torch.cuda.graph_pool_handle()
+            failure = None
+            with torch.cuda.stream(side), torch.no_grad():
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                try:
+                    launch()
+                except Exception as error:  # noqa: BLE001 - any failure inside a capture: run eagerly instead
+                    failure = f"{type(error).__name__}: {error}"
+                finally:
+                    try:
+                        graph.capture_end()
+                    except Exception as error:  # noqa: BLE001
+                        failure = failure or f"{type(error).__name__}: {error}"
+        current.wait_stream(side)
+        if failure is not None:
+            self.reasons[full] = failure
+            self.counts["refused"] += 1
+            self.counts["eager"] += 1
+            launch()
+            return
+        self.graphs[full] = (graph, keep)
+        while len(self.graphs) > self.max_graphs:
+            self.graphs.popitem(last=False)
+        graph.replay()
+        self.counts["captured"] += 1

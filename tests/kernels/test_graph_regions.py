@@ -1,0 +1,109 @@
+"""GraphRegions: a region runs eagerly, is captured the second time its key is seen and replayed after, on whatever
+its tensors hold then; other addresses, host reads, captures of the caller and the cache's size."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hilbert_lab.kernels.graph_regions import GraphRegions
+
+
+def _region(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor):
+    def launch():
+        temporary = a * 2.0 + b.sin()  # allocated inside the region
+        out.copy_(temporary @ b.T)
+    return launch
+
+
+def _expected(a, b):
+    return ((a.double() * 2 + b.double().sin()) @ b.double().T).float()
+
+
+def test_off_cuda_every_run_is_eager_and_exact():
+    regions = GraphRegions()
+    a, b = torch.randn(8, 4), torch.randn(8, 4)
+    out = torch.empty(8, 8)
+    for _ in range(3):
+        a.normal_()
+        regions.run(("r",), (a, b, out), _region(a, b, out))
+        torch.testing.assert_close(out, _expected(a, b))
+    assert regions.counts == {"eager": 3, "captured": 0, "replayed": 0, "refused": 0} and not regions.graphs
+
+
+def test_max_graphs_must_be_positive():
+    with pytest.raises(ValueError, match="max_graphs"):
+        GraphRegions(max_graphs=0)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CUDA graphs)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_replay_computes_on_the_values_the_tensors_hold_now():
+    regions = GraphRegions()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    a, b = (torch.randn(64, 32, device="cuda", generator=gen) for _ in range(2))
+    out = torch.empty(64, 64, device="cuda")
+    for _ in range(5):
+        a.normal_(generator=gen)
+        b.normal_(generator=gen)
+        regions.run(("r",), (a, b, out), _region(a, b, out))
+        torch.testing.assert_close(out, _expected(a, b), rtol=1e-4, atol=1e-4)
+    assert regions.counts == {"eager": 1, "captured": 1, "replayed": 3, "refused": 0}
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_other_addresses_or_keys_are_other_regions_and_the_oldest_graph_goes():
+    regions = GraphRegions(max_graphs=1)
+    a, b, c = (torch.randn(16, 8, device="cuda") for _ in range(3))
+    out = torch.empty(16, 16, device="cuda")
+    for _ in range(2):
+        regions.run(("r",), (a, b, out), _region(a, b, out))
+    assert len(regions.graphs) == 1
+    for _ in range(2):  # c in a's place: a new key, first eager, then captured; the cache keeps one graph
+        regions.run(("r",), (c, b, out), _region(c, b, out))
+        torch.testing.assert_close(out, _expected(c, b), rtol=1e-4, atol=1e-4)
+    assert regions.counts["captured"] == 2 and len(regions.graphs) == 1
+    regions.run(("other key",), (c, b, out), _region(c, b, out))
+    assert regions.counts["eager"] == 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_region_that_reads_a_device_value_on_the_host_stays_eager():
+    regions = GraphRegions()
+    a = torch.randn(32, device="cuda")
+    out = torch.empty(32, device="cuda")
+
+    def launch():
+        out.copy_(a * float(a.abs().max()))  # a host read: not capturable
+
+    for _ in range(3):
+        a.normal_()
+        regions.run(("host read",), (a, out), launch)
+        torch.testing.assert_close(out, a * a.abs().max())
+    assert regions.counts["refused"] == 1 and regions.counts["replayed"] == 0 and len(regions.reasons) == 1
+    assert not regions.graphs
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_inside_the_callers_capture_the_launches_join_its_graph():
+    regions = GraphRegions()
+    a, b = (torch.randn(16, 8, device="cuda") for _ in range(2))
+    out = torch.empty(16, 16, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            regions.run(("r",), (a, b, out), _region(a, b, out))
+    torch.cuda.current_stream().wait_stream(side)
+    outer = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(outer):
+        regions.run(("r",), (a, b, out), _region(a, b, out))
+    a.normal_()
+    outer.replay()
+    torch.testing.assert_close(out, _expected(a, b), rtol=1e-4, atol=1e-4)
+    assert regions.counts["eager"] == 2  # the first sighting, and the run inside the caller's capture
