@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -45,6 +46,9 @@ from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
 from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.bench.timing import time_function  # noqa: E402
+
+
+NO_GRAPHS = "ours[auto,no-graphs]"
 
 
 def document_bounds(tokens: int, documents: int, seed: int = 0) -> list[int]:
@@ -62,18 +66,21 @@ def make_inputs(args, kv_heads: int, device, dtype, requires_grad: bool):
     return [t.requires_grad_(requires_grad) for t in (q, k, v)]
 
 
-def ours(pattern, backend, cu, graphs: bool = True):
-    """dilated_attention on the packed row; graphs=False keeps the packs' calls out of CUDA graphs
-    (varlen.PACKED_REGIONS off: every call's Python on the host)."""
+def ours(pattern, backend, cu):
     def run(q, k, v):
-        PACKED_REGIONS.enabled = graphs
-        try:
-            return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths,
-                                     dilation_rates=pattern.dilation_rates, mode=pattern.mode, causal=pattern.causal,
-                                     backend=backend, cu_seqlens=cu)
-        finally:
-            PACKED_REGIONS.enabled = True
+        return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+                                 mode=pattern.mode, causal=pattern.causal, backend=backend, cu_seqlens=cu)
     return run
+
+
+@contextmanager
+def graph_regions(enabled: bool):
+    """varlen.PACKED_REGIONS on or off (off: every pack call's Python on the host, forward and backward)."""
+    PACKED_REGIONS.enabled = enabled
+    try:
+        yield
+    finally:
+        PACKED_REGIONS.enabled = True
 
 
 def loop(pattern, backend, bounds):
@@ -178,17 +185,18 @@ def run(args) -> dict:
         cell: dict = {"times_ms": {}, "errors": {}, "errors_after_timing": {}}
         variants = {f"ours[{b}]": ours(pattern, b, cu) for b in backends}
         if cuda:
-            variants["ours[auto,no-graphs]"] = ours(pattern, "auto", cu, graphs=False)
+            variants[NO_GRAPHS] = ours(pattern, "auto", cu)
         variants.update({f"loop[{b}]": loop(pattern, b, bounds) for b in backends if b != "sdpa"})
         for name, fn in variants.items():
             try:
-                if name.startswith("ours"):
-                    with torch.no_grad():
-                        cell["errors"][name] = rel(fn(q, k, v), expected)
-                cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
-                if name.startswith("ours"):  # again after the timing: the path a steady loop runs (graph replays)
-                    with torch.no_grad():
-                        cell["errors_after_timing"][name] = rel(fn(q, k, v), expected)
+                with graph_regions(name != NO_GRAPHS):
+                    if name.startswith("ours"):
+                        with torch.no_grad():
+                            cell["errors"][name] = rel(fn(q, k, v), expected)
+                    cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
+                    if name.startswith("ours"):  # again after the timing: the path a steady loop runs (replays)
+                        with torch.no_grad():
+                            cell["errors_after_timing"][name] = rel(fn(q, k, v), expected)
             except Exception as error:  # a backend that cannot run this shape is reported with why
                 cell["times_ms"][name] = failed(error)
         steps = {"ours[auto]": step_of(variants["ours[auto]"], q, k, v, grad, direction)}
@@ -215,8 +223,9 @@ def run(args) -> dict:
         fn = ours(pattern, "auto", cu)
         row = {"kv_heads": kv_heads, "kv_bytes": 2 * k.numel() * k.element_size(),
                "fwd+bwd": timed(fn, q, k, v, grad, "fwd+bwd", device, args.repeats)}
-        if cuda:  # eager (its temporaries are what a graph region's pool holds)
-            row["peak_bytes"] = peak_bytes(ours(pattern, "auto", cu, graphs=False), q, k, v, grad, device)
+        if cuda:
+            with graph_regions(False):  # eager: its temporaries are what a graph region's pool keeps
+                row["peak_bytes"] = peak_bytes(fn, q, k, v, grad, device)
         gqa[label] = row
     result["gqa"] = gqa
     result["graph_regions"] = dict(PACKED_REGIONS.counts)

@@ -84,8 +84,8 @@ def test_a_region_that_reads_a_device_value_on_the_host_stays_eager():
         a.normal_()
         regions.run(("host read",), (a, out), launch)
         torch.testing.assert_close(out, a * a.abs().max())
-    assert regions.counts["refused"] == 1 and regions.counts["replayed"] == 0 and len(regions.reasons) == 1
-    assert not regions.graphs
+    assert regions.counts == {"eager": 3, "captured": 0, "replayed": 0, "refused": 0} and not regions.graphs
+    assert "synchronizing" in next(iter(regions.reasons.values()))
 
 
 @pytest.mark.gpu
