@@ -14,9 +14,10 @@ or writes, and the stream. What a region may do:
 - allocate temporaries, which live in one memory pool per (device, stream) shared by the regions captured there
   (nothing allocated in a region may outlive it: the next replay of any region rewrites it);
 - return nothing a caller keeps (`run` returns None);
-- never read a device value on the host. The first, eager run of a key watches for torch's synchronizing
-  operations (`torch.cuda.set_sync_debug_mode`); a key whose run synchronized is never captured, with the reason
-  in `reasons`. A capture that fails all the same is abandoned the same way (and run eagerly).
+- never read a device value on the host after its first run (which may: compiling, recording, caching). The
+  capture runs under torch's sync debug mode "error", so a synchronizing operation raises before it reaches the
+  capture; the capture is then dropped, the call runs eagerly, and the key stays eager, with the reason in
+  `reasons` (as for any capture that fails).
 
 Nothing is captured inside another capture (the caller's own CUDA graph or `torch.compile`'s
 "reduce-overhead" then records the launches themselves), off CUDA, or when `enabled` is False. A region
@@ -25,7 +26,6 @@ records no autograd history (it is captured under `torch.no_grad`).
 from __future__ import annotations
 
 import threading
-import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterable, Optional
 
@@ -34,33 +34,12 @@ import torch
 __all__ = ["GraphRegions"]
 
 _CAPTURE = threading.Lock()
-_SYNC_WARNING = "called a synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")
 
 
 def _signature(t: Optional[torch.Tensor]) -> Optional[tuple]:
     if t is None:
         return None
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
-
-
-def _synchronizes(launch: Callable[[], Any]) -> bool:
-    """Run launch() once, eagerly, and tell whether it called a synchronizing CUDA operation (torch's sync debug
-    mode; other warnings pass through)."""
-    previous = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            launch()
-        finally:
-            torch.cuda.set_sync_debug_mode(previous)
-    found = False
-    for warning in caught:
-        if _SYNC_WARNING in str(warning.message):
-            found = True
-        else:
-            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    return found
 
 
 class GraphRegions:
@@ -104,15 +83,10 @@ class GraphRegions:
             entry[0].replay()
             self.counts["replayed"] += 1
             return
-        if full in self.reasons:
-            self.counts["eager"] += 1
-            launch()
-            return
-        if self.seen.get(full, 0) == 0:
+        if full in self.reasons or self.seen.get(full, 0) == 0:
             self._note_seen(full)
             self.counts["eager"] += 1
-            if _synchronizes(launch):
-                self.reasons[full] = "the region reads a device value on the host (a synchronizing CUDA operation)"
+            launch()
             return
         self._capture(full, device, launch, keep)
 
@@ -136,13 +110,16 @@ class GraphRegions:
             if pool is None:
                 pool = self._pools[full[1:3]] = torch.cuda.graph_pool_handle()
             failure = None
+            sync_mode = torch.cuda.get_sync_debug_mode()
             with torch.cuda.stream(side), torch.no_grad():
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                torch.cuda.set_sync_debug_mode("error")  # a host read raises before it reaches the capture
                 try:
                     launch()
                 except Exception as error:  # noqa: BLE001 - any failure inside a capture: run eagerly instead
                     failure = f"{type(error).__name__}: {error}"
                 finally:
+                    torch.cuda.set_sync_debug_mode(sync_mode)
                     try:
                         graph.capture_end()
                     except Exception as error:  # noqa: BLE001

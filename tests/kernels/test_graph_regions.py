@@ -84,8 +84,14 @@ def test_a_region_that_reads_a_device_value_on_the_host_stays_eager():
         a.normal_()
         regions.run(("host read",), (a, out), launch)
         torch.testing.assert_close(out, a * a.abs().max())
-    assert regions.counts == {"eager": 3, "captured": 0, "replayed": 0, "refused": 0} and not regions.graphs
+    assert regions.counts == {"eager": 3, "captured": 0, "replayed": 0, "refused": 1} and not regions.graphs
     assert "synchronizing" in next(iter(regions.reasons.values()))
+    regions.run(("r",), (a, out), lambda: out.copy_(a * 3))  # the process captures and replays as before
+    regions.run(("r",), (a, out), lambda: out.copy_(a * 3))
+    a.normal_()
+    regions.run(("r",), (a, out), lambda: out.copy_(a * 3))
+    torch.testing.assert_close(out, a * 3)
+    assert regions.counts["replayed"] == 1
 
 
 @pytest.mark.gpu
