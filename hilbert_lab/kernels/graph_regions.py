@@ -2,7 +2,7 @@
 
 A packed row runs a few dozen library calls per step; each spends tens of microseconds of Python before it
 launches, and the host, not the GPU, then sets the step's time. `GraphRegions.run(key, tensors, launch, keep)`
-runs `launch()` eagerly the first time a key is seen, captures it into a CUDA graph the second time (and
+runs `launch()` eagerly the first two times a key is seen, captures it into a CUDA graph the third time (and
 replays that capture), and replays the graph from then on: one `cudaGraphLaunch` instead of the region's Python.
 
 A graph holds addresses, not values, so a replay is the region's launches on whatever the listed tensors hold
@@ -15,9 +15,10 @@ or writes, and the stream. What a region may do:
   (nothing allocated in a region may outlive it: the next replay of any region rewrites it);
 - return nothing a caller keeps (`run` returns None);
 - never read a device value on the host after its first run (which may: compiling, recording, caching). The
-  capture runs under torch's sync debug mode "error", so a synchronizing operation raises before it reaches the
-  capture; the capture is then dropped, the call runs eagerly, and the key stays eager, with the reason in
-  `reasons` (as for any capture that fails).
+  second run of a key, eager as well, watches for torch's synchronizing operations
+  (`torch.cuda.set_sync_debug_mode("warn")`); a key that synchronized is never captured, with the reason in
+  `reasons`. The third run captures. (A capture that fails all the same is dropped and run eagerly, but
+  PyTorch's allocator and generators may not recover from a failed capture: the watch keeps it from happening.)
 
 Nothing is captured inside another capture (the caller's own CUDA graph or `torch.compile`'s
 "reduce-overhead" then records the launches themselves), off CUDA, or when `enabled` is False. A region
@@ -26,6 +27,7 @@ records no autograd history (it is captured under `torch.no_grad`).
 from __future__ import annotations
 
 import threading
+import warnings
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Iterable, Optional
 
@@ -34,12 +36,33 @@ import torch
 __all__ = ["GraphRegions"]
 
 _CAPTURE = threading.Lock()
+_SYNC_WARNING = "called a synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")
 
 
 def _signature(t: Optional[torch.Tensor]) -> Optional[tuple]:
     if t is None:
         return None
     return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
+
+
+def _synchronizes(launch: Callable[[], Any]) -> bool:
+    """Run launch() once, eagerly, and tell whether it called a synchronizing CUDA operation (torch's sync debug
+    mode "warn"; other warnings pass on)."""
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            launch()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    found = False
+    for warning in caught:
+        if _SYNC_WARNING in str(warning.message):
+            found = True
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return found
 
 
 class GraphRegions:
@@ -83,10 +106,15 @@ class GraphRegions:
             entry[0].replay()
             self.counts["replayed"] += 1
             return
-        if full in self.reasons or self.seen.get(full, 0) == 0:
+        seen = self.seen.get(full, 0)
+        if full in self.reasons or seen < 2:
             self._note_seen(full)
             self.counts["eager"] += 1
-            launch()
+            if full in self.reasons or seen == 0:
+                launch()
+            elif _synchronizes(launch):
+                self.reasons[full] = "the region calls a synchronizing CUDA operation (reads the device on the host)"
+                self.counts["refused"] += 1
             return
         self._capture(full, device, launch, keep)
 
@@ -110,16 +138,13 @@ class GraphRegions:
             if pool is None:
                 pool = self._pools[full[1:3]] = torch.cuda.graph_pool_handle()
             failure = None
-            sync_mode = torch.cuda.get_sync_debug_mode()
             with torch.cuda.stream(side), torch.no_grad():
                 graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-                torch.cuda.set_sync_debug_mode("error")  # a host read raises before it reaches the capture
                 try:
                     launch()
                 except Exception as error:  # noqa: BLE001 - any failure inside a capture: run eagerly instead
                     failure = f"{type(error).__name__}: {error}"
                 finally:
-                    torch.cuda.set_sync_debug_mode(sync_mode)
                     try:
                         graph.capture_end()
                     except Exception as error:  # noqa: BLE001

@@ -98,7 +98,7 @@ def test_packed_auto_runs_every_head_dim_in_bf16(head_dim):
 
 
 def test_packed_rows_replayed_as_graphs_compute_on_new_values():
-    """A packed row's FlashAttention-4 calls run eagerly, then captured, then replayed as one CUDA graph per
+    """A packed row's FlashAttention-4 calls run eagerly (twice), then captured, then replayed as one CUDA graph per
     direction (varlen.PACKED_REGIONS), as in a training loop; every step, on new values in the same tensors, matches
     the oracle."""
     _skip_unless("fa4", torch.bfloat16)
