@@ -32,8 +32,8 @@ from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, put_rows
 __all__ = ["PACKED_REGIONS", "Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward",
            "packs_for", "per_sequence", "plan_packs", "write_rows"]
 
-# A packed row's calls on a kernel declaring `graphs`, run as one CUDA graph per (plan, addresses) from the third
-# (kernels.graph_regions): the row's few dozen calls then cost one graph launch of host time.
+# A packed row's calls on a kernel declaring `graphs` run as one CUDA graph per (plan, tensor addresses) from the
+# third call on (kernels.graph_regions): the row's few dozen calls then cost one graph launch of host time.
 PACKED_REGIONS = GraphRegions()
 
 
