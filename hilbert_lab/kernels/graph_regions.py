@@ -151,13 +151,24 @@ class GraphRegions:
                         failure = failure or f"{type(error).__name__}: {error}"
         current.wait_stream(side)
         if failure is not None:
+            del graph
+            self._forget_unused_pools()
             self.reasons[full] = failure
             self.counts["refused"] += 1
             self.counts["eager"] += 1
             launch()
             return
         self.graphs[full] = (graph, keep)
-        while len(self.graphs) > self.max_graphs:
-            self.graphs.popitem(last=False)
+        if len(self.graphs) > self.max_graphs:
+            while len(self.graphs) > self.max_graphs:
+                self.graphs.popitem(last=False)
+            self._forget_unused_pools()
         graph.replay()
         self.counts["captured"] += 1
+
+    def _forget_unused_pools(self) -> None:
+        """Drop the handles of pools no kept graph uses: PyTorch refuses to capture into a pool whose graphs are
+        all gone (the next capture there takes a fresh pool)."""
+        used = {full[1:3] for full in self.graphs}
+        for place in [place for place in self._pools if place not in used]:
+            del self._pools[place]

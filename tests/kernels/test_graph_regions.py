@@ -1,5 +1,6 @@
 """GraphRegions: a region runs eagerly twice, is captured the third time its key is seen and replayed after, on whatever
-its tensors hold then; other addresses, host reads, captures of the caller and the cache's size."""
+its tensors hold then; other addresses, host reads, captures of the caller and the cache's size. On the CPU the same
+policy runs with PyTorch's CUDA calls stood in for."""
 from __future__ import annotations
 
 import pytest
@@ -113,3 +114,119 @@ def test_inside_the_callers_capture_the_launches_join_its_graph():
     outer.replay()
     torch.testing.assert_close(out, _expected(a, b), rtol=1e-4, atol=1e-4)
     assert regions.counts["eager"] == 3  # the first two sightings, and the run inside the caller's capture
+
+
+class _FakeGraph:
+    """A CUDA graph stand-in: what the region launched while "capturing" runs again at each replay."""
+
+    capturing: list = []
+
+    def __init__(self):
+        self.launches, self.pool = [], None
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.pool = pool
+        _FakeGraph.capturing.append(self)
+
+    def capture_end(self):
+        _FakeGraph.capturing.pop()
+
+    def replay(self):
+        for launch in self.launches:
+            launch()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """GraphRegions' CUDA calls on the CPU: a region's work is recorded while "capturing" and rerun per replay."""
+    import hilbert_lab.kernels.graph_regions as module
+
+    class Stream:
+        cuda_stream = 7
+
+        def __init__(self, *args):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    pools = iter(range(1000))
+    monkeypatch.setattr(module.GraphRegions, "_may_capture", lambda self, device: self.enabled)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: torch.no_grad())
+    monkeypatch.setattr(torch.cuda, "device", lambda device: torch.no_grad())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (0, next(pools)))
+    monkeypatch.setattr(module, "_synchronizes", lambda launch: launch() or getattr(launch, "reads_device", False))
+    return module
+
+
+def _recorded(a: torch.Tensor, out: torch.Tensor, factor: float):
+    """A region out = a * factor whose capture records the work, as a CUDA graph holds launches, not values."""
+    def work():
+        out.copy_(a * factor)
+
+    def launch():
+        if _FakeGraph.capturing:
+            _FakeGraph.capturing[-1].launches.append(work)
+        else:
+            work()
+    return launch
+
+
+def test_the_policy_eager_twice_then_captured_then_replayed(fake_cuda):
+    regions = fake_cuda.GraphRegions()
+    a, out = torch.randn(5), torch.empty(5)
+    for _ in range(5):
+        a.normal_()
+        regions.run(("r",), (a, out), _recorded(a, out, 2.0))
+        torch.testing.assert_close(out, a * 2)
+    assert regions.counts == {"eager": 2, "captured": 1, "replayed": 2, "refused": 0}
+
+
+def test_a_region_that_synchronizes_on_its_second_run_is_never_captured(fake_cuda):
+    regions = fake_cuda.GraphRegions()
+    a, out = torch.randn(5), torch.empty(5)
+    launch = _recorded(a, out, 3.0)
+    launch.reads_device = True
+    for _ in range(4):
+        a.normal_()
+        regions.run(("r",), (a, out), launch)
+        torch.testing.assert_close(out, a * 3)
+    assert regions.counts == {"eager": 4, "captured": 0, "replayed": 0, "refused": 1} and not regions.graphs
+
+
+def test_a_failed_capture_runs_eagerly_and_the_next_capture_takes_a_fresh_pool(fake_cuda):
+    regions = fake_cuda.GraphRegions()
+    a, out = torch.randn(5), torch.empty(5)
+    calls = []
+
+    def failing():
+        calls.append(1)
+        if _FakeGraph.capturing:
+            raise RuntimeError("not capturable")
+        out.copy_(a)
+
+    for _ in range(4):
+        regions.run(("failing",), (a, out), failing)
+    assert regions.counts["refused"] == 1 and "not capturable" in next(iter(regions.reasons.values()))
+    assert len(calls) == 5 and not regions._pools  # 2 eager, the capture, its eager rerun, then eager again
+    for _ in range(4):
+        a.normal_()
+        regions.run(("r",), (a, out), _recorded(a, out, 1.5))
+        torch.testing.assert_close(out, a * 1.5)
+    assert regions.counts["replayed"] == 1 and len(regions._pools) == 1
+
+
+def test_the_cache_keeps_max_graphs_and_a_disabled_cache_runs_eagerly(fake_cuda):
+    regions = fake_cuda.GraphRegions(max_graphs=1)
+    a, b, out = torch.randn(5), torch.randn(5), torch.empty(5)
+    for x in (a, b):
+        for _ in range(3):
+            regions.run(("r",), (x, out), _recorded(x, out, 2.0))
+    assert len(regions.graphs) == 1 and regions.counts["captured"] == 2
+    regions.enabled = False
+    regions.run(("r",), (a, out), _recorded(a, out, 5.0))
+    torch.testing.assert_close(out, a * 5)
+    assert regions.counts["replayed"] == 0
