@@ -9,7 +9,7 @@ gradient) it times, in the same process:
 - ours[auto|sdpa|fa4]: dilated_attention(q, k, v, cu_seqlens=[0, n1, ...]) on the packed row, the boundaries
   given as host integers (a device tensor would be read back on every call; auto takes the
   executor declaring varlen where one runs: fa4's packs, a few FlashAttention-4 varlen calls);
-- ours[auto,no-graphs] (GPU): the same with varlen.PACKED_REGIONS off, every call's Python on the host (by
+- ours[auto,no-graphs] (GPU): the same with kernel.GRAPH_REGIONS off, every call's Python on the host (by
   default a row's calls on FlashAttention-4 are captured once and replayed as one CUDA graph per direction);
 - loop[auto|fa4]: a Python loop calling dilated_attention on each document (the caller's fallback);
 - floor[fa4-varlen]: FlashAttention-4's varlen kernels on the same packs (the calls fa4 makes), each
@@ -39,7 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
-from hilbert_lab.attention.executors.varlen import PACKED_REGIONS, packs_for, plan_packs  # noqa: E402
+from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS  # noqa: E402
+from hilbert_lab.attention.executors.varlen import packs_for, plan_packs  # noqa: E402
 from hilbert_lab.attention.plan import cached_plan  # noqa: E402
 from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
@@ -75,12 +76,12 @@ def ours(pattern, backend, cu):
 
 @contextmanager
 def graph_regions(enabled: bool):
-    """varlen.PACKED_REGIONS on or off (off: every pack call's Python on the host, forward and backward)."""
-    PACKED_REGIONS.enabled = enabled
+    """kernel.GRAPH_REGIONS on or off (off: every pack call's Python on the host, forward and backward)."""
+    GRAPH_REGIONS.enabled = enabled
     try:
         yield
     finally:
-        PACKED_REGIONS.enabled = True
+        GRAPH_REGIONS.enabled = True
 
 
 def loop(pattern, backend, bounds):
@@ -228,7 +229,7 @@ def run(args) -> dict:
                 row["peak_bytes"] = peak_bytes(fn, q, k, v, grad, device)
         gqa[label] = row
     result["gqa"] = gqa
-    result["graph_regions"] = dict(PACKED_REGIONS.counts)
+    result["graph_regions"] = dict(GRAPH_REGIONS.counts)
     return result
 
 

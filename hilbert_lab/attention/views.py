@@ -65,6 +65,12 @@ def plan_cached(key: tuple, plan: Plan, compute):
     return value
 
 
+def plan_cached_values(*plans: Plan) -> list:
+    """Every value `plan_cached` holds for these plan objects: the device metadata a CUDA graph of their calls reads
+    must live as long as that graph, whatever the cache drops."""
+    return [value for owner, value in list(_CACHE.values()) if any(owner is plan for plan in plans)]
+
+
 def plan_units(plan: Plan) -> tuple[Unit, ...]:
     """The plan's blocks grouped into units (fewer kernel calls where offsets fold into one view)."""
     return plan_cached((id(plan), "units"), plan, lambda: _units(plan))

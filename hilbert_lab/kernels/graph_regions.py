@@ -10,7 +10,8 @@ then. The key is therefore the caller's `key` (everything else the launches depe
 flags, scales) with the data pointer, shape, strides, dtype and gradient flag of every tensor the region reads
 or writes, and the stream. What a region may do:
 - read and write only `tensors` (any views of them) and device data owned by the objects in `keep`, which the
-  cache holds alive as long as the graph (cached metadata: its addresses stay valid);
+  cache holds alive as long as the graph (cached metadata: its addresses stay valid); `keep` may be a function,
+  called right after the capture (what the capture read from caches is then in them);
 - allocate temporaries, which live in one memory pool per (device, stream) shared by the regions captured there
   (nothing allocated in a region may outlive it: the next replay of any region rewrites it);
 - return nothing a caller keeps (`run` returns None);
@@ -158,7 +159,7 @@ class GraphRegions:
             self.counts["eager"] += 1
             launch()
             return
-        self.graphs[full] = (graph, keep)
+        self.graphs[full] = (graph, keep() if callable(keep) else keep)
         if len(self.graphs) > self.max_graphs:
             while len(self.graphs) > self.max_graphs:
                 self.graphs.popitem(last=False)

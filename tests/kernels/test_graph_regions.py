@@ -230,3 +230,18 @@ def test_the_cache_keeps_max_graphs_and_a_disabled_cache_runs_eagerly(fake_cuda)
     regions.run(("r",), (a, out), _recorded(a, out, 5.0))
     torch.testing.assert_close(out, a * 5)
     assert regions.counts["replayed"] == 0
+
+
+def test_keep_given_as_a_function_is_called_after_the_capture_and_kept_with_the_graph(fake_cuda):
+    regions = fake_cuda.GraphRegions()
+    a, out = torch.randn(5), torch.empty(5)
+    cached = {}
+
+    def launch():
+        cached["metadata"] = torch.arange(3)  # what a capture reads from a cache
+        _recorded(a, out, 2.0)()
+
+    for _ in range(3):
+        regions.run(("r",), (a, out), launch, keep=lambda: cached["metadata"])
+    (graph, kept), = regions.graphs.values()
+    assert kept is cached["metadata"]

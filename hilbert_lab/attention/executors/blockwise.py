@@ -19,12 +19,12 @@ import torch
 
 from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import (
-    DenseKernel, all_finite, call_backward, call_forward, call_state, guard_lse,
+    GRAPH_REGIONS, DenseKernel, all_finite, call_backward, call_forward, call_state, guard_lse,
 )
 from hilbert_lab.attention.executors.small_blocks import small_backward, small_forward, split_small
 from hilbert_lab.attention.executors.varlen import VarlenKernel, packed_backward, packed_forward, packs_for
 from hilbert_lab.attention.plan import Plan
-from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
+from hilbert_lab.attention.views import KEY, QUERY, plan_cached_values, plan_units, plan_views
 
 
 def _readable(x: torch.Tensor, in_place: bool) -> torch.Tensor:
@@ -60,20 +60,27 @@ def blockwise_forward(plan: Plan, q, k, v, slots: Slots, *, scale: float, kernel
     return fold_flags, states
 
 
-def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, merged: Merged, grads: Grads, *, scale: float,
-                       kernel: DenseKernel, dense_out_lse: bool = False, in_place: bool = True,
-                       after_first: Optional[Callable[[], None]] = None) -> None:
-    """Add (or write) every call's share of dq, dk, dv for the merged (out, lse) into `grads`. state: the
-    forward's (batch folds, call states), or None to rebuild the call states from shapes (kernel.call_state).
-    after_first: run once the first branch's calls (whose shares are written, Grads.first_branch; every document's)
-    are done and before any other share is added."""
-    fold_flags, states = state if state is not None else (None, None)
+def backward_inputs(merged: Merged, dense_out_lse: bool) -> tuple:
+    """(out, grad_out, lse (B, Nq, H) with +inf for rows without keys, grad_lse (B, Nq, H)) as the calls of
+    `blockwise_backward` read them: out and grad_out contiguous where a kernel wants them dense or they are not."""
     out = merged.dense("out") if dense_out_lse or not merged.out.is_contiguous() else merged.out
     grad_out = merged.grad_out
     if grad_out is not None and (dense_out_lse or not grad_out.is_contiguous()):
         grad_out = merged.dense("grad_out")
     lse = guard_lse(merged.lse).transpose(1, 2).contiguous()  # (B, Nq, H): views follow the queries' geometry
     grad_lse = None if merged.grad_lse is None else merged.grad_lse.transpose(1, 2).contiguous()
+    return out, grad_out, lse, grad_lse
+
+
+def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, inputs: tuple, grads: Grads, *, scale: float,
+                       kernel: DenseKernel, in_place: bool = True,
+                       after_first: Optional[Callable[[], None]] = None) -> None:
+    """Add (or write) every call's share of dq, dk, dv for the merged (out, lse) into `grads`. state: the
+    forward's (batch folds, call states), or None to rebuild the call states from shapes (kernel.call_state).
+    inputs: `backward_inputs(merged, kernel.dense_out_lse)`. after_first: run once the first branch's calls (whose
+    shares are written, Grads.first_branch; every document's) are done and before any other share is added."""
+    fold_flags, states = state if state is not None else (None, None)
+    out, grad_out, lse, grad_lse = inputs
     tensors = [(q, QUERY), (k, KEY), (v, KEY), (out, QUERY), (lse, QUERY), (grads.dq, QUERY), (grads.dk, KEY),
                (grads.dv, KEY)]
     if grad_out is not None:
@@ -133,10 +140,20 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
             return varlen, packs, packed_forward(plan, packs, q, k, v, slots, scale=scale, kernel=varlen), ()
         kernel = kernel_for(q)
         calls, small = _split(plan, capabilities, q, k, v)
-        states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel, in_place=capabilities.in_place)
-        if small:
-            small_forward(plan, small, q, k, v, slots, scale=scale)
-        return kernel, None, states, small
+
+        def launch():
+            states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel,
+                                       in_place=capabilities.in_place)
+            if small:
+                small_forward(plan, small, q, k, v, slots, scale=scale)
+            return states
+
+        if not kernel.graphs:
+            return kernel, None, launch(), small
+        key = ("blocks forward", name, id(plan), scale, tuple(sorted(slots.slot_of.items())), slots.need_lse)
+        GRAPH_REGIONS.run(key, (q, k, v, slots.outs, slots.lses), launch,
+                          keep=lambda: (plan, calls, plan_cached_values(plan, calls)))
+        return kernel, None, None, small  # the backward rebuilds the call states from shapes
 
     def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
         if state is None:  # rebuilt from the plan and shapes: the forward's choices are functions of them
@@ -150,8 +167,19 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         calls = split_small(plan, q.shape[0], q.shape[-1])[0] if small else plan
         after = (lambda: small_backward(plan, small, q, k, v, merged, grads, scale=scale)) \
             if small else None
-        blockwise_backward(calls, states, q, k, v, merged, grads, scale=scale, kernel=kernel,
-                           dense_out_lse=kernel.dense_out_lse, in_place=capabilities.in_place, after_first=after)
+        inputs = backward_inputs(merged, kernel.dense_out_lse)
+
+        def launch():
+            blockwise_backward(calls, states, q, k, v, inputs, grads, scale=scale, kernel=kernel,
+                               in_place=capabilities.in_place, after_first=after)
+
+        if not kernel.graphs:
+            launch()
+            return
+        totals = (grads.dq, grads.dk, grads.dv)  # allocated here, before the region
+        key = ("blocks backward", name, id(plan), scale, grads.accumulate, grads.first_branch, grads.dtype)
+        GRAPH_REGIONS.run(key, (q, k, v, *inputs, merged.out, merged.lse, merged.grad_out, merged.grad_lse, *totals),
+                          launch, keep=lambda: (plan, calls, plan_cached_values(plan, calls)))
 
     extra = {} if unavailable is None else {"unavailable": unavailable}
     return Executor(name, capabilities, forward, backward, description=description, kernel_for=kernel_for,

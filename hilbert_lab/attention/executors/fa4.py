@@ -82,7 +82,7 @@ def _workspace(q: torch.Tensor, k: torch.Tensor, backward: bool) -> int:
 
 
 FA4_KERNEL = DenseKernel("fa4", _forward, _backward, gqa=True, bottom_right=True, grad_lse=True, writes_into=True,
-                         fallback=MANUAL_KERNEL, workspace=_workspace, meta=False)
+                         fallback=MANUAL_KERNEL, workspace=_workspace, meta=False, graphs=True)
 CAPABILITIES = Capabilities(devices=("cuda",), dtypes=HALF_DTYPES, head_dims=(256, 8), min_capability=(9, 0),
                             grad_lse=True, gqa=True, bottom_right=True, varlen=True, package=PACKAGE,
                             install="hilbert-lab[fa4]")

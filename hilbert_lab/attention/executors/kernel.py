@@ -32,8 +32,14 @@ from hilbert_lab.attention.executors.base import lse_share_inputs
 from hilbert_lab.attention.merge import merge_lse
 from hilbert_lab.attention.target import counting_workspace, holding_workspace
 from hilbert_lab.attention.validation import kernel_layout
+from hilbert_lab.kernels.graph_regions import GraphRegions
 
 _NO_WORKSPACE = contextlib.nullcontext()  # a call outside dry runs: nothing to count
+
+# The calls of one plan on a kernel declaring `graphs` (a packed row's packs, or a plan's blocks) run as one CUDA
+# graph per direction and (plan, tensor addresses) from the third call on (kernels.graph_regions): a plan's tens of
+# calls then cost one graph launch of host time. `GRAPH_REGIONS.enabled = False` keeps every call eager.
+GRAPH_REGIONS = GraphRegions()
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,9 @@ class DenseKernel:
     # the kernel for calls whose key count changes from call to call (decoding steps), where this one pays a
     # per-shape set-up on each new count (cuDNN builds an execution graph per shape: tens to hundreds of ms)
     varying_lengths: Optional["DenseKernel"] = None
+    # its calls read no device value on the host, and their backward needs no more than call_state rebuilds: a
+    # plan's calls on it may be captured and replayed as one CUDA graph (GRAPH_REGIONS)
+    graphs: bool = False
     # (q, k, causal) -> the aux its forward returns for that call (k with its own key/value heads), from shapes
     # and device alone (no attention computed), for a backward run without the forward's states (attention.op);
     # None: its aux is None

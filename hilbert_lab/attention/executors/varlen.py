@@ -22,19 +22,16 @@ from typing import Any, Callable, Optional
 import torch
 
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots
-from hilbert_lab.attention.executors.kernel import DenseKernel, call_backward, call_forward, call_state
+from hilbert_lab.attention.executors.kernel import (
+    GRAPH_REGIONS, DenseKernel, call_backward, call_forward, call_state,
+)
 from hilbert_lab.attention.plan import Plan
-from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
-from hilbert_lab.kernels.graph_regions import GraphRegions
+from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_cached_values, plan_units
 from hilbert_lab.kernels.triton_support import interpreting
 from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, put_rows
 
-__all__ = ["PACKED_REGIONS", "Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward",
-           "packs_for", "per_sequence", "plan_packs", "write_rows"]
-
-# A packed row's calls on a kernel declaring `graphs` run as one CUDA graph per (plan, tensor addresses) from the
-# third call on (kernels.graph_regions): the row's few dozen calls then cost one graph launch of host time.
-PACKED_REGIONS = GraphRegions()
+__all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
+           "per_sequence", "plan_packs", "write_rows"]
 
 
 def _count(heads: slice) -> int:
@@ -192,7 +189,7 @@ class VarlenKernel:
     leaving the others as they were), else tensors of its own, which hold zeros at the other rows only
     where `into` was given. state: the forward's, or None (rebuilt from shapes).
     graphs: its forward returns None and its calls read no device value on the host, so a row's calls may be
-    captured and replayed as one CUDA graph (`PACKED_REGIONS`)."""
+    captured and replayed as one CUDA graph (`GRAPH_REGIONS`)."""
 
     name: str
     forward: Callable[..., Any]
@@ -252,7 +249,7 @@ def per_sequence(kernel: DenseKernel) -> VarlenKernel:
 def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *, scale: float,
                    kernel: VarlenKernel) -> list:
     """One call per pack, each writing its runs' output and LSE into its branch's slot; the states (None each
-    where the kernel declares `graphs`: the calls then run as one region of `PACKED_REGIONS`)."""
+    where the kernel declares `graphs`: the calls then run as one region of `GRAPH_REGIONS`)."""
     runs_of = pack_runs(plan, packs, q.device)
 
     def launch():
@@ -263,8 +260,9 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
 
     if not kernel.graphs:
         return launch()
-    key = ("forward", kernel.name, id(plan), scale, tuple(sorted(slots.slot_of.items())))
-    PACKED_REGIONS.run(key, (q, k, v, slots.outs, slots.lses), launch, keep=(plan, runs_of))
+    key = ("packs forward", kernel.name, id(plan), scale, tuple(sorted(slots.slot_of.items())))
+    GRAPH_REGIONS.run(key, (q, k, v, slots.outs, slots.lses), launch,
+                      keep=lambda: (plan, runs_of, plan_cached_values(plan)))
     return [None] * len(packs)
 
 
@@ -306,7 +304,7 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     The first branch's shares are written into the totals' views at the runs' rows. A later branch's are added:
     at the runs' rows only where Triton runs (`kernels.triton_rows.put_rows`: one launch per pack, no atomics);
     elsewhere they land in zeroed buffers (zero between the runs) added whole; a pack whose runs tile its view
-    adds its shares whole. On a kernel declaring `graphs` the calls run as one region of `PACKED_REGIONS`."""
+    adds its shares whole. On a kernel declaring `graphs` the calls run as one region of `GRAPH_REGIONS`."""
     out = merged.out if merged.out.stride(-1) == 1 else merged.dense("out")
     grad_out = merged.grad_out
     if grad_out is not None and grad_out.stride(-1) != 1:
@@ -325,8 +323,9 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     if not kernel.graphs:
         launch()
         return
-    key = ("backward", kernel.name, id(plan), scale, grads.accumulate, grads.first_branch, grads.dtype)
-    PACKED_REGIONS.run(key, (q, k, v, out, grad_out, lse, grad_lse, *totals), launch, keep=(plan, runs_of))
+    key = ("packs backward", kernel.name, id(plan), scale, grads.accumulate, grads.first_branch, grads.dtype)
+    GRAPH_REGIONS.run(key, (q, k, v, out, grad_out, lse, grad_lse, *totals), launch,
+                      keep=lambda: (plan, runs_of, plan_cached_values(plan)))
 
 
 def _pack_backward(plan: Plan, pack: Pack, runs: Runs, state, q, k, v, out, grad_out, lse, grad_lse, grads: Grads,
