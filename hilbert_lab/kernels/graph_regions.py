@@ -8,7 +8,7 @@ replays that capture), and replays the graph from then on: one `cudaGraphLaunch`
 A graph holds addresses, not values, so a replay is the region's launches on whatever the listed tensors hold
 then. The key is therefore the caller's `key` (everything else the launches depend on: shapes of the work,
 flags, scales) with the data pointer, shape, strides, dtype and gradient flag of every tensor the region reads
-or writes, and the stream. What a region may do:
+or writes, the stream and the autocast state. What a region may do:
 - read and write only `tensors` (any views of them) and device data owned by the objects in `keep`, which the
   cache holds alive as long as the graph (cached metadata: its addresses stay valid); `keep` may be a function,
   called right after the capture (what the capture read from caches is then in them);
@@ -99,8 +99,8 @@ class GraphRegions:
             self.counts["eager"] += 1
             launch()
             return
-        full = (key, device.index, torch.cuda.current_stream(device).cuda_stream,
-                tuple([_signature(t) for t in tensors]))
+        full = (key, device.index, torch.cuda.current_stream(device).cuda_stream, torch.is_autocast_enabled("cuda"),
+                torch.get_autocast_dtype("cuda"), tuple([_signature(t) for t in tensors]))
         entry = self.graphs.get(full)
         if entry is not None:
             self.graphs.move_to_end(full)
