@@ -24,8 +24,11 @@ kind (attention kernels, copies, fills, elementwise adds/conversions, merge, oth
 the FlashAttention-4 floor's calls, whose graph-replayed time (part "headline") over that kernel sum is printed
 (target: within 5%).
 
+A plan's FlashAttention-4 calls run as one CUDA graph per direction once a step repeats (executors.kernel.
+GRAPH_REGIONS); `--no-graphs` times every call of ours eagerly. The JSON records which, with the regions' counts.
+
 Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
-[--quick]
+[--quick] [--no-graphs]
 """
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
+from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS  # noqa: E402
 from hilbert_lab.attention.selection import select_backend  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
@@ -295,7 +299,11 @@ def main() -> None:
     parser.add_argument("--longest-max", type=int, default=8 * 1048576)
     parser.add_argument("--longest-backends", default="auto")
     parser.add_argument("--quick", action="store_true", help="headline only, fewer repeats")
+    parser.add_argument("--no-graphs", action="store_true",
+                        help="every call of ours eager (executors.kernel.GRAPH_REGIONS off: each call's Python on "
+                             "the host); by default a plan's FlashAttention-4 calls replay as one CUDA graph")
     args = parser.parse_args()
+    GRAPH_REGIONS.enabled = not args.no_graphs
     parts = set(args.parts.split(","))
     if args.quick:
         parts, args.repeats = {"headline"}, 7
@@ -306,6 +314,7 @@ def main() -> None:
 
     def save() -> None:  # after every cell: a run cut short keeps what it finished
         result["seconds"] = time.time() - began
+        result["graph_regions"] = dict(enabled=GRAPH_REGIONS.enabled, counts=dict(GRAPH_REGIONS.counts))
         atomic_write(out, json.dumps(result, indent=1, default=str))
 
     print(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}  cudnn {torch.backends.cudnn.version()}")
