@@ -126,8 +126,9 @@ class GraphRegions:
     def _note_seen(self, full: tuple) -> None:
         self.seen[full] = self.seen.get(full, 0) + 1
         self.seen.move_to_end(full)
-        while len(self.seen) > 4 * self.max_graphs:
-            self.seen.popitem(last=False)
+        while len(self.seen) > 4 * self.max_graphs:  # a forgotten key is watched again if it comes back
+            forgotten, _ = self.seen.popitem(last=False)
+            self.reasons.pop(forgotten, None)
 
     def _capture(self, full: tuple, device: torch.device, launch: Callable[[], Any], keep: Any) -> None:
         graph = torch.cuda.CUDAGraph()

@@ -245,3 +245,14 @@ def test_keep_given_as_a_function_is_called_after_the_capture_and_kept_with_the_
         regions.run(("r",), (a, out), launch, keep=lambda: cached["metadata"])
     (graph, kept), = regions.graphs.values()
     assert kept is cached["metadata"]
+
+
+def test_keys_seen_and_refused_stay_bounded(fake_cuda):
+    regions = fake_cuda.GraphRegions(max_graphs=1)
+    a, out = torch.randn(5), torch.empty(5)
+    launch = _recorded(a, out, 3.0)
+    launch.reads_device = True
+    for index in range(10):
+        for _ in range(2):
+            regions.run(("r", index), (a, out), launch)
+    assert len(regions.seen) <= 4 and len(regions.reasons) <= 4 and regions.counts["refused"] == 10
