@@ -19,12 +19,12 @@ import torch
 
 from hilbert_lab.attention.executors.base import Capabilities, Executor, Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import (
-    GRAPH_REGIONS, DenseKernel, all_finite, call_backward, call_forward, call_state, guard_lse,
+    DenseKernel, all_finite, call_backward, call_forward, call_state, guard_lse, run_plan_graph,
 )
 from hilbert_lab.attention.executors.small_blocks import small_backward, small_forward, split_small
 from hilbert_lab.attention.executors.varlen import VarlenKernel, packed_backward, packed_forward, packs_for
 from hilbert_lab.attention.plan import Plan
-from hilbert_lab.attention.views import KEY, QUERY, plan_cached_values, plan_units, plan_views
+from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
 
 
 def _readable(x: torch.Tensor, in_place: bool) -> torch.Tensor:
@@ -150,9 +150,8 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
 
         if not kernel.graphs:
             return kernel, None, launch(), small
-        key = ("blocks forward", name, id(plan), scale, tuple(sorted(slots.slot_of.items())), slots.need_lse)
-        GRAPH_REGIONS.run(key, (q, k, v, slots.outs, slots.lses), launch,
-                          keep=lambda: (plan, calls, plan_cached_values(plan, calls)))
+        run_plan_graph("blocks forward", (plan, calls), (name, scale, tuple(sorted(slots.slot_of.items())),
+                                                          slots.need_lse), (q, k, v, slots.outs, slots.lses), launch)
         return kernel, None, None, small  # the backward rebuilds the call states from shapes
 
     def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
@@ -177,9 +176,9 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
             launch()
             return
         totals = (grads.dq, grads.dk, grads.dv)  # allocated here, before the region
-        key = ("blocks backward", name, id(plan), scale, grads.accumulate, grads.first_branch, grads.dtype)
-        GRAPH_REGIONS.run(key, (q, k, v, *inputs, merged.out, merged.lse, merged.grad_out, merged.grad_lse, *totals),
-                          launch, keep=lambda: (plan, calls, plan_cached_values(plan, calls)))
+        run_plan_graph("blocks backward", (plan, calls),
+                       (name, scale, grads.accumulate, grads.first_branch, grads.dtype),
+                       (q, k, v, *inputs, merged.out, merged.lse, merged.grad_out, merged.grad_lse, *totals), launch)
 
     extra = {} if unavailable is None else {"unavailable": unavailable}
     return Executor(name, capabilities, forward, backward, description=description, kernel_for=kernel_for,

@@ -30,8 +30,10 @@ import torch
 
 from hilbert_lab.attention.executors.base import lse_share_inputs
 from hilbert_lab.attention.merge import merge_lse
+from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.target import counting_workspace, holding_workspace
 from hilbert_lab.attention.validation import kernel_layout
+from hilbert_lab.attention.views import plan_cached_values
 from hilbert_lab.kernels.graph_regions import GraphRegions
 
 _NO_WORKSPACE = contextlib.nullcontext()  # a call outside dry runs: nothing to count
@@ -40,6 +42,15 @@ _NO_WORKSPACE = contextlib.nullcontext()  # a call outside dry runs: nothing to 
 # graph per direction and (plan, tensor addresses) from the third call on (kernels.graph_regions): a plan's tens of
 # calls then cost one graph launch of host time. `GRAPH_REGIONS.enabled = False` keeps every call eager.
 GRAPH_REGIONS = GraphRegions()
+
+
+def run_plan_graph(what: str, plans: tuple[Plan, ...], key: tuple, tensors, launch: Callable[[], Any], *,
+                   keep: Any = ()) -> None:
+    """launch(), the calls of plans[0] in one direction touching only `tensors`, as one region of GRAPH_REGIONS keyed
+    by `what`, that plan object and `key`. The plans, `keep` and the device metadata cached for the plans live as
+    long as the graph (a cache eviction cannot free what it reads)."""
+    GRAPH_REGIONS.run((what, id(plans[0]), *key), tensors, launch,
+                      keep=lambda: (plans, keep, plan_cached_values(*plans)))
 
 
 @dataclass(frozen=True)

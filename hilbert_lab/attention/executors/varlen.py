@@ -23,10 +23,10 @@ import torch
 
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.executors.kernel import (
-    GRAPH_REGIONS, DenseKernel, call_backward, call_forward, call_state,
+    DenseKernel, call_backward, call_forward, call_state, run_plan_graph,
 )
 from hilbert_lab.attention.plan import Plan
-from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_cached_values, plan_units
+from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
 from hilbert_lab.kernels.triton_support import interpreting
 from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, put_rows
 
@@ -260,9 +260,8 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
 
     if not kernel.graphs:
         return launch()
-    key = ("packs forward", kernel.name, id(plan), scale, tuple(sorted(slots.slot_of.items())))
-    GRAPH_REGIONS.run(key, (q, k, v, slots.outs, slots.lses), launch,
-                      keep=lambda: (plan, runs_of, plan_cached_values(plan)))
+    run_plan_graph("packs forward", (plan,), (kernel.name, scale, tuple(sorted(slots.slot_of.items()))),
+                   (q, k, v, slots.outs, slots.lses), launch, keep=runs_of)
     return [None] * len(packs)
 
 
@@ -323,9 +322,8 @@ def packed_backward(plan: Plan, packs: tuple[Pack, ...], states: list, q, k, v, 
     if not kernel.graphs:
         launch()
         return
-    key = ("packs backward", kernel.name, id(plan), scale, grads.accumulate, grads.first_branch, grads.dtype)
-    GRAPH_REGIONS.run(key, (q, k, v, out, grad_out, lse, grad_lse, *totals), launch,
-                      keep=lambda: (plan, runs_of, plan_cached_values(plan)))
+    run_plan_graph("packs backward", (plan,), (kernel.name, scale, grads.accumulate, grads.first_branch, grads.dtype),
+                   (q, k, v, out, grad_out, lse, grad_lse, *totals), launch, keep=runs_of)
 
 
 def _pack_backward(plan: Plan, pack: Pack, runs: Runs, state, q, k, v, out, grad_out, lse, grad_lse, grads: Grads,
