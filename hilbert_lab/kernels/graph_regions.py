@@ -21,6 +21,10 @@ or writes, the stream and the autocast state. What a region may do:
   `reasons`. The third run captures. (A capture that fails all the same is dropped and run eagerly, but
   PyTorch's allocator and generators may not recover from a failed capture: the watch keeps it from happening.)
 
+The cache keeps `max_graphs` graphs, the least recently used dropped first. A dropped key that comes back runs
+eagerly from then on (`reasons`): the keys in use outnumber the kept graphs, and capturing again would cost a
+capture on every call.
+
 Nothing is captured inside another capture (the caller's own CUDA graph or `torch.compile`'s
 "reduce-overhead" then records the launches themselves), off CUDA, or when `enabled` is False. A region
 records no autograd history (it is captured under `torch.no_grad`).
@@ -163,7 +167,9 @@ class GraphRegions:
         self.graphs[full] = (graph, keep() if callable(keep) else keep)
         if len(self.graphs) > self.max_graphs:
             while len(self.graphs) > self.max_graphs:
-                self.graphs.popitem(last=False)
+                dropped, _ = self.graphs.popitem(last=False)
+                self.seen[dropped] = self.seen.get(dropped, 2)  # bounded with the seen keys
+                self.reasons[dropped] = f"dropped from the cache: more keys in use than max_graphs ({self.max_graphs})"
             self._forget_unused_pools()
         graph.replay()
         self.counts["captured"] += 1

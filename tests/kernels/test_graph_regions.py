@@ -232,6 +232,24 @@ def test_the_cache_keeps_max_graphs_and_a_disabled_cache_runs_eagerly(fake_cuda)
     assert regions.counts["replayed"] == 0
 
 
+def test_a_key_dropped_from_the_cache_that_comes_back_stays_eager(fake_cuda):
+    """Two keys in turn through a cache of one graph: each is captured once, and a dropped key that returns runs
+    eagerly (on its values) instead of being captured again on every call."""
+    regions = fake_cuda.GraphRegions(max_graphs=1)
+    a, b, out = torch.randn(5), torch.randn(5), torch.empty(5)
+    for x in (a, b):
+        for _ in range(3):
+            regions.run(("r",), (x, out), _recorded(x, out, 2.0))
+    for factor in (3.0, 4.0, 5.0):
+        for x in (a, b):
+            x.normal_()
+            regions.run(("r",), (x, out), _recorded(x, out, factor))
+            torch.testing.assert_close(out, x * (factor if x is a else 2.0))
+    assert regions.counts == {"eager": 7, "captured": 2, "replayed": 3, "refused": 0}
+    assert [reason for reason in regions.reasons.values()] == ["dropped from the cache: more keys in use than "
+                                                                "max_graphs (1)"]
+
+
 def test_keep_given_as_a_function_is_called_after_the_capture_and_kept_with_the_graph(fake_cuda):
     regions = fake_cuda.GraphRegions()
     a, out = torch.randn(5), torch.empty(5)
