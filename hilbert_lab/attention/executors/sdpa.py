@@ -136,13 +136,13 @@ def _cudnn_workspace(q, k, backward: bool) -> int:
 
 CPU_FLASH = DenseKernel("cpu_flash", _cpu_forward, _cpu_backward, fallback=MANUAL_KERNEL)
 FLASH = DenseKernel("flash", _flash_forward, _flash_backward, dense_out_lse=True, fallback=MANUAL_KERNEL,
-                    workspace=_flash_workspace, aux_for=_flash_aux, graphs=True)
+                    workspace=_flash_workspace, aux_for=_flash_aux)
 KERNELS = {
     "flash": FLASH,
     # cuDNN is chosen only where flash runs too (fp16/bf16, D <= 128, sm90+): decoding steps go there
     "cudnn": DenseKernel("cudnn", _cudnn_forward, _cudnn_backward, dense_out_lse=True, min_length=2,
                          fallback=MANUAL_KERNEL, workspace=_cudnn_workspace, varying_lengths=FLASH,
-                         aux_for=_cudnn_aux, graphs=True),
+                         aux_for=_cudnn_aux),
     # calls of one query and one key found no cutlass kernel on an H100 (torch 2.11): the fallback takes them
     "efficient": DenseKernel("efficient", _efficient_forward, _efficient_backward, min_length=2,
                              fallback=MANUAL_KERNEL),
