@@ -23,10 +23,13 @@ import torch
 
 from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
-__all__ = ["HAVE_TRITON", "INPUT_DTYPES", "scatter_rows", "small_attention_backward", "small_attention_forward",
+__all__ = ["HAVE_TRITON", "INPUT_DTYPES", "MAX_HEAD_DIM", "scatter_rows", "small_attention_backward", "small_attention_forward",
            "tile_length"]
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes of q, k, v the kernels take
+# the largest head dim the kernels take: at 256 the backward's tiles need 272 KiB of shared memory, past the 227 KiB
+# of an H100 or H200 (measured: triton OutOfResources)
+MAX_HEAD_DIM = 128
 
 if HAVE_TRITON:
 
@@ -152,6 +155,11 @@ def _tiles(query_rows: torch.Tensor, key_rows: torch.Tensor) -> tuple[int, int]:
     return lq, lk
 
 
+def _check_head_dim(dim: int) -> None:
+    if dim > MAX_HEAD_DIM:
+        raise ValueError(f"head dim must be at most MAX_HEAD_DIM = {MAX_HEAD_DIM} for the small-block kernels, got {dim}")
+
+
 def _strides3(x: torch.Tensor) -> tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
@@ -168,6 +176,7 @@ def small_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q
     q (B, Nq, H, D), k, v (B, N, H_kv, D) in one dtype of INPUT_DTYPES, last dim contiguous; query_rows (P, LQ, 3) and
     key_rows (P, LK, 3) int32 (LQ, LK: `tile_length` of the longest); lengths (P, 2) int32 (nq, nk); slot (P,)
     int32; lse float32."""
+    _check_head_dim(q.shape[-1])
     require_triton("small_attention_forward")
     problems, dim = query_rows.shape[0], q.shape[-1]
     lq, lk = _tiles(query_rows, key_rows)
@@ -185,6 +194,7 @@ def small_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     (B, Nq, H, D), LSE (B, H, Nq) (+-inf rows read as 0) and upstream gradients grad_out (like out) and grad_lse
     (B, H, Nq), each None for zero. Row p * LQ + i is problem p's query i (p * LK + j its key j); rows past
     nq / nk hold garbage. Inputs as in `small_attention_forward`."""
+    _check_head_dim(q.shape[-1])
     require_triton("small_attention_backward")
     problems, dim = query_rows.shape[0], q.shape[-1]
     lq, lk = _tiles(query_rows, key_rows)

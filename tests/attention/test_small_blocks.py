@@ -135,3 +135,21 @@ def test_the_bound_counts_padded_tiles_and_the_gradient_shares():
     assert pass_elements(10, 3, 5, 8) == 10 * 16 * 16
     assert pass_elements(10, 3, 40, 8) == 10 * 64 * 64
     assert pass_elements(10, 3, 5, 128) == 10 * 16 * 128
+
+
+def test_head_dims_past_the_kernels_limit_take_the_gathered_pass(monkeypatch):
+    """The small-block kernels take head dims up to MAX_HEAD_DIM (at 256 their backward needs more shared memory
+    than an H100 or H200 has): past it the pass runs as gathered torch operations even where the kernels could run,
+    and the kernels refuse such a call naming the limit."""
+    from hilbert_lab.attention.executors import small_blocks
+    from hilbert_lab.kernels import triton_small_blocks
+
+    monkeypatch.setattr(small_blocks, "HAVE_TRITON", True)
+    monkeypatch.setattr(small_blocks, "interpreting", lambda: True)
+    wide, narrow = torch.zeros(1, 4, 2, 256), torch.zeros(1, 4, 2, triton_small_blocks.MAX_HEAD_DIM)
+    assert small_blocks._kernels_run(narrow) and not small_blocks._kernels_run(wide)
+    rows = torch.zeros(1, 16, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="MAX_HEAD_DIM = 128 .* got 256"):
+        triton_small_blocks.small_attention_backward(wide, wide, wide, wide, None, torch.zeros(1, 2, 4), None, rows,
+                                                     rows, torch.ones(1, 2, dtype=torch.int32), scale=1.0,
+                                                     causal=False)

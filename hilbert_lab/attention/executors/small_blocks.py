@@ -29,7 +29,7 @@ from hilbert_lab.attention.views import plan_cached
 from hilbert_lab.kernels.triton_support import interpreting
 from hilbert_lab.kernels.triton_small_blocks import INPUT_DTYPES as KERNEL_DTYPES
 from hilbert_lab.kernels.triton_small_blocks import (
-    HAVE_TRITON, scatter_rows, small_attention_backward, small_attention_forward, tile_length,
+    HAVE_TRITON, MAX_HEAD_DIM, scatter_rows, small_attention_backward, small_attention_forward, tile_length,
 )
 
 SMALL_KEYS = 64  # blocks of one segment with at most this many keys run in the batched pass
@@ -304,10 +304,10 @@ def _scatter_plan(pack: KernelPack, grads: Grads, device: torch.device, plan: Pl
 
 def _kernels_run(*tensors: torch.Tensor) -> bool:
     """Whether the kernels run the pass for these inputs: Triton on a CUDA device (or its interpreter), one dtype
-    the kernels take, every last dim contiguous."""
+    the kernels take, a head dim of at most MAX_HEAD_DIM, every last dim contiguous."""
     q = tensors[0]
     return HAVE_TRITON and (q.device.type == "cuda" or interpreting()) and q.dtype in KERNEL_DTYPES and \
-        all(t.dtype == q.dtype and t.stride(-1) == 1 for t in tensors)
+        q.shape[-1] <= MAX_HEAD_DIM and all(t.dtype == q.dtype and t.stride(-1) == 1 for t in tensors)
 
 
 def small_forward(plan: Plan, blocks: tuple[Block, ...], q, k, v, slots: Slots, *, scale: float) -> None:
