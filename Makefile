@@ -80,6 +80,7 @@ test-all: browser
 # is PY= from the command line, else the venv's when it has torch, pytest and pytest-xdist, else the system
 # python3 (its CUDA torch); the checkout is put on PYTHONPATH. Packages the tests only sometimes use
 # (hypothesis, hilbertcurve, playwright, pytest-timeout) may be missing: those tests skip, naming the package.
+# WITHOUT=flash_attn runs the suite as a machine without FlashAttention-4 (`auto` then picks among the others).
 GPU_WORKERS ?= 8
 test-gpu:
 	@py="$(PY)"; \
@@ -88,7 +89,7 @@ test-gpu:
 		echo "make test-gpu: $$py lacks torch, pytest or pytest-xdist; name a python that has them: make test-gpu PY=..." >&2; exit 2; fi; \
 	echo "make test-gpu: $$(command -v "$$py"), torch $$("$$py" -c 'import torch; print(torch.__version__, "cuda devices:", torch.cuda.device_count())')"; \
 	PYTHONPATH="$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" "$$py" -m pytest -q -rs -m gpu -n $(GPU_WORKERS) --dist loadgroup \
-		--durations=15; $(CHECK_COLLECTED)
+		--durations=15 $(if $(WITHOUT),--without=$(WITHOUT)); $(CHECK_COLLECTED)
 
 report: $(VENV)/.installed-$(REPORT_EXTRAS)
 	$(PY) -m hilbert_lab.cli report run default

@@ -72,7 +72,17 @@ FORKSERVER_PRELOAD = ["torch", "torch.distributed", "hilbert_lab.attention.engin
                       "hilbert_lab.models"]
 
 
+def pytest_addoption(parser):
+    parser.addoption("--without", default="", metavar="PACKAGES",
+                     help="comma-separated top-level packages this run treats as not installed (flash_attn: the GPU "
+                          "suite as a machine without FlashAttention-4 runs it; subprocesses still see them)")
+
+
 def pytest_configure(config):
+    for name in filter(None, (part.strip() for part in config.getoption("--without").split(","))):
+        if "." in name or not name.isidentifier():
+            raise pytest.UsageError(f"--without takes top-level package names separated by commas, got {name!r}")
+        sys.modules[name] = None  # importing it, or finding a module in it, now fails as for a missing package
     if not config.pluginmanager.hasplugin("timeout"):  # a GPU machine's python may lack pytest-timeout
         config.addinivalue_line("markers", "timeout(seconds): a time limit (pytest-timeout; not installed here)")
     multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
