@@ -170,7 +170,8 @@ def profile_cell(mode, causal, direction, names, calls=5):
                 plain = [t.detach() for t in (q, k, v)]
                 anchors.fa4_floor(*plain, pattern, scale=64 ** -0.5, grad_out=grad if direction == "fwd+bwd" else None)
                 return
-            out = dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+            out = dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths,
+                                    dilation_rates=pattern.dilation_rates,
                                     mode=mode, causal=causal, backend=name)
             if direction == "fwd+bwd":
                 torch.autograd.backward(out, grad)

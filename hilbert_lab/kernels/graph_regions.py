@@ -1,7 +1,8 @@
 """A region of kernel launches replayed as one CUDA graph, keyed by the addresses of the tensors it touches.
 
 A step made of tens of library calls (one per block or document of an attention plan) spends tens of microseconds
-of Python on each before it launches, and the host, not the GPU, then sets the step's time. `GraphRegions.run(key, tensors, launch, keep)`
+of Python on each before it launches, and the host, not the GPU, then sets the step's time.
+`GraphRegions.run(key, tensors, launch, keep)`
 runs `launch()` eagerly the first two times a key is seen, captures it into a CUDA graph the third time (and
 replays that capture), and replays the graph from then on: one `cudaGraphLaunch` instead of the region's Python.
 

@@ -23,8 +23,8 @@ import torch
 
 from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
-__all__ = ["HAVE_TRITON", "INPUT_DTYPES", "MAX_HEAD_DIM", "scatter_rows", "small_attention_backward", "small_attention_forward",
-           "tile_length"]
+__all__ = ["HAVE_TRITON", "INPUT_DTYPES", "MAX_HEAD_DIM", "scatter_rows", "small_attention_backward",
+           "small_attention_forward", "tile_length"]
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # the dtypes of q, k, v the kernels take
 # the largest head dim the kernels take: at 256 the backward's tiles need 272 KiB of shared memory, past the 227 KiB
@@ -157,7 +157,8 @@ def _tiles(query_rows: torch.Tensor, key_rows: torch.Tensor) -> tuple[int, int]:
 
 def _check_head_dim(dim: int) -> None:
     if dim > MAX_HEAD_DIM:
-        raise ValueError(f"head dim must be at most MAX_HEAD_DIM = {MAX_HEAD_DIM} for the small-block kernels, got {dim}")
+        raise ValueError(f"head dim must be at most MAX_HEAD_DIM = {MAX_HEAD_DIM} for the small-block kernels, "
+                         f"got {dim}")
 
 
 def _strides3(x: torch.Tensor) -> tuple[int, int, int]:
