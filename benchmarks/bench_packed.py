@@ -20,7 +20,8 @@ error against the loop; on a GPU also the profiler's kernel time of ours[auto] a
 ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and peak CUDA memory above the
 inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
 K/V memory H_kv/H).
-Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
+Each cell records how the graph regions ran while each variant was timed (`graph_regions`: replayed, or eager
+outside them). Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
 test of this script: no FlashAttention-4, no floor; small --tokens).
 
 Usage: python benchmarks/bench_packed.py [--out PATH] [--tokens 131072] [--documents 64] [--repeats 10]
@@ -183,7 +184,7 @@ def run(args) -> dict:
     with torch.no_grad():
         expected = loop(pattern, "auto", bounds)(q, k, v)
     for direction in ("fwd", "fwd+bwd"):
-        cell: dict = {"times_ms": {}, "errors": {}, "errors_after_timing": {}}
+        cell: dict = {"times_ms": {}, "errors": {}, "errors_after_timing": {}, "graph_regions": {}}
         variants = {f"ours[{b}]": ours(pattern, b, cu) for b in backends}
         if cuda:
             variants[NO_GRAPHS] = ours(pattern, "auto", cu)
@@ -194,7 +195,10 @@ def run(args) -> dict:
                     if name.startswith("ours"):
                         with torch.no_grad():
                             cell["errors"][name] = rel(fn(q, k, v), expected)
+                    before = dict(GRAPH_REGIONS.counts)
                     cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
+                    # how its regions ran while it was timed: replayed, or eager (outside or refused)
+                    cell["graph_regions"][name] = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
                     if name.startswith("ours"):  # again after the timing: the path a steady loop runs (replays)
                         with torch.no_grad():
                             cell["errors_after_timing"][name] = rel(fn(q, k, v), expected)
@@ -247,8 +251,10 @@ def report(result) -> None:
         for name, value in cell["times_ms"].items():
             errors = [cell[kind].get(name) for kind in ("errors", "errors_after_timing")]
             text = f"{value['median']:.3f} ms" if "median" in value else value["error"]
+            regions = cell.get("graph_regions", {}).get(name)
             print(f"  {name:22s} {text}" + ("  (rel err vs loop {:.2e}, after timing {:.2e})".format(*errors)
-                                           if None not in errors else ""))
+                                           if None not in errors else "")
+                  + (f"  regions while timed {regions}" if regions and any(regions.values()) else ""))
         best_loop = min((median(cell, n) for n in cell["times_ms"] if n.startswith("loop") and median(cell, n)),
                         default=None)
         floor = median(cell, "floor[fa4-varlen]")
