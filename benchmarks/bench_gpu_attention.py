@@ -26,7 +26,8 @@ the FlashAttention-4 floor's calls, whose graph-replayed time (part "headline") 
 (target: within 5%).
 
 A plan's FlashAttention-4 calls run as one CUDA graph per direction once a step repeats (executors.kernel.
-GRAPH_REGIONS); `--no-graphs` times every call of ours eagerly. The JSON records which, with the regions' counts.
+GRAPH_REGIONS); `--no-graphs` times every call of ours eagerly. The JSON records which, with the regions' counts
+(in each cell's timings, how a variant's regions ran while it was timed).
 
 Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
 [--quick] [--no-graphs]
@@ -113,7 +114,11 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
                 def step(fn=fn):
                     with torch.no_grad():
                         fn(q, k, v)
+            before = dict(GRAPH_REGIONS.counts)
             results[name] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
+            regions = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
+            if any(regions.values()):  # how ours' regions ran while timed: replayed, or eager
+                results[name]["graph_regions"] = regions
         except Exception as error:  # an anchor kernel that does not run this shape is left out, with why
             results[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
     if "fa4" in executors():
