@@ -232,6 +232,19 @@ def test_the_cache_keeps_max_graphs_and_a_disabled_cache_runs_eagerly(fake_cuda)
     assert regions.counts["replayed"] == 0
 
 
+def test_addresses_that_alternate_between_steps_make_two_graphs_both_replayed(fake_cuda):
+    """A loop that keeps one step's tensor into the next gets a step's addresses from two sets in turn: each set is
+    a key of its own, captured on its third sighting (steps 5 and 6) and replayed on its values from then on."""
+    regions = fake_cuda.GraphRegions()
+    a, b, out = torch.randn(5), torch.randn(5), torch.empty(5)
+    for step in range(10):
+        x = a if step % 2 == 0 else b
+        x.normal_()
+        regions.run(("r",), (x, out), _recorded(x, out, 2.0))
+        torch.testing.assert_close(out, x * 2)
+    assert regions.counts == {"eager": 4, "captured": 2, "replayed": 4, "refused": 0} and len(regions.graphs) == 2
+
+
 def test_a_key_dropped_from_the_cache_that_comes_back_stays_eager(fake_cuda):
     """Two keys in turn through a cache of one graph: each is captured once, and a dropped key that returns runs
     eagerly (on its values) instead of being captured again on every call."""
