@@ -2,9 +2,9 @@
 
 A step made of tens of library calls (one per block or document of an attention plan) spends tens of microseconds
 of Python on each before it launches, and the host, not the GPU, then sets the step's time.
-`GraphRegions.run(key, tensors, launch, keep)`
-runs `launch()` eagerly the first two times a key is seen, captures it into a CUDA graph the third time (and
-replays that capture), and replays the graph from then on: one `cudaGraphLaunch` instead of the region's Python.
+`GraphRegions.run(key, tensors, launch, keep)` runs `launch()` eagerly the first two times a key is seen, captures
+it into a CUDA graph the third time (and replays that capture), and replays the graph from then on: one
+`cudaGraphLaunch` instead of the region's Python.
 
 A graph holds addresses, not values, so a replay is the region's launches on whatever the listed tensors hold
 then. The key is therefore the caller's `key` (everything else the launches depend on: shapes of the work,

@@ -144,8 +144,7 @@ def test_head_dims_past_the_kernels_limit_take_the_gathered_pass(monkeypatch):
     from hilbert_lab.attention.executors import small_blocks
     from hilbert_lab.kernels import triton_small_blocks
 
-    monkeypatch.setattr(small_blocks, "HAVE_TRITON", True)
-    monkeypatch.setattr(small_blocks, "interpreting", lambda: True)
+    monkeypatch.setattr(small_blocks, "runs_on", lambda device: True)  # as where Triton runs
     wide, narrow = torch.zeros(1, 4, 2, 256), torch.zeros(1, 4, 2, triton_small_blocks.MAX_HEAD_DIM)
     assert small_blocks._kernels_run(narrow) and not small_blocks._kernels_run(wide)
     rows = torch.zeros(1, 16, 3, dtype=torch.int32)

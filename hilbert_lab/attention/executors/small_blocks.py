@@ -26,10 +26,10 @@ import torch
 from hilbert_lab.attention.executors.base import Grads, Merged, Slots
 from hilbert_lab.attention.plan import Block, Plan
 from hilbert_lab.attention.views import plan_cached
-from hilbert_lab.kernels.triton_support import interpreting
+from hilbert_lab.kernels.triton_support import runs_on
 from hilbert_lab.kernels.triton_small_blocks import INPUT_DTYPES as KERNEL_DTYPES
 from hilbert_lab.kernels.triton_small_blocks import (
-    HAVE_TRITON, MAX_HEAD_DIM, scatter_rows, small_attention_backward, small_attention_forward, tile_length,
+    MAX_HEAD_DIM, scatter_rows, small_attention_backward, small_attention_forward, tile_length,
 )
 
 SMALL_KEYS = 64  # blocks of one segment with at most this many keys run in the batched pass
@@ -306,7 +306,7 @@ def _kernels_run(*tensors: torch.Tensor) -> bool:
     """Whether the kernels run the pass for these inputs: Triton on a CUDA device (or its interpreter), one dtype
     the kernels take, a head dim of at most MAX_HEAD_DIM, every last dim contiguous."""
     q = tensors[0]
-    return HAVE_TRITON and (q.device.type == "cuda" or interpreting()) and q.dtype in KERNEL_DTYPES and \
+    return runs_on(q.device) and q.dtype in KERNEL_DTYPES and \
         q.shape[-1] <= MAX_HEAD_DIM and all(t.dtype == q.dtype and t.stride(-1) == 1 for t in tensors)
 
 

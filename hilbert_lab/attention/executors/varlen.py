@@ -27,8 +27,8 @@ from hilbert_lab.attention.executors.kernel import (
 )
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_cached, plan_units
-from hilbert_lab.kernels.triton_support import interpreting
-from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, put_rows
+from hilbert_lab.kernels.triton_rows import ROW_DTYPES, put_rows
+from hilbert_lab.kernels.triton_support import runs_on
 
 __all__ = ["Pack", "Runs", "VarlenKernel", "pack_runs", "packed_backward", "packed_forward", "packs_for",
            "per_sequence", "plan_packs", "write_rows"]
@@ -268,7 +268,7 @@ def packed_forward(plan: Plan, packs: tuple[Pack, ...], q, k, v, slots: Slots, *
 def _rows_kernel_runs(total: torch.Tensor, *others: torch.Tensor) -> bool:
     """Whether `put_rows` takes these: Triton on a CUDA device (or its interpreter), a total of a dtype a float32 sum
     rounds to once, (rows, h) of any strides or (rows, h, D) with its last dim contiguous."""
-    return HAVE_TRITON and (total.device.type == "cuda" or interpreting()) and total.dtype in ROW_DTYPES and \
+    return runs_on(total.device) and total.dtype in ROW_DTYPES and \
         (total.dim() == 2 or total.dim() == 3 and total.stride(-1) == 1) and all(t.shape == total.shape for t in others)
 
 
