@@ -19,7 +19,7 @@ error against the loop; on a GPU also the profiler's kernel time of ours[auto] a
 (bench.kernel_profile: the floor is at the kernel when its wall time is within a few % of it). GQA:
 ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and peak CUDA memory above the
 inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
-K/V memory H_kv/H).
+K/V memory H_kv/H); with FlashAttention-4, the varlen floor's fwd+bwd at both H_kv too (the kernels' own ratio).
 Each cell records how the graph regions ran while each variant was timed (`graph_regions`: replayed, or eager
 outside them). Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
 test of this script: no FlashAttention-4, no floor; small --tokens).
@@ -51,6 +51,7 @@ from hilbert_lab.bench.timing import time_function  # noqa: E402
 
 
 NO_GRAPHS = "ours[auto,no-graphs]"
+FLOOR = "floor[fa4-varlen]"
 
 
 def document_bounds(tokens: int, documents: int, seed: int = 0) -> list[int]:
@@ -70,7 +71,8 @@ def make_inputs(args, kv_heads: int, device, dtype, requires_grad: bool):
 
 def ours(pattern, backend, cu):
     def run(q, k, v):
-        return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths, dilation_rates=pattern.dilation_rates,
+        return dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths,
+                                 dilation_rates=pattern.dilation_rates,
                                  mode=pattern.mode, causal=pattern.causal, backend=backend, cu_seqlens=cu)
     return run
 
@@ -105,7 +107,8 @@ def varlen_floor(pattern, q, k, v, bounds, scale):
     calls = []
     for pack in plan_packs(plan):
         rows = torch.cat([torch.arange(s, s + n) for s, n in zip(pack.starts, pack.lengths)]).to(q.device)
-        gathered = [pack.view(t, role).index_select(0, rows).contiguous() for t, role in ((q, QUERY), (k, KEY), (v, KEY))]
+        gathered = [pack.view(t, role).index_select(0, rows).contiguous()
+                    for t, role in ((q, QUERY), (k, KEY), (v, KEY))]
         cu = torch.tensor([0, *pack.lengths], dtype=torch.int32).cumsum(0).to(torch.int32).to(q.device)
         calls.append((gathered, cu, pack.max_length, torch.randn_like(gathered[0])))
 
@@ -208,12 +211,12 @@ def run(args) -> dict:
         if has_fa4:
             try:
                 floor_step, calls = varlen_floor(pattern, q, k, v, bounds, scale)
-                steps["floor[fa4-varlen]"] = lambda: floor_step(direction == "fwd+bwd")
+                steps[FLOOR] = lambda: floor_step(direction == "fwd+bwd")
                 cell["floor_calls"] = calls
-                cell["times_ms"]["floor[fa4-varlen]"] = time_function(
-                    steps["floor[fa4-varlen]"], device=device, warmup=2, repeats=args.repeats).as_dict()
+                cell["times_ms"][FLOOR] = time_function(
+                    steps[FLOOR], device=device, warmup=2, repeats=args.repeats).as_dict()
             except Exception as error:
-                cell["times_ms"]["floor[fa4-varlen]"] = failed(error)
+                cell["times_ms"][FLOOR] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
             cell["kernels"] = {}
             for name, step in steps.items():
@@ -231,6 +234,13 @@ def run(args) -> dict:
         if cuda:
             with graph_regions(False):  # eager: its temporaries are what a graph region's pool keeps
                 row["peak_bytes"] = peak_bytes(fn, q, k, v, grad, device)
+        if has_fa4:  # the varlen kernels' own GQA / MHA ratio: how far below 1 the kernels go on this row
+            try:
+                floor_step, _ = varlen_floor(pattern, q, k, v, bounds, scale)
+                row[FLOOR] = time_function(lambda: floor_step(True), device=device, warmup=2,
+                                           repeats=args.repeats).as_dict()
+            except Exception as error:
+                row[FLOOR] = failed(error)
         gqa[label] = row
     result["gqa"] = gqa
     result["graph_regions"] = dict(GRAPH_REGIONS.counts)
@@ -257,7 +267,7 @@ def report(result) -> None:
                   + (f"  regions while timed {regions}" if regions and any(regions.values()) else ""))
         best_loop = min((median(cell, n) for n in cell["times_ms"] if n.startswith("loop") and median(cell, n)),
                         default=None)
-        floor = median(cell, "floor[fa4-varlen]")
+        floor = median(cell, FLOOR)
         for name in cell["times_ms"]:
             time = median(cell, name)
             if name.startswith("ours") and time:
@@ -271,10 +281,16 @@ def report(result) -> None:
                       f"{median(cell, name) / profile['ms_total']:.3f}; by kind {profile['ms_by_kind']}")
     gqa = result["gqa"]
     mha_ms, gqa_ms = gqa["mha"]["fwd+bwd"]["median"], gqa["gqa"]["fwd+bwd"]["median"]
+    peaks = [gqa[label].get("peak_bytes") for label in ("gqa", "mha")]
     print(f"\nGQA fwd+bwd ours[auto]: H_kv={gqa['gqa']['kv_heads']} {gqa_ms:.3f} ms vs MHA {mha_ms:.3f} ms "
-          f"(ratio {gqa_ms / mha_ms:.3f}, target <= 0.9); K/V bytes {gqa['gqa']['kv_bytes']} vs {gqa['mha']['kv_bytes']}"
-          + (f"; peak above inputs {gqa['gqa']['peak_bytes'] / 2**20:.1f} MiB vs {gqa['mha']['peak_bytes'] / 2**20:.1f} MiB"
-             if "peak_bytes" in gqa["gqa"] else ""))
+          f"(ratio {gqa_ms / mha_ms:.3f}, target <= 0.9); K/V bytes {gqa['gqa']['kv_bytes']} vs "
+          f"{gqa['mha']['kv_bytes']}"
+          + (f"; peak above inputs {peaks[0] / 2**20:.1f} MiB vs {peaks[1] / 2**20:.1f} MiB"
+             if None not in peaks else ""))
+    floors = [gqa[label].get(FLOOR, {}).get("median") for label in ("gqa", "mha")]
+    if None not in floors:
+        print(f"GQA fwd+bwd {FLOOR}: {floors[0]:.3f} ms vs MHA {floors[1]:.3f} ms "
+              f"(ratio {floors[0] / floors[1]:.3f})")
 
 
 def main() -> None:
