@@ -63,11 +63,16 @@ def _backward(q, k, v, out, dout, lse, *, softmax_scale, causal, dq=None, dk=Non
     return dq, dk, dv
 
 
-def install_fa4_standin(monkeypatch) -> None:
-    """Put the stand-in where `flash_attn.cute.interface` is imported from, for one test."""
-    package = types.ModuleType("flash_attn")
-    cute = types.ModuleType("flash_attn.cute")
+def standin_modules() -> dict[str, types.ModuleType]:
+    """The modules `flash_attn`, `flash_attn.cute` and `flash_attn.cute.interface` of the stand-in, by name (for
+    sys.modules)."""
     interface = types.ModuleType("flash_attn.cute.interface")
     interface._flash_attn_fwd, interface._flash_attn_bwd = _forward, _backward
-    for name, module in (("flash_attn", package), ("flash_attn.cute", cute), ("flash_attn.cute.interface", interface)):
+    return {"flash_attn": types.ModuleType("flash_attn"), "flash_attn.cute": types.ModuleType("flash_attn.cute"),
+            "flash_attn.cute.interface": interface}
+
+
+def install_fa4_standin(monkeypatch) -> None:
+    """Put the stand-in where `flash_attn.cute.interface` is imported from, for one test."""
+    for name, module in standin_modules().items():
         monkeypatch.setitem(sys.modules, name, module)
