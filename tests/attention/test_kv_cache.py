@@ -1,6 +1,6 @@
 """DilatedKVCache: decoding equals the engine on the whole sequence (float64, outputs and LSE), a step reads
 exactly the keys its query sees (not N), the storage stays within the longest segment, non-finite values land
-where the engine puts them, bad input is refused."""
+where the engine puts them, bad input is refused; random patterns decoded in random chunks (hypothesis)."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +8,8 @@ import torch
 
 from hilbert_lab.attention import DilatedKVCache, MultiheadDilatedAttention, dilated_attention
 from hilbert_lab.attention.pattern import DilatedPattern
+
+from property_testing import given, settings, st
 
 from ._oracle import max_diff
 
@@ -61,6 +63,37 @@ def test_decoding_equals_the_engine_on_the_whole_sequence(segments, rates, mode,
     want_out, want_lse = _engine(segments, rates, mode, q, k, v)
     assert max_diff(out, want_out) < TOL and max_diff(lse, want_lse) < TOL
     assert cache.length == 45
+
+
+@st.composite
+def decodings(draw):
+    """A random causal pattern, grouped or not, decoded as a prompt and then chunks of 1 to 5 tokens."""
+    branches = draw(st.integers(1, 3))
+    segments = [draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 1 << 40])) for _ in range(branches)]
+    kv_heads = draw(st.integers(1, 2))
+    return dict(segments=segments, rates=[draw(st.integers(1, min(w, 6))) for w in segments],
+                mode=draw(st.sampled_from(["longnet", "head_groups"])), kv_heads=kv_heads,
+                heads=kv_heads * draw(st.integers(1, 3)), prompt=draw(st.integers(1, 30)),
+                chunks=draw(st.lists(st.sampled_from([1, 1, 2, 5]), min_size=1, max_size=10)),
+                max_length=draw(st.booleans()), backend=draw(st.sampled_from(["sdpa", "manual", "auto"])))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(decodings())
+def test_random_decodings_equal_the_engine_on_the_whole_sequence(case):
+    total = case["prompt"] + sum(case["chunks"])
+    q, k, v = _qkv(total, case["heads"], case["kv_heads"], seed=total)
+    cache = DilatedKVCache(case["segments"], case["rates"], mode=case["mode"], backend=case["backend"],
+                           max_length=total if case["max_length"] else None)
+    outs, lses, start = [], [], 0
+    for length in (case["prompt"], *case["chunks"]):
+        out, lse = cache.attend(*(t[:, start:start + length] for t in (q, k, v)), return_lse=True)
+        outs.append(out)
+        lses.append(lse)
+        start += length
+    want_out, want_lse = _engine(case["segments"], case["rates"], case["mode"], q, k, v)
+    assert max_diff(torch.cat(outs, 1), want_out) < TOL and max_diff(torch.cat(lses, 2), want_lse) < TOL
+    assert cache.length == total
 
 
 @pytest.mark.parametrize("backend", ["manual", "reference"])
