@@ -1,7 +1,8 @@
 """DilatedStaticCache: each step equals the float64 engine on the whole sequence (outputs and LSE), rows of
 different prompt lengths decode each as if alone, the storage is min(longest segment, max_length) rows whatever
 the length, bad input is refused; on the GPU the Triton step matches the float64 engine at every head dim in
-every float dtype, and a step captured in a CUDA graph replays as eager steps run."""
+every float dtype, and a step captured in a CUDA graph replays as eager steps run; random patterns over rows of random
+prompt lengths (hypothesis)."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 from hilbert_lab.attention import DilatedStaticCache, dilated_attention
 from hilbert_lab.attention.static_cache import decode_step, step_tables
 from hilbert_lab.kernels import triton_decode
+
+from property_testing import given, settings, st
 
 from ._oracle import max_diff
 
@@ -71,6 +74,29 @@ def _engine_rows(segments, rates, mode, q, k, v, lengths, steps):
         outs.append(out[0, n:])
         lses.append(lse[0, :, n:].transpose(0, 1))
     return [(torch.stack([o[s] for o in outs]), torch.stack([lse[s] for lse in lses])) for s in range(steps)]
+
+
+@st.composite
+def batches(draw):
+    """A random causal pattern, grouped or not, over 1-3 rows of different prompt lengths (left-padded)."""
+    branches = draw(st.integers(1, 3))
+    segments = [draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 1 << 40])) for _ in range(branches)]
+    kv_heads = draw(st.integers(1, 2))
+    return dict(segments=segments, rates=[draw(st.integers(1, min(w, 6))) for w in segments],
+                mode=draw(st.sampled_from(["longnet", "head_groups"])), kv_heads=kv_heads,
+                heads=kv_heads * draw(st.integers(1, 3)),
+                lengths=draw(st.lists(st.integers(1, 30), min_size=1, max_size=3)), steps=draw(st.integers(1, 20)))
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(batches())
+def test_random_batches_decode_each_row_as_the_engine_on_its_whole_sequence(case):
+    segments, rates, mode, lengths, steps = (case[name] for name in ("segments", "rates", "mode", "lengths", "steps"))
+    q, k, v = _qkv(len(lengths), max(lengths) + steps, case["heads"], case["kv_heads"], seed=sum(lengths))
+    _, results = _decode(segments, rates, mode, q, k, v, lengths, steps)
+    expected = _engine_rows(segments, rates, mode, q, k, v, lengths, steps)
+    for (out, lse), (ref_out, ref_lse) in zip(results, expected):
+        assert max_diff(out, ref_out) < 1e-10 and max_diff(lse, ref_lse) < 1e-10  # -inf rows agree too
 
 
 @pytest.mark.parametrize("segments,rates,mode,heads,kv_heads,lengths", CASES)
