@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import torch
 import torch.distributed as dist
@@ -616,3 +617,31 @@ def check_grouped_heads(rank, world):
     compare(rank, world, seq_len, [2, seq_len], [1, 2], "longnet", False, heads=4, kv_heads=1, batch=1)
     compare(rank, world, seq_len, [2, seq_len], [1, 2], "head_groups", True, heads=4, kv_heads=2, layout="zigzag",
             batch=1)
+
+
+def random_cases(world, count, seed=0):
+    """`count` random (seq_len, segments, rates, mode, causal, layout, heads, kv_heads, cu_seqlens) of a world,
+    the same on every rank: segments inside a shard, across borders and longer than the row; grouped heads; packed
+    rows whose documents cross shard borders (some empty)."""
+    rng = random.Random(1000 * world + seed)
+    for _ in range(count):
+        layout = rng.choice(["contiguous", "zigzag"])
+        seq_len = world * (rng.choice([2, 4, 6, 8, 10]) if layout == "zigzag" else rng.randint(1, 10))
+        segments = [rng.choice([1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, seq_len, 2 * seq_len])
+                    for _ in range(rng.randint(1, 3))]
+        rates = [rng.randint(1, min(w, 6)) for w in segments]
+        heads = rng.choice([2, 3, 4, 6])
+        kv_heads = rng.choice([None, None] + [h for h in (1, 2) if heads % h == 0])
+        cu_seqlens = None
+        if rng.random() < 0.3:
+            cu_seqlens = [0, *sorted(rng.randint(0, seq_len) for _ in range(rng.randint(1, 3))), seq_len]
+        yield (seq_len, segments, rates, rng.choice(["longnet", "head_groups"]), rng.random() < 0.5, layout, heads,
+               kv_heads, cu_seqlens)
+
+
+@check
+def check_random_patterns(rank, world):
+    """Random patterns, layouts, grouped heads and packed rows (random_cases), each against the engine."""
+    for seq_len, segments, rates, mode, causal, layout, heads, kv_heads, cu_seqlens in random_cases(world, 12):
+        compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=heads, kv_heads=kv_heads,
+                cu_seqlens=cu_seqlens, batch=1 if cu_seqlens is not None else 2)

@@ -1,7 +1,8 @@
 """Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
 
 The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
-start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks).
+start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks; random
+patterns, layouts, grouped heads and packed rows: ring_checks.random_cases).
 Pure (single-process) tests cover sharding, packet buffers, the branch planner, the split of a packed
 row's plan and the per-rank memory model (against a dry run of the ring job on meta tensors).
 """
@@ -32,7 +33,8 @@ ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag",
               "check_message_counts", "check_constraints_raise", "check_modules", "check_example",
               "check_low_precision", "check_ring_comm", "check_configuration_agreement",
               "check_agreement_of_a_group_without_gloo", "check_inputs_validated", "check_ring_size_disagreement",
-              "check_nonfinite_like_engine", "check_local_part_runs_while_the_agreement_travels"]
+              "check_nonfinite_like_engine", "check_local_part_runs_while_the_agreement_travels",
+              "check_random_patterns"]
 
 
 @pytest.mark.slow  # make test keeps one gloo world: two ranks, below

@@ -22,7 +22,8 @@ def _reference(q, k, v, pattern, cu_seqlens):
     k, v = k.repeat_interleave(per_kv, 2), v.repeat_interleave(per_kv, 2)
     if cu_seqlens is None:
         return reference_attention(q, k, v, pattern)
-    parts = [reference_attention(q[:, a:b], k[:, a:b], v[:, a:b], pattern) for a, b in zip(cu_seqlens, cu_seqlens[1:])]
+    parts = [reference_attention(q[:, a:b], k[:, a:b], v[:, a:b], pattern) for a, b in zip(cu_seqlens, cu_seqlens[1:])
+             if b > a]  # empty documents hold no row
     return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)
 
 
@@ -351,3 +352,14 @@ def check_eight_rank_grids(rank, world):
                     dim=2)
     compare(rank, world, seq_len, [4, 2 * n, seq_len], [1, 2, 4], "longnet", True, layout="zigzag", heads=8,
             kv_heads=2, batch=1, dim=2)  # head-parallel alone over the 8 ranks
+
+
+@check
+def check_ulysses_random_patterns(rank, world):
+    """The ring's random cases (ring_checks.random_cases) head-parallel, with world x 1 or 2 query heads."""
+    from ring_checks import random_cases
+
+    for seq_len, segments, rates, mode, causal, layout, heads, kv_heads, cu_seqlens in random_cases(world, 12, seed=1):
+        heads = world * (1 + heads % 2)
+        compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=heads,
+                kv_heads=kv_heads if kv_heads is not None and heads % kv_heads == 0 else None, cu_seqlens=cu_seqlens)
