@@ -11,6 +11,7 @@ from hilbert_lab.attention.pattern import DilatedPattern
 
 from property_testing import given, settings, st
 
+from ._decoding_patterns import decoding_patterns
 from ._oracle import max_diff
 
 TOL = 1e-10
@@ -68,12 +69,7 @@ def test_decoding_equals_the_engine_on_the_whole_sequence(segments, rates, mode,
 @st.composite
 def decodings(draw):
     """A random causal pattern, grouped or not, decoded as a prompt and then chunks of 1 to 5 tokens."""
-    branches = draw(st.integers(1, 3))
-    segments = [draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 1 << 40])) for _ in range(branches)]
-    kv_heads = draw(st.integers(1, 2))
-    return dict(segments=segments, rates=[draw(st.integers(1, min(w, 6))) for w in segments],
-                mode=draw(st.sampled_from(["longnet", "head_groups"])), kv_heads=kv_heads,
-                heads=kv_heads * draw(st.integers(1, 3)), prompt=draw(st.integers(1, 30)),
+    return dict(draw(decoding_patterns()), prompt=draw(st.integers(1, 30)),
                 chunks=draw(st.lists(st.sampled_from([1, 1, 2, 5]), min_size=1, max_size=10)),
                 max_length=draw(st.booleans()), backend=draw(st.sampled_from(["sdpa", "manual", "auto"])))
 

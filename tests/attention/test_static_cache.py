@@ -14,6 +14,7 @@ from hilbert_lab.kernels import triton_decode
 
 from property_testing import given, settings, st
 
+from ._decoding_patterns import decoding_patterns
 from ._oracle import max_diff
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # decoding steps are tiny ops
@@ -79,12 +80,7 @@ def _engine_rows(segments, rates, mode, q, k, v, lengths, steps):
 @st.composite
 def batches(draw):
     """A random causal pattern, grouped or not, over 1-3 rows of different prompt lengths (left-padded)."""
-    branches = draw(st.integers(1, 3))
-    segments = [draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 1 << 40])) for _ in range(branches)]
-    kv_heads = draw(st.integers(1, 2))
-    return dict(segments=segments, rates=[draw(st.integers(1, min(w, 6))) for w in segments],
-                mode=draw(st.sampled_from(["longnet", "head_groups"])), kv_heads=kv_heads,
-                heads=kv_heads * draw(st.integers(1, 3)),
+    return dict(draw(decoding_patterns()),
                 lengths=draw(st.lists(st.integers(1, 30), min_size=1, max_size=3)), steps=draw(st.integers(1, 20)))
 
 
