@@ -17,7 +17,8 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
                                 reason="torch.distributed with gloo is not available in this torch build")
 CHECKS = ["check_ulysses_matches_reference", "check_ulysses_grouped_heads", "check_ulysses_packed_rows",
           "check_ulysses_refuses_bad_input", "check_ulysses_module", "check_ring_of_a_run_of_heads",
-          "check_hybrid_matches_reference", "check_hybrid_module", "check_ulysses_random_patterns"]
+          "check_hybrid_matches_reference", "check_hybrid_module", "check_ulysses_random_patterns",
+          "check_hybrid_random_patterns"]
 
 
 @pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])

@@ -363,3 +363,23 @@ def check_ulysses_random_patterns(rank, world):
         heads = world * (1 + heads % 2)
         compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=heads,
                 kv_heads=kv_heads if kv_heads is not None and heads % kv_heads == 0 else None, cu_seqlens=cu_seqlens)
+
+
+@check
+def check_hybrid_random_patterns(rank, world):
+    """The ring's random cases (ring_checks.random_cases) head-parallel x ring on a 2 x (world / 2) mesh, with
+    (world / 2) x 1 or 2 query heads."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from hilbert_lab.distributed.hybrid import hybrid_dilated_attention, hybrid_positions
+    from ring_checks import random_cases
+
+    ring, ulysses = 2, world // 2
+    mesh = init_device_mesh("cpu", (ring, ulysses), mesh_dim_names=("ring", "ulysses"))
+    r, u = mesh.get_local_rank("ring"), mesh.get_local_rank("ulysses")
+    for seq_len, segments, rates, mode, causal, layout, heads, kv_heads, cu_seqlens in random_cases(world, 12, seed=2):
+        heads = ulysses * (1 + heads % 2)
+        compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=heads,
+                kv_heads=kv_heads if kv_heads is not None and heads % kv_heads == 0 else None, cu_seqlens=cu_seqlens,
+                positions=hybrid_positions(r, u, ring, ulysses, seq_len, layout), call=hybrid_dilated_attention,
+                mesh=mesh)
