@@ -8,11 +8,14 @@ seqused[i]) (cu[i + 1] - cu[i] without seqused); only those rows are written; LS
 come back as NaN where the kernel allocates its own outputs."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import types
 
 import torch
 
+from hilbert_lab.attention.executors import fa4
+from hilbert_lab.attention.executors.blockwise import blockwise_executor
 from hilbert_lab.attention.executors.manual import dense_backward, dense_forward
 
 
@@ -76,3 +79,10 @@ def install_fa4_standin(monkeypatch) -> None:
     """Put the stand-in where `flash_attn.cute.interface` is imported from, for one test."""
     for name, module in standin_modules().items():
         monkeypatch.setitem(sys.modules, name, module)
+
+
+# the fa4 executor's glue declared for the CPU in float64, so that it runs on the stand-in
+CPU_FA4 = blockwise_executor("fa4", lambda q: fa4.FA4_KERNEL,
+                             dataclasses.replace(fa4.CAPABILITIES, devices=("cpu",), dtypes=(torch.float64,),
+                                                 min_capability=(0, 0), package=None),
+                             varlen_for=lambda q: fa4.FA4_VARLEN)

@@ -4,21 +4,10 @@ caller's views or added, and the LSE handling are checked against the float64 de
 tests run the real kernels)."""
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-import torch
 
-from hilbert_lab.attention.executors import fa4
-from hilbert_lab.attention.executors.blockwise import blockwise_executor
-
-from ._fa4_standin import install_fa4_standin
+from ._fa4_standin import CPU_FA4, install_fa4_standin
 from ._small_cases import CASES, oracle_errors
-
-CPU_FA4 = blockwise_executor("fa4", lambda q: fa4.FA4_KERNEL,
-                             dataclasses.replace(fa4.CAPABILITIES, devices=("cpu",), dtypes=(torch.float64,),
-                                                 min_capability=(0, 0), package=None),
-                             varlen_for=lambda q: fa4.FA4_VARLEN)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))

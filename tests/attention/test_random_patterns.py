@@ -1,21 +1,18 @@
 """Randomised patterns and calls (hypothesis): the engine equals the float64 oracle in outputs, LSE and gradients."""
 from __future__ import annotations
 
-import dataclasses
 import sys
 from unittest import mock
 
 import torch
 
 from hilbert_lab.attention.engine import dilated_attention
-from hilbert_lab.attention.executors import fa4
-from hilbert_lab.attention.executors.blockwise import blockwise_executor
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.reference import reference_attention
 
 from property_testing import given, settings, st
 
-from ._fa4_standin import standin_modules
+from ._fa4_standin import CPU_FA4, standin_modules
 from ._oracle import max_diff, random_qkv
 
 
@@ -45,12 +42,6 @@ def test_random_pattern_matches_oracle(case):
     expected = torch.autograd.grad((expected_out, expected_lse), (q, k, v), (g_out, g_lse))
     got = torch.autograd.grad((out, lse), (q, k, v), (g_out, g_lse))
     assert max(max_diff(a, b) for a, b in zip(got, expected)) < 1e-10
-
-
-CPU_FA4 = blockwise_executor("fa4", lambda q: fa4.FA4_KERNEL,
-                             dataclasses.replace(fa4.CAPABILITIES, devices=("cpu",), dtypes=(torch.float64,),
-                                                 min_capability=(0, 0), package=None),
-                             varlen_for=lambda q: fa4.FA4_VARLEN)
 
 
 @st.composite
