@@ -22,6 +22,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, add_views
+from hilbert_lab.kernels.triton_support import interpreting
+
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -128,6 +131,15 @@ class Merged:
         return self._dense[name]
 
 
+def _views_kernel_runs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+    """Whether `add_views` takes these pairs (see Grads.store_shares)."""
+    view = pairs[0][0]
+    return HAVE_TRITON and (view.device.type == "cuda" or interpreting()) and len(pairs) <= 3 and all(
+        total.dim() == 4 and total.shape == share.shape and total.dtype in ROW_DTYPES and share.dtype in ROW_DTYPES
+        and total.stride(-1) == 1 and share.stride(-1) == 1 and total.device == view.device == share.device
+        and total.shape[0] == view.shape[0] and total.shape[3] == view.shape[3] for total, share in pairs)
+
+
 class Grads:
     """The dq, dk, dv totals (B, N, H, D) of q, k, v that executors' backwards write into.
 
@@ -182,6 +194,19 @@ class Grads:
             view.copy_(view.to(share.dtype) + share)  # a low-precision total: one rounding of the exact sum
         else:
             view.add_(share)
+
+    def store_shares(self, pairs: list[tuple[torch.Tensor, torch.Tensor]], branch: Optional[int] = None, *,
+                     fused: bool = False) -> None:
+        """`store` for each (view of dq / dk / dv, share) of `pairs`. fused: added shares (not owned) go in one launch
+        of `kernels.triton_rows.add_views` where it takes them (Triton on CUDA or its interpreter, totals of
+        ROW_DTYPES, (B, L, h, D) views and shares with contiguous last dims): the same sums, one rounding each, in
+        one pass where torch runs one strided add per tensor; for calls replayed as a graph, whose launches cost no
+        host time."""
+        if fused and pairs and not self.owned(branch) and _views_kernel_runs(pairs):
+            add_views(pairs)
+            return
+        for view, share in pairs:
+            self.store(0, view, share, branch)
 
     def add_whole(self, index: int, share: torch.Tensor) -> None:
         """A share covering the whole tensor: the total itself when nothing came before."""

@@ -109,9 +109,8 @@ def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, inputs: tupl
             shares = call_backward(state_of_call, gv, _readable(qv, in_place), _readable(kv, in_place),
                                    _readable(vv, in_place), ov, lv.transpose(1, 2), causal=plan.causal, scale=scale,
                                    grad_lse=glv, into=(dqv, dkv, dvv) if owned else None, guarded=True)
-            for index, (view, share) in enumerate(zip((dqv, dkv, dvv), shares)):
-                if share is not view:
-                    grads.store(index, view, share, unit.branch)
+            grads.store_shares([(view, share) for view, share in zip((dqv, dkv, dvv), shares) if share is not view],
+                               unit.branch, fused=kernel.graphs)
 
 
 def _split(plan: Plan, capabilities: Capabilities, q, k, v) -> tuple[Plan, tuple]:
