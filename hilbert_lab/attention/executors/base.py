@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from hilbert_lab.kernels.triton_rows import HAVE_TRITON, ROW_DTYPES, add_views
-from hilbert_lab.kernels.triton_support import interpreting
+from hilbert_lab.kernels.triton_rows import ROW_DTYPES, add_views
+from hilbert_lab.kernels.triton_support import runs_on
 
 ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -134,7 +134,7 @@ class Merged:
 def _views_kernel_runs(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
     """Whether `add_views` takes these pairs (see Grads.store_shares)."""
     view = pairs[0][0]
-    return HAVE_TRITON and (view.device.type == "cuda" or interpreting()) and len(pairs) <= 3 and all(
+    return runs_on(view.device) and len(pairs) <= 3 and all(
         total.dim() == 4 and total.shape == share.shape and total.dtype in ROW_DTYPES and share.dtype in ROW_DTYPES
         and total.stride(-1) == 1 and share.stride(-1) == 1 and total.device == view.device == share.device
         and total.shape[0] == view.shape[0] and total.shape[3] == view.shape[3] for total, share in pairs)
