@@ -8,8 +8,8 @@ All read the plan's blocks as strided views of (B, N, H, D) (no index_select gat
 - `torchscale_composition`: per block a strided view, the cuDNN/flash kernel with its LSE, written
   into per-branch buffers, merged with weights computed under no_grad (microsoft/torchscale's
   LongNet recipe: cheaper, and its gradients skip the merge weights);
-- `fa4_floor`: FlashAttention-4 on every block, read and written in place as strided views (one call
-  per block, per-branch outputs and gradients, no merge, nothing else): the floor of in-place work.
+- `fa4_floor`: FlashAttention-4 on every block, read and written in place as strided views (per-branch outputs
+  and gradients, no merge, nothing else, in the fewest calls the views allow): the floor of in-place work.
 `kernel` picks the SDPA kernel ("cudnn", "flash", "efficient", "math"); benchmarks time each that
 runs and keep the fastest, so the anchor is the GPU's best.
 """
@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import Plan, cached_plan
+from hilbert_lab.attention.views import KEY, QUERY, plan_units, unit_views
 
 _KERNELS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
@@ -98,40 +99,29 @@ def torchscale_composition(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pa
     return out
 
 
-def _call_views(blk, tensors, role_of=None):
-    """The block as (B * count, L, h, D) views of each tensor, or per-batch views where batch and segments
-    do not fold (a list of tuples, one per call)."""
-    views = [blk.view(t) for t in tensors]
-    first = views[0]
-    if first.shape[0] == 1 or first.shape[1] == 1 or all(
-            v.stride(0) == v.shape[1] * v.stride(1) for v in views):
-        return [tuple(v.flatten(0, 1) for v in views)]
-    return [tuple(v[b] for v in views) for b in range(first.shape[0])]
-
-
 def fa4_floor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: DilatedPattern, *, scale: float,
               grad_out: torch.Tensor | None = None):
-    """FlashAttention-4 on each block of the plan, reading q, k, v and writing the outputs (and, with
-    grad_out, the gradients) as strided views of per-branch (B, N, H, D) buffers: the time of the
-    kernels alone on the pattern's work, with no merge. Returns the per-branch outputs (P, B, N, H, D)."""
+    """FlashAttention-4 on the plan's work, reading q, k, v and writing the outputs (and, with grad_out, the
+    gradients) as strided views of per-branch (B, N, H, D) buffers: the kernels alone, with no merge and no
+    copies, in the fewest calls that strided views allow (attention.views: a branch's offsets fold into one call's
+    heads, its segments into the batch). Returns the per-branch outputs (P, B, N, H, D) and gradients (P, 3, B, N, H,
+    D) (None without grad_out)."""
     from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
 
     plan = _plan(pattern, q)
     parts = plan.num_branches if plan.merge else 1
     outs = torch.empty((parts, *q.shape), dtype=q.dtype, device=q.device)
-    saved = []
-    for blk in plan.blocks:
-        slot = blk.branch if plan.merge else 0
-        for qv, kv, vv, ov in _call_views(blk, [q, k, v, outs[slot]]):
-            lse = _flash_attn_fwd(qv, kv, vv, softmax_scale=scale, causal=pattern.causal, return_lse=True, out=ov)[1]
-            saved.append((slot, lse))
-    if grad_out is None:
-        return outs
-    grads = torch.empty((parts, 3, *q.shape), dtype=q.dtype, device=q.device)
-    calls = iter(saved)
-    for blk in plan.blocks:
-        slot = blk.branch if plan.merge else 0
-        for qv, kv, vv, ov, gv, dq, dk, dv in _call_views(blk, [q, k, v, outs[slot], grad_out, *grads[slot]]):
-            _, lse = next(calls)
+    grads = None if grad_out is None else torch.empty((parts, 3, *q.shape), dtype=q.dtype, device=q.device)
+    calls = []
+    for unit in plan_units(plan):
+        slot = unit.branch if plan.merge else 0
+        tensors = [(q, QUERY), (k, KEY), (v, KEY), (outs[slot], QUERY)]
+        if grads is not None:
+            tensors += [(grad_out, QUERY), (grads[slot, 0], QUERY), (grads[slot, 1], KEY), (grads[slot, 2], KEY)]
+        calls += unit_views(unit, tensors, plan.query_start)[1]
+    lses = [_flash_attn_fwd(*views[:3], softmax_scale=scale, causal=pattern.causal, return_lse=True,
+                            out=views[3])[1] for views in calls]
+    if grads is not None:
+        for (qv, kv, vv, ov, gv, dq, dk, dv), lse in zip(calls, lses):
             _flash_attn_bwd(qv, kv, vv, ov, gv, lse, softmax_scale=scale, causal=pattern.causal, dq=dq, dk=dk, dv=dv)
-    return outs
+    return outs, grads

@@ -108,3 +108,34 @@ def test_graphed_replays_the_kernels_on_new_data():
     replay()
     torch.cuda.synchronize()
     assert torch.equal(y, 3 * torch.arange(1000, device="cuda", dtype=x.dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_fa4_floor_computes_head_groups_in_as_few_calls_as_the_fa4_executor(monkeypatch, causal):
+    """The FlashAttention-4 floor (FA4 stood in for in float64) writes the head_groups output and gradients of the
+    float64 reference wherever they are not zero, in the fa4 executor's own calls (a branch's offsets folded into
+    one call)."""
+    from attention._fa4_standin import CPU_FA4, install_fa4_standin
+
+    install_fa4_standin(monkeypatch)
+    interface = __import__("sys").modules["flash_attn.cute.interface"]
+    shapes = []
+    forward = interface._flash_attn_fwd
+    monkeypatch.setattr(interface, "_flash_attn_fwd", lambda q, *a, **kw: shapes.append(q.shape) or forward(q, *a, **kw))
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, grad = (torch.randn(2, 48, 12, 8, dtype=torch.float64, generator=gen) for _ in range(4))
+    kw = dict(segment_lengths=[4, 8, 16], dilation_rates=[1, 2, 4], mode="head_groups", causal=causal)
+    pattern = DilatedPattern.create(kw["segment_lengths"], kw["dilation_rates"], mode="head_groups", causal=causal)
+    outs, grads = anchors.fa4_floor(q, k, v, pattern, scale=8**-0.5, grad_out=grad)
+    floor_calls, shapes[:] = list(shapes), []
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = dilated_attention(*inputs, backend="reference", **kw)
+    expected_grads = torch.autograd.grad(expected, inputs, grad)
+    covered = expected != 0  # the floor leaves the rows a head's offset skips unwritten (torch.empty)
+    assert (outs[0] - expected)[covered].abs().max() < 1e-12
+    for got, want in zip(grads[0], expected_grads):
+        assert (got - want)[want != 0].abs().max() < 1e-12 and (want != 0).float().mean() > 0.4
+    with torch.no_grad():
+        dilated_attention(q, k, v, backend=CPU_FA4, **kw)
+    assert floor_calls == shapes and len(floor_calls) == 4
+    assert anchors.fa4_floor(q, k, v, pattern, scale=8**-0.5)[1] is None
