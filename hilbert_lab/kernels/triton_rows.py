@@ -84,21 +84,30 @@ if HAVE_TRITON:
             _add_view(t2, s2, i, g2_l, g2_n, g2_tb, g2_tl, g2_th, g2_sb, g2_sl, g2_sh, g2_h, dim, BH, BD)
 
 
+def _checked(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], layout: str) -> torch.Tensor:
+    """The first total of `pairs`, once they are one to three (total, share) pairs of tensors of `layout` ("(R, h, D)"
+    or "(B, L, h, D)"): one shape per pair, one first and last dim across pairs, last dims contiguous, totals of
+    ROW_DTYPES."""
+    if not 1 <= len(pairs) <= 3:
+        raise ValueError(f"pairs must hold one to three (total, share) pairs, got {len(pairs)}")
+    first = pairs[0][0]
+    dims = layout.count(",") + 1
+    for total, share in pairs:
+        if total.shape != share.shape or total.dim() != dims or total.stride(-1) != 1 or share.stride(-1) != 1 or \
+                total.shape[0] != first.shape[0] or total.shape[-1] != first.shape[-1] or total.dtype not in ROW_DTYPES:
+            raise ValueError(f"each pair must be {layout} tensors of one shape, one {layout[1]} and D across pairs, "
+                             f"contiguous last dims, totals of {ROW_DTYPES}; got {tuple(total.shape)} {total.stride()} "
+                             f"{total.dtype} and {tuple(share.shape)} {share.stride()}")
+    return first
+
+
 def put_rows(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], rows: torch.Tensor, *,
              accumulate: bool = True) -> None:
     """total[rows] += share[rows] (accumulate=False: total[rows] = share[rows]) for each (total, share) of `pairs`
     (one to three): total (R, h, D) of a ROW_DTYPES dtype, share of its shape, all on one device with one R and D,
     last dims contiguous; rows (n,) int64 or int32 on that device, each row at most once."""
     require_triton("put_rows")
-    if not 1 <= len(pairs) <= 3:
-        raise ValueError(f"pairs must hold one to three (total, share) pairs, got {len(pairs)}")
-    first = pairs[0][0]
-    for total, share in pairs:
-        if total.shape != share.shape or total.dim() != 3 or total.stride(-1) != 1 or share.stride(-1) != 1 or \
-                total.shape[0] != first.shape[0] or total.shape[2] != first.shape[2] or total.dtype not in ROW_DTYPES:
-            raise ValueError(f"each pair must be (R, h, D) tensors of one shape, one R and D across pairs, contiguous "
-                             f"last dims, totals of {ROW_DTYPES}; got {tuple(total.shape)} {total.stride()} "
-                             f"{total.dtype} and {tuple(share.shape)} {share.stride()}")
+    first = _checked(pairs, "(R, h, D)")
     count = rows.shape[0]
     if count == 0:
         return
@@ -117,15 +126,7 @@ def add_views(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """total += share for each (total, share) of `pairs` (one to three): (B, L, h, D) views of one shape per pair, one
     B and D across pairs, totals of a ROW_DTYPES dtype, last dims contiguous, all on one device."""
     require_triton("add_views")
-    if not 1 <= len(pairs) <= 3:
-        raise ValueError(f"pairs must hold one to three (total, share) pairs, got {len(pairs)}")
-    first = pairs[0][0]
-    for total, share in pairs:
-        if total.shape != share.shape or total.dim() != 4 or total.stride(-1) != 1 or share.stride(-1) != 1 or \
-                total.shape[0] != first.shape[0] or total.shape[3] != first.shape[3] or total.dtype not in ROW_DTYPES:
-            raise ValueError(f"each pair must be (B, L, h, D) views of one shape, one B and D across pairs, contiguous "
-                             f"last dims, totals of {ROW_DTYPES}; got {tuple(total.shape)} {total.stride()} "
-                             f"{total.dtype} and {tuple(share.shape)} {share.stride()}")
+    first = _checked(pairs, "(B, L, h, D)")
     counts = [t.shape[0] * t.shape[1] for t, _ in pairs]
     if max(counts) == 0 or first.shape[3] == 0:
         return
