@@ -1,4 +1,5 @@
-"""Compare hilbert_lab.attention.memory.estimate_memory with measured peaks; print a table, write JSON to --out.
+"""Compare hilbert_lab.distributed.memory.estimate_memory_per_rank with measured peaks; print a table, write JSON
+to --out.
 
 Every configuration runs in a fresh subprocess (hilbert_lab.bench.isolate) as a "memory" case:
 a warm-up forward+backward, then the peak above the inputs of one forward (no grad) and of one
@@ -26,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.attention.memory import MemoryConfig, estimate_memory  # noqa: E402
+from hilbert_lab.attention.memory import MemoryConfig  # noqa: E402
+from hilbert_lab.distributed.memory import estimate_memory_per_rank  # noqa: E402
 from hilbert_lab.bench.config import format_bytes  # noqa: E402
 from hilbert_lab.bench.isolate import run_isolated  # noqa: E402
 
@@ -126,7 +128,7 @@ def run_ring(cases: list[dict], world_size: int, timeout_s: float) -> list[dict]
     rows = []
     for params in tqdm(cases, desc=f"ring x{world_size}", unit="case"):
         case = normalize_case({"kind": "memory", **params})
-        estimate = estimate_memory(MemoryConfig.from_case({**case, "world_size": world_size}))
+        estimate = estimate_memory_per_rank(MemoryConfig.from_case({**case, "world_size": world_size}))
         row = {"params": {**case, "world_size": world_size}, "status": "ok", "error": "",
                "estimated_forward_bytes": estimate.forward_bytes,
                "estimated_forward_backward_bytes": estimate.forward_backward_bytes,
@@ -162,7 +164,7 @@ def run(cases: list[dict], timeout_s: float, on_row=lambda rows: None) -> list[d
     rows = []
     for params in tqdm(cases, desc="memory", unit="case"):
         case = normalize_case({"kind": "memory", "threads": 1, **params})
-        estimate = estimate_memory(MemoryConfig.from_case(case))
+        estimate = estimate_memory_per_rank(MemoryConfig.from_case(case))
         outcome = run_isolated(CASE_TARGET, case, timeout_s=timeout_s, env=worker_env(case))
         row = {"params": case, "status": outcome.status, "error": outcome.error,
                "estimated_forward_bytes": estimate.forward_bytes,

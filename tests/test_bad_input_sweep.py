@@ -358,12 +358,13 @@ def _decode(index, order, ndim, **kwargs):
     return lambda: decode(index, order, ndim, **kwargs)
 
 
-def _estimate(**overrides):
+def _estimate(per_rank=False, **overrides):
     from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.distributed.memory import estimate_memory_per_rank
 
     fields = {"seq_len": 1024, "num_heads": 4, "head_dim": 32, "segment_lengths": (256, 512),
               "dilation_rates": (1, 2), **overrides}
-    return lambda: estimate_memory(MemoryConfig(**fields))
+    return lambda: (estimate_memory_per_rank if per_rank else estimate_memory)(MemoryConfig(**fields))
 
 
 def _shard(rank, world_size, length=16, **kwargs):
@@ -465,6 +466,8 @@ def _api_cases() -> list[Any]:
     add("estimate_memory seq_len=2**60", _estimate(seq_len=2**60), "seq_len")
     add("estimate_memory head_dim=2**40", _estimate(head_dim=2**40), "head_dim")
     add("estimate_memory world_size=3", _estimate(world_size=3), "world_size")
+    add("estimate_memory world_size=2", _estimate(world_size=2), "world_size")  # per rank: the ring's estimate
+    add("estimate_memory_per_rank world_size=3", _estimate(per_rank=True, world_size=3), "world_size")
     for name, values in (("dtype", ("int8", "", None)), ("mode", ("sparse", None)), ("backend", ("magic", "")),
                          ("device", ("tpu", "", "cuda:x", None)), ("executor", ("magic", "", None, "inplace"))):
         for value in values:

@@ -1,10 +1,11 @@
 """dry_run: the peak bytes of an executor running a plan, counted on meta tensors (the memory estimate's method).
 
 The run is the executor's own code (attention.function with the executor and the plan) on meta tensors, which
-allocate nothing, while a dispatch mode (`_Allocations`) counts every storage the run creates and frees: the peak
+allocate nothing, while a dispatch mode (`Allocations`) counts every storage the run creates and frees: the peak
 of live bytes is the estimate. Kernels report the buffers they allocate internally through
-attention.target.holding_workspace; code that chooses by device answers for the device being estimated (`_target`).
-Callers: attention.memory (estimate_memory), attention.memory_ring (the ring's terms), attention.selection (whether
+attention.target.holding_workspace; code that chooses by device answers for the device being estimated
+(`estimate_target`).
+Callers: attention.memory (estimate_memory), distributed.memory (the ring's terms), attention.selection (whether
 the in-place executor's buffers fit).
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from hilbert_lab.attention.layout import read_through_layout
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan
 from hilbert_lab.attention.target import estimating
 
-__all__ = ["ASSUMED_CAPABILITY", "WORKSPACE", "dry_run", "dry_run_parts"]
+__all__ = ["ASSUMED_CAPABILITY", "Allocations", "WORKSPACE", "dry_run", "dry_run_parts", "estimate_target"]
 
 # A CUDA estimate on a machine without CUDA assumes the device the selection rules were measured on.
 ASSUMED_CAPABILITY = (9, 0)
@@ -29,7 +30,7 @@ ASSUMED_CAPABILITY = (9, 0)
 WORKSPACE = "kernel workspace"
 
 
-class _Allocations(TorchDispatchMode):
+class Allocations(TorchDispatchMode):
     """Counts the bytes of every storage created under it while it lives; `peak` is the most at once.
     `workspace(delta)`: kernel workspace no tensor shows, taken (delta > 0) or given back (delta < 0), counted
     as live meanwhile. `at_peak`: the bytes live at the peak by what created them ('aten.empty [2, 64, 4, 32]
@@ -84,7 +85,9 @@ class _Allocations(TorchDispatchMode):
         return out
 
 
-def _target(device: str) -> tuple[str, Optional[tuple[int, int]], bool]:
+def estimate_target(device: str) -> tuple[str, Optional[tuple[int, int]], bool]:
+    """(device type, compute capability, cuDNN present) that code choosing by device answers for while `device` is
+    estimated: this machine's where it has that device, else an assumed GPU (ASSUMED_CAPABILITY)."""
     if not device.startswith("cuda"):
         return "cpu", None, False
     if torch.cuda.is_available():
@@ -136,9 +139,9 @@ def _dry_run(executor: Executor, plan: Plan, shape: tuple[int, int, int, int], d
         for t in (q, k, v):
             t.requires_grad_(training)
             t.grad = None
-        tracker = _Allocations()
+        tracker = Allocations()
         tracker.exclude(q, k, v, upstream)
-        with estimating(*_target(device), tracker.workspace), tracker:
+        with estimating(*estimate_target(device), tracker.workspace), tracker:
             with torch.set_grad_enabled(training):
                 read = [read_through_layout(t, ordering, block) if layout else t for t in (q, k, v)]
                 out, lse = attention(job, *read, need_lse=training)

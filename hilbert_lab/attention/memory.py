@@ -7,7 +7,7 @@ counted as it is allocated, with no model to keep in step with the code. Kernels
 allocate internally (cudnn-frontend's float32 dQ accumulator, the flash backward's packed copies) through
 attention.target.holding_workspace; code that chooses by device (the SDPA kernel, the fused merge) answers
 for the device being estimated. The run and its counter: attention.dry_run; the call described:
-attention.memory_config. Ring attention per rank (world_size > 1): attention.memory_ring.
+attention.memory_config. Ring attention per rank (world_size > 1): distributed.memory.
 All figures are bytes *above the inputs* q, k, v (and above the caller's upstream gradient); the inputs
 are reported separately as inputs_bytes.
 """
@@ -35,7 +35,7 @@ class MemoryEstimate:
     inputs_bytes: q, k, v themselves. executor: the executor estimated. breakdown: per pass ("forward",
     "forward_backward"), named parts: on one device the bytes live at the peak by the operator that allocated
     them (WORKSPACE: inside a kernel call), adding up to the peak; per rank of a ring, the peaks of its phases
-    and the sizes of its terms (attention.memory_ring).
+    and the sizes of its terms (distributed.memory).
     """
 
     forward_bytes: int
@@ -75,11 +75,13 @@ def resolve_backend(config: MemoryConfig) -> str:
 def estimate_memory(config: MemoryConfig | dict[str, Any]) -> MemoryEstimate:
     """Peak bytes above the inputs of one attention call: forward (no grad) and forward+backward.
 
-    config: a MemoryConfig or a dict of its fields (ValueError naming a bad field). world_size > 1:
-    ring attention, per rank.
+    config: a MemoryConfig or a dict of its fields (ValueError naming a bad field) of world_size 1 (ring attention
+    per rank: distributed.memory.estimate_memory_per_rank).
     """
-    if isinstance(config, dict):
-        config = MemoryConfig(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in config.items()})
+    config = MemoryConfig.of(config)
+    if config.world_size > 1:
+        raise ValueError(f"world_size {config.world_size} is ring attention per rank: estimate it with "
+                         "hilbert_lab.distributed.memory.estimate_memory_per_rank (estimate_memory takes world_size 1)")
     return _estimate(config)
 
 
@@ -87,12 +89,6 @@ def estimate_memory(config: MemoryConfig | dict[str, Any]) -> MemoryEstimate:
 def _estimate(config: MemoryConfig) -> MemoryEstimate:
     backend = resolve_backend(config)
     element = DTYPE_BYTES[config.dtype]
-    if config.world_size > 1:
-        from hilbert_lab.attention.memory_ring import ring_peaks
-
-        forward, forward_backward, breakdown = ring_peaks(config, backend)
-        inputs = 3 * config.batch_size * (config.seq_len // config.world_size) * config.num_heads * config.head_dim
-        return MemoryEstimate(forward, forward_backward, inputs * element, backend, True, breakdown, backend)
     executor = get_executor(backend)
     plan = cached_plan(config.pattern, config.seq_len, config.num_heads)
     shape = (config.batch_size, config.seq_len, config.num_heads, config.head_dim)

@@ -23,7 +23,8 @@ MAX_NUM_HEADS = 1 << 16
 class MemoryConfig:
     """One attention call to estimate: shapes (B, N, H, D), pattern, backend, dtype and device.
 
-    world_size > 1 estimates ring attention per rank (N is the global length). ordering: the layout the
+    world_size > 1: ring attention per rank (N is the global length), estimated by
+    distributed.memory.estimate_memory_per_rank. ordering: the layout the
     engine reads q, k, v through (its copies count; hilbert_lab.attention.layout.read_through_layout).
     """
 
@@ -75,6 +76,14 @@ class MemoryConfig:
         if self.world_size > 1 and self.seq_len % self.world_size:
             raise ValueError(f"seq_len must be divisible by world_size ({self.world_size}) for ring attention, "
                              f"got {self.seq_len}")
+
+    @classmethod
+    def of(cls, config: "MemoryConfig | dict[str, Any]") -> "MemoryConfig":
+        """config itself, or the config of a dict of its fields (lists taken as tuples; a bad field: ValueError
+        naming it)."""
+        if isinstance(config, dict):
+            return cls(**{key: (tuple(value) if isinstance(value, list) else value) for key, value in config.items()})
+        return config
 
     @classmethod
     def from_case(cls, case: dict[str, Any]) -> "MemoryConfig":

@@ -156,9 +156,10 @@ def estimate_case_bytes(case: dict[str, Any]) -> int | None:
     """
     if case["kind"] == "selftest":
         return int(case["bytes_per_token"]) * int(case["seq_len"]) or None
-    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig
+    from hilbert_lab.distributed.memory import estimate_memory_per_rank
 
-    estimate = estimate_memory(MemoryConfig.from_case(case))
+    estimate = estimate_memory_per_rank(MemoryConfig.from_case(case))
     training = case["kind"] == "memory" or case.get("pass") == "forward_backward"
     return estimate.inputs_bytes + (estimate.forward_backward_bytes if training else estimate.forward_bytes)
 
@@ -233,10 +234,11 @@ def _synchronize(device: str) -> None:
 
 
 def _estimate_fields(case: dict[str, Any]) -> dict[str, Any]:
-    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig
+    from hilbert_lab.distributed.memory import estimate_memory_per_rank
 
     try:
-        estimate = estimate_memory(MemoryConfig.from_case(case))
+        estimate = estimate_memory_per_rank(MemoryConfig.from_case(case))
     except Exception as exc:  # an estimate is extra information, never a reason to lose a timing
         return {"estimate_error": f"{type(exc).__name__}: {exc}"}
     return {"estimated_forward_bytes": estimate.forward_bytes,

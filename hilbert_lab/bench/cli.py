@@ -55,9 +55,8 @@ def _add_attention_arguments(parser: argparse.ArgumentParser, *, sweep: bool, ru
     parser.add_argument("--dtype", type=choice_list(DTYPES), default=["float32"], help=f"{many}{' | '.join(DTYPES)}")
     parser.add_argument("--ordering", type=_ordering_list, default=[None],
                         help=f"{many}{' | '.join(_orderings())} (default: identity, the tokens in their order)")
-    device_help = arguments.DEVICE_SYNTAX + ("" if run else "; need not exist here")
     parser.add_argument("--device", type=available_device if run else arguments.device, default="cpu",
-                        help=device_help)
+                        help=arguments.DEVICE_SYNTAX + ("" if run else "; need not exist here"))
     _add_shape_arguments(parser)
 
 
@@ -224,7 +223,8 @@ def _probe(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- estimate
 
 def _estimate(args: argparse.Namespace) -> int:
-    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig
+    from hilbert_lab.distributed.memory import estimate_memory_per_rank
     from hilbert_lab.bench.checker import MemorySafetyChecker
     from hilbert_lab.bench.config import format_bytes
 
@@ -233,7 +233,7 @@ def _estimate(args: argparse.Namespace) -> int:
     base.pop("kind")
     rows = []
     for seq_len in args.seq_len:
-        estimate = estimate_memory(MemoryConfig(seq_len=seq_len, world_size=args.world_size, **{
+        estimate = estimate_memory_per_rank(MemoryConfig(seq_len=seq_len, world_size=args.world_size, **{
             k: (tuple(v) if isinstance(v, list) else v) for k, v in base.items()}))
         required = estimate.total_forward_backward_bytes if args.pass_ == "forward_backward" else estimate.total_forward_bytes
         try:

@@ -1,6 +1,7 @@
 """Context parallelism over torch.distributed: sharding, the communicator, branch schedules, the ring
 algorithms (contiguous, zigzag), the step pipelines, head-parallel attention (all-to-all over heads) and its
-hybrid with the ring on a 2-D mesh, the configuration agreement, modules."""
+hybrid with the ring on a 2-D mesh, the configuration agreement, modules; the ring's per-rank memory estimate
+(distributed.memory)."""
 from __future__ import annotations
 
 from hilbert_lab.distributed import comm

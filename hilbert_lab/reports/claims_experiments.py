@@ -248,21 +248,23 @@ def claim_c9(*, repeats: int, device: str, max_tokens: int = 4096) -> list[dict]
 
 
 def claim_c10() -> list[dict]:
-    """C10: ring attention O(n/p) memory per device, 'billions of tokens'. Estimated (attention.memory.estimate_memory)."""
-    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    """C10: ring attention O(n/p) memory per device, 'billions of tokens'. Estimated
+    (distributed.memory.estimate_memory_per_rank)."""
+    from hilbert_lab.attention.memory import MemoryConfig
+    from hilbert_lab.distributed.memory import estimate_memory_per_rank
 
     base = dict(seq_len=1 << 20, num_heads=8, head_dim=64, segment_lengths=(4096,), dilation_rates=(1,),
                 dtype="float16", device="cuda", backend="sdpa")
-    per_rank = {p: estimate_memory(MemoryConfig(**base, world_size=p)) for p in (1, 2, 4, 8)}
+    per_rank = {p: estimate_memory_per_rank(MemoryConfig(**base, world_size=p)) for p in (1, 2, 4, 8)}
     totals = {p: estimate.total_forward_bytes for p, estimate in per_rank.items()}
     scaling = ", ".join(f"p={p}: {bytes_ / 2**30:.2f} GiB" for p, bytes_ in totals.items())
     halving = all(totals[p] <= 0.6 * totals[q] for p, q in ((4, 2), (8, 4)))  # p=1 has no ring buffers
-    billion = estimate_memory(MemoryConfig(**{**base, "seq_len": 1 << 30}, world_size=8)).total_forward_bytes
+    billion = estimate_memory_per_rank(MemoryConfig(**{**base, "seq_len": 1 << 30}, world_size=8)).total_forward_bytes
     gpus_needed = int(np.ceil(8 * billion / (141e9)))
     return [
         _row("C10", "O(n/p) memory per device", "1M tokens, H=8, D=64, fp16, forward, model estimate",
              "O(n/p)", scaling, "inconclusive",
-             "per-rank memory from hilbert_lab.attention.memory.estimate_memory's ring model (an estimate, not a "
+             "per-rank memory from hilbert_lab.distributed.memory.estimate_memory_per_rank's ring model (an estimate, not a "
              f"multi-GPU measurement): from p=2 on each doubling of p {'halves' if halving else 'does not halve'} it; "
              "p=1 runs no ring buffers"),
         _row("C10", "billions of tokens", "2^30 tokens on 8 ranks, fp16, forward",

@@ -7,6 +7,7 @@ import pytest
 from hilbert_lab.bench.cases import CASE_TARGET, normalize_case, worker_env
 from hilbert_lab.attention.executors import BACKENDS
 from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+from hilbert_lab.distributed.memory import estimate_memory_per_rank
 from hilbert_lab.bench.isolate import run_isolated
 from hilbert_lab.bench.measure import reset_cpu_peak
 
@@ -47,11 +48,11 @@ def test_estimate_within_20_percent_of_measured_cpu_peak(params):
         assert 0.8 <= estimated / measured <= 1.2, (estimated, measured)
 
 
-def _estimate(**fields):
+def _estimate(estimate=estimate_memory, **fields):
     base = dict(seq_len=1 << 16, num_heads=8, head_dim=64, segment_lengths=(2048, 4096), dilation_rates=(1, 2),
                 backend="sdpa")
     base.update(fields)
-    return estimate_memory(MemoryConfig(**base))
+    return estimate(MemoryConfig(**base))
 
 
 def test_estimate_scales_linearly_in_sequence_length_for_fixed_segments():
@@ -75,9 +76,12 @@ def test_merge_free_head_groups_and_fused_kernels_need_less():
 
 def test_ring_per_rank_estimate_shrinks_with_world_size():
     full = _estimate(seq_len=1 << 18)
-    per_rank = _estimate(seq_len=1 << 18, world_size=8)
+    assert _estimate(estimate_memory_per_rank, seq_len=1 << 18) == full  # world size 1: the one-device estimate
+    per_rank = _estimate(estimate_memory_per_rank, seq_len=1 << 18, world_size=8)
     assert per_rank.per_rank and per_rank.inputs_bytes * 8 == full.inputs_bytes
     assert per_rank.forward_backward_bytes < full.forward_backward_bytes
+    with pytest.raises(ValueError, match="world_size 8 .*estimate_memory_per_rank"):
+        _estimate(seq_len=1 << 18, world_size=8)
 
 
 @pytest.mark.parametrize("fields, name", [
@@ -296,8 +300,8 @@ def test_estimate_under_inference_mode_is_the_same(world_size):
     fields = dict(seq_len=4096, segment_lengths=(256, 512), dilation_rates=(1, 2), num_heads=2, head_dim=16,
                   world_size=world_size)
     with torch.inference_mode():
-        inside = estimate_memory(MemoryConfig(**fields, batch_size=3))
-    outside = estimate_memory(MemoryConfig(**fields, batch_size=3, dtype="float64"))
+        inside = estimate_memory_per_rank(MemoryConfig(**fields, batch_size=3))
+    outside = estimate_memory_per_rank(MemoryConfig(**fields, batch_size=3, dtype="float64"))
     assert inside.forward_backward_bytes > 0 and outside.forward_backward_bytes == 2 * inside.forward_backward_bytes
 
 

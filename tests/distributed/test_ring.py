@@ -187,7 +187,7 @@ class _Silent:
 
 def _ring_dry_run(config, index: int) -> tuple[int, int]:
     """(forward, forward+backward) peaks of rank `index`'s ring job on meta tensors (attention.dry_run's counter)."""
-    from hilbert_lab.attention.dry_run import _Allocations, _target
+    from hilbert_lab.attention.dry_run import Allocations, estimate_target
     from hilbert_lab.attention.executors import get_executor
     from hilbert_lab.attention.function import attention
     from hilbert_lab.attention.target import estimating
@@ -204,9 +204,9 @@ def _ring_dry_run(config, index: int) -> tuple[int, int]:
     for training in (False, True):
         for t in (q, k, v):
             t.requires_grad_(training)
-        tracker = _Allocations()
+        tracker = Allocations()
         tracker.exclude(q, k, v, upstream)
-        with estimating(*_target(config.device), tracker.workspace), tracker, torch.set_grad_enabled(training):
+        with estimating(*estimate_target(config.device), tracker.workspace), tracker, torch.set_grad_enabled(training):
             steps = RingSteps(_Silent(), executor.kernel_for(q), executor.capabilities.in_place)
             job = ring_job(config.pattern, plan, geometry, q, executor, steps, config.head_dim ** -0.5)
             out, _ = attention(job, q, k, v, need_lse=training or job.num_slots > 1)
@@ -230,13 +230,14 @@ def _ring_dry_run(config, index: int) -> tuple[int, int]:
          dtype="float64"),
 ])
 def test_ring_memory_model_matches_a_dry_run_of_the_ring_job(case):
-    """attention.memory_ring places the ring pipelines' buffers by hand (the ring lives above attention in the
-    layering): a dry run of the ring's own job (meta tensors, a communicator that moves nothing; the allocation
+    """distributed.memory places the ring pipelines' buffers by hand (attention code runs as a dry run, the pipelines
+    do not): a dry run of the ring's own job (meta tensors, a communicator that moves nothing; the allocation
     count, so the CUDA estimate) on every rank must agree with it."""
-    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig
+    from hilbert_lab.distributed.memory import estimate_memory_per_rank
 
     config = MemoryConfig(**{"backend": "sdpa", "world_size": 2, "device": "cuda", **case})
-    estimate = estimate_memory(config)
+    estimate = estimate_memory_per_rank(config)
     peaks = [_ring_dry_run(config, index) for index in range(config.world_size)]
     forward, forward_backward = (max(p[i] for p in peaks) for i in range(2))
     assert 0.97 * estimate.forward_bytes <= forward <= estimate.forward_bytes * 1.01, (forward, estimate)
@@ -257,10 +258,11 @@ def test_ring_memory_model_matches_a_dry_run_of_the_ring_job(case):
 def test_ring_memory_model_bounds_a_dry_run_of_segments_crossing_shards(case):
     """Branches the ring splits per segment: the model counts each crossing segment's largest member for every
     member, so it bounds the dry run of the ring's own job from above, and by at most 25%."""
-    from hilbert_lab.attention.memory import MemoryConfig, estimate_memory
+    from hilbert_lab.attention.memory import MemoryConfig
+    from hilbert_lab.distributed.memory import estimate_memory_per_rank
 
     config = MemoryConfig(**{"backend": "sdpa", "world_size": 2, "device": "cuda", **case})
-    estimate = estimate_memory(config)
+    estimate = estimate_memory_per_rank(config)
     peaks = [_ring_dry_run(config, index) for index in range(config.world_size)]
     forward, forward_backward = (max(p[i] for p in peaks) for i in range(2))
     assert forward <= estimate.forward_bytes <= 1.25 * forward, (forward, estimate)

@@ -1,10 +1,9 @@
-"""The per-rank memory of ring attention (hilbert_lab.distributed, contiguous layout); the public API is
-attention.memory (estimate_memory with world_size > 1).
+"""The per-rank memory of ring attention (contiguous layout): `estimate_memory_per_rank(config)`.
 
-The ring lives above attention in the layering, so the buffers its pipelines hold (distributed/steps.py)
-are placed here term by term, while everything that runs attention code is a dry run on meta tensors
-(attention.dry_run): the shard's local part, one kernel call of a ring step (forward and backward: its
-outputs and work), the running merge of a step's result and the merge of the slots.
+A rank's buffers are those of the ring's pipelines (distributed.steps), placed here term by term, while
+everything that runs attention code is a dry run on meta tensors (attention.dry_run): the shard's local part, one
+kernel call of a ring step (forward and backward: its outputs and work), the running merge of a step's result and
+the merge of the slots. World size 1 is attention.memory.estimate_memory itself.
 
 Per rank (shard n = N / P), a ring branch of m members selects rows = B * ceil(n / r) * h rows of its h heads
 on each member: its packet holds K and V (2 g, g = rows * D * element), the running result S = rows * (D + 1)
@@ -20,25 +19,47 @@ the end of its steps).
 """
 from __future__ import annotations
 
-from typing import Callable
+import functools
+from typing import Any, Callable
 
 import torch
 
-from hilbert_lab.attention.dry_run import _Allocations, _target, dry_run
+from hilbert_lab.attention.dry_run import Allocations, dry_run, estimate_target
 from hilbert_lab.attention.executors import get_executor
 from hilbert_lab.attention.executors.base import lse_dtype
 from hilbert_lab.attention.executors.kernel import call_backward, call_forward
+from hilbert_lab.attention.memory import MemoryEstimate, estimate_memory, resolve_backend
 from hilbert_lab.attention.memory_config import DTYPE_BYTES, MemoryConfig
 from hilbert_lab.attention.merge import merge_into, merge_slots
 from hilbert_lab.attention.plan import cached_plan
 from hilbert_lab.attention.target import estimating
 
+__all__ = ["estimate_memory_per_rank", "ring_peaks"]
+
+
+def estimate_memory_per_rank(config: MemoryConfig | dict[str, Any]) -> MemoryEstimate:
+    """Peak bytes above the inputs per rank of ring attention over config.world_size ranks (the shard's q, k, v as
+    inputs_bytes), forward and forward+backward; at world_size 1, attention.memory.estimate_memory.
+
+    config: a MemoryConfig or a dict of its fields (ValueError naming a bad field)."""
+    config = MemoryConfig.of(config)
+    return estimate_memory(config) if config.world_size == 1 else _per_rank(config)
+
+
+@functools.lru_cache(maxsize=256)
+def _per_rank(config: MemoryConfig) -> MemoryEstimate:
+    backend = resolve_backend(config)
+    forward, forward_backward, breakdown = ring_peaks(config, backend)
+    inputs = 3 * config.batch_size * (config.seq_len // config.world_size) * config.num_heads * config.head_dim
+    return MemoryEstimate(forward, forward_backward, inputs * DTYPE_BYTES[config.dtype], backend, True, breakdown,
+                          backend)
+
 
 def _peak(device: str, run: Callable[[], object], *exclude: torch.Tensor) -> int:
     """Peak bytes that run() allocates above `exclude` (meta tensors standing for `device`)."""
-    tracker = _Allocations()
+    tracker = Allocations()
     tracker.exclude(*exclude)
-    with estimating(*_target(device), tracker.workspace), tracker:
+    with estimating(*estimate_target(device), tracker.workspace), tracker:
         result = run()
         del result
     return tracker.peak
@@ -52,7 +73,7 @@ def _call_peaks(backend: str, shape: tuple[int, int, int, int], dtype: torch.dty
                 causal: bool) -> tuple[int, int]:
     """(forward, backward) peak bytes of one ring-step kernel call on (b, L, h, D) rows: its outputs and work."""
     q, k, v, grad = (_meta(shape, dtype) for _ in range(4))
-    with estimating(*_target(device), lambda nbytes: None):
+    with estimating(*estimate_target(device), lambda nbytes: None):
         kernel = get_executor(backend).kernel_for(q)
     forward = backward = 0
     for masked in {causal, False}:
