@@ -1,6 +1,8 @@
 """The measurement kit: timing summaries, useful FLOPs from the plan, anchors against the oracle."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -118,10 +120,15 @@ def test_fa4_floor_computes_head_groups_in_as_few_calls_as_the_fa4_executor(monk
     from attention._fa4_standin import CPU_FA4, install_fa4_standin
 
     install_fa4_standin(monkeypatch)
-    interface = __import__("sys").modules["flash_attn.cute.interface"]
+    interface = sys.modules["flash_attn.cute.interface"]
     shapes = []
     forward = interface._flash_attn_fwd
-    monkeypatch.setattr(interface, "_flash_attn_fwd", lambda q, *a, **kw: shapes.append(q.shape) or forward(q, *a, **kw))
+
+    def recorded(q, *args, **kwargs):
+        shapes.append(q.shape)
+        return forward(q, *args, **kwargs)
+
+    monkeypatch.setattr(interface, "_flash_attn_fwd", recorded)
     gen = torch.Generator().manual_seed(3)
     q, k, v, grad = (torch.randn(2, 48, 12, 8, dtype=torch.float64, generator=gen) for _ in range(4))
     kw = dict(segment_lengths=[4, 8, 16], dilation_rates=[1, 2, 4], mode="head_groups", causal=causal)
