@@ -30,7 +30,7 @@ GRAPH_REGIONS); `--no-graphs` times every call of ours eagerly. The JSON records
 (in each cell's timings, how a variant's regions ran while it was timed).
 
 Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
-[--quick] [--no-graphs]
+[--ragged-m 32768,131072] [--quick] [--no-graphs]
 """
 from __future__ import annotations
 
@@ -325,6 +325,8 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="8192,32768,131072,524288")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--ragged-m", default=",".join(str(m) for m, _, _ in RAGGED_CELLS),
+                        help="the m of part ragged's cells to run (e.g. one per process)")
     parser.add_argument("--longest-start", type=int, default=4 * 1048576)
     parser.add_argument("--longest-max", type=int, default=8 * 1048576)
     parser.add_argument("--longest-backends", default="auto")
@@ -371,7 +373,8 @@ def main() -> None:
                             save()
     if "ragged" in parts:
         result["ragged"] = []
-        for m, heads, head_dim in RAGGED_CELLS:
+        chosen = {int(m) for m in args.ragged_m.split(",") if m}
+        for m, heads, head_dim in (cell for cell in RAGGED_CELLS if cell[0] in chosen):
             for mode in ("longnet", "head_groups"):
                 for direction in ("fwd", "fwd+bwd"):
                     result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats))

@@ -17,9 +17,10 @@ Rules of `select_backend` (first match wins):
    reports/results/gpu_attention.json, measured with older code (rev 0ceb35e + uncommitted changes): at 8K
    the fused kernel wins every cell, its 4-7 cuDNN calls per pattern costing more host time than their GPU
    work; from 32K at D 64 in-place cuDNN wins or ties; at D 128 the fused backward is 2.6-3.8x slower). With
-   FlashAttention-4 installed ("fa4"), every call that would take "sdpa" takes it instead: both modes, forward
-   and training (H200, the ragged cells of reports/results/gpu_attention_ragged_h200_c24d934_run1.json, B 1,
-   32K-128K, D 32 and 64: 1.3-2.8x faster than "sdpa" in each, and than the fused kernel from 32K).
+   FlashAttention-4 installed ("fa4") it takes every such call: both modes, forward and training, any N (H200,
+   rev 9eabb13: fastest in 159 of the table's 160 cells, 8K-512K, D 64 and 128, the last within 0.3%; and in
+   the ragged cells of reports/results/gpu_attention_ragged_h200_c24d934_run1.json, B 1, 32K-128K, D 32 and 64,
+   1.3-2.8x faster than "sdpa" and than the fused kernel).
    When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel
    (no such buffers) runs instead. Dense-block callers (the ring's steps, whole_pattern=False) skip this rule and
    rule 0; in training from 32K tokens (the shard) with FlashAttention-4 they take "fa4" (dense causal 131072 on
@@ -264,6 +265,8 @@ def _rule_choice(device_type: str, capability: Optional[tuple[int, int]], dtype:
     if half and capability[0] >= 9 and triton_ok:
         if not inplace_fits:
             return "triton"
+        if in_place == "fa4":
+            return in_place
         if training and head_dim is not None and head_dim > 64:
             return in_place
         if seq_len is not None and seq_len >= INPLACE_MIN_SEQ_LEN:
