@@ -17,7 +17,10 @@ r [1, 2, 4, 8]). Writes JSON with the environment after every cell (a run cut sh
 
 Part "ragged": causal cells at N = m and m + 5 (m 32K with H 12, D 64; m 128K with H 8, D 32; B 1; w [2048,
 8192, 32768, 131072], r [1, 4, 8, 32]; both modes, fwd and fwd+bwd), each timed as a sweep cell, and the ratio
-(m + 5) / m of auto, of each executor and of the FlashAttention-4 floor (target: <= 1.10).
+(m + 5) / m of auto, of each executor and of the FlashAttention-4 floor (target: <= 1.10). Each pair runs in a
+fresh process: on an H200 (torch 2.11, cuDNN 9.19) cuDNN's backward, under an anchor, has killed the process
+with a segmentation fault in head_groups fwd+bwd at m 128K after the cells before it, and not when that pair
+ran alone; a pair whose process dies is recorded with how it died, and the others keep their results.
 
 Part "profile": torch.profiler's CUDA kernel time per call of each of ours on the headline cells (causal or not), by
 kind (attention kernels, copies, fills, elementwise adds/conversions, merge, other), beside the wall time of the
@@ -30,7 +33,7 @@ GRAPH_REGIONS); `--no-graphs` times every call of ours eagerly. The JSON records
 (in each cell's timings, how a variant's regions ran while it was timed).
 
 Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
-[--ragged-m 32768,131072] [--quick] [--no-graphs]
+[--quick] [--no-graphs]
 """
 from __future__ import annotations
 
@@ -38,7 +41,10 @@ import argparse
 import gc
 import itertools
 import json
+import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -246,6 +252,22 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
     return row
 
 
+def ragged_in_process(pair: str, repeats: int, no_graphs: bool) -> dict:
+    """Part ragged's entry for pair "M,MODE,DIRECTION", run by this script in a fresh process; where that process
+    dies, an entry with the pair and how it died."""
+    m, mode, direction = pair.split(",")
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "pair.json"
+        command = [sys.executable, __file__, "--parts", "ragged", "--ragged-pair", pair, "--repeats", str(repeats),
+                   "--out", str(out)] + (["--no-graphs"] if no_graphs else [])
+        code = subprocess.run(command).returncode
+        if code == 0 and out.exists():
+            return json.loads(out.read_text())["ragged"][0]
+    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    print(f"ragged {mode:11s} m={m} {direction:7s} the process died: {how}", flush=True)
+    return dict(mode=mode, m=int(m), direction=direction, error=f"the process running the pair died: {how}")
+
+
 def ragged_pair(m, heads, head_dim, mode, direction, repeats):
     """The causal cells N = m and m + 5 (pattern RAGGED, B 1) and the ratio (m + 5) / m of auto, each executor
     and the FlashAttention-4 floor."""
@@ -325,8 +347,8 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="8192,32768,131072,524288")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--ragged-m", default=",".join(str(m) for m, _, _ in RAGGED_CELLS),
-                        help="the m of part ragged's cells to run (e.g. one per process)")
+    parser.add_argument("--ragged-pair", default=None, help="M,MODE,DIRECTION: part ragged runs this pair alone "
+                        "in this process (how it runs each pair in a fresh one)")
     parser.add_argument("--longest-start", type=int, default=4 * 1048576)
     parser.add_argument("--longest-max", type=int, default=8 * 1048576)
     parser.add_argument("--longest-backends", default="auto")
@@ -373,11 +395,14 @@ def main() -> None:
                             save()
     if "ragged" in parts:
         result["ragged"] = []
-        chosen = {int(m) for m in args.ragged_m.split(",") if m}
-        for m, heads, head_dim in (cell for cell in RAGGED_CELLS if cell[0] in chosen):
+        for m, heads, head_dim in RAGGED_CELLS:
             for mode in ("longnet", "head_groups"):
                 for direction in ("fwd", "fwd+bwd"):
-                    result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats))
+                    pair = f"{m},{mode},{direction}"
+                    if args.ragged_pair == pair:
+                        result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats))
+                    elif args.ragged_pair is None:
+                        result["ragged"].append(ragged_in_process(pair, args.repeats, args.no_graphs))
                     save()
     if "profile" in parts:
         result["profile"] = []
