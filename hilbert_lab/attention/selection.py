@@ -5,22 +5,19 @@ Rules of `select_backend` (first match wins):
    by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell (same
    mode, causal, training and raggedness; nearest head dim, then query rows B * N * H, then N; within a factor
    sqrt(2) of both: auto_table.REACH), unless the in-place buffers do not fit (then the fused kernel, rule 3).
-   H200 (160 cells, reports/results/auto_table/check_h200_run4.json, measured with older code (rev 587257f)):
-   the pick within 3% of the fastest in 155.
+   H200 (160 cells, rev 9eabb13; checked in reports/results/auto_table/check_h200_9e41a78.json): the pick timed by
+   name within 3% of the fastest in 159, `auto` itself in 142.
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
    efficient kernel; flash needs fp16/bf16) and no flash-attn. Pascal: use float32.
 3. CUDA, fp16/bf16 on Hopper or newer with Triton, for a whole pattern, where no table applies: "sdpa" (cuDNN
    reading the plan's blocks in place, exact backward with the merged output and LSE) for N >= 32768, and for
-   training with head dim > 64 at any N; else the fused kernel "triton" (on an H100,
-   reports/results/gpu_attention.json, measured with older code (rev 0ceb35e + uncommitted changes): at 8K
-   the fused kernel wins every cell, its 4-7 cuDNN calls per pattern costing more host time than their GPU
-   work; from 32K at D 64 in-place cuDNN wins or ties; at D 128 the fused backward is 2.6-3.8x slower). With
-   FlashAttention-4 installed ("fa4") it takes every such call: both modes, forward and training, any N (H200,
-   rev 9eabb13: fastest in 159 of the table's 160 cells, 8K-512K, D 64 and 128, the last within 0.3%; and in
-   the ragged cells of reports/results/gpu_attention_ragged_h200_c24d934_run1.json, B 1, 32K-128K, D 32 and 64,
-   1.3-2.8x faster than "sdpa" and than the fused kernel).
+   training with head dim > 64 at any N; else the fused kernel "triton" (H100, older code, rev 0ceb35e: at 8K its
+   one launch beats 4-7 cuDNN calls' host time; from 32K at D 64 cuDNN in place wins or ties; at D 128 the fused
+   backward is 2.6-3.8x slower). With FlashAttention-4 ("fa4") installed, "fa4" instead, both modes, forward and
+   training, any N (H200: fastest in 159 of the 160 cells of the rev 9eabb13 table, the last within 0.3%; 1.3-2.8x
+   faster than "sdpa" and the fused kernel in reports/results/gpu_attention_ragged_h200_c24d934_run1.json's cells).
    When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel
    (no such buffers) runs instead. Dense-block callers (the ring's steps, whole_pattern=False) skip this rule and
    rule 0; in training from 32K tokens (the shard) with FlashAttention-4 they take "fa4" (dense causal 131072 on

@@ -184,6 +184,12 @@ def _rows(metrics: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return list(((metrics.get("tables") or {}).get(name) or {}).get("rows") or [])
 
 
+# a comparison's columns (bench.stats.compare's keys after the case's), also where the run compared no ordering
+COMPARISON_COLUMNS = ("backend", "mode", "seq_len", "ordering", "timing", "a_median", "a_low", "a_high", "b_median",
+                      "b_low", "b_high", "speedup", "speedup_low", "speedup_high", "samples", "verdict", "settled",
+                      "text")
+
+
 def comparisons(metrics: dict[str, Any]) -> Any:
     """Ordering vs identity with 95% intervals: from the interleaved A/B table when the run has one
     ("interleaved": repeats paired by round), else from the per-case repeats of the results table ("separate
@@ -210,4 +216,4 @@ def comparisons(metrics: dict[str, Any]) -> Any:
             result = compare(row["times_ms"], base["times_ms"], row["ordering"], "identity", paired=False)
             rows.append({"backend": row["backend"], "mode": row["mode"], "seq_len": row["seq_len"],
                          "ordering": row["ordering"], "timing": "separate runs", **result})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)

@@ -9,7 +9,7 @@ import pytest
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.reports import claims, claims_measure
 from hilbert_lab.bench.flops import useful_pairs
-from hilbert_lab.reports.benchmark import comparisons, results_table, useful_flops
+from hilbert_lab.reports.benchmark import COMPARISON_COLUMNS, comparisons, results_table, useful_flops
 from hilbert_lab.reports.recorder import ReportRecorder, to_jsonable
 
 
@@ -56,6 +56,10 @@ def test_results_table_and_ordering_speedups():
     assert len(found) == 1 and found.iloc[0].speedup == pytest.approx(0.5)  # identity 2 ms / hilbert 4 ms
     assert found.iloc[0].timing == "separate runs"
     assert found.iloc[0].speedup_low <= 0.5 <= found.iloc[0].speedup_high
+    assert tuple(found.columns) == COMPARISON_COLUMNS
+    rows = metrics["tables"]["results"]["rows"]  # a run of the identity order alone compares nothing, same columns
+    alone = comparisons({"tables": {"results": {"rows": [row for row in rows if row["ordering"] == "identity"]}}})
+    assert len(alone) == 0 and tuple(alone.columns) == COMPARISON_COLUMNS
 
 
 def test_parse_claims_reads_the_table():
