@@ -8,7 +8,8 @@ alone, ragged: N leaves uneven blocks) and the median milliseconds of every exec
 
 `table_choice` answers a call from the cell of the same mode, causal, training and raggedness nearest in
 head dim, then in query rows B * N * H on a log scale (the GPU work per kernel call grows with them while the
-host time per call does not), then in N: the fastest executor of that cell that runs the call. A cell answers
+host time per call does not), then in N: the fastest executor of that cell that runs the call, or the caller's
+preferred one (the rules' pick) where the cell timed it within TIE of the fastest (a tie the table cannot tell). A cell answers
 only calls within a factor REACH of its head dim and of its query rows: which executor wins turns on the
 balance of host and GPU time, which the table has not measured between its cells. A call with no such cell
 (another GPU kind, another dtype class, work the table does not reach) gets None and `auto` keeps its rules.
@@ -25,6 +26,7 @@ from typing import Callable, Optional, Sequence
 
 TABLE_DIR = Path(__file__).with_name("auto_tables")
 REACH = 2 ** 0.5  # a cell answers calls whose head dim and query rows lie within this factor of its own
+TIE = 1.03  # times within this factor of a cell's fastest are one time: two timings of one executor differ so much
 CELL_KEYS = ("mode", "causal", "seq_len", "batch", "heads", "head_dim", "training", "ragged", "times_ms")
 
 
@@ -125,14 +127,20 @@ def nearest_cell(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int
 
 
 def table_choice(cells: Sequence[Cell], *, mode: str, causal: bool, seq_len: int, rows: int, head_dim: int,
-                 training: bool, ragged: bool, runs: Callable[[str], bool]) -> Optional[str]:
-    """The fastest executor of the nearest cell (`nearest_cell`) for which runs(name) holds; None without one, or
-    when that cell's head dim or query rows are more than a factor REACH from the call's."""
+                 training: bool, ragged: bool, runs: Callable[[str], bool],
+                 prefer: Optional[str] = None) -> Optional[str]:
+    """The fastest executor of the nearest cell (`nearest_cell`) for which runs(name) holds, or `prefer` where it
+    runs and the cell timed it within TIE of that fastest; None without one, or when that cell's head dim or query
+    rows are more than a factor REACH from the call's."""
     cell = nearest_cell(cells, mode=mode, causal=causal, seq_len=seq_len, rows=rows, head_dim=head_dim,
                         training=training, ragged=ragged)
     if cell is None or not (_within(cell.head_dim, head_dim) and _within(cell.rows, rows)):
         return None
-    return next((name for name in cell.fastest_first() if runs(name)), None)
+    times = {name: ms for name, ms in cell.times_ms if runs(name)}
+    if not times:
+        return None
+    fastest = min(times, key=times.get)
+    return prefer if prefer in times and times[prefer] <= TIE * times[fastest] else fastest
 
 
 def _within(measured: int, wanted: int) -> bool:

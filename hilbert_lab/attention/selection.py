@@ -2,11 +2,10 @@
 
 Rules of `select_backend` (first match wins):
 0. CUDA, fp16/bf16, a whole pattern of known shape, on a GPU kind with a table in the package (attention.auto_table,
-   by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell (same
-   mode, causal, training and raggedness; nearest head dim, then query rows B * N * H, then N; within a factor
-   sqrt(2) of both: auto_table.REACH), unless the in-place buffers do not fit (then the fused kernel, rule 3).
-   H200 (160 cells, rev 9eabb13; checked in reports/results/auto_table/check_h200_9e41a78.json): the pick timed by
-   name within 3% of the fastest in 159, `auto` itself in 142.
+   by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell
+   (auto_table.table_choice; the rules' pick where within 3% of it), unless the in-place buffers do not fit (then
+   the fused kernel, rule 3). H200 (160 cells, rev 9eabb13; reports/results/auto_table/check_h200_9e41a78.json):
+   the pick timed by name within 3% of the fastest in 159, `auto` itself in 142.
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
@@ -18,12 +17,12 @@ Rules of `select_backend` (first match wins):
    backward is 2.6-3.8x slower). With FlashAttention-4 ("fa4") installed, "fa4" instead, both modes, forward and
    training, any N (H200: fastest in 159 of the 160 cells of the rev 9eabb13 table, the last within 0.3%; 1.3-2.8x
    faster than "sdpa" and the fused kernel in reports/results/gpu_attention_ragged_h200_c24d934_run1.json's cells).
-   When the in-place executor's buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel
-   (no such buffers) runs instead. Dense-block callers (the ring's steps, whole_pattern=False) skip this rule and
+   Where the in-place buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel runs
+   instead. Dense-block callers (the ring's steps, whole_pattern=False) skip this rule and
    rule 0; in training from 32K tokens (the shard) with FlashAttention-4 they take "fa4" (dense causal 131072 on
    2 H200s: ring steps on fa4 91.4 ms fwd+bwd, on sdpa 109.0: ring_throughput/ring_2gpu_h200_fa4_run*.json).
-4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel).
-   "triton"/"flex" are opt-in there or chosen by timing.
+4. CUDA, fp16/bf16 on Ampere/Ada: "flash" when flash-attn is installed, else "sdpa" (flash kernel); "triton" and
+   "flex" are opt-in there or chosen by timing.
 Head dims (with the shape known): a choice that does not declare the call's head dim D on the device
 (executors.base.Capabilities.head_dims / cuda_head_dims; e.g. the CUDA SDPA kernels take D multiple of 8 up
 to 256, the fused kernel D up to 256) gives way to the first that does of the fused kernel (where rule 3
@@ -33,8 +32,7 @@ Timing is measured in `hilbert_lab.bench.selection` (`measure_selection`, or the
 segment_lengths, dilation_rates, mode, causal) key and stores the fastest in a JSON file
 ($HILBERT_LAB_CACHE_DIR or ~/.cache/hilbert_lab, file backend_selection.json). This module only reads
 that file: `select_backend(..., timed=True)` returns the stored winner for the key when there is one
-that runs here, else the rule. `backend="auto"` always applies the rules (the packaged table of rule 0
-included; the timing file is not read).
+that runs here, else the rule. `backend="auto"` always applies the rules (rule 0 included; not the timing file).
 """
 from __future__ import annotations
 
@@ -117,15 +115,16 @@ def rule_backend(device: torch.device | str, dtype: torch.dtype, *, whole_patter
             fits = _inplace_fits(device, shape, dtype, segment_lengths, dilation_rates, mode, causal, training)
     if head_dim is not None and unavailable_reason("fa4", device, dtype, head_dim) is not None:
         fa4_ok = False
+    rules = functools.partial(rule_for, "cuda", capability, dtype, triton_ok=whole_pattern and triton_ok,
+                              flash_ok=flash_ok, fa4_ok=fa4_ok, mode=mode, seq_len=seq_len, head_dim=head_dim,
+                              training=training, inplace_fits=fits, dense_blocks=not whole_pattern)
     measured = None
     if whole_pattern and seq_len is not None and segment_lengths and dtype in (torch.float16, torch.bfloat16):
         rates = tuple(int(r) for r in dilation_rates) if dilation_rates is not None else (1,) * len(segment_lengths)
         rows = int(shape[0]) * seq_len * int(shape[2])
         measured = _measured_choice(device, dtype, seq_len, rows, head_dim, tuple(int(w) for w in segment_lengths),
-                                    rates, mode, bool(causal), bool(training))
-    return rule_for("cuda", capability, dtype, triton_ok=whole_pattern and triton_ok, flash_ok=flash_ok, fa4_ok=fa4_ok,
-                    mode=mode, seq_len=seq_len, head_dim=head_dim, training=training, inplace_fits=fits,
-                    measured=measured, dense_blocks=not whole_pattern)
+                                    rates, mode, bool(causal), bool(training), prefer=rules())
+    return rules(measured=measured)
 
 
 def _device_kind(device: torch.device) -> Optional[str]:
@@ -136,9 +135,10 @@ def _device_kind(device: torch.device) -> Optional[str]:
 @functools.lru_cache(maxsize=512)
 def _measured_choice(device: torch.device, dtype: torch.dtype, seq_len: int, rows: int, head_dim: int,
                      segment_lengths: tuple[int, ...], dilation_rates: tuple[int, ...], mode: str, causal: bool,
-                     training: bool) -> Optional[str]:
+                     training: bool, prefer: Optional[str] = None) -> Optional[str]:
     """The packaged table's choice for the call (attention.auto_table): the fastest executor of its nearest cell
-    that runs here; None without a table for this GPU kind or a cell of this kind."""
+    that runs here (`prefer` where it ties with it); None without a table for this GPU kind or a cell of this
+    kind."""
     kind = _device_kind(device)
     cells = load_table(kind) if kind is not None else ()
     if not cells:
@@ -147,7 +147,7 @@ def _measured_choice(device: torch.device, dtype: torch.dtype, seq_len: int, row
                         training=training,
                         ragged=is_ragged(seq_len, segment_lengths, dilation_rates),
                         runs=lambda name: name in EXECUTORS and not EXECUTORS[name].capabilities.oracle
-                        and unavailable_reason(name, device, dtype, head_dim) is None)
+                        and unavailable_reason(name, device, dtype, head_dim) is None, prefer=prefer)
 
 
 INPLACE_QUERY_BYTES = 1 << 30  # below this estimate the buffers are taken to fit without asking the device

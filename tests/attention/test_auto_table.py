@@ -81,6 +81,18 @@ def test_a_malformed_table_is_refused_naming_the_file_and_the_key():
         parse_table({"cells": [{**cell, "times_ms": {"sdpa": float("nan")}}]}, "x.json")
 
 
+def test_a_tie_in_the_table_goes_to_the_preferred_executor():
+    """Within TIE of a cell's fastest the caller's preference (the rules' pick) stands; beyond it, the fastest."""
+    cells = [_cell(32768, {"triton": 0.675, "fa4": 0.677, "sdpa": 0.75})]
+    choose = functools.partial(table_choice, cells, mode="longnet", causal=True, seq_len=32768, rows=32768 * 12,
+                               head_dim=64, training=False, ragged=False)
+    assert choose(runs=lambda name: True) == choose(runs=lambda name: True, prefer="sdpa") == "triton"
+    assert choose(runs=lambda name: True, prefer="fa4") == "fa4"
+    assert choose(runs=lambda name: name != "fa4", prefer="fa4") == "triton"  # a preference that cannot run
+    assert choose(runs=lambda name: name == "sdpa", prefer="fa4") == "sdpa"
+    assert auto_table.TIE == 1.03
+
+
 def test_the_measured_choice_wins_unless_the_in_place_buffers_do_not_fit():
     rule = functools.partial(selection.rule_for, "cuda", (9, 0), torch.bfloat16, triton_ok=True, seq_len=32768,
                              head_dim=64)
@@ -112,7 +124,13 @@ def test_auto_reads_the_packaged_table(monkeypatch):
                                                                           cell.head_dim),
                                             segment_lengths=segments, dilation_rates=rates, mode=cell.mode,
                                             causal=cell.causal, training=cell.training)
-            assert picked == cell.fastest_first()[0], cell
+            times = dict(cell.times_ms)
+            fastest = cell.fastest_first()[0]
+            rules = selection.rule_for("cuda", (9, 0), torch.bfloat16, triton_ok=True, fa4_ok=True,
+                                       seq_len=cell.seq_len, head_dim=cell.head_dim, mode=cell.mode,
+                                       training=cell.training)
+            tie = rules in times and times[rules] <= auto_table.TIE * times[fastest]
+            assert picked == (rules if tie else fastest), cell
         cell = cells[0]
         shape = (cell.batch, cell.seq_len, cell.heads, cell.head_dim)
         common = dict(shape=shape, segment_lengths=segments, dilation_rates=rates, mode=cell.mode, causal=cell.causal,
