@@ -9,10 +9,11 @@ alone, ragged: N leaves uneven blocks) and the median milliseconds of every exec
 `table_choice` answers a call from the cell of the same mode, causal, training and raggedness nearest in
 head dim, then in query rows B * N * H on a log scale (the GPU work per kernel call grows with them while the
 host time per call does not), then in N: the fastest executor of that cell that runs the call, or the caller's
-preferred one (the rules' pick) where the cell timed it within TIE of the fastest (a tie the table cannot tell). A cell answers
-only calls within a factor REACH of its head dim and of its query rows: which executor wins turns on the
-balance of host and GPU time, which the table has not measured between its cells. A call with no such cell
-(another GPU kind, another dtype class, work the table does not reach) gets None and `auto` keeps its rules.
+preferred one (the rules' pick) where the cell timed it within TIE of the fastest (a tie the table cannot
+tell). A cell answers only calls within a factor REACH of its head dim and of its query rows: which executor
+wins turns on the balance of host and GPU time, which the table has not measured between its cells. A call with
+no such cell (another GPU kind, another dtype class, work the table does not reach) gets None and `auto` keeps its
+rules.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from hilbert_lab.attention.kv_cache import DilatedKVCache
@@ -77,7 +78,12 @@ class DilatedTransformerBlock(nn.Module):
         values are appended to it)."""
         mha = self.attention
         split = lambda t: t.unflatten(-1, (-1, mha.head_dim))  # noqa: E731
-        q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
+        stacked = cache.in_projection if isinstance(cache, DilatedStaticCache) else None
+        if stacked is not None:  # one GEMM for q, k and v
+            kv_dim = mha.num_kv_heads * mha.head_dim
+            q, k, v = map(split, F.linear(x, *stacked).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
+        else:
+            q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
         if self.rotary:
             q = apply_rotary(q, positions, base=self.rotary_base)
             k = apply_rotary(k, positions, base=self.rotary_base)

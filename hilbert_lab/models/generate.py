@@ -31,8 +31,9 @@ def new_caches(model, max_length: int | None = None) -> list[DilatedKVCache] | N
 def new_static_caches(model, batch_size: int, max_length: int,
                       prompt_lengths: list[int] | None = None) -> list[DilatedStaticCache]:
     """One DilatedStaticCache per block of a LongNetLM with local attention layers: batch_size rows of up to
-    max_length tokens, in the model's dtype (under torch.autocast, its dtype) and on its device; prompt_lengths:
-    the rows' lengths in a left-padded prompt (None: no padding)."""
+    max_length tokens, in the model's dtype (under torch.autocast, its dtype) and on its device, each holding its
+    layer's q, k, v projections stacked (`in_projection`: one GEMM per step; a copy of those weights while the
+    caches live); prompt_lengths: the rows' lengths in a left-padded prompt (None: no padding)."""
     if not _local_layers(model):
         raise ValueError("a static cache needs every layer to be a local MultiheadDilatedAttention (ring layers "
                          "decode by recompute: models.use_local_attention first)")
@@ -44,11 +45,13 @@ def new_static_caches(model, batch_size: int, max_length: int,
     for block in model.encoder.blocks:
         mha = block.attention
         p = mha.attention.pattern
-        caches.append(DilatedStaticCache(
+        cache = DilatedStaticCache(
             p.segment_lengths, p.dilation_rates, mode=p.mode, batch_size=batch_size, max_length=max_length,
             num_heads=mha.num_heads, num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim, dtype=dtype,
             device=weight.device, backend=mha.attention.backend, scale=mha.attention.scale,
-            prompt_lengths=prompt_lengths))
+            prompt_lengths=prompt_lengths)
+        cache.in_projection = mha.stacked_in_projection(dtype)
+        caches.append(cache)
     return caches
 
 
