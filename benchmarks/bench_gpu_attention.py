@@ -263,7 +263,8 @@ def ragged_in_process(pair: str, repeats: int, no_graphs: bool) -> dict:
         code = subprocess.run(command).returncode
         if code == 0 and out.exists():
             return json.loads(out.read_text())["ragged"][0]
-    how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+    names = {int(number): number.name for number in signal.Signals}
+    how = f"signal {names.get(-code, -code)}" if code < 0 else f"exit status {code}"
     print(f"ragged {mode:11s} m={m} {direction:7s} the process died: {how}", flush=True)
     return dict(mode=mode, m=int(m), direction=direction, error=f"the process running the pair died: {how}")
 
