@@ -12,11 +12,11 @@ Rules of `select_backend` (first match wins):
    efficient kernel; flash needs fp16/bf16) and no flash-attn. Pascal: use float32.
 3. CUDA, fp16/bf16 on Hopper or newer with Triton, for a whole pattern, where no table applies: "sdpa" (cuDNN
    reading the plan's blocks in place, exact backward with the merged output and LSE) for N >= 32768, and for
-   training with head dim > 64 at any N; else the fused kernel "triton" (H100, older code, rev 0ceb35e: at 8K its
-   one launch beats 4-7 cuDNN calls' host time; from 32K at D 64 cuDNN in place wins or ties; at D 128 the fused
-   backward is 2.6-3.8x slower). With FlashAttention-4 ("fa4") installed, "fa4" instead, both modes, forward and
-   training, any N (H200: fastest in 159 of the 160 cells of the rev 9eabb13 table, the last within 0.3%; 1.3-2.8x
-   faster than "sdpa" and the fused kernel in reports/results/gpu_attention_ragged_h200_c24d934_run1.json's cells).
+   training with head dim > 64 at any N; else the fused kernel "triton" (H100, reports/results/gpu_attention.json,
+   measured with older code (rev 0ceb35e + uncommitted changes): at 8K its one launch beats 4-7 cuDNN calls' host
+   time; from 32K at D 64 cuDNN in place wins or ties; at D 128 the fused backward is 2.6-3.8x slower). With
+   FlashAttention-4 ("fa4") installed, "fa4" instead, both modes, forward and training, any N (H200: fastest in
+   159 of the 160 cells of the rev 9eabb13 table, the last within 0.3%).
    Where the in-place buffers (per-branch outputs) would not fit in free GPU memory, the fused kernel runs
    instead. Dense-block callers (the ring's steps, whole_pattern=False) skip this rule and
    rule 0; in training from 32K tokens (the shard) with FlashAttention-4 they take "fa4" (dense causal 131072 on
