@@ -33,7 +33,8 @@ def new_static_caches(model, batch_size: int, max_length: int,
     """One DilatedStaticCache per block of a LongNetLM with local attention layers: batch_size rows of up to
     max_length tokens, in the model's dtype (under torch.autocast, its dtype) and on its device, each holding its
     layer's q, k, v projections stacked (`in_projection`: one GEMM per step; a copy of those weights, so caches made
-    before the weights change decode with the old ones); prompt_lengths: the rows' lengths in a left-padded prompt (None: no padding)."""
+    before the weights change decode with the old ones); prompt_lengths: the rows' lengths in a left-padded prompt
+    (None: no padding)."""
     if not _local_layers(model):
         raise ValueError("a static cache needs every layer to be a local MultiheadDilatedAttention (ring layers "
                          "decode by recompute: models.use_local_attention first)")
