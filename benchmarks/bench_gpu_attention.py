@@ -253,8 +253,8 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
 
 
 def ragged_in_process(pair: str, repeats: int, no_graphs: bool) -> dict:
-    """Part ragged's entry for pair "M,MODE,DIRECTION", run by this script in a fresh process; where that process
-    dies, an entry with the pair and how it died."""
+    """Part ragged's entry for pair "M,MODE,DIRECTION", run by this script in a fresh process (with that process's
+    graph-region counts); where that process dies, an entry with the pair and how it died."""
     m, mode, direction = pair.split(",")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "pair.json"
@@ -262,7 +262,8 @@ def ragged_in_process(pair: str, repeats: int, no_graphs: bool) -> dict:
                    "--out", str(out)] + (["--no-graphs"] if no_graphs else [])
         code = subprocess.run(command).returncode
         if code == 0 and out.exists():
-            return json.loads(out.read_text())["ragged"][0]
+            child = json.loads(out.read_text())  # with how the child's graph regions ran (all its variants)
+            return {**child["ragged"][0], "graph_regions": child.get("graph_regions")}
     names = {int(number): number.name for number in signal.Signals}
     how = f"signal {names.get(-code, -code)}" if code < 0 else f"exit status {code}"
     print(f"ragged {mode:11s} m={m} {direction:7s} the process died: {how}", flush=True)

@@ -45,7 +45,7 @@ ab_repeats = 21
 threads = 1
 ab_backend = "auto"
 case_timeout_s = 300.0
-auto_check = "reports/results/auto_table/check_h200_9e41a78.json"  # committed GPU check of auto's table ("" for none)
+auto_check = "reports/results/auto_table/check_h200_7692652.json"  # committed GPU check of auto's table ("" for none)
 save_png = True
 output_dir = "."
 

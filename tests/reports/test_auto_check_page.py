@@ -71,7 +71,7 @@ def test_the_heatmap_labels_ragged_lengths_and_leaves_unmeasured_cells_empty():
 def test_a_check_of_two_batch_sizes_keeps_every_cell_on_its_own_line():
     """A check measured at B 1 and 2 (the same N, D and mode at both) draws each batch on its own heatmap line,
     so no cell hides another, and the finding names the worst cell's batch."""
-    path = "reports/results/auto_table/check_h200_9e41a78.json"
+    path = "reports/results/auto_table/check_h200_7692652.json"
     data = load_auto_check(path)
     table = auto_check_table(data)
     assert len(table) == len(data["rows"]) == 160 and sorted(set(table["batch"])) == [1, 2]

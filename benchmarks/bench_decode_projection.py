@@ -1,0 +1,147 @@
+"""Decoding steps with each layer's q, k, v projections stacked into one GEMM against three separate GEMMs.
+
+LongNetLM.generate's GPU path (bench_decode's "longnet_static_graph" method: static caches, the steps of every layer
+replayed as one CUDA graph per token) on one model, in one process, the two variants interleaved round by round
+(A B, B A, ...): "stacked" runs the caches as `models.generate.new_static_caches` makes them (`in_projection` set),
+"separate" the same caches with `in_projection` None. Each run fills fresh caches with random keys and values up
+to `--context` - steps - 5 and times the steps ending at `--context`; eager steps first, then the steps through
+torch.compile (as `LongNetLM.generate(compile_step=True)` runs them). Per run the median gap between tokens after
+4, and the tokens themselves (both variants must give the same ones). Prints the medians, their ratio and the
+memory-bandwidth limit of a step (bench_decode.step_bytes over the measured copy bandwidth).
+GPU, the 1B-class config (dim 2048, depth 16, 16 heads of 128, vocab 32000, bf16):
+    python benchmarks/bench_decode_projection.py --out reports/results/decode_static/decode_1b_projection.json
+CPU smoke run (a tiny model, eager steps):
+    python benchmarks/bench_decode_projection.py --quick --out /tmp/decode_projection.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_decode as decode  # noqa: E402
+from hilbert_lab.arguments import prepare_output  # noqa: E402
+from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
+from hilbert_lab.models.generate import decode_static, new_static_caches  # noqa: E402
+
+GPU = dict(vocab=32000, dim=2048, depth=16, heads=16, segment_lengths=[2048, 8192, 32768, 131072],
+           dilation_rates=[1, 2, 4, 8], steps=24, dtype="bf16", context=131072)
+QUICK = dict(vocab=64, dim=64, depth=2, heads=4, segment_lengths=[32, 64], dilation_rates=[1, 2], steps=8,
+             dtype="fp32", context=256)
+
+
+def one_run(model, args, device, stacked: bool, step_model) -> tuple[float, list[int]]:
+    """(median ms per token, the tokens) of one decode on fresh random caches, stacked or separate projections."""
+    first = args.context - args.steps - 5
+    caches = new_static_caches(model, 1, args.context + 8)
+    generator = torch.Generator(device=device).manual_seed(3)
+    for cache in caches:
+        cache.keys.normal_(generator=generator)
+        cache.values.normal_(generator=generator)
+        cache.positions.fill_(first)
+        cache.lengths, cache.length = [first], first
+        if not stacked:
+            cache.in_projection = None
+    clock = decode.Clock(device)
+    tokens = decode_static(model, decode.prompt_of(args, 1, device), caches, args.steps + 5,
+                           lambda logits: logits.argmax(-1, keepdim=True), device.type == "cuda", on_token=clock,
+                           step_model=step_model)
+    return 1e3 * statistics.median(clock.gaps()), [int(t) for t in torch.cat(tokens).flatten().tolist()]
+
+
+def summary(runs: list[dict], mode: str) -> dict:
+    """Medians of the two variants' runs in `mode` and their ratio (stacked / separate)."""
+    stacked = [r["ms_per_token"] for r in runs if r["mode"] == mode and r["stacked"]]
+    separate = [r["ms_per_token"] for r in runs if r["mode"] == mode and not r["stacked"]]
+    if not stacked or not separate:
+        return {}
+    return {"stacked_ms": statistics.median(stacked), "separate_ms": statistics.median(separate),
+            "ratio": statistics.median(stacked) / statistics.median(separate),
+            "same_tokens": len({tuple(r["tokens"]) for r in runs if r["mode"] == mode}) == 1}
+
+
+@torch.inference_mode()
+def run(args, write) -> dict:
+    device = torch.device(args.device)
+    report = {"command": strip_paths(" ".join(sys.argv)), "config": {k: v for k, v in vars(args).items() if k != "out"},
+              "environment": collect_environment(str(device)), "runs": []}
+    report["hbm_bytes_per_s"] = decode.hbm_bandwidth(device) if device.type == "cuda" else None
+    model = decode.longnet(args, args.context, device)
+    model.generate(decode.prompt_of(args, 64, device), 4)  # warm-up: kernels compiled
+    block = model.encoder.blocks[0].attention
+    first = args.context - args.steps - 5
+    rows = statistics.mean(decode.keys_seen(block.attention.pattern, block.num_heads, p)
+                           for p in range(first + 5, args.context))
+    report.update(decode.step_bytes(model, rows))
+    if report["hbm_bytes_per_s"]:
+        report["limit_ms"] = 1e3 * (report["weight_bytes"] + report["kv_bytes"]) / report["hbm_bytes_per_s"]
+    modes = [("eager", model, args.rounds)] + ([("compiled", torch.compile(model, dynamic=False), args.compiled_rounds)]
+                                               if args.compiled_rounds else [])
+    start = time.perf_counter()
+    for mode, step_model, rounds in modes:
+        for index in range(rounds):
+            for stacked in ((True, False) if index % 2 == 0 else (False, True)):
+                ms, tokens = one_run(model, args, device, stacked, step_model)
+                report["runs"].append({"mode": mode, "stacked": stacked, "round": index, "ms_per_token": ms,
+                                       "tokens": tokens, "seconds": time.perf_counter() - start})
+                print(f"{mode:9s} round {index} {'stacked' if stacked else 'separate':8s} {ms:.3f} ms", flush=True)
+                write(report)
+        report[mode] = summary(report["runs"], mode)
+        write(report)
+    return report
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON output path (an existing file is refused)")
+    parser.add_argument("--quick", action="store_true", help="CPU-sized run (tiny model, eager steps only)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--context", type=int, default=None, help="position where the timed steps end "
+                        f"(default {GPU['context']}; --quick: {QUICK['context']})")
+    parser.add_argument("--rounds", type=int, default=4, help="eager rounds, each one run of both (default 4)")
+    parser.add_argument("--compiled-rounds", type=int, default=None,
+                        help="compiled rounds (default 3; --quick: 0)")
+    args = parser.parse_args(argv)
+    for name, value in (QUICK if args.quick else GPU).items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    if args.compiled_rounds is None:
+        args.compiled_rounds = 0 if args.quick else 3
+    args.backend = "auto"
+    if args.rounds < 1 or args.compiled_rounds < 0:
+        parser.error(f"--rounds must be >= 1 and --compiled-rounds >= 0, got {args.rounds} and {args.compiled_rounds}")
+    if args.context <= args.steps + 8:
+        parser.error(f"--context must exceed {args.steps + 8} (the steps and their warm-up), got {args.context}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        out = prepare_output(args.out, "--out")
+    except ValueError as error:
+        print(f"bench_decode_projection: error: {error}", file=sys.stderr)
+        return 2
+    report = run(args, lambda data: atomic_write(out, json.dumps(data, indent=1)))
+    for mode in ("eager", "compiled"):
+        if report.get(mode):
+            s = report[mode]
+            print(f"{mode}: stacked {s['stacked_ms']:.3f} ms, separate {s['separate_ms']:.3f} ms, "
+                  f"ratio {s['ratio']:.3f}, same tokens: {s['same_tokens']}")
+    if report.get("limit_ms"):
+        print(f"bandwidth limit {report['limit_ms']:.3f} ms ({report['hbm_bytes_per_s'] / 1e12:.2f} TB/s)")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""benchmarks/bench_decode_projection.py on the CPU: the stacked and the separate q, k, v projections decode the same
+tokens, the variants alternate round by round, and the separate runs really run without the stacked weights."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode_projection.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_decode_projection", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_both_projections_give_the_same_tokens_in_alternating_rounds(bench, tmp_path, monkeypatch):
+    seen = []
+    original = bench.decode_static
+
+    def watching(model, prompt, caches, *args, **kwargs):
+        seen.append(caches[0].in_projection is not None)
+        return original(model, prompt, caches, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "decode_static", watching)
+    out = tmp_path / "projection.json"
+    args = bench.parse_args(["--quick", "--device", "cpu", "--rounds", "2", "--out", str(out)])
+    report = bench.run(args, lambda data: out.write_text(json.dumps(data)))
+    assert seen == [True, False, False, True]
+    assert [run["stacked"] for run in report["runs"]] == seen
+    tokens = {tuple(run["tokens"]) for run in report["runs"]}
+    assert len(tokens) == 1 and len(next(iter(tokens))) == args.steps + 5
+    summary = report["eager"]
+    stacked = [run["ms_per_token"] for run in report["runs"] if run["stacked"]]
+    separate = [run["ms_per_token"] for run in report["runs"] if not run["stacked"]]
+    assert summary["same_tokens"] is True
+    assert summary["ratio"] == pytest.approx(statistics.median(stacked) / statistics.median(separate))
+    assert json.loads(out.read_text())["eager"] == summary
+
+
+def test_bad_arguments_exit_2(bench):
+    with pytest.raises(SystemExit) as done:
+        bench.parse_args(["--quick", "--rounds", "0", "--out", "x.json"])
+    assert done.value.code == 2

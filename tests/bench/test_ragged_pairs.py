@@ -1,0 +1,48 @@
+"""benchmarks/bench_gpu_attention.py runs each ragged pair in a fresh process: its entry (with that process's graph
+region counts) comes back, and a process that dies gives an entry naming the signal or exit status."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import signal
+import types
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu_attention.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_finished_pair_returns_its_entry_and_the_region_counts(bench, monkeypatch):
+    commands = []
+
+    def finished(command):
+        commands.append(command)
+        out = Path(command[command.index("--out") + 1])
+        out.write_text(json.dumps({"ragged": [{"mode": "longnet", "m": 32768, "ratios": {"auto": 1.02}}],
+                                   "graph_regions": {"enabled": True, "counts": {"eager": 4, "replayed": 60}}}))
+        return types.SimpleNamespace(returncode=0)
+
+    monkeypatch.setattr(bench.subprocess, "run", finished)
+    entry = bench.ragged_in_process("32768,longnet,fwd", 5, True)
+    assert entry == {"mode": "longnet", "m": 32768, "ratios": {"auto": 1.02},
+                     "graph_regions": {"enabled": True, "counts": {"eager": 4, "replayed": 60}}}
+    (command,) = commands
+    assert command[command.index("--ragged-pair") + 1] == "32768,longnet,fwd"
+    assert command[command.index("--repeats") + 1] == "5" and command[-1] == "--no-graphs"
+
+
+@pytest.mark.parametrize("code, how", [(-int(signal.SIGSEGV), "signal SIGSEGV"), (3, "exit status 3")])
+def test_a_pair_whose_process_dies_is_recorded_with_how(bench, monkeypatch, code, how):
+    monkeypatch.setattr(bench.subprocess, "run", lambda command: types.SimpleNamespace(returncode=code))
+    entry = bench.ragged_in_process("131072,head_groups,fwd+bwd", 5, False)
+    assert entry == {"mode": "head_groups", "m": 131072, "direction": "fwd+bwd",
+                     "error": f"the process running the pair died: {how}"}
