@@ -60,12 +60,13 @@ def auto_check_sections(metrics: Mapping[str, Any]):
     where = f"{source.get('device', 'a GPU')}, rev {source.get('revision', '?')}"
     picked, auto = table["picked_over_fastest"], table["auto_over_fastest"]
     worst = table.loc[picked.idxmax()]
+    worst_text = "every pick the fastest of its cell" if picked.max() <= 1.0 else (
+        f"worst {picked.max():.2f}x: {worst['mode']} {'causal' if worst['causal'] else 'full'} B{int(worst['batch'])} "
+        f"D{int(worst['head_dim'])} {'fwd+bwd' if worst['training'] else 'fwd'} at N {int(worst['seq_len']):,}")
     finding = (f"auto's measured table ({where}): its pick, timed by name, is within "
                f"{(AUTO_TOLERANCE - 1) * 100:.0f}% of the fastest executor in {int((picked <= AUTO_TOLERANCE).sum())} "
-               f"of {len(table)} cells (worst {picked.max():.2f}x: {worst['mode']} "
-               f"{'causal' if worst['causal'] else 'full'} B{int(worst['batch'])} D{int(worst['head_dim'])} "
-               f"{'fwd+bwd' if worst['training'] else 'fwd'} at N {int(worst['seq_len']):,}); auto itself, the host "
-               f"time of its choice included, in {int((auto <= AUTO_TOLERANCE).sum())} (median {auto.median():.2f}x).")
+               f"of {len(table)} cells ({worst_text}); auto itself, the host time of its choice included, in "
+               f"{int((auto <= AUTO_TOLERANCE).sum())} (median {auto.median():.2f}x).")
     batches = " and ".join(str(b) for b in sorted(set(table["batch"])))
     text = (f"Each cell times auto beside every executor it can pick, round-robin in one process (B {batches}, H 12, "
             "bf16, w [2048, 4096, 8192], r [1, 2, 4]). The colour is the time of the executor auto picked, called by name, "

@@ -70,7 +70,7 @@ def test_the_heatmap_labels_ragged_lengths_and_leaves_unmeasured_cells_empty():
 
 def test_a_check_of_two_batch_sizes_keeps_every_cell_on_its_own_line():
     """A check measured at B 1 and 2 (the same N, D and mode at both) draws each batch on its own heatmap line,
-    so no cell hides another, and the finding names the worst cell's batch."""
+    so no cell hides another; the finding names the worst cell's batch, or says that every pick was the fastest."""
     path = "reports/results/auto_table/check_h200_7692652.json"
     data = load_auto_check(path)
     table = auto_check_table(data)
@@ -79,6 +79,12 @@ def test_a_check_of_two_batch_sizes_keeps_every_cell_on_its_own_line():
     heat = sections[0].figure.data[0]
     assert sum(value is not None for line in heat.z for value in line) == 160
     assert all(label.endswith((" B1", " B2")) for label in heat.y)
-    worst = table.loc[table["picked_over_fastest"].idxmax()]
-    assert f"B{int(worst['batch'])} D{int(worst['head_dim'])}" in findings[0]
+    assert table["picked_over_fastest"].max() == 1.0  # the tie rule: every pick the fastest of its cell here
+    assert "in 160 of 160 cells (every pick the fastest of its cell); auto itself" in findings[0]
     assert "(B 1 and 2, H 12" in sections[0].text[0]
+    slower = table.copy()
+    slower.loc[slower.index[5], "picked_over_fastest"] = 1.2
+    worst = slower.loc[slower.index[5]]
+    sections, findings, _ = auto_check_sections(_metrics(slower, auto_check_source(data, path)))
+    assert f"in 159 of 160 cells (worst 1.20x: {worst['mode']}" in findings[0]
+    assert f"B{int(worst['batch'])} D{int(worst['head_dim'])}" in findings[0]
