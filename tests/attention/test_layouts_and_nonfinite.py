@@ -105,3 +105,19 @@ def test_nonfinite_inputs_change_only_the_rows_that_attend_them(executor, mode, 
                 others = torch.ones(D, dtype=torch.bool)
                 others[2] = False
                 assert torch.isfinite(expected_out[0][..., others]).all(), label
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_backward_lse_guard_turns_only_rows_without_keys_to_plus_inf(dtype):
+    """Rows without keys (-inf) read +inf in the kernels' backward (so p = exp(s - lse) = 0); NaN, +inf and every
+    finite value stay as they are, and the token-major layout of the op's LSE is kept (no copy after it)."""
+    from hilbert_lab.attention.executors.kernel import guard_lse
+
+    inf = float("inf")
+    values = torch.tensor([[1.5, -inf, inf], [float("nan"), -3.0, torch.finfo(dtype).max]], dtype=dtype)
+    lse = values.reshape(1, 2, 3).transpose(1, 2)  # (B, H, Nq) stored (B, Nq, H)
+    guarded = guard_lse(lse)
+    expected = torch.tensor([[1.5, inf, inf], [float("nan"), -3.0, torch.finfo(dtype).max]], dtype=dtype)
+    assert torch.equal(guarded.transpose(1, 2).reshape(2, 3).nan_to_num(7.0), expected.nan_to_num(7.0))
+    assert guarded.isnan().sum() == 1 and guarded.dtype == dtype
+    assert guarded.stride() == lse.stride()

@@ -175,8 +175,9 @@ def call_state(kernel: DenseKernel, q, k, *, causal: bool) -> CallState:
 
 
 def guard_lse(lse: torch.Tensor) -> torch.Tensor:
-    """A merged LSE for kernel backwards: rows without keys (-inf) as +inf, so that p = exp(s - lse) = 0."""
-    return torch.where(lse == float("-inf"), torch.full((), float("inf"), dtype=lse.dtype, device=lse.device), lse)
+    """A merged LSE for kernel backwards: rows without keys (-inf) as +inf, so that p = exp(s - lse) = 0 (NaN and
+    +inf kept; one elementwise launch, the layout of lse kept)."""
+    return torch.nan_to_num(lse, nan=float("nan"), posinf=float("inf"), neginf=float("inf"))
 
 
 def call_backward(state: CallState, grad_out, q, k, v, out, lse, *, causal: bool, scale: float,
