@@ -38,7 +38,8 @@ class Part:
     result into one slot; merges: some (query, head) gets results from several of its branches (so the
     part's shares add up); covered: its calls write every output entry. first_branch: a branch whose calls
     cover every entry and run first (its gradient shares are written, not added); clear: zeroes the entries
-    no call writes (Plan.clear_unselected); both None where unknown (ring parts)."""
+    no call writes (Plan.clear_unselected); both None where unknown (ring parts). prepares_slots: its executor
+    initialises the slots itself (Executor.prepares_slots)."""
 
     executor: PartExecutor
     plan: Any
@@ -48,6 +49,7 @@ class Part:
     covered: bool = False
     first_branch: Optional[int] = None
     clear: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    prepares_slots: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,22 +92,31 @@ def plan_part(executor: Executor, plan: Plan) -> Part:
     branches = tuple(sorted({blk.branch for blk in plan.blocks})) or (0,)
     return Part(executor, plan, branches, whole=executor.capabilities.whole_pattern,
                 merges=plan.merge or plan.kv_shared, covered=plan.covered, first_branch=plan.first_branch,
-                clear=plan.clear_unselected)
+                clear=plan.clear_unselected, prepares_slots=executor.prepares_slots)
 
 
 def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
     """(out (B, Nq, H, D), lse (B, H, Nq), states): every part's forward into the slots, merged once."""
     batch, queries, heads, _ = q.shape
-    single = job.num_slots == 1
     # One slot is the result: rows no block covers must read 0. Several slots: the merge never reads an
     # entry whose LSE is -inf, so they need no zeros.
     outs = torch.empty((job.num_slots, batch, queries, heads, q.shape[3]), dtype=q.dtype, device=q.device)
-    if single and not job.parts[0].covered and not job.parts[0].whole:
-        clear = job.parts[0].clear
-        clear(outs[0]) if clear is not None else outs.zero_()
-    lses = torch.full((job.num_slots, batch, queries, heads), float("-inf"), dtype=lse_dtype(q.dtype), device=q.device)
-    slots = Slots(outs, lses, job.slot_of, need_lse or job.num_slots > 1)  # several slots merge by their LSEs
-    states = [part.executor.forward(part.plan, q, k, v, slots, scale=job.scale) for part in job.parts]
+    lses = torch.empty((job.num_slots, batch, queries, heads), dtype=lse_dtype(q.dtype), device=q.device)
+    first = job.parts[0]
+    clear = (first.clear or torch.Tensor.zero_) if job.num_slots == 1 and not first.covered and not first.whole \
+        else None
+
+    def prepare() -> None:
+        if clear is not None:
+            clear(outs[0])
+        lses.fill_(float("-inf"))
+
+    slots = Slots(outs, lses, job.slot_of, need_lse or job.num_slots > 1, prepare)  # several slots merge by LSE
+    states = []
+    for part in job.parts:
+        if not part.prepares_slots:
+            slots.take_prepare()()
+        states.append(part.executor.forward(part.plan, q, k, v, slots, scale=job.scale))
     out, lse = merge_slots(outs, lses, q.dtype)
     return out, lse, states
 

@@ -33,6 +33,10 @@ class BackendUnavailableError(ImportError, ValueError):
     """An executor cannot run here (missing package, device or dtype); catchable as either base."""
 
 
+def _nothing() -> None:
+    return None
+
+
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     """LSE dtype for inputs of `dtype`: float64 for float64, float32 otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -98,12 +102,22 @@ class Capabilities:
 class Slots:
     """Where executors write partial results: outs (P, B, Nq, H, D) and lses (P, B, Nq, H) (token-major like
     the outputs; -inf where a slot holds nothing), slot_of[branch] the slot of each branch, need_lse
-    whether the LSE is wanted (without a merge an executor may then leave it unwritten)."""
+    whether the LSE is wanted (without a merge an executor may then leave it unwritten). prepare: what still
+    initialises them (zeros where no call writes an output, -inf LSEs) before the first write; `take_prepare`
+    hands it over once."""
 
     outs: torch.Tensor
     lses: torch.Tensor
     slot_of: dict[int, int]
     need_lse: bool = True
+    prepare: Optional[Callable[[], None]] = None
+
+    def take_prepare(self) -> Callable[[], None]:
+        """The pending initialisation, for the caller to run before its first write (an executor declaring
+        `prepares_slots` runs it inside its captured region, where its launches cost no host time); taken on the
+        host at every call, so a replayed region that holds it leaves nothing pending. Later takes get a no-op."""
+        prepare, self.prepare = self.prepare, None
+        return prepare if prepare is not None else _nothing
 
     def out(self, branch: int) -> torch.Tensor:
         return self.outs[self.slot_of[branch]]
@@ -159,16 +173,40 @@ class Grads:
         self.first_branch = first_branch if accumulate else None
         self._totals: list[Optional[torch.Tensor]] = [None, None, None]
 
+    def _new_total(self, index: int) -> tuple[torch.Tensor, Optional[Callable[[torch.Tensor], Any]]]:
+        """(an uninitialised total, what zeroes its entries that no share writes: None when shares write them all,
+        the plan's clear where it knows them, else a whole zero fill)."""
+        like = self.like[index]
+        dtype = self.dtype if self.accumulate else like.dtype
+        total = torch.empty(like.shape, dtype=dtype, device=like.device)
+        if (self.first_branch is not None) if self.accumulate else self.written:
+            return total, None
+        if self.accumulate or self.clear is None or like.shape[2] != self.like[0].shape[2]:
+            return total, torch.Tensor.zero_
+        return total, self.clear
+
     def total(self, index: int) -> torch.Tensor:
         if self._totals[index] is None:
-            like = self.like[index]
-            dtype = self.dtype if self.accumulate else like.dtype
-            written = self.first_branch is not None if self.accumulate else self.written
-            total = (torch.empty if written else torch.zeros)(like.shape, dtype=dtype, device=like.device) \
-                if written or self.accumulate or self.clear is None or like.shape[2] != self.like[0].shape[2] \
-                else self.clear(torch.empty(like.shape, dtype=dtype, device=like.device))
-            self._totals[index] = total
+            total, clear = self._new_total(index)
+            self._totals[index] = total if clear is None else clear(total)
         return self._totals[index]
+
+    def allocate(self) -> Callable[[], None]:
+        """Allocate the totals not yet allocated, leaving their zeroing to the returned function: a caller runs it
+        before any share is stored, inside the region its calls are captured in (executors.kernel.run_plan_graph),
+        where its launches cost no host time."""
+        pending = []
+        for index in range(3):
+            if self._totals[index] is None:
+                self._totals[index], clear = self._new_total(index)
+                if clear is not None:
+                    pending.append((clear, self._totals[index]))
+
+        def clear_pending() -> None:
+            for clear, total in pending:
+                clear(total)
+
+        return clear_pending
 
     @property
     def dq(self) -> torch.Tensor:
@@ -226,7 +264,8 @@ class Executor:
 
     unavailable: (device, dtype) -> None when it runs there, else why not (missing package, ...).
     kernel_for: q -> the dense kernel (executors.kernel.DenseKernel) its calls use, for callers that
-    run their own calls on it (the ring's steps); None for whole-pattern executors.
+    run their own calls on it (the ring's steps); None for whole-pattern executors. prepares_slots: its forward
+    runs `Slots.take_prepare()`'s initialisation itself before writing (else the caller runs it first).
     """
 
     name: str
@@ -236,6 +275,7 @@ class Executor:
     unavailable: Callable[[Optional[torch.device], Optional[torch.dtype]], Optional[str]] = lambda device, dtype: None
     description: str = ""
     kernel_for: Optional[Callable[[torch.Tensor], Any]] = None
+    prepares_slots: bool = False
 
     def unavailable_reason(self, device: torch.device | str | None = None, dtype: Optional[torch.dtype] = None,
                            head_dim: Optional[int] = None) -> Optional[str]:

@@ -133,14 +133,17 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         raise ValueError(f"executor {name!r}: capabilities.varlen must be declared exactly when varlen_for is given")
 
     def forward(plan: Plan, q, k, v, slots: Slots, *, scale: float):
+        prepare = slots.take_prepare()  # run first inside the region: its fills cost no host time on a replay
         packs = packs_for(plan, q) if varlen_for is not None else None
         if packs is not None:
             varlen = varlen_for(q)
+            prepare()
             return varlen, packs, packed_forward(plan, packs, q, k, v, slots, scale=scale, kernel=varlen), ()
         kernel = kernel_for(q)
         calls, small = _split(plan, capabilities, q, k, v)
 
         def launch():
+            prepare()
             states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel,
                                        in_place=capabilities.in_place)
             if small:
@@ -166,19 +169,21 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         after = (lambda: small_backward(plan, small, q, k, v, merged, grads, scale=scale)) \
             if small else None
         inputs = backward_inputs(merged, kernel.dense_out_lse)
+        clear_totals = grads.allocate()  # allocated here, before the region; zeroed in it
 
         def launch():
+            clear_totals()
             blockwise_backward(calls, states, q, k, v, inputs, grads, scale=scale, kernel=kernel,
                                in_place=capabilities.in_place, after_first=after)
 
         if not kernel.graphs:
             launch()
             return
-        totals = (grads.dq, grads.dk, grads.dv)  # allocated here, before the region
+        totals = (grads.dq, grads.dk, grads.dv)
         run_plan_graph("blocks backward", (plan, calls),
                        (name, scale, grads.accumulate, grads.first_branch, grads.dtype),
                        (q, k, v, *inputs, merged.out, merged.lse, merged.grad_out, merged.grad_lse, *totals), launch)
 
     extra = {} if unavailable is None else {"unavailable": unavailable}
     return Executor(name, capabilities, forward, backward, description=description, kernel_for=kernel_for,
-                    **extra)
+                    prepares_slots=True, **extra)
