@@ -2,26 +2,16 @@
 each gives alone, and a step's bytes are the weights plus the key and value rows its branches see."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
-import pytest
 import torch
 
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.static_cache import keys_seen
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_static_and_batch_methods_on_the_cpu(bench, tmp_path):

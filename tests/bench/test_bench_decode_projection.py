@@ -2,7 +2,6 @@
 tokens, the variants alternate round by round, and the separate runs really run without the stacked weights."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -10,14 +9,6 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode_projection.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_decode_projection", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_both_projections_give_the_same_tokens_in_alternating_rounds(bench, tmp_path, monkeypatch):

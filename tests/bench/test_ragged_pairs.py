@@ -2,7 +2,6 @@
 region counts) comes back, and a process that dies gives an entry naming the signal or exit status."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import types
@@ -11,14 +10,6 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gpu_attention.py"
-
-
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu_attention", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_a_finished_pair_returns_its_entry_and_the_region_counts(bench, monkeypatch):
