@@ -9,7 +9,9 @@ In branch i (segment w_i, dilation r_i) query head h with offset o = offsets[i, 
 sees anything only when (p % w_i) % r_i == o, and then the positions p - p % w_i + o + j r_i, j = 0 .. (p % w_i
 - o) / r_i, the last of them p itself. Launch 1 writes k_new / v_new at row p % C and runs one program per
 (row, head, branch, split of at most `keys_per_split` keys): an online softmax over its strided key rows,
-straight from the cache (the new key is read from k_new; without k_new the cache holds it already). Launch 2
+straight from the cache (the new key is read from k_new; without k_new the cache holds it already). In float16
+and bfloat16 at power-of-two head dims its scores and weighted sums run on tensor cores, the query repeated in the
+16 rows an MMA tile takes, and its loads are pipelined; otherwise each key block is reduced across threads. Launch 2
 merges every (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless
 told not to). Shapes depend only on the arguments' shapes and on max_keys (a bound on any branch's key count), so
 the step can be captured in a CUDA graph and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
@@ -31,7 +33,7 @@ if HAVE_TRITON:
                         sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
                         capacity, heads, group, rows, scale_log2, keys_per_split,
                         SPLITS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        STAGES: tl.constexpr, EVEN_D: tl.constexpr, APPEND: tl.constexpr):
+                        STAGES: tl.constexpr, EVEN_D: tl.constexpr, APPEND: tl.constexpr, DOT: tl.constexpr):
         row = tl.program_id(0)
         branch = tl.program_id(1)
         split = tl.program_id(2)
@@ -56,11 +58,16 @@ if HAVE_TRITON:
         count = tl.where((offset >= 0) & (within % r == offset), (within - offset) // r + 1, 0)
         j0 = split * keys_per_split
         j1 = tl.minimum(count, j0 + keys_per_split)
-        q = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0).to(tl.float32)
-        q = (q * scale_log2).to(tl.float32)
+        q_raw = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0)
+        q = (q_raw.to(tl.float32) * scale_log2).to(tl.float32)
         peak = tl.full((), float("-inf"), tl.float32)  # fp32 whatever type a caller's float arguments get
         total = tl.full((), 0.0, tl.float32)
         acc = tl.zeros((BLOCK_D,), tl.float32)
+        if DOT:  # tensor cores: the query repeated in 16 identical rows (the smallest tile an MMA takes)
+            q_rows = tl.broadcast_to(q_raw[None, :], (16, BLOCK_D))
+            peak_rows = tl.full((16,), float("-inf"), tl.float32)
+            total_rows = tl.zeros((16,), tl.float32)
+            acc_rows = tl.zeros((16, BLOCK_D), tl.float32)
         k_base = k_ptr + b * sk_b + kv * sk_h
         v_base = v_ptr + b * sv_b + kv * sv_h
         # the split's first key's row; later rows step by r and wrap once at most (a segment spans <= C rows)
@@ -81,14 +88,30 @@ if HAVE_TRITON:
                 mask = valid[:, None] & dmask[None, :]
             k = tl.load(k_base + slot[:, None].to(tl.int64) * sk_n + d[None, :], mask=mask, other=0.0)
             v = tl.load(v_base + slot[:, None].to(tl.int64) * sv_n + d[None, :], mask=mask, other=0.0)
-            s = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
-            new_peak = tl.maximum(peak, tl.max(s, axis=0))
-            safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
-            weights = tl.exp2(s - safe)
-            alpha = tl.exp2(peak - safe)
-            acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
-            total = total * alpha + tl.sum(weights, axis=0)
-            peak = new_peak
+            if DOT:
+                s = (tl.dot(q_rows, tl.trans(k)) * scale_log2).to(tl.float32)  # fp64 under torch.compile
+                s = tl.where(valid[None, :], s, float("-inf"))
+                new_peak = tl.maximum(peak_rows, tl.max(s, axis=1))
+                safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+                weights = tl.exp2(s - safe[:, None])
+                alpha = tl.exp2(peak_rows - safe)
+                acc_rows = acc_rows * alpha[:, None] + tl.dot(weights.to(v.dtype), v)
+                total_rows = total_rows * alpha + tl.sum(weights, axis=1)
+                peak_rows = new_peak
+            else:
+                s = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+                new_peak = tl.maximum(peak, tl.max(s, axis=0))
+                safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+                weights = tl.exp2(s - safe)
+                alpha = tl.exp2(peak - safe)
+                acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
+                total = total * alpha + tl.sum(weights, axis=0)
+                peak = new_peak
+        if DOT:  # every row holds the same state: keep row 0
+            first_row = (tl.arange(0, 16) == 0)[:, None]
+            acc = tl.sum(tl.where(first_row, acc_rows, 0.0), axis=0)
+            peak = tl.max(peak_rows, axis=0)
+            total = tl.max(total_rows, axis=0)
         if APPEND:
             if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
                 kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask, other=0.0).to(tl.float32)
@@ -150,17 +173,22 @@ if HAVE_TRITON:
                     tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
 
 
-def split_size(max_keys: int, block: int = 64) -> int:
-    """Keys per program: a power of two from `block` to 256, about an eighth of the longest branch's keys (a long
-    branch is read by several programs at once; 256 was the fastest of 128-1024 for a 1B-class layer on an H200)."""
-    return max(block, min(256, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
+REDUCE_TUNING = {"block_keys": 64, "warps": 2, "stages": 1, "most_keys_per_split": 256}  # per path
+DOT_TUNING = {"block_keys": 32, "warps": 4, "stages": 3, "most_keys_per_split": 512}
+
+
+def split_size(max_keys: int, block: int = 64, most: int = 256) -> int:
+    """Keys per program: a power of two from `block` to `most`, about an eighth of the longest branch's keys (a long
+    branch is read by several programs at once). The tunings' `most_keys_per_split` were the fastest for a
+    1B-class layer on an H200: 256 of 128-1024 for the reductions, 512 of 128-2048 for the tensor-core path."""
+    return max(block, min(most, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
 
 
 def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
                    values: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, rates: torch.Tensor,
                    offsets: torch.Tensor, max_keys: int, scale: float, keys_per_split: int | None = None,
-                   block_keys: int = 64, warps: int = 2, stages: int = 1,
-                   advance: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                   block_keys: int | None = None, warps: int | None = None, stages: int | None = None,
+                   advance: bool = True, dot: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
 
     q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv), written at row positions % C of keys, values
@@ -168,7 +196,8 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     cache); positions (B,) int64, advanced by 1 unless `advance` is False; segments, rates int32 (P,); offsets
     int32 (P, H); max_keys: at least every branch's key count (min(w, C) / r rounded up); every last dimension
     contiguous. keys_per_split (default split_size), block_keys (keys per loop iteration), warps and stages (loads
-    in flight) tune the partial launch."""
+    in flight) tune the partial launch; dot: scores and sums on tensor cores (default: where q is float16 or
+    bfloat16 and D a power of two from 16), else one reduction per key block across threads."""
     require_triton("dilated_decode")
     append = k_new is not None
     if not append:  # placeholders the kernel never reads
@@ -187,19 +216,28 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
                          f"{tuple(offsets.shape)}")
     if any(t.stride(-1) != 1 for t in (q, k_new, v_new, keys, values)):
         raise ValueError("q, k_new, v_new, keys and values must have a contiguous last dimension")
-    per_split = keys_per_split or split_size(max_keys)
+    block_d = triton.next_power_of_2(dim)
+    if dot is None:
+        dot = q.dtype in (torch.float16, torch.bfloat16) and dim == block_d and dim >= 16
+    elif dot and (q.dtype not in (torch.float16, torch.bfloat16) or dim != block_d or dim < 16):
+        raise ValueError(f"dot=True needs q in float16 or bfloat16 and a head dim that is a power of two from 16; "
+                         f"got {q.dtype}, D {dim}")
+    tuned = DOT_TUNING if dot else REDUCE_TUNING
+    block_keys = block_keys or tuned["block_keys"]
+    warps = warps or tuned["warps"]
+    stages = stages or tuned["stages"]
+    per_split = keys_per_split or split_size(max_keys, block_keys, tuned["most_keys_per_split"])
     splits = max(1, math.ceil(max_keys / per_split))
     rows = batch * heads
     parts = torch.empty((branches * splits, rows, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((branches * splits, rows), dtype=torch.float32, device=q.device)
-    block_d = triton.next_power_of_2(dim)
     _partial_kernel[(rows, branches, splits)](
         q, k_new, v_new, keys, values, positions, segments, rates, offsets, parts, part_lse,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         capacity, heads, heads // kv_heads, rows, scale * LOG2E, per_split,
         SPLITS=splits, DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages, EVEN_D=dim == block_d,
-        APPEND=append, num_warps=warps)
+        APPEND=append, DOT=dot, num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)

@@ -211,6 +211,53 @@ def test_gpu_splits_of_any_size_give_the_same_step(keys_per_split):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("keys_per_split", [3, None])
+def test_gpu_the_tensor_core_step_compiled_equals_the_engine_and_the_eager_step(keys_per_split):
+    """The dot path (bfloat16, D 128) launched by torch.compile(fullgraph=True), whose float arguments reach the
+    kernel as fp64, gives the eager step's outputs and both match the float64 engine; splits of 3 keys and the
+    default size."""
+    if not triton_decode.HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    segments, rates, lengths, steps = [16, 64, 256], [1, 2, 4], [200, 37], 8
+    q, k, v = _qkv(2, max(lengths) + steps, 8, 4, 128, torch.bfloat16, "cuda")
+    compiled = {}
+
+    def split_step(compile_it):
+        def step_of(cache):
+            segs, rs, offsets, max_keys = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
+
+            def step(qs, ks, vs):
+                return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, segs, rs,
+                                                    offsets, max_keys, cache._scale, keys_per_split=keys_per_split,
+                                                    dot=True)
+            if not compile_it:
+                return step
+            return compiled.setdefault(id(cache), torch.compile(step, fullgraph=True, dynamic=False))
+        return step_of
+
+    _, eager = _decode(segments, rates, "longnet", q, k, v, lengths, steps, split_step(False))
+    _, from_compiled = _decode(segments, rates, "longnet", q, k, v, lengths, steps, split_step(True))
+    expected = _engine_rows(segments, rates, "longnet", q, k, v, lengths, steps)
+    for (out, lse), (out_c, lse_c), (ref, ref_lse) in zip(eager, from_compiled, expected):
+        assert max_diff(out.double(), ref) < 3e-2 and max_diff(out_c.double(), out.double()) < 1e-2
+        assert max_diff(lse.double(), ref_lse) < 1e-4 and max_diff(lse_c.double(), lse.double()) < 1e-5
+
+
+def test_the_tensor_core_step_refuses_what_it_cannot_run():
+    if not triton_decode.HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    segs, rs, offsets, max_keys = step_tables(DilatedStaticCache([4, 8], [1, 2], batch_size=1, max_length=8,
+                                                                 num_heads=2, head_dim=4).pattern, 2, 8, "cpu")
+    for dtype, dim in ((torch.float32, 16), (torch.float16, 8), (torch.float16, 48)):
+        q = torch.zeros(1, 2, dim, dtype=dtype)
+        keys = torch.zeros(1, 8, 2, dim, dtype=dtype)
+        with pytest.raises(ValueError, match="dot=True needs q in float16 or bfloat16"):
+            triton_decode.dilated_decode(q, None, None, keys, keys, torch.zeros(1, dtype=torch.long), segs, rs,
+                                         offsets, max_keys, 1.0, dot=True)
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_a_step_captured_in_a_cuda_graph_replays_as_eager_steps_run():
     if not triton_decode.HAVE_TRITON:
         pytest.skip("triton is not installed")
