@@ -304,8 +304,7 @@ def measure_cpu_target(args, device, repeats: int = 7) -> dict:
 
 def run(args, write) -> dict:
     device = torch.device(args.device)
-    report = {"command": strip_paths(" ".join(sys.argv)), "config": {k: v for k, v in vars(args).items() if k != "out"},
-              "environment": collect_environment(str(device)), "results": []}
+    report = dict(report_header(args, device), results=[])
     if args.threads:
         torch.set_num_threads(args.threads)
     report["config"]["torch_threads"] = torch.get_num_threads()
@@ -382,16 +381,28 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
+def report_header(args, device: torch.device) -> dict:
+    """The opening fields of a decoding benchmark's JSON: its command (paths stripped), its arguments but --out,
+    and the environment of `device`."""
+    return {"command": strip_paths(" ".join(sys.argv)), "config": {k: v for k, v in vars(args).items() if k != "out"},
+            "environment": collect_environment(str(device))}
+
+
+def run_to_file(script: str, args, run) -> tuple[int, dict | None]:
+    """(exit status, report) of run(args, write), write rewriting args.out as JSON after each result; status 2
+    and one line naming `script` where args.out cannot be written (then nothing runs)."""
     try:
         out = prepare_output(args.out, "--out")
     except ValueError as error:
-        print(f"bench_decode: error: {error}", file=sys.stderr)
-        return 2
-    run(args, lambda report: atomic_write(out, json.dumps(report, indent=1)))
+        print(f"{script}: error: {error}", file=sys.stderr)
+        return 2, None
+    report = run(args, lambda data: atomic_write(out, json.dumps(data, indent=1)))
     print(f"wrote {out}")
-    return 0
+    return 0, report
+
+
+def main(argv=None) -> int:
+    return run_to_file("bench_decode", parse_args(argv), run)[0]
 
 
 if __name__ == "__main__":

@@ -30,11 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode as decode  # noqa: E402
-from hilbert_lab.arguments import int_list, prepare_output  # noqa: E402
+from hilbert_lab.arguments import int_list  # noqa: E402
 from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
 from hilbert_lab.attention.static_cache import decode_step, keys_seen, step_tables  # noqa: E402
-from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.kernels import triton_decode  # noqa: E402
 
 GPU = dict(layers=16, heads=16, head_dim=128, context=131072, segment_lengths=[2048, 8192, 32768, 131072],
@@ -98,8 +96,7 @@ def replay_ms(steps, device) -> float:
 @torch.inference_mode()
 def run(args, write) -> dict:
     device = torch.device(args.device)
-    report = {"command": strip_paths(" ".join(sys.argv)), "config": {k: v for k, v in vars(args).items() if k != "out"},
-              "environment": collect_environment(str(device)), "tunings": []}
+    report = dict(decode.report_header(args, device), tunings=[])
     report["hbm_bytes_per_s"] = decode.hbm_bandwidth(device) if device.type == "cuda" else None
     pattern = DilatedPattern.create(args.segment_lengths, args.dilation_rates, mode="longnet", causal=True)
     tables = step_tables(pattern, args.heads, args.context, device)
@@ -161,20 +158,13 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        out = prepare_output(args.out, "--out")
-    except ValueError as error:
-        print(f"bench_decode_kernel: error: {error}", file=sys.stderr)
-        return 2
-    report = run(args, lambda data: atomic_write(out, json.dumps(data, indent=1)))
-    done = [t for t in report["tunings"] if "us_per_layer" in t]
+    status, report = decode.run_to_file("bench_decode_kernel", parse_args(argv), run)
+    done = [t for t in (report or {}).get("tunings", []) if "us_per_layer" in t]
     if done:
         best = min(done, key=lambda t: t["us_per_layer"])
         print(f"defaults: {done[0]['us_per_layer']:.2f} us per layer; fastest: {best['tuning']} "
               f"{best['us_per_layer']:.2f} us")
-    print(f"wrote {out}")
-    return 0
+    return status
 
 
 if __name__ == "__main__":

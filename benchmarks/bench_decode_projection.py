@@ -16,7 +16,6 @@ CPU smoke run (a tiny model, eager steps):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -28,9 +27,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode as decode  # noqa: E402
-from hilbert_lab.arguments import prepare_output  # noqa: E402
-from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.models.generate import decode_static, new_static_caches  # noqa: E402
 
 GPU = dict(vocab=32000, dim=2048, depth=16, heads=16, segment_lengths=[2048, 8192, 32768, 131072],
@@ -72,8 +68,7 @@ def summary(runs: list[dict], mode: str) -> dict:
 @torch.inference_mode()
 def run(args, write) -> dict:
     device = torch.device(args.device)
-    report = {"command": strip_paths(" ".join(sys.argv)), "config": {k: v for k, v in vars(args).items() if k != "out"},
-              "environment": collect_environment(str(device)), "runs": []}
+    report = dict(decode.report_header(args, device), runs=[])
     report["hbm_bytes_per_s"] = decode.hbm_bandwidth(device) if device.type == "cuda" else None
     model = decode.longnet(args, args.context, device)
     model.generate(decode.prompt_of(args, 64, device), 4)  # warm-up: kernels compiled
@@ -125,22 +120,15 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        out = prepare_output(args.out, "--out")
-    except ValueError as error:
-        print(f"bench_decode_projection: error: {error}", file=sys.stderr)
-        return 2
-    report = run(args, lambda data: atomic_write(out, json.dumps(data, indent=1)))
+    status, report = decode.run_to_file("bench_decode_projection", parse_args(argv), run)
     for mode in ("eager", "compiled"):
-        if report.get(mode):
+        if (report or {}).get(mode):
             s = report[mode]
             print(f"{mode}: stacked {s['stacked_ms']:.3f} ms, separate {s['separate_ms']:.3f} ms, "
                   f"ratio {s['ratio']:.3f}, same tokens: {s['same_tokens']}")
-    if report.get("limit_ms"):
+    if (report or {}).get("limit_ms"):
         print(f"bandwidth limit {report['limit_ms']:.3f} ms ({report['hbm_bytes_per_s'] / 1e12:.2f} TB/s)")
-    print(f"wrote {out}")
-    return 0
+    return status
 
 
 if __name__ == "__main__":
