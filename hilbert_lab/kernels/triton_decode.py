@@ -11,8 +11,8 @@ sees anything only when (p % w_i) % r_i == o, and then the positions p - p % w_i
 (row, head, branch, split of at most `keys_per_split` keys): an online softmax over its strided key rows,
 straight from the cache (the new key is read from k_new; without k_new the cache holds it already). In float16
 and bfloat16 at power-of-two head dims its scores and weighted sums run on tensor cores, the query repeated in the
-16 rows an MMA tile takes, its loop asking Triton for `stages` pipeline stages; otherwise each key block is reduced
-across threads. Launch 2 merges every (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1
+16 rows an MMA tile takes, its key and value loads pipelined `stages` deep as asynchronous copies; otherwise each key
+block is reduced across threads, its loads plain (Triton pipelines the loads that feed a dot). Launch 2 merges every (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1
 to positions (unless told not to). Shapes depend only on the arguments' shapes and on max_keys (a bound on any
 branch's key count), so the step can be captured in a CUDA graph and replayed as positions advance. Plain tensors
 in, nothing from hilbert_lab imported.
