@@ -351,10 +351,7 @@ def run(args, write) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="JSON output path (an existing file is refused)")
-    parser.add_argument("--quick", action="store_true", help="CPU-sized run (tiny model, short contexts, the CPU target)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = decode_parser(__doc__, "CPU-sized run (tiny model, short contexts, the CPU target)")
     parser.add_argument("--backend", default="auto", help="executor of the dilated attention outside the cache "
                         "runs (default auto)")
     parser.add_argument("--cache-backends", type=lambda text: [x for x in text.split(",") if x], default=None,
@@ -379,6 +376,16 @@ def parse_args(argv=None):
         elif isinstance(value, list) and name != "cache_backends":
             setattr(args, name, [x for x in getattr(args, name) if x > 0])
     return args
+
+
+def decode_parser(description: str, quick_help: str) -> argparse.ArgumentParser:
+    """The arguments every decoding benchmark takes: --out (refused where it exists), --quick (its CPU-sized
+    run, described by quick_help) and --device."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="JSON output path (an existing file is refused)")
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser
 
 
 def report_header(args, device: torch.device) -> dict:

@@ -16,7 +16,6 @@ CPU smoke run under Triton's interpreter (tiny shapes, float16, a few tunings; t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -129,10 +128,7 @@ def run(args, write) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="JSON output path (an existing file is refused)")
-    parser.add_argument("--quick", action="store_true", help="CPU-sized run (tiny shapes, three tunings)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = decode.decode_parser(__doc__, "CPU-sized run (tiny shapes, three tunings)")
     for name in ("layers", "heads", "head_dim", "context"):
         parser.add_argument("--" + name.replace("_", "-"), type=int, default=None,
                             help=f"default {GPU[name]} (--quick: {QUICK[name]})")

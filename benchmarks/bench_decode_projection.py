@@ -15,7 +15,6 @@ CPU smoke run (a tiny model, eager steps):
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -96,10 +95,7 @@ def run(args, write) -> dict:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True, help="JSON output path (an existing file is refused)")
-    parser.add_argument("--quick", action="store_true", help="CPU-sized run (tiny model, eager steps only)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser = decode.decode_parser(__doc__, "CPU-sized run (tiny model, eager steps only)")
     parser.add_argument("--context", type=int, default=None, help="position where the timed steps end "
                         f"(default {GPU['context']}; --quick: {QUICK['context']})")
     parser.add_argument("--rounds", type=int, default=4, help="eager rounds, each one run of both (default 4)")

@@ -218,9 +218,10 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     if any(t.stride(-1) != 1 for t in (q, k_new, v_new, keys, values)):
         raise ValueError("q, k_new, v_new, keys and values must have a contiguous last dimension")
     block_d = triton.next_power_of_2(dim)
+    tensor_cores = q.dtype in (torch.float16, torch.bfloat16) and dim == block_d and dim >= 16
     if dot is None:
-        dot = q.dtype in (torch.float16, torch.bfloat16) and dim == block_d and dim >= 16
-    elif dot and (q.dtype not in (torch.float16, torch.bfloat16) or dim != block_d or dim < 16):
+        dot = tensor_cores
+    elif dot and not tensor_cores:
         raise ValueError(f"dot=True needs q in float16 or bfloat16 and a head dim that is a power of two from 16; "
                          f"got {q.dtype}, D {dim}")
     tuned = DOT_TUNING if dot else REDUCE_TUNING
