@@ -16,7 +16,9 @@ its steps compiled with --compile-step;
 with the bytes a step must read and, over the measured HBM copy bandwidth, the memory-bandwidth limit "limit_ms");
 8 left-padded rows against each alone ("longnet_static_batch8"); the loop of LongNetLM.generate on the growing cache (with "prefill_s", the executor's dense kernel of the steps, the cache's bytes
 and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
-(a stopping criterion notes the time); for the recompute, one forward pass over N + 1 tokens (what
+(a stopping criterion notes the time); for "llama_sdpa_static_cache_filled" (--dense-filled), the dense model's
+steps on a static cache filled with random keys and values instead of a prefill, compiled as generate compiles
+them; for the recompute, one forward pass over N + 1 tokens (what
 LongNetLM.generate(use_cache=False) does per token). Every finished measurement is written at once (a run that
 stops keeps what it measured); an existing --out is refused.
 transformers is optional (extra "hf"): without it the dense and hf methods are recorded as skipped.
@@ -44,11 +46,11 @@ from hilbert_lab.models.generate import decode_static, new_caches, new_static_ca
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288, 1048576],
            batch=[32768], recompute=[8192, 32768],
-           dense=[32768, 131072], hf_dilated=[32768],
+           dense=[32768, 131072], hf_dilated=[32768], dense_filled=[],
            segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,
            vocab=256, dtype="bf16", steps=32)
 QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], static=[1024], batch=[1024], recompute=[1024],
-             dense=[1024, 4096], hf_dilated=[1024],
+             dense=[1024, 4096], hf_dilated=[1024], dense_filled=[],
              segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8], dim=64, depth=3, heads=8, vocab=64,
              dtype="fp32", steps=16)
 
@@ -277,6 +279,56 @@ def measure_hf(args, context: int, device, dilated: bool) -> dict:
             "new_tokens": args.steps, "cache": "static"}
 
 
+def dense_static_cache(model, max_length: int):
+    """transformers' StaticCache for `model` (batch 1), its storage allocated."""
+    import transformers
+
+    config = model.config
+    cache = transformers.StaticCache(config=config, max_cache_len=max_length)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache.early_initialization(1, config.num_key_value_heads, head_dim, model.dtype, model.device)
+    return cache
+
+
+def dense_steps(step, cache, token: torch.Tensor, start: int, count: int, on_token) -> torch.Tensor:
+    """`count` greedy tokens of a transformers model `step` (the model, or it compiled) on `cache`, which holds
+    positions 0 .. start - 1; token (1, 1) is the token at `start`. on_token(tokens (1, 1)) after each new token."""
+    for index in range(count):
+        position = torch.tensor([start + index], device=token.device)
+        logits = step(input_ids=token, past_key_values=cache, cache_position=position, position_ids=position[None],
+                      use_cache=True).logits
+        token = logits[:, -1:].argmax(-1)
+        on_token(token)
+    return token
+
+
+@torch.inference_mode()
+def measure_dense_filled(args, context: int, device) -> dict:
+    """The dense Llama's steps at position `context` on transformers' StaticCache whose first `context` rows hold
+    random keys and values instead of a prefill (the dense prefill of a long prompt takes minutes; a step's cost
+    does not depend on the values): the forward compiled as transformers' generate compiles it (its CompileConfig:
+    CUDA graphs), the median gap between consecutive tokens after 4 (compiling and recording among them)."""
+    import transformers
+
+    model = llama(args, context, device, dilated=False)
+    cache = dense_static_cache(model, context + args.steps + 8)
+    for layer in cache.layers:
+        layer.keys[:, :, :context].normal_()
+        layer.values[:, :, :context].normal_()
+        if hasattr(layer, "cumulative_length"):  # where the next update writes (transformers >= 5.2x)
+            layer.cumulative_length.fill_(context)
+    step = model
+    if device.type == "cuda":
+        options = transformers.CompileConfig().to_dict() if hasattr(transformers, "CompileConfig") else {}
+        step = torch.compile(model, **{k: options[k] for k in ("fullgraph", "dynamic", "backend", "mode")
+                                       if k in options})
+    clock = Clock(device)
+    token = prompt_of(args, 1, device)
+    dense_steps(step, cache, token, context, args.steps + 5, clock)
+    return {"ms_per_token": 1e3 * statistics.median(clock.gaps()), "prompt": "random cache", "new_tokens": args.steps,
+            "cache": "static", "compiled": device.type == "cuda", "cache_length_after": int(cache.get_seq_length())}
+
+
 @torch.inference_mode()
 def measure_cpu_target(args, device, repeats: int = 7) -> dict:
     """The CPU target: 64 new tokens after a 1024-token prompt, against one forward pass over 1088 tokens (both in
@@ -347,6 +399,8 @@ def run(args, write) -> dict:
         record("llama_sdpa_static_cache", context, lambda: measure_hf(args, context, device, dilated=False))
     for context in args.hf_dilated:
         record("llama_dilated_static_cache", context, lambda: measure_hf(args, context, device, dilated=True))
+    for context in args.dense_filled:
+        record("llama_sdpa_static_cache_filled", context, lambda: measure_dense_filled(args, context, device))
     return report
 
 
@@ -362,7 +416,8 @@ def parse_args(argv=None):
     parser.add_argument("--compile-step", action="store_true", help="longnet_static_graph: the steps through "
                         "torch.compile, as LongNetLM.generate(compile_step=True) runs them")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "segment_lengths", "dilation_rates"):
+    for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "segment_lengths",
+                 "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
                             help=f"comma-separated (default: {GPU[name]}; --quick: {QUICK[name]}); 0 for none")
     for name in ("dim", "depth", "heads", "vocab", "steps"):

@@ -6,6 +6,7 @@ import json
 import statistics
 from pathlib import Path
 
+import pytest
 import torch
 
 from hilbert_lab.attention.pattern import DilatedPattern
@@ -32,3 +33,23 @@ def test_static_and_batch_methods_on_the_cpu(bench, tmp_path):
     assert static["weight_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
     assert static["cache_rows"] == 64 and "limit_ms" not in static  # no HBM bandwidth on the CPU
     assert json.loads(out.read_text())["results"] == report["results"]  # every finished result written
+
+
+def test_dense_steps_on_a_prefilled_static_cache_give_generates_tokens(bench):
+    """The filled dense anchor's loop (explicit cache positions on transformers' StaticCache), after a real prefill
+    of the cache, continues exactly as transformers' greedy generate with its static cache."""
+    pytest.importorskip("transformers")
+    args = bench.parse_args(["--device", "cpu", "--dim", "32", "--depth", "2", "--heads", "4", "--vocab", "32",
+                             "--dtype", "fp32", "--steps", "6", "--out", "unused.json"])
+    device = torch.device("cpu")
+    model = bench.llama(args, 64, device, dilated=False)
+    prompt = bench.prompt_of(args, 20, device)
+    with torch.inference_mode():
+        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, min_new_tokens=6,
+                                  do_sample=False, pad_token_id=0, cache_implementation="static")[:, 20:]
+        cache = bench.dense_static_cache(model, 40)
+        first = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(20),
+                      use_cache=True).logits[:, -1:].argmax(-1)
+        tokens = [first]
+        bench.dense_steps(model, cache, first, 20, 5, tokens.append)
+    assert torch.equal(torch.cat(tokens, 1), expected), (tokens, expected)
