@@ -46,7 +46,7 @@ def tunings(quick: bool) -> list[dict]:
     if quick:
         return [{}, {"dot": False}, {"dot": True, "block_keys": 16, "stages": 2, "keys_per_split": 32}]
     grid = [{"dot": True, "block_keys": block, "warps": warps, "stages": stages, "keys_per_split": split}
-            for split in (256, 512, 1024) for block, stages in ((32, 2), (32, 3), (64, 2), (64, 3))
+            for split in (128, 256, 512, 1024) for block, stages in ((32, 2), (32, 3), (64, 2), (64, 3))
             for warps in (4, 8)]
     return [{}, {"dot": False}] + grid + [{"dot": False, "block_keys": 32, "stages": 3}]
 

@@ -46,9 +46,10 @@ def keys_seen(pattern: DilatedPattern, num_heads: int, position: int) -> int:
 
 
 def step_tables(pattern: DilatedPattern, num_heads: int, span: int, device: torch.device) -> tuple:
-    """(segments int32 (P,), rates int32 (P,), offsets int32 (P, H), max_keys) for steps at positions below `span`
-    on `device`: segments longer than span clipped to it (p % w is then unchanged), max_keys = the most keys a
-    branch can see, max ceil(min(w, span) / r). Cached; do not modify."""
+    """(branches int32 (P, 4), offsets int32 (P, H), bounds) for steps at positions below `span` on `device`:
+    per branch its segment (clipped to span: p % w is then unchanged), its dilation rate, the most query heads that
+    share one offset and the most keys one head sees, ceil(min(w, span) / r); bounds: those last two as host ints,
+    ((heads, keys), ...) per branch. Cached; do not modify."""
     return _tables(pattern.segment_lengths, pattern.dilation_rates, pattern.mode, pattern.causal, int(num_heads),
                    int(span), torch.device(device))
 
@@ -63,12 +64,12 @@ def _tables(lengths: tuple, rates: tuple, mode: str, causal: bool, num_heads: in
     if key not in _TABLES:
         if len(_TABLES) >= 64:
             _TABLES.clear()
-        segments = [min(w, span) for w in lengths]
         offsets = np.stack(DilatedPattern.create(lengths, rates, mode=mode, causal=causal).head_offsets(num_heads))
-        _TABLES[key] = (torch.tensor(segments, dtype=torch.int32, device=device),
-                        torch.tensor(rates, dtype=torch.int32, device=device),
-                        torch.from_numpy(offsets).to(device=device, dtype=torch.int32).contiguous(),
-                        max(math.ceil(w / r) for w, r in zip(segments, rates)))
+        bounds = tuple((max(1, max(int((row == o).sum()) for o in range(r))), math.ceil(min(w, span) / r))
+                       for w, r, row in zip(lengths, rates, offsets))
+        branches = [[min(w, span), r, heads, keys] for w, r, (heads, keys) in zip(lengths, rates, bounds)]
+        _TABLES[key] = (torch.tensor(branches, dtype=torch.int32, device=device),
+                        torch.from_numpy(offsets).to(device=device, dtype=torch.int32).contiguous(), bounds)
     return _TABLES[key]
 
 
@@ -92,9 +93,9 @@ def decode_step(pattern: DilatedPattern, q: torch.Tensor, keys: torch.Tensor, va
     if tables is None:
         tables = step_tables(pattern, q.shape[1], keys.shape[1] if span is None else span, keys.device)
     if triton_applies(keys):
-        return triton_decode.dilated_decode(q, k_new, v_new, keys, values, positions, tables[0], tables[1], tables[2],
-                                            tables[3], scale, advance=advance)
-    return _step_torch(pattern, q, keys, values, positions, scale, k_new, v_new, tables[2], advance)
+        return triton_decode.dilated_decode(q, k_new, v_new, keys, values, positions, *tables, scale,
+                                            advance=advance)
+    return _step_torch(pattern, q, keys, values, positions, scale, k_new, v_new, tables[1], advance)
 
 
 def _step_torch(pattern, q, keys, values, positions, scale, k_new, v_new, offsets, advance):
@@ -170,7 +171,6 @@ class DilatedStaticCache:
         self.length = 0
         self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
         self._tables = step_tables(self.pattern, num_heads, self.capacity, device)
-        self.max_keys = self._tables[3]
         self.in_projection: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]] = None
         self._scale = validate_attention_inputs(self.keys[:1, :1], self.keys[:1, :1], self.keys[:1, :1], scale=scale)
 

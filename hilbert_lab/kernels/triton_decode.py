@@ -1,21 +1,23 @@
 """One decoding step of causal dilated attention in two Triton launches, with no host value in it.
 
-`dilated_decode(q, k_new, v_new, keys, values, positions, segments, rates, offsets, max_keys, scale)`:
+`dilated_decode(q, k_new, v_new, keys, values, positions, branches, offsets, bounds, scale)`:
 each row b of the batch holds one new token at position positions[b] (a device tensor). The cache stores
 the key and value of position m at row m % C of keys / values (B, C, H_kv, D); C must be at least the
 longest segment, so a row is overwritten only once no query can see its key any more.
 
 In branch i (segment w_i, dilation r_i) query head h with offset o = offsets[i, h] (-1: not in the branch)
 sees anything only when (p % w_i) % r_i == o, and then the positions p - p % w_i + o + j r_i, j = 0 .. (p % w_i
-- o) / r_i, the last of them p itself. Launch 1 writes k_new / v_new at row p % C and runs one program per
-(row, head, branch, split of at most `keys_per_split` keys): an online softmax over its strided key rows,
-straight from the cache (the new key is read from k_new; without k_new the cache holds it already). In float16
-and bfloat16 at power-of-two head dims its scores and weighted sums run on tensor cores, the query repeated in the
-16 rows an MMA tile takes, its key and value loads pipelined `stages` deep as asynchronous copies; otherwise each key
-block is reduced across threads, its loads plain (Triton pipelines the loads that feed a dot). Launch 2 merges every (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1
-to positions (unless told not to). Shapes depend only on the arguments' shapes and on max_keys (a bound on any
-branch's key count), so the step can be captured in a CUDA graph and replayed as positions advance. Plain tensors
-in, nothing from hilbert_lab imported.
+- o) / r_i, the last of them p itself. So at any position a branch is read by at most as many heads as share one
+offset, each over at most ceil(w_i / r_i) keys: launch 1 runs exactly that many programs per row and branch, one
+per (head of the position's residue, split of at most `keys_per_split` keys), each an online softmax over its
+strided key rows straight from the cache (the new key is read from k_new; program 0 writes k_new / v_new at row
+p % C, which no program reads), and marks the branch empty for the other heads. In float16 and bfloat16 at
+power-of-two head dims its scores and weighted sums run on tensor cores, the query repeated in the 16 rows an
+MMA tile takes, its key and value loads pipelined `stages` deep as asynchronous copies; otherwise each key block
+is reduced across threads, its loads plain (Triton pipelines the loads that feed a dot). Launch 2 merges every
+(branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless told not
+to). Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a CUDA graph
+and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
@@ -30,35 +32,63 @@ LOG2E = 1.4426950408889634
 if HAVE_TRITON:
 
     @triton.jit
-    def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, seg_ptr, rate_ptr, off_ptr, out_ptr, lse_ptr,
+    def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, br_ptr, off_ptr, out_ptr, lse_ptr,
                         sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
-                        capacity, heads, group, rows, scale_log2, keys_per_split,
-                        SPLITS: tl.constexpr, DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-                        STAGES: tl.constexpr, EVEN_D: tl.constexpr, APPEND: tl.constexpr, DOT: tl.constexpr):
-        row = tl.program_id(0)
-        branch = tl.program_id(1)
-        split = tl.program_id(2)
-        b = row // heads
-        h = row % heads
-        kv = h // group
+                        capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
+                        BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
+                        APPEND: tl.constexpr, DOT: tl.constexpr):
+        program = tl.program_id(0)
+        b = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
         dmask = d < DIM
         p = tl.load(pos_ptr + b).to(tl.int64)
         if APPEND:
-            if (h % group == 0) & (branch == 0) & (split == 0):  # the new key and value go to row p % C
+            if program == 0:  # the new keys and values of every key/value head go to row p % C
+                kvh = tl.arange(0, BLOCK_KV)
+                kvmask = (kvh < kv_heads)[:, None] & dmask[None, :]
                 slot = p % capacity
-                kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask)
-                vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask)
-                tl.store(k_ptr + b * sk_b + slot * sk_n + kv * sk_h + d, kn, mask=dmask)
-                tl.store(v_ptr + b * sv_b + slot * sv_n + kv * sv_h + d, vn, mask=dmask)
-        w = tl.load(seg_ptr + branch).to(tl.int64)
-        r = tl.load(rate_ptr + branch).to(tl.int64)
-        offset = tl.load(off_ptr + branch * heads + h).to(tl.int64)
+                kn = tl.load(knew_ptr + b * sn_b + kvh[:, None] * sn_h + d[None, :], mask=kvmask)
+                vn = tl.load(vnew_ptr + b * svn_b + kvh[:, None] * svn_h + d[None, :], mask=kvmask)
+                tl.store(k_ptr + b * sk_b + slot * sk_n + kvh[:, None] * sk_h + d[None, :], kn, mask=kvmask)
+                tl.store(v_ptr + b * sv_b + slot * sv_n + kvh[:, None] * sv_h + d[None, :], vn, mask=kvmask)
+        # the program's branch, head slot and split: branch i holds heads_i x splits_i programs (slot-major)
+        i = tl.arange(0, BLOCK_B)
+        in_table = i < branches
+        branch_heads = tl.load(br_ptr + i * 4 + 2, mask=in_table, other=0)
+        branch_splits = (tl.load(br_ptr + i * 4 + 3, mask=in_table, other=0) + keys_per_split - 1) // keys_per_split
+        ends = tl.cumsum(branch_heads * branch_splits, axis=0)
+        branch = tl.sum((ends <= program).to(tl.int32), axis=0)
+        this = i == branch
+        local = program - tl.sum(tl.where(this, ends - branch_heads * branch_splits, 0), axis=0)
+        splits = tl.sum(tl.where(this, branch_splits, 0), axis=0)
+        part = tl.sum(tl.where(i < branch, branch_splits, 0), axis=0) + local % splits
+        split = local % splits
+        slot_rank = local // splits
+        w = tl.load(br_ptr + branch * 4).to(tl.int64)
+        r = tl.load(br_ptr + branch * 4 + 1).to(tl.int64)
         within = p % w
-        first = p - within + offset
-        count = tl.where((offset >= 0) & (within % r == offset), (within - offset) // r + 1, 0)
+        residue = within % r
+        # the query heads whose offset is the residue, in order; this program takes the slot_rank-th of them
+        hs = tl.arange(0, BLOCK_H)
+        offsets = tl.load(off_ptr + branch * heads + hs, mask=hs < heads, other=-1).to(tl.int64)
+        match = offsets == residue
+        hit = match & (tl.cumsum(match.to(tl.int32), axis=0) == slot_rank + 1)
+        if slot_rank == 0:  # the heads that see nothing of this branch: no keys in this part
+            tl.store(lse_ptr + part * rows + b * heads + hs, tl.full((BLOCK_H,), float("-inf"), tl.float32),
+                     mask=(hs < heads) & ~match)
+        if tl.sum(hit.to(tl.int32), axis=0) == 0:
+            return
+        h = tl.sum(tl.where(hit, hs, 0), axis=0)
+        row = b * heads + h
+        kv = h // group
+        first = p - within + residue
+        count = (within - residue) // r + 1
         j0 = split * keys_per_split
         j1 = tl.minimum(count, j0 + keys_per_split)
+        if j0 >= count:  # a split past this head's keys
+            tl.store(lse_ptr + part * rows + row, float("-inf"))
+            return
         q_raw = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0)
         q = (q_raw.to(tl.float32) * scale_log2).to(tl.float32)
         peak = tl.full((), float("-inf"), tl.float32)  # fp32 whatever type a caller's float arguments get
@@ -124,7 +154,6 @@ if HAVE_TRITON:
                 acc = acc * alpha + weight * vn
                 total = total * alpha + weight
                 peak = new_peak
-        part = branch * SPLITS + split
         has_keys = total > 0
         out = acc / tl.where(has_keys, total, 1.0)
         lse = tl.where(has_keys, (peak + tl.log2(tl.where(has_keys, total, 1.0))) * 0.6931471805599453,
@@ -186,19 +215,21 @@ def split_size(max_keys: int, block: int = 64, most: int = 256) -> int:
 
 
 def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
-                   values: torch.Tensor, positions: torch.Tensor, segments: torch.Tensor, rates: torch.Tensor,
-                   offsets: torch.Tensor, max_keys: int, scale: float, keys_per_split: int | None = None,
-                   block_keys: int | None = None, warps: int | None = None, stages: int | None = None,
-                   advance: bool = True, dot: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
+                   bounds: tuple, scale: float, keys_per_split: int | None = None, block_keys: int | None = None,
+                   warps: int | None = None, stages: int | None = None, advance: bool = True,
+                   dot: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
 
     q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv), written at row positions % C of keys, values
     (B, C, H_kv, D), or None where the cache already holds the new token's key and value there (a caller's own
-    cache); positions (B,) int64, advanced by 1 unless `advance` is False; segments, rates int32 (P,); offsets
-    int32 (P, H); max_keys: at least every branch's key count (min(w, C) / r rounded up); every last dimension
-    contiguous. keys_per_split (default split_size), block_keys (keys per loop iteration), warps and stages (loads
-    in flight) tune the partial launch; dot: scores and sums on tensor cores (default: where q is float16 or
-    bfloat16 and D a power of two from 16), else one reduction per key block across threads."""
+    cache); positions (B,) int64, advanced by 1 unless `advance` is False; branches int32 (P, 4), per branch its
+    segment w, its dilation rate r, the most query heads that share one offset and the most keys one head sees
+    (at least ceil(min(w, C) / r)); offsets int32 (P, H); bounds: branches' last two columns as host ints, ((heads,
+    keys), ...) per branch (the launch's size); every last dimension contiguous. keys_per_split (default
+    split_size), block_keys (keys per loop iteration), warps and stages (loads in flight) tune the partial launch;
+    dot: scores and sums on tensor cores (default: where q is float16 or bfloat16 and D a power of two from 16),
+    else one reduction per key block across threads."""
     require_triton("dilated_decode")
     append = k_new is not None
     if not append:  # placeholders the kernel never reads
@@ -206,17 +237,21 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     batch, heads, dim = q.shape
     kv_heads = keys.shape[2]
     capacity = keys.shape[1]
-    branches = segments.shape[0]
+    count = branches.shape[0]
+    bounds = tuple((int(h), int(n)) for h, n in bounds)
     if k_new.shape != (batch, kv_heads, dim) or v_new.shape != k_new.shape or heads % kv_heads \
             or keys.shape != (batch, capacity, kv_heads, dim) or values.shape != keys.shape \
-            or positions.shape != (batch,) or rates.shape != (branches,) or offsets.shape != (branches, heads):
+            or positions.shape != (batch,) or branches.shape != (count, 4) or offsets.shape != (count, heads) \
+            or len(bounds) != count:
         raise ValueError(f"shapes must be q (B, H, D), k_new, v_new (B, H_kv, D), keys, values (B, C, H_kv, D), "
-                         f"positions (B,), segments, rates (P,), offsets (P, H); got {tuple(q.shape)}, "
+                         f"positions (B,), branches (P, 4), offsets (P, H), P bounds; got {tuple(q.shape)}, "
                          f"{tuple(k_new.shape)}, {tuple(v_new.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}, "
-                         f"{tuple(positions.shape)}, {tuple(segments.shape)}, {tuple(rates.shape)}, "
-                         f"{tuple(offsets.shape)}")
+                         f"{tuple(positions.shape)}, {tuple(branches.shape)}, {tuple(offsets.shape)}, "
+                         f"{len(bounds)} bounds")
     if any(t.stride(-1) != 1 for t in (q, k_new, v_new, keys, values)):
         raise ValueError("q, k_new, v_new, keys and values must have a contiguous last dimension")
+    if any(h < 1 or n < 1 for h, n in bounds):
+        raise ValueError(f"bounds must be (heads >= 1, keys >= 1) per branch; got {bounds}")
     block_d = triton.next_power_of_2(dim)
     tensor_cores = q.dtype in (torch.float16, torch.bfloat16) and dim == block_d and dim >= 16
     if dot is None:
@@ -228,22 +263,25 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     block_keys = block_keys or tuned["block_keys"]
     warps = warps or tuned["warps"]
     stages = stages or tuned["stages"]
-    per_split = keys_per_split or split_size(max_keys, block_keys, tuned["most_keys_per_split"])
-    splits = max(1, math.ceil(max_keys / per_split))
+    per_split = keys_per_split or split_size(max(n for _, n in bounds), block_keys, tuned["most_keys_per_split"])
+    splits = [math.ceil(n / per_split) for _, n in bounds]
+    programs = sum(h * n for (h, _), n in zip(bounds, splits))
+    parts_per_row = sum(splits)
     rows = batch * heads
-    parts = torch.empty((branches * splits, rows, dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((branches * splits, rows), dtype=torch.float32, device=q.device)
-    _partial_kernel[(rows, branches, splits)](
-        q, k_new, v_new, keys, values, positions, segments, rates, offsets, parts, part_lse,
+    parts = torch.empty((parts_per_row, rows, dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((parts_per_row, rows), dtype=torch.float32, device=q.device)
+    _partial_kernel[(programs, batch)](
+        q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
-        capacity, heads, heads // kv_heads, rows, scale * LOG2E, per_split,
-        SPLITS=splits, DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages, EVEN_D=dim == block_d,
-        APPEND=append, DOT=dot, num_warps=warps)
+        capacity, heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
+        BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
+        BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages,
+        EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)
     _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
-                                                  heads, rows, branches * splits, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
+                                                  heads, rows, parts_per_row, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
                                                   EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
     return out, lse

@@ -198,9 +198,9 @@ def test_gpu_splits_of_any_size_give_the_same_step(keys_per_split):
 
     def split_step(cache):
         def step(qs, ks, vs):
-            segs, rs, offsets, max_keys = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
-            return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, segs, rs,
-                                                offsets, max_keys, cache._scale, keys_per_split=keys_per_split)
+            tables = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
+            return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, *tables,
+                                                cache._scale, keys_per_split=keys_per_split)
         return step
 
     _, results = _decode(segments, rates, "longnet", q, k, v, lengths, steps, split_step)
@@ -224,12 +224,11 @@ def test_gpu_the_tensor_core_step_compiled_equals_the_engine_and_the_eager_step(
 
     def split_step(compile_it):
         def step_of(cache):
-            segs, rs, offsets, max_keys = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
+            tables = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
 
             def step(qs, ks, vs):
-                return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, segs, rs,
-                                                    offsets, max_keys, cache._scale, keys_per_split=keys_per_split,
-                                                    dot=True)
+                return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, *tables,
+                                                    cache._scale, keys_per_split=keys_per_split, dot=True)
             if not compile_it:
                 return step
             return compiled.setdefault(id(cache), torch.compile(step, fullgraph=True, dynamic=False))
@@ -246,14 +245,14 @@ def test_gpu_the_tensor_core_step_compiled_equals_the_engine_and_the_eager_step(
 def test_the_tensor_core_step_refuses_what_it_cannot_run():
     if not triton_decode.HAVE_TRITON:
         pytest.skip("triton is not installed")
-    segs, rs, offsets, max_keys = step_tables(DilatedStaticCache([4, 8], [1, 2], batch_size=1, max_length=8,
-                                                                 num_heads=2, head_dim=4).pattern, 2, 8, "cpu")
+    tables = step_tables(DilatedStaticCache([4, 8], [1, 2], batch_size=1, max_length=8, num_heads=2,
+                                            head_dim=4).pattern, 2, 8, "cpu")
     for dtype, dim in ((torch.float32, 16), (torch.float16, 8), (torch.float16, 48)):
         q = torch.zeros(1, 2, dim, dtype=dtype)
         keys = torch.zeros(1, 8, 2, dim, dtype=dtype)
         with pytest.raises(ValueError, match="dot=True needs q in float16 or bfloat16"):
-            triton_decode.dilated_decode(q, None, None, keys, keys, torch.zeros(1, dtype=torch.long), segs, rs,
-                                         offsets, max_keys, 1.0, dot=True)
+            triton_decode.dilated_decode(q, None, None, keys, keys, torch.zeros(1, dtype=torch.long), *tables, 1.0,
+                                         dot=True)
 
 
 @pytest.mark.gpu

@@ -33,11 +33,9 @@ def _main() -> None:
     def kernel_step(split, dot):
         def step_of(cache):
             def step(q, k, v):
-                segments, rates, offsets, max_keys = step_tables(cache.pattern, cache.num_heads, cache.capacity,
-                                                                 cache.keys.device)
-                return triton_decode.dilated_decode(q, k, v, cache.keys, cache.values, cache.positions, segments,
-                                                    rates, offsets, max_keys, cache._scale, keys_per_split=split,
-                                                    dot=dot)
+                tables = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
+                return triton_decode.dilated_decode(q, k, v, cache.keys, cache.values, cache.positions, *tables,
+                                                    cache._scale, keys_per_split=split, dot=dot)
             return step
         return step_of
 
