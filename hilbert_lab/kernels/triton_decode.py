@@ -210,7 +210,7 @@ DOT_TUNING = {"block_keys": 32, "warps": 4, "stages": 3, "most_keys_per_split": 
 def split_size(max_keys: int, block: int = 64, most: int = 256) -> int:
     """Keys per program: a power of two from `block` to `most`, about an eighth of the longest branch's keys (a long
     branch is read by several programs at once). The tunings' `most_keys_per_split` were the fastest for a
-    1B-class layer on an H200: 256 of 128-1024 for the reductions, 512 of 128-2048 for the tensor-core path."""
+    1B-class layer on an H200: 256 of 128-1024 for the reductions, 512 of 128-1024 for the tensor-core path."""
     return max(block, min(most, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
 
 

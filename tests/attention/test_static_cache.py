@@ -333,3 +333,26 @@ def test_a_step_over_storage_that_already_holds_the_new_key_equals_the_engine(se
         assert max_diff(out, ref_out) < 1e-10 and torch.equal(positions, at)
         finite = torch.isfinite(ref_lse)
         assert torch.equal(torch.isinf(lse), ~finite) and max_diff(lse[finite], ref_lse[finite]) < 1e-10
+
+
+@pytest.mark.parametrize("segments, rates, mode, heads, span", [
+    ([256, 1024, 4096, 16384], [1, 2, 4, 8], "longnet", 16, 16384),  # the 1B-class layer's pattern, 8x shorter
+    ([4, 8, 16], [1, 2, 4], "longnet", 6, 64),  # rate 4 over 6 heads: one residue has no head, two have two
+    ([4, 8, 16], [1, 2, 4], "head_groups", 6, 12),  # a segment clipped to the span
+    ([4, 6, 9], [1, 2, 3], "longnet", 4, 40),
+])
+def test_step_tables_bound_each_branch_by_the_heads_and_keys_of_any_position(segments, rates, mode, heads, span):
+    """The launch's per-branch bounds: the most heads any position's residue selects and the most keys one head
+    sees, counted by brute force over every position below the span; the device table holds the same."""
+    from hilbert_lab.attention.pattern import DilatedPattern
+
+    pattern = DilatedPattern.create(segments, rates, mode=mode, causal=True)
+    branches, offsets, bounds = step_tables(pattern, heads, span, "cpu")
+    expected = []
+    for w, r, row in zip(segments, rates, pattern.head_offsets(heads)):
+        w = min(w, span)
+        counts = [[(p % w - o) // r + 1 if o >= 0 and (p % w) % r == o else 0 for o in row] for p in range(span)]
+        expected.append((max(sum(c > 0 for c in per_head) for per_head in counts), max(map(max, counts))))
+    assert bounds == tuple(expected)
+    assert branches.tolist() == [[min(w, span), r, h, n] for w, r, (h, n) in zip(segments, rates, expected)]
+    assert offsets.tolist() == [list(row) for row in pattern.head_offsets(heads)]
