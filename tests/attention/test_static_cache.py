@@ -255,6 +255,20 @@ def test_the_tensor_core_step_refuses_what_it_cannot_run():
                                          dot=True)
 
 
+def test_the_step_refuses_bounds_that_do_not_match_its_branches():
+    """The launch is sized by the host bounds: one per branch, each (heads >= 1, keys >= 1), or a ValueError."""
+    if not triton_decode.HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    branches, offsets, bounds = step_tables(DilatedStaticCache([4, 8], [1, 2], batch_size=1, max_length=8,
+                                                               num_heads=2, head_dim=4).pattern, 2, 8, "cpu")
+    q = torch.zeros(1, 2, 4)
+    keys = torch.zeros(1, 8, 2, 4)
+    for wrong, message in ((bounds[:1], "P bounds; got"), (((0, 4), bounds[1]), r"bounds must be \(heads >= 1")):
+        with pytest.raises(ValueError, match=message):
+            triton_decode.dilated_decode(q, None, None, keys, keys, torch.zeros(1, dtype=torch.long), branches,
+                                         offsets, wrong, 1.0)
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_a_step_captured_in_a_cuda_graph_replays_as_eager_steps_run():
