@@ -12,15 +12,16 @@ CPU smoke check, with the CPU target (64 new tokens after a 1024-token prompt ag
 Per method and context N (prompt length; for "longnet_static_graph" the position where its steps end), "ms_per_token"
 is the median latency of one new token after 4 warm-up tokens, greedy, wall clock with a device sync after each
 token (host time counts, as a user sees it): LongNetLM.generate's GPU path (static caches, one CUDA graph per token,
-its steps compiled with --compile-step;
-with the bytes a step must read and, over the measured HBM copy bandwidth, the memory-bandwidth limit "limit_ms");
-8 left-padded rows against each alone ("longnet_static_batch8"); the loop of LongNetLM.generate on the growing cache (with "prefill_s", the executor's dense kernel of the steps, the cache's bytes
-and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
+its steps compiled with --compile-step; with the bytes a step must read and, over the measured HBM copy bandwidth,
+the memory-bandwidth limit "limit_ms"); 8 left-padded rows against each alone ("longnet_static_batch8"); the loop of
+LongNetLM.generate on the growing cache (with "prefill_s", the executor's dense kernel of the steps, the cache's
+bytes and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
 (a stopping criterion notes the time); for "llama_sdpa_static_cache_filled" (--dense-filled), the dense model's
 steps on a static cache filled with random keys and values instead of a prefill, compiled as generate compiles
-them; for the recompute, one forward pass over N + 1 tokens (what
-LongNetLM.generate(use_cache=False) does per token). Every finished measurement is written at once (a run that
-stops keeps what it measured); an existing --out is refused.
+them, and the same for that Llama on dilated attention ("llama_dilated_static_cache_filled", --hf-dilated-filled);
+for the recompute, one forward pass over N + 1 tokens (what LongNetLM.generate(use_cache=False) does per token).
+Every finished measurement is written at once (a run that stops keeps what it measured); an existing --out is
+refused.
 transformers is optional (extra "hf"): without it the dense and hf methods are recorded as skipped.
 """
 from __future__ import annotations
@@ -46,11 +47,11 @@ from hilbert_lab.models.generate import decode_static, new_caches, new_static_ca
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288, 1048576],
            batch=[32768], recompute=[8192, 32768],
-           dense=[32768, 131072], hf_dilated=[32768], dense_filled=[],
+           dense=[32768, 131072], hf_dilated=[32768], dense_filled=[], hf_dilated_filled=[],
            segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,
            vocab=256, dtype="bf16", steps=32)
 QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], static=[1024], batch=[1024], recompute=[1024],
-             dense=[1024, 4096], hf_dilated=[1024], dense_filled=[],
+             dense=[1024, 4096], hf_dilated=[1024], dense_filled=[], hf_dilated_filled=[],
              segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8], dim=64, depth=3, heads=8, vocab=64,
              dtype="fp32", steps=16)
 
@@ -234,7 +235,8 @@ def llama(args, context: int, device, dilated: bool):
 
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=4 * args.dim, num_hidden_layers=args.depth,
+        vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.llama_intermediate or 4 * args.dim,
+        num_hidden_layers=args.depth,
         num_attention_heads=args.heads, num_key_value_heads=args.heads, max_position_embeddings=context + args.steps + 8,
         pad_token_id=0, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=DTYPES[args.dtype]).eval()
@@ -303,14 +305,16 @@ def dense_steps(step, cache, token: torch.Tensor, start: int, count: int, on_tok
 
 
 @torch.inference_mode()
-def measure_dense_filled(args, context: int, device) -> dict:
-    """The dense Llama's steps at position `context` on transformers' StaticCache whose first `context` rows hold
+def measure_dense_filled(args, context: int, device, dilated: bool = False) -> dict:
+    """The Llama's steps at position `context` on transformers' StaticCache whose first `context` rows hold
     random keys and values instead of a prefill (the dense prefill of a long prompt takes minutes; a step's cost
     does not depend on the values): the forward compiled as transformers' generate compiles it (its CompileConfig:
-    CUDA graphs), the median gap between consecutive tokens after 4 (compiling and recording among them)."""
+    CUDA graphs), the median gap between consecutive tokens after 4 (compiling and recording among them). With
+    `dilated`, the same Llama on dilated attention through register() (its step reads the static cache in place).
+    "weight_bytes": what a step reads of the weights (all but the input embedding)."""
     import transformers
 
-    model = llama(args, context, device, dilated=False)
+    model = llama(args, context, device, dilated=dilated)
     cache = dense_static_cache(model, context + args.steps + 8)
     for layer in cache.layers:
         layer.keys[:, :, :context].normal_()
@@ -325,8 +329,10 @@ def measure_dense_filled(args, context: int, device) -> dict:
     clock = Clock(device)
     token = prompt_of(args, 1, device)
     dense_steps(step, cache, token, context, args.steps + 5, clock)
+    weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "embed_tokens" not in name)
     return {"ms_per_token": 1e3 * statistics.median(clock.gaps()), "prompt": "random cache", "new_tokens": args.steps,
-            "cache": "static", "compiled": device.type == "cuda", "cache_length_after": int(cache.get_seq_length())}
+            "cache": "static", "compiled": device.type == "cuda", "cache_length_after": int(cache.get_seq_length()),
+            "weight_bytes": weights, "intermediate_size": model.config.intermediate_size}
 
 
 @torch.inference_mode()
@@ -401,6 +407,9 @@ def run(args, write) -> dict:
         record("llama_dilated_static_cache", context, lambda: measure_hf(args, context, device, dilated=True))
     for context in args.dense_filled:
         record("llama_sdpa_static_cache_filled", context, lambda: measure_dense_filled(args, context, device))
+    for context in args.hf_dilated_filled:
+        record("llama_dilated_static_cache_filled", context,
+               lambda: measure_dense_filled(args, context, device, dilated=True))
     return report
 
 
@@ -416,12 +425,14 @@ def parse_args(argv=None):
     parser.add_argument("--compile-step", action="store_true", help="longnet_static_graph: the steps through "
                         "torch.compile, as LongNetLM.generate(compile_step=True) runs them")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "segment_lengths",
-                 "dilation_rates"):
+    for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "hf_dilated_filled",
+                 "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
                             help=f"comma-separated (default: {GPU[name]}; --quick: {QUICK[name]}); 0 for none")
     for name in ("dim", "depth", "heads", "vocab", "steps"):
         parser.add_argument("--" + name, type=int, default=None, help=f"default {GPU[name]} (--quick: {QUICK[name]})")
+    parser.add_argument("--llama-intermediate", type=int, default=0, help="the Llama's MLP width (default 4 x dim; "
+                        "8/3 x dim, rounded, gives its three MLP weights the size of LongNetLM's two)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp32)")
     args = parser.parse_args(argv)
     defaults = QUICK if args.quick else GPU

@@ -17,6 +17,7 @@ from hilbert_lab.attention.static_cache import DilatedStaticCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
 from hilbert_lab.attention.pattern import DilatedPattern
 
+from .projection import linear, project
 from .rotary import apply_rotary, shared_rotary_tables
 
 DecodingCache = DilatedKVCache | DilatedStaticCache  # a layer's keys and values while decoding
@@ -81,7 +82,7 @@ class DilatedTransformerBlock(nn.Module):
         stacked = cache.in_projection if isinstance(cache, DilatedStaticCache) else None
         if stacked is not None:  # one GEMM for q, k and v
             kv_dim = mha.num_kv_heads * mha.head_dim
-            q, k, v = map(split, F.linear(x, *stacked).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
+            q, k, v = map(split, linear(x, *stacked).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
         else:
             q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
         if self.rotary:
@@ -93,13 +94,13 @@ class DilatedTransformerBlock(nn.Module):
             attended = mha.attention(q, k, v)
         else:
             attended = mha.attention(q, k, v, cu_seqlens=cu_seqlens)
-        return mha.out_proj(attended.flatten(-2))
+        return project(attended.flatten(-2), mha.out_proj)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 cache: DecodingCache | None = None) -> torch.Tensor:
         check_device("x", x, self.attention_norm.weight, "block")
         x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache))
-        return x + self.dropout(self.mlp(self.mlp_norm(x)))
+        return x + self.dropout(project(self.mlp_norm(x), self.mlp))
 
 
 def _values_readable(x: torch.Tensor) -> bool:
@@ -326,7 +327,7 @@ class LongNetLM(nn.Module):
                              f"{logits_to_keep!r}")
         x = self.embedding_dropout(self.embedding(tokens))
         hidden = self.encoder(x, positions, cu_seqlens, caches)
-        return self.head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden)
+        return project(hidden[:, -logits_to_keep:] if logits_to_keep else hidden, self.head)
 
     def generate(
         self,

@@ -1,0 +1,44 @@
+"""Linear layers of a decoding step: x of one row (batch 1, one new token) on a GPU, with no gradient asked, runs
+as one Triton GEMV (kernels.triton_gemv), which reads the weight nearer the memory bandwidth than cuBLAS's GEMM of
+one row; everything else is F.linear or the module's own call."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from hilbert_lab.kernels.triton_gemv import gemv
+from hilbert_lab.kernels.triton_support import runs_on
+
+__all__ = ["linear", "project"]
+
+
+def _one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype, with no gradient asked."""
+    if x.numel() != x.shape[-1] or x.dtype != weight.dtype or x.device.type != "cuda" or not runs_on(x.device):
+        return False
+    return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+
+
+def _plain(module: nn.Module) -> bool:
+    """Whether calling module adds nothing to its forward (no hooks of its own)."""
+    return not (module._forward_hooks or module._forward_pre_hooks)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias); x (..., K) of one row (a decoding step at batch 1) on a GPU, with no gradient
+    asked, runs as one Triton GEMV (kernels.triton_gemv), which reads the weight nearer the memory bandwidth than
+    cuBLAS's GEMM of one row."""
+    return gemv(x, weight, bias) if _one_row(x, weight) else F.linear(x, weight, bias)
+
+
+def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
+    """layer(x); a plain nn.Linear (not a subclass or a wrapper, no hooks) goes through `linear`, and so does each
+    one inside a plain nn.Sequential."""
+    if type(layer) is nn.Linear and _plain(layer):
+        return linear(x, layer.weight, layer.bias)
+    if type(layer) is nn.Sequential and _plain(layer):
+        for module in layer:
+            x = project(x, module)
+        return x
+    return layer(x)
