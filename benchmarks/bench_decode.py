@@ -20,8 +20,10 @@ bytes and the key rows x heads the last step read); the gap between consecutive 
 steps on a static cache filled with random keys and values instead of a prefill, compiled as generate compiles
 them, and the same for that Llama on dilated attention ("llama_dilated_static_cache_filled", --hf-dilated-filled);
 for the recompute, one forward pass over N + 1 tokens (what LongNetLM.generate(use_cache=False) does per token).
-Every finished measurement is written at once (a run that stops keeps what it measured); an existing --out is
-refused.
+--profile-tokens P (GPU) runs torch.profiler over P tokens before the timed ones and adds "profile" to each
+"longnet_static_graph" entry: per token, the wall time, the kernels' time per kind (the dilated step, the one-row
+GEMVs, cuBLAS, torch.compile's fused ops, other) and the GPU's time without a kernel. Every finished measurement is
+written at once (a run that stops keeps what it measured); an existing --out is refused.
 transformers is optional (extra "hf"): without it the dense and hf methods are recorded as skipped.
 """
 from __future__ import annotations
@@ -149,6 +151,58 @@ class Clock:
         return [b - a for a, b in zip(self.times, self.times[1:])][warm:]
 
 
+KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")), ("gemv", ("_gemv_kernel",)),
+                ("gemm", ("gemm", "nvjet", "cublas", "cutlass", "splitkreduce")), ("inductor", ("triton_",)))
+
+
+def kernel_kind(name: str) -> str:
+    """A kernel's part of a decoding step, by its name: the dilated step's launches ("decode"), the one-row
+    linear layers ("gemv"), cuBLAS's GEMMs ("gemm"), torch.compile's fused small ops ("inductor"), or "other"."""
+    lowered = name.lower()
+    for kind, marks in KERNEL_KINDS:
+        if any(lowered.startswith(mark) if mark.endswith("_") else mark in lowered for mark in marks):
+            return kind
+    return "other"
+
+
+class ProfiledClock(Clock):
+    """A Clock that runs torch.profiler (CPU and CUDA activity) over tokens start + 1 .. start + count."""
+
+    def __init__(self, device, start: int, count: int):
+        super().__init__(device)
+        self.start, self.count = start, count
+        self.profiler = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+
+    def __call__(self, tokens):
+        super().__call__(tokens)
+        if len(self.times) == self.start:
+            self.profiler.start()
+        elif len(self.times) == self.start + self.count:
+            self.profiler.stop()
+
+    def summary(self) -> dict:
+        """Per token over the profiled tokens: wall time, kernel time (sum over CUDA kernels, graph replays
+        included), the GPU's time without a kernel, and per kind the kernels' count and time; the 12 dearest."""
+        kinds, names = {}, {}
+        for event in self.profiler.events():
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            kind, took = kernel_kind(event.name), event.time_range.elapsed_us() / 1e3
+            count, total = kinds.get(kind, (0, 0.0))
+            kinds[kind] = (count + 1, total + took)
+            names[event.name] = names.get(event.name, 0.0) + took
+        tokens = self.count
+        wall = (self.times[self.start + self.count - 1] - self.times[self.start - 1]) * 1e3 / tokens
+        kernels = sum(total for _, total in kinds.values()) / tokens
+        return {"tokens": tokens, "wall_ms_per_token": wall, "kernel_ms_per_token": kernels,
+                "idle_ms_per_token": wall - kernels,
+                "kinds": {kind: {"kernels_per_token": count / tokens, "ms_per_token": total / tokens}
+                          for kind, (count, total) in sorted(kinds.items())},
+                "dearest": [{"name": name[:120], "ms_per_token": took / tokens}
+                            for name, took in sorted(names.items(), key=lambda item: -item[1])[:12]]}
+
+
 @torch.inference_mode()
 def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     """LongNetLM.generate's GPU path: static caches, the prompt, then the steps of every layer replayed as one CUDA
@@ -158,7 +212,9 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     the caches are filled with random keys and values instead of a timed prompt (a step's cost does not depend
     on them)."""
     model = longnet(args, context, device)
-    first = context - args.steps - 5
+    profiled = args.profile_tokens if device.type == "cuda" else 0
+    extra = profiled + 1 if profiled else 0  # the profiled tokens, then one whose gap holds the profiler's stop
+    first = context - args.steps - 5 - extra
     model.generate(prompt_of(args, 64, device), 4)  # warm-up: Triton kernels compiled
     caches = new_static_caches(model, 1, context + 8)
     filled = first > args.prefill_max
@@ -169,19 +225,19 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
             cache.positions.fill_(first)
             cache.lengths, cache.length = [first], first
     prompt = prompt_of(args, 1 if filled else first, device)
-    clock = Clock(device)
+    clock = ProfiledClock(device, 5, profiled) if profiled else Clock(device)
     sync(device)
     start = time.perf_counter()
     step_model = torch.compile(model, dynamic=False) if args.compile_step else model
-    decode_static(model, prompt, caches, args.steps + 5, lambda logits: logits.argmax(-1, keepdim=True),
+    decode_static(model, prompt, caches, args.steps + 5 + extra, lambda logits: logits.argmax(-1, keepdim=True),
                   device.type == "cuda", on_token=clock, step_model=step_model)
-    gaps = clock.gaps()
-    timed_positions = range(first + 5, context)
+    gaps = clock.gaps(4 + extra)
+    timed_positions = range(first + 5 + extra, context)
     block = model.encoder.blocks[0].attention
     rows = statistics.mean(keys_seen(block.attention.pattern, block.num_heads, p) for p in timed_positions)
     entry = {"ms_per_token": 1e3 * statistics.median(gaps), "ms_per_token_min": 1e3 * min(gaps),
              "ms_per_token_max": 1e3 * max(gaps), "prefill_s": None if filled else clock.times[0] - start,
-             "prompt": "random cache" if filled else first, "steps_at": [first + 5, context - 1],
+             "prompt": "random cache" if filled else first, "steps_at": [first + 5 + extra, context - 1],
              "new_tokens": args.steps, "compile_step": args.compile_step,
              "cache_bytes": sum(c.memory_bytes() for c in caches), "cache_rows": caches[0].capacity,
              **step_bytes(model, rows)}
@@ -189,6 +245,8 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
         entry["hbm_bytes_per_s"] = bandwidth
         entry["limit_ms"] = 1e3 * (entry["weight_bytes"] + entry["kv_bytes"]) / bandwidth
         entry["x_limit"] = entry["ms_per_token"] / entry["limit_ms"]
+    if profiled:
+        entry["profile"] = clock.summary()
     return entry
 
 
@@ -424,6 +482,9 @@ def parse_args(argv=None):
                         "past it the caches are filled with random keys and values (default 600000)")
     parser.add_argument("--compile-step", action="store_true", help="longnet_static_graph: the steps through "
                         "torch.compile, as LongNetLM.generate(compile_step=True) runs them")
+    parser.add_argument("--profile-tokens", type=int, default=0, help="longnet_static_graph on a GPU: torch.profiler "
+                        "over this many tokens before the timed ones (where a step's time goes: kernels per kind, "
+                        "the GPU's time without a kernel); 0: none")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "hf_dilated_filled",
                  "segment_lengths", "dilation_rates"):
@@ -435,6 +496,8 @@ def parse_args(argv=None):
                         "8/3 x dim, rounded, gives its three MLP weights the size of LongNetLM's two)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp32)")
     args = parser.parse_args(argv)
+    if args.profile_tokens < 0:
+        parser.error(f"--profile-tokens must be >= 0, got {args.profile_tokens}")
     defaults = QUICK if args.quick else GPU
     for name, value in defaults.items():
         if getattr(args, name) is None:

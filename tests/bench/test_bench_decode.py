@@ -76,3 +76,42 @@ def test_dilated_steps_on_a_prefilled_static_cache_give_generates_tokens(bench):
         tokens = [first]
         bench.dense_steps(model, cache, first, 20, 5, tokens.append)
     assert torch.equal(torch.cat(tokens, 1), expected), (tokens, expected)
+
+
+def test_kernel_kinds_name_each_part_of_a_step(bench):
+    kinds = {"_partial_kernel": "decode", "_merge_kernel": "decode", "_gemv_kernel": "gemv",
+             "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_bias_TNT": "gemm", "void cublasLt::splitKreduce_kernel<32>": "gemm",
+             "triton_red_fused_add_native_layer_norm_view_9": "inductor",
+             "void at::native::reduce_kernel<512, 1, ArgMaxOps>": "other", "Memcpy DtoD (Device -> Device)": "other"}
+    assert {name: bench.kernel_kind(name) for name in kinds} == kinds
+
+
+def test_profiled_clock_sums_kernels_per_token(bench, monkeypatch):
+    """The summary over the profiled tokens: wall time between the clock's marks, the CUDA events' time per kind
+    and per name (CPU events left out), the GPU's time without a kernel."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(bench.torch.profiler, "profile", lambda **kwargs: SimpleNamespace(start=None, stop=None))
+    clock = bench.ProfiledClock(torch.device("cpu"), start=2, count=2)
+    clock.times = [0.0, 1.0, 1.004, 1.010, 2.0]  # profiling from the mark of token 1 to that of token 3: 10 ms
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, us, device=cuda):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [event("_gemv_kernel", 1000), event("_gemv_kernel", 1000), event("_partial_kernel", 3000),
+              event("triton_poi_fused_gelu_6", 1000), event("aten::mm", 9000, cpu)]
+    clock.profiler = SimpleNamespace(events=lambda: events)
+    summary = clock.summary()
+    assert summary["tokens"] == 2 and summary["wall_ms_per_token"] == pytest.approx(5.0)
+    assert summary["kernel_ms_per_token"] == pytest.approx(3.0) and summary["idle_ms_per_token"] == pytest.approx(2.0)
+    assert summary["kinds"] == {"decode": {"kernels_per_token": 0.5, "ms_per_token": pytest.approx(1.5)},
+                                "gemv": {"kernels_per_token": 1.0, "ms_per_token": pytest.approx(1.0)},
+                                "inductor": {"kernels_per_token": 0.5, "ms_per_token": pytest.approx(0.5)}}
+    assert [row["name"] for row in summary["dearest"]] == ["_partial_kernel", "_gemv_kernel", "triton_poi_fused_gelu_6"]
+
+
+def test_profile_tokens_are_refused_below_zero(bench, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(["--profile-tokens", "-1", "--out", "unused.json"])
+    assert stop.value.code == 2 and "--profile-tokens must be >= 0" in capsys.readouterr().err
