@@ -10,12 +10,21 @@ from torch.nn import functional as F
 from hilbert_lab.kernels.triton_gemv import gemv
 from hilbert_lab.kernels.triton_support import runs_on
 
-__all__ = ["linear", "project"]
+__all__ = ["linear", "plain_tensor", "project"]
 
 
-def _one_row(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype, with no gradient asked."""
+def plain_tensor(t: torch.Tensor) -> bool:
+    """Whether t is a torch.Tensor or nn.Parameter, not a subclass (DTensor, a quantized weight) whose storage is not
+    what its values say."""
+    return type(t) in (torch.Tensor, nn.Parameter)
+
+
+def _one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype, x, weight and bias plain tensors,
+    with no gradient asked."""
     if x.numel() != x.shape[-1] or x.dtype != weight.dtype or x.device.type != "cuda" or not runs_on(x.device):
+        return False
+    if not (plain_tensor(x) and plain_tensor(weight) and (bias is None or plain_tensor(bias))):
         return False
     return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
 
@@ -29,7 +38,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """F.linear(x, weight, bias); x (..., K) of one row (a decoding step at batch 1) on a GPU, with no gradient
     asked, runs as one Triton GEMV (kernels.triton_gemv), which reads the weight nearer the memory bandwidth than
     cuBLAS's GEMM of one row."""
-    return gemv(x, weight, bias) if _one_row(x, weight) else F.linear(x, weight, bias)
+    return gemv(x, weight, bias) if _one_row(x, weight, bias) else F.linear(x, weight, bias)
 
 
 def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:

@@ -84,7 +84,7 @@ def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(mon
     stack = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     torch.testing.assert_close(projection.project(x, stack), stack(x))
     assert not called
-    monkeypatch.setattr(projection, "_one_row", lambda x, w: True)  # as on a GPU
+    monkeypatch.setattr(projection, "_one_row", lambda x, w, b=None: True)  # as on a GPU
     hooked = nn.Linear(8, 4)
     hooked.register_forward_hook(lambda module, args, out: out * 2)
     torch.testing.assert_close(projection.project(x, hooked), 2 * nn.functional.linear(x, hooked.weight, hooked.bias))
@@ -92,13 +92,22 @@ def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(mon
     assert len(called) == 1 and called[0][1] is layer.weight
 
 
-def test_one_row_asks_for_one_row_without_gradient(monkeypatch):
+def test_one_row_asks_for_one_row_on_a_gpu_without_gradient(monkeypatch):
     from hilbert_lab.models import projection
 
     monkeypatch.setattr(projection, "runs_on", lambda device: True)
     weight = torch.zeros(4, 8)
-    one = torch.zeros(1, 1, 8).to("meta")
     assert not projection._one_row(torch.zeros(1, 8), weight)  # a CPU tensor
-    assert not projection._one_row(one, weight)  # a meta tensor is no GPU's
-    weight.requires_grad_(True)
-    assert not projection._one_row(torch.zeros(2, 8), weight)
+    assert not projection._one_row(torch.zeros(1, 1, 8).to("meta"), weight)  # a meta tensor is no GPU's
+
+
+def test_only_plain_tensors_go_to_the_kernel():
+    """The kernel reads a tensor's storage: a subclass (DTensor, a quantized weight) keeps F.linear."""
+    from hilbert_lab.models.projection import plain_tensor
+
+    class Wrapped(torch.Tensor):
+        pass
+
+    weight = torch.zeros(4, 8)
+    assert plain_tensor(weight) and plain_tensor(nn.Parameter(weight))
+    assert not plain_tensor(weight.as_subclass(Wrapped)) and not plain_tensor(nn.Parameter(weight.as_subclass(Wrapped)))
