@@ -1,7 +1,7 @@
-"""One token's linear layer, y = x W^T + b for x of one row, as one Triton launch read at the memory bandwidth.
+"""One token's linear layer, y = x W^T + b for x of one row, as one Triton launch that streams the weight once.
 
 `gemv(x, weight, bias=None)`: x (..., K) holding one row in all, weight (N, K) with contiguous rows, bias (N,)
-or None -> (..., N) in x's dtype, the sums in float32. Each program reduces `block_n` rows of the weight over
+or None -> (..., N) in x's dtype, the sums in float32; all on one device. Each program reduces `block_n` rows of the weight over
 K in chunks of `block_k` columns, so a launch holds ceil(N / block_n) programs that all stream their rows at once.
 A decoding step at batch 1 spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM
 with M = 1 reads small weights well below the bandwidth. Plain tensors in, nothing from hilbert_lab imported.
@@ -53,9 +53,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError("weight must have contiguous rows (stride 1 along K)")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
+    devices = {t.device for t in (x, weight, bias) if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"x, weight and bias must be on one device, got {sorted(map(str, devices))}")
     default = tuning(n, k)
     block_n, block_k = block_n or default[0], block_k or default[1]
     flat = x.reshape(k).contiguous()
+    bias = None if bias is None else bias.contiguous()
     out = torch.empty(x.shape[:-1] + (n,), device=x.device, dtype=x.dtype)
     even = n % block_n == 0 and k % block_k == 0
     _gemv_kernel[(triton.cdiv(n, block_n),)](

@@ -20,10 +20,12 @@ def plain_tensor(t: torch.Tensor) -> bool:
 
 
 def _one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype, x, weight and bias plain tensors,
-    with no gradient asked."""
+    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype, x, weight and bias plain tensors on
+    one device, with no gradient asked."""
     if x.numel() != x.shape[-1] or x.dtype != weight.dtype or x.device.type != "cuda" or not runs_on(x.device):
         return False
+    if weight.device != x.device or (bias is not None and bias.device != x.device):
+        return False  # F.linear names the mismatch
     if not (plain_tensor(x) and plain_tensor(weight) and (bias is None or plain_tensor(bias))):
         return False
     return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))

@@ -38,6 +38,9 @@ w = torch.randn(48, 64, generator=gen)
 view = torch.randn(48, 80, generator=gen)[:, :64]  # rows contiguous, stride 80 between them
 x = torch.randn(64, generator=gen)
 assert torch.allclose(gemv(x, view).double(), view.double() @ x.double(), atol=1e-4)
+strided_bias = torch.randn(96, generator=gen)[::2]
+assert torch.allclose(gemv(x, view, strided_bias).double(), view.double() @ x.double() + strided_bias.double(),
+                      atol=1e-4)
 assert tuning(2048, 2048)[0] >= 1
 print("ok")
 '''
@@ -63,6 +66,14 @@ def test_gemv_rejects_bad_shapes(x_shape, w_shape, bias_shape, match):
     bias = None if bias_shape is None else torch.zeros(bias_shape)
     with pytest.raises(ValueError, match=match):
         gemv(torch.zeros(x_shape), torch.zeros(w_shape), bias)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+def test_gemv_rejects_tensors_on_different_devices():
+    from hilbert_lab.kernels.triton_gemv import gemv
+
+    with pytest.raises(ValueError, match="one device"):
+        gemv(torch.zeros(1, 8), torch.zeros(4, 8), torch.zeros(4, device="meta"))
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
