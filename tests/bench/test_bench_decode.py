@@ -35,37 +35,19 @@ def test_static_and_batch_methods_on_the_cpu(bench, tmp_path):
     assert json.loads(out.read_text())["results"] == report["results"]  # every finished result written
 
 
-def test_dense_steps_on_a_prefilled_static_cache_give_generates_tokens(bench):
-    """The filled dense anchor's loop (explicit cache positions on transformers' StaticCache), after a real prefill
-    of the cache, continues exactly as transformers' greedy generate with its static cache."""
-    pytest.importorskip("transformers")
-    args = bench.parse_args(["--device", "cpu", "--dim", "32", "--depth", "2", "--heads", "4", "--vocab", "32",
-                             "--dtype", "fp32", "--steps", "6", "--out", "unused.json"])
-    device = torch.device("cpu")
-    model = bench.llama(args, 64, device, dilated=False)
-    prompt = bench.prompt_of(args, 20, device)
-    with torch.inference_mode():
-        expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, min_new_tokens=6,
-                                  do_sample=False, pad_token_id=0, cache_implementation="static")[:, 20:]
-        cache = bench.dense_static_cache(model, 40)
-        first = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(20),
-                      use_cache=True).logits[:, -1:].argmax(-1)
-        tokens = [first]
-        bench.dense_steps(model, cache, first, 20, 5, tokens.append)
-    assert torch.equal(torch.cat(tokens, 1), expected), (tokens, expected)
-
-
-def test_dilated_steps_on_a_prefilled_static_cache_give_generates_tokens(bench):
-    """The Llama on dilated attention (register()) stepped by the filled anchor's loop on transformers' StaticCache,
-    after a real prefill, continues exactly as transformers' greedy generate of that model with its static cache;
-    --llama-intermediate sets its MLP width."""
+@pytest.mark.parametrize("dilated", [False, True])
+def test_filled_anchor_loop_on_a_prefilled_static_cache_gives_generates_tokens(bench, dilated):
+    """The filled anchors' loop (explicit cache positions on transformers' StaticCache), after a real prefill of the
+    cache, continues exactly as transformers' greedy generate with its static cache: the dense Llama, and the Llama
+    on dilated attention through register(); --llama-intermediate sets its MLP width."""
     pytest.importorskip("transformers")
     args = bench.parse_args(["--device", "cpu", "--dim", "32", "--depth", "2", "--heads", "4", "--vocab", "32",
                              "--segment-lengths", "8,16", "--dilation-rates", "1,2", "--dtype", "fp32", "--steps", "6",
                              "--llama-intermediate", "40", "--out", "unused.json"])
     device = torch.device("cpu")
-    model = bench.llama(args, 64, device, dilated=True)
-    assert model.config.intermediate_size == 40 and model.config.dilated_segment_lengths == [8, 16]
+    model = bench.llama(args, 64, device, dilated=dilated)
+    assert model.config.intermediate_size == 40
+    assert getattr(model.config, "dilated_segment_lengths", None) == ([8, 16] if dilated else None)
     prompt = bench.prompt_of(args, 20, device)
     with torch.inference_mode():
         expected = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, min_new_tokens=6,
