@@ -323,7 +323,52 @@ def test_chunks_after_the_prompt_equal_their_steps():
             steps.append(cache.attend(q[rows, at], k[rows, at], v[rows, at]))
         outs.append(torch.cat(steps, 1))
         assert cache.length == 9 + 14 and cache.positions.tolist() == [23, 18]
-    assert torch.equal(outs[0], outs[1])
+    assert max_diff(outs[0], outs[1]) < 1e-12
+
+
+@pytest.mark.parametrize("segments,rates,mode,heads,kv_heads,lengths", CASES + [
+    ([6, 10], [1, 2], "longnet", 4, 4, [13, 8]),  # least common multiple 30: windows start at its multiples
+    ([4, 8, 16], [1, 2, 4], "longnet", 4, 2, [3, 40]),  # one row far past the storage of 16 rows
+])
+@pytest.mark.parametrize("chunks", [[2, 5, 17], [40], [1, 3, 1, 9]])
+def test_chunks_equal_the_engine_on_each_rows_whole_sequence(segments, rates, mode, heads, kv_heads, lengths, chunks,
+                                                             monkeypatch):
+    """Chunks of T tokens per row (one dilated_attention call per group of rows at one position, over the keys
+    their segments reach; a chunk longer than the storage included) equal the float64 engine on each row's whole
+    sequence, and later one-token steps still do (the chunks' keys stored where the steps read them)."""
+    ran = []
+    chunk_of = DilatedStaticCache._chunk
+    monkeypatch.setattr(DilatedStaticCache, "_chunk", lambda self, *a: ran.append(chunk_of(self, *a)) or ran[-1])
+    steps = sum(chunks) + 4
+    q, k, v = _qkv(len(lengths), max(lengths) + steps, heads, kv_heads, seed=len(chunks))
+    cache = DilatedStaticCache(segments, rates, mode=mode, batch_size=len(lengths), max_length=max(lengths) + steps,
+                               num_heads=heads, num_kv_heads=kv_heads, head_dim=4, dtype=torch.float64,
+                               backend="sdpa", prompt_lengths=lengths)
+    cache.attend(*(_left_padded(t, lengths) for t in (q, k, v)))
+    rows, done, outs = torch.arange(len(lengths))[:, None], 0, []
+    for chunk in chunks + [1] * 4:
+        at = torch.tensor(lengths)[:, None] + done + torch.arange(chunk)
+        outs.append(cache.attend(q[rows, at], k[rows, at], v[rows, at]))
+        done += chunk
+    expected = _engine_rows(segments, rates, mode, q, k, v, lengths, steps)
+    got = torch.cat(outs, 1)
+    for s, (ref_out, _) in enumerate(expected):
+        assert max_diff(got[:, s], ref_out) < 1e-10, s
+    assert cache.length == max(lengths) + steps and cache.positions.tolist() == [n + steps for n in lengths]
+    assert len(ran) == sum(c > 1 for c in chunks) and all(out is not None for out in ran)  # no chunk ran as steps
+
+
+def test_a_chunk_whose_window_would_be_long_runs_as_steps(monkeypatch):
+    """Segment lengths whose least common multiple is long make the window exceed 4 x the storage: the chunk then
+    runs as its one-token steps, with the same result."""
+    q, k, v = _qkv(1, 200, 2, 2)
+    cache = DilatedStaticCache([7, 11, 13], [1, 1, 1], batch_size=1, max_length=200, num_heads=2, head_dim=4,
+                               dtype=torch.float64, backend="sdpa")
+    cache.attend(q[:, :150], k[:, :150], v[:, :150])
+    assert cache._chunk(q[:, 150:160], k[:, 150:160], v[:, 150:160]) is None  # 1001 > 4 x 13 + 10: nothing written
+    out = cache.attend(q[:, 150:160], k[:, 150:160], v[:, 150:160])
+    expected = _engine_rows([7, 11, 13], [1, 1, 1], "longnet", q, k, v, [150], 10)
+    assert max(max_diff(out[:, s], ref) for s, (ref, _) in enumerate(expected)) < 1e-10
 
 
 @pytest.mark.parametrize("segments,rates,mode,heads,kv_heads,lengths", CASES)

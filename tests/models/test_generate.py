@@ -230,6 +230,23 @@ def test_static_caches_project_q_k_v_in_one_gemm_with_the_three_projections_valu
     assert half[0].dtype == half[1].dtype == torch.bfloat16 and not half[0].requires_grad
 
 
+def test_a_chunk_on_static_caches_gives_the_whole_sequences_logits():
+    """A prompt, then a chunk of 23 tokens (longer than the 16 rows of storage: one dilated_attention call per
+    layer over the keys its segments reach), then one-token steps: the logits of one forward pass over the whole
+    sequence (float64)."""
+    torch.manual_seed(0)
+    model = LongNetLM(VOCAB, 32, 2, 4, [4, 8, 16], [1, 2, 4], max_seq_len=96, backend="sdpa",
+                      num_kv_heads=2).double().eval()
+    tokens = _tokens(2, 50)
+    caches = new_static_caches(model, 2, 60)
+    with torch.no_grad():
+        parts = [model(tokens[:, :20], caches=caches), model(tokens[:, 20:43], caches=caches)]
+        parts += [model(tokens[:, p:p + 1], caches=caches) for p in range(43, 50)]
+        whole = model(tokens)
+    assert caches[0].capacity == 16 and caches[0].length == 50
+    torch.testing.assert_close(torch.cat(parts, 1), whole, rtol=0, atol=1e-10)
+
+
 def test_static_caches_under_autocast_hold_and_attend_in_its_dtype():
     """Under torch.autocast (float32 weights, bfloat16 compute) the static caches are bfloat16 and left-padded rows
     decode; each row's tokens equal its own batch-1 static-cache generation under the same autocast."""
