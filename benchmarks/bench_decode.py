@@ -13,7 +13,8 @@ Per method and context N (prompt length; for "longnet_static_graph" the position
 is the median latency of one new token after 4 warm-up tokens, greedy, wall clock with a device sync after each
 token (host time counts, as a user sees it): LongNetLM.generate's GPU path (static caches, one CUDA graph per token,
 its steps compiled with --compile-step; with the bytes a step must read and, over the measured HBM copy bandwidth,
-the memory-bandwidth limit "limit_ms"); 8 left-padded rows against each alone ("longnet_static_batch8"); the loop of
+the memory-bandwidth limit "limit_ms"); 8 left-padded rows against each alone ("longnet_static_batch8"); a chunk
+of tokens after the context against its one-token steps ("longnet_static_chunk", --chunk); the loop of
 LongNetLM.generate on the growing cache (with "prefill_s", the executor's dense kernel of the steps, the cache's
 bytes and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
 (a stopping criterion notes the time); for "llama_sdpa_static_cache_filled" (--dense-filled), the dense model's
@@ -49,11 +50,11 @@ from hilbert_lab.models.generate import decode_static, new_caches, new_static_ca
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288, 1048576],
            batch=[32768], recompute=[8192, 32768],
-           dense=[32768, 131072], hf_dilated=[32768], dense_filled=[], hf_dilated_filled=[],
+           dense=[32768, 131072], hf_dilated=[32768], dense_filled=[], hf_dilated_filled=[], chunk=[],
            segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,
            vocab=256, dtype="bf16", steps=32)
 QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], static=[1024], batch=[1024], recompute=[1024],
-             dense=[1024, 4096], hf_dilated=[1024], dense_filled=[], hf_dilated_filled=[],
+             dense=[1024, 4096], hf_dilated=[1024], dense_filled=[], hf_dilated_filled=[], chunk=[],
              segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8], dim=64, depth=3, heads=8, vocab=64,
              dtype="fp32", steps=16)
 
@@ -248,6 +249,37 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     if profiled:
         entry["profile"] = clock.summary()
     return entry
+
+
+@torch.inference_mode()
+def measure_chunk(args, context: int, device) -> dict:
+    """A chunk of --chunk-tokens T tokens after `context` tokens on static caches (filled with random keys and values
+    instead of a prompt), as LongNetLM's forward runs it eagerly (one dilated_attention call per layer over the keys
+    the chunk's segments reach), against the same T tokens as T one-token steps (eager): seconds of each, the
+    second call of each timed (the first compiles and selects kernels), and the largest difference of their logits."""
+    model = longnet(args, context, device)
+    tokens = torch.randint(0, args.vocab, (1, args.chunk_tokens), generator=torch.Generator().manual_seed(2))
+    tokens = tokens.to(device)
+    caches = new_static_caches(model, 1, context + args.chunk_tokens + 8)
+
+    def at_context():
+        for cache in caches:
+            cache.positions.fill_(context)
+            cache.lengths, cache.length = [context], context
+
+    for cache in caches:
+        cache.keys.normal_()
+        cache.values.normal_()
+    logits, seconds = {}, {}
+    runs = {"chunk": lambda: model(tokens, caches=caches),
+            "steps": lambda: torch.cat([model(tokens[:, t:t + 1], caches=caches) for t in range(tokens.shape[1])], 1)}
+    for name, run_once in runs.items():
+        for _ in range(2):
+            at_context()
+            seconds[name] = timed(lambda: logits.__setitem__(name, run_once()), device)
+    return {"chunk_tokens": args.chunk_tokens, "chunk_s": seconds["chunk"], "steps_s": seconds["steps"],
+            "steps_over_chunk": seconds["steps"] / seconds["chunk"],
+            "max_logit_difference": (logits["chunk"].float() - logits["steps"].float()).abs().max().item()}
 
 
 @torch.inference_mode()
@@ -454,6 +486,8 @@ def run(args, write) -> dict:
         record("longnet_static_graph", context, lambda: measure_static(args, context, device, bandwidth))
     for context in args.batch:
         record("longnet_static_batch8", context, lambda: measure_batch(args, context, device))
+    for context in args.chunk:
+        record("longnet_static_chunk", context, lambda: measure_chunk(args, context, device))
     for backend in args.cache_backends:
         for context in args.contexts:
             record("longnet_cache", context, lambda: measure_cache(args, context, device, backend))
@@ -482,12 +516,14 @@ def parse_args(argv=None):
                         "past it the caches are filled with random keys and values (default 600000)")
     parser.add_argument("--compile-step", action="store_true", help="longnet_static_graph: the steps through "
                         "torch.compile, as LongNetLM.generate(compile_step=True) runs them")
+    parser.add_argument("--chunk-tokens", type=int, default=1024, help="longnet_static_chunk (--chunk): tokens per "
+                        "chunk (default 1024)")
     parser.add_argument("--profile-tokens", type=int, default=0, help="longnet_static_graph on a GPU: torch.profiler "
                         "over this many tokens before the timed ones (where a step's time goes: kernels per kind, "
                         "the GPU's time without a kernel); 0: none")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "hf_dilated_filled",
-                 "segment_lengths", "dilation_rates"):
+                 "chunk", "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
                             help=f"comma-separated (default: {GPU[name]}; --quick: {QUICK[name]}); 0 for none")
     for name in ("dim", "depth", "heads", "vocab", "steps"):
@@ -498,6 +534,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.profile_tokens < 0:
         parser.error(f"--profile-tokens must be >= 0, got {args.profile_tokens}")
+    if args.chunk_tokens < 2:
+        parser.error(f"--chunk-tokens must be >= 2, got {args.chunk_tokens}")
     defaults = QUICK if args.quick else GPU
     for name, value in defaults.items():
         if getattr(args, name) is None:

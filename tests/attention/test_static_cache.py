@@ -188,6 +188,32 @@ def test_gpu_triton_step_matches_the_float64_engine(dtype, tol, dim):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("dim", [8, 64, 128])
+def test_gpu_chunks_match_the_float64_engine(dtype, tol, dim):
+    """Chunks after the prompt on the GPU (dilated_attention with backend auto over the window, then the storage
+    the Triton steps read) match the float64 engine on each row's whole sequence."""
+    for segments, rates, mode, heads, kv_heads, lengths in CASES:
+        chunks = [5, 19, 1, 1]
+        steps = sum(chunks)
+        q, k, v = _qkv(len(lengths), max(lengths) + steps, heads, kv_heads, dim, dtype, "cuda")
+        cache = DilatedStaticCache(segments, rates, mode=mode, batch_size=len(lengths),
+                                   max_length=max(lengths) + steps, num_heads=heads, num_kv_heads=kv_heads,
+                                   head_dim=dim, dtype=dtype, device="cuda", prompt_lengths=lengths)
+        cache.attend(*(_left_padded(t, lengths) for t in (q, k, v)))
+        rows, done, outs = torch.arange(len(lengths), device="cuda")[:, None], 0, []
+        for chunk in chunks:
+            at = torch.tensor(lengths, device="cuda")[:, None] + done + torch.arange(chunk, device="cuda")
+            outs.append(cache.attend(q[rows, at], k[rows, at], v[rows, at]))
+            done += chunk
+        got = torch.cat(outs, 1)
+        expected = _engine_rows(segments, rates, mode, q, k, v, lengths, steps)
+        assert got.dtype == dtype
+        assert max(max_diff(got[:, s].double(), ref) for s, (ref, _) in enumerate(expected)) < tol, segments
+
+
+@pytest.mark.gpu
+@gpu
 @pytest.mark.parametrize("keys_per_split", [1, 3, 64])
 def test_gpu_splits_of_any_size_give_the_same_step(keys_per_split):
     """Branches read by many programs (splits of 1 and 3 keys) merge to the one-split result."""

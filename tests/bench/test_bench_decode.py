@@ -97,3 +97,20 @@ def test_profile_tokens_are_refused_below_zero(bench, capsys):
     with pytest.raises(SystemExit) as stop:
         bench.parse_args(["--profile-tokens", "-1", "--out", "unused.json"])
     assert stop.value.code == 2 and "--profile-tokens must be >= 0" in capsys.readouterr().err
+
+
+def test_chunk_method_times_a_chunk_beside_its_steps(bench, tmp_path):
+    """--chunk: a chunk of tokens after a filled context and its one-token steps, both timed; their logits agree
+    (float32 on the CPU)."""
+    out = tmp_path / "decode.json"
+    args = bench.parse_args(["--device", "cpu", "--dim", "32", "--depth", "2", "--heads", "4", "--vocab", "32",
+                             "--segment-lengths", "16,64", "--dilation-rates", "1,4", "--dtype", "fp32",
+                             "--static", "0", "--batch", "0", "--contexts", "0", "--recompute", "0", "--dense", "0",
+                             "--hf-dilated", "0", "--cache-backends", "", "--chunk", "100", "--chunk-tokens", "37",
+                             "--out", str(out)])
+    (entry,) = bench.run(args, lambda data: out.write_text(json.dumps(data)))["results"]
+    assert entry["method"] == "longnet_static_chunk" and entry["status"] == "ok", entry
+    assert entry["chunk_tokens"] == 37 and entry["chunk_s"] > 0 and entry["steps_s"] > 0
+    assert entry["max_logit_difference"] < 1e-4
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--chunk-tokens", "1", "--out", "unused.json"])
