@@ -207,8 +207,9 @@ class ProfiledClock(Clock):
 @torch.inference_mode()
 def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     """LongNetLM.generate's GPU path: static caches, the prompt, then the steps of every layer replayed as one CUDA
-    graph per token (on the CPU the same steps run eagerly); the median gap between consecutive tokens after 4 (the eager step and the capture among them),
-    beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every branch of a
+    graph per token (on the CPU the same steps run eagerly); the median gap between consecutive tokens after 4 (the
+    eager step and the capture among them) and after the --profile-tokens ones (GPU; "profile": ProfiledClock's
+    summary), beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every branch of a
     pattern whose longest segment divides `context` sees the most keys (the dearest steps). Past --prefill-max
     the caches are filled with random keys and values instead of a timed prompt (a step's cost does not depend
     on them)."""
@@ -327,7 +328,8 @@ def llama(args, context: int, device, dilated: bool):
     config = transformers.LlamaConfig(
         vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.llama_intermediate or 4 * args.dim,
         num_hidden_layers=args.depth,
-        num_attention_heads=args.heads, num_key_value_heads=args.heads, max_position_embeddings=context + args.steps + 8,
+        num_attention_heads=args.heads, num_key_value_heads=args.heads,
+        max_position_embeddings=context + args.steps + 8,
         pad_token_id=0, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=DTYPES[args.dtype]).eval()
     if dilated:
