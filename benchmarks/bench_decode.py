@@ -209,10 +209,10 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     """LongNetLM.generate's GPU path: static caches, the prompt, then the steps of every layer replayed as one CUDA
     graph per token (on the CPU the same steps run eagerly); the median gap between consecutive tokens after 4 (the
     eager step and the capture among them) and after the --profile-tokens ones (GPU; "profile": ProfiledClock's
-    summary), beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every branch of a
-    pattern whose longest segment divides `context` sees the most keys (the dearest steps). Past --prefill-max
-    the caches are filled with random keys and values instead of a timed prompt (a step's cost does not depend
-    on them)."""
+    summary), beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every
+    branch of a pattern whose longest segment divides `context` sees the most keys (the dearest steps). Past
+    --prefill-max the caches are filled with random keys and values instead of a timed prompt (a step's cost does
+    not depend on them)."""
     model = longnet(args, context, device)
     profiled = args.profile_tokens if device.type == "cuda" else 0
     extra = profiled + 1 if profiled else 0  # the profiled tokens, then one whose gap holds the profiler's stop
