@@ -528,8 +528,7 @@ def parse_args(argv=None):
                  "chunk", "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
                             help=f"comma-separated (default: {GPU[name]}; --quick: {QUICK[name]}); 0 for none")
-    for name in ("dim", "depth", "heads", "vocab", "steps"):
-        parser.add_argument("--" + name, type=int, default=None, help=f"default {GPU[name]} (--quick: {QUICK[name]})")
+    add_sized_options(parser, ("dim", "depth", "heads", "vocab", "steps"), GPU, QUICK)
     parser.add_argument("--llama-intermediate", type=int, default=0, help="the Llama's MLP width (default 4 x dim; "
                         "8/3 x dim, rounded, gives its three MLP weights the size of LongNetLM's two)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp32)")
@@ -555,6 +554,20 @@ def decode_parser(description: str, quick_help: str) -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser
+
+
+def add_sized_options(parser: argparse.ArgumentParser, names, gpu: dict, quick: dict) -> None:
+    """An integer option --name per name, default None (fill_sizes then sets the GPU or the --quick value)."""
+    for name in names:
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None,
+                            help=f"default {gpu[name]} (--quick: {quick[name]})")
+
+
+def fill_sizes(args, gpu: dict, quick: dict) -> None:
+    """Every option still None takes its value from `quick` with --quick, else from `gpu`."""
+    for name, value in (quick if args.quick else gpu).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
 
 def report_header(args, device: torch.device) -> dict:

@@ -129,17 +129,13 @@ def run(args, write) -> dict:
 
 def parse_args(argv=None):
     parser = decode.decode_parser(__doc__, "CPU-sized run (tiny shapes, three tunings)")
-    for name in ("layers", "heads", "head_dim", "context"):
-        parser.add_argument("--" + name.replace("_", "-"), type=int, default=None,
-                            help=f"default {GPU[name]} (--quick: {QUICK[name]})")
+    decode.add_sized_options(parser, ("layers", "heads", "head_dim", "context"), GPU, QUICK)
     for name in ("segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(1), default=None,
                             help=f"comma-separated; default {GPU[name]}")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp16)")
     args = parser.parse_args(argv)
-    for name, value in (QUICK if args.quick else GPU).items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
+    decode.fill_sizes(args, GPU, QUICK)
     if min(args.layers, args.heads, args.head_dim) < 1:
         parser.error(f"--layers, --heads and --head-dim must be >= 1, got {args.layers}, {args.heads}, "
                      f"{args.head_dim}")

@@ -30,15 +30,8 @@ def _rows_seen(segment_lengths, dilation_rates, heads, position):
 
 
 @pytest.mark.slow  # the interpreter in a fresh process (about 10 s)
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed: its interpreter runs "
-                    "the kernels")
-def test_the_quick_sweep_runs_both_paths_equal_to_the_float64_step(bench, tmp_path):
-    out = tmp_path / "kernel.json"
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--device", "cpu", "--out", str(out)],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(out.read_text())
+def test_the_quick_sweep_runs_both_paths_equal_to_the_float64_step(bench, quick_interpreted):
+    report = quick_interpreted
     config = report["config"]
     assert [t["tuning"] for t in report["tunings"]] == bench.tunings(quick=True)
     for entry in report["tunings"]:
