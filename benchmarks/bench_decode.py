@@ -255,8 +255,8 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
 @torch.inference_mode()
 def measure_chunk(args, context: int, device) -> dict:
     """A chunk of --chunk-tokens T tokens after `context` tokens on static caches (filled with random keys and values
-    instead of a prompt), as LongNetLM's forward runs it eagerly (one dilated_attention call per layer over the keys
-    the chunk's segments reach), against the same T tokens as T one-token steps (eager): seconds of each, the
+    instead of a prompt), as LongNetLM's forward runs it eagerly (per layer each branch's plan over the keys the
+    chunk's segments reach), against the same T tokens as T one-token steps (eager): seconds of each, the
     second call of each timed (the first compiles and selects kernels), and the largest difference of their logits."""
     model = longnet(args, context, device)
     tokens = torch.randint(0, args.vocab, (1, args.chunk_tokens), generator=torch.Generator().manual_seed(2))

@@ -3,11 +3,11 @@
 
 Per weight (q/k/v stacked, the output projection, the MLP's two, the head), `--layers` copies with random values
 and x of one row; per variant, the products over all copies captured in one CUDA graph (the copies exceed the L2
-cache, as a step's layers do), replayed `--replays` times between CUDA events, the median of `--rounds` rounds:
-microseconds per product, the weight's bytes over that time, and the largest difference from the float64 product
-over the largest value. Variants: "cublas", "default" (gemv's own tuning) and a grid of rows per program, columns
-per iteration and warps. The summary gives, per weight, the fastest variant, the default over it and cuBLAS over
-the default. The JSON is rewritten after each weight.
+cache, as a step's layers do) and timed as bench_decode_kernel times its steps (replay_ms: do_bench, the median
+of three medians): microseconds per product, the weight's bytes over that time, and the largest difference from
+the float64 product over the largest value. Variants: "cublas", "default" (gemv's own tuning) and a grid of rows
+per program, columns per iteration and warps. The summary gives, per weight, the fastest variant, the default over
+it and cuBLAS over the default. The JSON is rewritten after each weight.
 GPU, a 1B-class layer (dim 2048, MLP 4 x dim, vocab 32000, bf16):
     python benchmarks/bench_decode_gemv.py --out reports/results/decode_static/gemv_h200.json
 CPU smoke run under Triton's interpreter (tiny shapes, float16, a few tunings; times are not meaningful):
@@ -15,9 +15,7 @@ CPU smoke run under Triton's interpreter (tiny shapes, float16, a few tunings; t
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,10 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode as decode  # noqa: E402
+import bench_decode_kernel as kernel  # noqa: E402
 from hilbert_lab.kernels.triton_gemv import gemv  # noqa: E402
 
-GPU = dict(dim=2048, mlp_ratio=4, vocab=32000, layers=16, replays=20, rounds=5, dtype="bf16")
-QUICK = dict(dim=32, mlp_ratio=2, vocab=48, layers=2, replays=2, rounds=1, dtype="fp16")
+GPU = dict(dim=2048, mlp_ratio=4, vocab=32000, layers=16, dtype="bf16")
+QUICK = dict(dim=32, mlp_ratio=2, vocab=48, layers=2, dtype="fp16")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -50,36 +49,6 @@ def weights_of(args) -> dict[str, tuple[int, int, bool]]:
             "fc2": (dim, hidden, True), "head": (args.vocab, dim, False)}
 
 
-def seconds_per_call(fn, device, replays: int, rounds: int) -> float:
-    """Seconds of one call of fn: on CUDA, fn captured once as a graph and its replays timed between events (the
-    median of `rounds` rounds of `replays`); elsewhere wall clock."""
-    if device.type != "cuda":
-        start = time.perf_counter()
-        for _ in range(replays):
-            fn()
-        return (time.perf_counter() - start) / replays
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    graph.replay()
-    times = []
-    for _ in range(rounds):
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / 1e3 / replays)
-    return statistics.median(times)
-
-
 def measure_weight(args, device, n: int, k: int, has_bias: bool) -> list[dict]:
     """One row per variant: microseconds per product, bytes per second, error against float64."""
     dtype = DTYPES[args.dtype]
@@ -96,8 +65,7 @@ def measure_weight(args, device, n: int, k: int, has_bias: bool) -> list[dict]:
     for name, product in variants.items():
         error = max(((product(w, b).double() - want).abs().max() / want.abs().max()).item()
                     for w, b, want in zip(weights, biases, wanted))
-        took = seconds_per_call(lambda: [product(w, b) for w, b in zip(weights, biases)], device, args.replays,
-                                args.rounds) / args.layers
+        took = 1e-3 * kernel.replay_ms(lambda: [product(w, b) for w, b in zip(weights, biases)], device) / args.layers
         rows.append({"variant": name, "us": 1e6 * took, "bytes_per_s": n * k * x.element_size() / took,
                      "max_error": error})
     return rows
@@ -128,7 +96,7 @@ def run(args, write) -> dict:
 
 def parse_args(argv=None):
     parser = decode.decode_parser(__doc__, "CPU-sized run under Triton's interpreter (tiny weights, a few tunings)")
-    sizes = ("dim", "mlp_ratio", "vocab", "layers", "replays", "rounds")
+    sizes = ("dim", "mlp_ratio", "vocab", "layers")
     decode.add_sized_options(parser, sizes, GPU, QUICK)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp16)")
     args = parser.parse_args(argv)

@@ -32,6 +32,7 @@ import bench_decode as decode  # noqa: E402
 from hilbert_lab.arguments import int_list  # noqa: E402
 from hilbert_lab.attention.pattern import DilatedPattern  # noqa: E402
 from hilbert_lab.attention.static_cache import decode_step, keys_seen, step_tables  # noqa: E402
+from hilbert_lab.bench.timing import graphed  # noqa: E402
 from hilbert_lab.kernels import triton_decode  # noqa: E402
 
 GPU = dict(layers=16, heads=16, head_dim=128, context=131072, segment_lengths=[2048, 8192, 32768, 131072],
@@ -81,14 +82,10 @@ def replay_ms(steps, device) -> float:
         return 1e3 * (time.perf_counter() - start)
     import triton.testing
 
-    steps()
+    replay = graphed(steps, device=device)
+    replay()
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        steps()
-    graph.replay()
-    torch.cuda.synchronize()
-    return statistics.median(triton.testing.do_bench(graph.replay, warmup=10, rep=60, return_mode="median")
+    return statistics.median(triton.testing.do_bench(replay, warmup=10, rep=60, return_mode="median")
                              for _ in range(3))
 
 

@@ -32,7 +32,8 @@ from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import cached_plan, kv_split
 from hilbert_lab.attention.validation import validate_attention_inputs
 
-__all__ = ["DilatedKVCache", "dense_executor", "merge_step", "step_attention", "step_calls", "step_kernel"]
+__all__ = ["DilatedKVCache", "chunk_attention", "dense_executor", "merge_step", "step_attention", "step_calls",
+           "step_kernel"]
 
 
 class DilatedKVCache:
@@ -229,26 +230,14 @@ class DilatedKVCache:
         return out, lse
 
     def _chunk(self, q: torch.Tensor, scale: float):
-        """T > 1 new tokens after a prompt: each branch's plan over its segments from the one holding the first
-        new token (a multiple of its segment length, so its geometry is the whole sequence's), queries last."""
-        steps, heads = q.shape[1], q.shape[2]
-        first = self.length - steps
-        executor = self._dense_executor(q)
-        outs, lses, read = [], [], 0
-        kv_heads = self.keys.shape[2]
-        for branch in range(self.pattern.num_branches):
-            begin = self.segment_start(branch, first) - self.start
-            keys = self.keys[:, begin:self.length - self.start]
-            values = self.values[:, begin:self.length - self.start]
-            plan = cached_plan(self.pattern, keys.shape[1], heads, (branch,),
-                               num_kv_heads=None if kv_heads == heads else kv_heads, query_len=steps)
-            out, lse = execute_plan(plan, executor, q, keys, values, scale)
-            outs.append(out)
-            lses.append(lse)
-            read += sum(b.count * b.length * b.num_heads for b in plan.blocks)
-        self.keys_read = read
-        out, lse = merge_lse(outs, lses)
-        return out.to(q.dtype), lse
+        """T > 1 new tokens after a prompt (chunk_attention over the stored rows)."""
+        def stored(begin: int):
+            rows = slice(begin - self.start, self.length - self.start)
+            return self.keys[:, rows], self.values[:, rows]
+
+        out, lse, self.keys_read = chunk_attention(self.pattern, q, stored, self.length - q.shape[1],
+                                                   self._dense_executor(q), scale)
+        return out, lse
 
     def memory_bytes(self) -> int:
         """Bytes of the stored keys and values."""
@@ -271,6 +260,27 @@ def available_bytes(device: torch.device) -> Optional[int]:
         free, _ = torch.cuda.mem_get_info(device)
         return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
     return None
+
+
+def chunk_attention(pattern: DilatedPattern, q: torch.Tensor, window, first: int, executor,
+                    scale: float) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """T > 1 new tokens (q (B, T, H, D) at positions first .. first + T - 1, their keys and values stored) ->
+    (out (B, T, H, D), lse (B, H, T), key rows x heads read): each branch's plan over its segments from the one
+    holding `first` (a multiple of its segment length, so its geometry is the whole sequence's), queries last,
+    merged by LSE. window(begin) -> keys, values (B, first + T - begin, H_kv, D) of positions begin .. first + T - 1."""
+    steps, heads = q.shape[1], q.shape[2]
+    outs, lses, read = [], [], 0
+    for branch, w in enumerate(pattern.segment_lengths):
+        keys, values = window(first - first % w)
+        kv_heads = keys.shape[2]
+        plan = cached_plan(pattern, keys.shape[1], heads, (branch,),
+                           num_kv_heads=None if kv_heads == heads else kv_heads, query_len=steps)
+        out, lse = execute_plan(plan, executor, q, keys, values, scale)
+        outs.append(out)
+        lses.append(lse)
+        read += sum(b.count * b.length * b.num_heads for b in plan.blocks)
+    out, lse = merge_lse(outs, lses)
+    return out.to(q.dtype), lse, read
 
 
 def dense_executor(backend, q: torch.Tensor, pattern: DilatedPattern):

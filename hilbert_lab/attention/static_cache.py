@@ -9,9 +9,10 @@ step depends on no host value, so the steps of every layer can be captured in on
 A step appends the new key and value and attends over exactly the keys each head's branches see (see
 attention.kv_cache for the geometry): on CUDA two Triton launches (kernels.triton_decode), elsewhere the same
 arithmetic in torch over a gather bounded by the longest branch. The prompt runs once through
-`dilated_attention` (one row at a time where the rows' lengths differ), and so does a later chunk of T > 1 tokens
-per row called eagerly, over the keys its segments reach (under torch.compile or a CUDA graph's capture a chunk is
-T steps). `DilatedKVCache` is the growing cache of the CPU path.
+`dilated_attention` (one row at a time where the rows' lengths differ); a later chunk of T > 1 tokens per row
+called eagerly runs each branch's plan over the keys its segments reach (attention.kv_cache.chunk_attention, as
+the growing cache does); under torch.compile or a CUDA graph's capture a chunk is T steps. `DilatedKVCache` is the
+growing cache of the CPU path.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 
 from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.executors.base import lse_dtype
-from hilbert_lab.attention.kv_cache import merge_step
+from hilbert_lab.attention.kv_cache import chunk_attention, dense_executor, merge_step
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.kernels import triton_decode
@@ -280,44 +281,34 @@ class DilatedStaticCache:
             self.check_room(q.shape[1])
         if q.shape[1] > 1 and counted and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
             out = self._chunk(q, k, v)
-            if out is not None:
-                self.length += q.shape[1]
-                return out
+            self.length += q.shape[1]
+            return out
         outs = [self.step_with_lse(q[:, t], k[:, t], v[:, t])[0] for t in range(q.shape[1])]
         if counted:
             self.length += q.shape[1]
         return outs[0].unsqueeze(1) if len(outs) == 1 else torch.stack(outs, 1)  # one token: no copy
 
-    def _chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
-        """T > 1 new tokens per row as one `dilated_attention` call per group of rows at one position: the keys
-        their segments reach, read from the storage into a window that starts at a multiple of every segment
-        length (so the segments align as from position 0; rows no segment reaches stay zero), then the chunk's
-        keys and values stored. None where that window would exceed 4 x the storage + T rows (segment lengths
-        whose least common multiple is long): the caller then runs T steps. Host positions: eager calls only."""
+    def _chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """T > 1 new tokens per row (eager calls: host positions), per group of rows at one position:
+        attention.kv_cache.chunk_attention over the stored keys each branch's segment reaches (the storage holds
+        the longest segment, so every such key is there) and the chunk's own, then the chunk's keys and values
+        stored and the positions advanced."""
         steps, capacity = q.shape[1], self.capacity
-        lengths, rates = self.pattern.segment_lengths, self.pattern.dilation_rates
         shift = self.length - max(self.lengths)  # tokens every row has taken since its prompt
-        starts = [n + shift for n in self.lengths]
-        period = math.lcm(*lengths)
-        windows = {}
-        for row, start in enumerate(starts):
-            reach = min(start - start % w for w in lengths)  # the oldest key a segment of the chunk holds
-            window = reach - reach % period
-            if start + steps - window > 4 * capacity + steps:
-                return None
-            windows.setdefault((start, reach, window), []).append(row)
+        groups = {}
+        for row, n in enumerate(self.lengths):
+            groups.setdefault(n + shift, []).append(row)
+        executor = dense_executor(self.backend, q, self.pattern)
         out = torch.empty_like(q)
-        call = dict(segment_lengths=lengths, dilation_rates=rates, mode=self.pattern.mode, causal=True,
-                    backend=self.backend, scale=self._scale)
-        for (start, reach, window), rows in windows.items():
+        for start, rows in groups.items():
             index = torch.tensor(rows, device=q.device)
-            stored = torch.arange(reach, start, device=q.device) % capacity
-            keys = self.keys.new_zeros((len(rows), start + steps - window) + self.keys.shape[2:])
-            values = torch.zeros_like(keys)
-            keys[:, reach - window:start - window] = self.keys[index[:, None], stored]
-            values[:, reach - window:start - window] = self.values[index[:, None], stored]
-            keys[:, start - window:], values[:, start - window:] = k[index], v[index]
-            out[index] = dilated_attention(q[index], keys, values, **call)
+
+            def window(begin: int):
+                slots = torch.arange(begin, start, device=q.device) % capacity
+                return (torch.cat([self.keys[index[:, None], slots], k[index]], 1),
+                        torch.cat([self.values[index[:, None], slots], v[index]], 1))
+
+            out[index] = chunk_attention(self.pattern, q[index], window, start, executor, self._scale)[0]
             kept = min(steps, capacity)
             slots = torch.arange(start + steps - kept, start + steps, device=q.device) % capacity
             self.keys[index[:, None], slots] = k[index, steps - kept:]

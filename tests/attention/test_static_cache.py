@@ -359,12 +359,12 @@ def test_chunks_after_the_prompt_equal_their_steps():
 @pytest.mark.parametrize("chunks", [[2, 5, 17], [40], [1, 3, 1, 9]])
 def test_chunks_equal_the_engine_on_each_rows_whole_sequence(segments, rates, mode, heads, kv_heads, lengths, chunks,
                                                              monkeypatch):
-    """Chunks of T tokens per row (one dilated_attention call per group of rows at one position, over the keys
-    their segments reach; a chunk longer than the storage included) equal the float64 engine on each row's whole
-    sequence, and later one-token steps still do (the chunks' keys stored where the steps read them)."""
+    """Chunks of T tokens per row (each branch's plan per group of rows at one position, over the keys its segments
+    reach; a chunk longer than the storage included) equal the float64 engine on each row's whole sequence, and
+    later one-token steps still do (the chunks' keys stored where the steps read them)."""
     ran = []
     chunk_of = DilatedStaticCache._chunk
-    monkeypatch.setattr(DilatedStaticCache, "_chunk", lambda self, *a: ran.append(chunk_of(self, *a)) or ran[-1])
+    monkeypatch.setattr(DilatedStaticCache, "_chunk", lambda self, *a: ran.append(a[0].shape[1]) or chunk_of(self, *a))
     steps = sum(chunks) + 4
     q, k, v = _qkv(len(lengths), max(lengths) + steps, heads, kv_heads, seed=len(chunks))
     cache = DilatedStaticCache(segments, rates, mode=mode, batch_size=len(lengths), max_length=max(lengths) + steps,
@@ -381,19 +381,18 @@ def test_chunks_equal_the_engine_on_each_rows_whole_sequence(segments, rates, mo
     for s, (ref_out, _) in enumerate(expected):
         assert max_diff(got[:, s], ref_out) < 1e-10, s
     assert cache.length == max(lengths) + steps and cache.positions.tolist() == [n + steps for n in lengths]
-    assert len(ran) == sum(c > 1 for c in chunks) and all(out is not None for out in ran)  # no chunk ran as steps
+    assert ran == [c for c in chunks if c > 1]  # every chunk of more than one token ran as one
 
 
-def test_a_chunk_whose_window_would_be_long_runs_as_steps(monkeypatch):
-    """Segment lengths whose least common multiple is long make the window exceed 4 x the storage: the chunk then
-    runs as its one-token steps, with the same result."""
+def test_a_chunk_over_segments_of_a_long_common_multiple_equals_the_engine():
+    """Segments 7, 11, 13 (least common multiple 1001, past the sequence): each branch reads from its own segment
+    start, so nothing needs their common alignment."""
     q, k, v = _qkv(1, 200, 2, 2)
     cache = DilatedStaticCache([7, 11, 13], [1, 1, 1], batch_size=1, max_length=200, num_heads=2, head_dim=4,
                                dtype=torch.float64, backend="sdpa")
     cache.attend(q[:, :150], k[:, :150], v[:, :150])
-    assert cache._chunk(q[:, 150:160], k[:, 150:160], v[:, 150:160]) is None  # 1001 > 4 x 13 + 10: nothing written
-    out = cache.attend(q[:, 150:160], k[:, 150:160], v[:, 150:160])
-    expected = _engine_rows([7, 11, 13], [1, 1, 1], "longnet", q, k, v, [150], 10)
+    out = cache.attend(q[:, 150:180], k[:, 150:180], v[:, 150:180])
+    expected = _engine_rows([7, 11, 13], [1, 1, 1], "longnet", q, k, v, [150], 30)
     assert max(max_diff(out[:, s], ref) for s, (ref, _) in enumerate(expected)) < 1e-10
 
 

@@ -37,7 +37,7 @@ def test_the_sweep_keeps_each_program_within_8192_values(bench):
     assert all(t["block_n"] * t["block_k"] <= 8192 for name, t in grid.items() if name != "default")
 
 
-@pytest.mark.parametrize("extra", [["--layers", "0"], ["--replays", "-1"], ["--dtype", "fp8"]])
+@pytest.mark.parametrize("extra", [["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"]])
 def test_bad_arguments_exit_2(bench, extra):
     with pytest.raises(SystemExit) as done:
         bench.parse_args(["--quick", "--out", "x.json", *extra])
