@@ -353,7 +353,7 @@ def test_chunks_after_the_prompt_equal_their_steps():
 
 
 @pytest.mark.parametrize("segments,rates,mode,heads,kv_heads,lengths", CASES + [
-    ([6, 10], [1, 2], "longnet", 4, 4, [13, 8]),  # least common multiple 30: windows start at its multiples
+    ([6, 10], [1, 2], "longnet", 4, 4, [13, 8]),  # segments that do not divide: each branch from its own start
     ([4, 8, 16], [1, 2, 4], "longnet", 4, 2, [3, 40]),  # one row far past the storage of 16 rows
 ])
 @pytest.mark.parametrize("chunks", [[2, 5, 17], [40], [1, 3, 1, 9]])
