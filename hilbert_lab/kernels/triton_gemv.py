@@ -1,8 +1,10 @@
 """One token's linear layer, y = x W^T + b for x of one row, as one Triton launch that streams the weight once.
 
-`gemv(x, weight, bias=None)`: x (..., K) holding one row in all, weight (N, K) with contiguous rows, bias (N,)
-or None -> (..., N) in x's dtype, the sums in float32; all on one device. Each program reduces `block_n` rows of the weight over
-K in chunks of `block_k` columns, so a launch holds ceil(N / block_n) programs that all stream their rows at once.
+`gemv(x, weight, bias=None, activation=None)`: x (..., K) holding one row in all, weight (N, K) with contiguous
+rows, bias (N,) or None -> (..., N) in x's dtype, the sums in float32, then `activation` ("gelu": the exact, erf
+GELU) on the float32 sums before the one rounding; all on one device. Each program reduces `block_n` rows of the
+weight over K in chunks of `block_k` columns, so a launch holds ceil(N / block_n) programs that all stream their
+rows at once.
 A decoding step at batch 1 spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM
 with M = 1 reads small weights well below the bandwidth. Plain tensors in, nothing from hilbert_lab imported.
 """
@@ -16,7 +18,8 @@ if HAVE_TRITON:
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_w, K: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr):
+                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
+                     GELU: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
@@ -33,6 +36,8 @@ if HAVE_TRITON:
         y = tl.sum(acc, axis=1)
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
+        if GELU:
+            y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
         tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
 
 
@@ -42,10 +47,16 @@ def tuning(n: int, k: int) -> tuple[int, int, int]:
     return 1, min(512, triton.next_power_of_2(k)), 4
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, block_n: int | None = None,
-         block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """x (..., K) of one row, weight (N, K) (rows contiguous), bias (N,) or None -> x W^T + b (..., N)."""
+ACTIVATIONS = (None, "gelu")
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,
+         block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """x (..., K) of one row, weight (N, K) (rows contiguous), bias (N,) or None -> activation(x W^T + b) (..., N);
+    activation None or "gelu" (exact, erf)."""
     require_triton("gemv")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     n, k = weight.shape
     if x.shape[-1] != k or x.numel() != k:
         raise ValueError(f"x must hold one row of {k} values (weight {tuple(weight.shape)}), got {tuple(x.shape)}")
@@ -64,5 +75,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     even = n % block_n == 0 and k % block_k == 0
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         flat, weight, bias if bias is not None else weight, out, n, weight.stride(0), K=k,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN=even, num_warps=num_warps or default[2])
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN=even, GELU=activation == "gelu",
+        num_warps=num_warps or default[2])
     return out

@@ -2,7 +2,6 @@
 positions + MLP), the encoder stack and the causal language model with weight tying and generation."""
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -18,7 +17,7 @@ from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_devic
 from hilbert_lab.attention.pattern import DilatedPattern
 
 from .projection import linear, project
-from .rotary import apply_rotary, shared_rotary_tables
+from .rotary import apply_rotary
 
 DecodingCache = DilatedKVCache | DilatedStaticCache  # a layer's keys and values while decoding
 
@@ -73,10 +72,11 @@ class DilatedTransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-               cache: DecodingCache | None = None) -> torch.Tensor:
+               cache: DecodingCache | None = None, rotary_tables: dict | None = None) -> torch.Tensor:
         """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens: the
         documents of a packed row (B = 1); with a ``cache`` the tokens follow those it holds (their keys and
-        values are appended to it)."""
+        values are appended to it); rotary_tables: the rotary tables of the forward pass over these positions
+        (models.rotary.rotary_tables' `shared`, which the encoder hands every block)."""
         mha = self.attention
         split = lambda t: t.unflatten(-1, (-1, mha.head_dim))  # noqa: E731
         stacked = cache.in_projection if isinstance(cache, DilatedStaticCache) else None
@@ -86,8 +86,8 @@ class DilatedTransformerBlock(nn.Module):
         else:
             q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
         if self.rotary:
-            q = apply_rotary(q, positions, base=self.rotary_base)
-            k = apply_rotary(k, positions, base=self.rotary_base)
+            q = apply_rotary(q, positions, base=self.rotary_base, tables=rotary_tables)
+            k = apply_rotary(k, positions, base=self.rotary_base, tables=rotary_tables)
         if cache is not None:
             attended = cache.attend(q, k, v)
         elif cu_seqlens is None:
@@ -97,9 +97,9 @@ class DilatedTransformerBlock(nn.Module):
         return project(attended.flatten(-2), mha.out_proj)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
-                cache: DecodingCache | None = None) -> torch.Tensor:
+                cache: DecodingCache | None = None, rotary_tables: dict | None = None) -> torch.Tensor:
         check_device("x", x, self.attention_norm.weight, "block")
-        x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache))
+        x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache, rotary_tables))
         return x + self.dropout(project(self.mlp_norm(x), self.mlp))
 
 
@@ -194,26 +194,20 @@ class LongNetEncoder(nn.Module):
                 raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
             positions = caches[0].token_positions(x.shape[1], x.device) if positions is None else \
                 _check_positions(positions, x.shape[1], limit, x.device)
-            with _one_pass():
-                for block, cache in zip(self.blocks, caches):
-                    x = block(x, positions, None, cache)
+            tables = {}  # the rotary tables of these positions, computed once for every block
+            for block, cache in zip(self.blocks, caches):
+                x = block(x, positions, None, cache, tables)
             return self.norm(x)
         if positions is None and cu_seqlens is not None:
             positions = document_positions(cu_seqlens).to(x.device)
         positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
-        with _one_pass():
-            for block in self.blocks:
-                if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                    x = checkpoint(block, x, positions, cu_seqlens, use_reentrant=False)
-                else:
-                    x = block(x, positions, cu_seqlens)
+        tables = {}
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(block, x, positions, cu_seqlens, None, tables, use_reentrant=False)
+            else:
+                x = block(x, positions, cu_seqlens, None, tables)
         return self.norm(x)
-
-
-def _one_pass():
-    """The scope of one forward pass: its layers share the rotary tables of its positions (not traced: a
-    compiled graph computes them as it goes)."""
-    return contextlib.nullcontext() if torch.compiler.is_compiling() else shared_rotary_tables()
 
 
 class LongNetLM(nn.Module):

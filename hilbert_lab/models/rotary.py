@@ -1,27 +1,9 @@
 """Rotary position embedding (RoPE) applied on original token positions."""
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Iterator, Optional
+from typing import Optional
 
 import torch
-
-# The tables of the layers of one forward pass (shared_rotary_tables): positions -> (angles, {dtype: tables}).
-# Nothing outlives the pass, so positions changed in place between two calls (inference tensors carry no version
-# counter) are read anew.
-_SHARED: contextvars.ContextVar[Optional[dict]] = contextvars.ContextVar("rotary_tables", default=None)
-
-
-@contextlib.contextmanager
-def shared_rotary_tables() -> Iterator[None]:
-    """Inside it, the layers that rotate by one positions tensor compute its tables once (a model's forward
-    opens it around its layers); the tables are dropped on exit."""
-    token = _SHARED.set({})
-    try:
-        yield
-    finally:
-        _SHARED.reset(token)
 
 
 def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,22 +18,21 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000
     return angles.cos(), angles.sin()
 
 
-def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype):
+def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype,
+                  shared: Optional[dict] = None):
     """(cos, sin), each (1, N, 1, head_dim // 2) for positions (N,), (B, N, 1, head_dim // 2) for positions (B, N),
-    in `dtype`: rotary_angles cast for (B, N, H, D) tensors; inside shared_rotary_tables computed once for the
-    layers that share a positions tensor."""
-    shared = None if torch.compiler.is_compiling() else _SHARED.get()
+    in `dtype`: rotary_angles cast for (B, N, H, D) tensors. shared: the tables of one forward pass over these
+    positions (a dict the pass keeps, empty at first; its layers then compute the angles once per head_dim and
+    base and cast them once per dtype, compiled or not)."""
     if shared is None:
         cos, sin = rotary_angles(positions, head_dim, base=base)
         return _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
-    key = (id(positions), head_dim, base)
-    entry = shared.get(key)
-    if entry is None or entry[0] is not positions:
-        entry = shared[key] = (positions, rotary_angles(positions, head_dim, base=base), {})
-    if dtype not in entry[2]:
-        cos, sin = entry[1]
-        entry[2][dtype] = _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
-    return entry[2][dtype]
+    if (head_dim, base) not in shared:
+        shared[head_dim, base] = rotary_angles(positions, head_dim, base=base)
+    if (head_dim, base, dtype) not in shared:
+        cos, sin = shared[head_dim, base]
+        shared[head_dim, base, dtype] = _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
+    return shared[head_dim, base, dtype]
 
 
 def _for_heads(table: torch.Tensor) -> torch.Tensor:
@@ -59,7 +40,8 @@ def _for_heads(table: torch.Tensor) -> torch.Tensor:
     return (table.unsqueeze(0) if table.dim() == 2 else table).unsqueeze(2)
 
 
-def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
+                 tables: Optional[dict] = None) -> torch.Tensor:
     """Rotate pairs (x[..., :D/2], x[..., D/2:]) of x (B, N, H, D) by angle position * base^(-2i/D).
 
     ``positions`` (N,) are the tokens' original positions, so a permuted layout (Hilbert ordering,
@@ -71,6 +53,6 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 1000
     if positions.shape not in ((x.shape[1],), tuple(x.shape[:2])):
         raise ValueError(f"positions must have shape (N,) = ({x.shape[1]},) or (B, N) = {tuple(x.shape[:2])}, got "
                          f"{tuple(positions.shape)}")
-    cos, sin = rotary_tables(positions, x.shape[-1], base, x.dtype)
+    cos, sin = rotary_tables(positions, x.shape[-1], base, x.dtype, tables)
     first, second = x.chunk(2, dim=-1)
     return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)

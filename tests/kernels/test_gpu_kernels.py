@@ -248,19 +248,21 @@ def test_engine_dispatches_to_fused_kernel(ordering, mode, causal):
 @pytest.mark.parametrize("n,k", [(6144, 2048), (2048, 8192), (32000, 2048), (1000, 777), (3, 256)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("bias", [True, False])
-def test_gemv_matches_the_float64_product_on_the_gpu(n, k, dtype, bias):
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_gemv_matches_the_float64_product_on_the_gpu(n, k, dtype, bias, activation):
     from hilbert_lab.kernels.triton_gemv import gemv
 
     gen = torch.Generator(device="cuda").manual_seed(n + k)
     x = torch.randn(1, 1, k, device="cuda", generator=gen).to(dtype)
     weight = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(dtype)
     b = torch.randn(n, device="cuda", generator=gen).to(dtype) if bias else None
-    want = x.double() @ weight.double().T + (b.double() if bias else 0)
-    got = gemv(x, weight, b)
+    act = torch.nn.functional.gelu if activation else (lambda y: y)
+    want = act(x.double() @ weight.double().T + (b.double() if bias else 0))
+    got = gemv(x, weight, b, activation)
     assert got.dtype == dtype and got.shape == (1, 1, n)
     # the float32 sums rounded once to the output dtype: within one rounding of the largest value, as cuBLAS is
     rounding = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 2 ** -20}[dtype]
     scale = want.abs().max().item()
     assert (got.double() - want).abs().max().item() <= 2 * rounding * scale
-    cublas = torch.nn.functional.linear(x, weight, b)
+    cublas = act(torch.nn.functional.linear(x, weight, b))
     assert (got.double() - want).abs().max() <= 2 * (cublas.double() - want).abs().max() + rounding * scale

@@ -1,6 +1,6 @@
 """The one-row linear layer (kernels.triton_gemv.gemv) in interpreter mode (TRITON_INTERPRET=1, CPU) against a
-float64 product: ragged N and K, with and without bias, the block shapes the tunings use, large values; its
-argument checks; and models.projection sending only one row on a GPU to it."""
+float64 product: ragged N and K, with and without bias and GELU, the block shapes the tunings use, large values;
+its argument checks; and models.projection sending only one row on a GPU to it, with a Sequential's GELU."""
 from __future__ import annotations
 
 import importlib.util
@@ -34,6 +34,12 @@ def _errors() -> None:
                     error = ((got.double() - want).abs().max() / want.abs().max()).item()
                     print(json.dumps({"case": [n, k, block_n, block_k, str(dtype), scale, bias is not None],
                                       "shape": list(got.shape), "dtype": str(got.dtype), "error": error}))
+    for n, k, block_n, block_k in CASES[:3]:
+        x, b = torch.randn(1, k, generator=gen), torch.randn(n, generator=gen)
+        w = torch.randn(n, k, generator=gen) * k ** -0.5
+        want = torch.nn.functional.gelu(x.double() @ w.double().T + b.double())
+        got = gemv(x, w, b, "gelu", block_n=block_n, block_k=block_k)
+        print(json.dumps({"gelu_error": ((got.double() - want).abs().max() / want.abs().max()).item()}))
     view = torch.randn(48, 80, generator=gen)[:, :64]
     x, bias = torch.randn(64, generator=gen), torch.randn(96, generator=gen)[::2]
     want = view.double() @ x.double() + bias.double()
@@ -52,6 +58,16 @@ def test_gemv_matches_the_float64_product(run_interpreted):
         assert result["shape"] == [1, 1, n] and result["dtype"] == dtype, result
         assert result["error"] <= (1e-5 if dtype == "torch.float32" else 2e-3), result
     assert next(r["view_error"] for r in results if "view_error" in r) <= 1e-5
+    gelu = [r["gelu_error"] for r in results if "gelu_error" in r]
+    assert len(gelu) == 3 and max(gelu) <= 1e-5, gelu
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+def test_gemv_rejects_an_unknown_activation():
+    from hilbert_lab.kernels.triton_gemv import gemv
+
+    with pytest.raises(ValueError, match="activation must be one of"):
+        gemv(torch.zeros(1, 8), torch.zeros(4, 8), None, "relu")
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
@@ -101,6 +117,37 @@ def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(mon
     torch.testing.assert_close(projection.project(x, hooked), 2 * nn.functional.linear(x, hooked.weight, hooked.bias))
     projection.project(x, layer)
     assert len(called) == 1 and called[0][1] is layer.weight
+
+
+def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monkeypatch):
+    """On a GPU (one row) Linear -> GELU runs as one GEMV with the GELU on its sums; a tanh GELU, or a GELU with a
+    hook, stays a module of its own; off the GPU the activation is F.gelu after F.linear."""
+    from hilbert_lab.models import projection
+
+    calls = []
+    def gemv(x, w, b, activation):
+        calls.append((w, activation))
+        y = torch.nn.functional.linear(x, w, b)
+        return torch.nn.functional.gelu(y) if activation else y
+
+    monkeypatch.setattr(projection, "gemv", gemv)
+    x = torch.randn(1, 1, 8)
+    stack = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    torch.testing.assert_close(projection.linear(x, stack[0].weight, stack[0].bias, "gelu"), stack[1](stack[0](x)))
+    assert not calls
+    with pytest.raises(ValueError, match="activation must be one of"):
+        projection.linear(x, stack[0].weight, None, "relu")
+    monkeypatch.setattr(projection, "_one_row", lambda x, w, b=None: True)
+    torch.testing.assert_close(projection.project(x, stack), stack(x))
+    assert calls == [(stack[0].weight, "gelu"), (stack[2].weight, None)]
+    calls.clear()
+    tanh = nn.Sequential(nn.Linear(8, 16), nn.GELU(approximate="tanh"), nn.Linear(16, 4))
+    torch.testing.assert_close(projection.project(x, tanh), tanh(x))
+    assert calls == [(tanh[0].weight, None), (tanh[2].weight, None)]
+    calls.clear()
+    stack[1].register_forward_hook(lambda module, args, out: out * 3)
+    torch.testing.assert_close(projection.project(x, stack), stack(x))
+    assert calls == [(stack[0].weight, None), (stack[2].weight, None)]
 
 
 def test_one_row_asks_for_one_row_on_a_gpu_without_gradient(monkeypatch):
