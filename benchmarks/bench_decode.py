@@ -152,7 +152,7 @@ class Clock:
         return [b - a for a, b in zip(self.times, self.times[1:])][warm:]
 
 
-KERNEL_KINDS = (("decode", ("_decode_kernel",)), ("gemv", ("_gemv_kernel",)),
+KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")), ("gemv", ("_gemv_kernel",)),
                 ("gemm", ("gemm", "nvjet", "cublas", "cutlass", "splitkreduce")), ("inductor", ("triton_",)))
 
 

@@ -104,12 +104,10 @@ def run(args, write) -> dict:
     scale = 1 / math.sqrt(args.head_dim)
     reference = decode_step(pattern, queries[0].double(), keys[0].double(), values[0].double(), positions[0], scale,
                             advance=False, tables=tables)
-    counters = [torch.zeros(args.heads + 1, dtype=torch.int32, device=device) for _ in queries]  # one per layer
     for tuning in args.tunings:
         def steps(tuning=tuning):
-            return [triton_decode.dilated_decode(q, None, None, k, v, p, *tables, scale, advance=False,
-                                                 arrivals=a, **tuning)
-                    for q, k, v, p, a in zip(queries, keys, values, positions, counters)]
+            return [triton_decode.dilated_decode(q, None, None, k, v, p, *tables, scale, advance=False, **tuning)
+                    for q, k, v, p in zip(queries, keys, values, positions)]
         entry = {"tuning": tuning}
         try:
             entry["out_error"], entry["lse_error"] = largest_error(steps()[0], reference)

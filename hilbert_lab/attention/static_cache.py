@@ -7,7 +7,7 @@ batch row has its own position, a device tensor: prompts of different lengths de
 step depends on no host value, so the steps of every layer can be captured in one CUDA graph and replayed.
 
 A step appends the new key and value and attends over exactly the keys each head's branches see (see
-attention.kv_cache for the geometry): on CUDA one Triton launch (kernels.triton_decode), elsewhere the same
+attention.kv_cache for the geometry): on CUDA two Triton launches (kernels.triton_decode), elsewhere the same
 arithmetic in torch over a gather bounded by the longest branch. The prompt runs once through
 `dilated_attention` (one row at a time where the rows' lengths differ); a later chunk of T > 1 tokens per row
 called eagerly runs each branch's plan over the keys its segments reach (attention.kv_cache.chunk_attention, as
@@ -83,8 +83,7 @@ def triton_applies(keys: torch.Tensor) -> bool:
 def decode_step(pattern: DilatedPattern, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                 positions: torch.Tensor, scale: float, *, k_new: Optional[torch.Tensor] = None,
                 v_new: Optional[torch.Tensor] = None, span: Optional[int] = None, advance: bool = True,
-                tables: Optional[tuple] = None,
-                arrivals: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+                tables: Optional[tuple] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One causal dilated decoding step per row from key/value storage -> (out (B, H, D), lse (B, H)).
 
     q (B, H, D) at positions (B,) int64 (a device tensor); keys, values (B, C, H_kv, D), any strides with a
@@ -92,14 +91,12 @@ def decode_step(pattern: DilatedPattern, q: torch.Tensor, keys: torch.Tensor, va
     (B, H_kv, D): the new token's, written at row positions % C first; None where the storage holds them already.
     span: an upper bound on every position (default C). advance: add 1 to positions afterwards. tables: the
     step_tables of (pattern, H, span, device), where the caller holds them (a compiled step then traces no table
-    building). arrivals: the Triton step's counters, int32 (B * H + B,) zeros it leaves at zero (default: new zeros
-    per call; kernels.triton_decode). No host value: the Triton kernel on CUDA (triton_applies), elsewhere the same
-    arithmetic in torch."""
+    building). No host value: the Triton kernels on CUDA (triton_applies), elsewhere the same arithmetic in torch."""
     if tables is None:
         tables = step_tables(pattern, q.shape[1], keys.shape[1] if span is None else span, keys.device)
     if triton_applies(keys):
         return triton_decode.dilated_decode(q, k_new, v_new, keys, values, positions, *tables, scale,
-                                            advance=advance, arrivals=arrivals)
+                                            advance=advance)
     return _step_torch(pattern, q, keys, values, positions, scale, k_new, v_new, tables[1], advance)
 
 
@@ -144,8 +141,7 @@ class DilatedStaticCache:
     prompt_lengths: each row's prompt length where the prompt rows are left-padded (default: none padded).
     Attributes: `keys`, `values` (B, C, H_kv, D); `positions` (B,) int64 on the device, each row's next
     position (advanced by every step, also when a CUDA graph replays it); `lengths` (host ints, each row's
-    prompt length); `arrivals` (B * (H + 1),) int32, the Triton step's counters (zero between steps);
-    `length` (host: the longest row's length, counted by eager calls only: a caller replaying a
+    prompt length); `length` (host: the longest row's length, counted by eager calls only: a caller replaying a
     captured step or running a compiled one sets it, as models.generate.decode_static does); `in_projection`: None,
     or the layer's q, k, v projections stacked (weight, bias) for one GEMM per step, set by whoever holds the layer
     (models.generate.new_static_caches: MultiheadDilatedAttention.stacked_in_projection in the cache's dtype).
@@ -173,7 +169,6 @@ class DilatedStaticCache:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.positions = torch.zeros(batch_size, dtype=torch.int64, device=device)
-        self.arrivals = torch.zeros(batch_size * (num_heads + 1), dtype=torch.int32, device=device)
         self.lengths: list[int] = []
         self.length = 0
         self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
@@ -324,7 +319,7 @@ class DilatedStaticCache:
     def step_with_lse(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q (B, H, D), k, v (B, H_kv, D) -> (out (B, H, D), lse (B, H)); the kernels of `step`, unchecked."""
         return decode_step(self.pattern, q, self.keys, self.values, self.positions, self._scale, k_new=k, v_new=v,
-                           tables=self._tables, arrivals=self.arrivals)
+                           tables=self._tables)
 
     def __repr__(self) -> str:
         p = self.pattern

@@ -1,4 +1,4 @@
-"""One decoding step of causal dilated attention in one Triton launch, with no host value in it.
+"""One decoding step of causal dilated attention in two Triton launches, with no host value in it.
 
 `dilated_decode(q, k_new, v_new, keys, values, positions, branches, offsets, bounds, scale)`:
 each row b of the batch holds one new token at position positions[b] (a device tensor). The cache stores
@@ -8,18 +8,16 @@ longest segment, so a row is overwritten only once no query can see its key any 
 In branch i (segment w_i, dilation r_i) query head h with offset o = offsets[i, h] (-1: not in the branch)
 sees anything only when (p % w_i) % r_i == o, and then the positions p - p % w_i + o + j r_i, j = 0 .. (p % w_i
 - o) / r_i, the last of them p itself. So at any position a branch is read by at most as many heads as share one
-offset, each over at most ceil(w_i / r_i) keys: the launch runs exactly that many programs per row and branch, one
+offset, each over at most ceil(w_i / r_i) keys: launch 1 runs exactly that many programs per row and branch, one
 per (head of the position's residue, split of at most `keys_per_split` keys), each an online softmax over its
 strided key rows straight from the cache (the new key is read from k_new; program 0 writes k_new / v_new at row
-p % C, which no program reads). In float16 and bfloat16 at power-of-two head dims its scores and weighted sums run
-on tensor cores, the query repeated in the 16 rows an MMA tile takes, its key and value loads pipelined `stages`
-deep as asynchronous copies; otherwise each key block is reduced across threads, its loads plain (Triton pipelines
-the loads that feed a dot). Each program stores its part (output and LSE) and counts it on its head's counter
-(an atomic add); the program that stores a head's last part merges the head's parts by their LSE
-(max-subtracted, sum-normalised). The last program of a row writes the heads that see no branch at this position
-(out 0, LSE -inf) and adds 1 to the position (unless told not to). Counters return to zero, so the next step
-finds them ready. Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a
-CUDA graph and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
+p % C, which no program reads), and marks the branch empty for the other heads. In float16 and bfloat16 at
+power-of-two head dims its scores and weighted sums run on tensor cores, the query repeated in the 16 rows an
+MMA tile takes, its key and value loads pipelined `stages` deep as asynchronous copies; otherwise each key block
+is reduced across threads, its loads plain (Triton pipelines the loads that feed a dot). Launch 2 merges every
+(branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless told not
+to). Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a CUDA graph
+and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
@@ -34,26 +32,12 @@ LOG2E = 1.4426950408889634
 if HAVE_TRITON:
 
     @triton.jit
-    def _branch_matches(off_ptr, br_ptr, p, hs, heads, branches, BLOCK_B: tl.constexpr):
-        """(BLOCK_H, BLOCK_B): whether head hs sees anything of each branch at position p (its offset is the
-        position's residue); (BLOCK_B,): each branch's splits' count sits in column 3 (read by the caller)."""
-        i = tl.arange(0, BLOCK_B)
-        in_table = i < branches
-        w = tl.load(br_ptr + i * 4, mask=in_table, other=1).to(tl.int64)
-        r = tl.load(br_ptr + i * 4 + 1, mask=in_table, other=1).to(tl.int64)
-        residue = (p % w) % r
-        offsets = tl.load(off_ptr + i[None, :] * heads + hs[:, None], mask=in_table[None, :] & (hs < heads)[:, None],
-                          other=-1).to(tl.int64)
-        return (offsets == residue[None, :]) & in_table[None, :]
-
-    @triton.jit
-    def _decode_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, br_ptr, off_ptr, part_ptr, plse_ptr,
-                       out_ptr, lse_ptr, arrive_ptr, sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n,
-                       sv_h, so_b, so_h, capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
-                       BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
-                       APPEND: tl.constexpr, DOT: tl.constexpr, PARTS: tl.constexpr, BLOCK_P: tl.constexpr,
-                       ADVANCE: tl.constexpr):
+    def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, br_ptr, off_ptr, out_ptr, lse_ptr,
+                        sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
+                        capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
+                        BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
+                        APPEND: tl.constexpr, DOT: tl.constexpr):
         program = tl.program_id(0)
         b = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
@@ -90,142 +74,135 @@ if HAVE_TRITON:
         offsets = tl.load(off_ptr + branch * heads + hs, mask=hs < heads, other=-1).to(tl.int64)
         match = offsets == residue
         hit = match & (tl.cumsum(match.to(tl.int32), axis=0) == slot_rank + 1)
-        if tl.sum(hit.to(tl.int32), axis=0) > 0:
-            h = tl.sum(tl.where(hit, hs, 0), axis=0)
-            row = b * heads + h
-            kv = h // group
-            first = p - within + residue
-            count = (within - residue) // r + 1
-            j0 = split * keys_per_split
-            j1 = tl.minimum(count, j0 + keys_per_split)  # <= j0 for a split past this head's keys: no keys
-            q_raw = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0)
-            q = (q_raw.to(tl.float32) * scale_log2).to(tl.float32)
-            peak = tl.full((), float("-inf"), tl.float32)  # fp32 whatever type a caller's float arguments get
-            total = tl.full((), 0.0, tl.float32)
-            acc = tl.zeros((BLOCK_D,), tl.float32)
-            if DOT:  # tensor cores: the query repeated in 16 identical rows (the smallest tile an MMA takes)
-                q_rows = tl.broadcast_to(q_raw[None, :], (16, BLOCK_D))
-                peak_rows = tl.full((16,), float("-inf"), tl.float32)
-                total_rows = tl.zeros((16,), tl.float32)
-                acc_rows = tl.zeros((16, BLOCK_D), tl.float32)
-            k_base = k_ptr + b * sk_b + kv * sk_h
-            v_base = v_ptr + b * sv_b + kv * sv_h
-            # the split's first key's row; later rows step by r and wrap once at most (a segment spans <= C rows)
-            base_slot = ((first + j0 * r) % capacity).to(tl.int32)
-            step = r.to(tl.int32)
-            last = (j1 - 1).to(tl.int32)
-            for start in tl.range(j0.to(tl.int32), j1.to(tl.int32), BLOCK_N, num_stages=STAGES):
-                j = start + tl.arange(0, BLOCK_N)
-                if APPEND:  # position p: the new key, read from k_new below
-                    valid = (j <= last) & (first + j.to(tl.int64) * r < p)
-                else:
-                    valid = j <= last
-                slot = base_slot + (j - j0.to(tl.int32)) * step
-                slot = tl.where(slot >= capacity, slot - capacity, slot)
-                if EVEN_D:  # a mask constant along the head dim: vector loads
-                    mask = valid[:, None]
-                else:
-                    mask = valid[:, None] & dmask[None, :]
-                k = tl.load(k_base + slot[:, None].to(tl.int64) * sk_n + d[None, :], mask=mask, other=0.0)
-                v = tl.load(v_base + slot[:, None].to(tl.int64) * sv_n + d[None, :], mask=mask, other=0.0)
-                if DOT:
-                    s = (tl.dot(q_rows, tl.trans(k)) * scale_log2).to(tl.float32)  # fp64 under torch.compile
-                    s = tl.where(valid[None, :], s, float("-inf"))
-                    new_peak = tl.maximum(peak_rows, tl.max(s, axis=1))
-                    safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
-                    weights = tl.exp2(s - safe[:, None])
-                    alpha = tl.exp2(peak_rows - safe)
-                    acc_rows = acc_rows * alpha[:, None] + tl.dot(weights.to(v.dtype), v)
-                    total_rows = total_rows * alpha + tl.sum(weights, axis=1)
-                    peak_rows = new_peak
-                else:
-                    s = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
-                    new_peak = tl.maximum(peak, tl.max(s, axis=0))
-                    safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
-                    weights = tl.exp2(s - safe)
-                    alpha = tl.exp2(peak - safe)
-                    acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
-                    total = total * alpha + tl.sum(weights, axis=0)
-                    peak = new_peak
-            if DOT:  # every row holds the same state: keep row 0
-                first_row = (tl.arange(0, 16) == 0)[:, None]
-                acc = tl.sum(tl.where(first_row, acc_rows, 0.0), axis=0)
-                peak = tl.max(peak_rows, axis=0)
-                total = tl.max(total_rows, axis=0)
-            if APPEND:
-                if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
-                    kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask, other=0.0).to(tl.float32)
-                    vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask, other=0.0).to(tl.float32)
-                    s1 = tl.sum(kn * q, axis=0)
-                    new_peak = tl.maximum(peak, s1)
-                    alpha = tl.exp2(peak - new_peak)
-                    weight = tl.exp2(s1 - new_peak)
-                    acc = acc * alpha + weight * vn
-                    total = total * alpha + weight
-                    peak = new_peak
-            has_keys = total > 0
-            out = acc / tl.where(has_keys, total, 1.0)
-            lse = tl.where(has_keys, (peak + tl.log2(tl.where(has_keys, total, 1.0))) * 0.6931471805599453,
-                           float("-inf"))
-            tl.store(part_ptr + (part * rows + row).to(tl.int64) * DIM + d, out, mask=dmask)
-            tl.store(plse_ptr + part * rows + row, lse)
-            # the head's parts: the splits of the branches whose offset for h is the residue; the program that
-            # stores the last of them merges them by their LSE (the others' stores made visible by the barrier
-            # and the atomic's release and acquire) and leaves the head's counter at zero for the next step
-            matched = tl.sum(_branch_matches(off_ptr, br_ptr, p, h + tl.zeros((1,), tl.int64), heads, branches,
-                                             BLOCK_B).to(tl.int32), axis=0) > 0
-            expected = tl.sum(tl.where(matched, branch_splits, 0), axis=0)
-            tl.debug_barrier()
-            if tl.atomic_add(arrive_ptr + row, 1, sem="acq_rel", scope="gpu") == expected - 1:
-                part_ends = tl.cumsum(branch_splits, axis=0)
-                top = tl.full((BLOCK_P,), float("-inf"), tl.float32)
-                for start in range(0, PARTS, BLOCK_P):
-                    idx = start + tl.arange(0, BLOCK_P)
-                    owner = tl.sum((part_ends[None, :] <= idx[:, None]).to(tl.int32), axis=1)
-                    used = (tl.sum(((owner[:, None] == i[None, :]) & matched[None, :]).to(tl.int32), axis=1) > 0) \
-                        & (idx < PARTS)
-                    top = tl.maximum(top, tl.load(plse_ptr + idx * rows + row, mask=used, other=float("-inf"),
-                                                  cache_modifier=".cg"))
-                peak_all = tl.max(top, axis=0)
-                safe_all = tl.where(peak_all == float("-inf"), 0.0, peak_all)
-                sums = tl.zeros((BLOCK_P,), tl.float32)
-                merged = tl.zeros((BLOCK_P, BLOCK_D), tl.float32)
-                for start in range(0, PARTS, BLOCK_P):
-                    idx = start + tl.arange(0, BLOCK_P)
-                    owner = tl.sum((part_ends[None, :] <= idx[:, None]).to(tl.int32), axis=1)
-                    used = (tl.sum(((owner[:, None] == i[None, :]) & matched[None, :]).to(tl.int32), axis=1) > 0) \
-                        & (idx < PARTS)
-                    weights = tl.exp2((tl.load(plse_ptr + idx * rows + row, mask=used, other=float("-inf"),
-                                               cache_modifier=".cg") - safe_all) * 1.4426950408889634)
-                    used = used & (weights > 0)
-                    x = tl.load(part_ptr + (idx[:, None] * rows + row).to(tl.int64) * DIM + d[None, :],
-                                mask=used[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")
-                    merged += weights[:, None] * x
-                    sums += weights
-                weight = tl.sum(sums, axis=0)
-                seen = weight > 0
-                merged_out = tl.sum(merged, axis=0) / tl.where(seen, weight, 1.0)
-                tl.store(out_ptr + b * so_b + h * so_h + d, merged_out.to(out_ptr.dtype.element_ty), mask=dmask)
-                tl.store(lse_ptr + row, tl.where(seen, safe_all + tl.log(tl.where(seen, weight, 1.0)), float("-inf")))
-                tl.atomic_xchg(arrive_ptr + row, 0)
-        # the row's last program (every program has read the position): the heads that see no branch at this
-        # position get out 0 and LSE -inf, the position advances and the row's counter is left at zero
-        tl.debug_barrier()
-        done = rows + b
-        if tl.atomic_add(arrive_ptr + done, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-            seen_any = tl.sum(_branch_matches(off_ptr, br_ptr, p, hs, heads, branches, BLOCK_B).to(tl.int32),
-                              axis=1) > 0
-            blind = ~seen_any & (hs < heads)
-            tl.store(out_ptr + b * so_b + hs[:, None] * so_h + d[None, :],
-                     tl.zeros((BLOCK_H, BLOCK_D), tl.float32).to(out_ptr.dtype.element_ty),
-                     mask=blind[:, None] & dmask[None, :])
-            tl.store(lse_ptr + b * heads + hs, tl.full((BLOCK_H,), float("-inf"), tl.float32), mask=blind)
+        if slot_rank == 0:  # the heads that see nothing of this branch: no keys in this part
+            tl.store(lse_ptr + part * rows + b * heads + hs, tl.full((BLOCK_H,), float("-inf"), tl.float32),
+                     mask=(hs < heads) & ~match)
+        if tl.sum(hit.to(tl.int32), axis=0) == 0:
+            return
+        h = tl.sum(tl.where(hit, hs, 0), axis=0)
+        row = b * heads + h
+        kv = h // group
+        first = p - within + residue
+        count = (within - residue) // r + 1
+        j0 = split * keys_per_split
+        j1 = tl.minimum(count, j0 + keys_per_split)
+        if j0 >= count:  # a split past this head's keys
+            tl.store(lse_ptr + part * rows + row, float("-inf"))
+            return
+        q_raw = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0)
+        q = (q_raw.to(tl.float32) * scale_log2).to(tl.float32)
+        peak = tl.full((), float("-inf"), tl.float32)  # fp32 whatever type a caller's float arguments get
+        total = tl.full((), 0.0, tl.float32)
+        acc = tl.zeros((BLOCK_D,), tl.float32)
+        if DOT:  # tensor cores: the query repeated in 16 identical rows (the smallest tile an MMA takes)
+            q_rows = tl.broadcast_to(q_raw[None, :], (16, BLOCK_D))
+            peak_rows = tl.full((16,), float("-inf"), tl.float32)
+            total_rows = tl.zeros((16,), tl.float32)
+            acc_rows = tl.zeros((16, BLOCK_D), tl.float32)
+        k_base = k_ptr + b * sk_b + kv * sk_h
+        v_base = v_ptr + b * sv_b + kv * sv_h
+        # the split's first key's row; later rows step by r and wrap once at most (a segment spans <= C rows)
+        base_slot = ((first + j0 * r) % capacity).to(tl.int32)
+        step = r.to(tl.int32)
+        last = (j1 - 1).to(tl.int32)
+        for start in tl.range(j0.to(tl.int32), j1.to(tl.int32), BLOCK_N, num_stages=STAGES):
+            j = start + tl.arange(0, BLOCK_N)
+            if APPEND:  # position p: the new key, read from k_new below
+                valid = (j <= last) & (first + j.to(tl.int64) * r < p)
+            else:
+                valid = j <= last
+            slot = base_slot + (j - j0.to(tl.int32)) * step
+            slot = tl.where(slot >= capacity, slot - capacity, slot)
+            if EVEN_D:  # a mask constant along the head dim: vector loads
+                mask = valid[:, None]
+            else:
+                mask = valid[:, None] & dmask[None, :]
+            k = tl.load(k_base + slot[:, None].to(tl.int64) * sk_n + d[None, :], mask=mask, other=0.0)
+            v = tl.load(v_base + slot[:, None].to(tl.int64) * sv_n + d[None, :], mask=mask, other=0.0)
+            if DOT:
+                s = (tl.dot(q_rows, tl.trans(k)) * scale_log2).to(tl.float32)  # fp64 under torch.compile
+                s = tl.where(valid[None, :], s, float("-inf"))
+                new_peak = tl.maximum(peak_rows, tl.max(s, axis=1))
+                safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+                weights = tl.exp2(s - safe[:, None])
+                alpha = tl.exp2(peak_rows - safe)
+                acc_rows = acc_rows * alpha[:, None] + tl.dot(weights.to(v.dtype), v)
+                total_rows = total_rows * alpha + tl.sum(weights, axis=1)
+                peak_rows = new_peak
+            else:
+                s = tl.where(valid, tl.sum(k.to(tl.float32) * q[None, :], axis=1), float("-inf"))
+                new_peak = tl.maximum(peak, tl.max(s, axis=0))
+                safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+                weights = tl.exp2(s - safe)
+                alpha = tl.exp2(peak - safe)
+                acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
+                total = total * alpha + tl.sum(weights, axis=0)
+                peak = new_peak
+        if DOT:  # every row holds the same state: keep row 0
+            first_row = (tl.arange(0, 16) == 0)[:, None]
+            acc = tl.sum(tl.where(first_row, acc_rows, 0.0), axis=0)
+            peak = tl.max(peak_rows, axis=0)
+            total = tl.max(total_rows, axis=0)
+        if APPEND:
+            if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
+                kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask, other=0.0).to(tl.float32)
+                vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask, other=0.0).to(tl.float32)
+                s1 = tl.sum(kn * q, axis=0)
+                new_peak = tl.maximum(peak, s1)
+                alpha = tl.exp2(peak - new_peak)
+                weight = tl.exp2(s1 - new_peak)
+                acc = acc * alpha + weight * vn
+                total = total * alpha + weight
+                peak = new_peak
+        has_keys = total > 0
+        out = acc / tl.where(has_keys, total, 1.0)
+        lse = tl.where(has_keys, (peak + tl.log2(tl.where(has_keys, total, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
+        tl.store(out_ptr + (part * rows + row).to(tl.int64) * DIM + d, out, mask=dmask)
+        tl.store(lse_ptr + part * rows + row, lse)
+
+    @triton.jit
+    def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
+                      DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr,
+                      ADVANCE: tl.constexpr):
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        b = row // heads
+        h = row % heads
+        d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
+        dmask = d < DIM
+        peak = tl.full((BLOCK_P,), float("-inf"), tl.float32)
+        for start in range(0, parts, BLOCK_P):
+            i = start + tl.arange(0, BLOCK_P)
+            peak = tl.maximum(peak, tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")))
+        top = tl.max(peak, axis=0)
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.zeros((BLOCK_P,), tl.float32)
+        acc = tl.zeros((BLOCK_P, BLOCK_D), tl.float32)
+        for start in range(0, parts, BLOCK_P):
+            i = start + tl.arange(0, BLOCK_P)
+            weights = tl.exp2((tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")) - safe)
+                              * 1.4426950408889634)
+            used = (i < parts) & (weights > 0)
+            if EVEN_D:
+                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :], mask=used[:, None],
+                            other=0.0)
+            else:
+                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :],
+                            mask=used[:, None] & dmask[None, :], other=0.0)
+            acc += weights[:, None] * x
+            total += weights
+        weight = tl.sum(total, axis=0)
+        has_keys = weight > 0
+        out = tl.sum(acc, axis=0) / tl.where(has_keys, weight, 1.0)
+        tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+        if chunk == 0:
+            tl.store(lse_ptr + row, tl.where(has_keys, safe + tl.log(tl.where(has_keys, weight, 1.0)), float("-inf")))
             if ADVANCE:
-                tl.store(pos_ptr + b, p + 1)
-            tl.atomic_xchg(arrive_ptr + done, 0)
+                if h == 0:
+                    tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
 
 
-MERGE_PARTS = 32  # parts one merge iteration reads
 REDUCE_TUNING = {"block_keys": 64, "warps": 2, "stages": 1, "most_keys_per_split": 256}  # per path
 DOT_TUNING = {"block_keys": 32, "warps": 4, "stages": 3, "most_keys_per_split": 512}
 
@@ -241,7 +218,7 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
                    values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
                    bounds: tuple, scale: float, keys_per_split: int | None = None, block_keys: int | None = None,
                    warps: int | None = None, stages: int | None = None, advance: bool = True,
-                   dot: bool | None = None, arrivals: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   dot: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
 
     q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv), written at row positions % C of keys, values
@@ -252,10 +229,7 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     keys), ...) per branch (the launch's size); every last dimension contiguous. keys_per_split (default
     split_size), block_keys (keys per loop iteration), warps and stages (loads in flight) tune the partial launch;
     dot: scores and sums on tensor cores (default: where q is float16 or bfloat16 and D a power of two from 16),
-    else one reduction per key block across threads. arrivals: int32 (B * H + B,) zeros, the launch's counters
-    of stored parts per head and finished programs per row, which it leaves at zero (a caller that steps often
-    keeps one, as DilatedStaticCache does; default: new zeros per call). Steps that share one arrivals tensor
-    must run one after another (one stream)."""
+    else one reduction per key block across threads."""
     require_triton("dilated_decode")
     append = k_new is not None
     if not append:  # placeholders the kernel never reads
@@ -294,22 +268,20 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     programs = sum(h * n for (h, _), n in zip(bounds, splits))
     parts_per_row = sum(splits)
     rows = batch * heads
-    if arrivals is None:
-        arrivals = torch.zeros(rows + batch, dtype=torch.int32, device=q.device)
-    elif arrivals.shape != (rows + batch,) or arrivals.dtype != torch.int32 or arrivals.device != q.device:
-        raise ValueError(f"arrivals must be int32 zeros of shape (B * H + B,) = ({rows + batch},) on {q.device}, got "
-                         f"{arrivals.dtype} {tuple(arrivals.shape)} on {arrivals.device}")
     parts = torch.empty((parts_per_row, rows, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((parts_per_row, rows), dtype=torch.float32, device=q.device)
-    out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
-    _decode_kernel[(programs, batch)](
-        q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse, out, lse, arrivals,
+    _partial_kernel[(programs, batch)](
+        q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
-        out.stride(0), out.stride(1), capacity, heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E,
-        per_split, BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
+        capacity, heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
+        BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages,
-        EVEN_D=dim == block_d, APPEND=append, DOT=dot, PARTS=parts_per_row, BLOCK_P=MERGE_PARTS, ADVANCE=advance,
-        num_warps=warps)
+        EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
+    out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
+    chunk = min(block_d, 32)
+    _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
+                                                  heads, rows, parts_per_row, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
+                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
     return out, lse

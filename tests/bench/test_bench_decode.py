@@ -61,7 +61,7 @@ def test_filled_anchor_loop_on_a_prefilled_static_cache_gives_generates_tokens(b
 
 
 def test_kernel_kinds_name_each_part_of_a_step(bench):
-    kinds = {"_decode_kernel": "decode", "_gemv_kernel": "gemv",
+    kinds = {"_partial_kernel": "decode", "_merge_kernel": "decode", "_gemv_kernel": "gemv",
              "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_bias_TNT": "gemm", "void cublasLt::splitKreduce_kernel<32>": "gemm",
              "triton_red_fused_add_native_layer_norm_view_9": "inductor",
              "void at::native::reduce_kernel<512, 1, ArgMaxOps>": "other", "Memcpy DtoD (Device -> Device)": "other"}
@@ -81,7 +81,7 @@ def test_profiled_clock_sums_kernels_per_token(bench, monkeypatch):
     def event(name, us, device=cuda):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
 
-    events = [event("_gemv_kernel", 1000), event("_gemv_kernel", 1000), event("_decode_kernel", 3000),
+    events = [event("_gemv_kernel", 1000), event("_gemv_kernel", 1000), event("_partial_kernel", 3000),
               event("triton_poi_fused_gelu_6", 1000), event("aten::mm", 9000, cpu)]
     clock.profiler = SimpleNamespace(events=lambda: events)
     summary = clock.summary()
@@ -90,7 +90,7 @@ def test_profiled_clock_sums_kernels_per_token(bench, monkeypatch):
     assert summary["kinds"] == {"decode": {"kernels_per_token": 0.5, "ms_per_token": pytest.approx(1.5)},
                                 "gemv": {"kernels_per_token": 1.0, "ms_per_token": pytest.approx(1.0)},
                                 "inductor": {"kernels_per_token": 0.5, "ms_per_token": pytest.approx(0.5)}}
-    assert [row["name"] for row in summary["dearest"]] == ["_decode_kernel", "_gemv_kernel", "triton_poi_fused_gelu_6"]
+    assert [row["name"] for row in summary["dearest"]] == ["_partial_kernel", "_gemv_kernel", "triton_poi_fused_gelu_6"]
 
 
 def test_profile_tokens_are_refused_below_zero(bench, capsys):

@@ -1,8 +1,8 @@
-"""The one-launch decoding step (kernels.triton_decode.dilated_decode) under Triton's interpreter (TRITON_INTERPRET=1,
-CPU) against the same step in float64 torch (attention.static_cache's torch path): patterns whose rates leave some
-heads without a branch at some positions, grouped key/value heads, rows at different positions, splits of 1, 3 and
-the default number of keys, the new key appended or already stored; the outputs, the LSEs, the appended rows, the
-advanced positions, and the counters left at zero for the next step (one counters tensor over many steps)."""
+"""The decoding step (kernels.triton_decode.dilated_decode) under Triton's interpreter (TRITON_INTERPRET=1, CPU)
+against the same step in float64 torch (attention.static_cache's torch path): patterns whose rates leave some heads
+without a branch at some positions, grouped key/value heads, rows at different positions, splits of 1, 3 and the
+default number of keys, the new key appended or already stored; the outputs, the LSEs, the appended rows and the
+advanced positions."""
 from __future__ import annotations
 
 import importlib.util
@@ -30,7 +30,7 @@ QUICK = "HILBERT_LAB_DECODE_QUICK"  # set to 1: the pattern with blind heads, tw
 def _errors() -> None:
     """Per pattern, split size and append: steps at positions 0 .. C - 1 and 5 .. C + 4 (two rows, the second
     wrapping around the storage) against
-    the torch step in float64; one JSON line each with the largest errors and the counters' largest value after."""
+    the torch step in float64; one JSON line each with the largest errors."""
     from hilbert_lab.attention.pattern import DilatedPattern
     from hilbert_lab.attention.static_cache import _step_torch, step_tables
     from hilbert_lab.kernels.triton_decode import dilated_decode
@@ -47,8 +47,7 @@ def _errors() -> None:
             ref_keys, ref_values = keys.double(), values.double()
             positions = torch.tensor([0, 5])
             ref_positions = positions.clone()
-            arrivals = torch.zeros(2 * heads + 2, dtype=torch.int32)
-            worst = {"out": 0.0, "lse": 0.0, "cache": 0.0, "counters": 0, "positions": 0}
+            worst = {"out": 0.0, "lse": 0.0, "cache": 0.0, "positions": 0}
             for _ in range(capacity):
                 q = torch.randn(2, heads, dim, generator=gen)
                 k_new, v_new = (torch.randn(2, kv_heads, dim, generator=gen) for _ in range(2))
@@ -58,8 +57,7 @@ def _errors() -> None:
                     ref_keys[rows, ref_positions % capacity] = k_new.double()
                     ref_values[rows, ref_positions % capacity] = v_new.double()
                 out, lse = dilated_decode(q, k_new if append else None, v_new if append else None, keys, values,
-                                          positions, *tables, 0.7, keys_per_split=keys_per_split,
-                                          arrivals=arrivals)
+                                          positions, *tables, 0.7, keys_per_split=keys_per_split)
                 ref_out, ref_lse = _step_torch(pattern, q.double(), ref_keys, ref_values, ref_positions, 0.7,
                                                k_new.double() if append else None,
                                                v_new.double() if append else None, tables[1], True)
@@ -69,7 +67,6 @@ def _errors() -> None:
                 worst["lse"] = max(worst["lse"], (lse.double() - ref_lse)[finite].abs().max().item())
                 worst["cache"] = max(worst["cache"], (keys.double() - ref_keys).abs().max().item(),
                                      (values.double() - ref_values).abs().max().item())
-                worst["counters"] = max(worst["counters"], int(arrivals.abs().max()))
                 worst["positions"] = max(worst["positions"], int((positions - ref_positions).abs().max()))
             print(json.dumps({"case": [segments, rates, mode, keys_per_split, append], **worst,
                               "blind_heads": int((~finite).sum())}))
@@ -79,7 +76,7 @@ def _check(results: list[dict], cases: int) -> None:
     assert len(results) == cases
     for result in results:
         assert result["out"] < 1e-5 and result["lse"] < 1e-5 and result["cache"] < 1e-6, result
-        assert result["counters"] == 0 and result["positions"] == 0, result
+        assert result["positions"] == 0, result
     assert any(r["blind_heads"] for r in results if r["case"][1] == [2, 4, 8])  # heads with no branch were checked
 
 

@@ -13,11 +13,11 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 
 H, D, C = 16, 128, 131072
 POINTERS = {"q_ptr": "*bf16", "knew_ptr": "*bf16", "vnew_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
-            "pos_ptr": "*i64", "br_ptr": "*i32", "off_ptr": "*i32", "part_ptr": "*fp32", "plse_ptr": "*fp32",
-            "out_ptr": "*bf16", "lse_ptr": "*fp32", "arrive_ptr": "*i32"}
+            "pos_ptr": "*i64", "br_ptr": "*i32", "off_ptr": "*i32", "out_ptr": "*fp32",
+            "lse_ptr": "*fp32"}
 INTEGERS = dict(sq_b=H * D, sq_h=D, sn_b=H * D, sn_h=D, svn_b=H * D, svn_h=D, sk_b=C * H * D, sk_n=H * D, sk_h=D,
-                sv_b=C * H * D, sv_n=H * D, sv_h=D, so_b=H * D, so_h=D, capacity=C, heads=H, kv_heads=H, group=1,
-                branches=4, rows=H, keys_per_split=512)
+                sv_b=C * H * D, sv_n=H * D, sv_h=D, capacity=C, heads=H, kv_heads=H, group=1, branches=4, rows=H,
+                keys_per_split=512)
 
 
 def _compiled_ttgir(dot: bool) -> str:
@@ -28,10 +28,9 @@ def _compiled_ttgir(dot: bool) -> str:
     from hilbert_lab.kernels import triton_decode
 
     tuned = triton_decode.DOT_TUNING if dot else triton_decode.REDUCE_TUNING
-    constants = dict(BLOCK_B=4, BLOCK_H=H, BLOCK_KV=H, DIM=D, BLOCK_D=D, BLOCK_N=tuned["block_keys"],
-                     STAGES=tuned["stages"], EVEN_D=True, APPEND=True, DOT=dot, PARTS=60,
-                     BLOCK_P=triton_decode.MERGE_PARTS, ADVANCE=True)
-    kernel = triton_decode._decode_kernel
+    constants = dict(BLOCK_B=4, BLOCK_H=H, BLOCK_KV=H, DIM=D, BLOCK_D=D, BLOCK_N=tuned["block_keys"], STAGES=tuned["stages"], EVEN_D=True,
+                     APPEND=True, DOT=dot)
+    kernel = triton_decode._partial_kernel
     names = kernel.arg_names
     signature = {name: POINTERS.get(name) or ("constexpr" if name in constants else "fp32" if name == "scale_log2"
                                               else "i32") for name in names}
