@@ -17,7 +17,7 @@ from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_devic
 from hilbert_lab.attention.pattern import DilatedPattern
 
 from .projection import linear, project
-from .rotary import apply_rotary
+from .rotary import apply_rotary, pass_rotary_tables
 
 DecodingCache = DilatedKVCache | DilatedStaticCache  # a layer's keys and values while decoding
 
@@ -76,7 +76,7 @@ class DilatedTransformerBlock(nn.Module):
         """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens: the
         documents of a packed row (B = 1); with a ``cache`` the tokens follow those it holds (their keys and
         values are appended to it); rotary_tables: the rotary tables of the forward pass over these positions
-        (models.rotary.rotary_tables' `shared`, which the encoder hands every block)."""
+        (models.rotary.pass_rotary_tables, which the encoder computes once and hands every block)."""
         mha = self.attention
         split = lambda t: t.unflatten(-1, (-1, mha.head_dim))  # noqa: E731
         stacked = cache.in_projection if isinstance(cache, DilatedStaticCache) else None
@@ -175,6 +175,14 @@ class LongNetEncoder(nn.Module):
         )
         self.norm = nn.LayerNorm(dim, eps=block_kwargs.get("norm_eps", 1e-5))
 
+    def rotary_tables(self, positions: torch.Tensor, x: torch.Tensor) -> dict:
+        """The rotary tables of one forward pass over positions, computed once for every block that rotates
+        (models.rotary.pass_rotary_tables), cast to the dtype of the blocks' q and k: x's, or autocast's."""
+        kind = x.device.type
+        autocast = kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind)
+        return pass_rotary_tables(positions, [(block.attention.head_dim, block.rotary_base) for block in self.blocks
+                                              if block.rotary], torch.get_autocast_dtype(kind) if autocast else x.dtype)
+
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | None = None, caches: Sequence[DecodingCache] | None = None) -> torch.Tensor:
         """cu_seqlens: a packed row of documents (B = 1); caches: one DilatedKVCache or DilatedStaticCache per
@@ -194,14 +202,14 @@ class LongNetEncoder(nn.Module):
                 raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
             positions = caches[0].token_positions(x.shape[1], x.device) if positions is None else \
                 _check_positions(positions, x.shape[1], limit, x.device)
-            tables = {}  # the rotary tables of these positions, computed once for every block
+            tables = self.rotary_tables(positions, x)
             for block, cache in zip(self.blocks, caches):
                 x = block(x, positions, None, cache, tables)
             return self.norm(x)
         if positions is None and cu_seqlens is not None:
             positions = document_positions(cu_seqlens).to(x.device)
         positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
-        tables = {}
+        tables = self.rotary_tables(positions, x)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, positions, cu_seqlens, None, tables, use_reentrant=False)

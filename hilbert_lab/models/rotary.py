@@ -1,6 +1,7 @@
 """Rotary position embedding (RoPE) applied on original token positions."""
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Optional
 
 import torch
@@ -18,21 +19,35 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000
     return angles.cos(), angles.sin()
 
 
+def pass_rotary_tables(positions: torch.Tensor, rotations: Iterable[tuple[int, float]],
+                       dtype: Optional[torch.dtype] = None) -> dict:
+    """The rotary tables of one forward pass over `positions`, for its layers' (head_dim, base) pairs: the float64
+    angles' cosines and sines, computed once per pair (rotary_angles), and their casts to `dtype` (the layers'
+    q and k dtype) where given; for rotary_tables' `shared`."""
+    tables = {}
+    for head_dim, base in sorted(set(rotations)):
+        cos, sin = tables[head_dim, base] = rotary_angles(positions, head_dim, base=base)
+        if dtype is not None:
+            tables[head_dim, base, dtype] = _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
+    return tables
+
+
 def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: torch.dtype,
                   shared: Optional[dict] = None):
     """(cos, sin), each (1, N, 1, head_dim // 2) for positions (N,), (B, N, 1, head_dim // 2) for positions (B, N),
-    in `dtype`: rotary_angles cast for (B, N, H, D) tensors. shared: the tables of one forward pass over these
-    positions (a dict the pass keeps, empty at first; its layers then compute the angles once per head_dim and
-    base and cast them once per dtype, compiled or not)."""
-    if shared is None:
+    in `dtype`: rotary_angles cast for (B, N, H, D) tensors. shared: the pass's tables over these positions
+    (pass_rotary_tables), read where they hold (head_dim, base); eager calls also keep another dtype's cast there
+    (a compiled graph casts where it rotates: a dict mutated inside a checkpointed layer would break its graph)."""
+    angles = None if shared is None else shared.get((head_dim, base))
+    if angles is None:
         cos, sin = rotary_angles(positions, head_dim, base=base)
         return _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
-    if (head_dim, base) not in shared:
-        shared[head_dim, base] = rotary_angles(positions, head_dim, base=base)
-    if (head_dim, base, dtype) not in shared:
-        cos, sin = shared[head_dim, base]
-        shared[head_dim, base, dtype] = _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
-    return shared[head_dim, base, dtype]
+    cast = shared.get((head_dim, base, dtype))
+    if cast is None:
+        cast = _for_heads(angles[0].to(dtype)), _for_heads(angles[1].to(dtype))
+        if not torch.compiler.is_compiling():
+            shared[head_dim, base, dtype] = cast
+    return cast
 
 
 def _for_heads(table: torch.Tensor) -> torch.Tensor:

@@ -162,6 +162,36 @@ def test_longnet_lm_compiles_whole_and_equals_eager():
     assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e))
 
 
+def test_longnet_lm_with_gradient_checkpointing_compiles_whole_and_equals_eager():
+    """Checkpointed blocks read the pass's rotary tables without changing them (a layer that mutated state from
+    outside would break its checkpoint's graph)."""
+    model = _lm()
+    model.encoder.gradient_checkpointing = True
+    tokens = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    (loss_c, grads_c), (loss_e, grads_e) = _grads_of(compiled, _lm_loss(tokens)), _grads_of(model, _lm_loss(tokens))
+    assert torch.equal(loss_c, loss_e)
+    assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e))
+
+
+def test_a_compiled_forward_computes_the_rotary_angles_once():
+    """The traced graph of LongNetLM (two rotating blocks) holds one cosine and one sine: the encoder's tables."""
+    model = _lm()
+    tokens = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(2))
+    graphs = []
+
+    def record(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, fullgraph=True, backend=record)(tokens)
+    names = [str(node.target) for graph in graphs for node in graph.graph.nodes]
+    assert len(graphs) == 1 and names.count("cos") == 1 and names.count("sin") == 1, names
+
+
 @pytest.mark.slow
 def test_longnet_lm_compiled_by_inductor_equals_eager():
     model = _lm()

@@ -290,3 +290,22 @@ def test_cuda_bf16_autocast_training_step_matches_float64_cpu():
     for (name, p), q in zip(cpu.named_parameters(), gpu.parameters()):
         scale = float(p.grad.abs().max()) + 1e-6
         assert float((q.grad.double().cpu() - p.grad).abs().max()) / scale < 0.1, name
+
+
+def test_a_forward_pass_computes_its_rotary_angles_once_for_every_block(monkeypatch):
+    """The encoder's tables: one rotary_angles call per pass, however many blocks rotate; the same outputs as each
+    block computing its own."""
+    from hilbert_lab.models import rotary
+
+    torch.manual_seed(0)
+    model = LongNetLM(64, 32, 3, 4, [8, 16], [1, 2], max_seq_len=32).double()
+    tokens = torch.randint(0, 64, (2, 32))
+    calls = []
+    angles = rotary.rotary_angles
+    monkeypatch.setattr(rotary, "rotary_angles", lambda *a, **k: calls.append(a) or angles(*a, **k))
+    shared = model(tokens)
+    assert len(calls) == 1
+    monkeypatch.setattr(model.encoder, "rotary_tables", lambda positions, x: {})  # no tables: each block its own
+    alone = model(tokens)
+    assert len(calls) == 1 + 2 * 3  # q and k in each of the 3 blocks
+    torch.testing.assert_close(shared, alone, rtol=0, atol=0)
