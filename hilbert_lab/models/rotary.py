@@ -36,18 +36,13 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: to
                   shared: Optional[dict] = None):
     """(cos, sin), each (1, N, 1, head_dim // 2) for positions (N,), (B, N, 1, head_dim // 2) for positions (B, N),
     in `dtype`: rotary_angles cast for (B, N, H, D) tensors. shared: the pass's tables over these positions
-    (pass_rotary_tables), read where they hold (head_dim, base); eager calls also keep another dtype's cast there
-    (a compiled graph casts where it rotates: a dict mutated inside a checkpointed layer would break its graph)."""
+    (pass_rotary_tables), only read (a dict changed inside a checkpointed layer would break its compiled graph);
+    where they lack (head_dim, base) or its cast to `dtype`, those are computed here."""
     angles = None if shared is None else shared.get((head_dim, base))
     if angles is None:
-        cos, sin = rotary_angles(positions, head_dim, base=base)
-        return _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
-    cast = shared.get((head_dim, base, dtype))
-    if cast is None:
-        cast = _for_heads(angles[0].to(dtype)), _for_heads(angles[1].to(dtype))
-        if not torch.compiler.is_compiling():
-            shared[head_dim, base, dtype] = cast
-    return cast
+        angles = rotary_angles(positions, head_dim, base=base)
+    cast = None if shared is None else shared.get((head_dim, base, dtype))
+    return cast or (_for_heads(angles[0].to(dtype)), _for_heads(angles[1].to(dtype)))
 
 
 def _for_heads(table: torch.Tensor) -> torch.Tensor:
