@@ -45,7 +45,7 @@ from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.models import LongNetLM  # noqa: E402
 from hilbert_lab.attention.static_cache import keys_seen  # noqa: E402
-from hilbert_lab.models.generate import compiled_step, decode_static, new_caches, new_static_caches  # noqa: E402
+from hilbert_lab.models.generate import decode_static, new_caches, new_static_caches  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288, 1048576],
@@ -230,7 +230,7 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     clock = ProfiledClock(device, 5, profiled) if profiled else Clock(device)
     sync(device)
     start = time.perf_counter()
-    step_model = compiled_step(model, device) if args.compile_step else model
+    step_model = torch.compile(model, dynamic=False) if args.compile_step else model
     decode_static(model, prompt, caches, args.steps + 5 + extra, lambda logits: logits.argmax(-1, keepdim=True),
                   device.type == "cuda", on_token=clock, step_model=step_model)
     gaps = clock.gaps(4 + extra)

@@ -95,9 +95,8 @@ def decode_step(pattern: DilatedPattern, q: torch.Tensor, keys: torch.Tensor, va
     if tables is None:
         tables = step_tables(pattern, q.shape[1], keys.shape[1] if span is None else span, keys.device)
     if triton_applies(keys):
-        branches, offsets, bounds = tables
-        return triton_decode.dilated_decode_op(q, k_new, v_new, keys, values, positions, branches, offsets,
-                                               [n for pair in bounds for n in pair], scale, advance)
+        return triton_decode.dilated_decode(q, k_new, v_new, keys, values, positions, *tables, scale,
+                                            advance=advance)
     return _step_torch(pattern, q, keys, values, positions, scale, k_new, v_new, tables[1], advance)
 
 

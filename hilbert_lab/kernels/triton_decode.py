@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, dependent_launch, require_triton, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
 LOG2E = 1.4426950408889634
 
@@ -37,14 +37,11 @@ if HAVE_TRITON:
                         capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
                         BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
-                        APPEND: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
+                        APPEND: tl.constexpr, DOT: tl.constexpr):
         program = tl.program_id(0)
         b = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
         dmask = d < DIM
-        if PDL:  # a programmatic dependent launch: wait for the kernel ahead (it writes q) before any read or write
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
         p = tl.load(pos_ptr + b).to(tl.int64)
         if APPEND:
             if program == 0:  # the new keys and values of every key/value head go to row p % C
@@ -167,10 +164,7 @@ if HAVE_TRITON:
     @triton.jit
     def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
                       DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr,
-                      ADVANCE: tl.constexpr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
+                      ADVANCE: tl.constexpr):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         b = row // heads
@@ -224,7 +218,7 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
                    values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
                    bounds: tuple, scale: float, keys_per_split: int | None = None, block_keys: int | None = None,
                    warps: int | None = None, stages: int | None = None, advance: bool = True,
-                   dot: bool | None = None, pdl: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   dot: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
 
     q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv), written at row positions % C of keys, values
@@ -235,8 +229,7 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     keys), ...) per branch (the launch's size); every last dimension contiguous. keys_per_split (default
     split_size), block_keys (keys per loop iteration), warps and stages (loads in flight) tune the partial launch;
     dot: scores and sums on tensor cores (default: where q is float16 or bfloat16 and D a power of two from 16),
-    else one reduction per key block across threads. pdl: both launches programmatic dependent launches, each
-    waiting for the kernel ahead before it reads or writes (default: triton_support.dependent_launch of q's device)."""
+    else one reduction per key block across threads."""
     require_triton("dilated_decode")
     append = k_new is not None
     if not append:  # placeholders the kernel never reads
@@ -266,7 +259,6 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     elif dot and not tensor_cores:
         raise ValueError(f"dot=True needs q in float16 or bfloat16 and a head dim that is a power of two from 16; "
                          f"got {q.dtype}, D {dim}")
-    pdl = dependent_launch(q.device) if pdl is None else bool(pdl)
     tuned = DOT_TUNING if dot else REDUCE_TUNING
     block_keys = block_keys or tuned["block_keys"]
     warps = warps or tuned["warps"]
@@ -285,33 +277,11 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
         capacity, heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
         BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages,
-        EVEN_D=dim == block_d, APPEND=append, DOT=dot, PDL=pdl, num_warps=warps, launch_pdl=pdl)
+        EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)
     _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
                                                   heads, rows, parts_per_row, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
-                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, PDL=pdl, num_warps=4,
-                                                  launch_pdl=pdl)
+                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
     return out, lse
-
-
-def _decode_call(q, k_new, v_new, keys, values, positions, branches, offsets, bounds, scale, advance):
-    return dilated_decode(q, k_new, v_new, keys, values, positions, branches, offsets,
-                          tuple(zip(bounds[0::2], bounds[1::2])), scale, advance=advance)
-
-
-def _decode_fake(q, k_new, v_new, keys, values, positions, branches, offsets, bounds, scale, advance):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
-
-
-# `dilated_decode` as the op hilbert_lab::dilated_decode (bounds flattened: heads_0, keys_0, heads_1, ...), which a
-# compiled graph calls as one op that writes keys, values and positions in place (its launches then keep the
-# programmatic dependent launch, which torch.compile's tracing of a Triton kernel would drop).
-_LIBRARY = torch.library.Library("hilbert_lab", "FRAGMENT")
-_LIBRARY.define("dilated_decode(Tensor q, Tensor? k_new, Tensor? v_new, Tensor(a!) keys, Tensor(b!) values, "
-                "Tensor(c!) positions, Tensor branches, Tensor offsets, int[] bounds, float scale, bool advance) "
-                "-> (Tensor, Tensor)")
-_LIBRARY.impl("dilated_decode", _decode_call, "CompositeExplicitAutograd")
-torch.library.register_fake("hilbert_lab::dilated_decode", _decode_fake, lib=_LIBRARY)
-dilated_decode_op = torch.ops.hilbert_lab.dilated_decode.default

@@ -12,31 +12,19 @@ from __future__ import annotations
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, dependent_launch, require_triton, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
 if HAVE_TRITON:
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_w, K: tl.constexpr,
                      HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-                     GELU: tl.constexpr, PDL: tl.constexpr):
+                     GELU: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
-        # the first chunk of the weight is read while the kernel ahead may still run (nothing writes a weight)
-        if EVEN:
-            w = tl.load(w_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=(rows < N)[:, None] & (cols < K)[None, :], other=0.0)
-        if PDL:  # then x, which the kernel ahead writes
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        if EVEN:
-            x = tl.load(x_ptr + cols)
-        else:
-            x = tl.load(x_ptr + cols, mask=cols < K, other=0.0)
-        acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
-        for start in range(BLOCK_K, K, BLOCK_K):
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for start in range(0, K, BLOCK_K):
             if EVEN:
                 w = tl.load(w_ptrs + start)
                 x = tl.load(x_ptr + start + cols)
@@ -63,12 +51,9 @@ ACTIVATIONS = (None, "gelu")
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,
-         block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-         pdl: bool | None = None) -> torch.Tensor:
+         block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """x (..., K) of one row, weight (N, K) (rows contiguous), bias (N,) or None -> activation(x W^T + b) (..., N);
-    activation None or "gelu" (exact, erf). pdl: launch as a programmatic dependent launch, the first weight chunk
-    read before waiting for the kernel ahead (default: where triton_support.dependent_launch says the device takes
-    it)."""
+    activation None or "gelu" (exact, erf)."""
     require_triton("gemv")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -88,24 +73,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     bias = None if bias is None else bias.contiguous()
     out = torch.empty(x.shape[:-1] + (n,), device=x.device, dtype=x.dtype)
     even = n % block_n == 0 and k % block_k == 0
-    pdl = dependent_launch(x.device) if pdl is None else bool(pdl)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         flat, weight, bias if bias is not None else weight, out, n, weight.stride(0), K=k,
         HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN=even, GELU=activation == "gelu",
-        PDL=pdl, num_warps=num_warps or default[2], launch_pdl=pdl)
+        num_warps=num_warps or default[2])
     return out
-
-
-def _gemv_fake(x, weight, bias, activation):
-    return x.new_empty(x.shape[:-1] + (weight.shape[0],))
-
-
-# `gemv` as the op hilbert_lab::gemv, which a compiled graph calls as one op (its launch then keeps the programmatic
-# dependent launch, which torch.compile's tracing of a Triton kernel would drop); defined through
-# torch.library.Library, whose dispatcher adds no Python wrapper of its own per call.
-_LIBRARY = torch.library.Library("hilbert_lab", "FRAGMENT")
-_LIBRARY.define("gemv(Tensor x, Tensor weight, Tensor? bias, str? activation) -> Tensor")
-_LIBRARY.impl("gemv", lambda x, weight, bias, activation: gemv(x, weight, bias, activation),
-              "CompositeExplicitAutograd")
-torch.library.register_fake("hilbert_lab::gemv", _gemv_fake, lib=_LIBRARY)
-gemv_op = torch.ops.hilbert_lab.gemv.default

@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
 from hilbert_lab.attention.static_cache import DilatedStaticCache
-from hilbert_lab.kernels.triton_support import dependent_launch
 
 
 def _local_layers(model) -> bool:
@@ -166,7 +165,7 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
             if static:
                 caches = new_static_caches(model, prompt.shape[0], prompt.shape[1] + max_new_tokens, lengths)
                 new = decode_static(model, prompt, caches, max_new_tokens, pick, graphed,
-                                    step_model=compiled_step(model, prompt.device) if compile_step else model)
+                                    step_model=torch.compile(model, dynamic=False) if compile_step else model)
             else:
                 caches = new_caches(model, prompt.shape[1] + max_new_tokens) if use_cache is not False else None
                 new = decode(model, prompt, caches, max_new_tokens, pick)
@@ -174,20 +173,6 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
     finally:
         model.train(was_training)
     return tokens.clone() if tokens.is_inference() else tokens
-
-
-def compiled_step(model, device: torch.device):
-    """torch.compile(model) for decoding steps of fixed shapes: the small ops between the library's kernels fused;
-    where the device takes programmatic dependent launches (triton_support.dependent_launch), the fused kernels are
-    launched as such too (inductor's triton.enable_pdl), as the GEMVs and the decoding step are."""
-    options = {"triton.enable_pdl": True} if dependent_launch(device) and _inductor_has_pdl() else None
-    return torch.compile(model, dynamic=False, options=options)
-
-
-def _inductor_has_pdl() -> bool:
-    from torch._inductor import config
-
-    return hasattr(config.triton, "enable_pdl")
 
 
 def decode(model, prompt: torch.Tensor, caches: list[DilatedKVCache] | None, max_new_tokens: int, pick) -> list:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hilbert_lab.kernels.triton_gemv import ACTIVATIONS, gemv_op
+from hilbert_lab.kernels.triton_gemv import ACTIVATIONS, gemv
 from hilbert_lab.kernels.triton_support import runs_on
 
 __all__ = ["linear", "plain_tensor", "project"]
@@ -44,7 +44,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     if _one_row(x, weight, bias):
-        return gemv_op(x, weight, bias, activation)
+        return gemv(x, weight, bias, activation)
     y = F.linear(x, weight, bias)
     return F.gelu(y) if activation == "gelu" else y
 

@@ -104,7 +104,7 @@ def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(mon
     from hilbert_lab.models import projection
 
     called = []
-    monkeypatch.setattr(projection, "gemv_op", lambda *a: called.append(a) or torch.zeros(()))
+    monkeypatch.setattr(projection, "gemv", lambda *a: called.append(a) or torch.zeros(()))
     layer = nn.Linear(8, 4)
     x = torch.randn(1, 1, 8)
     torch.testing.assert_close(projection.project(x, layer), layer(x))  # CPU: nn.Linear's own product
@@ -130,7 +130,7 @@ def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monke
         y = torch.nn.functional.linear(x, w, b)
         return torch.nn.functional.gelu(y) if activation else y
 
-    monkeypatch.setattr(projection, "gemv_op", gemv)
+    monkeypatch.setattr(projection, "gemv", gemv)
     x = torch.randn(1, 1, 8)
     stack = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     torch.testing.assert_close(projection.linear(x, stack[0].weight, stack[0].bias, "gelu"), stack[1](stack[0](x)))
