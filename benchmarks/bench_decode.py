@@ -10,8 +10,11 @@ CPU smoke check, with the CPU target (64 new tokens after a 1024-token prompt ag
     python benchmarks/bench_decode.py --quick --out /tmp/bench_decode.json
 
 Per method and context N (prompt length; for "longnet_static_graph" the position where its steps end), "ms_per_token"
-is the median latency of one new token after 4 warm-up tokens, greedy, wall clock with a device sync after each
-token (host time counts, as a user sees it): LongNetLM.generate's GPU path (static caches, one CUDA graph per token,
+is the median time of one new token after 4 warm-up tokens, greedy; on a GPU the time between CUDA events
+recorded after each token while the host runs ahead, as generate's own loop does (the GPU's idle time counts where
+the host falls behind), and for the static and the filled methods also "ms_per_token_synced", the same steps each
+waited for by the host before the next (a device sync per token, as a caller that needs each token at once sees
+it): LongNetLM.generate's GPU path (static caches, one CUDA graph per token,
 its steps compiled with --compile-step; with the bytes a step must read and, over the measured HBM copy bandwidth,
 the memory-bandwidth limit "limit_ms"); 8 left-padded rows against each alone ("longnet_static_batch8"); a chunk
 of tokens after the context against its one-token steps ("longnet_static_chunk", --chunk); the loop of
@@ -139,17 +142,45 @@ def step_bytes(model, key_rows: float, batch: int = 1) -> dict:
 
 
 class Clock:
-    """Device-synced time after each new token (decode_static's on_token)."""
+    """A mark after each new token (decode_static's on_token). On a GPU the mark is a CUDA event recorded on the
+    stream and the host does not wait: it runs ahead as generate's own loop does, and a gap is the GPU's time from
+    one token to the next (its idle time included, where the host falls behind). Tokens whose index is in `synced`
+    are waited for first (a device sync, as a caller that needs each token on the host before the next); on the
+    CPU every token is."""
 
-    def __init__(self, device):
-        self.device, self.times = device, []
+    def __init__(self, device, synced=()):
+        self.device, self.synced, self.times, self.events = device, synced, [], []
 
     def __call__(self, tokens):
-        sync(self.device)
+        if self.device.type != "cuda" or len(self.times) in self.synced:
+            sync(self.device)
         self.times.append(time.perf_counter())
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
 
     def gaps(self, warm: int = 4) -> list[float]:
-        return [b - a for a, b in zip(self.times, self.times[1:])][warm:]
+        """Seconds between consecutive marks, the first `warm` left out."""
+        if self.device.type != "cuda":
+            return [b - a for a, b in zip(self.times, self.times[1:])][warm:]
+        sync(self.device)
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(self.events, self.events[1:])][warm:]
+
+
+def two_phases(warm: int, steps: int) -> tuple[range, int]:
+    """(the indices of the tokens to wait for, how many tokens) of warm + 2 steps + 2 tokens: after `warm` gaps,
+    `steps` gaps with the host running ahead, one left out, then `steps` gaps of tokens each waited for."""
+    return range(warm + steps + 1, warm + 2 * steps + 2), warm + 2 * steps + 2
+
+
+def phase_medians(clock: Clock, warm: int, steps: int) -> dict:
+    """ms_per_token (the host running ahead, as generate runs) and ms_per_token_synced (each token waited for) of
+    the marks of two_phases(warm, steps), with the first phase's min and max."""
+    gaps = clock.gaps(0)
+    ahead, synced = gaps[warm:warm + steps], gaps[warm + steps + 1:]
+    return {"ms_per_token": 1e3 * statistics.median(ahead), "ms_per_token_min": 1e3 * min(ahead),
+            "ms_per_token_max": 1e3 * max(ahead), "ms_per_token_synced": 1e3 * statistics.median(synced)}
 
 
 KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")), ("gemv", ("_gemv_kernel",)),
@@ -167,10 +198,11 @@ def kernel_kind(name: str) -> str:
 
 
 class ProfiledClock(Clock):
-    """A Clock that runs torch.profiler (CPU and CUDA activity) over tokens start + 1 .. start + count."""
+    """A Clock that runs torch.profiler (CPU and CUDA activity) over tokens start + 1 .. start + count, each waited
+    for (as are tokens start - 1 and start, and those in `synced`)."""
 
-    def __init__(self, device, start: int, count: int):
-        super().__init__(device)
+    def __init__(self, device, start: int, count: int, synced=()):
+        super().__init__(device, set(synced) | set(range(start - 1, start + count)))
         self.start, self.count = start, count
         self.profiler = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
@@ -209,14 +241,16 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     """LongNetLM.generate's GPU path: static caches, the prompt, then the steps of every layer replayed as one CUDA
     graph per token (on the CPU the same steps run eagerly); the median gap between consecutive tokens after 4 (the
     eager step and the capture among them) and after the --profile-tokens ones (GPU; "profile": ProfiledClock's
-    summary), beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every
+    summary), over --steps tokens with the host running ahead and --steps more each waited for (two_phases),
+    beside the memory-bandwidth limit of a step. The steps end at position `context` - 1, where every
     branch of a pattern whose longest segment divides `context` sees the most keys (the dearest steps). Past
     --prefill-max the caches are filled with random keys and values instead of a timed prompt (a step's cost does
     not depend on them)."""
     model = longnet(args, context, device)
     profiled = args.profile_tokens if device.type == "cuda" else 0
-    extra = profiled + 1 if profiled else 0  # the profiled tokens, then one whose gap holds the profiler's stop
-    first = context - args.steps - 5 - extra
+    warm = 4 + (profiled + 1 if profiled else 0)  # then the profiled tokens and one whose gap holds the profiler's stop
+    synced, count = two_phases(warm, args.steps)
+    first = context - count
     model.generate(prompt_of(args, 64, device), 4)  # warm-up: Triton kernels compiled
     caches = new_static_caches(model, 1, context + 8)
     filled = first > args.prefill_max
@@ -227,19 +261,17 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
             cache.positions.fill_(first)
             cache.lengths, cache.length = [first], first
     prompt = prompt_of(args, 1 if filled else first, device)
-    clock = ProfiledClock(device, 5, profiled) if profiled else Clock(device)
+    clock = ProfiledClock(device, 5, profiled, synced) if profiled else Clock(device, synced)
     sync(device)
     start = time.perf_counter()
     step_model = torch.compile(model, dynamic=False) if args.compile_step else model
-    decode_static(model, prompt, caches, args.steps + 5 + extra, lambda logits: logits.argmax(-1, keepdim=True),
+    decode_static(model, prompt, caches, count, lambda logits: logits.argmax(-1, keepdim=True),
                   device.type == "cuda", on_token=clock, step_model=step_model)
-    gaps = clock.gaps(4 + extra)
-    timed_positions = range(first + 5 + extra, context)
+    timed_positions = range(first + warm + 1, context)
     block = model.encoder.blocks[0].attention
     rows = statistics.mean(keys_seen(block.attention.pattern, block.num_heads, p) for p in timed_positions)
-    entry = {"ms_per_token": 1e3 * statistics.median(gaps), "ms_per_token_min": 1e3 * min(gaps),
-             "ms_per_token_max": 1e3 * max(gaps), "prefill_s": None if filled else clock.times[0] - start,
-             "prompt": "random cache" if filled else first, "steps_at": [first + 5 + extra, context - 1],
+    entry = {**phase_medians(clock, warm, args.steps), "prefill_s": None if filled else clock.times[0] - start,
+             "prompt": "random cache" if filled else first, "steps_at": [first + warm + 1, context - 1],
              "new_tokens": args.steps, "compile_step": args.compile_step,
              "cache_bytes": sum(c.memory_bytes() for c in caches), "cache_rows": caches[0].capacity,
              **step_bytes(model, rows)}
@@ -247,6 +279,7 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
         entry["hbm_bytes_per_s"] = bandwidth
         entry["limit_ms"] = 1e3 * (entry["weight_bytes"] + entry["kv_bytes"]) / bandwidth
         entry["x_limit"] = entry["ms_per_token"] / entry["limit_ms"]
+        entry["x_limit_synced"] = entry["ms_per_token_synced"] / entry["limit_ms"]
     if profiled:
         entry["profile"] = clock.summary()
     return entry
@@ -329,7 +362,7 @@ def llama(args, context: int, device, dilated: bool):
         vocab_size=args.vocab, hidden_size=args.dim, intermediate_size=args.llama_intermediate or 4 * args.dim,
         num_hidden_layers=args.depth,
         num_attention_heads=args.heads, num_key_value_heads=args.heads,
-        max_position_embeddings=context + args.steps + 8,
+        max_position_embeddings=context + 2 * args.steps + 16,
         pad_token_id=0, bos_token_id=None, eos_token_id=None, attn_implementation="sdpa")
     model = transformers.LlamaForCausalLM(config).to(device=device, dtype=DTYPES[args.dtype]).eval()
     if dilated:
@@ -387,8 +420,9 @@ def dense_static_cache(model, max_length: int):
 def dense_steps(step, cache, token: torch.Tensor, start: int, count: int, on_token) -> torch.Tensor:
     """`count` greedy tokens of a transformers model `step` (the model, or it compiled) on `cache`, which holds
     positions 0 .. start - 1; token (1, 1) is the token at `start`. on_token(tokens (1, 1)) after each new token."""
+    positions = torch.arange(start, start + count, device=token.device)  # no host-to-device copy per token
     for index in range(count):
-        position = torch.tensor([start + index], device=token.device)
+        position = positions[index:index + 1]
         logits = step(input_ids=token, past_key_values=cache, cache_position=position, position_ids=position[None],
                       use_cache=True).logits
         token = logits[:, -1:].argmax(-1)
@@ -401,13 +435,14 @@ def measure_dense_filled(args, context: int, device, dilated: bool = False) -> d
     """The Llama's steps at position `context` on transformers' StaticCache whose first `context` rows hold
     random keys and values instead of a prefill (the dense prefill of a long prompt takes minutes; a step's cost
     does not depend on the values): the forward compiled as transformers' generate compiles it (its CompileConfig:
-    CUDA graphs), the median gap between consecutive tokens after 4 (compiling and recording among them). With
+    CUDA graphs), the median gap between consecutive tokens after 4 (compiling and recording among them), over
+    --steps tokens with the host running ahead and --steps more each waited for (two_phases). With
     `dilated`, the same Llama on dilated attention through register() (its step reads the static cache in place).
     "weight_bytes": what a step reads of the weights (all but the input embedding)."""
     import transformers
 
     model = llama(args, context, device, dilated=dilated)
-    cache = dense_static_cache(model, context + args.steps + 8)
+    cache = dense_static_cache(model, context + 2 * args.steps + 16)
     for layer in cache.layers:
         layer.keys[:, :, :context].normal_()
         layer.values[:, :, :context].normal_()
@@ -418,11 +453,12 @@ def measure_dense_filled(args, context: int, device, dilated: bool = False) -> d
         options = transformers.CompileConfig().to_dict() if hasattr(transformers, "CompileConfig") else {}
         step = torch.compile(model, **{k: options[k] for k in ("fullgraph", "dynamic", "backend", "mode")
                                        if k in options})
-    clock = Clock(device)
+    synced, count = two_phases(4, args.steps)
+    clock = Clock(device, synced)
     token = prompt_of(args, 1, device)
-    dense_steps(step, cache, token, context, args.steps + 5, clock)
+    dense_steps(step, cache, token, context, count, clock)
     weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "embed_tokens" not in name)
-    return {"ms_per_token": 1e3 * statistics.median(clock.gaps()), "prompt": "random cache", "new_tokens": args.steps,
+    return {**phase_medians(clock, 4, args.steps), "prompt": "random cache", "new_tokens": args.steps,
             "cache": "static", "compiled": device.type == "cuda", "cache_length_after": int(cache.get_seq_length()),
             "weight_bytes": weights, "intermediate_size": model.config.intermediate_size}
 

@@ -26,13 +26,26 @@ def test_static_and_batch_methods_on_the_cpu(bench, tmp_path):
     assert static["status"] == "ok" and batch["status"] == "ok", report["results"]
     assert batch["same_tokens_per_row"] == [True] * 8 and batch["lengths"] == [128 - 8 * i for i in range(8)]
     pattern = DilatedPattern.create([16, 64], [1, 4], causal=True)
-    rows = statistics.mean(keys_seen(pattern, 4, p) for p in range(128 - 6, 128))
-    assert static["steps_at"] == [128 - 6, 127] and static["key_rows_x_heads_per_layer"] == rows
+    rows = statistics.mean(keys_seen(pattern, 4, p) for p in range(128 - 2 * 6 - 1, 128))  # both phases' steps
+    assert static["steps_at"] == [128 - 2 * 6 - 1, 127] and static["key_rows_x_heads_per_layer"] == rows
+    assert static["ms_per_token_synced"] > 0
     assert static["kv_bytes"] == int(2 * rows * 8 * 4 * 2)  # keys and values, head dim 8, float32, 2 layers
     model = bench.longnet(args, 128, torch.device("cpu"))
     assert static["weight_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
     assert static["cache_rows"] == 64 and "limit_ms" not in static  # no HBM bandwidth on the CPU
     assert json.loads(out.read_text())["results"] == report["results"]  # every finished result written
+
+
+def test_two_phases_time_the_host_running_ahead_then_each_token_waited_for(bench):
+    """Gaps 4 warm, 3 ahead, 1 left out, 3 synced: each phase's median is of its own gaps."""
+    synced, count = bench.two_phases(4, 3)
+    assert list(synced) == [8, 9, 10, 11] and count == 12
+    clock = bench.Clock(torch.device("cpu"), synced)
+    gaps = [9.0] * 4 + [1.0, 2.0, 3.0] + [50.0] + [10.0, 20.0, 40.0]
+    clock.times = [sum(gaps[:i]) for i in range(count)]
+    medians = bench.phase_medians(clock, 4, 3)
+    assert medians == {"ms_per_token": 2e3, "ms_per_token_min": 1e3, "ms_per_token_max": 3e3,
+                       "ms_per_token_synced": 20e3}
 
 
 @pytest.mark.parametrize("dilated", [False, True])
