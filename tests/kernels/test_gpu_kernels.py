@@ -266,3 +266,63 @@ def test_gemv_matches_the_float64_product_on_the_gpu(n, k, dtype, bias, activati
     assert (got.double() - want).abs().max().item() <= 2 * rounding * scale
     cublas = act(torch.nn.functional.linear(x, weight, b))
     assert (got.double() - want).abs().max() <= 2 * (cublas.double() - want).abs().max() + rounding * scale
+
+
+@pytest.mark.parametrize("n,k", [(6144, 2048), (8192, 2048), (1000, 777), (3, 256)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("activation", [None, "gelu"])
+def test_gemv_with_a_layer_norm_and_a_residual_matches_the_modules_on_the_gpu(n, k, dtype, activation):
+    """residual + activation(Linear(LayerNorm(x))) in one GEMV against float64 (the normalised row rounded to the
+    dtype, as nn.LayerNorm writes it), and no further from it than the modules in the same dtype plus a rounding."""
+    from hilbert_lab.kernels.triton_gemv import gemv
+
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    x = (torch.randn(1, 1, k, device="cuda", generator=gen) * 4 + 2).to(dtype)
+    norm = torch.nn.LayerNorm(k, device="cuda", dtype=dtype)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(k, device="cuda", generator=gen))
+        norm.bias.copy_(torch.randn(k, device="cuda", generator=gen))
+    weight = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(dtype)
+    b = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    residual = torch.randn(1, 1, n, device="cuda", generator=gen).to(dtype)
+    act = torch.nn.functional.gelu if activation else (lambda y: y)
+    normed = torch.nn.functional.layer_norm(x.double(), (k,), norm.weight.double(), norm.bias.double(), norm.eps)
+    want = residual.double() + act(normed.to(dtype).double() @ weight.double().T + b.double())
+    with torch.no_grad():
+        got = gemv(x, weight, b, activation, norm=(norm.weight, norm.bias, norm.eps), residual=residual)
+        modules = residual + act(torch.nn.functional.linear(norm(x), weight, b))
+    assert got.dtype == dtype and got.shape == (1, 1, n)
+    rounding = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 2 ** -20}[dtype]
+    scale = want.abs().max().item()
+    assert (got.double() - want).abs().max().item() <= 4 * rounding * scale
+    assert (got.double() - want).abs().max() <= 2 * (modules.double() - want).abs().max() + rounding * scale
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("heads,head_dim,k", [(16, 128, 2048), (4, 64, 320)])
+def test_gemv_rotates_a_stacked_projections_q_and_k_rows_on_the_gpu(dtype, heads, head_dim, k):
+    """A stacked q/k/v projection of a layer-normed row with RoPE on its q and k rows (one GEMV) against float64,
+    and no further from it than the modules (LayerNorm, F.linear, models.rotary.rotate) in the dtype plus a
+    rounding."""
+    from hilbert_lab.kernels.triton_gemv import gemv
+    from hilbert_lab.models.rotary import rotary_tables, rotate
+
+    gen = torch.Generator(device="cuda").manual_seed(heads + k)
+    n, rows = 3 * heads * head_dim, 2 * heads * head_dim
+    x = torch.randn(1, 1, k, device="cuda", generator=gen).to(dtype)
+    weight = (torch.randn(n, k, device="cuda", generator=gen) * k ** -0.5).to(dtype)
+    b = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    cos, sin = rotary_tables(torch.tensor([123457], device="cuda"), head_dim, 10000.0, dtype)
+
+    def reference(y, c, s):
+        return torch.cat((rotate(y[..., :rows].unflatten(-1, (-1, head_dim)), c, s).flatten(-2), y[..., rows:]), -1)
+
+    normed = torch.nn.functional.layer_norm(x.double(), (k,)).to(dtype).double()
+    want = reference(normed @ weight.double().T + b.double(), cos.double(), sin.double())
+    with torch.no_grad():
+        got = gemv(x, weight, b, norm=(None, None, 1e-5), rotation=(cos, sin, rows))
+        modules = reference(torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (k,)), weight, b), cos, sin)
+    rounding = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 2 ** -20}[dtype]
+    scale = want.abs().max().item()
+    assert got.dtype == dtype and (got.double() - want).abs().max().item() <= 4 * rounding * scale
+    assert (got.double() - want).abs().max() <= 2 * (modules.double() - want).abs().max() + rounding * scale
