@@ -17,8 +17,7 @@ from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_devic
 from hilbert_lab.attention.pattern import DilatedPattern
 
 from .projection import linear, project
-from . import rotary as rope
-from .rotary import apply_rotary, pass_rotary_tables, working_dtype
+from .rotary import apply_rotary, pass_rotary_tables
 
 DecodingCache = DilatedKVCache | DilatedStaticCache  # a layer's keys and values while decoding
 
@@ -74,51 +73,34 @@ class DilatedTransformerBlock(nn.Module):
 
     def attend(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                cache: DecodingCache | None = None, rotary_tables: dict | None = None) -> torch.Tensor:
-        """x + Attn(LN(x)) for x (B, N, C), rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens: the
+        """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens: the
         documents of a packed row (B = 1); with a ``cache`` the tokens follow those it holds (their keys and
         values are appended to it); rotary_tables: the rotary tables of the forward pass over these positions
-        (models.rotary.pass_rotary_tables, which the encoder computes once and hands every block). On a static
-        cache the layer norm runs inside the one q/k/v projection, and where dropout is off the residual add
-        inside the output projection (models.projection: one GEMV each for a token)."""
+        (models.rotary.pass_rotary_tables, which the encoder computes once and hands every block)."""
         mha = self.attention
         split = lambda t: t.unflatten(-1, (-1, mha.head_dim))  # noqa: E731
         stacked = cache.in_projection if isinstance(cache, DilatedStaticCache) else None
-        if stacked is not None:  # one GEMM for q, k and v, q and k rotated in it
+        if stacked is not None:  # one GEMM for q, k and v
             kv_dim = mha.num_kv_heads * mha.head_dim
-            rotation = None
-            if self.rotary:
-                cos, sin = rope.rotary_tables(positions, mha.head_dim, self.rotary_base, working_dtype(x),
-                                              rotary_tables)
-                rotation = (cos, sin, mha.embed_dim + kv_dim)
-            qkv = linear(x, *stacked, norm=self.attention_norm, rotation=rotation)
-            q, k, v = map(split, qkv.split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
+            q, k, v = map(split, linear(x, *stacked).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
         else:
-            h = self.attention_norm(x)
-            q, k, v = split(mha.q_proj(h)), split(mha.k_proj(h)), split(mha.v_proj(h))
-            if self.rotary:
-                q = apply_rotary(q, positions, base=self.rotary_base, tables=rotary_tables)
-                k = apply_rotary(k, positions, base=self.rotary_base, tables=rotary_tables)
+            q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
+        if self.rotary:
+            q = apply_rotary(q, positions, base=self.rotary_base, tables=rotary_tables)
+            k = apply_rotary(k, positions, base=self.rotary_base, tables=rotary_tables)
         if cache is not None:
             attended = cache.attend(q, k, v)
         elif cu_seqlens is None:
             attended = mha.attention(q, k, v)
         else:
             attended = mha.attention(q, k, v, cu_seqlens=cu_seqlens)
-        if self._dropping():
-            return x + self.dropout(project(attended.flatten(-2), mha.out_proj))
-        return project(attended.flatten(-2), mha.out_proj, residual=x)
-
-    def _dropping(self) -> bool:
-        """Whether dropout acts on the residual branches (training with p > 0)."""
-        return self.training and self.dropout.p > 0
+        return project(attended.flatten(-2), mha.out_proj)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 cache: DecodingCache | None = None, rotary_tables: dict | None = None) -> torch.Tensor:
         check_device("x", x, self.attention_norm.weight, "block")
-        x = self.attend(x, positions, cu_seqlens, cache, rotary_tables)
-        if self._dropping():
-            return x + self.dropout(project(self.mlp_norm(x), self.mlp))
-        return project(x, self.mlp, norm=self.mlp_norm, residual=x)
+        x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache, rotary_tables))
+        return x + self.dropout(project(self.mlp_norm(x), self.mlp))
 
 
 def _values_readable(x: torch.Tensor) -> bool:
@@ -196,8 +178,10 @@ class LongNetEncoder(nn.Module):
     def rotary_tables(self, positions: torch.Tensor, x: torch.Tensor) -> dict:
         """The rotary tables of one forward pass over positions, computed once for every block that rotates
         (models.rotary.pass_rotary_tables), cast to the dtype of the blocks' q and k: x's, or autocast's."""
+        kind = x.device.type
+        autocast = kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind)
         return pass_rotary_tables(positions, [(block.attention.head_dim, block.rotary_base) for block in self.blocks
-                                              if block.rotary], working_dtype(x))
+                                              if block.rotary], torch.get_autocast_dtype(kind) if autocast else x.dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | None = None, caches: Sequence[DecodingCache] | None = None) -> torch.Tensor:

@@ -63,17 +63,6 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 1000
     if positions.shape not in ((x.shape[1],), tuple(x.shape[:2])):
         raise ValueError(f"positions must have shape (N,) = ({x.shape[1]},) or (B, N) = {tuple(x.shape[:2])}, got "
                          f"{tuple(positions.shape)}")
-    return rotate(x, *rotary_tables(positions, x.shape[-1], base, x.dtype, tables))
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., D) with its halves (x[..., :D/2], x[..., D/2:]) rotated by the angles whose cos and sin (broadcast to
-    (..., D/2)) are given: RoPE's rotation, in x's dtype."""
+    cos, sin = rotary_tables(positions, x.shape[-1], base, x.dtype, tables)
     first, second = x.chunk(2, dim=-1)
     return torch.cat((first * cos - second * sin, first * sin + second * cos), dim=-1)
-
-
-def working_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype of a layer's products of x: autocast's where it is on for x's device, else x's."""
-    kind = x.device.type
-    return torch.get_autocast_dtype(kind) if kind in ("cpu", "cuda") and torch.is_autocast_enabled(kind) else x.dtype
