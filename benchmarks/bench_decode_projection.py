@@ -6,7 +6,8 @@ replayed as one CUDA graph per token) on one model, in one process, the two vari
 "separate" the same caches with `in_projection` None. Each run fills fresh caches with random keys and values up
 to `--context` - steps - 5 and times the steps ending at `--context`; eager steps first, then the steps through
 torch.compile (as `LongNetLM.generate(compile_step=True)` runs them). Per run the median gap between tokens after
-4, and the tokens themselves (both variants must give the same ones). Prints the medians, their ratio and the
+4 (bench_decode.Clock: on a GPU CUDA events, the host running ahead; before rev fca577e each token was waited
+for), and the tokens themselves (both variants must give the same ones). Prints the medians, their ratio and the
 memory-bandwidth limit of a step (bench_decode.step_bytes over the measured copy bandwidth).
 GPU, the 1B-class config (dim 2048, depth 16, 16 heads of 128, vocab 32000, bf16):
     python benchmarks/bench_decode_projection.py --out reports/results/decode_static/decode_1b_projection.json
