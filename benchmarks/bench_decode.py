@@ -261,6 +261,7 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
             cache.positions.fill_(first)
             cache.lengths, cache.length = [first], first
     prompt = prompt_of(args, 1 if filled else first, device)
+    synced = {0, *synced}  # the prompt's token waited for: prefill_s is the prompt's time, not its enqueueing
     clock = ProfiledClock(device, 5, profiled, synced) if profiled else Clock(device, synced)
     sync(device)
     start = time.perf_counter()
