@@ -142,9 +142,10 @@ class DilatedStaticCache:
     Attributes: `keys`, `values` (B, C, H_kv, D); `positions` (B,) int64 on the device, each row's next
     position (advanced by every step, also when a CUDA graph replays it); `lengths` (host ints, each row's
     prompt length); `length` (host: the longest row's length, counted by eager calls only: a caller replaying a
-    captured step or running a compiled one sets it, as models.generate.decode_static does); `in_projection`: None,
-    or the layer's q, k, v projections stacked (weight, bias) for one GEMM per step, set by whoever holds the layer
-    (models.generate.new_static_caches: MultiheadDilatedAttention.stacked_in_projection in the cache's dtype).
+    captured step or running a compiled one sets it, as models.generate.decode_static does); `projections`: None,
+    or the layer's linear layers prepared for its steps (a dict its block reads instead of its modules), set by
+    whoever holds the layer (models.generate.new_static_caches: models.decoding_layer.decoding_projections in the
+    cache's dtype).
     """
 
     def __init__(self, segment_lengths: Sequence[int], dilation_rates: Sequence[int], *, batch_size: int,
@@ -173,7 +174,7 @@ class DilatedStaticCache:
         self.length = 0
         self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
         self._tables = step_tables(self.pattern, num_heads, self.capacity, device)
-        self.in_projection: Optional[tuple[torch.Tensor, Optional[torch.Tensor]]] = None
+        self.projections: Optional[dict] = None
         self._scale = validate_attention_inputs(self.keys[:1, :1], self.keys[:1, :1], self.keys[:1, :1], scale=scale)
 
     def reset(self, prompt_lengths: Optional[Sequence[int]] = None) -> None:

@@ -1,10 +1,19 @@
 """One token's linear layer, y = x W^T + b for x of one row, as one Triton launch that streams the weight once.
 
-`gemv(x, weight, bias=None, activation=None)`: x (..., K) holding one row in all, weight (N, K) with contiguous
-rows, bias (N,) or None -> (..., N) in x's dtype, the sums in float32, then `activation` ("gelu": the exact, erf
-GELU) on the float32 sums before the one rounding; all on one device. Each program reduces `block_n` rows of the
-weight over K in chunks of `block_k` columns, so a launch holds ceil(N / block_n) programs that all stream their
-rows at once.
+`gemv(x, weight, bias=None, activation=None, *, normalize=None, rotation=None, residual=None)`: x (..., K) holding
+one row in all, weight (N, K) with contiguous rows, bias (N,) or None -> (..., N) in x's dtype, the sums in float32
+and one rounding at the end. On the float32 sums, in this order:
+- normalize (row_sums (N,), eps): x is layer-normalised first, x_hat = (x - mean) / sqrt(var + eps) (biased
+  variance, as nn.LayerNorm), with the norm's weight and bias already folded into `weight` and `bias`
+  (`fold_layer_norm`); mean and variance are summed from the same chunks of x that the product reads, shifted by
+  x[0] (no cancellation where the row's mean is large), so the weight is still read once and nothing else is;
+- activation "gelu": the exact (erf) GELU;
+- rotation (cos, sin, rows): rotary embedding of the first `rows` outputs, whose heads are cos.numel() * 2 wide:
+  output j and j + D/2 of a head become (y_j cos_j - y_{j+D/2} sin_j, y_j sin_j + y_{j+D/2} cos_j) (the pairs of
+  models.rotary.apply_rotary); a program then holds the two rows of a pair;
+- residual (..., N): added last.
+All on one device. Each program reduces `block_n` rows of the weight over K in chunks of `block_k` columns, so a
+launch holds ceil(N / block_n) programs that all stream their rows at once.
 A decoding step at batch 1 spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM
 with M = 1 reads small weights well below the bandwidth. Plain tensors in, nothing from hilbert_lab imported.
 """
@@ -17,27 +26,59 @@ from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, 
 if HAVE_TRITON:
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, stride_w, K: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN: tl.constexpr,
-                     GELU: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, N, stride_w, eps,
+                     K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EVEN: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
+                     ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+        pid = tl.program_id(0)
+        if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
+            pair = pid % HALF
+            rows = (pid // HALF) * (2 * HALF) + pair + tl.arange(0, BLOCK_N) * HALF
+        else:
+            rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        if NORM:
+            shift = tl.load(x_ptr).to(tl.float32)
+            sum1 = tl.zeros((BLOCK_K,), dtype=tl.float32)
+            sum2 = tl.zeros((BLOCK_K,), dtype=tl.float32)
         for start in range(0, K, BLOCK_K):
             if EVEN:
                 w = tl.load(w_ptrs + start)
-                x = tl.load(x_ptr + start + cols)
+                x = tl.load(x_ptr + start + cols).to(tl.float32)
+                if NORM:
+                    x = x - shift
             else:
                 inside = (start + cols) < K
                 w = tl.load(w_ptrs + start, mask=(rows < N)[:, None] & inside[None, :], other=0.0)
-                x = tl.load(x_ptr + start + cols, mask=inside, other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+                x = tl.load(x_ptr + start + cols, mask=inside, other=0.0).to(tl.float32)
+                if NORM:
+                    x = tl.where(inside, x - shift, 0.0)
+            if NORM:
+                sum1 += x
+                sum2 += x * x
+            acc += w.to(tl.float32) * x[None, :]
         y = tl.sum(acc, axis=1)
+        if NORM:
+            mean = tl.sum(sum1, axis=0) / K  # of x - shift
+            var = tl.maximum(tl.sum(sum2, axis=0) / K - mean * mean, 0.0)
+            row_sums = tl.load(sums_ptr + rows, mask=rows < N, other=0.0)
+            y = (y - mean * row_sums) / tl.sqrt(var + eps)
         if HAS_BIAS:
             y += tl.load(b_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         if GELU:
             y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
+        if HALF > 0:
+            if pid * 2 < ROTATED:
+                first = tl.arange(0, BLOCK_N) == 0
+                y_first = tl.sum(tl.where(first, y, 0.0), axis=0)
+                y_second = tl.sum(tl.where(first, 0.0, y), axis=0)
+                c = tl.load(cos_ptr + pair).to(tl.float32)
+                s = tl.load(sin_ptr + pair).to(tl.float32)
+                y = tl.where(first, y_first * c - y_second * s, y_first * s + y_second * c)
+        if HAS_RESIDUAL:
+            y += tl.load(res_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
 
 
@@ -50,10 +91,33 @@ def tuning(n: int, k: int) -> tuple[int, int, int]:
 ACTIVATIONS = (None, "gelu")
 
 
+def fold_layer_norm(weight: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
+                    norm_bias: torch.Tensor | None, dtype: torch.dtype | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A layer norm's affine (norm_weight gamma (K,), norm_bias beta (K,), None: 1 and 0) folded into the linear
+    layer after it: (weight * gamma (N, K), bias + weight beta (N,), the folded weight's row sums (N,) float32), in
+    `dtype` (default weight's; the sums from the weight as stored), so that linear(layer_norm(x)) is
+    gemv(x, weight', bias', normalize=(row_sums, eps)). Computed in float64, detached."""
+    dtype = weight.dtype if dtype is None else dtype
+    wide = weight.detach().double()
+    folded_bias = torch.zeros(wide.shape[0], dtype=torch.float64, device=weight.device) if bias is None \
+        else bias.detach().double()
+    if norm_bias is not None:
+        folded_bias = folded_bias + wide @ norm_bias.detach().double()
+    if norm_weight is not None:
+        wide = wide * norm_weight.detach().double()
+    folded = wide.to(dtype).contiguous()
+    return folded, folded_bias.to(dtype), folded.double().sum(1).float()
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = None, *,
+         normalize: tuple[torch.Tensor, float] | None = None,
+         rotation: tuple[torch.Tensor, torch.Tensor, int] | None = None, residual: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """x (..., K) of one row, weight (N, K) (rows contiguous), bias (N,) or None -> activation(x W^T + b) (..., N);
-    activation None or "gelu" (exact, erf)."""
+    activation None or "gelu" (exact, erf); normalize (row_sums (N,) float32, eps): layer-normalise x first (the
+    norm's affine folded into weight and bias: fold_layer_norm); rotation (cos (D/2,), sin (D/2,), rows): rotary
+    pairs over the first `rows` outputs (a multiple of D; N a multiple of D); residual (..., N): added last."""
     require_triton("gemv")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -64,17 +128,39 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError("weight must have contiguous rows (stride 1 along K)")
     if bias is not None and tuple(bias.shape) != (n,):
         raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
-    devices = {t.device for t in (x, weight, bias) if t is not None}
+    out_shape = x.shape[:-1] + (n,)
+    row_sums, eps = (None, 0.0) if normalize is None else normalize
+    if row_sums is not None and (tuple(row_sums.shape) != (n,) or row_sums.dtype != torch.float32):
+        raise ValueError(f"normalize's row sums must be a float32 tensor of shape ({n},), got "
+                         f"{row_sums.dtype} {tuple(row_sums.shape)}")
+    cos = sin = None
+    half = rotated = 0
+    if rotation is not None:
+        cos, sin, rotated = rotation
+        half = cos.numel()
+        if sin.numel() != half or half < 1 or n % (2 * half) or rotated % (2 * half) or not 0 <= rotated <= n:
+            raise ValueError(f"rotation must be (cos, sin, rows) with cos and sin of D/2 values each, N={n} and rows "
+                             f"multiples of D and rows <= N, got {cos.numel()} and {sin.numel()} values, rows "
+                             f"{rotated}")
+        cos, sin = cos.reshape(half).contiguous(), sin.reshape(half).contiguous()
+        block_n = 2
+    if residual is not None and tuple(residual.shape) != tuple(out_shape):
+        raise ValueError(f"residual must have the output's shape {tuple(out_shape)}, got {tuple(residual.shape)}")
+    devices = {t.device for t in (x, weight, bias, row_sums, cos, sin, residual) if t is not None}
     if len(devices) > 1:
-        raise ValueError(f"x, weight and bias must be on one device, got {sorted(map(str, devices))}")
+        raise ValueError(f"x, weight, bias, normalize, rotation and residual must be on one device, got "
+                         f"{sorted(map(str, devices))}")
     default = tuning(n, k)
     block_n, block_k = block_n or default[0], block_k or default[1]
     flat = x.reshape(k).contiguous()
     bias = None if bias is None else bias.contiguous()
-    out = torch.empty(x.shape[:-1] + (n,), device=x.device, dtype=x.dtype)
+    residual = None if residual is None else residual.reshape(n).contiguous()
+    out = torch.empty(out_shape, device=x.device, dtype=x.dtype)
     even = n % block_n == 0 and k % block_k == 0
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        flat, weight, bias if bias is not None else weight, out, n, weight.stride(0), K=k,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN=even, GELU=activation == "gelu",
-        num_warps=num_warps or default[2])
+    _gemv_kernel[(n // 2 if half else triton.cdiv(n, block_n),)](
+        flat, weight, weight if bias is None else bias, out, weight if row_sums is None else row_sums,
+        weight if cos is None else cos, weight if sin is None else sin, weight if residual is None else residual,
+        n, weight.stride(0), float(eps), K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN=even, GELU=activation == "gelu", NORM=row_sums is not None, HALF=half, ROTATED=rotated,
+        HAS_RESIDUAL=residual is not None, num_warps=num_warps or default[2])
     return out

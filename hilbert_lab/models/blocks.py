@@ -16,7 +16,8 @@ from hilbert_lab.attention.static_cache import DilatedStaticCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
 from hilbert_lab.attention.pattern import DilatedPattern
 
-from .projection import linear, project
+from .decoding_layer import decoding_layer
+from .projection import project
 from .rotary import apply_rotary, pass_rotary_tables
 
 DecodingCache = DilatedKVCache | DilatedStaticCache  # a layer's keys and values while decoding
@@ -79,12 +80,7 @@ class DilatedTransformerBlock(nn.Module):
         (models.rotary.pass_rotary_tables, which the encoder computes once and hands every block)."""
         mha = self.attention
         split = lambda t: t.unflatten(-1, (-1, mha.head_dim))  # noqa: E731
-        stacked = cache.in_projection if isinstance(cache, DilatedStaticCache) else None
-        if stacked is not None:  # one GEMM for q, k and v
-            kv_dim = mha.num_kv_heads * mha.head_dim
-            q, k, v = map(split, linear(x, *stacked).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
-        else:
-            q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
+        q, k, v = split(mha.q_proj(x)), split(mha.k_proj(x)), split(mha.v_proj(x))
         if self.rotary:
             q = apply_rotary(q, positions, base=self.rotary_base, tables=rotary_tables)
             k = apply_rotary(k, positions, base=self.rotary_base, tables=rotary_tables)
@@ -99,6 +95,9 @@ class DilatedTransformerBlock(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
                 cache: DecodingCache | None = None, rotary_tables: dict | None = None) -> torch.Tensor:
         check_device("x", x, self.attention_norm.weight, "block")
+        projections = cache.projections if isinstance(cache, DilatedStaticCache) else None
+        if projections is not None and not (self.training and self.dropout.p > 0):
+            return decoding_layer(self, x, positions, cache, projections, rotary_tables)
         x = x + self.dropout(self.attend(self.attention_norm(x), positions, cu_seqlens, cache, rotary_tables))
         return x + self.dropout(project(self.mlp_norm(x), self.mlp))
 

@@ -13,6 +13,8 @@ from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
 from hilbert_lab.attention.static_cache import DilatedStaticCache
 
+from .decoding_layer import decoding_projections
+
 
 def _local_layers(model) -> bool:
     return all(type(block.attention) is MultiheadDilatedAttention for block in model.encoder.blocks)
@@ -32,8 +34,9 @@ def new_static_caches(model, batch_size: int, max_length: int,
                       prompt_lengths: list[int] | None = None) -> list[DilatedStaticCache]:
     """One DilatedStaticCache per block of a LongNetLM with local attention layers: batch_size rows of up to
     max_length tokens, in the model's dtype (under torch.autocast, its dtype) and on its device, each holding its
-    layer's q, k, v projections stacked (`in_projection`: one GEMM per step; a copy of those weights, so caches made
-    before the weights change decode with the old ones); prompt_lengths: the rows' lengths in a left-padded prompt
+    layer's linear layers prepared for decoding (`projections`, models.decoding_layer.decoding_projections: the
+    norms folded into the q, k, v projections stacked and into the MLP's first layer; copies of those weights, so
+    caches made before the weights change decode with the old ones); prompt_lengths: the rows' lengths in a left-padded prompt
     (None: no padding)."""
     if not _local_layers(model):
         raise ValueError("a static cache needs every layer to be a local MultiheadDilatedAttention (ring layers "
@@ -51,7 +54,7 @@ def new_static_caches(model, batch_size: int, max_length: int,
             num_heads=mha.num_heads, num_kv_heads=mha.num_kv_heads, head_dim=mha.head_dim, dtype=dtype,
             device=weight.device, backend=mha.attention.backend, scale=mha.attention.scale,
             prompt_lengths=prompt_lengths)
-        cache.in_projection = mha.stacked_in_projection(dtype)
+        cache.projections = decoding_projections(block, dtype)
         caches.append(cache)
     return caches
 

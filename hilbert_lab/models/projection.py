@@ -1,16 +1,24 @@
 """Linear layers of a decoding step: x of one row (batch 1, one new token) on a GPU, with no gradient asked, runs
 as one Triton GEMV (kernels.triton_gemv), which reads the weight nearer the memory bandwidth than cuBLAS's GEMM of
-one row; everything else is F.linear or the module's own call."""
+one row, with the layer norm before it, the rotary embedding and the residual add after it in the same launch;
+everything else is F.linear or the module's own call.
+
+A layer norm followed by a linear layer is held as a `NormedLinear`: the norm's affine folded into the layer's
+weight and bias (kernels.triton_gemv.fold_layer_norm), so that one GEMV normalises the row while it reads the
+weight."""
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hilbert_lab.kernels.triton_gemv import ACTIVATIONS, gemv
+from hilbert_lab.kernels.triton_gemv import ACTIVATIONS, fold_layer_norm, gemv
 from hilbert_lab.kernels.triton_support import runs_on
 
-__all__ = ["linear", "plain_tensor", "project"]
+__all__ = ["NormedLinear", "fold_norm", "foldable_norm", "linear", "normed_linear", "one_row_gemv", "plain_linear",
+           "plain_tensor", "project"]
 
 
 def plain_tensor(t: torch.Tensor) -> bool:
@@ -19,7 +27,7 @@ def plain_tensor(t: torch.Tensor) -> bool:
     return type(t) in (torch.Tensor, nn.Parameter)
 
 
-def _one_row(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+def one_row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype, x, weight and bias plain tensors on
     one device, with no gradient asked."""
     if x.numel() != x.shape[-1] or x.dtype != weight.dtype or x.device.type != "cuda" or not runs_on(x.device):
@@ -37,16 +45,65 @@ def _plain(module: nn.Module) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           activation: str | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), then F.gelu where activation is "gelu"; x (..., K) of one row (a decoding step at
-    batch 1) on a GPU, with no gradient asked, runs as one Triton GEMV (kernels.triton_gemv) with the GELU on its
-    float32 sums, which reads the weight nearer the memory bandwidth than cuBLAS's GEMM of one row."""
+           activation: str | None = None, *, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias), then F.gelu where activation is "gelu", then + residual (x's shape but the last
+    dim, N) where given; x (..., K) of one row (a decoding step at batch 1) on a GPU, with no gradient asked, runs
+    as one Triton GEMV (kernels.triton_gemv) with the GELU and the residual on its float32 sums (one rounding),
+    which reads the weight nearer the memory bandwidth than cuBLAS's GEMM of one row."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if _one_row(x, weight, bias):
-        return gemv(x, weight, bias, activation)
+    if one_row_gemv(x, weight, bias) and (residual is None or _same_place(residual, x)):
+        return gemv(x, weight, bias, activation, residual=residual)
     y = F.linear(x, weight, bias)
-    return F.gelu(y) if activation == "gelu" else y
+    y = F.gelu(y) if activation == "gelu" else y
+    return y if residual is None else residual + y
+
+
+class NormedLinear(NamedTuple):
+    """A layer norm (eps) and the linear layer after it, as one: weight (N, K) and bias (N,) hold the norm's affine
+    folded in (kernels.triton_gemv.fold_layer_norm), row_sums (N,) float32 the folded weight's row sums."""
+    weight: torch.Tensor
+    bias: torch.Tensor
+    row_sums: torch.Tensor
+    eps: float
+
+
+def foldable_norm(norm: nn.Module) -> bool:
+    """Whether norm is a plain nn.LayerNorm over the last dimension (no hooks), whose affine can be folded."""
+    return type(norm) is nn.LayerNorm and _plain(norm) and len(norm.normalized_shape) == 1
+
+
+def fold_norm(norm: nn.LayerNorm, weight: torch.Tensor, bias: torch.Tensor | None,
+              dtype: torch.dtype | None = None) -> NormedLinear:
+    """norm, then F.linear(., weight, bias), as a NormedLinear in `dtype` (default weight's): copies detached from
+    the parameters. ValueError where norm is not a plain nn.LayerNorm over the last dimension."""
+    if not foldable_norm(norm):
+        raise ValueError(f"norm must be a plain nn.LayerNorm over the last dimension, got {norm!r}")
+    folded, folded_bias, row_sums = fold_layer_norm(weight, bias, norm.weight, norm.bias, dtype)
+    return NormedLinear(folded, folded_bias, row_sums, float(norm.eps))
+
+
+def normed_linear(x: torch.Tensor, layer: NormedLinear, activation: str | None = None, *,
+                  rotation: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
+    """linear(layer_norm(x), ...) of a NormedLinear, x (..., K) -> (..., N): one row on a GPU with no gradient asked
+    as one GEMV that normalises x from the chunks it reads (and rotates the first rows' pairs: rotation (cos (D/2,),
+    sin (D/2,), rows), kernels.triton_gemv.gemv); otherwise F.layer_norm without affine, then `linear` (rotation
+    is then refused: the caller rotates)."""
+    if one_row_gemv(x, layer.weight, layer.bias) and (rotation is None or _same_place(rotation[0], x)):
+        return gemv(x, layer.weight, layer.bias, activation, normalize=(layer.row_sums, layer.eps), rotation=rotation)
+    if rotation is not None:
+        raise ValueError("rotation runs inside the one-row GEMV only (x of one row on a GPU, no gradient asked)")
+    return linear(F.layer_norm(x, x.shape[-1:], eps=layer.eps), layer.weight, layer.bias, activation)
+
+
+def _same_place(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether t is a plain tensor on x's device."""
+    return plain_tensor(t) and t.device == x.device
+
+
+def plain_linear(module: nn.Module) -> bool:
+    """Whether module is a plain nn.Linear (not a subclass or a wrapper, no hooks)."""
+    return type(module) is nn.Linear and _plain(module)
 
 
 def _exact_gelu(module: nn.Module) -> bool:
@@ -57,14 +114,14 @@ def _exact_gelu(module: nn.Module) -> bool:
 def project(x: torch.Tensor, layer: nn.Module) -> torch.Tensor:
     """layer(x); a plain nn.Linear (not a subclass or a wrapper, no hooks) goes through `linear`, and so does each
     one inside a plain nn.Sequential, with the plain nn.GELU that follows it there as its activation."""
-    if type(layer) is nn.Linear and _plain(layer):
+    if plain_linear(layer):
         return linear(x, layer.weight, layer.bias)
     if type(layer) is nn.Sequential and _plain(layer):
         modules = list(layer)
         index = 0
         while index < len(modules):
             module = modules[index]
-            if type(module) is nn.Linear and _plain(module) and index + 1 < len(modules) \
+            if plain_linear(module) and index + 1 < len(modules) \
                     and _exact_gelu(modules[index + 1]):
                 x = linear(x, module.weight, module.bias, "gelu")
                 index += 2

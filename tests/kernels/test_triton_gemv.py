@@ -1,6 +1,8 @@
 """The one-row linear layer (kernels.triton_gemv.gemv) in interpreter mode (TRITON_INTERPRET=1, CPU) against a
 float64 product: ragged N and K, with and without bias and GELU, the block shapes the tunings use, large values;
-its argument checks; and models.projection sending only one row on a GPU to it, with a Sequential's GELU."""
+the layer norm folded in (fold_layer_norm), the rotary pairs and the residual against float64 LayerNorm, linear,
+models.rotary.apply_rotary and add; its argument checks; and models.projection sending only one row on a GPU to it,
+with a Sequential's GELU."""
 from __future__ import annotations
 
 import importlib.util
@@ -40,10 +42,48 @@ def _errors() -> None:
         want = torch.nn.functional.gelu(x.double() @ w.double().T + b.double())
         got = gemv(x, w, b, "gelu", block_n=block_n, block_k=block_k)
         print(json.dumps({"gelu_error": ((got.double() - want).abs().max() / want.abs().max()).item()}))
+    _fused_errors(gen)
     view = torch.randn(48, 80, generator=gen)[:, :64]
     x, bias = torch.randn(64, generator=gen), torch.randn(96, generator=gen)[::2]
     want = view.double() @ x.double() + bias.double()
     print(json.dumps({"view_error": ((gemv(x, view, bias).double() - want).abs().max() / want.abs().max()).item()}))
+
+
+FUSED = [(96, 16, 3, 1, 32), (100, 8, 4, 2, 64), (64, 32, 2, 2, None)]  # K, head dim, heads, kv heads, block_k
+
+
+def _fused_errors(gen) -> None:
+    """Per (K, D, H, H_kv, block_k), dtype and offset of x's mean: the largest error of the folded norm, GELU,
+    rotation of the q and k rows and the residual against float64, over the reference's largest value."""
+    from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv
+    from hilbert_lab.models.rotary import apply_rotary, rotary_angles
+
+    for k, head_dim, heads, kv_heads, block_k in FUSED:
+        rows = (heads + 2 * kv_heads) * head_dim
+        w, b = torch.randn(rows, k, generator=gen) * k ** -0.5, torch.randn(rows, generator=gen)
+        gamma, beta = torch.rand(k, generator=gen) + 0.5, torch.randn(k, generator=gen)
+        position = torch.tensor([1234])
+        cos, sin = rotary_angles(position, head_dim)
+        for dtype in (torch.float32, torch.float16):
+            for offset in (0.0, 1e3):
+                x = (torch.randn(1, 1, k, generator=gen) * 3 + offset).to(dtype)
+                residual = torch.randn(1, 1, rows, generator=gen).to(dtype)
+                normed = torch.nn.functional.layer_norm(x.double(), (k,), gamma.double(), beta.double(), 1e-5)
+                want = normed @ w.double().T + b.double()
+                q, kk, v = want.split((heads * head_dim, kv_heads * head_dim, kv_heads * head_dim), -1)
+                rotate = lambda t: apply_rotary(t.unflatten(-1, (-1, head_dim)), position).flatten(-2)  # noqa: E731
+                rotated = torch.cat((rotate(q), rotate(kk), v), -1) + residual.double()
+                weight, bias, sums = fold_layer_norm(w, b, gamma, beta, dtype)
+                got = gemv(x, weight, bias, normalize=(sums, 1e-5), block_k=block_k)
+                fused = gemv(x, weight, bias, normalize=(sums, 1e-5), rotation=(cos, sin, (heads + kv_heads) * head_dim),
+                             residual=residual, block_k=block_k)
+                gelu = gemv(x, weight, bias, "gelu", normalize=(sums, 1e-5), block_k=block_k)
+                scale = want.abs().max()
+                print(json.dumps({"fused_case": [k, head_dim, heads, kv_heads, block_k, str(dtype), offset],
+                                  "dtype": str(fused.dtype), "norm": ((got.double() - want).abs().max() / scale).item(),
+                                  "rotated": ((fused.double() - rotated).abs().max() / scale).item(),
+                                  "gelu": ((gelu.double() - torch.nn.functional.gelu(want)).abs().max()
+                                           / scale).item()}))
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
@@ -60,6 +100,47 @@ def test_gemv_matches_the_float64_product(run_interpreted):
     assert next(r["view_error"] for r in results if "view_error" in r) <= 1e-5
     gelu = [r["gelu_error"] for r in results if "gelu_error" in r]
     assert len(gelu) == 3 and max(gelu) <= 1e-5, gelu
+    fused = [r for r in results if "fused_case" in r]
+    assert len(fused) == len(FUSED) * 2 * 2
+    for result in fused:  # float16: x itself, the folded weight and the output each rounded once
+        bound = 1e-5 if result["fused_case"][5] == "torch.float32" else 4e-3
+        assert result["dtype"] == result["fused_case"][5], result
+        assert max(result["norm"], result["rotated"], result["gelu"]) <= bound, result
+
+
+def test_a_folded_layer_norm_gives_the_norm_then_the_linear_layer():
+    """fold_layer_norm: F.linear(layer_norm(x) with gamma, beta) == F.linear(layer_norm(x) without them, weight',
+    bias') in float64, and the row sums are the folded weight's; None affine parts fold to nothing."""
+    from hilbert_lab.kernels.triton_gemv import fold_layer_norm
+
+    gen = torch.Generator().manual_seed(1)
+    x, w, b = (torch.randn(3, 24, generator=gen, dtype=torch.float64), torch.randn(10, 24, generator=gen,
+               dtype=torch.float64), torch.randn(10, generator=gen, dtype=torch.float64))
+    gamma, beta = torch.randn(24, generator=gen, dtype=torch.float64), torch.randn(24, generator=gen, dtype=torch.float64)
+    want = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (24,), gamma, beta), w, b)
+    weight, bias, sums = fold_layer_norm(w, b, gamma, beta)
+    got = torch.nn.functional.linear(torch.nn.functional.layer_norm(x, (24,)), weight, bias)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(sums, weight.sum(1).float())
+    plain = fold_layer_norm(w, None, None, None, torch.float32)
+    assert torch.equal(plain[0], w.float()) and torch.equal(plain[1], torch.zeros(10)) and plain[0].dtype == torch.float32
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("keywords, match", [
+    (dict(normalize=(torch.zeros(3), 1e-5)), "row sums must be a float32 tensor of shape"),
+    (dict(normalize=(torch.zeros(4, dtype=torch.float16), 1e-5)), "row sums must be a float32 tensor of shape"),
+    (dict(rotation=(torch.zeros(3), torch.zeros(3), 4)), "rotation must be"),
+    (dict(rotation=(torch.zeros(2), torch.zeros(1), 4)), "rotation must be"),
+    (dict(rotation=(torch.zeros(1), torch.zeros(1), 3)), "rotation must be"),
+    (dict(rotation=(torch.zeros(1), torch.zeros(1), 6)), "rotation must be"),
+    (dict(residual=torch.zeros(1, 5)), "residual must have the output's shape"),
+])
+def test_gemv_rejects_bad_fused_parts(keywords, match):
+    from hilbert_lab.kernels.triton_gemv import gemv
+
+    with pytest.raises(ValueError, match=match):
+        gemv(torch.zeros(1, 8), torch.zeros(4, 8), **keywords)
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
@@ -104,14 +185,14 @@ def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(mon
     from hilbert_lab.models import projection
 
     called = []
-    monkeypatch.setattr(projection, "gemv", lambda *a: called.append(a) or torch.zeros(()))
+    monkeypatch.setattr(projection, "gemv", lambda *a, **kw: called.append(a) or torch.zeros(()))
     layer = nn.Linear(8, 4)
     x = torch.randn(1, 1, 8)
     torch.testing.assert_close(projection.project(x, layer), layer(x))  # CPU: nn.Linear's own product
     stack = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     torch.testing.assert_close(projection.project(x, stack), stack(x))
     assert not called
-    monkeypatch.setattr(projection, "_one_row", lambda x, w, b=None: True)  # as on a GPU
+    monkeypatch.setattr(projection, "one_row_gemv", lambda x, w, b=None: True)  # as on a GPU
     hooked = nn.Linear(8, 4)
     hooked.register_forward_hook(lambda module, args, out: out * 2)
     torch.testing.assert_close(projection.project(x, hooked), 2 * nn.functional.linear(x, hooked.weight, hooked.bias))
@@ -125,7 +206,7 @@ def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monke
     from hilbert_lab.models import projection
 
     calls = []
-    def gemv(x, w, b, activation):
+    def gemv(x, w, b, activation, residual=None):
         calls.append((w, activation))
         y = torch.nn.functional.linear(x, w, b)
         return torch.nn.functional.gelu(y) if activation else y
@@ -137,7 +218,7 @@ def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monke
     assert not calls
     with pytest.raises(ValueError, match="activation must be one of"):
         projection.linear(x, stack[0].weight, None, "relu")
-    monkeypatch.setattr(projection, "_one_row", lambda x, w, b=None: True)
+    monkeypatch.setattr(projection, "one_row_gemv", lambda x, w, b=None: True)
     torch.testing.assert_close(projection.project(x, stack), stack(x))
     assert calls == [(stack[0].weight, "gelu"), (stack[2].weight, None)]
     calls.clear()
@@ -155,8 +236,8 @@ def test_one_row_asks_for_one_row_on_a_gpu_without_gradient(monkeypatch):
 
     monkeypatch.setattr(projection, "runs_on", lambda device: True)
     weight = torch.zeros(4, 8)
-    assert not projection._one_row(torch.zeros(1, 8), weight)  # a CPU tensor
-    assert not projection._one_row(torch.zeros(1, 1, 8).to("meta"), weight)  # a meta tensor is no GPU's
+    assert not projection.one_row_gemv(torch.zeros(1, 8), weight)  # a CPU tensor
+    assert not projection.one_row_gemv(torch.zeros(1, 1, 8).to("meta"), weight)  # a meta tensor is no GPU's
 
 
 def test_only_plain_tensors_go_to_the_kernel():

@@ -199,35 +199,39 @@ def test_left_padded_rows_decode_each_as_if_alone(kv_heads):
 
 
 @pytest.mark.parametrize("kv_heads", [None, 2])
-def test_static_caches_project_q_k_v_in_one_gemm_with_the_three_projections_values(kv_heads):
-    """Each static cache holds its layer's q, k, v projections stacked (weights and biases, GQA included), and the
-    prompt and the steps through it give the logits of the three separate projections (float64)."""
+def test_static_caches_decode_on_prepared_projections_with_the_modules_logits(kv_heads):
+    """Each static cache holds its layer's prepared linear layers (the norms folded into the stacked q, k, v and the
+    MLP's first layer, GQA included); the prompt and the steps through them give the logits of the modules
+    themselves and of one forward pass (float64, norms with non-trivial affines), and the steps read the prepared
+    weights, not the modules'."""
     torch.manual_seed(0)
     model = LongNetLM(VOCAB, 32, 2, 4, [8, 16, 32], [1, 2, 4], max_seq_len=96, backend="sdpa",
                       num_kv_heads=kv_heads).double().eval()
-    x = torch.randn(2, 5, 32, dtype=torch.float64)
+    for block in model.encoder.blocks:
+        for norm in (block.attention_norm, block.mlp_norm):
+            torch.nn.init.normal_(norm.weight, 1.0, 0.3)
+            torch.nn.init.normal_(norm.bias, 0.0, 0.3)
     caches, plain = new_static_caches(model, 2, 60), new_static_caches(model, 2, 60)
     for block, cache in zip(model.encoder.blocks, caches):
         mha = block.attention
-        weight, bias = cache.in_projection
-        assert weight.shape == (32 + 2 * mha.num_kv_heads * mha.head_dim, 32) and weight.dtype == torch.float64
-        stacked = torch.nn.functional.linear(x, weight, bias)
-        torch.testing.assert_close(stacked, torch.cat([mha.q_proj(x), mha.k_proj(x), mha.v_proj(x)], -1),
-                                   rtol=0, atol=1e-14)
+        qkv = cache.projections["qkv"]
+        assert qkv.weight.shape == (32 + 2 * mha.num_kv_heads * mha.head_dim, 32) and qkv.weight.dtype == torch.float64
+        assert cache.projections["up"].weight.shape == (128, 32) and cache.projections["down"][0] is not None
     for cache in plain:
-        cache.in_projection = None
+        cache.projections = None
     tokens = _tokens(2, 40)
     with torch.no_grad():
         one = [model(tokens[:, :20], caches=caches)] + [model(tokens[:, p:p + 1], caches=caches) for p in range(20, 40)]
-        three = [model(tokens[:, :20], caches=plain)] + [model(tokens[:, p:p + 1], caches=plain) for p in range(20, 40)]
-    torch.testing.assert_close(torch.cat(one, 1), torch.cat(three, 1), rtol=0, atol=1e-12)
-    scaled = new_static_caches(model, 2, 60)  # the steps read the stacked weights, not the modules'
+        mods = [model(tokens[:, :20], caches=plain)] + [model(tokens[:, p:p + 1], caches=plain) for p in range(20, 40)]
+        whole = model(tokens)
+    torch.testing.assert_close(torch.cat(one, 1), torch.cat(mods, 1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.cat(one, 1), whole, rtol=0, atol=1e-12)
+    scaled = new_static_caches(model, 2, 60)
     for cache in scaled:
-        cache.in_projection = (2 * cache.in_projection[0], cache.in_projection[1])
+        qkv = cache.projections["qkv"]
+        cache.projections["qkv"] = qkv._replace(weight=2 * qkv.weight)
     with torch.no_grad():
         assert not torch.allclose(model(tokens[:, :20], caches=scaled), one[0])
-    half = model.encoder.blocks[0].attention.stacked_in_projection(torch.bfloat16)
-    assert half[0].dtype == half[1].dtype == torch.bfloat16 and not half[0].requires_grad
 
 
 def test_a_chunk_on_static_caches_gives_the_whole_sequences_logits():
@@ -256,7 +260,8 @@ def test_static_caches_under_autocast_hold_and_attend_in_its_dtype():
     prompt, mask = _left_padded_prompt(rows)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         caches = new_static_caches(model, 2, 40)
-        assert all(cache.keys.dtype == cache.in_projection[0].dtype == torch.bfloat16 for cache in caches)
+        assert all(cache.keys.dtype == cache.projections["qkv"].weight.dtype == cache.projections["out"][0].dtype
+                   == torch.bfloat16 for cache in caches)
         batched = model.generate(prompt, 12, attention_mask=mask)
         for b, row in enumerate(rows):
             alone = model.generate(row, 12, attention_mask=torch.ones_like(row))

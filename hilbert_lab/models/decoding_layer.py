@@ -1,0 +1,71 @@
+"""A transformer block's decoding step on a static cache with its linear layers prepared once: the attention norm
+folded into the stacked q, k, v projection, the MLP's norm into its first linear layer (models.projection's
+NormedLinear), so that at batch 1 on a GPU a block is four GEMVs and the cache's attention, with the norms, the
+rotary embedding and both residual adds inside the GEMVs (kernels.triton_gemv), and no small op between them.
+
+`decoding_projections(block, dtype)` -> the prepared layers (dict: "qkv", "out", "up", "down") or None where the
+block is not the plain modules it folds; `decoding_layer(block, x, positions, cache, projections, rotary_tables)`
+-> the block's output, equal to its forward (the float32 sums of each GEMV rounded once)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .projection import NormedLinear, fold_norm, foldable_norm, linear, normed_linear, one_row_gemv, plain_linear
+from .rotary import apply_rotary, rotary_angles
+
+__all__ = ["decoding_layer", "decoding_projections"]
+
+
+def decoding_projections(block: nn.Module, dtype: torch.dtype | None = None) -> dict | None:
+    """The linear layers of a DilatedTransformerBlock's decoding step in `dtype` (default the parameters'):
+    "qkv": attention_norm, then the q, k and v projections stacked (NormedLinear, N = E + 2 E_kv); "out": the output
+    projection (weight, bias); "up": mlp_norm, then the MLP's first linear layer (NormedLinear); "down": its second
+    (weight, bias). Folded weights are copies detached from the parameters (a step then reads these, not the
+    modules); the others are the parameters themselves where `dtype` is theirs. None where the norms are not plain
+    nn.LayerNorms or the MLP is not a plain nn.Sequential(nn.Linear, nn.GELU(), nn.Linear)."""
+    mha = block.attention
+    mlp = list(block.mlp) if type(block.mlp) is nn.Sequential else []
+    if not (foldable_norm(block.attention_norm) and foldable_norm(block.mlp_norm) and len(mlp) == 3
+            and plain_linear(mlp[0]) and plain_linear(mlp[2]) and type(mlp[1]) is nn.GELU
+            and mlp[1].approximate == "none" and plain_linear(mha.out_proj)):
+        return None
+    dtype = mha.q_proj.weight.dtype if dtype is None else dtype
+
+    def plain(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+        bias = None if layer.bias is None else layer.bias.detach().to(dtype)
+        return layer.weight.detach().to(dtype), bias
+
+    return {"qkv": fold_norm(block.attention_norm, *mha.stacked_in_projection(), dtype), "out": plain(mha.out_proj),
+            "up": fold_norm(block.mlp_norm, mlp[0].weight, mlp[0].bias, dtype), "down": plain(mlp[2])}
+
+
+def _angles(block: nn.Module, positions: torch.Tensor, rotary_tables: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 rotary cosines and sines (D/2,) of the one position of a one-row step."""
+    head_dim = block.attention.head_dim
+    angles = None if rotary_tables is None else rotary_tables.get((head_dim, block.rotary_base))
+    if angles is None:
+        angles = rotary_angles(positions, head_dim, base=block.rotary_base)
+    return angles[0].reshape(-1), angles[1].reshape(-1)
+
+
+def decoding_layer(block: nn.Module, x: torch.Tensor, positions: torch.Tensor, cache, projections: dict,
+                   rotary_tables: dict | None = None) -> torch.Tensor:
+    """block(x, positions, cache=cache) on its decoding_projections: x (B, N, C) -> (B, N, C); the tokens follow
+    those the cache holds (their keys and values are appended to it). One row (batch 1, one token) on a GPU with no
+    gradient asked runs as four GEMVs around the cache's attention; otherwise the same prepared weights through
+    F.layer_norm (no affine) and F.linear. No dropout (the caller's concern: a training block with dropout keeps
+    its forward)."""
+    mha = block.attention
+    qkv: NormedLinear = projections["qkv"]
+    kv_dim = mha.num_kv_heads * mha.head_dim
+    rotation = None
+    if block.rotary and one_row_gemv(x, qkv.weight, qkv.bias):
+        rotation = (*_angles(block, positions, rotary_tables), mha.embed_dim + kv_dim)
+    q, k, v = (t.unflatten(-1, (-1, mha.head_dim))
+               for t in normed_linear(x, qkv, rotation=rotation).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
+    if block.rotary and rotation is None:
+        q = apply_rotary(q, positions, base=block.rotary_base, tables=rotary_tables)
+        k = apply_rotary(k, positions, base=block.rotary_base, tables=rotary_tables)
+    x = linear(cache.attend(q, k, v).flatten(-2), *projections["out"], residual=x)
+    return linear(normed_linear(x, projections["up"], "gelu"), *projections["down"], residual=x)
