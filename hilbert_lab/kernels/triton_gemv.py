@@ -82,9 +82,13 @@ if HAVE_TRITON:
         tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
 
 
-def tuning(n: int, k: int) -> tuple[int, int, int]:
+def tuning(n: int, k: int, normalize: bool = False) -> tuple[int, int, int]:
     """(block_n, block_k, num_warps) of `gemv` for a weight (n, k): one row per program, 512 columns at a time (the
-    fastest single tuning over a 1B-class step's five weights on an H200, within 7% of each weight's fastest)."""
+    fastest single tuning over a 1B-class step's five weights on an H200, within 7% of each weight's fastest); with
+    the norm folded in or rotary pairs, two rows per program, 1024 columns, 2 warps (the fastest for the q, k, v and
+    the MLP's first weight there: a program's reductions of x's mean and variance shared by two rows)."""
+    if normalize:
+        return 2, min(1024, triton.next_power_of_2(k)), 2
     return 1, min(512, triton.next_power_of_2(k)), 4
 
 
@@ -143,15 +147,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
                              f"multiples of D and rows <= N, got {cos.numel()} and {sin.numel()} values, rows "
                              f"{rotated}")
         cos, sin = cos.reshape(half).contiguous(), sin.reshape(half).contiguous()
-        block_n = 2
     if residual is not None and tuple(residual.shape) != tuple(out_shape):
         raise ValueError(f"residual must have the output's shape {tuple(out_shape)}, got {tuple(residual.shape)}")
     devices = {t.device for t in (x, weight, bias, row_sums, cos, sin, residual) if t is not None}
     if len(devices) > 1:
         raise ValueError(f"x, weight, bias, normalize, rotation and residual must be on one device, got "
                          f"{sorted(map(str, devices))}")
-    default = tuning(n, k)
-    block_n, block_k = block_n or default[0], block_k or default[1]
+    default = tuning(n, k, row_sums is not None or rotation is not None)
+    block_n, block_k = 2 if half else block_n or default[0], block_k or default[1]
     flat = x.reshape(k).contiguous()
     bias = None if bias is None else bias.contiguous()
     residual = None if residual is None else residual.reshape(n).contiguous()

@@ -21,6 +21,9 @@ __all__ = ["NormedLinear", "fold_norm", "foldable_norm", "linear", "normed_linea
            "plain_tensor", "project"]
 
 
+GEMV_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # float32 sums: float64 keeps F.linear
+
+
 def plain_tensor(t: torch.Tensor) -> bool:
     """Whether t is a torch.Tensor or nn.Parameter, not a subclass (DTensor, a quantized weight) whose storage is not
     what its values say."""
@@ -28,9 +31,11 @@ def plain_tensor(t: torch.Tensor) -> bool:
 
 
 def one_row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype, x, weight and bias plain tensors on
-    one device, with no gradient asked."""
-    if x.numel() != x.shape[-1] or x.dtype != weight.dtype or x.device.type != "cuda" or not runs_on(x.device):
+    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype (float16, bfloat16 or float32), x,
+    weight and bias plain tensors on one device, with no gradient asked."""
+    if x.numel() != x.shape[-1] or x.dtype not in GEMV_DTYPES or x.dtype != weight.dtype:
+        return False
+    if x.device.type != "cuda" or not runs_on(x.device):
         return False
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         return False  # F.linear names the mismatch
