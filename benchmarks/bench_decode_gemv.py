@@ -6,8 +6,13 @@ and x of one row; per variant, the products over all copies captured in one CUDA
 cache, as a step's layers do) and timed as bench_decode_kernel times its steps (replay_ms: do_bench, the median
 of three medians): microseconds per product, the weight's bytes over that time, and the largest difference from
 the float64 product over the largest value. Variants: "cublas", "default" (gemv's own tuning) and a grid of rows
-per program, columns per iteration and warps. The summary gives, per weight, the fastest variant, the default over
-it and cuBLAS over the default. The JSON is rewritten after each weight.
+per program, columns per iteration and warps; where a decoding step gives the weight's GEMV more work
+(models.decoding_layer: q/k/v the folded layer norm and the rotary pairs, the MLP's first layer the folded norm and
+the GELU, the output projection and the MLP's second layer the residual), "fused" (that work, gemv's own tuning for
+it) and the grid with it ("fused_t..."; with the rotation, two rows per program only), against float64
+LayerNorm, linear, GELU, rotary and add. The summary gives, per weight, the fastest variant, the default over it,
+cuBLAS over the default, and the fastest fused variant and the fused default over the plain default. The JSON is
+rewritten after each weight.
 GPU, a 1B-class layer (dim 2048, MLP 4 x dim, vocab 32000, bf16):
     python benchmarks/bench_decode_gemv.py --out reports/results/decode_static/gemv_h200.json
 CPU smoke run under Triton's interpreter (tiny shapes, float16, a few tunings; times are not meaningful):
@@ -26,10 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode as decode  # noqa: E402
 import bench_decode_kernel as kernel  # noqa: E402
-from hilbert_lab.kernels.triton_gemv import gemv  # noqa: E402
+from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv  # noqa: E402
+from hilbert_lab.models.rotary import apply_rotary, rotary_angles  # noqa: E402
 
-GPU = dict(dim=2048, mlp_ratio=4, vocab=32000, layers=16, dtype="bf16")
-QUICK = dict(dim=32, mlp_ratio=2, vocab=48, layers=2, dtype="fp16")
+GPU = dict(dim=2048, mlp_ratio=4, vocab=32000, layers=16, heads=16, dtype="bf16")
+QUICK = dict(dim=32, mlp_ratio=2, vocab=48, layers=2, heads=4, dtype="fp16")
+STEP_PARTS = {"qkv": ("normalize", "rotation"), "out": ("residual",), "fc1": ("normalize", "gelu"),
+              "fc2": ("residual",), "head": ()}  # what a decoding step's GEMV of each weight also does
+EPS, POSITION = 1e-5, 1234
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -49,8 +58,41 @@ def weights_of(args) -> dict[str, tuple[int, int, bool]]:
             "fc2": (dim, hidden, True), "head": (args.vocab, dim, False)}
 
 
-def measure_weight(args, device, n: int, k: int, has_bias: bool) -> list[dict]:
-    """One row per variant: microseconds per product, bytes per second, error against float64."""
+def _fused_parts(args, device, parts: tuple, weights: list, biases: list, x: torch.Tensor, generator) -> tuple:
+    """(gemv keyword arguments per copy, the float64 references): the folded norm's weights (random affine), the
+    rotary pairs of q and k at POSITION, a random residual, as models.decoding_layer gives them."""
+    n, k = weights[0].shape
+    dtype = weights[0].dtype
+    residual = torch.randn(1, 1, n, generator=generator, device=device).to(dtype) if "residual" in parts else None
+    head_dim = args.dim // args.heads
+    cos, sin = rotary_angles(torch.tensor([POSITION], device=device), head_dim)  # float64, as a step's tables
+    calls, wanted = [], []
+    for w, b in zip(weights, biases):
+        want = x.double()
+        options = {"activation": "gelu" if "gelu" in parts else None, "residual": residual}
+        if "normalize" in parts:
+            gamma = torch.rand(k, generator=generator, device=device) + 0.5
+            beta = torch.randn(k, generator=generator, device=device) * 0.1
+            want = F.layer_norm(want, (k,), gamma.double(), beta.double(), EPS)
+            folded, folded_bias, row_sums = fold_layer_norm(w, b, gamma, beta, dtype)
+            options.update(weight=folded, bias=folded_bias, normalize=(row_sums, EPS))
+        else:
+            options.update(weight=w, bias=b)
+        want = want @ w.double().T + (0 if b is None else b.double())
+        want = F.gelu(want) if "gelu" in parts else want
+        if "rotation" in parts:
+            rotated = 2 * args.dim  # q and k
+            options["rotation"] = (cos, sin, rotated)
+            position = torch.tensor([POSITION], device=device)
+            pairs = apply_rotary(want[..., :rotated].unflatten(-1, (-1, head_dim)), position)
+            want = torch.cat((pairs.flatten(-2), want[..., rotated:]), -1)
+        wanted.append(want if residual is None else want + residual.double())
+        calls.append(options)
+    return calls, wanted
+
+
+def measure_weight(args, device, n: int, k: int, has_bias: bool, parts: tuple = ()) -> list[dict]:
+    """One row per variant: microseconds per product, bytes per second, error against float64, fused or not."""
     dtype = DTYPES[args.dtype]
     generator = torch.Generator(device=device).manual_seed(n + k)
     weights = [(torch.randn(n, k, generator=generator, device=device) * k ** -0.5).to(dtype)
@@ -58,45 +100,63 @@ def measure_weight(args, device, n: int, k: int, has_bias: bool) -> list[dict]:
     biases = [torch.randn(n, generator=generator, device=device).to(dtype) if has_bias else None for _ in weights]
     x = torch.randn(1, 1, k, generator=generator, device=device).to(dtype)
     wanted = [x.double() @ w.double().T + (0 if b is None else b.double()) for w, b in zip(weights, biases)]
-    variants = {"cublas": lambda w, b: F.linear(x, w, b)}
-    variants.update({name: (lambda options: lambda w, b: gemv(x, w, b, **options))(options)
+    plain = [{"weight": w, "bias": b} for w, b in zip(weights, biases)]
+    variants = {"cublas": (False, lambda call: F.linear(x, call["weight"], call["bias"]))}
+    variants.update({name: (False, (lambda options: lambda call: gemv(x, **call, **options))(options))
                      for name, options in tunings(args.quick).items()})
+    if parts:
+        fused_calls, fused_wanted = _fused_parts(args, device, parts, weights, biases, x, generator)
+        for name, options in tunings(args.quick).items():
+            if "rotation" in parts and options.get("block_n", 2) != 2:
+                continue
+            variants["fused" if name == "default" else f"fused_{name}"] = (
+                True, (lambda options: lambda call: gemv(x, **call, **options))(options))
     rows = []
-    for name, product in variants.items():
-        error = max(((product(w, b).double() - want).abs().max() / want.abs().max()).item()
-                    for w, b, want in zip(weights, biases, wanted))
-        took = 1e-3 * kernel.replay_ms(lambda: [product(w, b) for w, b in zip(weights, biases)], device) / args.layers
-        rows.append({"variant": name, "us": 1e6 * took, "bytes_per_s": n * k * x.element_size() / took,
-                     "max_error": error})
+    for name, (fused, product) in variants.items():
+        calls, references = (fused_calls, fused_wanted) if fused else (plain, wanted)
+        error = max(((product(call).double() - want).abs().max() / want.abs().max()).item()
+                    for call, want in zip(calls, references))
+        took = 1e-3 * kernel.replay_ms(lambda: [product(call) for call in calls], device) / args.layers
+        rows.append({"variant": name, "fused": fused, "us": 1e6 * took,
+                     "bytes_per_s": n * k * x.element_size() / took, "max_error": error})
     return rows
 
 
 def summary(rows: list[dict]) -> dict:
-    """The fastest variant, the default over it and cuBLAS over the default."""
+    """The fastest plain variant, the default over it and cuBLAS over the default; with fused variants, the
+    fastest of them and the fused default over the plain default."""
     by_name = {row["variant"]: row["us"] for row in rows}
-    fastest = min(rows, key=lambda row: row["us"])
-    return {"fastest": fastest["variant"], "fastest_us": fastest["us"],
-            "default_over_fastest": by_name["default"] / fastest["us"],
-            "cublas_over_default": by_name["cublas"] / by_name["default"]}
+    fastest = min((row for row in rows if not row["fused"]), key=lambda row: row["us"])
+    result = {"fastest": fastest["variant"], "fastest_us": fastest["us"],
+              "default_over_fastest": by_name["default"] / fastest["us"],
+              "cublas_over_default": by_name["cublas"] / by_name["default"]}
+    fused = [row for row in rows if row["fused"]]
+    if fused:
+        best = min(fused, key=lambda row: row["us"])
+        result.update(fused_fastest=best["variant"], fused_fastest_us=best["us"],
+                      fused_over_default=by_name["fused"] / by_name["default"])
+    return result
 
 
 def run(args, write) -> dict:
     device = torch.device(args.device)
     report = dict(decode.report_header(args, device), weights={})
     for name, (n, k, has_bias) in weights_of(args).items():
-        rows = measure_weight(args, device, n, k, has_bias)
+        rows = measure_weight(args, device, n, k, has_bias, STEP_PARTS[name])
         report["weights"][name] = {"n": n, "k": k, "bias": has_bias, "variants": rows, "summary": summary(rows)}
         write(report)
         shown = report["weights"][name]["summary"]
+        fused = (f"; fused {shown['fused_over_default']:.3f}x the default, its fastest {shown['fused_fastest']} "
+                 f"{shown['fused_fastest_us']:.2f} us") if "fused_fastest" in shown else ""
         print(f"{name:5s} {n:6d} x {k:5d}: fastest {shown['fastest']} {shown['fastest_us']:.2f} us, default "
-              f"{shown['default_over_fastest']:.3f}x it, cuBLAS {shown['cublas_over_default']:.3f}x the default",
-              flush=True)
+              f"{shown['default_over_fastest']:.3f}x it, cuBLAS {shown['cublas_over_default']:.3f}x the default"
+              f"{fused}", flush=True)
     return report
 
 
 def parse_args(argv=None):
     parser = decode.decode_parser(__doc__, "CPU-sized run under Triton's interpreter (tiny weights, a few tunings)")
-    sizes = ("dim", "mlp_ratio", "vocab", "layers")
+    sizes = ("dim", "mlp_ratio", "vocab", "layers", "heads")
     decode.add_sized_options(parser, sizes, GPU, QUICK)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp16)")
     args = parser.parse_args(argv)
@@ -104,6 +164,8 @@ def parse_args(argv=None):
     for name in sizes:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.dim % args.heads or (args.dim // args.heads) % 2:
+        parser.error(f"--dim must be --heads times an even head dim, got {args.dim} and {args.heads}")
     return args
 
 

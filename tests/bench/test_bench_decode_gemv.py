@@ -1,6 +1,7 @@
 """benchmarks/bench_decode_gemv.py on the CPU under Triton's interpreter: every variant of the quick sweep runs at
-every weight of a layer and the head and matches the float64 product; the summary reads the rows; bad arguments
-exit 2."""
+every weight of a layer and the head and matches the float64 product, and where a decoding step fuses more into
+the weight's GEMV (the folded norm, rotary pairs, GELU, residual) the fused variants match float64 with that work;
+the summary reads the rows; bad arguments exit 2."""
 from __future__ import annotations
 
 import importlib.util
@@ -23,12 +24,21 @@ def test_the_quick_sweep_runs_every_variant_at_every_weight(bench, quick_interpr
     assert list(report["weights"]) == list(shapes) == ["qkv", "out", "fc1", "fc2", "head"]
     for name, entry in report["weights"].items():
         assert (entry["n"], entry["k"], entry["bias"]) == shapes[name]
-        assert [row["variant"] for row in entry["variants"]] == ["cublas", *bench.tunings(quick=True)]
-        for row in entry["variants"]:
-            assert row["max_error"] < 2e-3 and row["us"] > 0, (name, row)  # float16 outputs: one rounding
+        plain = ["cublas", *bench.tunings(quick=True)]
+        fused = [] if not bench.STEP_PARTS[name] else ["fused"] + [
+            f"fused_{tuning}" for tuning, options in bench.tunings(quick=True).items() if tuning != "default"
+            and ("rotation" not in bench.STEP_PARTS[name] or options["block_n"] == 2)]
+        assert [row["variant"] for row in entry["variants"]] == plain + fused
+        assert [row["fused"] for row in entry["variants"]] == [False] * len(plain) + [True] * len(fused)
+        for row in entry["variants"]:  # float16 outputs: one rounding (fused: x, the folded weight, the output)
+            assert row["max_error"] < (4e-3 if row["fused"] else 2e-3) and row["us"] > 0, (name, row)
         times = {row["variant"]: row["us"] for row in entry["variants"]}
-        assert entry["summary"]["fastest_us"] == min(times.values())
+        assert entry["summary"]["fastest_us"] == min(times[variant] for variant in plain)
         assert entry["summary"]["cublas_over_default"] == pytest.approx(times["cublas"] / times["default"])
+        if fused:
+            assert entry["summary"]["fused_fastest_us"] == min(times[variant] for variant in fused)
+            assert entry["summary"]["fused_over_default"] == pytest.approx(times["fused"] / times["default"])
+    assert [name for name, parts in bench.STEP_PARTS.items() if parts] == ["qkv", "out", "fc1", "fc2"]
 
 
 def test_the_sweep_keeps_each_program_within_8192_values(bench):
@@ -37,7 +47,8 @@ def test_the_sweep_keeps_each_program_within_8192_values(bench):
     assert all(t["block_n"] * t["block_k"] <= 8192 for name, t in grid.items() if name != "default")
 
 
-@pytest.mark.parametrize("extra", [["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"]])
+@pytest.mark.parametrize("extra", [["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"], ["--heads", "3"],
+                                   ["--heads", "32"]])
 def test_bad_arguments_exit_2(bench, extra):
     with pytest.raises(SystemExit) as done:
         bench.parse_args(["--quick", "--out", "x.json", *extra])
