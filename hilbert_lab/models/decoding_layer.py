@@ -23,12 +23,14 @@ def decoding_projections(block: nn.Module, dtype: torch.dtype | None = None) -> 
     projection (weight, bias); "up": mlp_norm, then the MLP's first linear layer (NormedLinear); "down": its second
     (weight, bias). Folded weights are copies detached from the parameters (a step then reads these, not the
     modules); the others are the parameters themselves where `dtype` is theirs. None where the norms are not plain
-    nn.LayerNorms or the MLP is not a plain nn.Sequential(nn.Linear, nn.GELU(), nn.Linear)."""
+    nn.LayerNorms, the MLP is not a plain nn.Sequential(nn.Linear, nn.GELU(), nn.Linear), or a projection is not a
+    plain nn.Linear (a subclass, or hooks the prepared layers would skip)."""
     mha = block.attention
     mlp = list(block.mlp) if type(block.mlp) is nn.Sequential else []
     if not (foldable_norm(block.attention_norm) and foldable_norm(block.mlp_norm) and len(mlp) == 3
             and plain_linear(mlp[0]) and plain_linear(mlp[2]) and type(mlp[1]) is nn.GELU
-            and mlp[1].approximate == "none" and plain_linear(mha.out_proj)):
+            and mlp[1].approximate == "none"
+            and all(map(plain_linear, (mha.q_proj, mha.k_proj, mha.v_proj, mha.out_proj)))):
         return None
     dtype = mha.q_proj.weight.dtype if dtype is None else dtype
 

@@ -36,8 +36,8 @@ def new_static_caches(model, batch_size: int, max_length: int,
     max_length tokens, in the model's dtype (under torch.autocast, its dtype) and on its device, each holding its
     layer's linear layers prepared for decoding (`projections`, models.decoding_layer.decoding_projections: the
     norms folded into the q, k, v projections stacked and into the MLP's first layer; copies of those weights, so
-    caches made before the weights change decode with the old ones); prompt_lengths: the rows' lengths in a left-padded prompt
-    (None: no padding)."""
+    caches made before the weights change decode with the old ones); prompt_lengths: the rows' lengths in a
+    left-padded prompt (None: no padding)."""
     if not _local_layers(model):
         raise ValueError("a static cache needs every layer to be a local MultiheadDilatedAttention (ring layers "
                          "decode by recompute: models.use_local_attention first)")

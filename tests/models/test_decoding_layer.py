@@ -83,13 +83,15 @@ def test_fused_one_row_steps_give_the_modules_logits(run_interpreted):
 
 
 def test_prepared_projections_refuse_blocks_they_would_not_reproduce():
-    """A norm with a hook or of another kind, a tanh GELU, or an MLP of other layers: None (the modules run)."""
+    """A norm with a hook or of another kind, a tanh GELU, an MLP of other layers, or a projection with a hook: None
+    (the modules run)."""
     assert decoding_projections(_model().encoder.blocks[0]) is not None
     for change in (lambda b: b.attention_norm.register_forward_hook(lambda m, a, o: o * 2),
                    lambda b: setattr(b, "mlp_norm", nn.RMSNorm(32)),
                    lambda b: setattr(b.mlp[1], "approximate", "tanh"),
                    lambda b: b.mlp.append(nn.Identity()),
-                   lambda b: b.attention.out_proj.register_forward_pre_hook(lambda m, a: None)):
+                   lambda b: b.attention.out_proj.register_forward_pre_hook(lambda m, a: None),
+                   lambda b: b.attention.k_proj.register_forward_hook(lambda m, a, o: o * 2)):
         block = _model().encoder.blocks[0]
         change(block)
         assert decoding_projections(block) is None
