@@ -65,7 +65,8 @@ def _fused_parts(args, device, parts: tuple, weights: list, biases: list, x: tor
     dtype = weights[0].dtype
     residual = torch.randn(1, 1, n, generator=generator, device=device).to(dtype) if "residual" in parts else None
     head_dim = args.dim // args.heads
-    cos, sin = rotary_angles(torch.tensor([POSITION], device=device), head_dim)  # float64, as a step's tables
+    position = torch.tensor([POSITION], device=device)
+    cos, sin = rotary_angles(position, head_dim)  # float64, as a step's tables
     calls, wanted = [], []
     for w, b in zip(weights, biases):
         want = x.double()
@@ -83,7 +84,6 @@ def _fused_parts(args, device, parts: tuple, weights: list, biases: list, x: tor
         if "rotation" in parts:
             rotated = 2 * args.dim  # q and k
             options["rotation"] = (cos, sin, rotated)
-            position = torch.tensor([POSITION], device=device)
             pairs = apply_rotary(want[..., :rotated].unflatten(-1, (-1, head_dim)), position)
             want = torch.cat((pairs.flatten(-2), want[..., rotated:]), -1)
         wanted.append(want if residual is None else want + residual.double())

@@ -5,12 +5,12 @@ replayed as one CUDA graph per token) on one model, in one process, the two vari
 (A B, B A, ...): "prepared" runs the caches as `models.generate.new_static_caches` makes them (`projections` set:
 models.decoding_layer, the norms folded into the stacked q, k, v and the MLP's first layer, the rotary pairs and
 residual adds inside the GEMVs), "modules" the same caches with `projections` None (the block's forward: layer
-norms, three projections, rotary and residual adds as ops of their own). Each run fills fresh caches with random keys and values up
-to `--context` - steps - 5 and times the steps ending at `--context`; eager steps first, then the steps through
-torch.compile (as `LongNetLM.generate(compile_step=True)` runs them). Per run the median gap between tokens after
-4 (bench_decode.Clock: on a GPU CUDA events, the host running ahead; before rev fca577e each token was waited
-for), and the tokens themselves (the two variants round differently: the share of equal tokens is reported). Prints the medians, their ratio and the
-memory-bandwidth limit of a step (bench_decode.step_bytes over the measured copy bandwidth).
+norms, three projections, rotary and residual adds as ops of their own). Each run fills fresh caches with random
+keys and values up to `--context` - steps - 5 and times the steps ending at `--context`; eager steps first, then the
+steps through torch.compile (as `LongNetLM.generate(compile_step=True)` runs them). Per run the median gap between
+tokens after 4 (bench_decode.Clock: on a GPU CUDA events, the host running ahead; before rev fca577e each token was
+waited for), and the tokens themselves (the two variants round differently: the share of equal tokens is
+reported). Prints the medians, their ratio and the memory-bandwidth limit of a step (bench_decode.step_bytes over the measured copy bandwidth).
 GPU, the 1B-class config (dim 2048, depth 16, 16 heads of 128, vocab 32000, bf16):
     python benchmarks/bench_decode_projection.py --out reports/results/decode_static/decode_1b_projection.json
 CPU smoke run (a tiny model, eager steps):
@@ -64,10 +64,8 @@ def summary(runs: list[dict], mode: str) -> dict:
     if not prepared or not modules:
         return {}
     a, b = prepared[0]["tokens"], modules[0]["tokens"]
-    return {"prepared_ms": statistics.median(r["ms_per_token"] for r in prepared),
-            "modules_ms": statistics.median(r["ms_per_token"] for r in modules),
-            "ratio": statistics.median(r["ms_per_token"] for r in prepared)
-            / statistics.median(r["ms_per_token"] for r in modules),
+    prepared_ms, modules_ms = (statistics.median(r["ms_per_token"] for r in group) for group in (prepared, modules))
+    return {"prepared_ms": prepared_ms, "modules_ms": modules_ms, "ratio": prepared_ms / modules_ms,
             "repeatable": all(len({tuple(r["tokens"]) for r in group}) == 1 for group in (prepared, modules)),
             "agreement": sum(x == y for x, y in zip(a, b)) / len(a)}
 
