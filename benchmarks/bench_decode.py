@@ -439,7 +439,8 @@ def measure_dense_filled(args, context: int, device, dilated: bool = False) -> d
     CUDA graphs), the median gap between consecutive tokens after 4 (compiling and recording among them), over
     --steps tokens with the host running ahead and --steps more each waited for (two_phases). With
     `dilated`, the same Llama on dilated attention through register() (its step reads the static cache in place).
-    "weight_bytes": what a step reads of the weights (all but the input embedding)."""
+    "weight_bytes": what a step reads of the weights (all but the input embedding). With --profile-tokens on a
+    GPU, "profile" as measure_static's (ProfiledClock's summary)."""
     import transformers
 
     model = llama(args, context, device, dilated=dilated)
@@ -454,14 +455,19 @@ def measure_dense_filled(args, context: int, device, dilated: bool = False) -> d
         options = transformers.CompileConfig().to_dict() if hasattr(transformers, "CompileConfig") else {}
         step = torch.compile(model, **{k: options[k] for k in ("fullgraph", "dynamic", "backend", "mode")
                                        if k in options})
-    synced, count = two_phases(4, args.steps)
-    clock = Clock(device, synced)
+    profiled = args.profile_tokens if device.type == "cuda" else 0
+    warm = 4 + (profiled + 1 if profiled else 0)
+    synced, count = two_phases(warm, args.steps)
+    clock = ProfiledClock(device, 5, profiled, synced) if profiled else Clock(device, synced)
     token = prompt_of(args, 1, device)
     dense_steps(step, cache, token, context, count, clock)
     weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "embed_tokens" not in name)
-    return {**phase_medians(clock, 4, args.steps), "prompt": "random cache", "new_tokens": args.steps,
-            "cache": "static", "compiled": device.type == "cuda", "cache_length_after": int(cache.get_seq_length()),
-            "weight_bytes": weights, "intermediate_size": model.config.intermediate_size}
+    entry = {**phase_medians(clock, warm, args.steps), "prompt": "random cache", "new_tokens": args.steps,
+             "cache": "static", "compiled": device.type == "cuda", "cache_length_after": int(cache.get_seq_length()),
+             "weight_bytes": weights, "intermediate_size": model.config.intermediate_size}
+    if profiled:
+        entry["profile"] = clock.summary()
+    return entry
 
 
 @torch.inference_mode()
@@ -557,8 +563,8 @@ def parse_args(argv=None):
                         "torch.compile, as LongNetLM.generate(compile_step=True) runs them")
     parser.add_argument("--chunk-tokens", type=int, default=1024, help="longnet_static_chunk (--chunk): tokens per "
                         "chunk (default 1024)")
-    parser.add_argument("--profile-tokens", type=int, default=0, help="longnet_static_graph on a GPU: torch.profiler "
-                        "over this many tokens before the timed ones (where a step's time goes: kernels per kind, "
+    parser.add_argument("--profile-tokens", type=int, default=0, help="longnet_static_graph and the filled Llamas on a "
+                        "GPU: torch.profiler over this many tokens before the timed ones (where a step's time goes: kernels per kind, "
                         "the GPU's time without a kernel); 0: none")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "hf_dilated_filled",
