@@ -33,6 +33,7 @@ transformers is optional (extra "hf"): without it the dense and hf methods are r
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -495,6 +496,17 @@ def measure_cpu_target(args, device, repeats: int = 7) -> dict:
             "recompute_ratio": recompute / statistics.median(forwards), "target_ratio": 8.0}
 
 
+def release(device) -> None:
+    """Start the next measurement as a fresh process would: torch.compile's compiled code dropped, the models and
+    CUDA graphs of the last one collected, and on a GPU the allocator's cached blocks returned and its peak reset
+    (the next one's tensors then do not land in blocks freed by another's)."""
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 def run(args, write) -> dict:
     device = torch.device(args.device)
     report = dict(report_header(args, device), results=[])
@@ -510,14 +522,11 @@ def run(args, write) -> dict:
             entry.update(status="skipped", reason=f"{type(error).__name__}: {error}")
         except (RuntimeError, ValueError) as error:  # out of memory, a backend that does not run: recorded
             entry.update(status="failed", reason=f"{type(error).__name__}: {str(error)[:300]}")
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
         else:
             entry["status"] = "ok"
             if device.type == "cuda":
                 entry["peak_bytes"] = torch.cuda.max_memory_allocated(device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
+        release(device)
         report["results"].append(entry)
         write(report)
         shown = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in entry.items() if k != "reason"}
@@ -527,6 +536,7 @@ def run(args, write) -> dict:
         record("cpu_target", 1024, lambda: measure_cpu_target(args, device))
     bandwidth = hbm_bandwidth(device) if device.type == "cuda" else None
     report["hbm_bytes_per_s"] = bandwidth
+    release(device)
     for context in args.static:
         record("longnet_static_graph", context, lambda: measure_static(args, context, device, bandwidth))
     for context in args.batch:
