@@ -116,6 +116,11 @@ def measure_cache(args, context: int, device, backend: str) -> dict:
             "cache_rows": caches[0].capacity, "keys_read_last_step": sum(c.keys_read for c in caches)}
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """(B, 1) argmax ids of last-position logits (B, V)."""
+    return logits.argmax(-1, keepdim=True)
+
+
 def hbm_bandwidth(device) -> float:
     """Bytes per second of a 1 GiB device-to-device copy (read + write), the median of 20 after warm-up."""
     src = torch.randn(2**28, device=device)
@@ -267,8 +272,8 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     sync(device)
     start = time.perf_counter()
     step_model = torch.compile(model, dynamic=False) if args.compile_step else model
-    decode_static(model, prompt, caches, count, lambda logits: logits.argmax(-1, keepdim=True),
-                  device.type == "cuda", on_token=clock, step_model=step_model)
+    pick = greedy if not args.compile_step else torch.compile(greedy, dynamic=False)  # as generate picks
+    decode_static(model, prompt, caches, count, pick, device.type == "cuda", on_token=clock, step_model=step_model)
     timed_positions = range(first + warm + 1, context)
     block = model.encoder.blocks[0].attention
     rows = statistics.mean(keys_seen(block.attention.pattern, block.num_heads, p) for p in timed_positions)
@@ -331,12 +336,11 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
         prompt[b, context - n:] = full[0, :n]
         mask[b, context - n:] = 1
     model.generate(prompt[:, -64:], 4, attention_mask=mask[:, -64:])  # warm-up
-    pick = lambda logits: logits.argmax(-1, keepdim=True)  # noqa: E731
 
     def run(tokens, row_lengths):
         clock = Clock(device)
         caches = new_static_caches(model, tokens.shape[0], context + args.steps + 8, row_lengths)
-        new = decode_static(model, tokens, caches, args.steps + 5, pick, device.type == "cuda", on_token=clock)
+        new = decode_static(model, tokens, caches, args.steps + 5, greedy, device.type == "cuda", on_token=clock)
         return torch.cat(new, 1), statistics.median(clock.gaps())
 
     batched, batch_step = run(prompt, lengths)

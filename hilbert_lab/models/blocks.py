@@ -355,7 +355,7 @@ class LongNetLM(nn.Module):
         recomputes the whole prefix per token. All are exact: the causal dilated pattern depends only on
         absolute positions, so they give the same tokens. ``compile_step=True`` runs the steps on static caches
         through ``torch.compile`` (small ops fused, so low-precision logits may differ in their last bits;
-        compiling takes seconds to minutes).
+        compiling takes seconds to minutes), and the greedy pick as one compiled reduction.
         """
         from .generate import generate
 

@@ -163,6 +163,9 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
     def pick(logits: torch.Tensor) -> torch.Tensor:
         return next_token(logits, top_k, temperature, generator).to(prompt.dtype)
 
+    if compile_step and (top_k is None or top_k == 1):  # the greedy pick as one fused reduction
+        pick = torch.compile(pick, dynamic=False)
+
     try:
         with torch.inference_mode():
             if static:
