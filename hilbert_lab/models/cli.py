@@ -225,7 +225,7 @@ def join_launch_group(config: TrainConfig, timeout_s: float) -> bool:
 def _run_cli(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    joined = False
+    joined = finished = False
     try:
         config = config_from_args(args)
         joined = join_launch_group(config, args.timeout)
@@ -235,6 +235,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         started = time.perf_counter()
         result = train(config, out, resume=args.resume)
         reporting = is_main_rank()  # rank 0 alone reports
+        finished = True
     except (RunFolderError, ValueError) as error:
         message = error.cli if isinstance(error, RunFolderError) else str(error)
         if is_main_rank():  # one line, not one a rank
@@ -249,6 +250,8 @@ def _run_cli(args: argparse.Namespace) -> int:
         return 1
     finally:
         if joined:
+            if finished:  # no rank closes its connections while another still uses them
+                dist.barrier()
             dist.destroy_process_group()
     if not reporting:
         return 0
