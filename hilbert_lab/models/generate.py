@@ -160,8 +160,10 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
     was_training = model.training
     model.eval()
 
+    dtype = prompt.dtype
+
     def pick(logits: torch.Tensor) -> torch.Tensor:
-        return next_token(logits, top_k, temperature, generator).to(prompt.dtype)
+        return next_token(logits, top_k, temperature, generator).to(dtype)
 
     if compile_step and (top_k is None or top_k == 1):  # the greedy pick as one fused reduction
         pick = torch.compile(pick, dynamic=False)
