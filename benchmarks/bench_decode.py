@@ -182,11 +182,12 @@ def two_phases(warm: int, steps: int) -> tuple[range, int]:
 
 def phase_medians(clock: Clock, warm: int, steps: int) -> dict:
     """ms_per_token (the host running ahead, as generate runs) and ms_per_token_synced (each token waited for) of
-    the marks of two_phases(warm, steps), with the first phase's min and max."""
+    the marks of two_phases(warm, steps), with the first phase's min, max and gaps ("ahead_ms", in order)."""
     gaps = clock.gaps(0)
     ahead, synced = gaps[warm:warm + steps], gaps[warm + steps + 1:]
     return {"ms_per_token": 1e3 * statistics.median(ahead), "ms_per_token_min": 1e3 * min(ahead),
-            "ms_per_token_max": 1e3 * max(ahead), "ms_per_token_synced": 1e3 * statistics.median(synced)}
+            "ms_per_token_max": 1e3 * max(ahead), "ms_per_token_synced": 1e3 * statistics.median(synced),
+            "ahead_ms": [round(1e3 * gap, 4) for gap in ahead]}
 
 
 KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")), ("gemv", ("_gemv_kernel",)),
@@ -254,7 +255,8 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     not depend on them)."""
     model = longnet(args, context, device)
     profiled = args.profile_tokens if device.type == "cuda" else 0
-    warm = 4 + (profiled + 1 if profiled else 0)  # then the profiled tokens and one whose gap holds the profiler's stop
+    # then the profiled tokens and one whose gap holds the profiler's stop
+    warm = args.warm_tokens + (profiled + 1 if profiled else 0)
     synced, count = two_phases(warm, args.steps)
     first = context - count
     model.generate(prompt_of(args, 64, device), 4)  # warm-up: Triton kernels compiled
@@ -268,7 +270,7 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
             cache.lengths, cache.length = [first], first
     prompt = prompt_of(args, 1 if filled else first, device)
     synced = {0, *synced}  # the prompt's token waited for: prefill_s is the prompt's time, not its enqueueing
-    clock = ProfiledClock(device, 5, profiled, synced) if profiled else Clock(device, synced)
+    clock = ProfiledClock(device, args.warm_tokens + 1, profiled, synced) if profiled else Clock(device, synced)
     sync(device)
     start = time.perf_counter()
     step_model = torch.compile(model, dynamic=False) if args.compile_step else model
@@ -461,9 +463,9 @@ def measure_dense_filled(args, context: int, device, dilated: bool = False) -> d
         step = torch.compile(model, **{k: options[k] for k in ("fullgraph", "dynamic", "backend", "mode")
                                        if k in options})
     profiled = args.profile_tokens if device.type == "cuda" else 0
-    warm = 4 + (profiled + 1 if profiled else 0)
+    warm = args.warm_tokens + (profiled + 1 if profiled else 0)
     synced, count = two_phases(warm, args.steps)
-    clock = ProfiledClock(device, 5, profiled, synced) if profiled else Clock(device, synced)
+    clock = ProfiledClock(device, args.warm_tokens + 1, profiled, synced) if profiled else Clock(device, synced)
     token = prompt_of(args, 1, device)
     dense_steps(step, cache, token, context, count, clock)
     weights = sum(p.numel() * p.element_size() for name, p in model.named_parameters() if "embed_tokens" not in name)
@@ -578,8 +580,10 @@ def parse_args(argv=None):
     parser.add_argument("--chunk-tokens", type=int, default=1024, help="longnet_static_chunk (--chunk): tokens per "
                         "chunk (default 1024)")
     parser.add_argument("--profile-tokens", type=int, default=0, help="longnet_static_graph and the filled Llamas on a "
-                        "GPU: torch.profiler over this many tokens before the timed ones (where a step's time goes: kernels per kind, "
-                        "the GPU's time without a kernel); 0: none")
+                        "GPU: torch.profiler over this many tokens before the timed ones (where a step's time goes: "
+                        "kernels per kind, the GPU's time without a kernel); 0: none")
+    parser.add_argument("--warm-tokens", type=int, default=4, help="longnet_static_graph and the filled Llamas: "
+                        "tokens stepped before the timed ones (default 4)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "hf_dilated_filled",
                  "chunk", "segment_lengths", "dilation_rates"):
@@ -590,6 +594,8 @@ def parse_args(argv=None):
                         "8/3 x dim, rounded, gives its three MLP weights the size of LongNetLM's two)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp32)")
     args = parser.parse_args(argv)
+    if args.warm_tokens < 4:
+        parser.error(f"--warm-tokens must be >= 4 (the eager step and the capture among them), got {args.warm_tokens}")
     if args.profile_tokens < 0:
         parser.error(f"--profile-tokens must be >= 0, got {args.profile_tokens}")
     if args.chunk_tokens < 2:

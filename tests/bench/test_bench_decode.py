@@ -45,7 +45,7 @@ def test_two_phases_time_the_host_running_ahead_then_each_token_waited_for(bench
     clock.times = [sum(gaps[:i]) for i in range(count)]
     medians = bench.phase_medians(clock, 4, 3)
     assert medians == {"ms_per_token": 2e3, "ms_per_token_min": 1e3, "ms_per_token_max": 3e3,
-                       "ms_per_token_synced": 20e3}
+                       "ms_per_token_synced": 20e3, "ahead_ms": [1e3, 2e3, 3e3]}
 
 
 @pytest.mark.parametrize("dilated", [False, True])
