@@ -10,7 +10,8 @@ CPU smoke check, with the CPU target (64 new tokens after a 1024-token prompt ag
     python benchmarks/bench_decode.py --quick --out /tmp/bench_decode.json
 
 Per method and context N (prompt length; for "longnet_static_graph" the position where its steps end), "ms_per_token"
-is the median time of one new token after 4 warm-up tokens, greedy; on a GPU the time between CUDA events
+is the median time of one new token after 4 warm-up tokens (--warm-tokens for the static and the filled methods,
+whose entries list the timed gaps as "ahead_ms"), greedy; on a GPU the time between CUDA events
 recorded after each token while the host runs ahead, as generate's own loop does (the GPU's idle time counts where
 the host falls behind), and for the static and the filled methods also "ms_per_token_synced", the same steps each
 waited for by the host before the next (a device sync per token, as a caller that needs each token at once sees
@@ -25,9 +26,11 @@ steps on a static cache filled with random keys and values instead of a prefill,
 them, and the same for that Llama on dilated attention ("llama_dilated_static_cache_filled", --hf-dilated-filled);
 for the recompute, one forward pass over N + 1 tokens (what LongNetLM.generate(use_cache=False) does per token).
 --profile-tokens P (GPU) runs torch.profiler over P tokens before the timed ones and adds "profile" to each
-"longnet_static_graph" entry: per token, the wall time, the kernels' time per kind (the dilated step, the one-row
-GEMVs, cuBLAS, torch.compile's fused ops, other) and the GPU's time without a kernel. Every finished measurement is
-written at once (a run that stops keeps what it measured); an existing --out is refused.
+"longnet_static_graph" and filled entry: per token, the wall time, the kernels' time per kind (the dilated step,
+the one-row GEMVs, cuBLAS, torch.compile's fused ops, other) and the GPU's time without a kernel. Between measurements
+torch.compile's caches are reset and the allocator's cache emptied (release); still, on an H200 every context after
+the first in one process times 3.5% slower than alone (docs/models.md). Every finished measurement is written at
+once (a run that stops keeps what it measured); an existing --out is refused.
 transformers is optional (extra "hf"): without it the dense and hf methods are recorded as skipped.
 """
 from __future__ import annotations
