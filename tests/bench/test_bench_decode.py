@@ -28,7 +28,8 @@ def test_static_and_batch_methods_on_the_cpu(bench, tmp_path):
     pattern = DilatedPattern.create([16, 64], [1, 4], causal=True)
     rows = statistics.mean(keys_seen(pattern, 4, p) for p in range(128 - 2 * 6 - 1, 128))  # both phases' steps
     assert static["steps_at"] == [128 - 2 * 6 - 1, 127] and static["key_rows_x_heads_per_layer"] == rows
-    assert static["ms_per_token_synced"] > 0
+    assert static["ms_per_token_synced"] > 0 and len(static["ahead_ms"]) == 6
+    assert static["ms_per_token"] == pytest.approx(statistics.median(static["ahead_ms"]), abs=1e-4)
     assert static["kv_bytes"] == int(2 * rows * 8 * 4 * 2)  # keys and values, head dim 8, float32, 2 layers
     model = bench.longnet(args, 128, torch.device("cpu"))
     assert static["weight_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
@@ -110,6 +111,12 @@ def test_profile_tokens_are_refused_below_zero(bench, capsys):
     with pytest.raises(SystemExit) as stop:
         bench.parse_args(["--profile-tokens", "-1", "--out", "unused.json"])
     assert stop.value.code == 2 and "--profile-tokens must be >= 0" in capsys.readouterr().err
+
+
+def test_warm_tokens_are_refused_below_four(bench, capsys):
+    with pytest.raises(SystemExit) as stop:
+        bench.parse_args(["--warm-tokens", "3", "--out", "unused.json"])
+    assert stop.value.code == 2 and "--warm-tokens must be >= 4" in capsys.readouterr().err
 
 
 def test_chunk_method_times_a_chunk_beside_its_steps(bench, tmp_path):
