@@ -25,7 +25,8 @@ import math
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import (  # None where Triton is missing
+    HAVE_TRITON, chained_launch, require_triton, tl, triton)
 
 LOG2E = 1.4426950408889634
 
@@ -37,7 +38,10 @@ if HAVE_TRITON:
                         capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
                         BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
-                        APPEND: tl.constexpr, DOT: tl.constexpr):
+                        APPEND: tl.constexpr, DOT: tl.constexpr, CHAINED: tl.constexpr):
+        if CHAINED:  # a programmatic dependent launch: let the next launch start, wait for the one before
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         program = tl.program_id(0)
         b = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
@@ -164,7 +168,10 @@ if HAVE_TRITON:
     @triton.jit
     def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
                       DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr,
-                      ADVANCE: tl.constexpr):
+                      ADVANCE: tl.constexpr, CHAINED: tl.constexpr):
+        if CHAINED:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         b = row // heads
@@ -232,7 +239,7 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     else one reduction per key block across threads."""
     require_triton("dilated_decode")
     append = k_new is not None
-    if not append:  # placeholders the kernel never reads
+    if not append:  # placeholders for the checks below
         k_new = v_new = keys[:, 0]
     batch, heads, dim = q.shape
     kv_heads = keys.shape[2]
@@ -264,24 +271,59 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     warps = warps or tuned["warps"]
     stages = stages or tuned["stages"]
     per_split = keys_per_split or split_size(max(n for _, n in bounds), block_keys, tuned["most_keys_per_split"])
-    splits = [math.ceil(n / per_split) for _, n in bounds]
-    programs = sum(h * n for (h, _), n in zip(bounds, splits))
-    parts_per_row = sum(splits)
+    return decode_op(q, k_new if append else None, v_new if append else None, keys, values, positions, branches,
+                     offsets, [h for h, _ in bounds], [n for _, n in bounds], float(scale), per_split, block_keys,
+                     warps, stages, advance, dot)
+
+
+def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
+                   values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
+                   bound_heads: list, bound_keys: list, scale: float, per_split: int, block_keys: int, warps: int,
+                   stages: int, advance: bool, dot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two launches of `dilated_decode` on checked arguments (k_new, v_new None: nothing appended)."""
+    append = k_new is not None
+    if not append:  # placeholders the kernel never reads
+        k_new = v_new = keys[:, 0]
+    batch, heads, dim = q.shape
+    kv_heads = keys.shape[2]
+    count = branches.shape[0]
+    block_d = triton.next_power_of_2(dim)
+    programs = sum(h * math.ceil(n / per_split) for h, n in zip(bound_heads, bound_keys))
+    parts_per_row = sum(math.ceil(n / per_split) for n in bound_keys)
     rows = batch * heads
     parts = torch.empty((parts_per_row, rows, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((parts_per_row, rows), dtype=torch.float32, device=q.device)
+    chained = chained_launch(q.device)
     _partial_kernel[(programs, batch)](
         q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
-        capacity, heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
+        keys.shape[1], heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
         BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages,
-        EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
+        EVEN_D=dim == block_d, APPEND=append, DOT=dot, CHAINED=chained, num_warps=warps, launch_pdl=chained)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)
     _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
                                                   heads, rows, parts_per_row, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
-                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
+                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, CHAINED=chained,
+                                                  num_warps=4, launch_pdl=chained)
     return out, lse
+
+
+def _decode_fake(q, k_new, v_new, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale,
+                 per_split, block_keys, warps, stages, advance, dot):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+# One op to torch.compile, writing the new key and value into keys and values and advancing positions in place
+# (the graph holds the two launches as one call, launched as `_decode_launch` launches them).
+_LIBRARY = torch.library.Library("hilbert_lab", "FRAGMENT")
+_LIBRARY.define("dilated_decode(Tensor q, Tensor? k_new, Tensor? v_new, Tensor(a!) keys, Tensor(b!) values, "
+                "Tensor(c!) positions, Tensor branches, Tensor offsets, int[] bound_heads, int[] bound_keys, "
+                "float scale, int per_split, int block_keys, int warps, int stages, bool advance, bool dot) "
+                "-> (Tensor, Tensor)")
+_LIBRARY.impl("dilated_decode", _decode_launch, "CompositeExplicitAutograd")
+torch.library.register_fake("hilbert_lab::dilated_decode", _decode_fake, lib=_LIBRARY)
+decode_op = torch.ops.hilbert_lab.dilated_decode.default

@@ -21,15 +21,35 @@ from __future__ import annotations
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, chained_launch, require_triton, tl, triton  # None: no Triton
 
 if HAVE_TRITON:
+
+    @triton.jit
+    def _gemv_chunk(x_ptr, w, start, cols, shift, acc, sum1, sum2, K: tl.constexpr, EVEN: tl.constexpr,
+                    NORM: tl.constexpr):
+        """acc += w * x[start:start + BLOCK_K] (x shifted by `shift` where NORM; sum1, sum2 its sums)."""
+        if EVEN:
+            x = tl.load(x_ptr + start + cols).to(tl.float32)
+            if NORM:
+                x = x - shift
+        else:
+            inside = (start + cols) < K
+            x = tl.load(x_ptr + start + cols, mask=inside, other=0.0).to(tl.float32)
+            if NORM:
+                x = tl.where(inside, x - shift, 0.0)
+        if NORM:
+            sum1 += x
+            sum2 += x * x
+        return acc + w.to(tl.float32) * x[None, :], sum1, sum2
 
     @triton.jit
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, N, stride_w, eps,
                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
-                     ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                     ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CHAINED: tl.constexpr):
+        if CHAINED:  # the next launch may start now; it waits for this one before it reads what this writes
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
             pair = pid % HALF
@@ -38,27 +58,27 @@ if HAVE_TRITON:
             rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
+        # the weight's first chunk is read before the wait: weights are constant while steps run, so their
+        # stream starts while the launch before this one finishes
+        if EVEN:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=(rows < N)[:, None] & (cols < K)[None, :], other=0.0)
+        if CHAINED:  # everything the launches before wrote (x, residual, rotary angles) is visible after this
+            tl.extra.cuda.gdc_wait()
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+        sum1 = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        sum2 = tl.zeros((BLOCK_K,), dtype=tl.float32)
+        shift = 0.0
         if NORM:
             shift = tl.load(x_ptr).to(tl.float32)
-            sum1 = tl.zeros((BLOCK_K,), dtype=tl.float32)
-            sum2 = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        for start in range(0, K, BLOCK_K):
+        acc, sum1, sum2 = _gemv_chunk(x_ptr, w, 0, cols, shift, acc, sum1, sum2, K, EVEN, NORM)
+        for start in range(BLOCK_K, K, BLOCK_K):
             if EVEN:
                 w = tl.load(w_ptrs + start)
-                x = tl.load(x_ptr + start + cols).to(tl.float32)
-                if NORM:
-                    x = x - shift
             else:
-                inside = (start + cols) < K
-                w = tl.load(w_ptrs + start, mask=(rows < N)[:, None] & inside[None, :], other=0.0)
-                x = tl.load(x_ptr + start + cols, mask=inside, other=0.0).to(tl.float32)
-                if NORM:
-                    x = tl.where(inside, x - shift, 0.0)
-            if NORM:
-                sum1 += x
-                sum2 += x * x
-            acc += w.to(tl.float32) * x[None, :]
+                w = tl.load(w_ptrs + start, mask=(rows < N)[:, None] & ((start + cols) < K)[None, :], other=0.0)
+            acc, sum1, sum2 = _gemv_chunk(x_ptr, w, start, cols, shift, acc, sum1, sum2, K, EVEN, NORM)
         y = tl.sum(acc, axis=1)
         if NORM:
             mean = tl.sum(sum1, axis=0) / K  # of x - shift
@@ -158,12 +178,38 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     flat = x.reshape(k).contiguous()
     bias = None if bias is None else bias.contiguous()
     residual = None if residual is None else residual.reshape(n).contiguous()
-    out = torch.empty(out_shape, device=x.device, dtype=x.dtype)
+    return gemv_op(flat, weight, bias, row_sums, cos, sin, residual, float(eps), rotated, activation == "gelu",
+                   block_n, block_k, num_warps or default[2]).reshape(out_shape)
+
+
+def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row_sums: torch.Tensor | None,
+                 cos: torch.Tensor | None, sin: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
+                 rotated: int, gelu: bool, block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
+    """The launch of `gemv` on checked arguments: x (K,), residual (N,) -> (N,); cos and sin given: rotary pairs."""
+    n, k = weight.shape
+    half = 0 if cos is None else cos.numel()
+    out = torch.empty(n, device=x.device, dtype=x.dtype)
     even = n % block_n == 0 and k % block_k == 0
+    chained = chained_launch(x.device)
     _gemv_kernel[(n // 2 if half else triton.cdiv(n, block_n),)](
-        flat, weight, weight if bias is None else bias, out, weight if row_sums is None else row_sums,
+        x, weight, weight if bias is None else bias, out, weight if row_sums is None else row_sums,
         weight if cos is None else cos, weight if sin is None else sin, weight if residual is None else residual,
-        n, weight.stride(0), float(eps), K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN=even, GELU=activation == "gelu", NORM=row_sums is not None, HALF=half, ROTATED=rotated,
-        HAS_RESIDUAL=residual is not None, num_warps=num_warps or default[2])
+        n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN=even, GELU=gelu, NORM=row_sums is not None, HALF=half, ROTATED=rotated,
+        HAS_RESIDUAL=residual is not None, CHAINED=chained, num_warps=num_warps, launch_pdl=chained)
     return out
+
+
+def _gemv_fake(x, weight, bias, row_sums, cos, sin, residual, eps, rotated, gelu, block_n, block_k, num_warps):
+    return x.new_empty(weight.shape[0])
+
+
+# One op to torch.compile (its graph holds the launch as one call, launched as `_gemv_launch` launches it);
+# through torch.library.Library, not custom_op: no Python wrapper of the dispatcher's own per call.
+_LIBRARY = torch.library.Library("hilbert_lab", "FRAGMENT")
+_LIBRARY.define("gemv(Tensor x, Tensor weight, Tensor? bias, Tensor? row_sums, Tensor? cos, Tensor? sin, "
+                "Tensor? residual, float eps, int rotated, bool gelu, int block_n, int block_k, int num_warps) "
+                "-> Tensor")
+_LIBRARY.impl("gemv", _gemv_launch, "CompositeExplicitAutograd")
+torch.library.register_fake("hilbert_lab::gemv", _gemv_fake, lib=_LIBRARY)
+gemv_op = torch.ops.hilbert_lab.gemv.default
