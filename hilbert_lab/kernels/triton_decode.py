@@ -17,7 +17,10 @@ MMA tile takes, its key and value loads pipelined `stages` deep as asynchronous 
 is reduced across threads, its loads plain (Triton pipelines the loads that feed a dot). Launch 2 merges every
 (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless told not
 to). Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a CUDA graph
-and replayed as positions advance. Plain tensors in, nothing from hilbert_lab imported.
+and replayed as positions advance. Both launches are the op `hilbert_lab::dilated_decode` (`decode_op`,
+writing keys, values and positions in place), which torch.compile holds as one call; where launches are chained
+(triton_support.chained_launch) each starts while the launch before it finishes and waits for it before reading
+anything. Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 

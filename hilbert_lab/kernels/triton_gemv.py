@@ -15,7 +15,10 @@ and one rounding at the end. On the float32 sums, in this order:
 All on one device. Each program reduces `block_n` rows of the weight over K in chunks of `block_k` columns, so a
 launch holds ceil(N / block_n) programs that all stream their rows at once.
 A decoding step at batch 1 spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM
-with M = 1 reads small weights well below the bandwidth. Plain tensors in, nothing from hilbert_lab imported.
+with M = 1 reads small weights well below the bandwidth. The launch is the op `hilbert_lab::gemv`
+(`gemv_op`), which torch.compile holds as one call; where launches are chained (triton_support.chained_launch) a
+program reads its weight's first chunk before it waits for the launch before, so a step's products stream their
+weights back to back. Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 

@@ -1,0 +1,108 @@
+"""The decoding kernels as torch.library ops (hilbert_lab::gemv, hilbert_lab::dilated_decode) under
+torch.compile(fullgraph=True), run by Triton's interpreter (TRITON_INTERPRET=1, CPU): a compiled step of a GEMV with
+the folded norm, rotation and residual, the decoding step appending its key and value, and a GEMV after it equals
+the same step run eagerly on a copy of the cache, writes the cache's storage in place (a strided view of a larger
+buffer, as a caller's own cache is) and advances the positions; the ops' fake implementations give the real
+outputs' shapes and dtypes; launches are chained only on CUDA devices of compute capability 9 or more."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve()
+HAVE_TRITON = importlib.util.find_spec("triton") is not None
+
+
+def _main() -> None:
+    from hilbert_lab.attention.pattern import DilatedPattern
+    from hilbert_lab.attention.static_cache import step_tables
+    from hilbert_lab.kernels.triton_decode import dilated_decode
+    from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv
+    from hilbert_lab.models.rotary import rotary_angles
+
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, capacity, model = 4, 2, 16, 16, 32
+    pattern = DilatedPattern.create([4, 8, 16], [1, 2, 4], mode="longnet", causal=True)
+    tables = step_tables(pattern, heads, capacity, torch.device("cpu"))
+    rows = (heads + 2 * kv_heads) * dim
+    weight, bias, sums = fold_layer_norm(torch.randn(rows, model, generator=gen) * model ** -0.5,
+                                         torch.randn(rows, generator=gen), torch.rand(model, generator=gen) + 0.5,
+                                         torch.randn(model, generator=gen))
+    out_weight = torch.randn(model, heads * dim, generator=gen) * (heads * dim) ** -0.5
+
+    def step(x, storage, positions):
+        keys, values = storage[0, :, :, 1:1 + kv_heads], storage[1, :, :, 1:1 + kv_heads]  # strided views
+        cos, sin = rotary_angles(positions, dim)
+        qkv = gemv(x, weight, bias, normalize=(sums, 1e-5),
+                   rotation=(cos.reshape(-1).float(), sin.reshape(-1).float(), (heads + kv_heads) * dim))
+        q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), -1)
+        out, lse = dilated_decode(q.reshape(1, heads, dim), k.reshape(1, kv_heads, dim), v.reshape(1, kv_heads, dim),
+                                  keys, values, positions, *tables, dim ** -0.5)
+        return gemv(out.reshape(1, heads * dim), out_weight, residual=x), lse
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=False)
+    storage = torch.randn(2, 1, capacity, kv_heads + 2, dim, generator=gen)
+    eager_storage, positions, eager_positions = storage.clone(), torch.tensor([5]), torch.tensor([5])
+    pointer = storage.data_ptr()
+    for _ in range(3):
+        x = torch.randn(1, model, generator=gen)
+        got, got_lse = compiled(x, storage, positions)
+        want, want_lse = step(x, eager_storage, eager_positions)
+        print(json.dumps({"out": (got - want).abs().max().item(), "lse": (got_lse - want_lse).abs().max().item(),
+                          "storage": (storage - eager_storage).abs().max().item(),
+                          "positions": [positions.item(), eager_positions.item()],
+                          "same_storage": storage.data_ptr() == pointer}))
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs the ops")
+def test_a_compiled_decoding_step_equals_the_eager_one_and_writes_the_cache_in_place(run_interpreted):
+    results = run_interpreted(HERE)
+    assert len(results) == 3
+    for step, result in enumerate(results):
+        assert result["out"] <= 1e-5 and result["lse"] <= 1e-5 and result["storage"] == 0.0, result
+        assert result["positions"] == [6 + step, 6 + step] and result["same_storage"], result
+
+
+def test_the_ops_fake_implementations_give_the_outputs_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from hilbert_lab.kernels.triton_decode import decode_op
+    from hilbert_lab.kernels.triton_gemv import gemv_op
+
+    with FakeTensorMode():
+        x, weight = torch.empty(64, dtype=torch.bfloat16), torch.empty(96, 64, dtype=torch.bfloat16)
+        y = gemv_op(x, weight, None, None, None, None, None, 0.0, 0, False, 1, 64, 4)
+        q = torch.empty(2, 4, 16, dtype=torch.float16)
+        keys = torch.empty(2, 8, 2, 16, dtype=torch.float16)
+        out, lse = decode_op(q, None, None, keys, keys, torch.empty(2, dtype=torch.int64),
+                             torch.empty(1, 4, dtype=torch.int32), torch.empty(1, 4, dtype=torch.int32), [4], [8],
+                             0.25, 8, 8, 2, 1, True, True)
+    assert (tuple(y.shape), y.dtype) == ((96,), torch.bfloat16)
+    assert (tuple(out.shape), out.dtype, tuple(lse.shape), lse.dtype) == ((2, 4, 16), torch.float16, (2, 4),
+                                                                          torch.float32)
+
+
+def test_launches_are_chained_only_on_cuda_devices_from_compute_capability_9(monkeypatch):
+    from hilbert_lab.kernels import triton_support
+
+    assert not triton_support.chained_launch(torch.device("cpu"))
+    monkeypatch.setattr(triton_support, "HAVE_TRITON", True)
+    monkeypatch.setattr(triton_support, "_CHAINED", {})
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    for capability, chained in (((8, 0), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+        triton_support._CHAINED.clear()
+        assert triton_support.chained_launch(torch.device("cuda", 0)) is chained
+        monkeypatch.setenv("HILBERT_LAB_CHAINED_LAUNCH", "0")
+        assert not triton_support.chained_launch(torch.device("cuda", 0))
+        monkeypatch.delenv("HILBERT_LAB_CHAINED_LAUNCH")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not triton_support.chained_launch(torch.device("cuda", 0))
+
+
+if __name__ == "__main__":
+    _main()
