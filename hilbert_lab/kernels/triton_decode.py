@@ -42,8 +42,7 @@ if HAVE_TRITON:
                         BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
                         APPEND: tl.constexpr, DOT: tl.constexpr, CHAINED: tl.constexpr):
-        if CHAINED:  # a programmatic dependent launch: let the next launch start, wait for the one before
-            tl.extra.cuda.gdc_launch_dependents()
+        if CHAINED:  # a programmatic dependent launch: wait for the launch before
             tl.extra.cuda.gdc_wait()
         program = tl.program_id(0)
         b = tl.program_id(1)
@@ -145,6 +144,8 @@ if HAVE_TRITON:
                 acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
                 total = total * alpha + tl.sum(weights, axis=0)
                 peak = new_peak
+        if CHAINED:  # the keys are read: the next launch may start
+            tl.extra.cuda.gdc_launch_dependents()
         if DOT:  # every row holds the same state: keep row 0
             first_row = (tl.arange(0, 16) == 0)[:, None]
             acc = tl.sum(tl.where(first_row, acc_rows, 0.0), axis=0)
@@ -173,7 +174,6 @@ if HAVE_TRITON:
                       DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr,
                       ADVANCE: tl.constexpr, CHAINED: tl.constexpr):
         if CHAINED:
-            tl.extra.cuda.gdc_launch_dependents()
             tl.extra.cuda.gdc_wait()
         row = tl.program_id(0)
         chunk = tl.program_id(1)
@@ -202,6 +202,8 @@ if HAVE_TRITON:
                             mask=used[:, None] & dmask[None, :], other=0.0)
             acc += weights[:, None] * x
             total += weights
+        if CHAINED:
+            tl.extra.cuda.gdc_launch_dependents()
         weight = tl.sum(total, axis=0)
         has_keys = weight > 0
         out = tl.sum(acc, axis=0) / tl.where(has_keys, weight, 1.0)

@@ -51,8 +51,6 @@ if HAVE_TRITON:
                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
                      ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CHAINED: tl.constexpr):
-        if CHAINED:  # the next launch may start now; it waits for this one before it reads what this writes
-            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
             pair = pid % HALF
@@ -82,6 +80,8 @@ if HAVE_TRITON:
             else:
                 w = tl.load(w_ptrs + start, mask=(rows < N)[:, None] & ((start + cols) < K)[None, :], other=0.0)
             acc, sum1, sum2 = _gemv_chunk(x_ptr, w, start, cols, shift, acc, sum1, sum2, K, EVEN, NORM)
+        if CHAINED:  # the weight is read: the next launch may start (it waits for this one before reading its output)
+            tl.extra.cuda.gdc_launch_dependents()
         y = tl.sum(acc, axis=1)
         if NORM:
             mean = tl.sum(sum1, axis=0) / K  # of x - shift
