@@ -18,9 +18,8 @@ is reduced across threads, its loads plain (Triton pipelines the loads that feed
 (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless told not
 to). Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a CUDA graph
 and replayed as positions advance. Both launches are the op `hilbert_lab::dilated_decode` (`decode_op`,
-writing keys, values and positions in place), which torch.compile holds as one call; where launches are chained
-(triton_support.chained_launch) each starts while the launch before it finishes and waits for it before reading
-anything. Plain tensors in, nothing from hilbert_lab imported.
+writing keys, values and positions in place), which torch.compile holds as one call (a compiled step launches them
+as an eager call does). Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ import math
 
 import torch
 
-from hilbert_lab.kernels.triton_support import (  # None where Triton is missing
-    HAVE_TRITON, chained_launch, require_triton, tl, triton)
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
 LOG2E = 1.4426950408889634
 
@@ -41,9 +39,7 @@ if HAVE_TRITON:
                         capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
                         BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
-                        APPEND: tl.constexpr, DOT: tl.constexpr, CHAINED: tl.constexpr):
-        if CHAINED:  # a programmatic dependent launch: wait for the launch before
-            tl.extra.cuda.gdc_wait()
+                        APPEND: tl.constexpr, DOT: tl.constexpr):
         program = tl.program_id(0)
         b = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
@@ -144,8 +140,6 @@ if HAVE_TRITON:
                 acc = acc * alpha + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
                 total = total * alpha + tl.sum(weights, axis=0)
                 peak = new_peak
-        if CHAINED:  # the keys are read: the next launch may start
-            tl.extra.cuda.gdc_launch_dependents()
         if DOT:  # every row holds the same state: keep row 0
             first_row = (tl.arange(0, 16) == 0)[:, None]
             acc = tl.sum(tl.where(first_row, acc_rows, 0.0), axis=0)
@@ -172,9 +166,7 @@ if HAVE_TRITON:
     @triton.jit
     def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
                       DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr,
-                      ADVANCE: tl.constexpr, CHAINED: tl.constexpr):
-        if CHAINED:
-            tl.extra.cuda.gdc_wait()
+                      ADVANCE: tl.constexpr):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         b = row // heads
@@ -202,8 +194,6 @@ if HAVE_TRITON:
                             mask=used[:, None] & dmask[None, :], other=0.0)
             acc += weights[:, None] * x
             total += weights
-        if CHAINED:
-            tl.extra.cuda.gdc_launch_dependents()
         weight = tl.sum(total, axis=0)
         has_keys = weight > 0
         out = tl.sum(acc, axis=0) / tl.where(has_keys, weight, 1.0)
@@ -298,7 +288,6 @@ def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     rows = batch * heads
     parts = torch.empty((parts_per_row, rows, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((parts_per_row, rows), dtype=torch.float32, device=q.device)
-    chained = chained_launch(q.device)
     _partial_kernel[(programs, batch)](
         q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
@@ -306,14 +295,13 @@ def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
         keys.shape[1], heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
         BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages,
-        EVEN_D=dim == block_d, APPEND=append, DOT=dot, CHAINED=chained, num_warps=warps, launch_pdl=chained)
+        EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)
     _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
                                                   heads, rows, parts_per_row, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
-                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, CHAINED=chained,
-                                                  num_warps=4, launch_pdl=chained)
+                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
     return out, lse
 
 

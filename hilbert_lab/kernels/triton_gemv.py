@@ -16,15 +16,14 @@ All on one device. Each program reduces `block_n` rows of the weight over K in c
 launch holds ceil(N / block_n) programs that all stream their rows at once.
 A decoding step at batch 1 spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM
 with M = 1 reads small weights well below the bandwidth. The launch is the op `hilbert_lab::gemv`
-(`gemv_op`), which torch.compile holds as one call; where launches are chained (triton_support.chained_launch) a
-program reads its weight's first chunk before it waits for the launch before, so a step's products stream their
-weights back to back. Plain tensors in, nothing from hilbert_lab imported.
+(`gemv_op`), which torch.compile holds as one call (a compiled step launches it as an eager call does). Plain tensors
+in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, chained_launch, require_triton, tl, triton  # None: no Triton
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
 
 if HAVE_TRITON:
 
@@ -50,7 +49,7 @@ if HAVE_TRITON:
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, N, stride_w, eps,
                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
-                     ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, CHAINED: tl.constexpr):
+                     ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
         pid = tl.program_id(0)
         if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
             pair = pid % HALF
@@ -59,14 +58,11 @@ if HAVE_TRITON:
             rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         cols = tl.arange(0, BLOCK_K)
         w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
-        # the weight's first chunk is read before the wait: weights are constant while steps run, so their
-        # stream starts while the launch before this one finishes
+        # the first chunk, then the rest (one body, _gemv_chunk)
         if EVEN:
             w = tl.load(w_ptrs)
         else:
             w = tl.load(w_ptrs, mask=(rows < N)[:, None] & (cols < K)[None, :], other=0.0)
-        if CHAINED:  # everything the launches before wrote (x, residual, rotary angles) is visible after this
-            tl.extra.cuda.gdc_wait()
         acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         sum1 = tl.zeros((BLOCK_K,), dtype=tl.float32)
         sum2 = tl.zeros((BLOCK_K,), dtype=tl.float32)
@@ -80,8 +76,6 @@ if HAVE_TRITON:
             else:
                 w = tl.load(w_ptrs + start, mask=(rows < N)[:, None] & ((start + cols) < K)[None, :], other=0.0)
             acc, sum1, sum2 = _gemv_chunk(x_ptr, w, start, cols, shift, acc, sum1, sum2, K, EVEN, NORM)
-        if CHAINED:  # the weight is read: the next launch may start (it waits for this one before reading its output)
-            tl.extra.cuda.gdc_launch_dependents()
         y = tl.sum(acc, axis=1)
         if NORM:
             mean = tl.sum(sum1, axis=0) / K  # of x - shift
@@ -193,13 +187,12 @@ def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     half = 0 if cos is None else cos.numel()
     out = torch.empty(n, device=x.device, dtype=x.dtype)
     even = n % block_n == 0 and k % block_k == 0
-    chained = chained_launch(x.device)
     _gemv_kernel[(n // 2 if half else triton.cdiv(n, block_n),)](
         x, weight, weight if bias is None else bias, out, weight if row_sums is None else row_sums,
         weight if cos is None else cos, weight if sin is None else sin, weight if residual is None else residual,
         n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN=even, GELU=gelu, NORM=row_sums is not None, HALF=half, ROTATED=rotated,
-        HAS_RESIDUAL=residual is not None, CHAINED=chained, num_warps=num_warps, launch_pdl=chained)
+        HAS_RESIDUAL=residual is not None, num_warps=num_warps)
     return out
 
 

@@ -3,7 +3,7 @@ torch.compile(fullgraph=True), run by Triton's interpreter (TRITON_INTERPRET=1, 
 the folded norm, rotation and residual, the decoding step appending its key and value, and a GEMV after it equals
 the same step run eagerly on a copy of the cache, writes the cache's storage in place (a strided view of a larger
 buffer, as a caller's own cache is) and advances the positions; the ops' fake implementations give the real
-outputs' shapes and dtypes; launches are chained only on CUDA devices of compute capability 9 or more."""
+outputs' shapes and dtypes."""
 from __future__ import annotations
 
 import importlib.util
@@ -84,24 +84,6 @@ def test_the_ops_fake_implementations_give_the_outputs_shapes_and_dtypes():
     assert (tuple(y.shape), y.dtype) == ((96,), torch.bfloat16)
     assert (tuple(out.shape), out.dtype, tuple(lse.shape), lse.dtype) == ((2, 4, 16), torch.float16, (2, 4),
                                                                           torch.float32)
-
-
-def test_launches_are_chained_only_on_cuda_devices_from_compute_capability_9(monkeypatch):
-    from hilbert_lab.kernels import triton_support
-
-    assert not triton_support.chained_launch(torch.device("cpu"))
-    monkeypatch.setattr(triton_support, "HAVE_TRITON", True)
-    monkeypatch.setattr(triton_support, "_CHAINED", {})
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    for capability, chained in (((8, 0), False), ((9, 0), True), ((10, 0), True)):
-        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
-        triton_support._CHAINED.clear()
-        assert triton_support.chained_launch(torch.device("cuda", 0)) is chained
-        monkeypatch.setenv("HILBERT_LAB_CHAINED_LAUNCH", "0")
-        assert not triton_support.chained_launch(torch.device("cuda", 0))
-        monkeypatch.delenv("HILBERT_LAB_CHAINED_LAUNCH")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not triton_support.chained_launch(torch.device("cuda", 0))
 
 
 if __name__ == "__main__":
