@@ -233,24 +233,22 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     dot: scores and sums on tensor cores (default: where q is float16 or bfloat16 and D a power of two from 16),
     else one reduction per key block across threads."""
     require_triton("dilated_decode")
-    append = k_new is not None
-    if not append:  # placeholders for the checks below
-        k_new = v_new = keys[:, 0]
+    if (k_new is None) != (v_new is None):
+        raise ValueError("k_new and v_new must both be tensors or both be None")
+    new = () if k_new is None else (k_new, v_new)
     batch, heads, dim = q.shape
-    kv_heads = keys.shape[2]
-    capacity = keys.shape[1]
-    count = branches.shape[0]
+    capacity, kv_heads, count = keys.shape[1], keys.shape[2], branches.shape[0]
     bounds = tuple((int(h), int(n)) for h, n in bounds)
-    if k_new.shape != (batch, kv_heads, dim) or v_new.shape != k_new.shape or heads % kv_heads \
+    if any(t.shape != (batch, kv_heads, dim) for t in new) or heads % kv_heads \
             or keys.shape != (batch, capacity, kv_heads, dim) or values.shape != keys.shape \
             or positions.shape != (batch,) or branches.shape != (count, 4) or offsets.shape != (count, heads) \
             or len(bounds) != count:
         raise ValueError(f"shapes must be q (B, H, D), k_new, v_new (B, H_kv, D), keys, values (B, C, H_kv, D), "
                          f"positions (B,), branches (P, 4), offsets (P, H), P bounds; got {tuple(q.shape)}, "
-                         f"{tuple(k_new.shape)}, {tuple(v_new.shape)}, {tuple(keys.shape)}, {tuple(values.shape)}, "
+                         f"{[tuple(t.shape) for t in new]}, {tuple(keys.shape)}, {tuple(values.shape)}, "
                          f"{tuple(positions.shape)}, {tuple(branches.shape)}, {tuple(offsets.shape)}, "
                          f"{len(bounds)} bounds")
-    if any(t.stride(-1) != 1 for t in (q, k_new, v_new, keys, values)):
+    if any(t.stride(-1) != 1 for t in (q, keys, values, *new)):
         raise ValueError("q, k_new, v_new, keys and values must have a contiguous last dimension")
     if any(h < 1 or n < 1 for h, n in bounds):
         raise ValueError(f"bounds must be (heads >= 1, keys >= 1) per branch; got {bounds}")
@@ -266,9 +264,8 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     warps = warps or tuned["warps"]
     stages = stages or tuned["stages"]
     per_split = keys_per_split or split_size(max(n for _, n in bounds), block_keys, tuned["most_keys_per_split"])
-    return decode_op(q, k_new if append else None, v_new if append else None, keys, values, positions, branches,
-                     offsets, [h for h, _ in bounds], [n for _, n in bounds], float(scale), per_split, block_keys,
-                     warps, stages, advance, dot)
+    return decode_op(q, k_new, v_new, keys, values, positions, branches, offsets, [h for h, _ in bounds],
+                     [n for _, n in bounds], float(scale), per_split, block_keys, warps, stages, advance, dot)
 
 
 def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,

@@ -295,6 +295,19 @@ def test_the_step_refuses_bounds_that_do_not_match_its_branches():
                                          offsets, wrong, 1.0)
 
 
+
+def test_the_step_refuses_one_new_tensor_without_the_other_and_new_keys_of_the_wrong_shape():
+    if not triton_decode.HAVE_TRITON:
+        pytest.skip("triton is not installed")
+    tables = step_tables(DilatedStaticCache([4, 8], [1, 2], batch_size=1, max_length=8, num_heads=2,
+                                            head_dim=4).pattern, 2, 8, "cpu")
+    q, keys, positions = torch.zeros(1, 2, 4), torch.zeros(1, 8, 2, 4), torch.zeros(1, dtype=torch.long)
+    with pytest.raises(ValueError, match="k_new and v_new must both be tensors or both be None"):
+        triton_decode.dilated_decode(q, torch.zeros(1, 2, 4), None, keys, keys, positions, *tables, 1.0)
+    with pytest.raises(ValueError, match=r"k_new, v_new \(B, H_kv, D\).*\[\(1, 2, 4\), \(1, 3, 4\)\]"):
+        triton_decode.dilated_decode(q, torch.zeros(1, 2, 4), torch.zeros(1, 3, 4), keys, keys, positions, *tables,
+                                     1.0)
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_a_step_captured_in_a_cuda_graph_replays_as_eager_steps_run():
