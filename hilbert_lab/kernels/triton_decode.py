@@ -206,7 +206,8 @@ if HAVE_TRITON:
 
 
 REDUCE_TUNING = {"block_keys": 64, "warps": 2, "stages": 1, "most_keys_per_split": 256}  # per path
-DOT_TUNING = {"block_keys": 32, "warps": 4, "stages": 3, "most_keys_per_split": 512}
+DOT_TUNING = {"block_keys": 64, "warps": 4, "stages": 3, "most_keys_per_split": 512}
+WIDE_DOT_BLOCK_KEYS = 32  # the tensor-core path's keys per iteration at head dims above 128 (64 untimed there)
 
 
 def split_size(max_keys: int, block: int = 64, most: int = 256) -> int:
@@ -260,7 +261,7 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
         raise ValueError(f"dot=True needs q in float16 or bfloat16 and a head dim that is a power of two from 16; "
                          f"got {q.dtype}, D {dim}")
     tuned = DOT_TUNING if dot else REDUCE_TUNING
-    block_keys = block_keys or tuned["block_keys"]
+    block_keys = block_keys or (WIDE_DOT_BLOCK_KEYS if dot and dim > 128 else tuned["block_keys"])
     warps = warps or tuned["warps"]
     stages = stages or tuned["stages"]
     per_split = keys_per_split or split_size(max(n for _, n in bounds), block_keys, tuned["most_keys_per_split"])
