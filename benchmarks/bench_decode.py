@@ -331,7 +331,8 @@ def measure_chunk(args, context: int, device) -> dict:
 @torch.inference_mode()
 def measure_batch(args, context: int, device, rows: int = 8) -> dict:
     """`rows` prompts of different lengths (context, context - 1/8 of it, ...) left-padded in one batch against each
-    alone (batch 1): the same tokens, and tokens/s of the steps (graph replays) of both."""
+    alone (batch 1): the same tokens, and tokens/s of the steps (graph replays) of both, each compiled first with
+    --compile-step (as generate(compile_step=True) runs them)."""
     model = longnet(args, context, device)
     full = prompt_of(args, context, device)
     lengths = [context - i * (context // (2 * rows)) for i in range(rows)]
@@ -341,11 +342,14 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
         prompt[b, context - n:] = full[0, :n]
         mask[b, context - n:] = 1
     model.generate(prompt[:, -64:], 4, attention_mask=mask[:, -64:])  # warm-up
+    step_model = torch.compile(model, dynamic=False) if args.compile_step else model
+    pick = greedy if not args.compile_step else torch.compile(greedy, dynamic=False)  # as generate picks
 
     def run(tokens, row_lengths):
         clock = Clock(device)
         caches = new_static_caches(model, tokens.shape[0], context + args.steps + 8, row_lengths)
-        new = decode_static(model, tokens, caches, args.steps + 5, greedy, device.type == "cuda", on_token=clock)
+        new = decode_static(model, tokens, caches, args.steps + 5, pick, device.type == "cuda", on_token=clock,
+                            step_model=step_model)
         return torch.cat(new, 1), statistics.median(clock.gaps())
 
     batched, batch_step = run(prompt, lengths)
@@ -353,7 +357,8 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
     same = [bool(torch.equal(batched[b], tokens[0])) for b, (tokens, _) in enumerate(alone)]
     single = statistics.median(step for _, step in alone)
     return {"rows": rows, "lengths": lengths, "batch_ms_per_step": 1e3 * batch_step, "single_ms_per_step": 1e3 * single,
-            "tokens_per_s_ratio": rows * single / batch_step, "same_tokens_per_row": same}
+            "tokens_per_s_ratio": rows * single / batch_step, "same_tokens_per_row": same,
+            "compile_step": args.compile_step}
 
 
 @torch.no_grad()
