@@ -172,6 +172,7 @@ class DilatedStaticCache:
         self.positions = torch.zeros(batch_size, dtype=torch.int64, device=device)
         self.lengths: list[int] = []
         self.length = 0
+        self.prompted = False  # a bool, not the host lengths: a compiled step's guards then hold for any prompt
         self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
         self._tables = step_tables(self.pattern, num_heads, self.capacity, device)
         self.projections: Optional[dict] = None
@@ -180,7 +181,7 @@ class DilatedStaticCache:
     def reset(self, prompt_lengths: Optional[Sequence[int]] = None) -> None:
         """Forget every token (the next call is a prompt again, left-padded to prompt_lengths); the storage stays."""
         self.positions.zero_()
-        self.lengths, self.length = [], 0
+        self.lengths, self.length, self.prompted = [], 0, False
         self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
 
     def memory_bytes(self) -> int:
@@ -196,7 +197,7 @@ class DilatedStaticCache:
     def token_positions(self, steps: int, device=None) -> torch.Tensor:
         """Positions (B, steps) of the next `steps` tokens of each row: for a prompt, left-padded to its row's length
         (prompt_lengths; padding gets position 0); afterwards `positions` + 0 .. steps - 1 (a new tensor)."""
-        if self.lengths:
+        if self.prompted:
             return self.positions[:, None] + torch.arange(steps, device=self.positions.device)
         lengths = self._prompt_lengths(steps, self.prompt_lengths)
         columns = torch.arange(steps, device=self.positions.device)
@@ -217,7 +218,7 @@ class DilatedStaticCache:
             with torch.autocast(device, enabled=False):
                 low = self.keys.dtype
                 return self.attend(q.to(low), k.to(low), v.to(low))
-        if not self.lengths:
+        if not self.prompted:
             return self.prefill(q, k, v)
         return self.step(q, k, v)
 
@@ -265,7 +266,7 @@ class DilatedStaticCache:
             self.keys[row, slots] = k[row, steps - kept:]
             self.values[row, slots] = v[row, steps - kept:]
         self.positions.copy_(torch.tensor(lengths, dtype=torch.int64), non_blocking=False)
-        self.lengths, self.length = lengths, max(lengths)
+        self.lengths, self.length, self.prompted = lengths, max(lengths), True
         return out
 
     # -- new tokens after the prompt -------------------------------------------------------------------------
@@ -274,7 +275,7 @@ class DilatedStaticCache:
         """T new tokens per row: q (B, T, H, D), k, v (B, T, H_kv, D) -> out (B, T, H, D); one step per token, each
         appending its k, v at the row's position and advancing it. No host synchronisation (CUDA-graph
         capturable)."""
-        if not self.lengths:
+        if not self.prompted:
             raise ValueError("step needs a prompt first (attend or prefill)")
         self._check_shapes(q, k, v)
         counted = not torch.compiler.is_compiling()  # a compiled step keeps no host int that changes per call

@@ -337,13 +337,18 @@ def test_compiled_steps_on_static_caches_equal_eager_steps_without_recompiling()
 
 
 @pytest.mark.slow  # inductor's code generation: about 20 s on a 2-core CPU
-def test_compiled_steps_in_generate_give_the_eager_tokens():
-    """generate(compile_step=True) on static caches (left-padded rows on the CPU): the eager steps' tokens."""
+def test_compiled_steps_in_generate_give_the_eager_tokens_and_compile_once_for_any_prompt():
+    """generate(compile_step=True) on static caches (left-padded rows on the CPU): the eager steps' tokens, and
+    prompts of other lengths (the same cache shape: every one fills the longest segment) reuse the compiled step
+    instead of compiling it again (guards on the host lengths would recompile per prompt, then fall back to eager
+    steps past torch.compile's recompile limit)."""
     model = _lm()
-    rows = [_tokens(1, n, seed=n) for n in (15, 7)]
-    padded, mask = _left_padded_prompt(rows)
-    eager = model.generate(padded, 12, attention_mask=mask)
+    torch._dynamo.reset()
     try:
-        assert torch.equal(model.generate(padded, 12, attention_mask=mask, compile_step=True), eager)
+        for call, lengths in enumerate(((22, 9), (26, 17), (30, 5))):
+            padded, mask = _left_padded_prompt([_tokens(1, n, seed=n) for n in lengths])
+            eager = model.generate(padded, 12, attention_mask=mask)
+            with torch._dynamo.config.patch(error_on_recompile=call > 0):
+                assert torch.equal(model.generate(padded, 12, attention_mask=mask, compile_step=True), eager)
     finally:
         torch._dynamo.reset()
