@@ -269,8 +269,7 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
         for cache in caches:
             cache.keys.normal_()
             cache.values.normal_()
-            cache.positions.fill_(first)
-            cache.lengths, cache.length = [first], first
+            cache.mark_filled([first])
     prompt = prompt_of(args, 1 if filled else first, device)
     synced = {0, *synced}  # the prompt's token waited for: prefill_s is the prompt's time, not its enqueueing
     clock = ProfiledClock(device, args.warm_tokens + 1, profiled, synced) if profiled else Clock(device, synced)
@@ -310,8 +309,7 @@ def measure_chunk(args, context: int, device) -> dict:
 
     def at_context():
         for cache in caches:
-            cache.positions.fill_(context)
-            cache.lengths, cache.length = [context], context
+            cache.mark_filled([context])
 
     for cache in caches:
         cache.keys.normal_()

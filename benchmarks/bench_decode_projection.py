@@ -45,8 +45,7 @@ def one_run(model, args, device, prepared: bool, step_model) -> tuple[float, lis
     for cache in caches:
         cache.keys.normal_(generator=generator)
         cache.values.normal_(generator=generator)
-        cache.positions.fill_(first)
-        cache.lengths, cache.length = [first], first
+        cache.mark_filled([first])
         if not prepared:
             cache.projections = None
     clock = decode.Clock(device)

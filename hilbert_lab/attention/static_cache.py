@@ -184,6 +184,15 @@ class DilatedStaticCache:
         self.lengths, self.length, self.prompted = [], 0, False
         self.prompt_lengths = None if prompt_lengths is None else [int(n) for n in prompt_lengths]
 
+    def mark_filled(self, lengths: Sequence[int]) -> None:
+        """Take the storage as holding each row's first lengths[b] tokens already (keys and values the caller wrote,
+        e.g. random ones for a benchmark; position m at row m % capacity): the next call is a step, not a prompt."""
+        lengths = [int(n) for n in lengths]
+        if len(lengths) != self.batch_size or any(not 1 <= n <= self.max_length for n in lengths):
+            raise ValueError(f"lengths must hold {self.batch_size} lengths in [1, {self.max_length}], got {lengths}")
+        self.positions.copy_(torch.tensor(lengths, dtype=torch.int64), non_blocking=False)
+        self.lengths, self.length, self.prompted = lengths, max(lengths), True
+
     def memory_bytes(self) -> int:
         """Bytes of the stored keys and values."""
         return 2 * self.keys.numel() * self.keys.element_size()
@@ -265,8 +274,7 @@ class DilatedStaticCache:
             slots = torch.arange(n - kept, n, device=self.keys.device) % self.capacity
             self.keys[row, slots] = k[row, steps - kept:]
             self.values[row, slots] = v[row, steps - kept:]
-        self.positions.copy_(torch.tensor(lengths, dtype=torch.int64), non_blocking=False)
-        self.lengths, self.length, self.prompted = lengths, max(lengths), True
+        self.mark_filled(lengths)
         return out
 
     # -- new tokens after the prompt -------------------------------------------------------------------------

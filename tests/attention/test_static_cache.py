@@ -138,6 +138,8 @@ def test_prompt_positions_are_each_rows_own():
     (lambda c, t: c.prefill(*t(3), lengths=[3, 4]), r"lengths must hold 2 prompt lengths in \[1, 3\]"),
     (lambda c, t: c.attend(*t(9)), "prompt length must be <= max_length=8"),
     (lambda c, t: (c.attend(*t(8)), c.attend(*t(1))), r"must be <= max_length=8 of the static cache, got 8 cached"),
+    (lambda c, t: c.mark_filled([3]), r"lengths must hold 2 lengths in \[1, 8\], got \[3\]"),
+    (lambda c, t: c.mark_filled([3, 9]), r"lengths must hold 2 lengths in \[1, 8\], got \[3, 9\]"),
 ])
 def test_bad_use_is_refused_naming_what_is_wrong(call, needle):
     cache = DilatedStaticCache([4, 8], [1, 2], batch_size=2, max_length=8, num_heads=4, num_kv_heads=2, head_dim=4,
@@ -148,6 +150,27 @@ def test_bad_use_is_refused_naming_what_is_wrong(call, needle):
 
     with pytest.raises(ValueError, match=needle):
         call(cache, tensors)
+
+
+def test_storage_marked_filled_steps_as_after_the_prompt_that_filled_it():
+    """Keys and values written by the caller, then mark_filled(lengths): the next call is a step (not a prompt) and
+    equals the step after a prompt that stored the same keys and values; positions are the lengths."""
+    segments, rates, lengths, heads, kv_heads = [4, 8, 16], [1, 2, 4], [7, 12], 4, 2
+    q, k, v = _qkv(2, 14, heads, kv_heads)
+    made = dict(batch_size=2, max_length=14, num_heads=heads, num_kv_heads=kv_heads, head_dim=4, dtype=q.dtype,
+                backend="sdpa")
+    prompted = DilatedStaticCache(segments, rates, prompt_lengths=lengths, **made)
+    prompted.attend(*(_left_padded(t, lengths) for t in (q, k, v)))
+    filled = DilatedStaticCache(segments, rates, **made)
+    filled.keys.copy_(prompted.keys)
+    filled.values.copy_(prompted.values)
+    filled.mark_filled(lengths)
+    assert filled.positions.tolist() == lengths and filled.length == 12
+    rows = torch.arange(2)
+    at = torch.tensor(lengths)
+    new = [t[rows, at][:, None] for t in (q, k, v)]
+    assert torch.equal(filled.attend(*new), prompted.attend(*new))
+    assert torch.equal(filled.keys, prompted.keys) and filled.positions.tolist() == [8, 13]
 
 
 @pytest.mark.parametrize("arguments,needle", [
