@@ -27,9 +27,11 @@ them, and the same for that Llama on dilated attention ("llama_dilated_static_ca
 for the recompute, one forward pass over N + 1 tokens (what LongNetLM.generate(use_cache=False) does per token).
 --profile-tokens P (GPU) runs torch.profiler over P tokens before the timed ones and adds "profile" to each
 "longnet_static_graph" and filled entry: per token, the wall time, the kernels' time per kind (the dilated step,
-the one-row GEMVs, cuBLAS, torch.compile's fused ops, other) and the GPU's time without a kernel. Between measurements
-torch.compile's caches are reset and the allocator's cache emptied (release); still, on an H200 every context after
-the first in one process times 3.5% slower than alone (docs/models.md). Every finished measurement is written at
+the one-row GEMVs, cuBLAS, torch.compile's fused ops, other) and the GPU's time without a kernel. Each entry
+records "compiled_graphs", the graphs torch.compile compiled for it (a step compiled again per run would show here;
+past torch.compile's limit it would run eagerly). Between measurements torch.compile's caches are reset and the
+allocator's cache emptied (release); still, on an H200 every context after the first in one process times 3.5%
+slower than alone (docs/models.md). Every finished measurement is written at
 once (a run that stops keeps what it measured); an existing --out is refused.
 transformers is optional (extra "hf"): without it the dense and hf methods are recorded as skipped.
 """
@@ -44,6 +46,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch._dynamo.utils import counters as dynamo_counters
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -508,6 +511,13 @@ def measure_cpu_target(args, device, repeats: int = 7) -> dict:
             "recompute_ratio": recompute / statistics.median(forwards), "target_ratio": 8.0}
 
 
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process so far (each recompilation counts): a measurement's
+    difference shows whether its steps compiled once or again per run (past torch.compile's limit of recompilations
+    a step would run eagerly)."""
+    return int(dynamo_counters["stats"]["unique_graphs"])
+
+
 def release(device) -> None:
     """Start the next measurement as a fresh process would: torch.compile's compiled code dropped, the models and
     CUDA graphs of the last one collected, and on a GPU the allocator's cached blocks returned and its peak reset
@@ -528,6 +538,7 @@ def run(args, write) -> dict:
 
     def record(method: str, context, fn) -> None:
         entry = {"method": method, "context": context}
+        graphs = compiled_graphs()
         try:
             entry.update(fn())
         except ImportError as error:  # transformers not installed: the 'hf' extra
@@ -536,6 +547,7 @@ def run(args, write) -> dict:
             entry.update(status="failed", reason=f"{type(error).__name__}: {str(error)[:300]}")
         else:
             entry["status"] = "ok"
+            entry["compiled_graphs"] = compiled_graphs() - graphs
             if device.type == "cuda":
                 entry["peak_bytes"] = torch.cuda.max_memory_allocated(device)
         release(device)
