@@ -127,6 +127,14 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(-1, keepdim=True)
 
 
+def stepping(args, model) -> tuple:
+    """(what runs the steps, the pick): with --compile-step both through torch.compile, as
+    LongNetLM.generate(compile_step=True) runs them; else the model and the eager greedy pick."""
+    if not args.compile_step:
+        return model, greedy
+    return torch.compile(model, dynamic=False), torch.compile(greedy, dynamic=False)
+
+
 def hbm_bandwidth(device) -> float:
     """Bytes per second of a 1 GiB device-to-device copy (read + write), the median of 20 after warm-up."""
     src = torch.randn(2**28, device=device)
@@ -278,8 +286,7 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     clock = ProfiledClock(device, args.warm_tokens + 1, profiled, synced) if profiled else Clock(device, synced)
     sync(device)
     start = time.perf_counter()
-    step_model = torch.compile(model, dynamic=False) if args.compile_step else model
-    pick = greedy if not args.compile_step else torch.compile(greedy, dynamic=False)  # as generate picks
+    step_model, pick = stepping(args, model)
     decode_static(model, prompt, caches, count, pick, device.type == "cuda", on_token=clock, step_model=step_model)
     timed_positions = range(first + warm + 1, context)
     block = model.encoder.blocks[0].attention
@@ -343,8 +350,7 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
         prompt[b, context - n:] = full[0, :n]
         mask[b, context - n:] = 1
     model.generate(prompt[:, -64:], 4, attention_mask=mask[:, -64:])  # warm-up
-    step_model = torch.compile(model, dynamic=False) if args.compile_step else model
-    pick = greedy if not args.compile_step else torch.compile(greedy, dynamic=False)  # as generate picks
+    step_model, pick = stepping(args, model)
 
     def run(tokens, row_lengths):
         clock = Clock(device)
