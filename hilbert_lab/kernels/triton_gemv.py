@@ -1,23 +1,28 @@
-"""One token's linear layer, y = x W^T + b for x of one row, as one Triton launch that streams the weight once.
+"""A decoding step's linear layer, y = x W^T + b for x of one row (or a few), as one Triton launch that streams the
+weight once.
 
 `gemv(x, weight, bias=None, activation=None, *, normalize=None, rotation=None, residual=None)`: x (..., K) holding
-one row in all, weight (N, K) with contiguous rows, bias (N,) or None -> (..., N) in x's dtype, the sums in float32
-and one rounding at the end. On the float32 sums, in this order:
+M rows in all (1 <= M <= MAX_ROWS: one token, or one per row of a batched step), weight (N, K) with contiguous
+rows, bias (N,) or None -> (..., N) in x's dtype, the sums in float32 and one rounding at the end. On the float32
+sums of each row, in this order:
 - normalize (row_sums (N,), eps): x is layer-normalised first, x_hat = (x - mean) / sqrt(var + eps) (biased
   variance, as nn.LayerNorm), with the norm's weight and bias already folded into `weight` and `bias`
   (`fold_layer_norm`); mean and variance are summed from the same chunks of x that the product reads, shifted by
-  x[0] (no cancellation where the row's mean is large), so the weight is still read once and nothing else is;
+  the row's first value (no cancellation where the row's mean is large), so the weight is still read once and
+  nothing else is;
 - activation "gelu": the exact (erf) GELU;
-- rotation (cos, sin, rows): rotary embedding of the first `rows` outputs, whose heads are cos.numel() * 2 wide:
-  output j and j + D/2 of a head become (y_j cos_j - y_{j+D/2} sin_j, y_j sin_j + y_{j+D/2} cos_j) (the pairs of
-  models.rotary.apply_rotary); a program then holds the two rows of a pair;
+- rotation (cos, sin, rows): rotary embedding of the first `rows` outputs, whose heads are D = 2 cos.shape[-1]
+  wide: output j and j + D/2 of a head become (y_j cos_j - y_{j+D/2} sin_j, y_j sin_j + y_{j+D/2} cos_j) (the
+  pairs of models.rotary.apply_rotary), at each row's own angles where cos and sin hold one row per row of x; a
+  program then holds the two rows of a pair;
 - residual (..., N): added last.
 All on one device. Each program reduces `block_n` rows of the weight over K in chunks of `block_k` columns, so a
-launch holds ceil(N / block_n) programs that all stream their rows at once.
-A decoding step at batch 1 spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM
-with M = 1 reads small weights well below the bandwidth. The launch is the op `hilbert_lab::gemv`
-(`gemv_op`), which torch.compile holds as one call (a compiled step launches it as an eager call does). Plain tensors
-in, nothing from hilbert_lab imported.
+launch holds ceil(N / block_n) programs that all stream their rows at once; with several rows of x each chunk is
+read once for all of them.
+A decoding step spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM with M = 1 reads
+small weights well below the bandwidth, and a batched step's small ops around its GEMMs cost a launch each. The
+launch is the op `hilbert_lab::gemv` (`gemv_op`), which torch.compile holds as one call (a compiled step launches it
+as an eager call does). Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
@@ -98,12 +103,77 @@ if HAVE_TRITON:
             y += tl.load(res_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
         tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
 
+    @triton.jit
+    def _gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, M, N, stride_w, eps,
+                          K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
+                          ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+        """`_gemv_kernel` for M (<= BLOCK_M) rows of x at once: each chunk of the program's weight rows is read
+        once and multiplied by every row; the rows' norms, rotary angles (cos, sin (M, HALF)) and residuals are
+        their own."""
+        pid = tl.program_id(0)
+        if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
+            pair = pid % HALF
+            rows = (pid // HALF) * (2 * HALF) + pair + tl.arange(0, BLOCK_N) * HALF
+        else:
+            rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        m = tl.arange(0, BLOCK_M)
+        in_m = m < M
+        in_n = rows < N
+        cols = tl.arange(0, BLOCK_K)
+        w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
+        x_ptrs = x_ptr + m[:, None] * K + cols[None, :]
+        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        sum1 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        sum2 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        if NORM:
+            shift = tl.load(x_ptr + m * K, mask=in_m, other=0.0).to(tl.float32)
+        for start in range(0, K, BLOCK_K):
+            inside = (start + cols) < K
+            w = tl.load(w_ptrs + start, mask=in_n[:, None] & inside[None, :], other=0.0).to(tl.float32)
+            x_mask = in_m[:, None] & inside[None, :]
+            x = tl.load(x_ptrs + start, mask=x_mask, other=0.0).to(tl.float32)
+            if NORM:
+                x = tl.where(x_mask, x - shift[:, None], 0.0)
+                sum1 += x
+                sum2 += x * x
+            acc += w[None, :, :] * x[:, None, :]
+        y = tl.sum(acc, axis=2)  # (BLOCK_M, BLOCK_N)
+        if NORM:
+            mean = tl.sum(sum1, axis=1) / K  # of x - shift, per row
+            var = tl.maximum(tl.sum(sum2, axis=1) / K - mean * mean, 0.0)
+            row_sums = tl.load(sums_ptr + rows, mask=in_n, other=0.0)
+            y = (y - mean[:, None] * row_sums[None, :]) / tl.sqrt(var + eps)[:, None]
+        if HAS_BIAS:
+            y += tl.load(b_ptr + rows, mask=in_n, other=0.0).to(tl.float32)[None, :]
+        if GELU:
+            y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
+        if HALF > 0:
+            if pid * 2 < ROTATED:
+                first = (tl.arange(0, BLOCK_N) == 0)[None, :]
+                y_first = tl.sum(tl.where(first, y, 0.0), axis=1)
+                y_second = tl.sum(tl.where(first, 0.0, y), axis=1)
+                c = tl.load(cos_ptr + m * HALF + pair, mask=in_m, other=0.0).to(tl.float32)
+                s = tl.load(sin_ptr + m * HALF + pair, mask=in_m, other=0.0).to(tl.float32)
+                y = tl.where(first, (y_first * c - y_second * s)[:, None], (y_first * s + y_second * c)[:, None])
+        out_mask = in_m[:, None] & in_n[None, :]
+        if HAS_RESIDUAL:
+            y += tl.load(res_ptr + m[:, None] * N + rows[None, :], mask=out_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m[:, None] * N + rows[None, :], y.to(y_ptr.dtype.element_ty), mask=out_mask)
 
-def tuning(n: int, k: int, normalize: bool = False) -> tuple[int, int, int]:
-    """(block_n, block_k, num_warps) of `gemv` for a weight (n, k): one row per program, 512 columns at a time (the
-    fastest single tuning over a 1B-class step's five weights on an H200, within 7% of each weight's fastest); with
-    the norm folded in or rotary pairs, two rows per program, 1024 columns, 2 warps (the fastest for the q, k, v and
-    the MLP's first weight there: a program's reductions of x's mean and variance shared by two rows)."""
+
+MAX_ROWS = 8  # rows of x one launch takes (a batched decoding step); more go to F.linear
+
+
+def tuning(n: int, k: int, normalize: bool = False, rows: int = 1) -> tuple[int, int, int]:
+    """(block_n, block_k, num_warps) of `gemv` for a weight (n, k) and `rows` rows of x. One row: one weight row
+    per program, 512 columns at a time (the fastest single tuning over a 1B-class step's five weights on an H200,
+    within 7% of each weight's fastest); with the norm folded in or rotary pairs, two rows per program, 1024
+    columns, 2 warps (the fastest for the q, k, v and the MLP's first weight there: a program's reductions of x's
+    mean and variance shared by two rows). Several rows: two weight rows per program, 4096 products per chunk over
+    the rows (256 columns at 8 rows), 4 warps."""
+    if rows > 1:
+        return 2, min(4096 // (2 * triton.next_power_of_2(rows)), triton.next_power_of_2(k)), 4
     if normalize:
         return 2, min(1024, triton.next_power_of_2(k)), 2
     return 1, min(512, triton.next_power_of_2(k)), 4
@@ -135,16 +205,19 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          normalize: tuple[torch.Tensor, float] | None = None,
          rotation: tuple[torch.Tensor, torch.Tensor, int] | None = None, residual: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """x (..., K) of one row, weight (N, K) (rows contiguous), bias (N,) or None -> activation(x W^T + b) (..., N);
-    activation None or "gelu" (exact, erf); normalize (row_sums (N,) float32, eps): layer-normalise x first (the
-    norm's affine folded into weight and bias: fold_layer_norm); rotation (cos (D/2,), sin (D/2,), rows): rotary
-    pairs over the first `rows` outputs (a multiple of D; N a multiple of D); residual (..., N): added last."""
+    """x (..., K) of M rows in all (1 <= M <= MAX_ROWS), weight (N, K) (rows contiguous), bias (N,) or None ->
+    activation(x W^T + b) (..., N); activation None or "gelu" (exact, erf); normalize (row_sums (N,) float32, eps):
+    layer-normalise each row of x first (the norm's affine folded into weight and bias: fold_layer_norm); rotation
+    (cos, sin, rows): rotary pairs over the first `rows` outputs (a multiple of D; N a multiple of D), cos and sin
+    (D/2,) for every row of x or (..., D/2) holding M rows, one per row of x; residual (..., N): added last."""
     require_triton("gemv")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
     n, k = weight.shape
-    if x.shape[-1] != k or x.numel() != k:
-        raise ValueError(f"x must hold one row of {k} values (weight {tuple(weight.shape)}), got {tuple(x.shape)}")
+    m = x.numel() // k if k and x.shape[-1] == k else 0
+    if x.shape[-1] != k or not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"x must hold 1 to {MAX_ROWS} rows of {k} values (weight {tuple(weight.shape)}), got "
+                         f"{tuple(x.shape)}")
     if weight.stride(1) != 1:
         raise ValueError("weight must have contiguous rows (stride 1 along K)")
     if bias is not None and tuple(bias.shape) != (n,):
@@ -158,23 +231,24 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     half = rotated = 0
     if rotation is not None:
         cos, sin, rotated = rotation
-        half = cos.numel()
-        if sin.numel() != half or half < 1 or n % (2 * half) or rotated % (2 * half) or not 0 <= rotated <= n:
-            raise ValueError(f"rotation must be (cos, sin, rows) with cos and sin of D/2 values each, N={n} and rows "
-                             f"multiples of D and rows <= N, got {cos.numel()} and {sin.numel()} values, rows "
-                             f"{rotated}")
-        cos, sin = cos.reshape(half).contiguous(), sin.reshape(half).contiguous()
+        half = cos.shape[-1] if cos.dim() else 0
+        if sin.shape != cos.shape or half < 1 or cos.numel() not in (half, m * half) or n % (2 * half) \
+                or rotated % (2 * half) or not 0 <= rotated <= n:
+            raise ValueError(f"rotation must be (cos, sin, rows) with cos and sin of D/2 values for every row of x or "
+                             f"per row ({m} rows), N={n} and rows multiples of D and rows <= N, got cos "
+                             f"{tuple(cos.shape)}, sin {tuple(sin.shape)}, rows {rotated}")
+        cos, sin = (t.reshape(-1, half).expand(m, half).contiguous() for t in (cos, sin))
     if residual is not None and tuple(residual.shape) != tuple(out_shape):
         raise ValueError(f"residual must have the output's shape {tuple(out_shape)}, got {tuple(residual.shape)}")
     devices = {t.device for t in (x, weight, bias, row_sums, cos, sin, residual) if t is not None}
     if len(devices) > 1:
         raise ValueError(f"x, weight, bias, normalize, rotation and residual must be on one device, got "
                          f"{sorted(map(str, devices))}")
-    default = tuning(n, k, row_sums is not None or rotation is not None)
+    default = tuning(n, k, row_sums is not None or rotation is not None, m)
     block_n, block_k = 2 if half else block_n or default[0], block_k or default[1]
-    flat = x.reshape(k).contiguous()
+    flat = x.reshape(m, k).contiguous()
     bias = None if bias is None else bias.contiguous()
-    residual = None if residual is None else residual.reshape(n).contiguous()
+    residual = None if residual is None else residual.reshape(m, n).contiguous()
     return gemv_op(flat, weight, bias, row_sums, cos, sin, residual, float(eps), rotated, activation == "gelu",
                    block_n, block_k, num_warps or default[2]).reshape(out_shape)
 
@@ -182,22 +256,32 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row_sums: torch.Tensor | None,
                  cos: torch.Tensor | None, sin: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
                  rotated: int, gelu: bool, block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
-    """The launch of `gemv` on checked arguments: x (K,), residual (N,) -> (N,); cos and sin given: rotary pairs."""
+    """The launch of `gemv` on checked arguments: x (M, K), residual (M, N) -> (M, N); cos and sin (M, D/2)
+    given: rotary pairs."""
     n, k = weight.shape
-    half = 0 if cos is None else cos.numel()
-    out = torch.empty(n, device=x.device, dtype=x.dtype)
-    even = n % block_n == 0 and k % block_k == 0
-    _gemv_kernel[(n // 2 if half else triton.cdiv(n, block_n),)](
-        x, weight, weight if bias is None else bias, out, weight if row_sums is None else row_sums,
-        weight if cos is None else cos, weight if sin is None else sin, weight if residual is None else residual,
-        n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN=even, GELU=gelu, NORM=row_sums is not None, HALF=half, ROTATED=rotated,
-        HAS_RESIDUAL=residual is not None, num_warps=num_warps)
+    m = x.shape[0]
+    half = 0 if cos is None else cos.shape[-1]
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    grid = (n // 2 if half else triton.cdiv(n, block_n),)
+    placeholders = (weight if bias is None else bias, out, weight if row_sums is None else row_sums,
+                    weight if cos is None else cos, weight if sin is None else sin,
+                    weight if residual is None else residual)
+    if m == 1:
+        _gemv_kernel[grid](
+            x, weight, *placeholders, n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n,
+            BLOCK_K=block_k, EVEN=n % block_n == 0 and k % block_k == 0, GELU=gelu, NORM=row_sums is not None,
+            HALF=half, ROTATED=rotated, HAS_RESIDUAL=residual is not None, num_warps=num_warps)
+    else:
+        _gemv_rows_kernel[grid](
+            x, weight, *placeholders, m, n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None,
+            BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, GELU=gelu,
+            NORM=row_sums is not None, HALF=half, ROTATED=rotated, HAS_RESIDUAL=residual is not None,
+            num_warps=num_warps)
     return out
 
 
 def _gemv_fake(x, weight, bias, row_sums, cos, sin, residual, eps, rotated, gelu, block_n, block_k, num_warps):
-    return x.new_empty(weight.shape[0])
+    return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 # One op to torch.compile (its graph holds the launch as one call, launched as `_gemv_launch` launches it);

@@ -1,7 +1,8 @@
 """A transformer block's decoding step on a static cache with its linear layers prepared once: the attention norm
 folded into the stacked q, k, v projection, the MLP's norm into its first linear layer (models.projection's
-NormedLinear), so that at batch 1 on a GPU a block is four GEMVs and the cache's attention, with the norms, the
-rotary embedding and both residual adds inside the GEMVs (kernels.triton_gemv), and no small op between them.
+NormedLinear), so that on a GPU a step of up to kernels.triton_gemv.MAX_ROWS rows (batch 1, or a batch of one new
+token per row) is four GEMVs and the cache's attention, with the norms, each row's rotary embedding and both
+residual adds inside the GEMVs (kernels.triton_gemv), and no small op between them.
 
 `decoding_projections(block, dtype)` -> the prepared layers (dict: "qkv", "out", "up", "down") or None where the
 block is not the plain modules it folds; `decoding_layer(block, x, positions, cache, projections, rotary_tables)`
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .projection import NormedLinear, fold_norm, foldable_norm, linear, normed_linear, one_row_gemv, plain_linear
+from .projection import NormedLinear, few_rows_gemv, fold_norm, foldable_norm, linear, normed_linear, plain_linear
 from .rotary import apply_rotary, rotary_angles
 
 __all__ = ["decoding_layer", "decoding_projections"]
@@ -42,28 +43,30 @@ def decoding_projections(block: nn.Module, dtype: torch.dtype | None = None) -> 
             "up": fold_norm(block.mlp_norm, mlp[0].weight, mlp[0].bias, dtype), "down": plain(mlp[2])}
 
 
-def _angles(block: nn.Module, positions: torch.Tensor, rotary_tables: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float64 rotary cosines and sines (D/2,) of the one position of a one-row step."""
+def _angles(block: nn.Module, x: torch.Tensor, positions: torch.Tensor,
+            rotary_tables: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float64 rotary cosines and sines (M, D/2) of the M rows of x (B, N, C), positions (N,) or (B, N)."""
     head_dim = block.attention.head_dim
     angles = None if rotary_tables is None else rotary_tables.get((head_dim, block.rotary_base))
     if angles is None:
         angles = rotary_angles(positions, head_dim, base=block.rotary_base)
-    return angles[0].reshape(-1), angles[1].reshape(-1)
+    rows = x.shape[:-1] + (head_dim // 2,)
+    return tuple(table.expand(rows).reshape(-1, head_dim // 2) for table in angles)
 
 
 def decoding_layer(block: nn.Module, x: torch.Tensor, positions: torch.Tensor, cache, projections: dict,
                    rotary_tables: dict | None = None) -> torch.Tensor:
     """block(x, positions, cache=cache) on its decoding_projections: x (B, N, C) -> (B, N, C); the tokens follow
-    those the cache holds (their keys and values are appended to it). One row (batch 1, one token) on a GPU with no
-    gradient asked runs as four GEMVs around the cache's attention; otherwise the same prepared weights through
-    F.layer_norm (no affine) and F.linear. No dropout (the caller's concern: a training block with dropout keeps
-    its forward)."""
+    those the cache holds (their keys and values are appended to it). Up to MAX_ROWS rows (batch 1, or one token per
+    row) on a GPU with no gradient asked run as four GEMVs around the cache's attention; otherwise the same
+    prepared weights through F.layer_norm (no affine) and F.linear. No dropout (the caller's concern: a training
+    block with dropout keeps its forward)."""
     mha = block.attention
     qkv: NormedLinear = projections["qkv"]
     kv_dim = mha.num_kv_heads * mha.head_dim
     rotation = None
-    if block.rotary and one_row_gemv(x, qkv.weight, qkv.bias):
-        rotation = (*_angles(block, positions, rotary_tables), mha.embed_dim + kv_dim)
+    if block.rotary and few_rows_gemv(x, qkv.weight, qkv.bias):
+        rotation = (*_angles(block, x, positions, rotary_tables), mha.embed_dim + kv_dim)
     q, k, v = (t.unflatten(-1, (-1, mha.head_dim))
                for t in normed_linear(x, qkv, rotation=rotation).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
     if block.rotary and rotation is None:

@@ -1,7 +1,8 @@
-"""Linear layers of a decoding step: x of one row (batch 1, one new token) on a GPU, with no gradient asked, runs
-as one Triton GEMV (kernels.triton_gemv), which reads the weight nearer the memory bandwidth than cuBLAS's GEMM of
-one row, with the layer norm before it, the rotary embedding and the residual add after it in the same launch;
-everything else is F.linear or the module's own call.
+"""Linear layers of a decoding step: x of a few rows (one new token per row of a batch of at most
+kernels.triton_gemv.MAX_ROWS) on a GPU, with no gradient asked, runs as one Triton GEMV (kernels.triton_gemv), which
+reads the weight once for all rows and nearer the memory bandwidth than cuBLAS's GEMM of one row, with the layer
+norm before it, the rotary embedding and the residual add after it in the same launch; everything else is F.linear
+or the module's own call.
 
 A layer norm followed by a linear layer is held as a `NormedLinear`: the norm's affine folded into the layer's
 weight and bias (kernels.triton_gemv.fold_layer_norm), so that one GEMV normalises the row while it reads the
@@ -14,10 +15,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from hilbert_lab.kernels.triton_gemv import ACTIVATIONS, fold_layer_norm, gemv
+from hilbert_lab.kernels.triton_gemv import ACTIVATIONS, MAX_ROWS, fold_layer_norm, gemv
 from hilbert_lab.kernels.triton_support import runs_on
 
-__all__ = ["NormedLinear", "fold_norm", "foldable_norm", "linear", "normed_linear", "one_row_gemv", "plain_linear",
+__all__ = ["NormedLinear", "fold_norm", "foldable_norm", "linear", "normed_linear", "few_rows_gemv", "plain_linear",
            "plain_tensor", "project"]
 
 
@@ -30,10 +31,11 @@ def plain_tensor(t: torch.Tensor) -> bool:
     return type(t) in (torch.Tensor, nn.Parameter)
 
 
-def one_row_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
-    """Whether x (..., K) is one row on a GPU Triton runs on, in weight's dtype (float16, bfloat16 or float32), x,
-    weight and bias plain tensors on one device, with no gradient asked."""
-    if x.numel() != x.shape[-1] or x.dtype not in GEMV_DTYPES or x.dtype != weight.dtype:
+def few_rows_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
+    """Whether x (..., K) holds 1 to MAX_ROWS rows on a GPU Triton runs on, in weight's dtype (float16, bfloat16 or
+    float32), x, weight and bias plain tensors on one device, with no gradient asked."""
+    if not 1 <= x.numel() // max(1, x.shape[-1]) <= MAX_ROWS or x.shape[-1] < 1 or x.dtype not in GEMV_DTYPES \
+            or x.dtype != weight.dtype:
         return False
     if x.device.type != "cuda" or not runs_on(x.device):
         return False
@@ -52,12 +54,12 @@ def _plain(module: nn.Module) -> bool:
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            activation: str | None = None, *, residual: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias), then F.gelu where activation is "gelu", then + residual (x's shape but the last
-    dim, N) where given; x (..., K) of one row (a decoding step at batch 1) on a GPU, with no gradient asked, runs
-    as one Triton GEMV (kernels.triton_gemv) with the GELU and the residual on its float32 sums (one rounding),
-    which reads the weight nearer the memory bandwidth than cuBLAS's GEMM of one row."""
+    dim, N) where given; x (..., K) of a few rows (a decoding step: few_rows_gemv) on a GPU, with no gradient
+    asked, runs as one Triton GEMV (kernels.triton_gemv) with the GELU and the residual on its float32 sums (one
+    rounding), which reads the weight once for all rows, nearer the memory bandwidth than cuBLAS's GEMM."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
-    if one_row_gemv(x, weight, bias) and (residual is None or _same_place(residual, x)):
+    if few_rows_gemv(x, weight, bias) and (residual is None or _same_place(residual, x)):
         return gemv(x, weight, bias, activation, residual=residual)
     y = F.linear(x, weight, bias)
     y = F.gelu(y) if activation == "gelu" else y
@@ -90,14 +92,16 @@ def fold_norm(norm: nn.LayerNorm, weight: torch.Tensor, bias: torch.Tensor | Non
 
 def normed_linear(x: torch.Tensor, layer: NormedLinear, activation: str | None = None, *,
                   rotation: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
-    """linear(layer_norm(x), ...) of a NormedLinear, x (..., K) -> (..., N): one row on a GPU with no gradient asked
-    as one GEMV that normalises x from the chunks it reads (and rotates the first rows' pairs: rotation (cos (D/2,),
-    sin (D/2,), rows), kernels.triton_gemv.gemv); otherwise F.layer_norm without affine, then `linear` (rotation
-    is then refused: the caller rotates)."""
-    if one_row_gemv(x, layer.weight, layer.bias) and (rotation is None or _same_place(rotation[0], x)):
+    """linear(layer_norm(x), ...) of a NormedLinear, x (..., K) -> (..., N): a few rows on a GPU with no gradient
+    asked (few_rows_gemv) as one GEMV that normalises each row from the chunks it reads (and rotates the first
+    outputs' pairs: rotation (cos, sin, rows), cos and sin (D/2,) or one row of D/2 per row of x,
+    kernels.triton_gemv.gemv); otherwise F.layer_norm without affine, then `linear` (rotation is then refused: the
+    caller rotates)."""
+    if few_rows_gemv(x, layer.weight, layer.bias) and (rotation is None or _same_place(rotation[0], x)):
         return gemv(x, layer.weight, layer.bias, activation, normalize=(layer.row_sums, layer.eps), rotation=rotation)
     if rotation is not None:
-        raise ValueError("rotation runs inside the one-row GEMV only (x of one row on a GPU, no gradient asked)")
+        raise ValueError(f"rotation runs inside the GEMV only (x of 1 to {MAX_ROWS} rows on a GPU, no gradient "
+                         f"asked)")
     return linear(F.layer_norm(x, x.shape[-1:], eps=layer.eps), layer.weight, layer.bias, activation)
 
 

@@ -74,14 +74,14 @@ def test_the_ops_fake_implementations_give_the_outputs_shapes_and_dtypes():
     from hilbert_lab.kernels.triton_gemv import gemv_op
 
     with FakeTensorMode():
-        x, weight = torch.empty(64, dtype=torch.bfloat16), torch.empty(96, 64, dtype=torch.bfloat16)
+        x, weight = torch.empty(3, 64, dtype=torch.bfloat16), torch.empty(96, 64, dtype=torch.bfloat16)
         y = gemv_op(x, weight, None, None, None, None, None, 0.0, 0, False, 1, 64, 4)
         q = torch.empty(2, 4, 16, dtype=torch.float16)
         keys = torch.empty(2, 8, 2, 16, dtype=torch.float16)
         out, lse = decode_op(q, None, None, keys, keys, torch.empty(2, dtype=torch.int64),
                              torch.empty(1, 4, dtype=torch.int32), torch.empty(1, 4, dtype=torch.int32), [4], [8],
                              0.25, 8, 8, 2, 1, True, True)
-    assert (tuple(y.shape), y.dtype) == ((96,), torch.bfloat16)
+    assert (tuple(y.shape), y.dtype) == ((3, 96), torch.bfloat16)
     assert (tuple(out.shape), out.dtype, tuple(lse.shape), lse.dtype) == ((2, 4, 16), torch.float16, (2, 4),
                                                                           torch.float32)
 

@@ -1,8 +1,8 @@
-"""The one-row linear layer (kernels.triton_gemv.gemv) in interpreter mode (TRITON_INTERPRET=1, CPU) against a
-float64 product: ragged N and K, with and without bias and GELU, the block shapes the tunings use, large values;
-the layer norm folded in (fold_layer_norm), the rotary pairs and the residual against float64 LayerNorm, linear,
-models.rotary.apply_rotary and add; its argument checks; and models.projection sending only one row on a GPU to it,
-with a Sequential's GELU."""
+"""The decoding step's linear layer (kernels.triton_gemv.gemv) in interpreter mode (TRITON_INTERPRET=1, CPU) against
+a float64 product: one row and several, ragged N and K, with and without bias and GELU, the block shapes the
+tunings use, large values; the layer norm folded in (fold_layer_norm), the rotary pairs (each row at its own
+position) and the residual against float64 LayerNorm, linear, models.rotary.apply_rotary and add; its argument
+checks; and models.projection sending only a few rows on a GPU to it, with a Sequential's GELU."""
 from __future__ import annotations
 
 import importlib.util
@@ -43,6 +43,7 @@ def _errors() -> None:
         got = gemv(x, w, b, "gelu", block_n=block_n, block_k=block_k)
         print(json.dumps({"gelu_error": ((got.double() - want).abs().max() / want.abs().max()).item()}))
     _fused_errors(gen)
+    _rows_errors(gen)
     view = torch.randn(48, 80, generator=gen)[:, :64]
     x, bias = torch.randn(64, generator=gen), torch.randn(96, generator=gen)[::2]
     want = view.double() @ x.double() + bias.double()
@@ -86,6 +87,48 @@ def _fused_errors(gen) -> None:
                                            / scale).item()}))
 
 
+ROWS = [(2, 70, 100, None), (3, 64, 300, 64), (8, 40, 96, None), (5, 33, 512, 128)]  # M, N, K, block_k
+
+
+def _rows_errors(gen) -> None:
+    """Per (M, N, K, block_k), dtype and offset of x's mean: the largest error of M rows at once, plain (with bias),
+    with the GELU, and with the folded norm, each row's own rotation (positions far apart) and the residual, against
+    float64, over the reference's largest value."""
+    from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv
+    from hilbert_lab.models.rotary import apply_rotary, rotary_angles
+
+    head_dim = 8
+    for m, n, k, block_k in ROWS:
+        n = n - n % (2 * head_dim)  # whole heads: the rotated rows
+        w, b = torch.randn(n, k, generator=gen) * k ** -0.5, torch.randn(n, generator=gen)
+        gamma, beta = torch.rand(k, generator=gen) + 0.5, torch.randn(k, generator=gen)
+        positions = torch.randint(0, 100_000, (m, 1), generator=gen)
+        cos, sin = rotary_angles(positions, head_dim)  # (M, 1, D/2)
+        rotated_rows = n - 2 * head_dim if n > 2 * head_dim else n
+        for dtype in (torch.float32, torch.float16):
+            for offset in (0.0, 1e3):
+                x = (torch.randn(m, 1, k, generator=gen) * 3 + offset).to(dtype)
+                residual = torch.randn(m, 1, n, generator=gen).to(dtype)
+                plain = x.double() @ w.to(dtype).double().T + b.to(dtype).double()
+                got = gemv(x, w.to(dtype), b.to(dtype), block_k=block_k)
+                gelu = gemv(x, w.to(dtype), b.to(dtype), "gelu", block_k=block_k)
+                normed = torch.nn.functional.layer_norm(x.double(), (k,), gamma.double(), beta.double(), 1e-5)
+                want = normed @ w.double().T + b.double()
+                head, tail = want.split((rotated_rows, n - rotated_rows), -1)
+                rotated = apply_rotary(head.unflatten(-1, (-1, head_dim)), positions).flatten(-2)
+                fused_want = torch.cat((rotated, tail), -1) + residual.double()
+                weight, bias, sums = fold_layer_norm(w, b, gamma, beta, dtype)
+                fused = gemv(x, weight, bias, normalize=(sums, 1e-5), rotation=(cos, sin, rotated_rows),
+                             residual=residual, block_k=block_k)
+                print(json.dumps({"rows_case": [m, n, k, block_k, str(dtype), offset],
+                                  "shapes": [list(got.shape), list(fused.shape)], "dtype": str(fused.dtype),
+                                  "plain": ((got.double() - plain).abs().max() / plain.abs().max()).item(),
+                                  "gelu": ((gelu.double() - torch.nn.functional.gelu(plain)).abs().max()
+                                           / plain.abs().max()).item(),
+                                  "fused": ((fused.double() - fused_want).abs().max()
+                                            / fused_want.abs().max()).item()}))
+
+
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
 def test_gemv_matches_the_float64_product(run_interpreted):
     """Ragged N and K, the tunings' block shapes and the default, float32 and float16, with and without bias, large
@@ -106,6 +149,14 @@ def test_gemv_matches_the_float64_product(run_interpreted):
         bound = 1e-5 if result["fused_case"][5] == "torch.float32" else 4e-3
         assert result["dtype"] == result["fused_case"][5], result
         assert max(result["norm"], result["rotated"], result["gelu"]) <= bound, result
+    rows = [r for r in results if "rows_case" in r]
+    assert len(rows) == len(ROWS) * 2 * 2
+    for result in rows:  # several rows at once: each row as one row alone
+        m, n, dtype = result["rows_case"][0], result["rows_case"][1], result["rows_case"][4]
+        n -= n % 16
+        bound = 1e-5 if dtype == "torch.float32" else 4e-3
+        assert result["shapes"] == [[m, 1, n]] * 2 and result["dtype"] == dtype, result
+        assert max(result["plain"], result["gelu"], result["fused"]) <= bound, result
 
 
 def test_a_folded_layer_norm_gives_the_norm_then_the_linear_layer():
@@ -134,6 +185,7 @@ def test_a_folded_layer_norm_gives_the_norm_then_the_linear_layer():
     (dict(rotation=(torch.zeros(2), torch.zeros(1), 4)), "rotation must be"),
     (dict(rotation=(torch.zeros(1), torch.zeros(1), 3)), "rotation must be"),
     (dict(rotation=(torch.zeros(1), torch.zeros(1), 6)), "rotation must be"),
+    (dict(rotation=(torch.zeros(2, 1), torch.zeros(2, 1), 4)), "rotation must be"),  # 2 rows of angles, x 1 row
     (dict(residual=torch.zeros(1, 5)), "residual must have the output's shape"),
 ])
 def test_gemv_rejects_bad_fused_parts(keywords, match):
@@ -153,8 +205,9 @@ def test_gemv_rejects_an_unknown_activation():
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("x_shape, w_shape, bias_shape, match", [
-    ((2, 8), (4, 8), None, "x must hold one row"),
-    ((1, 6), (4, 8), None, "x must hold one row"),
+    ((9, 8), (4, 8), None, "x must hold 1 to 8 rows"),
+    ((1, 6), (4, 8), None, "x must hold 1 to 8 rows"),
+    ((0, 8), (4, 8), None, "x must hold 1 to 8 rows"),
     ((1, 8), (4, 8), (5,), "bias must have shape"),
 ])
 def test_gemv_rejects_bad_shapes(x_shape, w_shape, bias_shape, match):
@@ -192,7 +245,7 @@ def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(mon
     stack = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     torch.testing.assert_close(projection.project(x, stack), stack(x))
     assert not called
-    monkeypatch.setattr(projection, "one_row_gemv", lambda x, w, b=None: True)  # as on a GPU
+    monkeypatch.setattr(projection, "few_rows_gemv", lambda x, w, b=None: True)  # as on a GPU
     hooked = nn.Linear(8, 4)
     hooked.register_forward_hook(lambda module, args, out: out * 2)
     torch.testing.assert_close(projection.project(x, hooked), 2 * nn.functional.linear(x, hooked.weight, hooked.bias))
@@ -218,7 +271,7 @@ def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monke
     assert not calls
     with pytest.raises(ValueError, match="activation must be one of"):
         projection.linear(x, stack[0].weight, None, "relu")
-    monkeypatch.setattr(projection, "one_row_gemv", lambda x, w, b=None: True)
+    monkeypatch.setattr(projection, "few_rows_gemv", lambda x, w, b=None: True)
     torch.testing.assert_close(projection.project(x, stack), stack(x))
     assert calls == [(stack[0].weight, "gelu"), (stack[2].weight, None)]
     calls.clear()
@@ -236,8 +289,8 @@ def test_one_row_asks_for_one_row_on_a_gpu_without_gradient(monkeypatch):
 
     monkeypatch.setattr(projection, "runs_on", lambda device: True)
     weight = torch.zeros(4, 8)
-    assert not projection.one_row_gemv(torch.zeros(1, 8), weight)  # a CPU tensor
-    assert not projection.one_row_gemv(torch.zeros(1, 1, 8).to("meta"), weight)  # a meta tensor is no GPU's
+    assert not projection.few_rows_gemv(torch.zeros(1, 8), weight)  # a CPU tensor
+    assert not projection.few_rows_gemv(torch.zeros(1, 1, 8).to("meta"), weight)  # a meta tensor is no GPU's
 
 
 def test_only_plain_tensors_go_to_the_kernel():
