@@ -26,8 +26,9 @@ steps on a static cache filled with random keys and values instead of a prefill,
 them, and the same for that Llama on dilated attention ("llama_dilated_static_cache_filled", --hf-dilated-filled);
 for the recompute, one forward pass over N + 1 tokens (what LongNetLM.generate(use_cache=False) does per token).
 --profile-tokens P (GPU) runs torch.profiler over P tokens before the timed ones and adds "profile" to each
-"longnet_static_graph" and filled entry: per token, the wall time, the kernels' time per kind (the dilated step,
-the one-row GEMVs, cuBLAS, torch.compile's fused ops, other) and the GPU's time without a kernel. Each entry
+"longnet_static_graph" and filled entry (and to the batch entry, over one more run of the batch and of its longest
+row): per token, the wall time, the kernels' time per kind (the dilated step, the GEMVs, cuBLAS, torch.compile's
+fused ops, other) and the GPU's time without a kernel. Each entry
 records "compiled_graphs", the graphs torch.compile compiled for it (a step compiled again per run would show here;
 past torch.compile's limit it would run eagerly). Between measurements torch.compile's caches are reset and the
 allocator's cache emptied (release); still, on an H200 every context after the first in one process times 3.5%
@@ -204,12 +205,12 @@ def phase_medians(clock: Clock, warm: int, steps: int) -> dict:
             "ahead_ms": [round(1e3 * gap, 4) for gap in ahead]}
 
 
-KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")), ("gemv", ("_gemv_kernel",)),
+KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")), ("gemv", ("_gemv_kernel", "_gemv_rows_kernel")),
                 ("gemm", ("gemm", "nvjet", "cublas", "cutlass", "splitkreduce")), ("inductor", ("triton_",)))
 
 
 def kernel_kind(name: str) -> str:
-    """A kernel's part of a decoding step, by its name: the dilated step's launches ("decode"), the one-row
+    """A kernel's part of a decoding step, by its name: the dilated step's launches ("decode"), the GEMVs of the
     linear layers ("gemv"), cuBLAS's GEMMs ("gemm"), torch.compile's fused small ops ("inductor"), or "other"."""
     lowered = name.lower()
     for kind, marks in KERNEL_KINDS:
@@ -340,7 +341,8 @@ def measure_chunk(args, context: int, device) -> dict:
 def measure_batch(args, context: int, device, rows: int = 8) -> dict:
     """`rows` prompts of different lengths (context, context - 1/8 of it, ...) left-padded in one batch against each
     alone (batch 1): the same tokens, and tokens/s of the steps (graph replays) of both, each compiled first with
-    --compile-step (as generate(compile_step=True) runs them)."""
+    --compile-step (as generate(compile_step=True) runs them). With --profile-tokens on a GPU, one more run of the
+    batch and of its longest row alone under torch.profiler ("profile": ProfiledClock's summary of each)."""
     model = longnet(args, context, device)
     full = prompt_of(args, context, device)
     lengths = [context - i * (context // (2 * rows)) for i in range(rows)]
@@ -352,8 +354,8 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
     model.generate(prompt[:, -64:], 4, attention_mask=mask[:, -64:])  # warm-up
     step_model, pick = stepping(args, model)
 
-    def run(tokens, row_lengths):
-        clock = Clock(device)
+    def run(tokens, row_lengths, clock=None):
+        clock = clock or Clock(device)
         caches = new_static_caches(model, tokens.shape[0], context + args.steps + 8, row_lengths)
         new = decode_static(model, tokens, caches, args.steps + 5, pick, device.type == "cuda", on_token=clock,
                             step_model=step_model)
@@ -363,9 +365,18 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
     alone = [run(full[:, :n], None) for n in lengths]
     same = [bool(torch.equal(batched[b], tokens[0])) for b, (tokens, _) in enumerate(alone)]
     single = statistics.median(step for _, step in alone)
-    return {"rows": rows, "lengths": lengths, "batch_ms_per_step": 1e3 * batch_step, "single_ms_per_step": 1e3 * single,
-            "tokens_per_s_ratio": rows * single / batch_step, "same_tokens_per_row": same,
-            "compile_step": args.compile_step}
+    entry = {"rows": rows, "lengths": lengths, "batch_ms_per_step": 1e3 * batch_step,
+             "single_ms_per_step": 1e3 * single, "tokens_per_s_ratio": rows * single / batch_step,
+             "same_tokens_per_row": same, "compile_step": args.compile_step}
+    profiled = min(args.profile_tokens, args.steps) if device.type == "cuda" else 0
+    if profiled:
+        profiles = {}
+        for name, tokens, row_lengths in (("batch", prompt, lengths), ("single", full, None)):
+            clock = ProfiledClock(device, 5, profiled)
+            run(tokens, row_lengths, clock)
+            profiles[name] = clock.summary()
+        entry["profile"] = profiles
+    return entry
 
 
 @torch.no_grad()
@@ -603,8 +614,8 @@ def parse_args(argv=None):
                         "torch.compile, as LongNetLM.generate(compile_step=True) runs them")
     parser.add_argument("--chunk-tokens", type=int, default=1024, help="longnet_static_chunk (--chunk): tokens per "
                         "chunk (default 1024)")
-    parser.add_argument("--profile-tokens", type=int, default=0, help="longnet_static_graph and the filled Llamas on a "
-                        "GPU: torch.profiler over this many tokens before the timed ones (where a step's time goes: "
+    parser.add_argument("--profile-tokens", type=int, default=0, help="longnet_static_graph, the filled Llamas and the "
+                        "batch on a GPU: torch.profiler over this many tokens before the timed ones (where a step's time goes: "
                         "kernels per kind, the GPU's time without a kernel); 0: none")
     parser.add_argument("--warm-tokens", type=int, default=4, help="longnet_static_graph and the filled Llamas: "
                         "tokens stepped before the timed ones (default 4)")
