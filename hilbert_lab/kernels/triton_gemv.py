@@ -104,62 +104,88 @@ if HAVE_TRITON:
         tl.store(y_ptr + rows, y.to(y_ptr.dtype.element_ty), mask=rows < N)
 
     @triton.jit
+    def _rows_product(x, w, acc, LOW: tl.constexpr):
+        """acc + x w^T on tensor cores: x (16, BLOCK_K) float32, w (BLOCK_N, BLOCK_K) in the weight's dtype; LOW: x
+        as the sum of two values of that dtype (its float32 value to about 16 bits), else x in float32 exactly."""
+        if LOW:
+            high = x.to(w.dtype)
+            low = (x - high.to(tl.float32)).to(w.dtype)
+            acc = tl.dot(high, tl.trans(w), acc)
+            return tl.dot(low, tl.trans(w), acc)
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+
+    @triton.jit
     def _gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, M, N, stride_w, eps,
-                          K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
-                          ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-        """`_gemv_kernel` for M (<= BLOCK_M) rows of x at once: each chunk of the program's weight rows is read
-        once and multiplied by every row; the rows' norms, rotary angles (cos, sin (M, HALF)) and residuals are
-        their own."""
+                          K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr, ROTATED: tl.constexpr,
+                          HAS_RESIDUAL: tl.constexpr, LOW: tl.constexpr):
+        """`_gemv_kernel` for M (<= 16) rows of x at once, the products on tensor cores (x in the 16 rows of an MMA
+        tile): each chunk of the program's weight rows is read once for every row of x; the rows' norms, rotary
+        angles (cos, sin (M, HALF)) and residuals are their own. With HALF > 0 a program holds BLOCK_N rotary pairs
+        (rows j and j + HALF of a head, `first` and `second`), else BLOCK_N consecutive rows (`first`)."""
         pid = tl.program_id(0)
-        if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
-            pair = pid % HALF
-            rows = (pid // HALF) * (2 * HALF) + pair + tl.arange(0, BLOCK_N) * HALF
+        lane = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        if HALF > 0:
+            first = (lane // HALF) * (2 * HALF) + lane % HALF
+            in_n = first < N
         else:
-            rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-        m = tl.arange(0, BLOCK_M)
+            first = lane
+            in_n = first < N
+        m = tl.arange(0, 16)
         in_m = m < M
-        in_n = rows < N
         cols = tl.arange(0, BLOCK_K)
-        w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + cols[None, :]
-        x_ptrs = x_ptr + m[:, None] * K + cols[None, :]
-        acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        sum1 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
-        sum2 = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+        acc1 = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        acc2 = tl.zeros((16, BLOCK_N), dtype=tl.float32)
+        sum1 = tl.zeros((16, BLOCK_K), dtype=tl.float32)
+        sum2 = tl.zeros((16, BLOCK_K), dtype=tl.float32)
+        shift = tl.zeros((16,), dtype=tl.float32)
         if NORM:
             shift = tl.load(x_ptr + m * K, mask=in_m, other=0.0).to(tl.float32)
+        w1_ptrs = w_ptr + first[:, None].to(tl.int64) * stride_w + cols[None, :]
         for start in range(0, K, BLOCK_K):
             inside = (start + cols) < K
-            w = tl.load(w_ptrs + start, mask=in_n[:, None] & inside[None, :], other=0.0).to(tl.float32)
             x_mask = in_m[:, None] & inside[None, :]
-            x = tl.load(x_ptrs + start, mask=x_mask, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + m[:, None] * K + start + cols[None, :], mask=x_mask, other=0.0).to(tl.float32)
             if NORM:
                 x = tl.where(x_mask, x - shift[:, None], 0.0)
                 sum1 += x
                 sum2 += x * x
-            acc += w[None, :, :] * x[:, None, :]
-        y = tl.sum(acc, axis=2)  # (BLOCK_M, BLOCK_N)
+            w_mask = in_n[:, None] & inside[None, :]
+            acc1 = _rows_product(x, tl.load(w1_ptrs + start, mask=w_mask, other=0.0), acc1, LOW)
+            if HALF > 0:
+                acc2 = _rows_product(x, tl.load(w1_ptrs + HALF * stride_w + start, mask=w_mask, other=0.0), acc2,
+                                     LOW)
+        second = first + HALF
         if NORM:
             mean = tl.sum(sum1, axis=1) / K  # of x - shift, per row
-            var = tl.maximum(tl.sum(sum2, axis=1) / K - mean * mean, 0.0)
-            row_sums = tl.load(sums_ptr + rows, mask=in_n, other=0.0)
-            y = (y - mean[:, None] * row_sums[None, :]) / tl.sqrt(var + eps)[:, None]
+            rstd = 1.0 / tl.sqrt(tl.maximum(tl.sum(sum2, axis=1) / K - mean * mean, 0.0) + eps)
+            acc1 = (acc1 - mean[:, None] * tl.load(sums_ptr + first, mask=in_n, other=0.0)[None, :]) * rstd[:, None]
+            if HALF > 0:
+                acc2 = (acc2 - mean[:, None] * tl.load(sums_ptr + second, mask=in_n, other=0.0)[None, :]) \
+                    * rstd[:, None]
         if HAS_BIAS:
-            y += tl.load(b_ptr + rows, mask=in_n, other=0.0).to(tl.float32)[None, :]
+            acc1 += tl.load(b_ptr + first, mask=in_n, other=0.0).to(tl.float32)[None, :]
+            if HALF > 0:
+                acc2 += tl.load(b_ptr + second, mask=in_n, other=0.0).to(tl.float32)[None, :]
         if GELU:
-            y = 0.5 * y * (1.0 + tl.erf(y * 0.7071067811865476))
-        if HALF > 0:
-            if pid * 2 < ROTATED:
-                first = (tl.arange(0, BLOCK_N) == 0)[None, :]
-                y_first = tl.sum(tl.where(first, y, 0.0), axis=1)
-                y_second = tl.sum(tl.where(first, 0.0, y), axis=1)
-                c = tl.load(cos_ptr + m * HALF + pair, mask=in_m, other=0.0).to(tl.float32)
-                s = tl.load(sin_ptr + m * HALF + pair, mask=in_m, other=0.0).to(tl.float32)
-                y = tl.where(first, (y_first * c - y_second * s)[:, None], (y_first * s + y_second * c)[:, None])
+            acc1 = 0.5 * acc1 * (1.0 + tl.erf(acc1 * 0.7071067811865476))
+            acc2 = 0.5 * acc2 * (1.0 + tl.erf(acc2 * 0.7071067811865476))
         out_mask = in_m[:, None] & in_n[None, :]
+        if HALF > 0:
+            angle = m[:, None] * HALF + (lane % HALF)[None, :]
+            c = tl.load(cos_ptr + angle, mask=out_mask, other=1.0).to(tl.float32)
+            s = tl.load(sin_ptr + angle, mask=out_mask, other=0.0).to(tl.float32)
+            turn = (first < ROTATED)[None, :]
+            c = tl.where(turn, c, 1.0)
+            s = tl.where(turn, s, 0.0)
+            acc1, acc2 = acc1 * c - acc2 * s, acc1 * s + acc2 * c
         if HAS_RESIDUAL:
-            y += tl.load(res_ptr + m[:, None] * N + rows[None, :], mask=out_mask, other=0.0).to(tl.float32)
-        tl.store(y_ptr + m[:, None] * N + rows[None, :], y.to(y_ptr.dtype.element_ty), mask=out_mask)
+            acc1 += tl.load(res_ptr + m[:, None] * N + first[None, :], mask=out_mask, other=0.0).to(tl.float32)
+            if HALF > 0:
+                acc2 += tl.load(res_ptr + m[:, None] * N + second[None, :], mask=out_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + m[:, None] * N + first[None, :], acc1.to(y_ptr.dtype.element_ty), mask=out_mask)
+        if HALF > 0:
+            tl.store(y_ptr + m[:, None] * N + second[None, :], acc2.to(y_ptr.dtype.element_ty), mask=out_mask)
 
 
 MAX_ROWS = 8  # rows of x one launch takes (a batched decoding step); more go to F.linear
@@ -170,10 +196,10 @@ def tuning(n: int, k: int, normalize: bool = False, rows: int = 1) -> tuple[int,
     per program, 512 columns at a time (the fastest single tuning over a 1B-class step's five weights on an H200,
     within 7% of each weight's fastest); with the norm folded in or rotary pairs, two rows per program, 1024
     columns, 2 warps (the fastest for the q, k, v and the MLP's first weight there: a program's reductions of x's
-    mean and variance shared by two rows). Several rows: two weight rows per program, 4096 products per chunk over
-    the rows (256 columns at 8 rows), 4 warps."""
+    mean and variance shared by two rows). Several rows: the products on tensor cores, 16 weight rows (or rotary
+    pairs) per program, 256 columns at a time, 4 warps (not yet timed against others)."""
     if rows > 1:
-        return 2, min(4096 // (2 * triton.next_power_of_2(rows)), triton.next_power_of_2(k)), 4
+        return 16, max(16, min(256, triton.next_power_of_2(k))), 4
     if normalize:
         return 2, min(1024, triton.next_power_of_2(k)), 2
     return 1, min(512, triton.next_power_of_2(k)), 4
@@ -245,7 +271,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"x, weight, bias, normalize, rotation and residual must be on one device, got "
                          f"{sorted(map(str, devices))}")
     default = tuning(n, k, row_sums is not None or rotation is not None, m)
-    block_n, block_k = 2 if half else block_n or default[0], block_k or default[1]
+    block_n, block_k = 2 if half and m == 1 else block_n or default[0], block_k or default[1]
+    if m > 1 and (block_n < 16 or block_k < 16):
+        raise ValueError(f"block_n and block_k must be at least 16 for {m} rows (a tensor-core tile), got {block_n} "
+                         f"and {block_k}")
     flat = x.reshape(m, k).contiguous()
     bias = None if bias is None else bias.contiguous()
     residual = None if residual is None else residual.reshape(m, n).contiguous()
@@ -262,7 +291,8 @@ def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     m = x.shape[0]
     half = 0 if cos is None else cos.shape[-1]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    grid = (n // 2 if half else triton.cdiv(n, block_n),)
+    grid = (n // 2 if half else triton.cdiv(n, block_n),) if m == 1 else \
+        (triton.cdiv(n // 2 if half else n, block_n),)
     placeholders = (weight if bias is None else bias, out, weight if row_sums is None else row_sums,
                     weight if cos is None else cos, weight if sin is None else sin,
                     weight if residual is None else residual)
@@ -273,10 +303,9 @@ def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
             HALF=half, ROTATED=rotated, HAS_RESIDUAL=residual is not None, num_warps=num_warps)
     else:
         _gemv_rows_kernel[grid](
-            x, weight, *placeholders, m, n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None,
-            BLOCK_M=triton.next_power_of_2(m), BLOCK_N=block_n, BLOCK_K=block_k, GELU=gelu,
-            NORM=row_sums is not None, HALF=half, ROTATED=rotated, HAS_RESIDUAL=residual is not None,
-            num_warps=num_warps)
+            x, weight, *placeholders, m, n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n,
+            BLOCK_K=block_k, GELU=gelu, NORM=row_sums is not None, HALF=half, ROTATED=rotated,
+            HAS_RESIDUAL=residual is not None, LOW=weight.dtype != torch.float32, num_warps=num_warps)
     return out
 
 

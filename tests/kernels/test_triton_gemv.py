@@ -219,6 +219,14 @@ def test_gemv_rejects_bad_shapes(x_shape, w_shape, bias_shape, match):
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+def test_gemv_of_several_rows_refuses_blocks_smaller_than_a_tensor_core_tile():
+    from hilbert_lab.kernels.triton_gemv import gemv
+
+    with pytest.raises(ValueError, match="block_n and block_k must be at least 16 for 2 rows"):
+        gemv(torch.zeros(2, 64), torch.zeros(32, 64), block_n=2)
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
 def test_gemv_rejects_tensors_on_different_devices():
     from hilbert_lab.kernels.triton_gemv import gemv
 

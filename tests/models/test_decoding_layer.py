@@ -54,7 +54,8 @@ def _interpreted() -> None:
     from hilbert_lab.models import decoding_layer, projection
 
     def few_rows(x, weight, bias=None):
-        return x.numel() <= 8 * x.shape[-1] and x.dtype == weight.dtype and not torch.is_grad_enabled()
+        return x.numel() <= 8 * x.shape[-1] and x.dtype == weight.dtype and x.dtype in projection.GEMV_DTYPES \
+            and not torch.is_grad_enabled()
 
     calls = []
     gemv = projection.gemv
