@@ -111,8 +111,10 @@ if HAVE_TRITON:
             high = x.to(w.dtype)
             low = (x - high.to(tl.float32)).to(w.dtype)
             acc = tl.dot(high, tl.trans(w), acc)
-            return tl.dot(low, tl.trans(w), acc)
-        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+            acc = tl.dot(low, tl.trans(w), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        return acc
 
     @triton.jit
     def _gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, M, N, stride_w, eps,
