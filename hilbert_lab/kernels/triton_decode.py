@@ -18,7 +18,8 @@ is reduced across threads, its loads plain (Triton pipelines the loads that feed
 (branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless told not
 to). Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a CUDA graph
 and replayed as positions advance. Both launches are the op `hilbert_lab::dilated_decode` (`decode_op`,
-writing keys, values and positions in place), which torch.compile holds as one call (a compiled step launches them
+writing keys, values and positions in place; `read_op`, `hilbert_lab::dilated_decode_read`, where nothing is
+written: a caller's own cache, positions kept), which torch.compile holds as one call (a compiled step launches them
 as an eager call does). Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
@@ -265,8 +266,10 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     warps = warps or tuned["warps"]
     stages = stages or tuned["stages"]
     per_split = keys_per_split or split_size(max(n for _, n in bounds), block_keys, tuned["most_keys_per_split"])
-    return decode_op(q, k_new, v_new, keys, values, positions, branches, offsets, [h for h, _ in bounds],
-                     [n for _, n in bounds], float(scale), per_split, block_keys, warps, stages, advance, dot)
+    sizes = ([h for h, _ in bounds], [n for _, n in bounds], float(scale), per_split, block_keys, warps, stages)
+    if k_new is None and not advance:  # nothing written: the op that declares no mutation (read_op)
+        return read_op(q, keys, values, positions, branches, offsets, *sizes, dot)
+    return decode_op(q, k_new, v_new, keys, values, positions, branches, offsets, *sizes, advance, dot)
 
 
 def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
@@ -318,3 +321,26 @@ _LIBRARY.define("dilated_decode(Tensor q, Tensor? k_new, Tensor? v_new, Tensor(a
 _LIBRARY.impl("dilated_decode", _decode_launch, "CompositeExplicitAutograd")
 torch.library.register_fake("hilbert_lab::dilated_decode", _decode_fake, lib=_LIBRARY)
 decode_op = torch.ops.hilbert_lab.dilated_decode.default
+
+
+def _read_launch(q, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale, per_split, block_keys,
+                 warps, stages, dot):
+    """`_decode_launch` with nothing appended and positions kept: keys, values and positions only read."""
+    return _decode_launch(q, None, None, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale,
+                          per_split, block_keys, warps, stages, False, dot)
+
+
+def _read_fake(q, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale, per_split, block_keys,
+               warps, stages, dot):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
+
+
+# The same launches where the caller's storage already holds the new token and its positions stay: an op that
+# declares no mutation, so that a compiled caller's CUDA graphs (torch.compile's "reduce-overhead", as transformers'
+# compiled generate runs a static cache) do not skip the graph for mutated inputs.
+_LIBRARY.define("dilated_decode_read(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor branches, "
+                "Tensor offsets, int[] bound_heads, int[] bound_keys, float scale, int per_split, int block_keys, "
+                "int warps, int stages, bool dot) -> (Tensor, Tensor)")
+_LIBRARY.impl("dilated_decode_read", _read_launch, "CompositeExplicitAutograd")
+torch.library.register_fake("hilbert_lab::dilated_decode_read", _read_fake, lib=_LIBRARY)
+read_op = torch.ops.hilbert_lab.dilated_decode_read.default

@@ -70,7 +70,7 @@ def test_a_compiled_decoding_step_equals_the_eager_one_and_writes_the_cache_in_p
 def test_the_ops_fake_implementations_give_the_outputs_shapes_and_dtypes():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from hilbert_lab.kernels.triton_decode import decode_op
+    from hilbert_lab.kernels.triton_decode import decode_op, read_op
     from hilbert_lab.kernels.triton_gemv import gemv_op
 
     with FakeTensorMode():
@@ -81,9 +81,32 @@ def test_the_ops_fake_implementations_give_the_outputs_shapes_and_dtypes():
         out, lse = decode_op(q, None, None, keys, keys, torch.empty(2, dtype=torch.int64),
                              torch.empty(1, 4, dtype=torch.int32), torch.empty(1, 4, dtype=torch.int32), [4], [8],
                              0.25, 8, 8, 2, 1, True, True)
+        read = read_op(q, keys, keys, torch.empty(2, dtype=torch.int64), torch.empty(1, 4, dtype=torch.int32),
+                       torch.empty(1, 4, dtype=torch.int32), [4], [8], 0.25, 8, 8, 2, 1, True)
     assert (tuple(y.shape), y.dtype) == ((3, 96), torch.bfloat16)
     assert (tuple(out.shape), out.dtype, tuple(lse.shape), lse.dtype) == ((2, 4, 16), torch.float16, (2, 4),
                                                                           torch.float32)
+    assert [(tuple(t.shape), t.dtype) for t in read] == [((2, 4, 16), torch.float16), ((2, 4), torch.float32)]
+
+
+def test_a_step_that_writes_nothing_runs_the_op_that_declares_no_mutation(monkeypatch):
+    """A caller's own cache (no k_new, positions kept) goes to hilbert_lab::dilated_decode_read, whose schema mutates
+    nothing (a compiled caller's CUDA graphs skip graphs with mutated inputs); appending or advancing goes to
+    hilbert_lab::dilated_decode, which declares keys, values and positions written."""
+    from hilbert_lab.kernels import triton_decode
+
+    assert not triton_decode.read_op._schema.is_mutable and triton_decode.decode_op._schema.is_mutable
+    called = []
+    monkeypatch.setattr(triton_decode, "read_op", lambda *a: called.append("read") or (None, None))
+    monkeypatch.setattr(triton_decode, "decode_op", lambda *a: called.append("decode") or (None, None))
+    monkeypatch.setattr(triton_decode, "require_triton", lambda name: None)
+    q, keys = torch.zeros(1, 2, 16), torch.zeros(1, 8, 2, 16)
+    tables = (torch.zeros(1, 4, dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32), ((2, 8),))
+    positions = torch.zeros(1, dtype=torch.int64)
+    triton_decode.dilated_decode(q, None, None, keys, keys, positions, *tables, 0.25, advance=False)
+    triton_decode.dilated_decode(q, None, None, keys, keys, positions, *tables, 0.25)
+    triton_decode.dilated_decode(q, keys[:, 0], keys[:, 0], keys, keys, positions, *tables, 0.25, advance=False)
+    assert called == ["read", "decode", "decode"]
 
 
 if __name__ == "__main__":
