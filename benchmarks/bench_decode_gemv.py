@@ -1,5 +1,5 @@
-"""A decoding step's linear layers alone: the one-row GEMV (kernels.triton_gemv.gemv) per tuning beside cuBLAS
-(F.linear), at the weights of one LongNetLM layer and its head.
+"""A decoding step's linear layers alone: the GEMV (kernels.triton_gemv.gemv) per tuning beside cuBLAS (F.linear),
+at the weights of one LongNetLM layer and its head, for one row of x or --rows of them (a batched step).
 
 Per weight (q/k/v stacked, the output projection, the MLP's two, the head), `--layers` copies with random values
 and x of one row; per variant, the products over all copies captured in one CUDA graph (the copies exceed the L2
@@ -13,6 +13,8 @@ it) and the grid with it ("fused_t..."; with the rotation, two rows per program 
 LayerNorm, linear, GELU, rotary and add. The summary gives, per weight, the fastest variant, the default over it,
 cuBLAS over the default, and the fastest fused variant and the fused default over the plain default. The JSON is
 rewritten after each weight.
+With --rows R > 1 the rows' positions are POSITION + 997 i, and the grid adds the tensor-core tunings (block_n 16
+and 32: the R rows in one MMA tile) to those that give each row its own programs.
 GPU, a 1B-class layer (dim 2048, MLP 4 x dim, vocab 32000, bf16):
     python benchmarks/bench_decode_gemv.py --out reports/results/decode_static/gemv_h200.json
 CPU smoke run under Triton's interpreter (tiny shapes, float16, a few tunings; times are not meaningful):
@@ -42,12 +44,16 @@ EPS, POSITION = 1e-5, 1234
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def tunings(quick: bool) -> dict[str, dict]:
-    """name -> gemv keyword arguments: the default (empty), then the grid (block_n x block_k <= 8192)."""
+def tunings(quick: bool, rows: int = 1) -> dict[str, dict]:
+    """name -> gemv keyword arguments: the default (empty), then the grid (block_n x block_k <= 8192); with several
+    rows, block_n 16 and 32 put them in one tensor-core tile."""
     if quick:
-        grid = [(1, 16, 2), (4, 32, 4)]
+        grid = [(1, 16, 2), (4, 32, 4)] + ([(16, 16, 4)] if rows > 1 else [])
     else:
         grid = [(n, k, w) for n in (1, 2, 4, 8, 16) for k in (256, 512, 1024, 2048) for w in (2, 4, 8) if n * k <= 8192]
+        if rows > 1:
+            grid = [(n, k, w) for n, k, w in grid if n <= 2] + \
+                [(n, k, w) for n in (16, 32) for k in (64, 128, 256, 512) for w in (4, 8) if n * k <= 8192]
     return {"default": {}, **{f"t{n}x{k}w{w}": dict(block_n=n, block_k=k, num_warps=w) for n, k, w in grid}}
 
 
@@ -63,9 +69,10 @@ def _fused_parts(args, device, parts: tuple, weights: list, biases: list, x: tor
     rotary pairs of q and k at POSITION, a random residual, as models.decoding_layer gives them."""
     n, k = weights[0].shape
     dtype = weights[0].dtype
-    residual = torch.randn(1, 1, n, generator=generator, device=device).to(dtype) if "residual" in parts else None
+    rows = x.shape[0]
+    residual = torch.randn(rows, 1, n, generator=generator, device=device).to(dtype) if "residual" in parts else None
     head_dim = args.dim // args.heads
-    position = torch.tensor([POSITION], device=device)
+    position = POSITION + 997 * torch.arange(rows, device=device)[:, None]  # (R, 1)
     cos, sin = rotary_angles(position, head_dim)  # float64, as a step's tables
     calls, wanted = [], []
     for w, b in zip(weights, biases):
@@ -98,17 +105,17 @@ def measure_weight(args, device, n: int, k: int, has_bias: bool, parts: tuple = 
     weights = [(torch.randn(n, k, generator=generator, device=device) * k ** -0.5).to(dtype)
                for _ in range(args.layers)]
     biases = [torch.randn(n, generator=generator, device=device).to(dtype) if has_bias else None for _ in weights]
-    x = torch.randn(1, 1, k, generator=generator, device=device).to(dtype)
+    x = torch.randn(args.rows, 1, k, generator=generator, device=device).to(dtype)
     wanted = [x.double() @ w.double().T + (0 if b is None else b.double()) for w, b in zip(weights, biases)]
     plain = [{"weight": w, "bias": b} for w, b in zip(weights, biases)]
     variants = {"cublas": (False, lambda call: F.linear(x, call["weight"], call["bias"]))}
     variants.update({name: (False, (lambda options: lambda call: gemv(x, **call, **options))(options))
-                     for name, options in tunings(args.quick).items()})
+                     for name, options in tunings(args.quick, args.rows).items()})
     if parts:
         fused_calls, fused_wanted = _fused_parts(args, device, parts, weights, biases, x, generator)
-        for name, options in tunings(args.quick).items():
-            if "rotation" in parts and options.get("block_n", 2) != 2:
-                continue
+        for name, options in tunings(args.quick, args.rows).items():
+            if "rotation" in parts and options.get("block_n", 2) != 2 and options["block_n"] < 16:
+                continue  # a rotary pair per program, or (several rows) pairs in a tensor-core tile
             variants["fused" if name == "default" else f"fused_{name}"] = (
                 True, (lambda options: lambda call: gemv(x, **call, **options))(options))
     rows = []
@@ -159,8 +166,11 @@ def parse_args(argv=None):
     sizes = ("dim", "mlp_ratio", "vocab", "layers", "heads")
     decode.add_sized_options(parser, sizes, GPU, QUICK)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp16)")
+    parser.add_argument("--rows", type=int, default=1, help="rows of x (1 to 8: a batched step's tokens; default 1)")
     args = parser.parse_args(argv)
     decode.fill_sizes(args, GPU, QUICK)
+    if not 1 <= args.rows <= 8:
+        parser.error(f"--rows must be 1 to 8, got {args.rows}")
     for name in sizes:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

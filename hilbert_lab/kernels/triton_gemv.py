@@ -54,8 +54,19 @@ if HAVE_TRITON:
     def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, N, stride_w, eps,
                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
-                     ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+                     ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr):
+        """BLOCK_N weight rows (or a rotary pair) for one row of x; with ROWS > 1 rows of x, programs pid * ROWS ..
+        pid * ROWS + ROWS - 1 take the same weight rows for rows 0 .. ROWS - 1 of x (run side by side: the weight
+        read from memory once, then from L2)."""
         pid = tl.program_id(0)
+        if ROWS > 1:
+            m = pid % ROWS
+            pid = pid // ROWS
+            x_ptr += m * K
+            y_ptr += m * N
+            res_ptr += m * N
+            cos_ptr += m * HALF
+            sin_ptr += m * HALF
         if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
             pair = pid % HALF
             rows = (pid // HALF) * (2 * HALF) + pair + tl.arange(0, BLOCK_N) * HALF
@@ -191,6 +202,7 @@ if HAVE_TRITON:
 
 
 MAX_ROWS = 8  # rows of x one launch takes (a batched decoding step); more go to F.linear
+SMALL_WEIGHT = 1 << 20  # values of a weight whose rows of x each get their own programs (latency, not bandwidth)
 
 
 def tuning(n: int, k: int, normalize: bool = False, rows: int = 1) -> tuple[int, int, int]:
@@ -198,9 +210,10 @@ def tuning(n: int, k: int, normalize: bool = False, rows: int = 1) -> tuple[int,
     per program, 512 columns at a time (the fastest single tuning over a 1B-class step's five weights on an H200,
     within 7% of each weight's fastest); with the norm folded in or rotary pairs, two rows per program, 1024
     columns, 2 warps (the fastest for the q, k, v and the MLP's first weight there: a program's reductions of x's
-    mean and variance shared by two rows). Several rows: the products on tensor cores, 16 weight rows (or rotary
-    pairs) per program, 256 columns at a time, 4 warps (not yet timed against others)."""
-    if rows > 1:
+    mean and variance shared by two rows). Several rows: a weight of at most SMALL_WEIGHT values as one row (each
+    row of x its own programs, side by side); a larger one on tensor cores (block_n 16 or more: `_gemv_rows_kernel`),
+    16 weight rows (or rotary pairs) per program, 256 columns at a time, 4 warps."""
+    if rows > 1 and n * k > SMALL_WEIGHT:
         return 16, max(16, min(256, triton.next_power_of_2(k))), 4
     if normalize:
         return 2, min(1024, triton.next_power_of_2(k)), 2
@@ -273,10 +286,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"x, weight, bias, normalize, rotation and residual must be on one device, got "
                          f"{sorted(map(str, devices))}")
     default = tuning(n, k, row_sums is not None or rotation is not None, m)
-    block_n, block_k = 2 if half and m == 1 else block_n or default[0], block_k or default[1]
-    if m > 1 and (block_n < 16 or block_k < 16):
-        raise ValueError(f"block_n and block_k must be at least 16 for {m} rows (a tensor-core tile), got {block_n} "
-                         f"and {block_k}")
+    block_n, block_k = block_n or default[0], block_k or default[1]
+    if half and (m == 1 or block_n < 16):  # one program per rotary pair
+        block_n = 2
+    if m > 1 and block_n >= 16 and block_k < 16:
+        raise ValueError(f"block_k must be at least 16 where block_n >= 16 takes {m} rows in a tensor-core tile, got "
+                         f"{block_k}")
     flat = x.reshape(m, k).contiguous()
     bias = None if bias is None else bias.contiguous()
     residual = None if residual is None else residual.reshape(m, n).contiguous()
@@ -293,16 +308,17 @@ def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     m = x.shape[0]
     half = 0 if cos is None else cos.shape[-1]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
-    grid = (n // 2 if half else triton.cdiv(n, block_n),) if m == 1 else \
-        (triton.cdiv(n // 2 if half else n, block_n),)
+    per_row = m == 1 or block_n < 16  # else the rows in one tensor-core tile
+    blocks = n // 2 if half and block_n == 2 else triton.cdiv(n // 2 if half else n, block_n)
+    grid = (blocks * m,) if per_row else (blocks,)
     placeholders = (weight if bias is None else bias, out, weight if row_sums is None else row_sums,
                     weight if cos is None else cos, weight if sin is None else sin,
                     weight if residual is None else residual)
-    if m == 1:
+    if per_row:
         _gemv_kernel[grid](
             x, weight, *placeholders, n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n,
             BLOCK_K=block_k, EVEN=n % block_n == 0 and k % block_k == 0, GELU=gelu, NORM=row_sums is not None,
-            HALF=half, ROTATED=rotated, HAS_RESIDUAL=residual is not None, num_warps=num_warps)
+            HALF=half, ROTATED=rotated, HAS_RESIDUAL=residual is not None, ROWS=m, num_warps=num_warps)
     else:
         _gemv_rows_kernel[grid](
             x, weight, *placeholders, m, n, weight.stride(0), eps, K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n,

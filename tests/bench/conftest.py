@@ -24,12 +24,15 @@ def bench(request):
 
 @pytest.fixture
 def quick_interpreted(request, tmp_path):
-    """The report (JSON) of the module's SCRIPT run with --quick --device cpu under Triton's interpreter; skips
+    """The report (JSON) of the module's SCRIPT run with --quick --device cpu (and the arguments an indirect
+    parametrization gives) under Triton's interpreter; skips
     where triton is not installed, shows the end of stderr where the run fails."""
     if not HAVE_TRITON:
         pytest.skip("triton not installed: its interpreter runs the kernels")
     out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, str(request.module.SCRIPT), "--quick", "--device", "cpu", "--out", str(out)],
+    extra = list(getattr(request, "param", []))  # indirect parametrization: more arguments
+    proc = subprocess.run([sys.executable, str(request.module.SCRIPT), "--quick", "--device", "cpu", "--out", str(out),
+                           *extra],
                           capture_output=True, text=True, env=dict(os.environ, TRITON_INTERPRET="1"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text())

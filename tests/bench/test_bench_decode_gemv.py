@@ -17,17 +17,20 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_decode_gemv
 
 
 @pytest.mark.slow  # the interpreter in a fresh process (about 12 s)
+@pytest.mark.parametrize("quick_interpreted", [[], ["--rows", "3"]], indirect=True, ids=["one row", "3 rows"])
 def test_the_quick_sweep_runs_every_variant_at_every_weight(bench, quick_interpreted):
+    """One row, and 3 rows at their own positions (each its own programs, or in one tensor-core tile)."""
     report = quick_interpreted
+    rows = report["config"]["rows"]
     args = bench.parse_args(["--quick", "--out", "unused.json"])
     shapes = bench.weights_of(args)
     assert list(report["weights"]) == list(shapes) == ["qkv", "out", "fc1", "fc2", "head"]
     for name, entry in report["weights"].items():
         assert (entry["n"], entry["k"], entry["bias"]) == shapes[name]
-        plain = ["cublas", *bench.tunings(quick=True)]
+        plain = ["cublas", *bench.tunings(True, rows)]
         fused = [] if not bench.STEP_PARTS[name] else ["fused"] + [
-            f"fused_{tuning}" for tuning, options in bench.tunings(quick=True).items() if tuning != "default"
-            and ("rotation" not in bench.STEP_PARTS[name] or options["block_n"] == 2)]
+            f"fused_{tuning}" for tuning, options in bench.tunings(True, rows).items() if tuning != "default"
+            and ("rotation" not in bench.STEP_PARTS[name] or options["block_n"] == 2 or options["block_n"] >= 16)]
         assert [row["variant"] for row in entry["variants"]] == plain + fused
         assert [row["fused"] for row in entry["variants"]] == [False] * len(plain) + [True] * len(fused)
         for row in entry["variants"]:  # float16 outputs: one rounding (fused: x, the folded weight, the output)
@@ -42,13 +45,14 @@ def test_the_quick_sweep_runs_every_variant_at_every_weight(bench, quick_interpr
 
 
 def test_the_sweep_keeps_each_program_within_8192_values(bench):
-    grid = bench.tunings(quick=False)
-    assert grid["default"] == {} and len(grid) == 52
-    assert all(t["block_n"] * t["block_k"] <= 8192 for name, t in grid.items() if name != "default")
+    for rows, count in ((1, 52), (8, 39)):
+        grid = bench.tunings(False, rows)
+        assert grid["default"] == {} and len(grid) == count
+        assert all(t["block_n"] * t["block_k"] <= 8192 for name, t in grid.items() if name != "default")
 
 
 @pytest.mark.parametrize("extra", [["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"], ["--heads", "3"],
-                                   ["--heads", "32"]])
+                                   ["--heads", "32"], ["--rows", "0"], ["--rows", "9"]])
 def test_bad_arguments_exit_2(bench, extra):
     with pytest.raises(SystemExit) as done:
         bench.parse_args(["--quick", "--out", "x.json", *extra])

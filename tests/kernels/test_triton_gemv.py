@@ -87,18 +87,21 @@ def _fused_errors(gen) -> None:
                                            / scale).item()}))
 
 
-ROWS = [(2, 70, 100, None), (3, 64, 300, 64), (8, 40, 96, None), (5, 33, 512, 128)]  # M, N, K, block_k
+# M, N, K, block_n, block_k: each row its own programs (block_n None: the default for small weights), or the rows
+# in one tensor-core tile (block_n >= 16)
+ROWS = [(2, 70, 100, None, None), (3, 64, 300, 16, 64), (8, 40, 96, None, None), (5, 33, 512, 16, 128),
+        (8, 64, 96, 32, None), (4, 48, 200, 1, 64)]
 
 
 def _rows_errors(gen) -> None:
-    """Per (M, N, K, block_k), dtype and offset of x's mean: the largest error of M rows at once, plain (with bias),
+    """Per (M, N, K, block_n, block_k), dtype and offset of x's mean: the largest error of M rows at once, plain (with bias),
     with the GELU, and with the folded norm, each row's own rotation (positions far apart) and the residual, against
     float64, over the reference's largest value."""
     from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv
     from hilbert_lab.models.rotary import apply_rotary, rotary_angles
 
     head_dim = 8
-    for m, n, k, block_k in ROWS:
+    for m, n, k, block_n, block_k in ROWS:
         n = n - n % (2 * head_dim)  # whole heads: the rotated rows
         w, b = torch.randn(n, k, generator=gen) * k ** -0.5, torch.randn(n, generator=gen)
         gamma, beta = torch.rand(k, generator=gen) + 0.5, torch.randn(k, generator=gen)
@@ -110,8 +113,8 @@ def _rows_errors(gen) -> None:
                 x = (torch.randn(m, 1, k, generator=gen) * 3 + offset).to(dtype)
                 residual = torch.randn(m, 1, n, generator=gen).to(dtype)
                 plain = x.double() @ w.to(dtype).double().T + b.to(dtype).double()
-                got = gemv(x, w.to(dtype), b.to(dtype), block_k=block_k)
-                gelu = gemv(x, w.to(dtype), b.to(dtype), "gelu", block_k=block_k)
+                got = gemv(x, w.to(dtype), b.to(dtype), block_n=block_n, block_k=block_k)
+                gelu = gemv(x, w.to(dtype), b.to(dtype), "gelu", block_n=block_n, block_k=block_k)
                 normed = torch.nn.functional.layer_norm(x.double(), (k,), gamma.double(), beta.double(), 1e-5)
                 want = normed @ w.double().T + b.double()
                 head, tail = want.split((rotated_rows, n - rotated_rows), -1)
@@ -119,8 +122,8 @@ def _rows_errors(gen) -> None:
                 fused_want = torch.cat((rotated, tail), -1) + residual.double()
                 weight, bias, sums = fold_layer_norm(w, b, gamma, beta, dtype)
                 fused = gemv(x, weight, bias, normalize=(sums, 1e-5), rotation=(cos, sin, rotated_rows),
-                             residual=residual, block_k=block_k)
-                print(json.dumps({"rows_case": [m, n, k, block_k, str(dtype), offset],
+                             residual=residual, block_n=block_n, block_k=block_k)
+                print(json.dumps({"rows_case": [m, n, k, block_n, block_k, str(dtype), offset],
                                   "shapes": [list(got.shape), list(fused.shape)], "dtype": str(fused.dtype),
                                   "plain": ((got.double() - plain).abs().max() / plain.abs().max()).item(),
                                   "gelu": ((gelu.double() - torch.nn.functional.gelu(plain)).abs().max()
@@ -152,7 +155,7 @@ def test_gemv_matches_the_float64_product(run_interpreted):
     rows = [r for r in results if "rows_case" in r]
     assert len(rows) == len(ROWS) * 2 * 2
     for result in rows:  # several rows at once: each row as one row alone
-        m, n, dtype = result["rows_case"][0], result["rows_case"][1], result["rows_case"][4]
+        m, n, dtype = result["rows_case"][0], result["rows_case"][1], result["rows_case"][5]
         n -= n % 16
         bound = 1e-5 if dtype == "torch.float32" else 4e-3
         assert result["shapes"] == [[m, 1, n]] * 2 and result["dtype"] == dtype, result
@@ -222,8 +225,8 @@ def test_gemv_rejects_bad_shapes(x_shape, w_shape, bias_shape, match):
 def test_gemv_of_several_rows_refuses_blocks_smaller_than_a_tensor_core_tile():
     from hilbert_lab.kernels.triton_gemv import gemv
 
-    with pytest.raises(ValueError, match="block_n and block_k must be at least 16 for 2 rows"):
-        gemv(torch.zeros(2, 64), torch.zeros(32, 64), block_n=2)
+    with pytest.raises(ValueError, match="block_k must be at least 16 where block_n >= 16 takes 2 rows"):
+        gemv(torch.zeros(2, 64), torch.zeros(32, 64), block_n=16, block_k=8)
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
