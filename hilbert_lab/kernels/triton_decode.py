@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, define_op, require_triton, tl, triton  # None where Triton is missing
 
 LOG2E = 1.4426950408889634
 
@@ -313,14 +313,10 @@ def _decode_fake(q, k_new, v_new, keys, values, positions, branches, offsets, bo
 
 # One op to torch.compile, writing the new key and value into keys and values and advancing positions in place
 # (the graph holds the two launches as one call, launched as `_decode_launch` launches them).
-_LIBRARY = torch.library.Library("hilbert_lab", "FRAGMENT")
-_LIBRARY.define("dilated_decode(Tensor q, Tensor? k_new, Tensor? v_new, Tensor(a!) keys, Tensor(b!) values, "
-                "Tensor(c!) positions, Tensor branches, Tensor offsets, int[] bound_heads, int[] bound_keys, "
-                "float scale, int per_split, int block_keys, int warps, int stages, bool advance, bool dot) "
-                "-> (Tensor, Tensor)")
-_LIBRARY.impl("dilated_decode", _decode_launch, "CompositeExplicitAutograd")
-torch.library.register_fake("hilbert_lab::dilated_decode", _decode_fake, lib=_LIBRARY)
-decode_op = torch.ops.hilbert_lab.dilated_decode.default
+decode_op = define_op("dilated_decode(Tensor q, Tensor? k_new, Tensor? v_new, Tensor(a!) keys, Tensor(b!) values, "
+                      "Tensor(c!) positions, Tensor branches, Tensor offsets, int[] bound_heads, int[] bound_keys, "
+                      "float scale, int per_split, int block_keys, int warps, int stages, bool advance, bool dot) "
+                      "-> (Tensor, Tensor)", _decode_launch, _decode_fake)
 
 
 def _read_launch(q, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale, per_split, block_keys,
@@ -338,9 +334,6 @@ def _read_fake(q, keys, values, positions, branches, offsets, bound_heads, bound
 # The same launches where the caller's storage already holds the new token and its positions stay: an op that
 # declares no mutation, so that a compiled caller's CUDA graphs (torch.compile's "reduce-overhead", as transformers'
 # compiled generate runs a static cache) do not skip the graph for mutated inputs.
-_LIBRARY.define("dilated_decode_read(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor branches, "
-                "Tensor offsets, int[] bound_heads, int[] bound_keys, float scale, int per_split, int block_keys, "
-                "int warps, int stages, bool dot) -> (Tensor, Tensor)")
-_LIBRARY.impl("dilated_decode_read", _read_launch, "CompositeExplicitAutograd")
-torch.library.register_fake("hilbert_lab::dilated_decode_read", _read_fake, lib=_LIBRARY)
-read_op = torch.ops.hilbert_lab.dilated_decode_read.default
+read_op = define_op("dilated_decode_read(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor branches, "
+                    "Tensor offsets, int[] bound_heads, int[] bound_keys, float scale, int per_split, int block_keys, "
+                    "int warps, int stages, bool dot) -> (Tensor, Tensor)", _read_launch, _read_fake)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton  # None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, define_op, require_triton, tl, triton  # None where Triton is missing
 
 if HAVE_TRITON:
 
@@ -331,12 +331,7 @@ def _gemv_fake(x, weight, bias, row_sums, cos, sin, residual, eps, rotated, gelu
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-# One op to torch.compile (its graph holds the launch as one call, launched as `_gemv_launch` launches it);
-# through torch.library.Library, not custom_op: no Python wrapper of the dispatcher's own per call.
-_LIBRARY = torch.library.Library("hilbert_lab", "FRAGMENT")
-_LIBRARY.define("gemv(Tensor x, Tensor weight, Tensor? bias, Tensor? row_sums, Tensor? cos, Tensor? sin, "
-                "Tensor? residual, float eps, int rotated, bool gelu, int block_n, int block_k, int num_warps) "
-                "-> Tensor")
-_LIBRARY.impl("gemv", _gemv_launch, "CompositeExplicitAutograd")
-torch.library.register_fake("hilbert_lab::gemv", _gemv_fake, lib=_LIBRARY)
-gemv_op = torch.ops.hilbert_lab.gemv.default
+# One op to torch.compile (its graph holds the launch as one call, launched as `_gemv_launch` launches it).
+gemv_op = define_op("gemv(Tensor x, Tensor weight, Tensor? bias, Tensor? row_sums, Tensor? cos, Tensor? sin, "
+                    "Tensor? residual, float eps, int rotated, bool gelu, int block_n, int block_k, int num_warps) "
+                    "-> Tensor", _gemv_launch, _gemv_fake)
