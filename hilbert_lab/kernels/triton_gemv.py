@@ -17,8 +17,9 @@ sums of each row, in this order:
   program then holds the two rows of a pair;
 - residual (..., N): added last.
 All on one device. Each program reduces `block_n` rows of the weight over K in chunks of `block_k` columns, so a
-launch holds ceil(N / block_n) programs that all stream their rows at once; with several rows of x each chunk is
-read once for all of them.
+launch holds ceil(N / block_n) programs that all stream their rows at once. With several rows of x, a small weight
+gives each row its own programs, side by side (the weight read from memory once, then from L2), and a larger one is
+read once for all rows, which sit in one tensor-core tile (`tuning`).
 A decoding step spends most of its time in such products (projections, MLP, head); cuBLAS's GEMM with M = 1 reads
 small weights well below the bandwidth, and a batched step's small ops around its GEMMs cost a launch each. The
 launch is the op `hilbert_lab::gemv` (`gemv_op`), which torch.compile holds as one call (a compiled step launches it
