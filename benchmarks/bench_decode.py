@@ -205,7 +205,8 @@ def phase_medians(clock: Clock, warm: int, steps: int) -> dict:
             "ahead_ms": [round(1e3 * gap, 4) for gap in ahead]}
 
 
-KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")), ("gemv", ("_gemv_kernel", "_gemv_rows_kernel")),
+KERNEL_KINDS = (("decode", ("_partial_kernel", "_merge_kernel")),
+                ("gemv", ("_gemv_kernel", "_gemv_rows_kernel")),
                 ("gemm", ("gemm", "nvjet", "cublas", "cutlass", "splitkreduce")), ("inductor", ("triton_",)))
 
 

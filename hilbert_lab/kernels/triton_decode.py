@@ -28,7 +28,8 @@ import math
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, define_op, require_triton, tl, triton  # None where Triton is missing
+# triton and tl are None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, define_op, require_triton, tl, triton
 
 LOG2E = 1.4426950408889634
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import torch
 
-from hilbert_lab.kernels.triton_support import HAVE_TRITON, define_op, require_triton, tl, triton  # None where Triton is missing
+# triton and tl are None where Triton is missing
+from hilbert_lab.kernels.triton_support import HAVE_TRITON, define_op, require_triton, tl, triton
 
 if HAVE_TRITON:
 
