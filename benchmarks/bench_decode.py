@@ -23,7 +23,9 @@ LongNetLM.generate on the growing cache (with "prefill_s", the executor's dense 
 bytes and the key rows x heads the last step read); the gap between consecutive tokens of transformers' generate
 (a stopping criterion notes the time); for "llama_sdpa_static_cache_filled" (--dense-filled), the dense model's
 steps on a static cache filled with random keys and values instead of a prefill, compiled as generate compiles
-them, and the same for that Llama on dilated attention ("llama_dilated_static_cache_filled", --hf-dilated-filled);
+them, and the same for that Llama on dilated attention ("llama_dilated_static_cache_filled", --hf-dilated-filled),
+also with its linear layers on the decoding GEMV ("llama_dilated_gemv_static_cache_filled", --hf-gemv-filled:
+use_dilated_attention(..., gemv_linears=True));
 for the recompute, one forward pass over N + 1 tokens (what LongNetLM.generate(use_cache=False) does per token).
 --profile-tokens P (GPU) runs torch.profiler over P tokens before the timed ones and adds "profile" to each
 "longnet_static_graph" and filled entry (and to the batch entry, over one more run of the batch and of its longest
@@ -61,11 +63,13 @@ from hilbert_lab.models.generate import decode_static, new_caches, new_static_ca
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288, 1048576],
            batch=[32768], recompute=[8192, 32768],
-           dense=[32768, 131072], hf_dilated=[32768], dense_filled=[], hf_dilated_filled=[], chunk=[],
+           dense=[32768, 131072], hf_dilated=[32768], dense_filled=[], hf_dilated_filled=[], hf_gemv_filled=[],
+           chunk=[],
            segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8], dim=256, depth=4, heads=8,
            vocab=256, dtype="bf16", steps=32)
 QUICK = dict(contexts=[1024, 4096], cache_backends=["auto"], static=[1024], batch=[1024], recompute=[1024],
-             dense=[1024, 4096], hf_dilated=[1024], dense_filled=[], hf_dilated_filled=[], chunk=[],
+             dense=[1024, 4096], hf_dilated=[1024], dense_filled=[], hf_dilated_filled=[], hf_gemv_filled=[],
+             chunk=[],
              segment_lengths=[32, 128, 512], dilation_rates=[1, 4, 8], dim=64, depth=3, heads=8, vocab=64,
              dtype="fp32", steps=16)
 
@@ -389,7 +393,7 @@ def measure_recompute(args, context: int, device) -> dict:
     return {"ms_per_token": 1e3 * seconds[1], "forward_tokens": context + 1}
 
 
-def llama(args, context: int, device, dilated: bool):
+def llama(args, context: int, device, dilated: bool, gemv_linears: bool = False):
     import transformers
 
     torch.manual_seed(0)
@@ -403,7 +407,8 @@ def llama(args, context: int, device, dilated: bool):
     if dilated:
         from hilbert_lab.integrations.transformers import use_dilated_attention
 
-        use_dilated_attention(model, args.segment_lengths, args.dilation_rates, backend=args.backend)
+        use_dilated_attention(model, args.segment_lengths, args.dilation_rates, backend=args.backend,
+                              gemv_linears=gemv_linears)
     return model
 
 
@@ -466,18 +471,19 @@ def dense_steps(step, cache, token: torch.Tensor, start: int, count: int, on_tok
 
 
 @torch.inference_mode()
-def measure_dense_filled(args, context: int, device, dilated: bool = False) -> dict:
+def measure_dense_filled(args, context: int, device, dilated: bool = False, gemv_linears: bool = False) -> dict:
     """The Llama's steps at position `context` on transformers' StaticCache whose first `context` rows hold
     random keys and values instead of a prefill (the dense prefill of a long prompt takes minutes; a step's cost
     does not depend on the values): the forward compiled as transformers' generate compiles it (its CompileConfig:
     CUDA graphs), the median gap between consecutive tokens after 4 (compiling and recording among them), over
     --steps tokens with the host running ahead and --steps more each waited for (two_phases). With
-    `dilated`, the same Llama on dilated attention through register() (its step reads the static cache in place).
+    `dilated`, the same Llama on dilated attention through register() (its step reads the static cache in place),
+    and with `gemv_linears` its linear layers on the decoding GEMV.
     "weight_bytes": what a step reads of the weights (all but the input embedding). With --profile-tokens on a
     GPU, "profile" as measure_static's (ProfiledClock's summary)."""
     import transformers
 
-    model = llama(args, context, device, dilated=dilated)
+    model = llama(args, context, device, dilated=dilated, gemv_linears=gemv_linears)
     cache = dense_static_cache(model, context + 2 * args.steps + 16)
     for layer in cache.layers:
         layer.keys[:, :, :context].normal_()
@@ -599,6 +605,9 @@ def run(args, write) -> dict:
     for context in args.hf_dilated_filled:
         record("llama_dilated_static_cache_filled", context,
                lambda: measure_dense_filled(args, context, device, dilated=True))
+    for context in args.hf_gemv_filled:
+        record("llama_dilated_gemv_static_cache_filled", context,
+               lambda: measure_dense_filled(args, context, device, dilated=True, gemv_linears=True))
     return report
 
 
@@ -622,7 +631,7 @@ def parse_args(argv=None):
                         "tokens stepped before the timed ones (default 4)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     for name in ("contexts", "static", "batch", "recompute", "dense", "hf_dilated", "dense_filled", "hf_dilated_filled",
-                 "chunk", "segment_lengths", "dilation_rates"):
+                 "hf_gemv_filled", "chunk", "segment_lengths", "dilation_rates"):
         parser.add_argument("--" + name.replace("_", "-"), type=int_list(0), default=None,
                             help=f"comma-separated (default: {GPU[name]}; --quick: {QUICK[name]}); 0 for none")
     add_sized_options(parser, ("dim", "depth", "heads", "vocab", "steps"), GPU, QUICK)

@@ -5,7 +5,8 @@
 a model whose config carries `dilated_segment_lengths` and `dilated_dilation_rates` (optionally
 `dilated_mode`, "longnet" or "head_groups", and `dilated_backend`, a `backend=` name) then runs with
 `attn_implementation=<name>` or `model.set_attn_implementation(<name>)`; `use_dilated_attention(model, ...)`
-does all three.
+does all three (and with `gemv_linears=True` runs the model's linear layers of a decoding step as the Triton GEMV
+that LongNetLM's steps use, kernels.gemv_linear).
 
 Saving: the config records the running implementation as `attn_implementation` (written by
 `use_dilated_attention` and by every forward pass), the field that transformers' `from_pretrained` reads, so a
@@ -47,6 +48,7 @@ from hilbert_lab.attention.kv_cache import dense_executor, step_attention, step_
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.plan import cached_plan
 from hilbert_lab.attention.static_cache import decode_step
+from hilbert_lab.kernels.gemv_linear import use_gemv_linears
 
 NAME = "hilbert_dilated"
 MIN_VERSION = "5.17"
@@ -69,9 +71,13 @@ def register(name: str = NAME) -> str:
 
 
 def use_dilated_attention(model, segment_lengths: Sequence[int], dilation_rates: Sequence[int], *,
-                          mode: str = "longnet", backend: str = "auto", name: str = NAME):
+                          mode: str = "longnet", backend: str = "auto", name: str = NAME, gemv_linears: bool = False):
     """Write the pattern into `model.config`, register `name` and switch the model to it (in place; returns
-    the model). The model's weights are unchanged: only which keys each query attends changes."""
+    the model). The model's weights are unchanged: only which keys each query attends changes. `gemv_linears`:
+    also run the model's plain nn.Linear layers of a few rows (decoding steps, up to 8 rows, no gradient, on a
+    GPU) as the Triton GEMV (kernels.gemv_linear.use_gemv_linears: the same parameters, the sums rounded once)."""
+    if not isinstance(gemv_linears, bool):
+        raise ValueError(f"gemv_linears must be True or False, got {gemv_linears!r}")
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode)
     config = model.config
     config.dilated_segment_lengths = list(pattern.segment_lengths)
@@ -79,6 +85,8 @@ def use_dilated_attention(model, segment_lengths: Sequence[int], dilation_rates:
     config.dilated_mode, config.dilated_backend = pattern.mode, backend
     model.set_attn_implementation(register(name))
     config.attn_implementation = name  # saved with the config: from_pretrained loads the model dilated
+    if gemv_linears:
+        use_gemv_linears(model)
     return model
 
 

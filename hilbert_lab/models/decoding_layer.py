@@ -12,7 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .projection import NormedLinear, few_rows_gemv, fold_norm, foldable_norm, linear, normed_linear, plain_linear
+from hilbert_lab.kernels.gemv_linear import few_rows_gemv, linear
+
+from .projection import NormedLinear, fold_norm, foldable_norm, normed_linear, plain_linear
 from .rotary import apply_rotary, rotary_angles
 
 __all__ = ["decoding_layer", "decoding_projections"]

@@ -244,6 +244,61 @@ def test_gpu_bf16_prefill_and_cached_steps_match_sdpa():
     assert (torch.cat(steps, 1) - full).abs().max() < 5e-2 * full.abs().max()
 
 
+def test_gemv_linears_run_the_decoding_steps_linear_layers_and_keep_the_tokens(monkeypatch):
+    """gemv_linears=True: every linear layer of each decoding step (q, k, v, o, gate, up, down per layer, the head)
+    runs the GEMV (a float64 stand-in here, as on a GPU), the prompt's layers nn.Linear's product, and generate
+    gives the tokens of the model without it."""
+    from hilbert_lab.kernels import gemv_linear
+
+    prompt = _ids(2, 11)
+
+    def generate(model):
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
+                              cache_implementation="static", pad_token_id=0)
+
+    want = generate(use_dilated_attention(_model("llama"), *PATTERN))
+    calls = []
+    monkeypatch.setattr(gemv_linear, "few_rows_gemv",
+                        lambda x, w, b=None: x.numel() <= 8 * x.shape[-1] and not torch.is_grad_enabled())
+    monkeypatch.setattr(gemv_linear, "gemv", lambda x, w, b, activation=None, residual=None:
+                        calls.append((x.shape[:-1], tuple(w.shape))) or torch.nn.functional.linear(x, w, b))
+    model = use_dilated_attention(_model("llama"), *PATTERN, gemv_linears=True)
+    assert torch.equal(generate(model), want)
+    per_step = [((2, 1), shape) for shape in [(32, 32), (16, 32), (16, 32), (32, 32), (48, 32), (48, 32), (32, 48)]]
+    assert calls == [((2, 1), (VOCAB, 32))] + (per_step * 2 + [((2, 1), (VOCAB, 32))]) * 11  # prompt's last row
+    with pytest.raises(ValueError, match="gemv_linears must be True or False"):
+        use_dilated_attention(_model("llama"), *PATTERN, gemv_linears="yes")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_gemv_linears_steps_match_the_float64_model():
+    """On the GPU in float32 with gemv_linears=True: the cached steps' logits (every linear layer through the GEMV,
+    counted) are the float64 model's within float32 sums."""
+    from hilbert_lab.kernels import gemv_linear
+
+    calls = []
+    gemv = gemv_linear.gemv
+    reference = use_dilated_attention(_model("llama"), [64, 128, 256], [1, 2, 4]).cuda()
+    model = use_dilated_attention(copy.deepcopy(reference).float(), [64, 128, 256], [1, 2, 4], gemv_linears=True)
+    ids = _ids(2, 240).cuda()
+    try:
+        gemv_linear.gemv = lambda *a, **kw: calls.append(a[1].shape) or gemv(*a, **kw)
+        with torch.no_grad():
+            want = reference(ids).logits[:, 200:]
+            out = model(ids[:, :200], use_cache=True)
+            cache = out.past_key_values
+            steps = []
+            for position in range(200, 240):
+                out = model(ids[:, position:position + 1], use_cache=True, past_key_values=cache)
+                steps.append(out.logits)
+    finally:
+        gemv_linear.gemv = gemv
+    got = torch.cat(steps, 1).double()
+    assert len(calls) == 40 * (7 * 2 + 1)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-4
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_layouts_from_device_tensors():

@@ -246,17 +246,18 @@ def test_gemv_rejects_a_weight_without_contiguous_rows():
 
 
 def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(monkeypatch):
+    from hilbert_lab.kernels import gemv_linear
     from hilbert_lab.models import projection
 
     called = []
-    monkeypatch.setattr(projection, "gemv", lambda *a, **kw: called.append(a) or torch.zeros(()))
+    monkeypatch.setattr(gemv_linear, "gemv", lambda *a, **kw: called.append(a) or torch.zeros(()))
     layer = nn.Linear(8, 4)
     x = torch.randn(1, 1, 8)
     torch.testing.assert_close(projection.project(x, layer), layer(x))  # CPU: nn.Linear's own product
     stack = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
     torch.testing.assert_close(projection.project(x, stack), stack(x))
     assert not called
-    monkeypatch.setattr(projection, "few_rows_gemv", lambda x, w, b=None: True)  # as on a GPU
+    monkeypatch.setattr(gemv_linear, "few_rows_gemv", lambda x, w, b=None: True)  # as on a GPU
     hooked = nn.Linear(8, 4)
     hooked.register_forward_hook(lambda module, args, out: out * 2)
     torch.testing.assert_close(projection.project(x, hooked), 2 * nn.functional.linear(x, hooked.weight, hooked.bias))
@@ -267,6 +268,7 @@ def test_projection_runs_the_layer_itself_off_the_gpu_and_for_wrapped_layers(mon
 def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monkeypatch):
     """On a GPU (one row) Linear -> GELU runs as one GEMV with the GELU on its sums; a tanh GELU, or a GELU with a
     hook, stays a module of its own; off the GPU the activation is F.gelu after F.linear."""
+    from hilbert_lab.kernels import gemv_linear
     from hilbert_lab.models import projection
 
     calls = []
@@ -275,14 +277,14 @@ def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monke
         y = torch.nn.functional.linear(x, w, b)
         return torch.nn.functional.gelu(y) if activation else y
 
-    monkeypatch.setattr(projection, "gemv", gemv)
+    monkeypatch.setattr(gemv_linear, "gemv", gemv)
     x = torch.randn(1, 1, 8)
     stack = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
-    torch.testing.assert_close(projection.linear(x, stack[0].weight, stack[0].bias, "gelu"), stack[1](stack[0](x)))
+    torch.testing.assert_close(gemv_linear.linear(x, stack[0].weight, stack[0].bias, "gelu"), stack[1](stack[0](x)))
     assert not calls
     with pytest.raises(ValueError, match="activation must be one of"):
-        projection.linear(x, stack[0].weight, None, "relu")
-    monkeypatch.setattr(projection, "few_rows_gemv", lambda x, w, b=None: True)
+        gemv_linear.linear(x, stack[0].weight, None, "relu")
+    monkeypatch.setattr(gemv_linear, "few_rows_gemv", lambda x, w, b=None: True)
     torch.testing.assert_close(projection.project(x, stack), stack(x))
     assert calls == [(stack[0].weight, "gelu"), (stack[2].weight, None)]
     calls.clear()
@@ -296,17 +298,17 @@ def test_projection_gives_a_sequentials_exact_gelu_to_the_linear_before_it(monke
 
 
 def test_one_row_asks_for_one_row_on_a_gpu_without_gradient(monkeypatch):
-    from hilbert_lab.models import projection
+    from hilbert_lab.kernels import gemv_linear
 
-    monkeypatch.setattr(projection, "runs_on", lambda device: True)
+    monkeypatch.setattr(gemv_linear, "runs_on", lambda device: True)
     weight = torch.zeros(4, 8)
-    assert not projection.few_rows_gemv(torch.zeros(1, 8), weight)  # a CPU tensor
-    assert not projection.few_rows_gemv(torch.zeros(1, 1, 8).to("meta"), weight)  # a meta tensor is no GPU's
+    assert not gemv_linear.few_rows_gemv(torch.zeros(1, 8), weight)  # a CPU tensor
+    assert not gemv_linear.few_rows_gemv(torch.zeros(1, 1, 8).to("meta"), weight)  # a meta tensor is no GPU's
 
 
 def test_only_plain_tensors_go_to_the_kernel():
     """The kernel reads a tensor's storage: a subclass (DTensor, a quantized weight) keeps F.linear."""
-    from hilbert_lab.models.projection import plain_tensor
+    from hilbert_lab.kernels.gemv_linear import plain_tensor
 
     class Wrapped(torch.Tensor):
         pass

@@ -51,16 +51,18 @@ def _interpreted() -> None:
     """Under the interpreter, steps of up to 8 rows treated as on a GPU: per case (one row, or 3 left-padded rows),
     the largest error of the float32 steps through the fused GEMVs against the float64 modules, over the largest
     logit, and the GEMV calls counted."""
+    from hilbert_lab.kernels import gemv_linear
     from hilbert_lab.models import decoding_layer, projection
 
     def few_rows(x, weight, bias=None):
-        return x.numel() <= 8 * x.shape[-1] and x.dtype == weight.dtype and x.dtype in projection.GEMV_DTYPES \
+        return x.numel() <= 8 * x.shape[-1] and x.dtype == weight.dtype and x.dtype in gemv_linear.GEMV_DTYPES \
             and not torch.is_grad_enabled()
 
     calls = []
     gemv = projection.gemv
-    projection.gemv = lambda *a, **kw: calls.append(sorted(k for k, v in kw.items() if v is not None)) or gemv(*a, **kw)
-    projection.few_rows_gemv = decoding_layer.few_rows_gemv = few_rows
+    projection.gemv = gemv_linear.gemv = \
+        lambda *a, **kw: calls.append(sorted(k for k, v in kw.items() if v is not None)) or gemv(*a, **kw)
+    gemv_linear.few_rows_gemv = projection.few_rows_gemv = decoding_layer.few_rows_gemv = few_rows
     for kv_heads, rotary, lengths in ((None, True, None), (2, True, None), (1, False, None), (2, True, [21, 9, 15])):
         reference = _model(kv_heads, rotary)
         model = _model(kv_heads, rotary, torch.float32)
@@ -124,7 +126,8 @@ def test_a_training_block_with_dropout_keeps_its_modules(monkeypatch):
 
 
 def test_linear_adds_the_residual_and_normed_linear_normalises_off_the_gpu():
-    from hilbert_lab.models.projection import fold_norm, linear, normed_linear
+    from hilbert_lab.kernels.gemv_linear import linear
+    from hilbert_lab.models.projection import fold_norm, normed_linear
 
     gen = torch.Generator().manual_seed(0)
     x, residual = torch.randn(2, 3, 8, generator=gen, dtype=torch.float64), torch.randn(2, 3, 4, dtype=torch.float64)
