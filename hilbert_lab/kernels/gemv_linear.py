@@ -35,11 +35,12 @@ def same_place(t: torch.Tensor, x: torch.Tensor) -> bool:
 
 def few_rows_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> bool:
     """Whether x (..., K) holds 1 to MAX_ROWS rows on a GPU Triton runs on, in weight's dtype (float16, bfloat16 or
-    float32), x, weight and bias plain tensors on one device, with no gradient asked."""
+    float32), x, weight and bias plain tensors on one device, with no gradient asked and no autocast (whose F.linear
+    computes in its own dtype)."""
     if not 1 <= x.numel() // max(1, x.shape[-1]) <= MAX_ROWS or x.shape[-1] < 1 or x.dtype not in GEMV_DTYPES \
             or x.dtype != weight.dtype:
         return False
-    if x.device.type != "cuda" or not runs_on(x.device):
+    if x.device.type != "cuda" or not runs_on(x.device) or torch.is_autocast_enabled("cuda"):
         return False
     if weight.device != x.device or (bias is not None and bias.device != x.device):
         return False  # F.linear names the mismatch

@@ -297,6 +297,11 @@ def test_gpu_gemv_linears_steps_match_the_float64_model():
     got = torch.cat(steps, 1).double()
     assert len(calls) == 40 * (7 * 2 + 1)
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-4
+    x = torch.randn(2, 1, 32, device="cuda")
+    layer = model.lm_head
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):  # autocast's product, in its dtype
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight), rtol=0, atol=0)
+        assert layer(x).dtype == torch.bfloat16
 
 
 @pytest.mark.gpu
