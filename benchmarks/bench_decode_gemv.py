@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode as decode  # noqa: E402
 import bench_decode_kernel as kernel  # noqa: E402
-from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv  # noqa: E402
+from hilbert_lab.kernels.triton_gemv import MAX_ROWS, fold_layer_norm, gemv  # noqa: E402
 from hilbert_lab.models.rotary import apply_rotary, rotary_angles  # noqa: E402
 
 GPU = dict(dim=2048, mlp_ratio=4, vocab=32000, layers=16, heads=16, dtype="bf16")
@@ -166,11 +166,12 @@ def parse_args(argv=None):
     sizes = ("dim", "mlp_ratio", "vocab", "layers", "heads")
     decode.add_sized_options(parser, sizes, GPU, QUICK)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp16)")
-    parser.add_argument("--rows", type=int, default=1, help="rows of x (1 to 8: a batched step's tokens; default 1)")
+    parser.add_argument("--rows", type=int, default=1, help=f"rows of x (1 to {MAX_ROWS}: a batched step's tokens; "
+                        "default 1)")
     args = parser.parse_args(argv)
     decode.fill_sizes(args, GPU, QUICK)
-    if not 1 <= args.rows <= 8:
-        parser.error(f"--rows must be 1 to 8, got {args.rows}")
+    if not 1 <= args.rows <= MAX_ROWS:
+        parser.error(f"--rows must be 1 to {MAX_ROWS}, got {args.rows}")
     for name in sizes:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -142,10 +142,9 @@ if HAVE_TRITON:
         lane = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         if HALF > 0:
             first = (lane // HALF) * (2 * HALF) + lane % HALF
-            in_n = first < N
         else:
             first = lane
-            in_n = first < N
+        in_n = first < N
         m = tl.arange(0, 16)
         in_m = m < M
         cols = tl.arange(0, BLOCK_K)
