@@ -2,7 +2,7 @@
 
 `render_run` is what `report run` calls after the notebook and what `hilbert-lab report render RUN_DIR`
 calls alone; the page is a pure function of the two JSON files. Reports with a module renderer
-(benchmark, claims, locality, training, ring, serialization) get figures and conclusions computed from their tables;
+(benchmark, claims, locality, training, ring, serialization, decoding) get figures and conclusions computed from their tables;
 any other report gets its metrics, its tables and the figures its recorder stored. Every page of a run folder
 loads one plotly.min.js from the run folder (written once, referenced relatively).
 """
@@ -26,6 +26,7 @@ RENDERERS = {
     "training": "hilbert_lab.reports.training",
     "ring": "hilbert_lab.reports.ring",
     "serialization": "hilbert_lab.reports.serialization_page",
+    "decoding": "hilbert_lab.reports.decoding",
 }
 MEASURED_HERE = "Measured by this run"
 COMMITTED = "Committed GPU results (rendered from their data)"
