@@ -14,7 +14,6 @@ model size (the config's dim, depth, heads, vocab).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hilbert_lab.reports.provenance import committed_in, document_source, result_git, revision_text, strip_paths
+from hilbert_lab.reports.render import files_run_main, write_run
 
 __all__ = ["METHOD_LABELS", "batch_rows", "decoding_run", "flatness_rows", "per_token_rows", "relative_rows",
            "render", "size_label", "write_decoding_run"]
@@ -170,12 +170,7 @@ def decoding_run(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str,
 
 def write_decoding_run(paths: Sequence[str | Path], out_dir: str | Path) -> Path:
     """Write metrics.json + env.json of `paths` into `out_dir` (created); returns out_dir."""
-    metrics, env = decoding_run(paths)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1), encoding="utf-8")
-    (out_dir / "env.json").write_text(json.dumps(env, indent=1), encoding="utf-8")
-    return out_dir
+    return write_run(*decoding_run(paths), out_dir)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -320,17 +315,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hilbert_lab.reports.decoding",
-                                     description="bench_decode.py JSON files -> a report run directory")
-    parser.add_argument("paths", nargs="+")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    try:
-        print(write_decoding_run(args.paths, args.out))
-    except (OSError, ValueError) as error:
-        print(f"{parser.prog}: error: {error}")
-        return 2
-    return 0
+    return files_run_main(argv, "python -m hilbert_lab.reports.decoding", "bench_decode.py", decoding_run)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ loads one plotly.min.js from the run folder (written once, referenced relatively
 from __future__ import annotations
 
 import importlib
+import json
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +56,34 @@ def check_metrics(metrics: dict[str, Any], path: str | Path) -> None:
     if required is not None and not ((metrics.get("tables") or {}).get(required) or {}).get("rows"):
         raise ValueError(f"{where} has no rows under key tables.{required}: this {metrics['report']} run recorded "
                          "no results, so there is no page to render (run the report again)")
+
+
+def write_run(metrics: dict[str, Any], env: dict[str, Any], out_dir: str | Path) -> Path:
+    """A report run directory from data made elsewhere (committed benchmark files): metrics.json and env.json in
+    `out_dir` (created), as load_run reads them; returns out_dir."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1), encoding="utf-8")
+    (out_dir / "env.json").write_text(json.dumps(env, indent=1), encoding="utf-8")
+    return out_dir
+
+
+def files_run_main(argv: list[str] | None, prog: str, what: str,
+                   make_run: Callable[[list[str]], tuple[dict[str, Any], dict[str, Any]]]) -> int:
+    """The command line of a page drawn from committed benchmark files (`what`): PATHS... --out DIR writes the
+    run directory of make_run(PATHS) (write_run) and prints it; a file it cannot read or take: exit 2, one line."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=f"{what} JSON files -> a report run directory")
+    parser.add_argument("paths", nargs="+")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    try:
+        print(write_run(*make_run(args.paths), args.out))
+    except (OSError, ValueError) as error:
+        print(f"{prog}: error: {error}")
+        return 2
+    return 0
 
 
 def load_run(run_dir: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -200,5 +229,5 @@ def render_suite_index(suite_dir: str | Path, parts: list[str], *, title: str,
 
 
 __all__ = ["COMMITTED", "MEASURED_HERE", "PLOTLY_FILE", "REQUIRED_TABLES", "build_page", "check_metrics",
-           "committed_gpu_runs", "generic_page", "load_run", "render_run", "render_suite_index",
-           "renderer_for"]
+           "committed_gpu_runs", "files_run_main", "generic_page", "load_run", "render_run",
+           "render_suite_index", "renderer_for", "write_run"]

@@ -11,7 +11,6 @@ is drawn by reports.ring_modes, the interleaved anchors by reports.ring_anchors.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Sequence
 
 from hilbert_lab.reports.provenance import (RING_WAIT_CODE, committed_in, document_source, older_code, result_git,
                                             revision_text, strip_paths)
+from hilbert_lab.reports.render import files_run_main, write_run
 from hilbert_lab.reports.ring_anchors import ANCHOR_COLUMNS, anchor_rows, context_parallel_section, layouts_section
 from hilbert_lab.reports.ring_modes import PARALLEL_MODES_COLUMNS, mode_name, modes_section, parallel_modes_rows
 
@@ -146,12 +146,7 @@ def ring_run(paths: Sequence[str | Path]) -> tuple[dict[str, Any], dict[str, Any
 
 def write_ring_run(paths: Sequence[str | Path], out_dir: str | Path) -> Path:
     """Write metrics.json + env.json of `paths` into `out_dir` (created); returns out_dir."""
-    metrics, env = ring_run(paths)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=1), encoding="utf-8")
-    (out_dir / "env.json").write_text(json.dumps(env, indent=1), encoding="utf-8")
-    return out_dir
+    return write_run(*ring_run(paths), out_dir)
 
 
 def _sending_variants(throughput: Any) -> set[str]:
@@ -372,13 +367,7 @@ def render(metrics: dict[str, Any], env: dict[str, Any]) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hilbert_lab.reports.ring",
-                                     description="bench_ring.py JSON files -> a report run directory")
-    parser.add_argument("paths", nargs="+")
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    print(write_ring_run(args.paths, args.out))
-    return 0
+    return files_run_main(argv, "python -m hilbert_lab.reports.ring", "bench_ring.py", ring_run)
 
 
 if __name__ == "__main__":

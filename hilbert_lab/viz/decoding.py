@@ -7,21 +7,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hilbert_lab.viz.style import readable_log_axes, run_colours
+from hilbert_lab.viz.style import check_rows, readable_log_axes, run_colours
 
 __all__ = ["limit_ratio_figure", "per_token_figure"]
 
 _SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x")
 _LIMIT_COLOUR = "#7f7f7f"
-
-
-def _check(rows: Sequence[Mapping[str, Any]], needed: tuple[str, ...], what: str) -> None:
-    if not rows:
-        raise ValueError(f"rows must hold at least one {what} row")
-    for row in rows:
-        missing = [key for key in needed if key not in row]
-        if missing:
-            raise ValueError(f"{what} rows need keys {needed}; a row lacks {missing}: {dict(row)!r}")
 
 
 def _by(rows: Sequence[Mapping[str, Any]], *keys: str) -> dict[tuple, list[Mapping[str, Any]]]:
@@ -38,7 +29,7 @@ def per_token_figure(rows: Sequence[Mapping[str, Any]], *, title: str = "ms per 
     ms_per_token."""
     import plotly.graph_objects as go
 
-    _check(rows, ("label", "run", "context", "ms_per_token"), "per-token")
+    check_rows(rows, ("label", "run", "context", "ms_per_token"), "per-token")
     colours = run_colours(row["label"] for row in rows)
     figure = go.Figure()
     for index, ((label,), mine) in enumerate(_by(rows, "label").items()):
@@ -73,7 +64,7 @@ def limit_ratio_figure(rows: Sequence[Mapping[str, Any]], *, target: float | Non
     `target` where given. `rows` need keys run, context, x_limit."""
     import plotly.graph_objects as go
 
-    _check(rows, ("run", "context", "x_limit"), "limit-ratio")
+    check_rows(rows, ("run", "context", "x_limit"), "limit-ratio")
     colours = run_colours(row["run"] for row in rows)
     figure = go.Figure()
     for (run,), mine in _by(rows, "run").items():

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ORDERING_COLOURS", "ORDERING_NAMES", "PALETTE", "compact_number", "log_ticks", "ordering_colour",
-           "ordering_figure_problems", "ordering_table_problems", "ordering_trace",
+__all__ = ["ORDERING_COLOURS", "ORDERING_NAMES", "PALETTE", "check_rows", "compact_number", "log_ticks",
+           "ordering_colour", "ordering_figure_problems", "ordering_table_problems", "ordering_trace",
            "ordering_name", "readable_log_axes", "run_colours", "separate_overlapping"]
 
 # plotly's default qualitative palette
@@ -174,6 +174,17 @@ def separate_overlapping(fig: Any, tolerance: float = 0.004) -> Any:
             count += 1
         seen.append((str(trace.name), x, y, axis))
     return fig
+
+
+def check_rows(rows: Sequence[Mapping[str, Any]], needed: tuple[str, ...], what: str) -> None:
+    """ValueError unless `rows` (a figure's data) holds at least one row and every row has the keys `needed`
+    (`what` names the rows in the message)."""
+    if not rows:
+        raise ValueError(f"rows must hold at least one {what} row")
+    for row in rows:
+        missing = [key for key in needed if key not in row]
+        if missing:
+            raise ValueError(f"{what} rows need keys {needed}; a row lacks {missing}: {dict(row)!r}")
 
 
 def run_colours(names: Sequence[str] | Iterable[str], given: Mapping[str, str] | None = None) -> dict[str, str]:

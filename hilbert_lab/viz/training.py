@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hilbert_lab.viz.style import PALETTE, readable_log_axes, run_colours
+from hilbert_lab.viz.style import PALETTE, check_rows, readable_log_axes, run_colours
 
 __all__ = [
     "METRICS",
@@ -160,7 +160,7 @@ def scaling_bars(rows: Sequence[Mapping[str, Any]], *, target: float | None = No
     ratio, ratio_low, ratio_high."""
     import plotly.graph_objects as go
 
-    _check_rows(rows, ("setup", "gradient_checkpointing", "ratio", "ratio_low", "ratio_high"), "scaling")
+    check_rows(rows, ("setup", "gradient_checkpointing", "ratio", "ratio_low", "ratio_high"), "scaling")
     figure = go.Figure()
     for checkpointing, color in ((False, _COLORS[0]), (True, _COLORS[1])):
         chosen = [row for row in rows if bool(row["gradient_checkpointing"]) is checkpointing]
@@ -181,15 +181,6 @@ def scaling_bars(rows: Sequence[Mapping[str, Any]], *, target: float | None = No
     return figure
 
 
-def _check_rows(rows: Sequence[Mapping[str, Any]], needed: tuple[str, ...], what: str) -> None:
-    if not rows:
-        raise ValueError(f"rows must hold at least one {what} row")
-    for row in rows:
-        missing = [key for key in needed if key not in row]
-        if missing:
-            raise ValueError(f"{what} rows need keys {needed}; a row lacks {missing}: {dict(row)!r}")
-
-
 def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None = None,
                       title: str = "retrieval accuracy against attention FLOPs per token",
                       colours: Mapping[str, str] | None = None):
@@ -200,7 +191,7 @@ def accuracy_vs_flops(rows: Sequence[Mapping[str, Any]], *, chance: float | None
     colours: {row: colour} (viz.style.run_colours), so a row keeps its colour in accuracy_by_distance too."""
     import plotly.graph_objects as go
 
-    _check_rows(rows, ("row", "flops_per_token", "accuracy", "accuracy_low", "accuracy_high"), "grid")
+    check_rows(rows, ("row", "flops_per_token", "accuracy", "accuracy_low", "accuracy_high"), "grid")
     colours = run_colours([str(row["row"]) for row in rows], colours)
     figure = go.Figure()
     for row in rows:
@@ -245,7 +236,7 @@ def accuracy_by_distance(rows: Sequence[Mapping[str, Any]], *, chance: float | N
     distance_high, count, accuracy, accuracy_low, accuracy_high."""
     import plotly.graph_objects as go
 
-    _check_rows(rows, ("row", "distance_low", "distance_high", "count", "accuracy", "accuracy_low", "accuracy_high"),
+    check_rows(rows, ("row", "distance_low", "distance_high", "count", "accuracy", "accuracy_low", "accuracy_high"),
                 "distance")
     names = list(dict.fromkeys(str(row["row"]) for row in rows))
     colours = run_colours(names, colours)
@@ -285,7 +276,7 @@ def memory_by_length(rows: Sequence[Mapping[str, Any]], *, capacity_gib: float |
     from plotly.subplots import make_subplots
     import plotly.graph_objects as go
 
-    _check_rows(rows, ("run", "seq_len", "peak_memory_gib", "tokens_per_s"), "length probe")
+    check_rows(rows, ("run", "seq_len", "peak_memory_gib", "tokens_per_s"), "length probe")
     figure = make_subplots(rows=1, cols=2, subplot_titles=("peak memory (GiB)", "tokens/s"))
     top = max([float(r["peak_memory_gib"]) for r in rows if r.get("peak_memory_gib") is not None] + [capacity_gib or 1])
     for index, run in enumerate(dict.fromkeys(str(r["run"]) for r in rows)):
