@@ -4,7 +4,8 @@
 forward / forward and backward, and ragged N), round-robin in one process (`time_interleaved`), and returns
 the table as a JSON object; `benchmarks/bench_auto_table.py` writes it into the package for the GPU it ran on,
 keeping every finished cell. `check_auto_table` times `backend="auto"` beside the same executors per cell:
-auto over the fastest of them, with the interval of each median.
+auto over the fastest of them, with the interval of each median, and per name what its plan regions did
+(`graph_regions`: eager runs, captures, replays over its warm-up and timed calls).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 
 from hilbert_lab.attention.auto_table import device_kind, is_ragged
 from hilbert_lab.attention.engine import dilated_attention
+from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.bench.timing import Timing, time_interleaved
@@ -131,7 +133,8 @@ def update_cells(table: dict, measured: dict, *, revision: str) -> dict:
 def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 7,
                      progress: bool = True) -> list[dict]:
     """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
-    the medians and intervals, the executor auto resolved to, and auto over the fastest executor."""
+    the medians and intervals, the executor auto resolved to, auto over the fastest executor, and per name the
+    counts of its plan regions' eager runs, captures and replays (`graph_regions`)."""
     device = torch.device(device)
     dtype = _dtype_on(device)
     segments, rates = table["pattern"]["segment_lengths"], table["pattern"]["dilation_rates"]
@@ -143,8 +146,11 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
         picked = resolve_executor("auto", _probe(cell, device, dtype),
                                   DilatedPattern.create(segments, rates, mode=cell.mode, causal=cell.causal),
                                   training=cell.training).name
-        timings = time_interleaved(calls, device=device, warmup=2, rounds=repeats, max_seconds=float("inf"))
-        row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked, **_timing_row(timings), "errors": errors}
+        tallies = {name: dict.fromkeys(GRAPH_REGIONS.counts, 0) for name in calls}
+        timings = time_interleaved({name: _tallied(call, tallies[name]) for name, call in calls.items()},
+                                   device=device, warmup=2, rounds=repeats, max_seconds=float("inf"))
+        row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked, **_timing_row(timings), "errors": errors,
+               "graph_regions": tallies}
         others = {name: t.median for name, t in timings.items() if name != "auto"}
         if "auto" in timings and others:
             fastest = min(others, key=others.get)
@@ -152,6 +158,20 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
         rows.append(row)
         del calls
     return rows
+
+
+def _tallied(call: Callable[[], object], tally: dict[str, int]) -> Callable[[], object]:
+    """call, adding to `tally` what its plan regions did (GRAPH_REGIONS.counts: eager, captured, replayed, refused):
+    two names of one executor can time apart where one replays its graphs and the other keeps meeting new tensor
+    addresses (eager runs and captures)."""
+    def run():
+        before = dict(GRAPH_REGIONS.counts)
+        result = call()
+        for key, count in GRAPH_REGIONS.counts.items():
+            tally[key] += count - before.get(key, 0)
+        return result
+
+    return run
 
 
 def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:

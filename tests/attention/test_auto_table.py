@@ -161,11 +161,32 @@ def test_measuring_and_checking_a_table_on_the_cpu():
                                                           for c in parsed)
     rows = check_auto_table(table, device="cpu", repeats=2, progress=False)
     assert [row["auto_picks"] for row in rows] == ["sdpa", "sdpa"]  # the CPU rule (no table for the CPU)
+    # sdpa and manual run no plan regions: every name's tally is there, all zero
+    assert all(row["graph_regions"] == {name: {"eager": 0, "captured": 0, "replayed": 0, "refused": 0}
+                                        for name in ("auto", "sdpa", "manual")} for row in rows)
     summary = check_summary(rows, 1e9)
     assert summary["cells"] == 2 and summary["auto"]["within"] == 2 and summary["picked"]["within"] == 2
     with pytest.raises(ValueError, match="seq_lens or ragged_lens, head_dims and batches must be non-empty"):
         sweep_cells([], [64])
     assert {c.seq_len for c in sweep_cells([], [8, 16], [69], heads=2)} == {69}  # the ragged cells alone
+
+
+def test_a_checks_region_tally_counts_each_names_own_calls(monkeypatch):
+    """The tally of a name adds what GRAPH_REGIONS counted during that name's calls only."""
+    from hilbert_lab.bench import auto_table as bench_auto_table
+
+    regions = bench_auto_table.GRAPH_REGIONS
+    monkeypatch.setattr(regions, "counts", {"eager": 0, "captured": 0, "replayed": 0, "refused": 0})
+
+    def replaying():
+        regions.counts["replayed"] += 3
+        return "out"
+
+    tally = dict.fromkeys(regions.counts, 0)
+    call = bench_auto_table._tallied(replaying, tally)
+    regions.counts["eager"] += 5  # another name's calls, between this one's
+    assert call() == "out" and call() == "out"
+    assert tally == {"eager": 0, "captured": 0, "replayed": 6, "refused": 0}
 
 
 def test_measured_cells_replace_the_tables_cells_at_their_coordinates():
