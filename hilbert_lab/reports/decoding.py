@@ -192,7 +192,10 @@ def _ratio(values: Sequence[float]) -> str:
     values = [float(value) for value in values]
     if len(values) == 1:
         return f"{fmt(values[0])}x (no interval: one run)"
-    return f"{fmt(statistics.median(values))}x [{fmt(min(values))}, {fmt(max(values))}]"
+    middle, low, high = fmt(statistics.median(values)), fmt(min(values)), fmt(max(values))
+    # a median of a few runs is one of them: at 3 digits it may read as an end of the range
+    at_end = " (the median, at the end of its interval)" if middle in (low, high) and low != high else ""
+    return f"{middle}x [{low}, {high}]{at_end}"
 
 
 def _longnet_finding(size: str, rows: Any, flat: Any) -> str:

@@ -89,6 +89,8 @@ def test_findings_quote_the_spans_of_the_files(run):
                  and r["context"] == context]
         quoted = (f"{fmt(dense[0])}x (no interval: one run)" if len(dense) == 1 else
                   f"{fmt(statistics.median(dense))}x [{fmt(min(dense))}, {fmt(max(dense))}]")
+        if fmt(statistics.median(dense)) in (fmt(min(dense)), fmt(max(dense))) and len(dense) > 1:
+            quoted += " (the median, at the end of its interval)"
         assert f"{quoted} at {name}" in page.findings[1]
     assert page.findings[1].count("the dense Llama (sdpa) ") == 1
     batch = [_raw(path)["results"][0]["tokens_per_s_ratio"] for path in BATCH]
