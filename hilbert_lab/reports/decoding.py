@@ -192,8 +192,10 @@ def _ratio(values: Sequence[float]) -> str:
     values = [float(value) for value in values]
     if len(values) == 1:
         return f"{fmt(values[0])}x (no interval: one run)"
-    middle, low, high = fmt(statistics.median(values)), fmt(min(values)), fmt(max(values))
-    # a median of a few runs is one of them: at 3 digits it may read as an end of the range
+    for digits in (3, 4):  # a median of a few runs is one of them: one more digit where 3 read as an end
+        middle, low, high = (fmt(value, digits) for value in (statistics.median(values), min(values), max(values)))
+        if middle not in (low, high) or low == high:
+            break
     at_end = " (the median, at the end of its interval)" if middle in (low, high) and low != high else ""
     return f"{middle}x [{low}, {high}]{at_end}"
 
