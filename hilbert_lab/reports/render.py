@@ -2,15 +2,17 @@
 
 `render_run` is what `report run` calls after the notebook and what `hilbert-lab report render RUN_DIR`
 calls alone; the page is a pure function of the two JSON files. Reports with a module renderer
-(benchmark, claims, locality, training, ring, serialization, decoding) get figures and conclusions computed from their tables;
-any other report gets its metrics, its tables and the figures its recorder stored. Every page of a run folder
-loads one plotly.min.js from the run folder (written once, referenced relatively).
+(benchmark, claims, locality, training, ring, serialization, decoding) get figures and conclusions computed from
+their tables; any other report gets its metrics, its tables and the figures its recorder stored. Every page of a
+run folder loads one plotly.min.js from the run folder (written once, referenced relatively).
 """
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,9 +73,8 @@ def write_run(metrics: dict[str, Any], env: dict[str, Any], out_dir: str | Path)
 def files_run_main(argv: list[str] | None, prog: str, what: str,
                    make_run: Callable[[list[str]], tuple[dict[str, Any], dict[str, Any]]]) -> int:
     """The command line of a page drawn from committed benchmark files (`what`): PATHS... --out DIR writes the
-    run directory of make_run(PATHS) (write_run) and prints it; a file it cannot read or take: exit 2, one line."""
-    import argparse
-
+    run directory of make_run(PATHS) (write_run) and prints it; a file it cannot read or take: exit 2, one line on
+    stderr."""
     parser = argparse.ArgumentParser(prog=prog, description=f"{what} JSON files -> a report run directory")
     parser.add_argument("paths", nargs="+")
     parser.add_argument("--out", required=True)
@@ -81,7 +82,7 @@ def files_run_main(argv: list[str] | None, prog: str, what: str,
     try:
         print(write_run(*make_run(args.paths), args.out))
     except (OSError, ValueError) as error:
-        print(f"{prog}: error: {error}")
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return 2
     return 0
 

@@ -119,4 +119,5 @@ def test_a_file_that_is_not_a_decode_result_is_refused_naming_it(tmp_path, capsy
     with pytest.raises(ValueError, match="other.json"):
         decoding.decoding_run([bad])
     assert decoding.main([str(bad), "--out", str(tmp_path / "out")]) == 2
-    assert capsys.readouterr().out.count("\n") == 1
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err.count("\n") == 1 and "other.json" in printed.err
