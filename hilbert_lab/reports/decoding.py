@@ -68,7 +68,8 @@ def per_token_rows(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> list[dict[
                          "method": result["method"], "context": int(result["context"]),
                          "ms_per_token": float(result["ms_per_token"]), "ms_min": result.get("ms_per_token_min"),
                          "ms_max": result.get("ms_per_token_max"), "limit_ms": result.get("limit_ms"),
-                         "x_limit": result.get("x_limit"), "hbm_tb_per_s": None if bandwidth is None else bandwidth / 1e12,
+                         "x_limit": result.get("x_limit"),
+                         "hbm_tb_per_s": None if bandwidth is None else bandwidth / 1e12,
                          "revision": revision})
     return rows
 
@@ -215,7 +216,8 @@ def _longnet_finding(size: str, rows: Any, flat: Any) -> str:
         text += (f"; over the memory-bandwidth limit (its weights and the keys its branches read, over the HBM "
                  f"bandwidth measured in the same run; median [lowest, highest] over runs): {', '.join(at)}")
     if len(flat):
-        text += f"; its slowest context is {_span([100 * (s - 1) for s in flat['spread']], digits=2)}% slower than its fastest"
+        slower = _span([100 * (spread - 1) for spread in flat["spread"]], digits=2)
+        text += f"; its slowest context is {slower}% slower than its fastest"
     return text + "."
 
 
