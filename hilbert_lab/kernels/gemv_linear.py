@@ -42,10 +42,8 @@ def few_rows_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         return False
     if x.device.type != "cuda" or not runs_on(x.device) or torch.is_autocast_enabled("cuda"):
         return False
-    if weight.device != x.device or (bias is not None and bias.device != x.device):
-        return False  # F.linear names the mismatch
-    if not (plain_tensor(x) and plain_tensor(weight) and (bias is None or plain_tensor(bias))):
-        return False
+    if not (plain_tensor(x) and same_place(weight, x) and (bias is None or same_place(bias, x))):
+        return False  # F.linear names a device mismatch
     return not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
 
 
