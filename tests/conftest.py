@@ -132,14 +132,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def run_interpreted():
-    """run(script, timeout=600) -> the JSON objects (lines starting with "{") that `script` prints when run in a
-    fresh process under Triton's interpreter (TRITON_INTERPRET=1, CPU), the checkout on its path; a failure shows
-    the end of its stderr."""
+    """run(script, *args, timeout=600) -> the JSON objects (lines starting with "{") that `script` prints when run
+    with `args` in a fresh process under Triton's interpreter (TRITON_INTERPRET=1, CPU), the checkout on its path;
+    a failure shows the end of its stderr."""
 
-    def run(script: Path, timeout: float = 600) -> list[dict]:
+    def run(script: Path, *args: str, timeout: float = 600) -> list[dict]:
         env = dict(os.environ, TRITON_INTERPRET="1",
                    PYTHONPATH=str(Path(__file__).resolve().parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=timeout)
+        proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env,
+                              timeout=timeout)
         assert proc.returncode == 0, proc.stderr[-4000:]
         return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 

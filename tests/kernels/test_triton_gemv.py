@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,8 +43,6 @@ def _errors() -> None:
         want = torch.nn.functional.gelu(x.double() @ w.double().T + b.double())
         got = gemv(x, w, b, "gelu", block_n=block_n, block_k=block_k)
         print(json.dumps({"gelu_error": ((got.double() - want).abs().max() / want.abs().max()).item()}))
-    _fused_errors(gen)
-    _rows_errors(gen)
     view = torch.randn(48, 80, generator=gen)[:, :64]
     x, bias = torch.randn(64, generator=gen), torch.randn(96, generator=gen)[::2]
     want = view.double() @ x.double() + bias.double()
@@ -132,11 +131,14 @@ def _rows_errors(gen) -> None:
                                             / fused_want.abs().max()).item()}))
 
 
-@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
+NO_TRITON = "triton not installed (pip install triton); its CPU interpreter runs these checks"
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)
 def test_gemv_matches_the_float64_product(run_interpreted):
     """Ragged N and K, the tunings' block shapes and the default, float32 and float16, with and without bias, large
     values: within float32 sums (float16 outputs: one rounding)."""
-    results = run_interpreted(HERE)
+    results = run_interpreted(HERE, "plain")
     cases = [r for r in results if "case" in r]
     assert len(cases) == len(CASES) * 2 * 2 * 2
     for result in cases:
@@ -146,13 +148,23 @@ def test_gemv_matches_the_float64_product(run_interpreted):
     assert next(r["view_error"] for r in results if "view_error" in r) <= 1e-5
     gelu = [r["gelu_error"] for r in results if "gelu_error" in r]
     assert len(gelu) == 3 and max(gelu) <= 1e-5, gelu
-    fused = [r for r in results if "fused_case" in r]
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)
+def test_the_fused_gemv_matches_the_float64_modules(run_interpreted):
+    """The folded layer norm, GELU, rotary pairs and residual against float64 LayerNorm, linear, rotary and add."""
+    fused = [r for r in run_interpreted(HERE, "fused") if "fused_case" in r]
     assert len(fused) == len(FUSED) * 2 * 2
     for result in fused:  # float16: x itself, the folded weight and the output each rounded once
         bound = 1e-5 if result["fused_case"][5] == "torch.float32" else 4e-3
         assert result["dtype"] == result["fused_case"][5], result
         assert max(result["norm"], result["rotated"], result["gelu"]) <= bound, result
-    rows = [r for r in results if "rows_case" in r]
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)
+def test_several_rows_each_match_the_row_alone(run_interpreted):
+    """Several rows of x in one launch, both launch shapes: each row as the float64 product of that row alone."""
+    rows = [r for r in run_interpreted(HERE, "rows") if "rows_case" in r]
     assert len(rows) == len(ROWS) * 2 * 2
     for result in rows:  # several rows at once: each row as one row alone
         m, n, dtype = result["rows_case"][0], result["rows_case"][1], result["rows_case"][5]
@@ -318,5 +330,6 @@ def test_only_plain_tensors_go_to_the_kernel():
     assert not plain_tensor(weight.as_subclass(Wrapped)) and not plain_tensor(nn.Parameter(weight.as_subclass(Wrapped)))
 
 
-if __name__ == "__main__":
-    _errors()
+if __name__ == "__main__":  # one part per process, so that the parts run side by side
+    {"plain": _errors, "fused": lambda: _fused_errors(torch.Generator().manual_seed(1)),
+     "rows": lambda: _rows_errors(torch.Generator().manual_seed(2))}[sys.argv[1]]()
