@@ -150,6 +150,7 @@ def test_gemv_matches_the_float64_product(run_interpreted):
     assert len(gelu) == 3 and max(gelu) <= 1e-5, gelu
 
 
+@pytest.mark.slow  # the interpreter in a fresh process (about 25 s): make test-all; make test keeps the plain product
 @pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)
 def test_the_fused_gemv_matches_the_float64_modules(run_interpreted):
     """The folded layer norm, GELU, rotary pairs and residual against float64 LayerNorm, linear, rotary and add."""
@@ -161,6 +162,7 @@ def test_the_fused_gemv_matches_the_float64_modules(run_interpreted):
         assert max(result["norm"], result["rotated"], result["gelu"]) <= bound, result
 
 
+@pytest.mark.slow  # the interpreter in a fresh process (about a minute): make test-all; make test keeps the plain product
 @pytest.mark.skipif(not HAVE_TRITON, reason=NO_TRITON)
 def test_several_rows_each_match_the_row_alone(run_interpreted):
     """Several rows of x in one launch, both launch shapes: each row as the float64 product of that row alone."""

@@ -79,6 +79,7 @@ def _interpreted() -> None:
                                                                          / want.abs().max()).item(), "calls": calls}))
 
 
+@pytest.mark.slow  # the interpreter runs whole decoding steps (about a minute): make test-all
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
 def test_fused_steps_give_the_modules_logits(run_interpreted):
     """Each one-token step of each layer is four GEMVs (q, k, v normalised and rotated; the output projection with
