@@ -56,9 +56,16 @@ if HAVE_TRITON:
                 vn = tl.load(vnew_ptr + b * svn_b + kvh[:, None] * svn_h + d[None, :], mask=kvmask)
                 tl.store(k_ptr + b * sk_b + slot * sk_n + kvh[:, None] * sk_h + d[None, :], kn, mask=kvmask)
                 tl.store(v_ptr + b * sv_b + slot * sv_n + kvh[:, None] * sv_h + d[None, :], vn, mask=kvmask)
-        # the program's branch, head slot and split: branch i holds heads_i x splits_i programs (slot-major)
+        # the program's branch, head slot and split: branch i holds heads_i x splits_i programs (slot-major). The
+        # whole branch table and every branch's offsets are read at once, with the position, so that the head
+        # (and then the query and the first keys) is known one memory round trip after the start
         i = tl.arange(0, BLOCK_B)
         in_table = i < branches
+        hs = tl.arange(0, BLOCK_H)
+        all_offsets = tl.load(off_ptr + i[:, None] * heads + hs[None, :], mask=in_table[:, None] & (hs < heads)[None, :],
+                              other=-1).to(tl.int64)
+        segments = tl.load(br_ptr + i * 4, mask=in_table, other=1).to(tl.int64)
+        rates = tl.load(br_ptr + i * 4 + 1, mask=in_table, other=1).to(tl.int64)
         branch_heads = tl.load(br_ptr + i * 4 + 2, mask=in_table, other=0)
         branch_splits = (tl.load(br_ptr + i * 4 + 3, mask=in_table, other=0) + keys_per_split - 1) // keys_per_split
         ends = tl.cumsum(branch_heads * branch_splits, axis=0)
@@ -69,14 +76,13 @@ if HAVE_TRITON:
         part = tl.sum(tl.where(i < branch, branch_splits, 0), axis=0) + local % splits
         split = local % splits
         slot_rank = local // splits
-        w = tl.load(br_ptr + branch * 4).to(tl.int64)
-        r = tl.load(br_ptr + branch * 4 + 1).to(tl.int64)
+        w = tl.sum(tl.where(this, segments, 0), axis=0)
+        r = tl.sum(tl.where(this, rates, 0), axis=0)
         within = p % w
         residue = within % r
         # the query heads whose offset is the residue, in order; this program takes the slot_rank-th of them
-        hs = tl.arange(0, BLOCK_H)
-        offsets = tl.load(off_ptr + branch * heads + hs, mask=hs < heads, other=-1).to(tl.int64)
-        match = offsets == residue
+        offsets = tl.sum(tl.where(this[:, None], all_offsets, 0), axis=0)
+        match = (offsets == residue) & (hs < heads)
         hit = match & (tl.cumsum(match.to(tl.int32), axis=0) == slot_rank + 1)
         if slot_rank == 0:  # the heads that see nothing of this branch: no keys in this part
             tl.store(lse_ptr + part * rows + b * heads + hs, tl.full((BLOCK_H,), float("-inf"), tl.float32),
@@ -175,27 +181,30 @@ if HAVE_TRITON:
         h = row % heads
         d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
         dmask = d < DIM
-        peak = tl.full((BLOCK_P,), float("-inf"), tl.float32)
-        for start in range(0, parts, BLOCK_P):
-            i = start + tl.arange(0, BLOCK_P)
-            peak = tl.maximum(peak, tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")))
-        top = tl.max(peak, axis=0)
-        safe = tl.where(top == float("-inf"), 0.0, top)
+        # the LSEs and the parts read together (one memory round trip where the row's parts fit one block); a part
+        # whose LSE is -inf was never stored (its values may be anything) and weighs 0
+        peak = tl.full((), float("-inf"), tl.float32)
         total = tl.zeros((BLOCK_P,), tl.float32)
         acc = tl.zeros((BLOCK_P, BLOCK_D), tl.float32)
         for start in range(0, parts, BLOCK_P):
             i = start + tl.arange(0, BLOCK_P)
-            weights = tl.exp2((tl.load(plse_ptr + i * rows + row, mask=i < parts, other=float("-inf")) - safe)
-                              * 1.4426950408889634)
-            used = (i < parts) & (weights > 0)
+            inside = i < parts
+            part_lse = tl.load(plse_ptr + i * rows + row, mask=inside, other=float("-inf"))
             if EVEN_D:
-                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :], mask=used[:, None],
+                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :], mask=inside[:, None],
                             other=0.0)
             else:
                 x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :],
-                            mask=used[:, None] & dmask[None, :], other=0.0)
-            acc += weights[:, None] * x
-            total += weights
+                            mask=inside[:, None] & dmask[None, :], other=0.0)
+            new_peak = tl.maximum(peak, tl.max(part_lse, axis=0))
+            safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+            alpha = tl.exp2((peak - safe) * 1.4426950408889634)
+            weights = tl.exp2((part_lse - safe) * 1.4426950408889634)
+            used = part_lse > float("-inf")
+            acc = acc * alpha + tl.where(used[:, None], weights[:, None] * x, 0.0)
+            total = total * alpha + tl.where(used, weights, 0.0)
+            peak = new_peak
+        safe = tl.where(peak == float("-inf"), 0.0, peak)
         weight = tl.sum(total, axis=0)
         has_keys = weight > 0
         out = tl.sum(acc, axis=0) / tl.where(has_keys, weight, 1.0)
