@@ -37,11 +37,12 @@ CHECK_COLLECTED := status=$$?; if [ $$status -eq 5 ]; then echo "pytest collecte
 # interpreter, no transformers); `make test` adds the test tools, `make test-all` transformers, to the same venv.
 # torch comes from pip (this machine's pinned CPU build, which uv would not see), together with uv; uv then installs
 # the package, its extras and a pip for the venv (parallel downloads and unpacking: seconds, where pip takes half a
-# minute) while torch's bytecode is written on the other core. pip installs them where uv cannot.
+# minute) while torch's bytecode is written on the other core (that import's warnings, such as numpy not being there
+# yet, are dropped: it only warms). pip installs them where uv cannot.
 $(VENV)/.installed-%: pyproject.toml
 	@test -x $(PY) || python3 -m venv --without-pip $(if $(HAS_GPU),--system-site-packages) $(VENV)
 	@if [ -z "$(HAS_GPU)" ]; then $(PIP) "$(TORCH_CPU)" uv; fi
-	@$(PY) -c "import torch" & warm=$$!; \
+	@$(PY) -c "import torch" 2>/dev/null & warm=$$!; \
 	{ test -x $(VENV)/bin/uv && $(VENV)/bin/uv pip install --quiet --no-cache --python $(PY) pip -e ".[$*]"; } \
 		|| $(PIP) pip -e ".[$*]"; status=$$?; wait $$warm; exit $$status
 	@$(PY) -c "import torch, numba, hilbert_lab.attention.engine"  # their bytecode, once, before the parallel workers
