@@ -4,13 +4,15 @@ other models timed in the same process (the dense Llama on transformers' static 
 through register()) against it, and batched steps against their rows one at a time.
 
     python -m hilbert_lab.reports.decoding \\
+        reports/results/decode_static/decode_1b_compiled_h200_7030726_run{1,2,3}.json \\
         reports/results/decode_static/decode_1b_compiled_h200_7db65e2_run{1,2,3}.json \\
         reports/results/decode_static/decode_1b_register_gemv_h200_7db65e2_run{1,2,3}.json \\
         reports/results/decode_static/decode_tiny_batch8_compiled_h200_41a17df_run{1,2,3}.json \\
         --out reports/decoding/h200-gpu
 
 Each file is one run (one process): ratios are taken inside a run only, never across runs. Runs are grouped by
-model size (the config's dim, depth, heads, vocab).
+model size (the config's dim, depth, heads, vocab) and by the code revision they record: runs of two revisions are
+never pooled into one median.
 """
 from __future__ import annotations
 
@@ -38,10 +40,10 @@ METHOD_LABELS = {
 }
 PER_TOKEN_COLUMNS = ["size", "run", "method", "context", "ms_per_token", "ms_min", "ms_max", "limit_ms", "x_limit",
                      "hbm_tb_per_s", "revision"]
-RELATIVE_COLUMNS = ["size", "run", "method", "context", "ms_per_token", "longnet_ms", "ratio"]
+RELATIVE_COLUMNS = ["size", "run", "method", "context", "ms_per_token", "longnet_ms", "ratio", "revision"]
 BATCH_COLUMNS = ["size", "run", "context", "rows", "shortest", "longest", "batch_ms_per_step", "single_ms_per_step",
-                 "tokens_per_s_ratio", "same_tokens"]
-FLATNESS_COLUMNS = ["size", "run", "first_context", "last_context", "fastest_ms", "slowest_ms", "spread"]
+                 "tokens_per_s_ratio", "same_tokens", "revision"]
+FLATNESS_COLUMNS = ["size", "run", "first_context", "last_context", "fastest_ms", "slowest_ms", "spread", "revision"]
 
 
 def size_label(config: Mapping[str, Any]) -> str:
@@ -80,7 +82,7 @@ def relative_rows(per_token: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
     longnet = {(row["run"], row["context"]): row["ms_per_token"] for row in per_token if row["method"] == LONGNET}
     return [{"size": row["size"], "run": row["run"], "method": row["method"], "context": row["context"],
              "ms_per_token": row["ms_per_token"], "longnet_ms": longnet[row["run"], row["context"]],
-             "ratio": row["ms_per_token"] / longnet[row["run"], row["context"]]}
+             "ratio": row["ms_per_token"] / longnet[row["run"], row["context"]], "revision": row["revision"]}
             for row in per_token if row["method"] != LONGNET and (row["run"], row["context"]) in longnet]
 
 
@@ -96,7 +98,7 @@ def flatness_rows(per_token: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
         contexts = [row["context"] for row in mine]
         rows.append({"size": mine[0]["size"], "run": run, "first_context": min(contexts),
                      "last_context": max(contexts), "fastest_ms": min(times), "slowest_ms": max(times),
-                     "spread": max(times) / min(times)})
+                     "spread": max(times) / min(times), "revision": mine[0]["revision"]})
     return rows
 
 
@@ -105,6 +107,7 @@ def batch_rows(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> list[dict[str,
     tokens/s over its rows run one at a time, and whether every row gave the tokens it gives alone."""
     rows = []
     for path, data in runs:
+        revision = revision_text(result_git(data))
         for result in data.get("results") or []:
             if result.get("status") != "ok" or result.get("tokens_per_s_ratio") is None:
                 continue
@@ -116,7 +119,7 @@ def batch_rows(runs: Sequence[tuple[Path, Mapping[str, Any]]]) -> list[dict[str,
                          "single_ms_per_step": result.get("single_ms_per_step"),
                          "tokens_per_s_ratio": float(result["tokens_per_s_ratio"]),
                          "same_tokens": bool(result.get("same_tokens_per_row"))
-                         and all(result["same_tokens_per_row"])})
+                         and all(result["same_tokens_per_row"]), "revision": revision})
     return rows
 
 
@@ -245,53 +248,61 @@ def _batch_finding(size: str, batch: Any) -> str:
             f"tokens/s of its rows one at a time (median [lowest, highest] of {len(batch)} runs); {same}.")
 
 
+def _of(table: Any, size: str, revision: str) -> Any:
+    """The rows of a metrics table (a DataFrame) of one model size and revision (the empty table as it is)."""
+    if not len(table):
+        return table
+    return table[(table["size"] == size) & (table["revision"] == revision)]
+
+
 def render(metrics: Mapping[str, Any], env: Mapping[str, Any]) -> Any:
-    """Decoding page: per model size, LongNetLM's ms per token across contexts beside the bandwidth limit and the
-    other models of its runs, the ratio to the limit, batched steps; the tables behind closed sections."""
+    """Decoding page: per model size and revision, LongNetLM's ms per token across contexts beside the bandwidth
+    limit and the other models of its runs, the ratio to the limit, batched steps; the tables behind closed
+    sections."""
     from hilbert_lab.reports.page import Page, Section, fmt, is_missing, metrics_table, style_axes, tokens
     from hilbert_lab.viz.decoding import limit_ratio_figure, per_token_figure
 
     per_token, relative, flatness, batch = (metrics_table(metrics, name)
                                             for name in ("per_token", "relative", "flatness", "batch"))
-    sizes = list(dict.fromkeys(list(per_token.get("size", [])) + list(batch.get("size", []))))
+    groups = list(dict.fromkeys(list(zip(per_token.get("size", []), per_token.get("revision", [])))
+                                + list(zip(batch.get("size", []), batch.get("revision", [])))))
     findings, sections = [], []
-    for size in sizes:
-        rows = per_token[per_token["size"] == size] if len(per_token) else per_token
+    for size, revision in groups:
+        group = f"{size}, rev {revision}"
+        rows, flat, mine_relative, mine_batch = (_of(table, size, revision)
+                                                 for table in (per_token, flatness, relative, batch))
         if len(rows) and (rows["method"] == LONGNET).any():
-            flat = flatness[flatness["size"] == size] if len(flatness) else flatness
-            longnet = _longnet_finding(size, rows, flat)
+            longnet = _longnet_finding(group, rows, flat)
             findings.append(longnet)
-            mine = relative[relative["size"] == size] if len(relative) else relative
-            if len(mine):
-                findings.append(_relative_finding(size, mine))
+            if len(mine_relative):
+                findings.append(_relative_finding(group, mine_relative))
             labelled = [{**{key: None if is_missing(value) else value for key, value in row.items()},
                          "label": METHOD_LABELS.get(row["method"], row["method"])}
                         for row in rows.to_dict(orient="records")]
             contexts = sorted(set(rows["context"]))
-            fig = per_token_figure(labelled, title=f"{size}: ms per token")
+            fig = per_token_figure(labelled, title=f"{group}: ms per token")
             style_axes(fig, "tokens of context", "ms per token (lower is better)")
             fig.update_xaxes(tickvals=contexts, ticktext=[tokens(context) for context in contexts])
-            sections.append(Section(f"{size}: ms per token", longnet, figure=fig))
+            sections.append(Section(f"{group}: ms per token", longnet, figure=fig))
             limited = [row for row in labelled if row["method"] == LONGNET and row["x_limit"] is not None]
             if limited:
-                fig = limit_ratio_figure(limited, title=f"{size}: LongNetLM over the memory-bandwidth limit")
+                fig = limit_ratio_figure(limited, title=f"{group}: LongNetLM over the memory-bandwidth limit")
                 style_axes(fig, "tokens of context", "times the limit (lower is better)")
                 fig.update_xaxes(tickvals=contexts, ticktext=[tokens(context) for context in contexts])
-                sections.append(Section(f"{size}: against the memory-bandwidth limit",
+                sections.append(Section(f"{group}: against the memory-bandwidth limit",
                                         "The limit is the bytes one step must read (weights, and the keys and values "
                                         "its branches see) over the HBM copy bandwidth measured in the same run.",
                                         figure=fig))
-        mine = batch[batch["size"] == size] if len(batch) else batch
-        if len(mine):
-            findings.append(_batch_finding(size, mine))
-            shown = mine.assign(prompts=[f"{fmt(row['shortest'])}-{fmt(row['longest'])}"
-                                         for row in mine.to_dict(orient="records")])
+        if len(mine_batch):
+            findings.append(_batch_finding(group, mine_batch))
+            shown = mine_batch.assign(prompts=[f"{fmt(row['shortest'])}-{fmt(row['longest'])}"
+                                               for row in mine_batch.to_dict(orient="records")])
             shown = shown[["run", "rows", "prompts", "batch_ms_per_step", "single_ms_per_step", "tokens_per_s_ratio",
                            "same_tokens"]].rename(columns={
                 "prompts": "prompt tokens", "batch_ms_per_step": "ms per batched step",
                 "single_ms_per_step": "ms per one-row step", "tokens_per_s_ratio": "tokens/s over rows one at a time",
                 "same_tokens": "each row its own tokens"})
-            sections.append(Section(f"{size}: batched decoding", findings[-1], table=shown))
+            sections.append(Section(f"{group}: batched decoding", findings[-1], table=shown))
     shown = {
         "per_token": per_token.assign(model=[METHOD_LABELS.get(m, m) for m in per_token.get("method", [])])[
             ["run", "model", "context", "ms_per_token", "ms_min", "ms_max", "limit_ms", "x_limit", "hbm_tb_per_s"]
@@ -302,7 +313,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]) -> Any:
             ["run", "model", "context", "ms_per_token", "longnet_ms", "ratio"]
         ].rename(columns={"ms_per_token": "ms per token", "longnet_ms": "LongNetLM's ms", "ratio": "over LongNetLM's"})
         if len(relative) else relative,
-        "flatness": flatness.drop(columns=["size"]).rename(columns={
+        "flatness": flatness.drop(columns=["size", "revision"]).rename(columns={
             "first_context": "from", "last_context": "to", "fastest_ms": "fastest ms", "slowest_ms": "slowest ms",
             "spread": "slowest over fastest"}) if len(flatness) else flatness,
     }
