@@ -51,25 +51,24 @@ if HAVE_TRITON:
         hs = tl.arange(0, BLOCK_H)
         in_heads = hs < heads
         offsets = tl.load(off_ptr + i[:, None] * heads + hs[None, :], mask=in_table[:, None] & in_heads[None, :],
-                          other=-1)
-        segments = tl.load(br_ptr + i * 4, mask=in_table, other=1)
-        rates = tl.load(br_ptr + i * 4 + 1, mask=in_table, other=1)
-        # past p % segment (p int64), 32-bit integers: a segment's keys, and all of a position's, fit in them
-        within = (p % segments.to(tl.int64)).to(tl.int32)
+                          other=-1).to(tl.int64)
+        segments = tl.load(br_ptr + i * 4, mask=in_table, other=1).to(tl.int64)
+        rates = tl.load(br_ptr + i * 4 + 1, mask=in_table, other=1).to(tl.int64)
+        within = p % segments
         residues = within % rates
         match = (offsets == residues[:, None]) & in_table[:, None] & in_heads[None, :]
         readers = tl.sum(match.to(tl.int32), axis=1)
         count = tl.where(readers > 0, (within - residues) // rates + 1, 0)
-        work = tl.sum(readers * count, axis=0)
+        work = tl.sum(readers.to(tl.int64) * count, axis=0)
         all_readers = tl.sum(readers, axis=0)
         k = tl.arange(0, 8)
-        denominators = programs - all_readers + (k * all_readers) // 7
+        denominators = (programs - all_readers + (k * all_readers) // 7).to(tl.int64)
         splits = tl.maximum((work + denominators - 1) // denominators, min_split)
         chunk_counts = (count[None, :] + splits[:, None] - 1) // splits[:, None]
-        fits = tl.sum(readers[None, :] * chunk_counts, axis=1) <= programs
+        fits = tl.sum(readers.to(tl.int64)[None, :] * chunk_counts, axis=1) <= programs
         split = tl.min(tl.where(fits, splits, tl.max(splits, axis=0)), axis=0)
-        chunks = (count + split - 1) // split
-        return rates, within, residues, match, count, chunks
+        chunks = ((count + split - 1) // split).to(tl.int32)
+        return segments, rates, within, residues, match, count, chunks
 
     @triton.jit
     def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, br_ptr, off_ptr, out_ptr, lse_ptr, used_ptr,
@@ -83,19 +82,18 @@ if HAVE_TRITON:
         d = tl.arange(0, BLOCK_D)
         dmask = d < DIM
         p = tl.load(pos_ptr + b).to(tl.int64)
-        p_slot = (p % capacity).to(tl.int32)
         if APPEND:
             if program == 0:  # the new keys and values of every key/value head go to row p % C
                 kvh = tl.arange(0, BLOCK_KV)
                 kvmask = (kvh < kv_heads)[:, None] & dmask[None, :]
-                slot = p_slot
+                slot = p % capacity
                 kn = tl.load(knew_ptr + b * sn_b + kvh[:, None] * sn_h + d[None, :], mask=kvmask)
                 vn = tl.load(vnew_ptr + b * svn_b + kvh[:, None] * svn_h + d[None, :], mask=kvmask)
                 tl.store(k_ptr + b * sk_b + slot * sk_n + kvh[:, None] * sk_h + d[None, :], kn, mask=kvmask)
                 tl.store(v_ptr + b * sv_b + slot * sv_n + kvh[:, None] * sv_h + d[None, :], vn, mask=kvmask)
         # the plan is read with the position (the whole branch table at once), so that the program's head, query
         # and first keys are known one memory round trip after the start
-        rates, within, residues, match, count, chunks = _step_plan(
+        segments, rates, within, residues, match, count, chunks = _step_plan(
             p, br_ptr, off_ptr, branches, heads, programs, min_split, BLOCK_B, BLOCK_H)
         i = tl.arange(0, BLOCK_B)
         hs = tl.arange(0, BLOCK_H)
@@ -128,7 +126,7 @@ if HAVE_TRITON:
         row = b * heads + h
         kv = h // group
         r = tl.sum(tl.where(this, rates, 0), axis=0)
-        back = tl.sum(tl.where(this, within - residues, 0), axis=0)  # p minus the head's first key's position
+        first = p - tl.sum(tl.where(this, within - residues, 0), axis=0)
         head_keys = tl.sum(tl.where(this, count, 0), axis=0)
         j0 = split * head_keys // splits  # the head's keys cut as evenly as the chunks allow
         j1 = (split + 1) * head_keys // splits
@@ -144,18 +142,17 @@ if HAVE_TRITON:
             acc_rows = tl.zeros((16, BLOCK_D), tl.float32)
         k_base = k_ptr + b * sk_b + kv * sk_h
         v_base = v_ptr + b * sv_b + kv * sv_h
-        # the split's first key's row (back < C, so it lies within one wrap of p's); later rows step by r and wrap
-        # once at most (a segment spans <= C rows)
-        base_slot = p_slot - back + j0 * r
-        base_slot = tl.where(base_slot < 0, base_slot + capacity, base_slot)
-        last = j1 - 1
-        for start in tl.range(j0, j1, BLOCK_N, num_stages=STAGES):
+        # the split's first key's row; later rows step by r and wrap once at most (a segment spans <= C rows)
+        base_slot = ((first + j0 * r) % capacity).to(tl.int32)
+        step = r.to(tl.int32)
+        last = (j1 - 1).to(tl.int32)
+        for start in tl.range(j0.to(tl.int32), j1.to(tl.int32), BLOCK_N, num_stages=STAGES):
             j = start + tl.arange(0, BLOCK_N)
             if APPEND:  # position p: the new key, read from k_new below
-                valid = (j <= last) & (j * r < back)
+                valid = (j <= last) & (first + j.to(tl.int64) * r < p)
             else:
                 valid = j <= last
-            slot = base_slot + (j - j0) * r
+            slot = base_slot + (j - j0.to(tl.int32)) * step
             slot = tl.where(slot >= capacity, slot - capacity, slot)
             if EVEN_D:  # a mask constant along the head dim: vector loads
                 mask = valid[:, None]
@@ -317,9 +314,6 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
         raise ValueError("q, k_new, v_new, keys and values must have a contiguous last dimension")
     if any(h < 1 or n < 1 for h, n in bounds):
         raise ValueError(f"bounds must be (heads >= 1, keys >= 1) per branch; got {bounds}")
-    if capacity >= 2**31 or sum(h * n for h, n in bounds) >= 2**31:
-        raise ValueError(f"the storage's rows and the keys a position's heads see must each be below 2**31; got "
-                         f"C {capacity}, bounds {bounds}")
     block_d = triton.next_power_of_2(dim)
     tensor_cores = q.dtype in (torch.float16, torch.bfloat16) and dim == block_d and dim >= 16
     if dot is None:
