@@ -8,7 +8,7 @@ the step's branches see (attention.static_cache.keys_seen, exact) over that time
 bytes over the measured copy bandwidth, bench_decode.hbm_bandwidth), and the largest difference of its outputs
 and LSEs from the float64 step (the torch path of static_cache.decode_step) on layer 0. The tunings: the two
 defaults ("dot", the tensor-core path, and "reduce") and a grid of keys per iteration, pipeline stages, warps and
-programs per row (1 to 4 per multiprocessor). The JSON is rewritten after each tuning.
+keys per program. The JSON is rewritten after each tuning.
 GPU, a 1B-class layer (H 16, D 128, LongNet [2K, 8K, 32K, 128K] / [1, 2, 4, 8], 128K context, bf16):
     python benchmarks/bench_decode_kernel.py --out reports/results/decode_static/decode_kernel_h200.json
 CPU smoke run under Triton's interpreter (tiny shapes, float16, a few tunings; times are not meaningful):
@@ -45,10 +45,10 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def tunings(quick: bool) -> list[dict]:
     """The defaults (empty: dilated_decode chooses), the other path's default, then the grid."""
     if quick:
-        return [{}, {"dot": False}, {"dot": True, "block_keys": 16, "stages": 2, "programs": 24}]
-    multiprocessors = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-    grid = [{"dot": True, "block_keys": block, "warps": warps, "stages": stages, "programs": per_sm * multiprocessors}
-            for per_sm in (1, 2, 3, 4) for block, stages in ((32, 2), (32, 3), (64, 2), (64, 3)) for warps in (4, 8)]
+        return [{}, {"dot": False}, {"dot": True, "block_keys": 16, "stages": 2, "keys_per_split": 32}]
+    grid = [{"dot": True, "block_keys": block, "warps": warps, "stages": stages, "keys_per_split": split}
+            for split in (128, 256, 512, 1024) for block, stages in ((32, 2), (32, 3), (64, 2), (64, 3))
+            for warps in (4, 8)]
     return [{}, {"dot": False}] + grid + [{"dot": False, "block_keys": 32, "stages": 3}]
 
 

@@ -8,17 +8,15 @@ longest segment, so a row is overwritten only once no query can see its key any 
 In branch i (segment w_i, dilation r_i) query head h with offset o = offsets[i, h] (-1: not in the branch)
 sees anything only when (p % w_i) % r_i == o, and then the positions p - p % w_i + o + j r_i, j = 0 .. (p % w_i
 - o) / r_i, the last of them p itself. So at any position a branch is read by at most as many heads as share one
-offset, each over at most ceil(w_i / r_i) keys. Launch 1 runs a fixed number of programs per row (`programs`, by
-default a wave of the GPU shared by the rows); each computes, from p alone, the work of the position (per branch its
-readers and their keys), cuts every reader's keys into chunks as even as that number of programs allows (at least
-`min_split` keys a chunk), and takes one chunk: an online softmax over its strided key rows straight from the cache
-(the new key is read from k_new; program 0 writes k_new / v_new at row p % C, which no program reads). So a position
-whose long branches are barely begun costs the same per program as one where they are full. In float16 and bfloat16
-at power-of-two head dims its scores and weighted sums run on tensor cores, the query repeated in the 16 rows an MMA
-tile takes, its key and value loads pipelined `stages` deep as asynchronous copies; otherwise each key block is
-reduced across threads, its loads plain (Triton pipelines the loads that feed a dot). Each chunk's partial lands at
-its place among its head's parts; program 0 writes each head's number of parts. Launch 2 merges each head's parts
-by their LSEs (max-subtracted, sum-normalised) and adds 1 to positions (unless told not to). Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a CUDA graph
+offset, each over at most ceil(w_i / r_i) keys: launch 1 runs exactly that many programs per row and branch, one
+per (head of the position's residue, split of at most `keys_per_split` keys), each an online softmax over its
+strided key rows straight from the cache (the new key is read from k_new; program 0 writes k_new / v_new at row
+p % C, which no program reads), and marks the branch empty for the other heads. In float16 and bfloat16 at
+power-of-two head dims its scores and weighted sums run on tensor cores, the query repeated in the 16 rows an
+MMA tile takes, its key and value loads pipelined `stages` deep as asynchronous copies; otherwise each key block
+is reduced across threads, its loads plain (Triton pipelines the loads that feed a dot). Launch 2 merges every
+(branch, split) partial by its LSE (max-subtracted, sum-normalised) and adds 1 to positions (unless told not
+to). Shapes depend only on the arguments' shapes and on the bounds, so the step can be captured in a CUDA graph
 and replayed as positions advance. Both launches are the op `hilbert_lab::dilated_decode` (`decode_op`,
 writing keys, values and positions in place; `read_op`, `hilbert_lab::dilated_decode_read`, where nothing is
 written: a caller's own cache, positions kept), which torch.compile holds as one call (a compiled step launches them
@@ -26,7 +24,6 @@ as an eager call does). Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -39,44 +36,12 @@ LOG2E = 1.4426950408889634
 if HAVE_TRITON:
 
     @triton.jit
-    def _step_plan(p, br_ptr, off_ptr, branches, heads, programs, min_split, BLOCK_B: tl.constexpr,
-                   BLOCK_H: tl.constexpr):
-        """At position p, per branch (BLOCK_B): segment, rate, p % segment, its residue, the heads that read the
-        branch (match, (BLOCK_B, BLOCK_H)), the keys each of them sees and the chunks (programs) each of them takes.
-        The split is the smallest of eight candidates whose chunks number at most `programs`: ceil(work / (programs -
-        readers)) always fits (each head's last chunk rounds up by less than one), larger denominators up to
-        `programs` give evener chunks."""
-        i = tl.arange(0, BLOCK_B)
-        in_table = i < branches
-        hs = tl.arange(0, BLOCK_H)
-        in_heads = hs < heads
-        offsets = tl.load(off_ptr + i[:, None] * heads + hs[None, :], mask=in_table[:, None] & in_heads[None, :],
-                          other=-1).to(tl.int64)
-        segments = tl.load(br_ptr + i * 4, mask=in_table, other=1).to(tl.int64)
-        rates = tl.load(br_ptr + i * 4 + 1, mask=in_table, other=1).to(tl.int64)
-        within = p % segments
-        residues = within % rates
-        match = (offsets == residues[:, None]) & in_table[:, None] & in_heads[None, :]
-        readers = tl.sum(match.to(tl.int32), axis=1)
-        count = tl.where(readers > 0, (within - residues) // rates + 1, 0)
-        work = tl.sum(readers.to(tl.int64) * count, axis=0)
-        all_readers = tl.sum(readers, axis=0)
-        k = tl.arange(0, 8)
-        denominators = (programs - all_readers + (k * all_readers) // 7).to(tl.int64)
-        splits = tl.maximum((work + denominators - 1) // denominators, min_split)
-        chunk_counts = (count[None, :] + splits[:, None] - 1) // splits[:, None]
-        fits = tl.sum(readers.to(tl.int64)[None, :] * chunk_counts, axis=1) <= programs
-        split = tl.min(tl.where(fits, splits, tl.max(splits, axis=0)), axis=0)
-        chunks = ((count + split - 1) // split).to(tl.int32)
-        return segments, rates, within, residues, match, count, chunks
-
-    @triton.jit
-    def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, br_ptr, off_ptr, out_ptr, lse_ptr, used_ptr,
+    def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, br_ptr, off_ptr, out_ptr, lse_ptr,
                         sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
-                        capacity, heads, kv_heads, group, branches, programs, row_parts, scale_log2, min_split,
+                        capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
                         BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
-                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, STAGES: tl.constexpr,
-                        EVEN_D: tl.constexpr, APPEND: tl.constexpr, DOT: tl.constexpr):
+                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
+                        APPEND: tl.constexpr, DOT: tl.constexpr):
         program = tl.program_id(0)
         b = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
@@ -91,45 +56,49 @@ if HAVE_TRITON:
                 vn = tl.load(vnew_ptr + b * svn_b + kvh[:, None] * svn_h + d[None, :], mask=kvmask)
                 tl.store(k_ptr + b * sk_b + slot * sk_n + kvh[:, None] * sk_h + d[None, :], kn, mask=kvmask)
                 tl.store(v_ptr + b * sv_b + slot * sv_n + kvh[:, None] * sv_h + d[None, :], vn, mask=kvmask)
-        # the plan is read with the position (the whole branch table at once), so that the program's head, query
-        # and first keys are known one memory round trip after the start
-        segments, rates, within, residues, match, count, chunks = _step_plan(
-            p, br_ptr, off_ptr, branches, heads, programs, min_split, BLOCK_B, BLOCK_H)
+        # the program's branch, head slot and split: branch i holds heads_i x splits_i programs (slot-major). The
+        # whole branch table and every branch's offsets are read at once, with the position, so that the head
+        # (and then the query and the first keys) is known one memory round trip after the start
         i = tl.arange(0, BLOCK_B)
+        in_table = i < branches
         hs = tl.arange(0, BLOCK_H)
-        head_chunks = tl.where(match, chunks[:, None], 0)  # (BLOCK_B, BLOCK_H): the chunks of each head per branch
-        if program == 0:  # each head's number of parts, and -inf past them in the merge's first window
-            row_used = tl.sum(head_chunks, axis=0)
-            tl.store(used_ptr + b * heads + hs, row_used, mask=hs < heads)
-            window = tl.arange(0, BLOCK_P)
-            tl.store(lse_ptr + (b * heads + hs[:, None]) * row_parts + window[None, :],
-                     tl.full((BLOCK_H, BLOCK_P), float("-inf"), tl.float32),
-                     mask=(hs < heads)[:, None] & (window[None, :] >= row_used[:, None]))
-        # branch i holds readers_i x chunks_i programs (head-major); programs past them have nothing to do
-        per_branch = tl.sum(head_chunks, axis=1)
-        ends = tl.cumsum(per_branch, axis=0)
+        all_offsets = tl.load(off_ptr + i[:, None] * heads + hs[None, :], mask=in_table[:, None] & (hs < heads)[None, :],
+                              other=-1).to(tl.int64)
+        segments = tl.load(br_ptr + i * 4, mask=in_table, other=1).to(tl.int64)
+        rates = tl.load(br_ptr + i * 4 + 1, mask=in_table, other=1).to(tl.int64)
+        branch_heads = tl.load(br_ptr + i * 4 + 2, mask=in_table, other=0)
+        branch_splits = (tl.load(br_ptr + i * 4 + 3, mask=in_table, other=0) + keys_per_split - 1) // keys_per_split
+        ends = tl.cumsum(branch_heads * branch_splits, axis=0)
         branch = tl.sum((ends <= program).to(tl.int32), axis=0)
-        if branch >= branches:
-            return
         this = i == branch
-        local = program - tl.sum(tl.where(this, ends - per_branch, 0), axis=0)
-        splits = tl.sum(tl.where(this, chunks, 0), axis=0)
+        local = program - tl.sum(tl.where(this, ends - branch_heads * branch_splits, 0), axis=0)
+        splits = tl.sum(tl.where(this, branch_splits, 0), axis=0)
+        part = tl.sum(tl.where(i < branch, branch_splits, 0), axis=0) + local % splits
         split = local % splits
         slot_rank = local // splits
-        # this program's head: the slot_rank-th of the branch's readers, in order
-        readers = tl.sum(tl.where(this[:, None], match.to(tl.int32), 0), axis=0) > 0
-        hit = readers & (tl.cumsum(readers.to(tl.int32), axis=0) == slot_rank + 1)
+        w = tl.sum(tl.where(this, segments, 0), axis=0)
+        r = tl.sum(tl.where(this, rates, 0), axis=0)
+        within = p % w
+        residue = within % r
+        # the query heads whose offset is the residue, in order; this program takes the slot_rank-th of them
+        offsets = tl.sum(tl.where(this[:, None], all_offsets, 0), axis=0)
+        match = (offsets == residue) & (hs < heads)
+        hit = match & (tl.cumsum(match.to(tl.int32), axis=0) == slot_rank + 1)
+        if slot_rank == 0:  # the heads that see nothing of this branch: no keys in this part
+            tl.store(lse_ptr + part * rows + b * heads + hs, tl.full((BLOCK_H,), float("-inf"), tl.float32),
+                     mask=(hs < heads) & ~match)
+        if tl.sum(hit.to(tl.int32), axis=0) == 0:
+            return
         h = tl.sum(tl.where(hit, hs, 0), axis=0)
-        # the part's place in its row: the chunks of the head's earlier branches, then this one
-        part = tl.sum(tl.sum(tl.where((i < branch)[:, None] & (hs == h)[None, :], head_chunks, 0), axis=1),
-                      axis=0) + split
         row = b * heads + h
         kv = h // group
-        r = tl.sum(tl.where(this, rates, 0), axis=0)
-        first = p - tl.sum(tl.where(this, within - residues, 0), axis=0)
-        head_keys = tl.sum(tl.where(this, count, 0), axis=0)
-        j0 = split * head_keys // splits  # the head's keys cut as evenly as the chunks allow
-        j1 = (split + 1) * head_keys // splits
+        first = p - within + residue
+        count = (within - residue) // r + 1
+        j0 = split * keys_per_split
+        j1 = tl.minimum(count, j0 + keys_per_split)
+        if j0 >= count:  # a split past this head's keys
+            tl.store(lse_ptr + part * rows + row, float("-inf"))
+            return
         q_raw = tl.load(q_ptr + b * sq_b + h * sq_h + d, mask=dmask, other=0.0)
         q = (q_raw.to(tl.float32) * scale_log2).to(tl.float32)
         peak = tl.full((), float("-inf"), tl.float32)  # fp32 whatever type a caller's float arguments get
@@ -185,7 +154,7 @@ if HAVE_TRITON:
             peak = tl.max(peak_rows, axis=0)
             total = tl.max(total_rows, axis=0)
         if APPEND:
-            if j1 == head_keys:  # this split holds the new token's own key, the head's last
+            if (count > 0) & (count - 1 >= j0) & (count - 1 < j1):  # this split holds the new token's own key
                 kn = tl.load(knew_ptr + b * sn_b + kv * sn_h + d, mask=dmask, other=0.0).to(tl.float32)
                 vn = tl.load(vnew_ptr + b * svn_b + kv * svn_h + d, mask=dmask, other=0.0).to(tl.float32)
                 s1 = tl.sum(kn * q, axis=0)
@@ -199,32 +168,11 @@ if HAVE_TRITON:
         out = acc / tl.where(has_keys, total, 1.0)
         lse = tl.where(has_keys, (peak + tl.log2(tl.where(has_keys, total, 1.0))) * 0.6931471805599453,
                        float("-inf"))
-        tl.store(out_ptr + (row * row_parts + part).to(tl.int64) * DIM + d, out, mask=dmask)
-        tl.store(lse_ptr + row * row_parts + part, lse)
+        tl.store(out_ptr + (part * rows + row).to(tl.int64) * DIM + d, out, mask=dmask)
+        tl.store(lse_ptr + part * rows + row, lse)
 
     @triton.jit
-    def _merge_window(part_ptr, plse_ptr, row, row_parts, d, dmask, i, inside, peak, total, acc, DIM: tl.constexpr,
-                      EVEN_D: tl.constexpr):
-        """The running merge (peak, total, acc) after parts i of a row (those inside); a part whose LSE is -inf
-        weighs 0 whatever its values."""
-        part_lse = tl.load(plse_ptr + row * row_parts + i, mask=inside, other=float("-inf"))
-        if EVEN_D:
-            x = tl.load(part_ptr + (row * row_parts + i[:, None]).to(tl.int64) * DIM + d[None, :], mask=inside[:, None],
-                        other=0.0)
-        else:
-            x = tl.load(part_ptr + (row * row_parts + i[:, None]).to(tl.int64) * DIM + d[None, :],
-                        mask=inside[:, None] & dmask[None, :], other=0.0)
-        new_peak = tl.maximum(peak, tl.max(part_lse, axis=0))
-        safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
-        alpha = tl.exp2((peak - safe) * 1.4426950408889634)
-        weights = tl.exp2((part_lse - safe) * 1.4426950408889634)
-        taken = part_lse > float("-inf")
-        acc = acc * alpha + tl.where(taken[:, None], weights[:, None] * x, 0.0)
-        total = total * alpha + tl.where(taken, weights, 0.0)
-        return new_peak, total, acc
-
-    @triton.jit
-    def _merge_kernel(part_ptr, plse_ptr, used_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, row_parts,
+    def _merge_kernel(part_ptr, plse_ptr, out_ptr, lse_ptr, pos_ptr, so_b, so_h, heads, rows, parts,
                       DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_P: tl.constexpr, EVEN_D: tl.constexpr,
                       ADVANCE: tl.constexpr):
         row = tl.program_id(0)
@@ -233,17 +181,29 @@ if HAVE_TRITON:
         h = row % heads
         d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
         dmask = d < DIM
-        # the row's first BLOCK_P parts (past its parts the partial launch set their LSEs to -inf) are read with the
-        # row's number of parts, in one memory round trip; parts past that window, where there are any, after it
-        window = tl.arange(0, BLOCK_P)
-        used = tl.load(used_ptr + row)
-        peak, total, acc = _merge_window(part_ptr, plse_ptr, row, row_parts, d, dmask, window, window < BLOCK_P,
-                                         tl.full((), float("-inf"), tl.float32), tl.zeros((BLOCK_P,), tl.float32),
-                                         tl.zeros((BLOCK_P, BLOCK_D), tl.float32), DIM, EVEN_D)
-        for start in range(BLOCK_P, used, BLOCK_P):
-            i = start + window
-            peak, total, acc = _merge_window(part_ptr, plse_ptr, row, row_parts, d, dmask, i, i < used, peak, total,
-                                             acc, DIM, EVEN_D)
+        # the LSEs and the parts read together (one memory round trip where the row's parts fit one block); a part
+        # whose LSE is -inf was never stored (its values may be anything) and weighs 0
+        peak = tl.full((), float("-inf"), tl.float32)
+        total = tl.zeros((BLOCK_P,), tl.float32)
+        acc = tl.zeros((BLOCK_P, BLOCK_D), tl.float32)
+        for start in range(0, parts, BLOCK_P):
+            i = start + tl.arange(0, BLOCK_P)
+            inside = i < parts
+            part_lse = tl.load(plse_ptr + i * rows + row, mask=inside, other=float("-inf"))
+            if EVEN_D:
+                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :], mask=inside[:, None],
+                            other=0.0)
+            else:
+                x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :],
+                            mask=inside[:, None] & dmask[None, :], other=0.0)
+            new_peak = tl.maximum(peak, tl.max(part_lse, axis=0))
+            safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
+            alpha = tl.exp2((peak - safe) * 1.4426950408889634)
+            weights = tl.exp2((part_lse - safe) * 1.4426950408889634)
+            used = part_lse > float("-inf")
+            acc = acc * alpha + tl.where(used[:, None], weights[:, None] * x, 0.0)
+            total = total * alpha + tl.where(used, weights, 0.0)
+            peak = new_peak
         safe = tl.where(peak == float("-inf"), 0.0, peak)
         weight = tl.sum(total, axis=0)
         has_keys = weight > 0
@@ -256,31 +216,23 @@ if HAVE_TRITON:
                     tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
 
 
-REDUCE_TUNING = {"block_keys": 64, "warps": 2, "stages": 1, "programs_per_sm": 4}  # per path
-DOT_TUNING = {"block_keys": 64, "warps": 4, "stages": 3, "programs_per_sm": 2}
+REDUCE_TUNING = {"block_keys": 64, "warps": 2, "stages": 1, "most_keys_per_split": 256}  # per path
+DOT_TUNING = {"block_keys": 64, "warps": 4, "stages": 3, "most_keys_per_split": 512}
 WIDE_DOT_BLOCK_KEYS = 32  # the tensor-core path's keys per iteration at head dims above 128 (64 untimed there)
-MERGE_WINDOW = 64  # parts of a row the merge reads in one round trip
 
 
-@functools.lru_cache(maxsize=None)
-def _multiprocessors(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
-def launch_programs(device: torch.device, batch: int, bound_heads: list, per_sm: int) -> int:
-    """Programs per row of the partial launch: on CUDA `per_sm` per multiprocessor, shared by the batch's rows (one
-    wave, each with about the same keys), and at least twice the heads that may read branches at once."""
-    least = 2 * sum(bound_heads)
-    if device.type != "cuda":
-        return least
-    return max(least, -(-per_sm * _multiprocessors(device.index if device.index is not None else 0) // batch))
+def split_size(max_keys: int, block: int = 64, most: int = 256) -> int:
+    """Keys per program: a power of two from `block` to `most`, about an eighth of the longest branch's keys (a long
+    branch is read by several programs at once). The tunings' `most_keys_per_split` were the fastest for a
+    1B-class layer on an H200: 256 of 128-1024 for the reductions, 512 of 128-1024 for the tensor-core path."""
+    return max(block, min(most, triton.next_power_of_2(max(1, math.ceil(max_keys / 8))) if HAVE_TRITON else block))
 
 
 def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
                    values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
-                   bounds: tuple, scale: float, min_split: int | None = None, programs: int | None = None,
-                   block_keys: int | None = None, warps: int | None = None, stages: int | None = None,
-                   advance: bool = True, dot: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   bounds: tuple, scale: float, keys_per_split: int | None = None, block_keys: int | None = None,
+                   warps: int | None = None, stages: int | None = None, advance: bool = True,
+                   dot: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One step (see the module docstring) -> (out (B, H, D) in q's dtype, lse (B, H) float32).
 
     q (B, H, D); k_new, v_new (B, H_kv, D) (H a multiple of H_kv), written at row positions % C of keys, values
@@ -288,12 +240,10 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     cache); positions (B,) int64, advanced by 1 unless `advance` is False; branches int32 (P, 4), per branch its
     segment w, its dilation rate r, the most query heads that share one offset and the most keys one head sees
     (at least ceil(min(w, C) / r)); offsets int32 (P, H); bounds: branches' last two columns as host ints, ((heads,
-    keys), ...) per branch (the launch's size); every last dimension contiguous. programs: the partial launch's
-    programs per row (default `launch_programs`; more than the bounds' heads together), among which each position's
-    keys are cut as evenly as whole chunks of a head's keys allow, never below min_split keys a chunk (default
-    block_keys) where a head has that many; block_keys (keys per loop iteration), warps and stages (loads in flight)
-    tune the partial launch; dot: scores and sums on tensor cores (default: where q is float16 or bfloat16 and D a
-    power of two from 16), else one reduction per key block across threads."""
+    keys), ...) per branch (the launch's size); every last dimension contiguous. keys_per_split (default
+    split_size), block_keys (keys per loop iteration), warps and stages (loads in flight) tune the partial launch;
+    dot: scores and sums on tensor cores (default: where q is float16 or bfloat16 and D a power of two from 16),
+    else one reduction per key block across threads."""
     require_triton("dilated_decode")
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new and v_new must both be tensors or both be None")
@@ -325,17 +275,8 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     block_keys = block_keys or (WIDE_DOT_BLOCK_KEYS if dot and dim > 128 else tuned["block_keys"])
     warps = warps or tuned["warps"]
     stages = stages or tuned["stages"]
-    readers = sum(h for h, _ in bounds)
-    if programs is None:
-        programs = launch_programs(q.device, batch, [h for h, _ in bounds], tuned["programs_per_sm"])
-    elif programs <= readers:
-        raise ValueError(f"programs must be more than the heads that may read the branches at once ({readers}); "
-                         f"got {programs}")
-    min_split = block_keys if min_split is None else min_split
-    if min_split < 1:
-        raise ValueError(f"min_split must be >= 1; got {min_split}")
-    sizes = ([h for h, _ in bounds], [n for _, n in bounds], float(scale), min_split, programs, block_keys, warps,
-             stages)
+    per_split = keys_per_split or split_size(max(n for _, n in bounds), block_keys, tuned["most_keys_per_split"])
+    sizes = ([h for h, _ in bounds], [n for _, n in bounds], float(scale), per_split, block_keys, warps, stages)
     if k_new is None and not advance:  # nothing written: the op that declares no mutation (read_op)
         return read_op(q, keys, values, positions, branches, offsets, *sizes, dot)
     return decode_op(q, k_new, v_new, keys, values, positions, branches, offsets, *sizes, advance, dot)
@@ -343,8 +284,8 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
 
 def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
                    values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
-                   bound_heads: list, bound_keys: list, scale: float, min_split: int, programs: int, block_keys: int,
-                   warps: int, stages: int, advance: bool, dot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                   bound_heads: list, bound_keys: list, scale: float, per_split: int, block_keys: int, warps: int,
+                   stages: int, advance: bool, dot: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The two launches of `dilated_decode` on checked arguments (k_new, v_new None: nothing appended)."""
     append = k_new is not None
     if not append:  # placeholders the kernel never reads
@@ -353,32 +294,30 @@ def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     kv_heads = keys.shape[2]
     count = branches.shape[0]
     block_d = triton.next_power_of_2(dim)
-    # a row's parts: at most one per program, and per branch at most ceil(keys / min_split) of a head's
-    row_parts = max(MERGE_WINDOW, min(programs, sum(math.ceil(n / min_split) for n in bound_keys)))
+    programs = sum(h * math.ceil(n / per_split) for h, n in zip(bound_heads, bound_keys))
+    parts_per_row = sum(math.ceil(n / per_split) for n in bound_keys)
     rows = batch * heads
-    parts = torch.empty((rows, row_parts, dim), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((rows, row_parts), dtype=torch.float32, device=q.device)
-    used = torch.empty((rows,), dtype=torch.int32, device=q.device)
+    parts = torch.empty((parts_per_row, rows, dim), dtype=torch.float32, device=q.device)
+    part_lse = torch.empty((parts_per_row, rows), dtype=torch.float32, device=q.device)
     _partial_kernel[(programs, batch)](
-        q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse, used,
+        q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
-        keys.shape[1], heads, kv_heads, heads // kv_heads, count, programs, row_parts, scale * LOG2E, min_split,
+        keys.shape[1], heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
         BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
-        BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys,
-        BLOCK_P=MERGE_WINDOW, STAGES=stages, EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
+        BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages,
+        EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)
-    _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, used, out, lse, positions, out.stride(0),
-                                                  out.stride(1), heads, row_parts, DIM=dim, BLOCK_D=chunk,
-                                                  BLOCK_P=MERGE_WINDOW, EVEN_D=dim % chunk == 0, ADVANCE=advance,
-                                                  num_warps=4)
+    _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
+                                                  heads, rows, parts_per_row, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
+                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
     return out, lse
 
 
 def _decode_fake(q, k_new, v_new, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale,
-                 min_split, programs, block_keys, warps, stages, advance, dot):
+                 per_split, block_keys, warps, stages, advance, dot):
     return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
@@ -386,20 +325,19 @@ def _decode_fake(q, k_new, v_new, keys, values, positions, branches, offsets, bo
 # (the graph holds the two launches as one call, launched as `_decode_launch` launches them).
 decode_op = define_op("dilated_decode(Tensor q, Tensor? k_new, Tensor? v_new, Tensor(a!) keys, Tensor(b!) values, "
                       "Tensor(c!) positions, Tensor branches, Tensor offsets, int[] bound_heads, int[] bound_keys, "
-                      "float scale, int min_split, int programs, int block_keys, int warps, int stages, bool advance, "
-                      "bool dot) "
+                      "float scale, int per_split, int block_keys, int warps, int stages, bool advance, bool dot) "
                       "-> (Tensor, Tensor)", _decode_launch, _decode_fake)
 
 
-def _read_launch(q, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale, min_split, programs,
-                 block_keys, warps, stages, dot):
+def _read_launch(q, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale, per_split, block_keys,
+                 warps, stages, dot):
     """`_decode_launch` with nothing appended and positions kept: keys, values and positions only read."""
     return _decode_launch(q, None, None, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale,
-                          min_split, programs, block_keys, warps, stages, False, dot)
+                          per_split, block_keys, warps, stages, False, dot)
 
 
-def _read_fake(q, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale, min_split, programs,
-               block_keys, warps, stages, dot):
+def _read_fake(q, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale, per_split, block_keys,
+               warps, stages, dot):
     return q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=torch.float32)
 
 
@@ -407,5 +345,5 @@ def _read_fake(q, keys, values, positions, branches, offsets, bound_heads, bound
 # declares no mutation, so that a compiled caller's CUDA graphs (torch.compile's "reduce-overhead", as transformers'
 # compiled generate runs a static cache) do not skip the graph for mutated inputs.
 read_op = define_op("dilated_decode_read(Tensor q, Tensor keys, Tensor values, Tensor positions, Tensor branches, "
-                    "Tensor offsets, int[] bound_heads, int[] bound_keys, float scale, int min_split, int programs, "
-                    "int block_keys, int warps, int stages, bool dot) -> (Tensor, Tensor)", _read_launch, _read_fake)
+                    "Tensor offsets, int[] bound_heads, int[] bound_keys, float scale, int per_split, int block_keys, "
+                    "int warps, int stages, bool dot) -> (Tensor, Tensor)", _read_launch, _read_fake)

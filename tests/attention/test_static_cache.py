@@ -237,10 +237,9 @@ def test_gpu_chunks_match_the_float64_engine(dtype, tol, dim):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("min_split, programs", [(1, None), (3, None), (64, None), (1, 2048), (1, 22)])
-def test_gpu_splits_of_any_size_give_the_same_step(min_split, programs):
-    """Branches read by many programs (splits down to 1 and 3 keys, more parts per row than the merge's window
-    at 2048 programs) or by the fewest (22) merge to the engine's result."""
+@pytest.mark.parametrize("keys_per_split", [1, 3, 64])
+def test_gpu_splits_of_any_size_give_the_same_step(keys_per_split):
+    """Branches read by many programs (splits of 1 and 3 keys) merge to the one-split result."""
     if not triton_decode.HAVE_TRITON:
         pytest.skip("triton is not installed")
     segments, rates, lengths, steps = [16, 64, 256], [1, 2, 4], [200, 37], 30
@@ -250,7 +249,7 @@ def test_gpu_splits_of_any_size_give_the_same_step(min_split, programs):
         def step(qs, ks, vs):
             tables = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
             return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, *tables,
-                                                cache._scale, min_split=min_split, programs=programs)
+                                                cache._scale, keys_per_split=keys_per_split)
         return step
 
     _, results = _decode(segments, rates, "longnet", q, k, v, lengths, steps, split_step)
@@ -261,8 +260,8 @@ def test_gpu_splits_of_any_size_give_the_same_step(min_split, programs):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("min_split", [3, None])
-def test_gpu_the_tensor_core_step_compiled_equals_the_engine_and_the_eager_step(min_split):
+@pytest.mark.parametrize("keys_per_split", [3, None])
+def test_gpu_the_tensor_core_step_compiled_equals_the_engine_and_the_eager_step(keys_per_split):
     """The dot path (bfloat16, D 128) launched by torch.compile(fullgraph=True), whose float arguments reach the
     kernel as fp64, gives the eager step's outputs and both match the float64 engine; splits of 3 keys and the
     default size."""
@@ -278,7 +277,7 @@ def test_gpu_the_tensor_core_step_compiled_equals_the_engine_and_the_eager_step(
 
             def step(qs, ks, vs):
                 return triton_decode.dilated_decode(qs, ks, vs, cache.keys, cache.values, cache.positions, *tables,
-                                                    cache._scale, min_split=min_split, dot=True)
+                                                    cache._scale, keys_per_split=keys_per_split, dot=True)
             if not compile_it:
                 return step
             return compiled.setdefault(id(cache), torch.compile(step, fullgraph=True, dynamic=False))

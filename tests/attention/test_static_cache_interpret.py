@@ -35,7 +35,7 @@ def _main() -> None:
             def step(q, k, v):
                 tables = step_tables(cache.pattern, cache.num_heads, cache.capacity, cache.keys.device)
                 return triton_decode.dilated_decode(q, k, v, cache.keys, cache.values, cache.positions, *tables,
-                                                    cache._scale, min_split=split, dot=dot)
+                                                    cache._scale, keys_per_split=split, dot=dot)
             return step
         return step_of
 

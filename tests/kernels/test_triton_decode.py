@@ -1,8 +1,8 @@
 """The decoding step (kernels.triton_decode.dilated_decode) under Triton's interpreter (TRITON_INTERPRET=1, CPU)
 against the same step in float64 torch (attention.static_cache's torch path): patterns whose rates leave some heads
 without a branch at some positions, grouped key/value heads, rows at different positions, splits of 1, 3 and the
-default number of keys, the fewest programs and more, a merge window smaller than a row's parts, the new key
-appended or already stored; the outputs, the LSEs, the appended rows and the advanced positions."""
+default number of keys, the new key appended or already stored; the outputs, the LSEs, the appended rows and the
+advanced positions."""
 from __future__ import annotations
 
 import importlib.util
@@ -21,10 +21,8 @@ PATTERNS = [  # segments, rates, mode, heads, kv heads, capacity
     ([4, 6, 9], [1, 2, 3], "head_groups", 4, 2, 9),  # segments that do not divide each other
 ]
 
-# the fewest keys a split takes (None: the default), the programs per row ("fewest": one more than the heads that may
-# read the branches at once; None: the default), the merge's window of parts, append
-SPLITS = ((1, None, 64, True), (3, "fewest", 64, False), (None, None, 64, True), (1, 40, 4, False))
-QUICK_SPLITS = ((3, "fewest", 64, True), (1, 40, 4, False))
+SPLITS = ((1, True), (3, False), (None, True), (None, False))  # keys per program (None: the default), append
+QUICK_SPLITS = ((3, True), (None, False))
 INTERPRETER = "triton not installed (pip install triton); its CPU interpreter runs these checks"
 QUICK = "HILBERT_LAB_DECODE_QUICK"  # set to 1: the pattern with blind heads, two split sizes
 
@@ -35,17 +33,14 @@ def _errors() -> None:
     the torch step in float64; one JSON line each with the largest errors."""
     from hilbert_lab.attention.pattern import DilatedPattern
     from hilbert_lab.attention.static_cache import _step_torch, step_tables
-    from hilbert_lab.kernels import triton_decode
+    from hilbert_lab.kernels.triton_decode import dilated_decode
 
     gen = torch.Generator().manual_seed(0)
     quick = os.environ.get(QUICK) == "1"
     for segments, rates, mode, heads, kv_heads, capacity in PATTERNS[1:2] if quick else PATTERNS:
         pattern = DilatedPattern.create(segments, rates, mode=mode, causal=True)
         tables = step_tables(pattern, heads, capacity, "cpu")
-        for min_split, programs, window, append in QUICK_SPLITS if quick else SPLITS:
-            if programs == "fewest":
-                programs = sum(heads for heads, _ in tables[2]) + 1
-            triton_decode.MERGE_WINDOW = window
+        for keys_per_split, append in QUICK_SPLITS if quick else SPLITS:
             dim = 8
             keys = torch.randn(2, capacity, kv_heads, dim, generator=gen)
             values = torch.randn(2, capacity, kv_heads, dim, generator=gen)
@@ -61,9 +56,8 @@ def _errors() -> None:
                     keys[rows, positions % capacity], values[rows, positions % capacity] = k_new, v_new
                     ref_keys[rows, ref_positions % capacity] = k_new.double()
                     ref_values[rows, ref_positions % capacity] = v_new.double()
-                out, lse = triton_decode.dilated_decode(q, k_new if append else None, v_new if append else None,
-                                                        keys, values, positions, *tables, 0.7, min_split=min_split,
-                                                        programs=programs)
+                out, lse = dilated_decode(q, k_new if append else None, v_new if append else None, keys, values,
+                                          positions, *tables, 0.7, keys_per_split=keys_per_split)
                 ref_out, ref_lse = _step_torch(pattern, q.double(), ref_keys, ref_values, ref_positions, 0.7,
                                                k_new.double() if append else None,
                                                v_new.double() if append else None, tables[1], True)
@@ -74,7 +68,7 @@ def _errors() -> None:
                 worst["cache"] = max(worst["cache"], (keys.double() - ref_keys).abs().max().item(),
                                      (values.double() - ref_values).abs().max().item())
                 worst["positions"] = max(worst["positions"], int((positions - ref_positions).abs().max()))
-            print(json.dumps({"case": [segments, rates, mode, min_split, programs, window, append], **worst,
+            print(json.dumps({"case": [segments, rates, mode, keys_per_split, append], **worst,
                               "blind_heads": int((~finite).sum())}))
 
 

@@ -14,10 +14,10 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reas
 H, D, C = 16, 128, 131072
 POINTERS = {"q_ptr": "*bf16", "knew_ptr": "*bf16", "vnew_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16",
             "pos_ptr": "*i64", "br_ptr": "*i32", "off_ptr": "*i32", "out_ptr": "*fp32",
-            "lse_ptr": "*fp32", "used_ptr": "*i32"}
+            "lse_ptr": "*fp32"}
 INTEGERS = dict(sq_b=H * D, sq_h=D, sn_b=H * D, sn_h=D, svn_b=H * D, svn_h=D, sk_b=C * H * D, sk_n=H * D, sk_h=D,
-                sv_b=C * H * D, sv_n=H * D, sv_h=D, capacity=C, heads=H, kv_heads=H, group=1, branches=4,
-                programs=264, row_parts=264, min_split=64)
+                sv_b=C * H * D, sv_n=H * D, sv_h=D, capacity=C, heads=H, kv_heads=H, group=1, branches=4, rows=H,
+                keys_per_split=512)
 
 
 def _compiled_ttgir(dot: bool) -> str:
@@ -28,8 +28,7 @@ def _compiled_ttgir(dot: bool) -> str:
     from hilbert_lab.kernels import triton_decode
 
     tuned = triton_decode.DOT_TUNING if dot else triton_decode.REDUCE_TUNING
-    constants = dict(BLOCK_B=4, BLOCK_H=H, BLOCK_KV=H, DIM=D, BLOCK_D=D, BLOCK_N=tuned["block_keys"], BLOCK_P=64,
-                     STAGES=tuned["stages"], EVEN_D=True,
+    constants = dict(BLOCK_B=4, BLOCK_H=H, BLOCK_KV=H, DIM=D, BLOCK_D=D, BLOCK_N=tuned["block_keys"], STAGES=tuned["stages"], EVEN_D=True,
                      APPEND=True, DOT=dot)
     kernel = triton_decode._partial_kernel
     names = kernel.arg_names
