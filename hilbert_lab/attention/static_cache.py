@@ -28,7 +28,6 @@ from hilbert_lab.attention.kv_cache import chunk_attention, dense_executor, merg
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.validation import validate_attention_inputs
 from hilbert_lab.kernels import triton_decode
-from hilbert_lab.kernels.gemv_linear import linear
 
 __all__ = ["DilatedStaticCache", "decode_step", "keys_seen", "static_capacity", "step_tables", "triton_applies"]
 
@@ -231,30 +230,6 @@ class DilatedStaticCache:
         if not self.prompted:
             return self.prefill(q, k, v)
         return self.step(q, k, v)
-
-    def attend_projected(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, weight: torch.Tensor,
-                         bias: Optional[torch.Tensor], residual: torch.Tensor) -> torch.Tensor:
-        """residual + attend(q, k, v) with its heads flattened, through the output projection (weight (N, H * D),
-        bias (N,) or None): residual (B, T, N) -> (B, T, N). One new token per row on the Triton path (uses_triton,
-        q, k, v, weight and residual in the cache's dtype, a power-of-two head dim, no gradient asked) runs as one
-        op, the projection inside the step's second launch (kernels.triton_decode.dilated_decode_projected: float32
-        sums added atomically, so their last bits may vary between runs); anything else as attend, then
-        kernels.gemv_linear.linear."""
-        dim = self.head_dim
-        if self.prompted and self.uses_triton and q.shape[1] == 1 and not dim & (dim - 1) \
-                and not torch.is_grad_enabled() and not torch.is_autocast_enabled(q.device.type) \
-                and all(t.dtype == self.keys.dtype for t in (q, k, v, weight, residual)):
-            self._check_shapes(q, k, v)
-            counted = not torch.compiler.is_compiling()
-            if counted:
-                self.check_room(1)
-            y = triton_decode.dilated_decode_projected(q[:, 0], k[:, 0], v[:, 0], self.keys, self.values,
-                                                       self.positions, *self._tables, self._scale, weight, bias,
-                                                       residual.reshape(residual.shape[0], -1))
-            if counted:
-                self.length += 1
-            return y.unsqueeze(1)
-        return linear(self.attend(q, k, v).flatten(-2), weight, bias, residual=residual)
 
     # -- the prompt -----------------------------------------------------------------------------------------
     def _prompt_lengths(self, steps: int, lengths: Optional[Sequence[int]]) -> list[int]:

@@ -37,25 +37,16 @@ if HAVE_TRITON:
 
     @triton.jit
     def _partial_kernel(q_ptr, knew_ptr, vnew_ptr, k_ptr, v_ptr, pos_ptr, br_ptr, off_ptr, out_ptr, lse_ptr,
-                        sums_ptr, arrivals_ptr, sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n,
-                        sv_h, capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
-                        sums, arrivals, BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr,
-                        DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr,
-                        EVEN_D: tl.constexpr, APPEND: tl.constexpr, DOT: tl.constexpr, ZERO: tl.constexpr):
+                        sq_b, sq_h, sn_b, sn_h, svn_b, svn_h, sk_b, sk_n, sk_h, sv_b, sv_n, sv_h,
+                        capacity, heads, kv_heads, group, branches, rows, scale_log2, keys_per_split,
+                        BLOCK_B: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr, DIM: tl.constexpr,
+                        BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, STAGES: tl.constexpr, EVEN_D: tl.constexpr,
+                        APPEND: tl.constexpr, DOT: tl.constexpr):
         program = tl.program_id(0)
         b = tl.program_id(1)
         d = tl.arange(0, BLOCK_D)
         dmask = d < DIM
         p = tl.load(pos_ptr + b).to(tl.int64)
-        if ZERO:  # the projection's float32 sums and arrival counts of this row, for the launch after this one
-            if program == 0:
-                for start in range(0, sums, 1024):
-                    i = start + tl.arange(0, 1024)
-                    tl.store(sums_ptr + b * sums + i, tl.zeros((1024,), tl.float32), mask=i < sums)
-                i = tl.arange(0, 64)
-                for start in range(0, arrivals, 64):
-                    tl.store(arrivals_ptr + b * arrivals + start + i, tl.zeros((64,), tl.int32),
-                             mask=start + i < arrivals)
         if APPEND:
             if program == 0:  # the new keys and values of every key/value head go to row p % C
                 kvh = tl.arange(0, BLOCK_KV)
@@ -225,57 +216,6 @@ if HAVE_TRITON:
                     tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
 
 
-    @triton.jit
-    def _merge_project_kernel(part_ptr, plse_ptr, w_ptr, bias_ptr, res_ptr, y_ptr, sums_ptr, arrivals_ptr,
-                              pos_ptr, heads, rows, parts, N, stride_w, stride_r, stride_y, blocks,
-                              DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr,
-                              HAS_BIAS: tl.constexpr, ADVANCE: tl.constexpr):
-        """Program (block, h, b): head h's parts of row b merged by their LSEs (all DIM values), times the output
-        projection's columns of head h for BLOCK_N output rows, added to the row's float32 sums; the last of the
-        heads to arrive at a block adds the bias and the residual and stores the block's outputs."""
-        block = tl.program_id(0)
-        h = tl.program_id(1)
-        b = tl.program_id(2)
-        n = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        inside_n = n < N
-        d = tl.arange(0, DIM)
-        w = tl.load(w_ptr + n[:, None].to(tl.int64) * stride_w + h * DIM + d[None, :], mask=inside_n[:, None],
-                    other=0.0)  # issued first: it does not wait for the parts
-        row = b * heads + h
-        peak = tl.full((), float("-inf"), tl.float32)
-        total = tl.zeros((BLOCK_P,), tl.float32)
-        acc = tl.zeros((BLOCK_P, DIM), tl.float32)
-        for start in range(0, parts, BLOCK_P):
-            i = start + tl.arange(0, BLOCK_P)
-            inside = i < parts
-            part_lse = tl.load(plse_ptr + i * rows + row, mask=inside, other=float("-inf"))
-            x = tl.load(part_ptr + (i[:, None] * rows + row).to(tl.int64) * DIM + d[None, :], mask=inside[:, None],
-                        other=0.0)
-            new_peak = tl.maximum(peak, tl.max(part_lse, axis=0))
-            safe = tl.where(new_peak == float("-inf"), 0.0, new_peak)
-            alpha = tl.exp2((peak - safe) * 1.4426950408889634)
-            weights = tl.exp2((part_lse - safe) * 1.4426950408889634)
-            used = part_lse > float("-inf")
-            acc = acc * alpha + tl.where(used[:, None], weights[:, None] * x, 0.0)
-            total = total * alpha + tl.where(used, weights, 0.0)
-            peak = new_peak
-        weight = tl.sum(total, axis=0)
-        out = tl.sum(acc, axis=0) / tl.where(weight > 0, weight, 1.0)  # the head's attention output (DIM,)
-        tl.atomic_add(sums_ptr + b * N + n, tl.sum(w.to(tl.float32) * out[None, :], axis=1), mask=inside_n,
-                      sem="relaxed")
-        tl.debug_barrier()  # every thread's sums are out before the arrival is counted
-        arrived = tl.atomic_add(arrivals_ptr + b * blocks + block, 1, sem="acq_rel")
-        if arrived == heads - 1:  # the block's last head: every sum is in (read where they are made, in L2)
-            y = tl.atomic_add(sums_ptr + b * N + n, tl.zeros((BLOCK_N,), tl.float32), mask=inside_n, sem="acquire")
-            if HAS_BIAS:
-                y += tl.load(bias_ptr + n, mask=inside_n, other=0.0).to(tl.float32)
-            y += tl.load(res_ptr + b * stride_r + n, mask=inside_n, other=0.0).to(tl.float32)
-            tl.store(y_ptr + b * stride_y + n, y.to(y_ptr.dtype.element_ty), mask=inside_n)
-        if ADVANCE:
-            if (block == 0) & (h == 0):
-                tl.store(pos_ptr + b, tl.load(pos_ptr + b) + 1)
-
-
 REDUCE_TUNING = {"block_keys": 64, "warps": 2, "stages": 1, "most_keys_per_split": 256}  # per path
 DOT_TUNING = {"block_keys": 64, "warps": 4, "stages": 3, "most_keys_per_split": 512}
 WIDE_DOT_BLOCK_KEYS = 32  # the tensor-core path's keys per iteration at head dims above 128 (64 untimed there)
@@ -304,42 +244,6 @@ def dilated_decode(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Ten
     split_size), block_keys (keys per loop iteration), warps and stages (loads in flight) tune the partial launch;
     dot: scores and sums on tensor cores (default: where q is float16 or bfloat16 and D a power of two from 16),
     else one reduction per key block across threads."""
-    sizes, dot = _step_sizes(q, k_new, v_new, keys, values, positions, branches, offsets, bounds, scale,
-                             keys_per_split, block_keys, warps, stages, dot)
-    if k_new is None and not advance:  # nothing written: the op that declares no mutation (read_op)
-        return read_op(q, keys, values, positions, branches, offsets, *sizes, dot)
-    return decode_op(q, k_new, v_new, keys, values, positions, branches, offsets, *sizes, advance, dot)
-
-
-def dilated_decode_projected(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor,
-                             values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor,
-                             offsets: torch.Tensor, bounds: tuple, scale: float, weight: torch.Tensor,
-                             bias: torch.Tensor | None, residual: torch.Tensor) -> torch.Tensor:
-    """One step (dilated_decode's arguments: the new key and value appended, positions advanced) followed by the
-    output projection, in the same two launches -> residual + out.flatten(-2) @ weight.T + bias, (B, N) in
-    residual's dtype. weight (N, H * D) with contiguous rows, bias (N,) or None, residual (B, N) with a contiguous
-    last dimension. The second launch merges each head's parts (the attention output stays float32) and multiplies
-    them by that head's columns of the weight, for PROJECT_BLOCK outputs per program; the heads' products are summed
-    in float32 by atomic adds (their order varies: the last bits of the sums may differ from run to run), and the
-    last head to arrive at a block adds the bias and the residual. D must be a power of two."""
-    sizes, dot = _step_sizes(q, k_new, v_new, keys, values, positions, branches, offsets, bounds, scale, None, None,
-                             None, None, None)
-    batch, heads, dim = q.shape
-    if k_new is None or dim & (dim - 1):
-        raise ValueError(f"dilated_decode_projected needs k_new and v_new, and a head dim that is a power of two; got "
-                         f"k_new {'None' if k_new is None else 'given'}, D {dim}")
-    if weight.shape[1:] != (heads * dim,) or weight.stride(1) != 1 or residual.shape != (batch, weight.shape[0]) \
-            or residual.stride(1) != 1 or (bias is not None and bias.shape != weight.shape[:1]):
-        raise ValueError(f"weight must be (N, H * D) = (N, {heads * dim}) with contiguous rows, bias (N,) or None and "
-                         f"residual (B, N) = ({batch}, N) with a contiguous last dimension; got "
-                         f"{tuple(weight.shape)}, {None if bias is None else tuple(bias.shape)}, {tuple(residual.shape)}")
-    return project_op(q, k_new, v_new, keys, values, positions, branches, offsets, weight, bias, residual, *sizes,
-                      dot)
-
-
-def _step_sizes(q, k_new, v_new, keys, values, positions, branches, offsets, bounds, scale, keys_per_split,
-                block_keys, warps, stages, dot) -> tuple[tuple, bool]:
-    """The checked arguments of a step -> (the launch's sizes as its ops take them, dot)."""
     require_triton("dilated_decode")
     if (k_new is None) != (v_new is None):
         raise ValueError("k_new and v_new must both be tensors or both be None")
@@ -372,15 +276,17 @@ def _step_sizes(q, k_new, v_new, keys, values, positions, branches, offsets, bou
     warps = warps or tuned["warps"]
     stages = stages or tuned["stages"]
     per_split = keys_per_split or split_size(max(n for _, n in bounds), block_keys, tuned["most_keys_per_split"])
-    return ([h for h, _ in bounds], [n for _, n in bounds], float(scale), per_split, block_keys, warps, stages), dot
+    sizes = ([h for h, _ in bounds], [n for _, n in bounds], float(scale), per_split, block_keys, warps, stages)
+    if k_new is None and not advance:  # nothing written: the op that declares no mutation (read_op)
+        return read_op(q, keys, values, positions, branches, offsets, *sizes, dot)
+    return decode_op(q, k_new, v_new, keys, values, positions, branches, offsets, *sizes, advance, dot)
 
 
-def _partial_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
-                    values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
-                    bound_heads: list, bound_keys: list, scale: float, per_split: int, block_keys: int, warps: int,
-                    stages: int, dot: bool, zeroed: tuple = ()) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Launch 1 of a step (k_new, v_new None: nothing appended) -> (parts (P, B * H, D) float32, their LSEs (P,
-    B * H), P); zeroed: (sums (B, S) float32, arrivals (B, A) int32) that its program 0 sets to 0 per row, or ()."""
+def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
+                   values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
+                   bound_heads: list, bound_keys: list, scale: float, per_split: int, block_keys: int, warps: int,
+                   stages: int, advance: bool, dot: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two launches of `dilated_decode` on checked arguments (k_new, v_new None: nothing appended)."""
     append = k_new is not None
     if not append:  # placeholders the kernel never reads
         k_new = v_new = keys[:, 0]
@@ -393,76 +299,21 @@ def _partial_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     rows = batch * heads
     parts = torch.empty((parts_per_row, rows, dim), dtype=torch.float32, device=q.device)
     part_lse = torch.empty((parts_per_row, rows), dtype=torch.float32, device=q.device)
-    sums, arrivals = zeroed if zeroed else (part_lse, part_lse)  # placeholders where nothing is zeroed
     _partial_kernel[(programs, batch)](
-        q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse, sums, arrivals,
+        q, k_new, v_new, keys, values, positions, branches, offsets, parts, part_lse,
         q.stride(0), q.stride(1), k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
         keys.stride(0), keys.stride(1), keys.stride(2), values.stride(0), values.stride(1), values.stride(2),
         keys.shape[1], heads, kv_heads, heads // kv_heads, count, rows, scale * LOG2E, per_split,
-        sums.shape[-1] if zeroed else 0, arrivals.shape[-1] if zeroed else 0,
         BLOCK_B=triton.next_power_of_2(count), BLOCK_H=triton.next_power_of_2(heads),
         BLOCK_KV=triton.next_power_of_2(kv_heads), DIM=dim, BLOCK_D=block_d, BLOCK_N=block_keys, STAGES=stages,
-        EVEN_D=dim == block_d, APPEND=append, DOT=dot, ZERO=bool(zeroed), num_warps=warps)
-    return parts, part_lse, parts_per_row
-
-
-def _decode_launch(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, keys: torch.Tensor,
-                   values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
-                   bound_heads: list, bound_keys: list, scale: float, per_split: int, block_keys: int, warps: int,
-                   stages: int, advance: bool, dot: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The two launches of `dilated_decode` on checked arguments (k_new, v_new None: nothing appended)."""
-    parts, part_lse, parts_per_row = _partial_launch(q, k_new, v_new, keys, values, positions, branches, offsets,
-                                                     bound_heads, bound_keys, scale, per_split, block_keys, warps,
-                                                     stages, dot)
-    batch, heads, dim = q.shape
-    block_d = triton.next_power_of_2(dim)
+        EVEN_D=dim == block_d, APPEND=append, DOT=dot, num_warps=warps)
     out = torch.empty((batch, heads, dim), dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads), dtype=torch.float32, device=q.device)
     chunk = min(block_d, 32)
-    _merge_kernel[(batch * heads, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0),
-                                                           out.stride(1), heads, batch * heads, parts_per_row,
-                                                           DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
-                                                           EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
+    _merge_kernel[(rows, triton.cdiv(dim, chunk))](parts, part_lse, out, lse, positions, out.stride(0), out.stride(1),
+                                                  heads, rows, parts_per_row, DIM=dim, BLOCK_D=chunk, BLOCK_P=64,
+                                                  EVEN_D=dim % chunk == 0, ADVANCE=advance, num_warps=4)
     return out, lse
-
-
-PROJECT_BLOCK = 128  # output rows per program of the merge with the output projection (x heads programs)
-
-
-def _project_launch(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, keys: torch.Tensor,
-                    values: torch.Tensor, positions: torch.Tensor, branches: torch.Tensor, offsets: torch.Tensor,
-                    weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor, bound_heads: list,
-                    bound_keys: list, scale: float, per_split: int, block_keys: int, warps: int, stages: int,
-                    dot: bool) -> torch.Tensor:
-    """The two launches of `dilated_decode_projected` on checked arguments."""
-    batch, heads, dim = q.shape
-    n = weight.shape[0]
-    blocks = triton.cdiv(n, PROJECT_BLOCK)
-    sums = torch.empty((batch, n), dtype=torch.float32, device=q.device)
-    arrivals = torch.empty((batch, blocks), dtype=torch.int32, device=q.device)
-    parts, part_lse, parts_per_row = _partial_launch(q, k_new, v_new, keys, values, positions, branches, offsets,
-                                                     bound_heads, bound_keys, scale, per_split, block_keys, warps,
-                                                     stages, dot, (sums, arrivals))
-    y = torch.empty((batch, n), dtype=residual.dtype, device=q.device)
-    _merge_project_kernel[(blocks, heads, batch)](
-        parts, part_lse, weight, weight if bias is None else bias, residual, y, sums, arrivals, positions, heads,
-        batch * heads, parts_per_row, n, weight.stride(0), residual.stride(0), y.stride(0), blocks, DIM=dim,
-        BLOCK_N=PROJECT_BLOCK, BLOCK_P=64, HAS_BIAS=bias is not None, ADVANCE=True, num_warps=8)
-    return y
-
-
-def _project_fake(q, k_new, v_new, keys, values, positions, branches, offsets, weight, bias, residual, bound_heads,
-                  bound_keys, scale, per_split, block_keys, warps, stages, dot):
-    return residual.new_empty((q.shape[0], weight.shape[0]))
-
-
-# One step and the output projection after it, as one op: the new key and value written into keys and values,
-# positions advanced, in place.
-project_op = define_op("dilated_decode_projected(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) keys, "
-                       "Tensor(b!) values, Tensor(c!) positions, Tensor branches, Tensor offsets, Tensor weight, "
-                       "Tensor? bias, Tensor residual, int[] bound_heads, int[] bound_keys, float scale, "
-                       "int per_split, int block_keys, int warps, int stages, bool dot) -> Tensor",
-                       _project_launch, _project_fake)
 
 
 def _decode_fake(q, k_new, v_new, keys, values, positions, branches, offsets, bound_heads, bound_keys, scale,

@@ -74,5 +74,5 @@ def decoding_layer(block: nn.Module, x: torch.Tensor, positions: torch.Tensor, c
     if block.rotary and rotation is None:
         q = apply_rotary(q, positions, base=block.rotary_base, tables=rotary_tables)
         k = apply_rotary(k, positions, base=block.rotary_base, tables=rotary_tables)
-    x = cache.attend_projected(q, k, v, *projections["out"], residual=x)
+    x = linear(cache.attend(q, k, v).flatten(-2), *projections["out"], residual=x)
     return linear(normed_linear(x, projections["up"], "gelu"), *projections["down"], residual=x)

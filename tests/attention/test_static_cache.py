@@ -476,39 +476,3 @@ def test_step_tables_bound_each_branch_by_the_heads_and_keys_of_any_position(seg
     assert bounds == tuple(expected)
     assert branches.tolist() == [[min(w, span), r, h, n] for w, r, (h, n) in zip(segments, rates, expected)]
     assert offsets.tolist() == [list(row) for row in pattern.head_offsets(heads)]
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 6e-2)])
-def test_gpu_the_projected_step_equals_the_step_then_the_projection_in_float64(dtype, tol):
-    """attend_projected on the Triton path (the projection in the step's second launch, float32 sums added
-    atomically) against the same tokens through a float64 cache, then residual + out @ W.T + b in float64: rows at
-    different lengths, grouped key/value heads, 10 steps each appending its key and value; positions advance alike."""
-    if not triton_decode.HAVE_TRITON:
-        pytest.skip("triton is not installed")
-    segments, rates, heads, kv_heads, dim, outputs, steps = [16, 64, 256], [1, 2, 4], 8, 4, 64, 300, 10
-    lengths = [200, 37]
-    caches = {d: DilatedStaticCache(segments, rates, batch_size=2, max_length=256, num_heads=heads, head_dim=dim,
-                                    num_kv_heads=kv_heads, dtype=d, device="cuda") for d in (dtype, torch.float64)}
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for cache in caches.values():
-        cache.keys.copy_(torch.randn(cache.keys.shape, generator=torch.Generator(device="cuda").manual_seed(1),
-                                     device="cuda"))
-        cache.values.copy_(torch.randn(cache.values.shape, generator=torch.Generator(device="cuda").manual_seed(2),
-                                       device="cuda"))
-        cache.mark_filled(lengths)
-    weight = torch.randn(outputs, heads * dim, generator=gen, device="cuda") / 16
-    bias = torch.randn(outputs, generator=gen, device="cuda")
-    with torch.no_grad():
-        for _ in range(steps):
-            q = torch.randn(2, 1, heads, dim, generator=gen, device="cuda")
-            k, v = (torch.randn(2, 1, kv_heads, dim, generator=gen, device="cuda") for _ in range(2))
-            residual = torch.randn(2, 1, outputs, generator=gen, device="cuda")
-            low = caches[dtype]
-            got = low.attend_projected(q.to(dtype), k.to(dtype), v.to(dtype), weight.to(dtype), bias.to(dtype),
-                                       residual.to(dtype))
-            out = caches[torch.float64].attend(q.double(), k.double(), v.double())
-            expected = residual.double() + out.flatten(-2) @ weight.double().T + bias.double()
-            assert got.dtype == dtype and max_diff(got.double(), expected) < tol
-            assert torch.equal(low.positions, caches[torch.float64].positions)
