@@ -327,7 +327,7 @@ def render(metrics: Mapping[str, Any], env: Mapping[str, Any]) -> Any:
              "(no timed prefill), then new tokens generated one at a time and timed per step (median, fastest and "
              "slowest), every model of a run timed in that run. LongNetLM's step is one CUDA graph on its static "
              "cache; the dense Llama runs transformers' static cache under its compiled generate.")
-    return Page(title="Decoding: cost per token", findings=findings[:5], about=about, sections=sections,
+    return Page(title="Decoding: cost per token", findings=findings, about=about, sections=sections,
                 sources=list(metrics.get("sources") or []), measured_here=not metrics.get("sources"),
                 device=f"{device.get('device') or 'GPU'}, 1 GPU")
 

@@ -24,7 +24,10 @@ NEWER = [RESULTS / f"decode_1b_compiled_h200_7030726_run{i}.json" for i in (1, 2
 STEP = [RESULTS / f"decode_1b_compiled_h200_7db65e2_run{i}.json" for i in (1, 2, 3)]
 REGISTER = [RESULTS / f"decode_1b_register_gemv_h200_7db65e2_run{i}.json" for i in (1, 2, 3)]
 BATCH = [RESULTS / f"decode_tiny_batch8_compiled_h200_41a17df_run{i}.json" for i in (1, 2, 3)]
-FILES = NEWER + STEP + REGISTER + BATCH
+# the same step as NEWER's, in four more processes (controls of two tries): a fifth group, 32K and 128K
+CONTROL = [RESULTS / f"decode_1b_balanced_ab_h200_37b4fc3_round{i}.json" for i in (1, 2, 3)] + [
+    RESULTS / "decode_1b_projected_ab_h200_37b4fc3_round1.json"]
+FILES = NEWER + STEP + REGISTER + BATCH + CONTROL
 
 
 def _raw(path: Path) -> dict:
@@ -61,7 +64,7 @@ def test_the_committed_run_is_what_the_module_writes_from_the_files(run, tmp_pat
 def test_tables_hold_the_files_numbers(run):
     tables = run[0]["tables"]
     per_token = {(row["run"], row["method"], row["context"]): row for row in tables["per_token"]["rows"]}
-    for path in NEWER + STEP + REGISTER:
+    for path in NEWER + STEP + REGISTER + CONTROL:
         for result in _raw(path)["results"]:
             row = per_token[path.stem.removeprefix("decode_"), result["method"], result["context"]]
             assert row["ms_per_token"] == result["ms_per_token"]
@@ -77,8 +80,8 @@ def test_tables_hold_the_files_numbers(run):
         assert relative[path.stem[7:], "llama_dilated_gemv_static_cache_filled", 131072] == pytest.approx(
             _ms(path, "llama_dilated_gemv_static_cache_filled", 131072) / _ms(path, "longnet_static_graph", 131072))
     spread = {row["run"]: row["spread"] for row in tables["flatness"]["rows"]}
-    assert set(spread) == {path.stem[7:] for path in NEWER + STEP}  # the register runs time one context
-    for path in NEWER + STEP:
+    assert set(spread) == {path.stem[7:] for path in NEWER + STEP + CONTROL}  # the register runs time one context
+    for path in NEWER + STEP + CONTROL:
         times = [r["ms_per_token"] for r in _raw(path)["results"] if r["method"] == "longnet_static_graph"]
         assert spread[path.stem[7:]] == pytest.approx(max(times) / min(times))
     batch = {row["run"]: row for row in tables["batch"]["rows"]}
@@ -94,9 +97,11 @@ def test_findings_quote_the_spans_of_the_files(run):
     page = build_page(*run)
     assert page.findings[0].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7030726: ")
     assert page.findings[1].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7db65e2: ")
+    assert page.findings[3].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 37b4fc3: ")
     for finding, paths, contexts in ((page.findings[0], NEWER, ((32768, "32K"), (131072, "128K"))),
                                      (page.findings[1], STEP + REGISTER, ((32768, "32K"), (131072, "128K"),
-                                                                          (1048576, "1M")))):
+                                                                          (1048576, "1M"))),
+                                     (page.findings[3], CONTROL, ((32768, "32K"), (131072, "128K")))):
         longnet = [r for path in paths for r in _raw(path)["results"] if r["method"] == "longnet_static_graph"]
         assert f"over {len(paths)} runs" in finding
         for context, name in contexts:
@@ -111,8 +116,9 @@ def test_findings_quote_the_spans_of_the_files(run):
     assert page.findings[2].count("the dense Llama (sdpa) ") == 1
     batch = [_raw(path)["results"][0]["tokens_per_s_ratio"] for path in BATCH]
     assert (f"{fmt(statistics.median(batch))}x [{fmt(min(batch))}, {fmt(max(batch))}] the tokens/s of its rows one "
-            "at a time (median [lowest, highest] of 3 runs)") in page.findings[3]
-    assert "every row gave the tokens it gives alone" in page.findings[3]
+            "at a time (median [lowest, highest] of 3 runs)") in page.findings[4]
+    assert "every row gave the tokens it gives alone" in page.findings[4]
+    assert len(page.findings) == 5  # each group's, none cut
     assert not page.measured_here and len(page.sources) == len(FILES)
 
 
