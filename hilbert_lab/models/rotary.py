@@ -5,6 +5,7 @@ from collections.abc import Iterable
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 
 def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -13,10 +14,27 @@ def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000
         raise ValueError(f"head_dim must be even for rotary embedding, got {head_dim}")
     if base <= 1.0:
         raise ValueError(f"base must be > 1, got {base}")
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim
-    inv_freq = base ** (-exponents)  # (D/2,)
-    angles = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (N, D/2)
-    return angles.cos(), angles.sin()
+    angles = positions.to(torch.float64).unsqueeze(-1) * inverse_frequencies(head_dim, base, positions.device)
+    both = torch.stack((angles.cos(), angles.sin()))  # one pass where compiled: each value one cosine or one sine
+    return both[0], both[1]
+
+
+_INVERSE_FREQUENCIES: dict = {}  # inverse_frequencies' results by their arguments
+
+
+@torch.compiler.assume_constant_result  # a compiled pass holds them as a constant: no float64 pow per pass
+def inverse_frequencies(head_dim: int, base: float, device: torch.device) -> torch.Tensor:
+    """base ** (-2i / head_dim) for i < head_dim / 2, float64 (head_dim // 2,) on device. Cached; do not modify."""
+    key = (int(head_dim), float(base), torch.device(device))
+    frequencies = _INVERSE_FREQUENCIES.get(key)
+    if frequencies is None:
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim
+        frequencies = base ** (-exponents)
+        if not is_fake(frequencies):  # a tracer's fake tensor is never kept
+            if len(_INVERSE_FREQUENCIES) >= 64:
+                _INVERSE_FREQUENCIES.clear()
+            _INVERSE_FREQUENCIES[key] = frequencies
+    return frequencies
 
 
 def pass_rotary_tables(positions: torch.Tensor, rotations: Iterable[tuple[int, float]],
