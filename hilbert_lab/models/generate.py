@@ -78,24 +78,12 @@ def prompt_lengths_of(attention_mask: torch.Tensor | None, prompt: torch.Tensor)
     return None if min(lengths) == prompt.shape[1] else lengths
 
 
-def greedy_ids(logits: torch.Tensor, groups: int = 32) -> torch.Tensor:
-    """logits.argmax(dim=-1, keepdim=True) of logits (B, V), the first largest where several tie, in two stages
-    where V is a multiple of `groups` of at least 128 values each: each group's largest, then the first group
-    holding the largest (a compiled step reduces the vocabulary in parallel, not in one program's loop)."""
-    vocab = logits.shape[-1]
-    if vocab % groups or vocab < 128 * groups:
-        return logits.argmax(dim=-1, keepdim=True)
-    largest, within = logits.unflatten(-1, (groups, vocab // groups)).max(dim=-1)  # (B, groups) each
-    group = largest.argmax(dim=-1, keepdim=True)
-    return group * (vocab // groups) + within.gather(-1, group)
-
-
 def next_token(logits: torch.Tensor, top_k: int | None, temperature: float,
                generator: torch.Generator | None) -> torch.Tensor:
     """(B, 1) ids from last-position logits (B, V): argmax, or a sample among the top_k at temperature."""
     logits = logits.float()
     if top_k is None or top_k == 1:
-        return greedy_ids(logits)
+        return logits.argmax(dim=-1, keepdim=True)
     top_logits, top_ids = (logits / temperature).topk(top_k, dim=-1)
     choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=generator)
     return top_ids.gather(-1, choice)

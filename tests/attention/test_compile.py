@@ -176,7 +176,8 @@ def test_longnet_lm_with_gradient_checkpointing_compiles_whole_and_equals_eager(
 
 
 def test_a_compiled_forward_computes_the_rotary_angles_once():
-    """The traced graph of LongNetLM (two rotating blocks) holds one cosine and one sine: the encoder's tables."""
+    """The traced graph of LongNetLM (two rotating blocks) holds one cosine and one sine, the encoder's tables, and
+    no power: the inverse frequencies are a constant."""
     model = _lm()
     tokens = torch.randint(0, 64, (2, 64), generator=torch.Generator().manual_seed(2))
     graphs = []
@@ -190,6 +191,7 @@ def test_a_compiled_forward_computes_the_rotary_angles_once():
         torch.compile(model, fullgraph=True, backend=record)(tokens)
     names = [str(node.target) for graph in graphs for node in graph.graph.nodes]
     assert len(graphs) == 1 and names.count("cos") == 1 and names.count("sin") == 1, names
+    assert not any("pow" in name for name in names), names  # the frequencies are a constant of the graph
 
 
 @pytest.mark.slow

@@ -81,6 +81,22 @@ def test_rotary_is_a_relative_position_rotation():
     assert not torch.allclose(apply_rotary(q, positions), q)
 
 
+def test_rotary_angles_are_the_float64_formula_with_cached_frequencies():
+    """cos and sin of position * base^(-2i/D) in float64, bitwise, up to a position of 2^20; the frequencies are
+    computed once per (D, base, device) and kept."""
+    from hilbert_lab.models import rotary
+
+    positions = torch.tensor([0, 1, 5, 131071, 1048575])
+    for head_dim, base in ((128, 10000.0), (64, 500000.0)):
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
+        angles = positions.double()[:, None] * base ** (-exponents)
+        cos, sin = rotary.rotary_angles(positions, head_dim, base=base)
+        assert torch.equal(cos, angles.cos()) and torch.equal(sin, angles.sin())
+        assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.float64
+        first = rotary.inverse_frequencies(head_dim, base, torch.device("cpu"))
+        assert rotary.inverse_frequencies(head_dim, base, torch.device("cpu")) is first
+
+
 @pytest.mark.parametrize("mode", ["inference", "no_grad"])
 def test_positions_changed_in_place_between_calls_are_read_anew(mode):
     """A positions tensor reused with new values (packed rows whose positions restart) rotates by its new
