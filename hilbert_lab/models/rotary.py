@@ -28,8 +28,9 @@ def inverse_frequencies(head_dim: int, base: float, device: torch.device) -> tor
     key = (int(head_dim), float(base), torch.device(device))
     frequencies = _INVERSE_FREQUENCIES.get(key)
     if frequencies is None:
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim
-        frequencies = base ** (-exponents)
+        with torch.inference_mode(False):  # a plain tensor, whatever mode the first call ran in
+            exponents = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim
+            frequencies = base ** (-exponents)
         if not is_fake(frequencies):  # a tracer's fake tensor is never kept
             if len(_INVERSE_FREQUENCIES) >= 64:
                 _INVERSE_FREQUENCIES.clear()

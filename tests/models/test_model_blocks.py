@@ -95,6 +95,10 @@ def test_rotary_angles_are_the_float64_formula_with_cached_frequencies():
         assert cos.is_contiguous() and sin.is_contiguous() and cos.dtype == torch.float64
         first = rotary.inverse_frequencies(head_dim, base, torch.device("cpu"))
         assert rotary.inverse_frequencies(head_dim, base, torch.device("cpu")) is first
+    rotary._INVERSE_FREQUENCIES.clear()
+    with torch.inference_mode():  # a first call in inference mode keeps a plain tensor for later passes
+        rotary.rotary_angles(positions, 16)
+    assert not rotary.inverse_frequencies(16, 10000.0, torch.device("cpu")).is_inference()
 
 
 @pytest.mark.parametrize("mode", ["inference", "no_grad"])
