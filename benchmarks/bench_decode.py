@@ -58,7 +58,7 @@ from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.models import LongNetLM  # noqa: E402
 from hilbert_lab.attention.static_cache import keys_seen  # noqa: E402
-from hilbert_lab.models.generate import decode_static, new_caches, new_static_caches  # noqa: E402
+from hilbert_lab.models.generate import decode_static, greedy_ids, new_caches, new_static_caches  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 GPU = dict(contexts=[32768, 131072, 524288], cache_backends=["auto"], static=[32768, 131072, 524288, 1048576],
@@ -127,17 +127,12 @@ def measure_cache(args, context: int, device, backend: str) -> dict:
             "cache_rows": caches[0].capacity, "keys_read_last_step": sum(c.keys_read for c in caches)}
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """(B, 1) argmax ids of last-position logits (B, V)."""
-    return logits.argmax(-1, keepdim=True)
-
-
 def stepping(args, model) -> tuple:
     """(what runs the steps, the pick): with --compile-step both through torch.compile, as
-    LongNetLM.generate(compile_step=True) runs them; else the model and the eager greedy pick."""
+    LongNetLM.generate(compile_step=True) runs them; else the model and the eager greedy pick (greedy_ids)."""
     if not args.compile_step:
-        return model, greedy
-    return torch.compile(model, dynamic=False), torch.compile(greedy, dynamic=False)
+        return model, greedy_ids
+    return torch.compile(model, dynamic=False), torch.compile(greedy_ids, dynamic=False)
 
 
 def hbm_bandwidth(device) -> float:

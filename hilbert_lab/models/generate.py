@@ -78,12 +78,33 @@ def prompt_lengths_of(attention_mask: torch.Tensor | None, prompt: torch.Tensor)
     return None if min(lengths) == prompt.shape[1] else lengths
 
 
+SPLIT_GREEDY_VOCAB = 4096  # vocabularies from this size on are reduced in two stages by greedy_ids
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """(B, 1) int64 argmax ids of logits (B, V): the first of equal maxima, a NaN counting as the largest (as
+    torch.argmax). Under torch.compile and from SPLIT_GREEDY_VOCAB values on, in two reductions: each block of about
+    sqrt(V) values its maximum and where it is (the last block padded with -inf), then the first block holding the
+    largest; compiled, that is two launches whose first runs one program per block, where a compiled argmax is one
+    program looping over V (an eager argmax already spreads over a block of threads, in one launch)."""
+    batch, vocab = logits.shape
+    if vocab < SPLIT_GREEDY_VOCAB or not torch.compiler.is_compiling():
+        return logits.argmax(dim=-1, keepdim=True)
+    size = math.isqrt(vocab - 1) + 1  # values per block: ceil(sqrt(V))
+    blocks = -(-vocab // size)
+    padded = F.pad(logits, (0, blocks * size - vocab), value=-math.inf) if blocks * size != vocab else logits
+    block_max, block_ids = padded.view(batch, blocks, size).max(dim=-1)
+    best = block_max.argmax(dim=-1, keepdim=True)
+    return block_ids.gather(-1, best) + best * size
+
+
 def next_token(logits: torch.Tensor, top_k: int | None, temperature: float,
                generator: torch.Generator | None) -> torch.Tensor:
-    """(B, 1) ids from last-position logits (B, V): argmax, or a sample among the top_k at temperature."""
-    logits = logits.float()
+    """(B, 1) ids from last-position logits (B, V): argmax (greedy_ids), or a sample among the top_k at
+    temperature."""
     if top_k is None or top_k == 1:
-        return logits.argmax(dim=-1, keepdim=True)
+        return greedy_ids(logits)
+    logits = logits.float()
     top_logits, top_ids = (logits / temperature).topk(top_k, dim=-1)
     choice = torch.multinomial(F.softmax(top_logits, dim=-1), 1, generator=generator)
     return top_ids.gather(-1, choice)

@@ -352,3 +352,33 @@ def test_compiled_steps_in_generate_give_the_eager_tokens_and_compile_once_for_a
                 assert torch.equal(model.generate(padded, 12, attention_mask=mask, compile_step=True), eager)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("vocab", [32000, 32003, 4096, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_greedy_pick_compiled_in_two_stages_equals_argmax(vocab, dtype):
+    """Compiled greedy_ids against torch.argmax: random rows, the first of equal maxima when they fall in different
+    blocks (and in the padded last block), a row of -inf, and NaNs (the first NaN wins); two stages where the
+    vocabulary is large enough (a max over blocks in the compiled graph), one argmax below."""
+    from hilbert_lab.models.generate import SPLIT_GREEDY_VOCAB, greedy_ids
+
+    graphs = []
+
+    def keep_graph(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(greedy_ids, backend=keep_graph, dynamic=False)
+    inductor = torch.compile(greedy_ids, dynamic=False)
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(vocab)).to(dtype)
+    logits[1, 5] = logits[1, vocab - 1] = logits[1].max() + 1
+    logits[2] = -float("inf")
+    logits[3, vocab // 2] = float("nan")
+    logits[3, vocab - 2] = float("nan")
+    expected = logits.argmax(-1, keepdim=True)
+    assert expected[:, 0].tolist()[1:] == [5, 0, vocab // 2]
+    for pick in (compiled, inductor, greedy_ids):
+        assert torch.equal(pick(logits), expected)
+    split = any(node.target in (torch.max, "max") for graph in graphs for node in graph.graph.nodes)
+    assert split == (vocab >= SPLIT_GREEDY_VOCAB)
