@@ -135,10 +135,16 @@ def stepping(args, model) -> tuple:
     return torch.compile(model, dynamic=False), torch.compile(greedy_ids, dynamic=False)
 
 
-def hbm_bandwidth(device) -> float:
-    """Bytes per second of a 1 GiB device-to-device copy (read + write), the median of 20 after warm-up."""
+def hbm_bandwidth(device, warm_s: float = 1.0) -> float:
+    """Bytes per second of a 1 GiB device-to-device copy (read + write): the same copy repeated for warm_s seconds
+    first, then the median of 20 after 5 more."""
     src = torch.randn(2**28, device=device)
     dst = torch.empty_like(src)
+    start = time.perf_counter()
+    while time.perf_counter() - start < warm_s:
+        for _ in range(8):
+            dst.copy_(src)
+        torch.cuda.synchronize(device)
     times = []
     for _ in range(25):
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
