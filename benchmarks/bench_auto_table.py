@@ -13,7 +13,7 @@ over the fastest executor per cell, and a summary (bench.auto_table.check_summar
 its pick timed by name, are within 3% of the fastest), and writes the rows as JSON (--check-out).
 --stage measure or check runs one of the two (check: the packaged table).
 
-Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 7]
+Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 8]
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--ragged-lens", default="32773,131077")
     parser.add_argument("--batches", default="1,2")
     parser.add_argument("--backends", default="sdpa,triton,fa4")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
                         help="measure the table, check auto against the packaged one, or both (default)")
     parser.add_argument("--check-out", default=None, help="JSON of the check (default: none written)")

@@ -88,7 +88,7 @@ def _timing_row(timings: dict[str, Timing]) -> dict:
 
 
 def measure_auto_table(cells: Sequence[SweepCell], backends: Sequence[str], segment_lengths: Sequence[int],
-                       dilation_rates: Sequence[int], *, device: torch.device | str, repeats: int = 7,
+                       dilation_rates: Sequence[int], *, device: torch.device | str, repeats: int = 8,
                        on_cell: Optional[Callable[[dict], None]] = None, progress: bool = True) -> dict:
     """The table (a JSON object) of `backends` timed in every cell on `device`: {"device", "kind", "dtype",
     "pattern", "backends", "cells": [{mode, causal, seq_len, head_dim, training, ragged, batch, heads,
@@ -130,7 +130,7 @@ def update_cells(table: dict, measured: dict, *, revision: str) -> dict:
     return {**table, "cells": cells, "updates": updates}
 
 
-def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 7,
+def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 8,
                      progress: bool = True) -> list[dict]:
     """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
     the medians and intervals, the executor auto resolved to, auto over the fastest executor, and per name the
