@@ -4,12 +4,11 @@ other models timed in the same process (the dense Llama on transformers' static 
 through register()) against it, and batched steps against their rows one at a time.
 
     python -m hilbert_lab.reports.decoding \\
+        reports/results/decode_static/decode_1b_compiled_h200_d1159fa_run{1,2,3}_{32768,131072}.json \\
         reports/results/decode_static/decode_1b_compiled_h200_7030726_run{1,2,3}.json \\
         reports/results/decode_static/decode_1b_compiled_h200_7db65e2_run{1,2,3}.json \\
         reports/results/decode_static/decode_1b_register_gemv_h200_7db65e2_run{1,2,3}.json \\
         reports/results/decode_static/decode_tiny_batch8_compiled_h200_41a17df_run{1,2,3}.json \\
-        reports/results/decode_static/decode_1b_balanced_ab_h200_37b4fc3_round{1,2,3}.json \\
-        reports/results/decode_static/decode_1b_projected_ab_h200_37b4fc3_round1.json \\
         --out reports/decoding/h200-gpu
 
 Each file is one run (one process): ratios are taken inside a run only, never across runs. Runs are grouped by

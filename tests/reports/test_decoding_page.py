@@ -20,14 +20,13 @@ from hilbert_lab.reports.render import build_page, load_run  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "reports" / "results" / "decode_static"
 RUN = REPO / "reports" / "decoding" / "h200-gpu"
+# the newest step: each run one context alone (one process per context), the bandwidth measured warm
+NEWEST = [RESULTS / f"decode_1b_compiled_h200_d1159fa_run{i}_{n}.json" for i in (1, 2, 3) for n in (32768, 131072)]
 NEWER = [RESULTS / f"decode_1b_compiled_h200_7030726_run{i}.json" for i in (1, 2, 3)]  # 32K and 128K only
 STEP = [RESULTS / f"decode_1b_compiled_h200_7db65e2_run{i}.json" for i in (1, 2, 3)]
 REGISTER = [RESULTS / f"decode_1b_register_gemv_h200_7db65e2_run{i}.json" for i in (1, 2, 3)]
 BATCH = [RESULTS / f"decode_tiny_batch8_compiled_h200_41a17df_run{i}.json" for i in (1, 2, 3)]
-# the same step as NEWER's, in four more processes (controls of two tries): a fifth group, 32K and 128K
-CONTROL = [RESULTS / f"decode_1b_balanced_ab_h200_37b4fc3_round{i}.json" for i in (1, 2, 3)] + [
-    RESULTS / "decode_1b_projected_ab_h200_37b4fc3_round1.json"]
-FILES = NEWER + STEP + REGISTER + BATCH + CONTROL
+FILES = NEWEST + NEWER + STEP + REGISTER + BATCH
 
 
 def _raw(path: Path) -> dict:
@@ -64,7 +63,7 @@ def test_the_committed_run_is_what_the_module_writes_from_the_files(run, tmp_pat
 def test_tables_hold_the_files_numbers(run):
     tables = run[0]["tables"]
     per_token = {(row["run"], row["method"], row["context"]): row for row in tables["per_token"]["rows"]}
-    for path in NEWER + STEP + REGISTER + CONTROL:
+    for path in NEWEST + NEWER + STEP + REGISTER:
         for result in _raw(path)["results"]:
             row = per_token[path.stem.removeprefix("decode_"), result["method"], result["context"]]
             assert row["ms_per_token"] == result["ms_per_token"]
@@ -80,8 +79,9 @@ def test_tables_hold_the_files_numbers(run):
         assert relative[path.stem[7:], "llama_dilated_gemv_static_cache_filled", 131072] == pytest.approx(
             _ms(path, "llama_dilated_gemv_static_cache_filled", 131072) / _ms(path, "longnet_static_graph", 131072))
     spread = {row["run"]: row["spread"] for row in tables["flatness"]["rows"]}
-    assert set(spread) == {path.stem[7:] for path in NEWER + STEP + CONTROL}  # the register runs time one context
-    for path in NEWER + STEP + CONTROL:
+    # the register runs and the newest time one context each
+    assert set(spread) == {path.stem[7:] for path in NEWER + STEP}
+    for path in NEWER + STEP:
         times = [r["ms_per_token"] for r in _raw(path)["results"] if r["method"] == "longnet_static_graph"]
         assert spread[path.stem[7:]] == pytest.approx(max(times) / min(times))
     batch = {row["run"]: row for row in tables["batch"]["rows"]}
@@ -95,13 +95,14 @@ def test_tables_hold_the_files_numbers(run):
 
 def test_findings_quote_the_spans_of_the_files(run):
     page = build_page(*run)
-    assert page.findings[0].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7030726: ")
-    assert page.findings[1].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7db65e2: ")
-    assert page.findings[3].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 37b4fc3: ")
-    for finding, paths, contexts in ((page.findings[0], NEWER, ((32768, "32K"), (131072, "128K"))),
-                                     (page.findings[1], STEP + REGISTER, ((32768, "32K"), (131072, "128K"),
-                                                                          (1048576, "1M"))),
-                                     (page.findings[3], CONTROL, ((32768, "32K"), (131072, "128K")))):
+    assert page.findings[0].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev d1159fa: ")
+    assert page.findings[1].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7030726: ")
+    assert page.findings[2].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7db65e2: ")
+    assert "slower than its fastest" not in page.findings[0]  # one context per run: no spread within a run
+    for finding, paths, contexts in ((page.findings[0], NEWEST, ((32768, "32K"), (131072, "128K"))),
+                                     (page.findings[1], NEWER, ((32768, "32K"), (131072, "128K"))),
+                                     (page.findings[2], STEP + REGISTER, ((32768, "32K"), (131072, "128K"),
+                                                                          (1048576, "1M")))):
         longnet = [r for path in paths for r in _raw(path)["results"] if r["method"] == "longnet_static_graph"]
         assert f"over {len(paths)} runs" in finding
         for context, name in contexts:
@@ -112,8 +113,8 @@ def test_findings_quote_the_spans_of_the_files(run):
                  for r in _raw(path)["results"] if r["method"] == "llama_sdpa_static_cache_filled"
                  and r["context"] == context]
         quoted = f"{fmt(dense[0])}x (no interval: one run)" if len(dense) == 1 else _quoted(dense)
-        assert f"{quoted} at {name}" in page.findings[2]
-    assert page.findings[2].count("the dense Llama (sdpa) ") == 1
+        assert f"{quoted} at {name}" in page.findings[3]
+    assert page.findings[3].count("the dense Llama (sdpa) ") == 1
     batch = [_raw(path)["results"][0]["tokens_per_s_ratio"] for path in BATCH]
     assert (f"{fmt(statistics.median(batch))}x [{fmt(min(batch))}, {fmt(max(batch))}] the tokens/s of its rows one "
             "at a time (median [lowest, highest] of 3 runs)") in page.findings[4]
