@@ -117,10 +117,10 @@ def graphed(fn: Callable[[], object], *, device: torch.device | str, warmup: int
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[torch.device | str] = None,
                      warmup: int = 2, rounds: int = 10, max_seconds: float = 30.0, threads: Optional[int] = None,
                      progress: bool = False) -> dict[str, Timing]:
-    """Time several variants round-robin, one call each per round, in `round_order`: rotating, and reversed every
-    other round (A B C, C B A, B C A, A C B, ...), so that drift, cache warmth and what the call just before
-    left behind hit all alike (an even number of rounds balances the last). Each sample is one call: between
-    CUDA events after a device sync, or wall time by perf_counter on the CPU (never do_bench here).
+    """Time several variants round-robin, one call each per round, in `round_orders` (rotations and their reversals,
+    A B C, C B A, B A C, ...), so that drift, cache warmth and what the call just before left behind hit all alike
+    (an even number of rounds balances every pair). Each sample is one call: between CUDA events after a device
+    sync, or wall time by perf_counter on the CPU (never do_bench here).
 
     threads: torch's intra-op threads while timing (restored after; None leaves them). Stops after
     max_seconds once every variant has 3 samples (float("inf"): exactly `rounds`).
@@ -140,8 +140,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
             for _ in range(warmup):
                 fns[name]()
         begin = time.perf_counter()
+        orders = round_orders(names, rounds)
         for index in _progress(range(rounds), progress):
-            for name in round_order(names, index):
+            for name in orders[index]:
                 _synchronize(device)
                 samples[name].append(_one_call_ms(fns[name], cuda))
             if time.perf_counter() - begin > max_seconds and index >= 2:
@@ -151,14 +152,40 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
     return {name: summarize(values) for name, values in samples.items()}
 
 
-def round_order(names: Sequence[str], index: int) -> list[str]:
-    """The order of round `index` in time_interleaved: names rotated by index // 2, reversed in odd rounds. Over
-    each pair of rounds a name runs once right after each neighbour and once right before it: a call can run
-    slower right after another (on an H200 the second of two back-to-back fwd+bwd calls of one executor at 512K
-    tokens ran about 5% slower), and a plain rotation keeps each name after the same one in every round."""
-    shift = (index // 2) % len(names)
-    order = list(names[shift:]) + list(names[:shift])
-    return order[::-1] if index % 2 else order
+def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:
+    """The order of each round of time_interleaved: round by round, among the rotations of `names` and their
+    reversals, the one after which every two names have run right after each other most evenly (the last call of
+    the round before counted), ties to the one whose first name has led fewest rounds, then to the earlier. A call
+    can run slower right after another (on an H200 the second of two back-to-back fwd+bwd calls of one executor at
+    512K tokens ran about 5% slower), and a plain rotation keeps each name right after the same one. From 3 names on,
+    an even number of rounds leaves every pair balanced."""
+    names = list(names)
+    candidates = []
+    for shift in range(len(names)):
+        rotated = names[shift:] + names[:shift]
+        candidates += [rotated, rotated[::-1]] if len(names) > 2 else [rotated]
+    follows: dict[tuple[str, str], int] = {}
+    leads = dict.fromkeys(names, 0)
+    orders: list[list[str]] = []
+
+    def pairs_of(order: list[str]) -> list[tuple[str, str]]:
+        calls = ([orders[-1][-1]] if orders else []) + order
+        return [(x, y) for x, y in zip(calls, calls[1:]) if x != y]
+
+    def cost(order: list[str]) -> tuple[int, int]:
+        counts = dict(follows)
+        for pair in pairs_of(order):
+            counts[pair] = counts.get(pair, 0) + 1
+        uneven = sum(abs(counts.get((x, y), 0) - counts.get((y, x), 0)) for x in names for y in names if x < y)
+        return uneven, leads[order[0]]
+
+    for _ in range(rounds):
+        order = min(candidates, key=cost)
+        for pair in pairs_of(order):
+            follows[pair] = follows.get(pair, 0) + 1
+        leads[order[0]] += 1
+        orders.append(order)
+    return orders
 
 
 def _progress(rounds: range, show: bool):

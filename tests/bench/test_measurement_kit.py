@@ -9,7 +9,7 @@ import torch
 from hilbert_lab.attention import DilatedPattern, cached_plan, dilated_attention
 from hilbert_lab.bench import anchors
 from hilbert_lab.bench.flops import attention_flops, useful_pairs
-from hilbert_lab.bench.timing import graphed, round_order, summarize, time_function, time_interleaved
+from hilbert_lab.bench.timing import graphed, round_orders, summarize, time_function, time_interleaved
 
 
 def test_summarize_orders_and_picks_percentiles():
@@ -32,7 +32,7 @@ def test_time_interleaved_rotates_and_reverses_the_order_and_restores_threads():
     before = torch.get_num_threads()
     result = time_interleaved({name: (lambda name=name: calls.append(name)) for name in "abc"}, warmup=1, rounds=4,
                               threads=before + 1, max_seconds=float("inf"))  # another count than the current one
-    assert calls == list("abc") + list("abc") + list("cba") + list("bca") + list("acb")
+    assert calls == list("abc") + list("abc") + list("cba") + list("bac") + list("bca")
     assert {name: len(t.samples) for name, t in result.items()} == {"a": 4, "b": 4, "c": 4}
     assert all(s >= 0 for t in result.values() for s in t.samples)
     assert torch.get_num_threads() == before
@@ -148,23 +148,25 @@ def test_fa4_floor_computes_head_groups_in_as_few_calls_as_the_fa4_executor(monk
     assert anchors.fa4_floor(q, k, v, pattern, scale=8**-0.5)[1] is None
 
 
-@pytest.mark.parametrize("count", [2, 3, 4, 5])
-def test_round_orders_put_each_name_after_and_before_its_neighbours_alike(count):
-    """Over an even number of rounds every ordered pair that runs back to back does so as often as its reverse, and
-    every name runs first equally often."""
+@pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
+@pytest.mark.parametrize("rounds", [8, 12])
+def test_round_orders_put_each_name_after_and_before_the_others_alike(count, rounds):
+    """Every round runs each name once; over an even number of rounds, across the whole sequence of calls (a round's
+    first call counts as following the round before's last), x right after y as often as y right after x."""
     from collections import Counter
 
     names = [chr(ord("a") + i) for i in range(count)]
-    rounds = [round_order(names, index) for index in range(2 * count)]
-    assert all(sorted(order) == names for order in rounds)
-    pairs = Counter((order[i], order[i + 1]) for order in rounds for i in range(count - 1))
-    assert all(pairs[x, y] == pairs[y, x] for x, y in pairs)
-    assert set(Counter(order[0] for order in rounds).values()) == {2}
+    orders = round_orders(names, rounds)
+    assert len(orders) == rounds and all(sorted(order) == names for order in orders)
+    calls = [name for order in orders for name in order]
+    pairs = Counter((x, y) for x, y in zip(calls, calls[1:]) if x != y)
+    assert all(pairs[x, y] == pairs[y, x] for x, y in pairs), pairs
 
 
 def test_a_call_slowed_by_the_call_before_it_slows_both_of_a_pair_alike():
-    """Two variants that each run slower right after the other (as two calls of one executor on a GPU): with the
-    orders balanced, their medians agree, where a plain rotation (a always right before b) would slow only b."""
+    """Two variants that each run 10 ms slower right after the other (as two calls of one executor on a GPU): with
+    the orders balanced each is slowed in half its rounds and their medians agree, where a plain rotation (a always
+    right before b) slows only b."""
     import time
 
     last: list[str] = []
@@ -172,11 +174,10 @@ def test_a_call_slowed_by_the_call_before_it_slows_both_of_a_pair_alike():
     def variant(name: str):
         def run():
             slow = bool(last) and last[-1] in "ab" and last[-1] != name
-            time.sleep(0.004 if slow else 0.001)
+            time.sleep(0.011 if slow else 0.001)
             last.append(name)
         return run
 
     timings = time_interleaved({name: variant(name) for name in "abc"}, warmup=0, rounds=8,
                                max_seconds=float("inf"))
-    assert abs(timings["a"].median - timings["b"].median) < 1.5
-    assert max(timings["a"].median, timings["b"].median) < 3.0  # the median call was not the slowed one
+    assert abs(timings["a"].median - timings["b"].median) < 5.0  # a plain rotation: b 10 ms slower
