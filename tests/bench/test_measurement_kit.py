@@ -165,7 +165,7 @@ def test_round_orders_put_each_name_after_and_before_the_others_alike(count, rou
 
 def test_a_call_slowed_by_the_call_before_it_slows_both_of_a_pair_alike():
     """Two variants that each run 10 ms slower right after the other (as two calls of one executor on a GPU): with
-    the orders balanced each is slowed in half its rounds and their medians agree, where a plain rotation (a always
+    the orders balanced each is slowed in half its rounds and their means agree, where a plain rotation (a always
     right before b) slows only b."""
     import time
 
@@ -180,4 +180,5 @@ def test_a_call_slowed_by_the_call_before_it_slows_both_of_a_pair_alike():
 
     timings = time_interleaved({name: variant(name) for name in "abc"}, warmup=0, rounds=8,
                                max_seconds=float("inf"))
-    assert abs(timings["a"].median - timings["b"].median) < 5.0  # a plain rotation: b 10 ms slower
+    means = {name: sum(timings[name].samples) / len(timings[name].samples) for name in "ab"}
+    assert abs(means["a"] - means["b"]) < 3.0  # each slowed in 4 of 8 rounds; a plain rotation: b in 5, a in none
