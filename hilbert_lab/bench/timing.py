@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import torch
