@@ -197,9 +197,9 @@ def _ratio(values: Sequence[float]) -> str:
     values = [float(value) for value in values]
     if len(values) == 1:
         return f"{fmt(values[0])}x (no interval: one run)"
-    for digits in (3, 4):  # a median of a few runs is one of them: one more digit where 3 read as an end
+    for digits in (3, 4):  # one more digit where 3 read the median as an end, or runs that differ as one value
         middle, low, high = (fmt(value, digits) for value in (statistics.median(values), min(values), max(values)))
-        if middle not in (low, high) or low == high:
+        if middle not in (low, high) or min(values) == max(values):
             break
     at_end = " (the median, at the end of its interval)" if middle in (low, high) and low != high else ""
     return f"{middle}x [{low}, {high}]{at_end}"
@@ -210,9 +210,10 @@ def _longnet_finding(size: str, rows: Any, flat: Any) -> str:
 
     mine = rows[rows["method"] == LONGNET]
     runs = list(dict.fromkeys(mine["run"]))
+    alone = len(runs) > 1 and mine.groupby("run")["context"].nunique().max() == 1 and mine["context"].nunique() > 1
     text = (f"{size}: LongNetLM takes {_span(list(mine['ms_per_token']), 'ms')} per token from "
             f"{tokens(mine['context'].min())} to {tokens(mine['context'].max())} tokens of context over {len(runs)} "
-            f"run{'s' if len(runs) > 1 else ''}")
+            f"run{'s' if len(runs) > 1 else ''}{' (one context each)' if alone else ''}")
     limited = mine[mine["x_limit"].notna()]
     if len(limited):
         at = [f"{_ratio(list(limited[limited['context'] == context]['x_limit']))} at {tokens(context)}"

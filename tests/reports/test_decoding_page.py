@@ -38,11 +38,11 @@ def _ms(path: Path, method: str, context: int) -> float:
 
 
 def _quoted(values: list[float]) -> str:
-    """'m [low, high]' as the page quotes a median of runs: 3 digits, 4 where 3 would read the median as an end, and
-    a note where 4 still do (three runs, two of them equal)."""
+    """'m [low, high]' as the page quotes a median of runs: 3 digits, 4 where 3 would read the median as an end or
+    runs that differ as one value, and a note where 4 still do (three runs, two of them equal)."""
     for digits in (3, 4):
         middle, low, high = (fmt(v, digits) for v in (statistics.median(values), min(values), max(values)))
-        if middle not in (low, high) or low == high:
+        if middle not in (low, high) or min(values) == max(values):
             break
     note = " (the median, at the end of its interval)" if middle in (low, high) and low != high else ""
     return f"{middle}x [{low}, {high}]{note}"
@@ -99,6 +99,9 @@ def test_findings_quote_the_spans_of_the_files(run):
     assert page.findings[1].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7030726: ")
     assert page.findings[2].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7db65e2: ")
     assert "slower than its fastest" not in page.findings[0]  # one context per run: no spread within a run
+    assert f"over {len(NEWEST)} runs (one context each);" in page.findings[0]
+    assert "1.511x [1.509, 1.511] (the median, at the end of its interval) at 32K" in page.findings[0]  # not 1.51 x 3
+    assert "one context each" not in page.findings[1] + page.findings[2]
     for finding, paths, contexts in ((page.findings[0], NEWEST, ((32768, "32K"), (131072, "128K"))),
                                      (page.findings[1], NEWER, ((32768, "32K"), (131072, "128K"))),
                                      (page.findings[2], STEP + REGISTER, ((32768, "32K"), (131072, "128K"),
