@@ -114,12 +114,12 @@ def measure_cache(args, context: int, device, backend: str) -> dict:
         logits = model(prompt, caches=caches)
 
     prefill_s = timed(prefill, device)
-    token = logits[:, -1].argmax(-1, keepdim=True)
+    token = greedy_ids(logits[:, -1])
     steps = []
     for _ in range(args.steps + 4):
         def step():
             nonlocal token
-            token = model(token, caches=caches)[:, -1].argmax(-1, keepdim=True)
+            token = greedy_ids(model(token, caches=caches)[:, -1])
         steps.append(timed(step, device))
     kernel = caches[0]._executor[2].name if caches[0]._executor is not None else None
     return {"ms_per_token": 1e3 * statistics.median(steps[4:]), "prefill_s": prefill_s, "new_tokens": args.steps,

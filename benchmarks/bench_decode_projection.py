@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_decode as decode  # noqa: E402
-from hilbert_lab.models.generate import decode_static, new_static_caches  # noqa: E402
+from hilbert_lab.models.generate import decode_static, greedy_ids, new_static_caches  # noqa: E402
 
 GPU = dict(vocab=32000, dim=2048, depth=16, heads=16, segment_lengths=[2048, 8192, 32768, 131072],
            dilation_rates=[1, 2, 4, 8], steps=24, dtype="bf16", context=131072)
@@ -50,7 +50,7 @@ def one_run(model, args, device, prepared: bool, step_model) -> tuple[float, lis
             cache.projections = None
     clock = decode.Clock(device)
     tokens = decode_static(model, decode.prompt_of(args, 1, device), caches, args.steps + 5,
-                           lambda logits: logits.argmax(-1, keepdim=True), device.type == "cuda", on_token=clock,
+                           greedy_ids, device.type == "cuda", on_token=clock,
                            step_model=step_model)
     return 1e3 * statistics.median(clock.gaps()), [int(t) for t in torch.cat(tokens).flatten().tolist()]
 

@@ -93,7 +93,7 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     size = math.isqrt(vocab - 1) + 1  # values per block: ceil(sqrt(V))
     blocks = -(-vocab // size)
     padded = F.pad(logits, (0, blocks * size - vocab), value=-math.inf) if blocks * size != vocab else logits
-    block_max, block_ids = padded.view(batch, blocks, size).max(dim=-1)
+    block_max, block_ids = padded.reshape(batch, blocks, size).max(dim=-1)
     best = block_max.argmax(dim=-1, keepdim=True)
     return block_ids.gather(-1, best) + best * size
 
