@@ -12,7 +12,8 @@ the GELU, the output projection and the MLP's second layer the residual), "fused
 it) and the grid with it ("fused_t..."; with the rotation, two rows per program only), against float64
 LayerNorm, linear, GELU, rotary and add. The summary gives, per weight, the fastest variant, the default over it,
 cuBLAS over the default, and the fastest fused variant and the fused default over the plain default. The JSON is
-rewritten after each weight.
+rewritten after each weight. --weights picks some of the five; --fused-only keeps the fused grid whole and cuts a
+fused weight's plain variants to cuBLAS and the default (a shorter run that tunes what a step launches).
 With --rows R > 1 the rows' positions are POSITION + 997 i, and the grid adds the tensor-core tunings (block_n 16
 and 32: the R rows in one MMA tile) to those that give each row its own programs.
 GPU, a 1B-class layer (dim 2048, MLP 4 x dim, vocab 32000, bf16):
@@ -110,7 +111,8 @@ def measure_weight(args, device, n: int, k: int, has_bias: bool, parts: tuple = 
     plain = [{"weight": w, "bias": b} for w, b in zip(weights, biases)]
     variants = {"cublas": (False, lambda call: F.linear(x, call["weight"], call["bias"]))}
     variants.update({name: (False, (lambda options: lambda call: gemv(x, **call, **options))(options))
-                     for name, options in tunings(args.quick, args.rows).items()})
+                     for name, options in tunings(args.quick, args.rows).items()
+                     if not (args.fused_only and parts and name != "default")})
     if parts:
         fused_calls, fused_wanted = _fused_parts(args, device, parts, weights, biases, x, generator)
         for name, options in tunings(args.quick, args.rows).items():
@@ -149,6 +151,8 @@ def run(args, write) -> dict:
     device = torch.device(args.device)
     report = dict(decode.report_header(args, device), weights={})
     for name, (n, k, has_bias) in weights_of(args).items():
+        if name not in args.weights:
+            continue
         rows = measure_weight(args, device, n, k, has_bias, STEP_PARTS[name])
         report["weights"][name] = {"n": n, "k": k, "bias": has_bias, "variants": rows, "summary": summary(rows)}
         write(report)
@@ -168,7 +172,17 @@ def parse_args(argv=None):
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="default bf16 (--quick: fp16)")
     parser.add_argument("--rows", type=int, default=1, help=f"rows of x (1 to {MAX_ROWS}: a batched step's tokens; "
                         "default 1)")
+    parser.add_argument("--weights", default=",".join(STEP_PARTS),
+                        help=f"which weights, comma-separated (default all: {','.join(STEP_PARTS)})")
+    parser.add_argument("--fused-only", action="store_true",
+                        help="where a step fuses more into the weight's GEMV, its plain variants cut to cuBLAS and the "
+                             "default (the fused grid whole)")
     args = parser.parse_args(argv)
+    names = [name for name in args.weights.split(",") if name]
+    unknown = sorted(set(names) - set(STEP_PARTS))
+    if unknown or not names:
+        parser.error(f"--weights must name some of {', '.join(STEP_PARTS)}, got {args.weights!r}")
+    args.weights = names
     decode.fill_sizes(args, GPU, QUICK)
     if not 1 <= args.rows <= MAX_ROWS:
         parser.error(f"--rows must be 1 to {MAX_ROWS}, got {args.rows}")

@@ -51,7 +51,23 @@ def test_the_sweep_keeps_each_program_within_8192_values(bench):
         assert all(t["block_n"] * t["block_k"] <= 8192 for name, t in grid.items() if name != "default")
 
 
-@pytest.mark.parametrize("extra", [["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"], ["--heads", "3"],
+@pytest.mark.slow  # the interpreter in a fresh process
+@pytest.mark.parametrize("quick_interpreted", [["--weights", "out,head", "--fused-only"]], indirect=True,
+                         ids=["two weights, fused only"])
+def test_a_run_of_some_weights_with_the_fused_grid_only(bench, quick_interpreted):
+    """--weights keeps the named weights in the sweep's order; --fused-only cuts a fused weight's plain variants to
+    cuBLAS and the default, and leaves a weight the step does not fuse its plain grid."""
+    weights = quick_interpreted["weights"]
+    assert list(weights) == ["out", "head"]
+    grid = [name for name in bench.tunings(True, 1) if name != "default"]
+    assert [row["variant"] for row in weights["out"]["variants"]] == \
+        ["cublas", "default", "fused"] + [f"fused_{name}" for name in grid]
+    assert [row["variant"] for row in weights["head"]["variants"]] == ["cublas", "default"] + grid
+    for entry in weights.values():
+        assert all(row["max_error"] < 4e-3 for row in entry["variants"])
+
+
+@pytest.mark.parametrize("extra", [["--weights", "qkv,nope"], ["--weights", ","], ["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"], ["--heads", "3"],
                                    ["--heads", "32"], ["--rows", "0"], ["--rows", "9"]])
 def test_bad_arguments_exit_2(bench, extra):
     with pytest.raises(SystemExit) as done:
