@@ -127,14 +127,6 @@ def measure_cache(args, context: int, device, backend: str) -> dict:
             "cache_rows": caches[0].capacity, "keys_read_last_step": sum(c.keys_read for c in caches)}
 
 
-def stepping(args, model) -> tuple:
-    """(what runs the steps, the pick): with --compile-step both through torch.compile, as
-    LongNetLM.generate(compile_step=True) runs them; else the model and the eager greedy pick (greedy_ids)."""
-    if not args.compile_step:
-        return model, greedy_ids
-    return torch.compile(model, dynamic=False), torch.compile(greedy_ids, dynamic=False)
-
-
 def hbm_bandwidth(device, warm_s: float = 1.0) -> float:
     """Bytes per second of a 1 GiB device-to-device copy (read + write): the same copy repeated for warm_s seconds
     first, then the median of 20 after 5 more."""
@@ -293,8 +285,8 @@ def measure_static(args, context: int, device, bandwidth: float | None) -> dict:
     clock = ProfiledClock(device, args.warm_tokens + 1, profiled, synced) if profiled else Clock(device, synced)
     sync(device)
     start = time.perf_counter()
-    step_model, pick = stepping(args, model)
-    decode_static(model, prompt, caches, count, pick, device.type == "cuda", on_token=clock, step_model=step_model)
+    decode_static(model, prompt, caches, count, greedy_ids, device.type == "cuda", on_token=clock,
+                  compile_step=args.compile_step)
     timed_positions = range(first + warm + 1, context)
     block = model.encoder.blocks[0].attention
     rows = statistics.mean(keys_seen(block.attention.pattern, block.num_heads, p) for p in timed_positions)
@@ -358,13 +350,12 @@ def measure_batch(args, context: int, device, rows: int = 8) -> dict:
         prompt[b, context - n:] = full[0, :n]
         mask[b, context - n:] = 1
     model.generate(prompt[:, -64:], 4, attention_mask=mask[:, -64:])  # warm-up
-    step_model, pick = stepping(args, model)
 
     def run(tokens, row_lengths, clock=None):
         clock = clock or Clock(device)
         caches = new_static_caches(model, tokens.shape[0], context + args.steps + 8, row_lengths)
-        new = decode_static(model, tokens, caches, args.steps + 5, pick, device.type == "cuda", on_token=clock,
-                            step_model=step_model)
+        new = decode_static(model, tokens, caches, args.steps + 5, greedy_ids, device.type == "cuda", on_token=clock,
+                            compile_step=args.compile_step)
         return torch.cat(new, 1), statistics.median(clock.gaps())
 
     batched, batch_step = run(prompt, lengths)

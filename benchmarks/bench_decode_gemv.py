@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_decode as decode  # noqa: E402
 import bench_decode_kernel as kernel  # noqa: E402
 from hilbert_lab.kernels.triton_gemv import MAX_ROWS, fold_layer_norm, gemv  # noqa: E402
-from hilbert_lab.models.rotary import apply_rotary, rotary_angles  # noqa: E402
+from hilbert_lab.models.rotary import apply_rotary, inverse_frequencies  # noqa: E402
 
 GPU = dict(dim=2048, mlp_ratio=4, vocab=32000, layers=16, heads=16, dtype="bf16")
 QUICK = dict(dim=32, mlp_ratio=2, vocab=48, layers=2, heads=4, dtype="fp16")
@@ -74,7 +74,7 @@ def _fused_parts(args, device, parts: tuple, weights: list, biases: list, x: tor
     residual = torch.randn(rows, 1, n, generator=generator, device=device).to(dtype) if "residual" in parts else None
     head_dim = args.dim // args.heads
     position = POSITION + 997 * torch.arange(rows, device=device)[:, None]  # (R, 1)
-    cos, sin = rotary_angles(position, head_dim)  # float64, as a step's tables
+    frequencies = inverse_frequencies(head_dim, 10000.0, device)  # float64, as a step's
     calls, wanted = [], []
     for w, b in zip(weights, biases):
         want = x.double()
@@ -91,7 +91,7 @@ def _fused_parts(args, device, parts: tuple, weights: list, biases: list, x: tor
         want = F.gelu(want) if "gelu" in parts else want
         if "rotation" in parts:
             rotated = 2 * args.dim  # q and k
-            options["rotation"] = (cos, sin, rotated)
+            options["rotation"] = (position, frequencies, rotated)
             pairs = apply_rotary(want[..., :rotated].unflatten(-1, (-1, head_dim)), position)
             want = torch.cat((pairs.flatten(-2), want[..., rotated:]), -1)
         wanted.append(want if residual is None else want + residual.double())

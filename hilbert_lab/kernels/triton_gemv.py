@@ -11,10 +11,12 @@ sums of each row, in this order:
   the row's first value (no cancellation where the row's mean is large), so the weight is still read once and
   nothing else is;
 - activation "gelu": the exact (erf) GELU;
-- rotation (cos, sin, rows): rotary embedding of the first `rows` outputs, whose heads are D = 2 cos.shape[-1]
-  wide: output j and j + D/2 of a head become (y_j cos_j - y_{j+D/2} sin_j, y_j sin_j + y_{j+D/2} cos_j) (the
-  pairs of models.rotary.apply_rotary), at each row's own angles where cos and sin hold one row per row of x; a
-  program then holds the two rows of a pair;
+- rotation (positions, frequencies, rows): rotary embedding of the first `rows` outputs, whose heads are
+  D = 2 frequencies.numel() wide: output j and j + D/2 of a head become (y_j cos_j - y_{j+D/2} sin_j,
+  y_j sin_j + y_{j+D/2} cos_j) (the pairs of models.rotary.apply_rotary) at angle_j = position * frequency_j,
+  the angle, its cosine and sine in float64 in the kernel (models.rotary.rotary_angles' values, so no table is
+  computed or read), each row of x at its own position where positions holds one per row; a program then holds
+  the two rows of a pair;
 - residual (..., N): added last.
 All on one device. Each program reduces `block_n` rows of the weight over K in chunks of `block_k` columns, so a
 launch holds ceil(N / block_n) programs that all stream their rows at once. With several rows of x, a small weight
@@ -53,7 +55,7 @@ if HAVE_TRITON:
         return acc + w.to(tl.float32) * x[None, :], sum1, sum2
 
     @triton.jit
-    def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, N, stride_w, eps,
+    def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, pos_ptr, freq_ptr, res_ptr, N, stride_w, eps,
                      K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                      EVEN: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr,
                      ROTATED: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr):
@@ -67,8 +69,7 @@ if HAVE_TRITON:
             x_ptr += m * K
             y_ptr += m * N
             res_ptr += m * N
-            cos_ptr += m * HALF
-            sin_ptr += m * HALF
+            pos_ptr += m
         if HALF > 0:  # BLOCK_N == 2: the rows j and j + HALF of one head
             pair = pid % HALF
             rows = (pid // HALF) * (2 * HALF) + pair + tl.arange(0, BLOCK_N) * HALF
@@ -109,8 +110,9 @@ if HAVE_TRITON:
                 first = tl.arange(0, BLOCK_N) == 0
                 y_first = tl.sum(tl.where(first, y, 0.0), axis=0)
                 y_second = tl.sum(tl.where(first, 0.0, y), axis=0)
-                c = tl.load(cos_ptr + pair).to(tl.float32)
-                s = tl.load(sin_ptr + pair).to(tl.float32)
+                angle = tl.load(pos_ptr).to(tl.float64) * tl.load(freq_ptr + pair).to(tl.float64)
+                c = tl.cos(angle).to(tl.float32)
+                s = tl.sin(angle).to(tl.float32)
                 y = tl.where(first, y_first * c - y_second * s, y_first * s + y_second * c)
         if HAS_RESIDUAL:
             y += tl.load(res_ptr + rows, mask=rows < N, other=0.0).to(tl.float32)
@@ -130,13 +132,13 @@ if HAVE_TRITON:
         return acc
 
     @triton.jit
-    def _gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, cos_ptr, sin_ptr, res_ptr, M, N, stride_w, eps,
+    def _gemv_rows_kernel(x_ptr, w_ptr, b_ptr, y_ptr, sums_ptr, pos_ptr, freq_ptr, res_ptr, M, N, stride_w, eps,
                           K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                           GELU: tl.constexpr, NORM: tl.constexpr, HALF: tl.constexpr, ROTATED: tl.constexpr,
                           HAS_RESIDUAL: tl.constexpr, LOW: tl.constexpr):
         """`_gemv_kernel` for M (<= 16) rows of x at once, the products on tensor cores (x in the 16 rows of an MMA
         tile): each chunk of the program's weight rows is read once for every row of x; the rows' norms, rotary
-        angles (cos, sin (M, HALF)) and residuals are their own. With HALF > 0 a program holds BLOCK_N rotary pairs
+        positions (M,) and residuals are their own. With HALF > 0 a program holds BLOCK_N rotary pairs
         (rows j and j + HALF of a head, `first` and `second`), else BLOCK_N consecutive rows (`first`)."""
         pid = tl.program_id(0)
         lane = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -186,9 +188,10 @@ if HAVE_TRITON:
             acc2 = 0.5 * acc2 * (1.0 + tl.erf(acc2 * 0.7071067811865476))
         out_mask = in_m[:, None] & in_n[None, :]
         if HALF > 0:
-            angle = m[:, None] * HALF + (lane % HALF)[None, :]
-            c = tl.load(cos_ptr + angle, mask=out_mask, other=1.0).to(tl.float32)
-            s = tl.load(sin_ptr + angle, mask=out_mask, other=0.0).to(tl.float32)
+            position = tl.load(pos_ptr + m, mask=in_m, other=0).to(tl.float64)
+            angle = position[:, None] * tl.load(freq_ptr + lane % HALF).to(tl.float64)[None, :]
+            c = tl.where(out_mask, tl.cos(angle).to(tl.float32), 1.0)
+            s = tl.where(out_mask, tl.sin(angle).to(tl.float32), 0.0)
             turn = (first < ROTATED)[None, :]
             c = tl.where(turn, c, 1.0)
             s = tl.where(turn, s, 0.0)
@@ -206,18 +209,26 @@ MAX_ROWS = 8  # rows of x one launch takes (a batched decoding step); more go to
 SMALL_WEIGHT = 1 << 20  # values of a weight whose rows of x each get their own programs (latency, not bandwidth)
 
 
-def tuning(n: int, k: int, normalize: bool = False, rows: int = 1) -> tuple[int, int, int]:
-    """(block_n, block_k, num_warps) of `gemv` for a weight (n, k) and `rows` rows of x. One row: one weight row
-    per program, 512 columns at a time (the fastest single tuning over a 1B-class step's five weights on an H200,
-    within 7% of each weight's fastest); with the norm folded in or rotary pairs, two rows per program, 1024
-    columns, 2 warps (the fastest for the q, k, v and the MLP's first weight there: a program's reductions of x's
-    mean and variance shared by two rows). Several rows: a weight of at most SMALL_WEIGHT values as one row (each
-    row of x its own programs, side by side); a larger one on tensor cores (block_n 16 or more: `_gemv_rows_kernel`),
-    16 weight rows (or rotary pairs) per program, 256 columns at a time, 4 warps."""
-    if rows > 1 and n * k > SMALL_WEIGHT:
-        return 16, max(16, min(256, triton.next_power_of_2(k))), 4
-    if normalize:
-        return 2, min(1024, triton.next_power_of_2(k)), 2
+def tuning(n: int, k: int, normalize: bool = False, rows: int = 1, rotation: bool = False) -> tuple[int, int, int]:
+    """(block_n, block_k, num_warps) of `gemv` for a weight (n, k) and `rows` rows of x, the fastest found for a
+    1B-class step's weights on an H200 (benchmarks/bench_decode_gemv.py, each weight with the work a step fuses
+    into its GEMV). One row: one weight row per program, 512 columns at a time (within 7% of each plain weight's
+    fastest); with the rotary pairs (and the norm folded in: q, k, v), a pair per program, 2048 columns, 2 warps;
+    with the norm folded in and no rotation (the MLP's first weight), four rows per program, 256 columns, 2 warps
+    (a program's reductions of x's mean and variance shared by its rows). Several rows: a weight of at most
+    SMALL_WEIGHT values as one row (each row of x its own programs, side by side; with the norm or the rotation,
+    two rows or a pair per program, 1024 columns, 2 warps); a larger one on tensor cores
+    (block_n 16 or more: `_gemv_rows_kernel`), 16 weight rows (or rotary pairs) per program, 256 columns at a time,
+    4 warps."""
+    if rows > 1:
+        if n * k > SMALL_WEIGHT:
+            return 16, max(16, min(256, triton.next_power_of_2(k))), 4
+        if normalize or rotation:
+            return 2, min(1024, triton.next_power_of_2(k)), 2
+    elif rotation:
+        return 2, min(2048, triton.next_power_of_2(k)), 2
+    elif normalize:
+        return 4, min(256, triton.next_power_of_2(k)), 2
     return 1, min(512, triton.next_power_of_2(k)), 4
 
 
@@ -250,8 +261,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """x (..., K) of M rows in all (1 <= M <= MAX_ROWS), weight (N, K) (rows contiguous), bias (N,) or None ->
     activation(x W^T + b) (..., N); activation None or "gelu" (exact, erf); normalize (row_sums (N,) float32, eps):
     layer-normalise each row of x first (the norm's affine folded into weight and bias: fold_layer_norm); rotation
-    (cos, sin, rows): rotary pairs over the first `rows` outputs (a multiple of D; N a multiple of D), cos and sin
-    (D/2,) for every row of x or (..., D/2) holding M rows, one per row of x; residual (..., N): added last."""
+    (positions, frequencies, rows): rotary pairs over the first `rows` outputs (a multiple of D; N a multiple of
+    D) at angles position * frequency in float64, frequencies (D/2,) floats (models.rotary.inverse_frequencies),
+    positions integers, one for every row of x or M of them (any shape), one per row; residual (..., N): added
+    last."""
     require_triton("gemv")
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
@@ -269,24 +282,27 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if row_sums is not None and (tuple(row_sums.shape) != (n,) or row_sums.dtype != torch.float32):
         raise ValueError(f"normalize's row sums must be a float32 tensor of shape ({n},), got "
                          f"{row_sums.dtype} {tuple(row_sums.shape)}")
-    cos = sin = None
+    positions = frequencies = None
     half = rotated = 0
     if rotation is not None:
-        cos, sin, rotated = rotation
-        half = cos.shape[-1] if cos.dim() else 0
-        if sin.shape != cos.shape or half < 1 or cos.numel() not in (half, m * half) or n % (2 * half) \
-                or rotated % (2 * half) or not 0 <= rotated <= n:
-            raise ValueError(f"rotation must be (cos, sin, rows) with cos and sin of D/2 values for every row of x or "
-                             f"per row ({m} rows), N={n} and rows multiples of D and rows <= N, got cos "
-                             f"{tuple(cos.shape)}, sin {tuple(sin.shape)}, rows {rotated}")
-        cos, sin = (t.reshape(-1, half).expand(m, half).contiguous() for t in (cos, sin))
+        positions, frequencies, rotated = rotation
+        half = frequencies.numel() if frequencies.dim() == 1 else 0
+        if positions.is_floating_point() or positions.is_complex() or positions.numel() not in (1, m) \
+                or not frequencies.is_floating_point() or half < 1 or n % (2 * half) or rotated % (2 * half) \
+                or not 0 <= rotated <= n:
+            raise ValueError(f"rotation must be (positions, frequencies, rows): integer positions, one for every row "
+                             f"of x or one per row ({m} rows), D/2 float frequencies (D,), N={n} and rows multiples "
+                             f"of D and rows <= N, got positions {positions.dtype} {tuple(positions.shape)}, "
+                             f"frequencies {frequencies.dtype} {tuple(frequencies.shape)}, rows {rotated}")
+        positions = positions.reshape(-1).expand(m).contiguous()
+        frequencies = frequencies.contiguous()
     if residual is not None and tuple(residual.shape) != tuple(out_shape):
         raise ValueError(f"residual must have the output's shape {tuple(out_shape)}, got {tuple(residual.shape)}")
-    devices = {t.device for t in (x, weight, bias, row_sums, cos, sin, residual) if t is not None}
+    devices = {t.device for t in (x, weight, bias, row_sums, positions, frequencies, residual) if t is not None}
     if len(devices) > 1:
         raise ValueError(f"x, weight, bias, normalize, rotation and residual must be on one device, got "
                          f"{sorted(map(str, devices))}")
-    default = tuning(n, k, row_sums is not None or rotation is not None, m)
+    default = tuning(n, k, row_sums is not None, m, rotation is not None)
     block_n, block_k = block_n or default[0], block_k or default[1]
     if half and (m == 1 or block_n < 16):  # one program per rotary pair
         block_n = 2
@@ -296,24 +312,25 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     flat = x.reshape(m, k).contiguous()
     bias = None if bias is None else bias.contiguous()
     residual = None if residual is None else residual.reshape(m, n).contiguous()
-    return gemv_op(flat, weight, bias, row_sums, cos, sin, residual, float(eps), rotated, activation == "gelu",
+    return gemv_op(flat, weight, bias, row_sums, positions, frequencies, residual, float(eps), rotated,
+                   activation == "gelu",
                    block_n, block_k, num_warps or default[2]).reshape(out_shape)
 
 
 def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, row_sums: torch.Tensor | None,
-                 cos: torch.Tensor | None, sin: torch.Tensor | None, residual: torch.Tensor | None, eps: float,
-                 rotated: int, gelu: bool, block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
-    """The launch of `gemv` on checked arguments: x (M, K), residual (M, N) -> (M, N); cos and sin (M, D/2)
-    given: rotary pairs."""
+                 positions: torch.Tensor | None, frequencies: torch.Tensor | None, residual: torch.Tensor | None,
+                 eps: float, rotated: int, gelu: bool, block_n: int, block_k: int, num_warps: int) -> torch.Tensor:
+    """The launch of `gemv` on checked arguments: x (M, K), residual (M, N) -> (M, N); positions (M,) and
+    frequencies (D/2,) given: rotary pairs."""
     n, k = weight.shape
     m = x.shape[0]
-    half = 0 if cos is None else cos.shape[-1]
+    half = 0 if frequencies is None else frequencies.shape[-1]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     per_row = m == 1 or block_n < 16  # else the rows in one tensor-core tile
     blocks = n // 2 if half and block_n == 2 else triton.cdiv(n // 2 if half else n, block_n)
     grid = (blocks * m,) if per_row else (blocks,)
     placeholders = (weight if bias is None else bias, out, weight if row_sums is None else row_sums,
-                    weight if cos is None else cos, weight if sin is None else sin,
+                    weight if positions is None else positions, weight if frequencies is None else frequencies,
                     weight if residual is None else residual)
     if per_row:
         _gemv_kernel[grid](
@@ -328,11 +345,12 @@ def _gemv_launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return out
 
 
-def _gemv_fake(x, weight, bias, row_sums, cos, sin, residual, eps, rotated, gelu, block_n, block_k, num_warps):
+def _gemv_fake(x, weight, bias, row_sums, positions, frequencies, residual, eps, rotated, gelu, block_n, block_k,
+               num_warps):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
 # One op to torch.compile (its graph holds the launch as one call, launched as `_gemv_launch` launches it).
-gemv_op = define_op("gemv(Tensor x, Tensor weight, Tensor? bias, Tensor? row_sums, Tensor? cos, Tensor? sin, "
-                    "Tensor? residual, float eps, int rotated, bool gelu, int block_n, int block_k, int num_warps) "
+gemv_op = define_op("gemv(Tensor x, Tensor weight, Tensor? bias, Tensor? row_sums, Tensor? positions, "
+                    "Tensor? frequencies, Tensor? residual, float eps, int rotated, bool gelu, int block_n, int block_k, int num_warps) "
                     "-> Tensor", _gemv_launch, _gemv_fake)

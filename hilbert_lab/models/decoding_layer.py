@@ -15,7 +15,7 @@ from torch import nn
 from hilbert_lab.kernels.gemv_linear import few_rows_gemv, linear
 
 from .projection import NormedLinear, fold_norm, foldable_norm, normed_linear, plain_linear
-from .rotary import apply_rotary, rotary_angles
+from .rotary import apply_rotary, inverse_frequencies
 
 __all__ = ["decoding_layer", "decoding_projections"]
 
@@ -45,15 +45,11 @@ def decoding_projections(block: nn.Module, dtype: torch.dtype | None = None) -> 
             "up": fold_norm(block.mlp_norm, mlp[0].weight, mlp[0].bias, dtype), "down": plain(mlp[2])}
 
 
-def _angles(block: nn.Module, x: torch.Tensor, positions: torch.Tensor,
-            rotary_tables: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float64 rotary cosines and sines (M, D/2) of the M rows of x (B, N, C), positions (N,) or (B, N)."""
-    head_dim = block.attention.head_dim
-    angles = None if rotary_tables is None else rotary_tables.get((head_dim, block.rotary_base))
-    if angles is None:
-        angles = rotary_angles(positions, head_dim, base=block.rotary_base)
-    rows = x.shape[:-1] + (head_dim // 2,)
-    return tuple(table.expand(rows).reshape(-1, head_dim // 2) for table in angles)
+def _rotation(block: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions of the M rows of x (B, N, C) (M,), the block's rotary frequencies (D/2,) float64): what the q, k, v
+    GEMV computes its rotary angles from, positions (N,) or (B, N)."""
+    frequencies = inverse_frequencies(block.attention.head_dim, block.rotary_base, positions.device)
+    return positions.expand(x.shape[:-1]).reshape(-1), frequencies
 
 
 def decoding_layer(block: nn.Module, x: torch.Tensor, positions: torch.Tensor, cache, projections: dict,
@@ -68,7 +64,7 @@ def decoding_layer(block: nn.Module, x: torch.Tensor, positions: torch.Tensor, c
     kv_dim = mha.num_kv_heads * mha.head_dim
     rotation = None
     if block.rotary and few_rows_gemv(x, qkv.weight, qkv.bias):
-        rotation = (*_angles(block, x, positions, rotary_tables), mha.embed_dim + kv_dim)
+        rotation = (*_rotation(block, x, positions), mha.embed_dim + kv_dim)
     q, k, v = (t.unflatten(-1, (-1, mha.head_dim))
                for t in normed_linear(x, qkv, rotation=rotation).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))
     if block.rotary and rotation is None:

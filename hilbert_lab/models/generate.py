@@ -186,15 +186,12 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, top_k: int | N
     def pick(logits: torch.Tensor) -> torch.Tensor:
         return next_token(logits, top_k, temperature, generator).to(dtype)
 
-    if compile_step and (top_k is None or top_k == 1):  # the greedy pick as one fused reduction
-        pick = torch.compile(pick, dynamic=False)
-
     try:
         with torch.inference_mode():
             if static:
                 caches = new_static_caches(model, prompt.shape[0], prompt.shape[1] + max_new_tokens, lengths)
-                new = decode_static(model, prompt, caches, max_new_tokens, pick, graphed,
-                                    step_model=torch.compile(model, dynamic=False) if compile_step else model)
+                new = decode_static(model, prompt, caches, max_new_tokens, pick, graphed, compile_step=compile_step,
+                                    pick_in_step=top_k is None or top_k == 1)
             else:
                 caches = new_caches(model, prompt.shape[1] + max_new_tokens) if use_cache is not False else None
                 new = decode(model, prompt, caches, max_new_tokens, pick)
@@ -219,38 +216,65 @@ def decode(model, prompt: torch.Tensor, caches: list[DilatedKVCache] | None, max
     return new
 
 
+def _step(model, caches: list[DilatedStaticCache], pick, step_input: torch.Tensor, tokens: torch.Tensor,
+          slot: torch.Tensor) -> torch.Tensor | None:
+    """One decoding step on static caches from step_input (B, 1): with a pick, the ids it picks written to
+    step_input (the next step's input) and to column `slot` (1,) of tokens (B, T), slot advanced, nothing returned;
+    without one (pick None), the logits (B, V)."""
+    logits = model(step_input, caches=caches, logits_to_keep=1)[:, -1]
+    if pick is None:
+        return logits
+    ids = pick(logits).to(tokens.dtype)
+    step_input.copy_(ids)
+    tokens.index_copy_(1, slot, ids)
+    slot.add_(1)
+    return None
+
+
 def decode_static(model, prompt: torch.Tensor, caches: list[DilatedStaticCache], max_new_tokens: int, pick,
-                  graphed: bool, on_token=None, step_model=None) -> list:
+                  graphed: bool, on_token=None, compile_step: bool = False, pick_in_step: bool = True) -> list:
     """New tokens (B, 1) each on static caches: the prompt, one eager step (kernels compiled, libraries
     initialised), then with `graphed` the steps of every layer captured once as a CUDA graph and replayed per
-    token (the caches' device positions advance inside it). on_token(tokens (B, 1)): called after each new token
-    (a benchmark's clock). step_model: what runs the steps (default `model`; torch.compile(model) fuses the small
-    ops of a step, each compiled step then captured like an eager one)."""
-    step_model = model if step_model is None else step_model
+    token (the caches' device positions advance inside it). pick(logits (B, V)) -> ids (B, 1). pick_in_step: the
+    pick runs inside the step (in its graph: a replay is the whole token, its ids written on the device to the
+    next step's input and to a (B, max_new_tokens) tensor whose columns are the new tokens); where the pick must
+    stay outside (sampling from a generator), False. compile_step: the step (with the pick inside, that too) runs
+    through torch.compile, its small ops fused, then is captured like an eager one. on_token(tokens (B, 1)):
+    called after each new token (a benchmark's clock)."""
     new = []
     if max_new_tokens == 0:
         return new
-    chosen = pick(model(prompt, caches=caches, logits_to_keep=1)[:, -1])
-    new.append(chosen)
+    rows, device = prompt.shape[0], prompt.device
+    tokens = torch.empty(rows, max_new_tokens, dtype=prompt.dtype, device=device)
+    slot = torch.ones(1, dtype=torch.int64, device=device)
+    step_input = torch.empty(rows, 1, dtype=prompt.dtype, device=device)
+    inside = pick if pick_in_step else None
+    step = torch.compile(_step, dynamic=False) if compile_step else _step
+    chosen = pick(model(prompt, caches=caches, logits_to_keep=1)[:, -1]).to(prompt.dtype)
+    step_input.copy_(chosen)
+    tokens[:, :1].copy_(chosen)
+    new.append(tokens[:, :1])
     if on_token is not None:
-        on_token(chosen)
-    graph = step_input = step_logits = None
+        on_token(new[-1])
+    graph = logits = None
     for index in range(1, max_new_tokens):
         if graphed and graph is None and index >= 2:
-            step_input = chosen.clone()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                step_logits = step_model(step_input, caches=caches, logits_to_keep=1)[:, -1]
+                graph_logits = step(model, caches, inside, step_input, tokens, slot)
         if graph is not None:
-            step_input.copy_(chosen)
             graph.replay()
             for cache in caches:  # host lengths: a replay advances the device positions only
                 cache.length = max(cache.lengths) + index
-            logits = step_logits
+            logits = graph_logits
         else:
-            logits = step_model(chosen, caches=caches, logits_to_keep=1)[:, -1]
-        chosen = pick(logits)
-        new.append(chosen)
+            logits = step(model, caches, inside, step_input, tokens, slot)
+        if inside is None:
+            chosen = pick(logits).to(prompt.dtype)
+            step_input.copy_(chosen)
+            new.append(chosen)
+        else:
+            new.append(tokens[:, index:index + 1])
         if on_token is not None:
-            on_token(chosen)
+            on_token(new[-1])
     return new

@@ -51,7 +51,7 @@ def normed_linear(x: torch.Tensor, layer: NormedLinear, activation: str | None =
                   rotation: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> torch.Tensor:
     """linear(layer_norm(x), ...) of a NormedLinear, x (..., K) -> (..., N): a few rows on a GPU with no gradient
     asked (few_rows_gemv) as one GEMV that normalises each row from the chunks it reads (and rotates the first
-    outputs' pairs: rotation (cos, sin, rows), cos and sin (D/2,) or one row of D/2 per row of x,
+    outputs' pairs: rotation (positions, frequencies, rows), one position for every row of x or one per row,
     kernels.triton_gemv.gemv); otherwise F.layer_norm without affine, then `linear` (rotation is then refused: the
     caller rotates)."""
     if few_rows_gemv(x, layer.weight, layer.bias) and (rotation is None or same_place(rotation[0], x)):

@@ -22,7 +22,7 @@ def _main() -> None:
     from hilbert_lab.attention.static_cache import step_tables
     from hilbert_lab.kernels.triton_decode import dilated_decode
     from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv
-    from hilbert_lab.models.rotary import rotary_angles
+    from hilbert_lab.models.rotary import inverse_frequencies
 
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, dim, capacity, model = 4, 2, 16, 16, 32
@@ -36,9 +36,8 @@ def _main() -> None:
 
     def step(x, storage, positions):
         keys, values = storage[0, :, :, 1:1 + kv_heads], storage[1, :, :, 1:1 + kv_heads]  # strided views
-        cos, sin = rotary_angles(positions, dim)
         qkv = gemv(x, weight, bias, normalize=(sums, 1e-5),
-                   rotation=(cos.reshape(-1).float(), sin.reshape(-1).float(), (heads + kv_heads) * dim))
+                   rotation=(positions, inverse_frequencies(dim, 10000.0, positions.device), (heads + kv_heads) * dim))
         q, k, v = qkv.split((heads * dim, kv_heads * dim, kv_heads * dim), -1)
         out, lse = dilated_decode(q.reshape(1, heads, dim), k.reshape(1, kv_heads, dim), v.reshape(1, kv_heads, dim),
                                   keys, values, positions, *tables, dim ** -0.5)

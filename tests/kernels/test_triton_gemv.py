@@ -56,14 +56,14 @@ def _fused_errors(gen) -> None:
     """Per (K, D, H, H_kv, block_k), dtype and offset of x's mean: the largest error of the folded norm, GELU,
     rotation of the q and k rows and the residual against float64, over the reference's largest value."""
     from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv
-    from hilbert_lab.models.rotary import apply_rotary, rotary_angles
+    from hilbert_lab.models.rotary import apply_rotary, inverse_frequencies
 
     for k, head_dim, heads, kv_heads, block_k in FUSED:
         rows = (heads + 2 * kv_heads) * head_dim
         w, b = torch.randn(rows, k, generator=gen) * k ** -0.5, torch.randn(rows, generator=gen)
         gamma, beta = torch.rand(k, generator=gen) + 0.5, torch.randn(k, generator=gen)
         position = torch.tensor([1234])
-        cos, sin = rotary_angles(position, head_dim)
+        frequencies = inverse_frequencies(head_dim, 10000.0, position.device)
         for dtype in (torch.float32, torch.float16):
             for offset in (0.0, 1e3):
                 x = (torch.randn(1, 1, k, generator=gen) * 3 + offset).to(dtype)
@@ -75,7 +75,8 @@ def _fused_errors(gen) -> None:
                 rotated = torch.cat((rotate(q), rotate(kk), v), -1) + residual.double()
                 weight, bias, sums = fold_layer_norm(w, b, gamma, beta, dtype)
                 got = gemv(x, weight, bias, normalize=(sums, 1e-5), block_k=block_k)
-                fused = gemv(x, weight, bias, normalize=(sums, 1e-5), rotation=(cos, sin, (heads + kv_heads) * head_dim),
+                fused = gemv(x, weight, bias, normalize=(sums, 1e-5), rotation=(position, frequencies,
+                                                                          (heads + kv_heads) * head_dim),
                              residual=residual, block_k=block_k)
                 gelu = gemv(x, weight, bias, "gelu", normalize=(sums, 1e-5), block_k=block_k)
                 scale = want.abs().max()
@@ -97,15 +98,15 @@ def _rows_errors(gen) -> None:
     with the GELU, and with the folded norm, each row's own rotation (positions far apart) and the residual, against
     float64, over the reference's largest value."""
     from hilbert_lab.kernels.triton_gemv import fold_layer_norm, gemv
-    from hilbert_lab.models.rotary import apply_rotary, rotary_angles
+    from hilbert_lab.models.rotary import apply_rotary, inverse_frequencies
 
     head_dim = 8
+    frequencies = inverse_frequencies(head_dim, 10000.0, torch.device("cpu"))
     for m, n, k, block_n, block_k in ROWS:
         n = n - n % (2 * head_dim)  # whole heads: the rotated rows
         w, b = torch.randn(n, k, generator=gen) * k ** -0.5, torch.randn(n, generator=gen)
         gamma, beta = torch.rand(k, generator=gen) + 0.5, torch.randn(k, generator=gen)
         positions = torch.randint(0, 100_000, (m, 1), generator=gen)
-        cos, sin = rotary_angles(positions, head_dim)  # (M, 1, D/2)
         rotated_rows = n - 2 * head_dim if n > 2 * head_dim else n
         for dtype in (torch.float32, torch.float16):
             for offset in (0.0, 1e3):
@@ -120,7 +121,7 @@ def _rows_errors(gen) -> None:
                 rotated = apply_rotary(head.unflatten(-1, (-1, head_dim)), positions).flatten(-2)
                 fused_want = torch.cat((rotated, tail), -1) + residual.double()
                 weight, bias, sums = fold_layer_norm(w, b, gamma, beta, dtype)
-                fused = gemv(x, weight, bias, normalize=(sums, 1e-5), rotation=(cos, sin, rotated_rows),
+                fused = gemv(x, weight, bias, normalize=(sums, 1e-5), rotation=(positions, frequencies, rotated_rows),
                              residual=residual, block_n=block_n, block_k=block_k)
                 print(json.dumps({"rows_case": [m, n, k, block_n, block_k, str(dtype), offset],
                                   "shapes": [list(got.shape), list(fused.shape)], "dtype": str(fused.dtype),
@@ -198,11 +199,13 @@ def test_a_folded_layer_norm_gives_the_norm_then_the_linear_layer():
 @pytest.mark.parametrize("keywords, match", [
     (dict(normalize=(torch.zeros(3), 1e-5)), "row sums must be a float32 tensor of shape"),
     (dict(normalize=(torch.zeros(4, dtype=torch.float16), 1e-5)), "row sums must be a float32 tensor of shape"),
-    (dict(rotation=(torch.zeros(3), torch.zeros(3), 4)), "rotation must be"),
-    (dict(rotation=(torch.zeros(2), torch.zeros(1), 4)), "rotation must be"),
-    (dict(rotation=(torch.zeros(1), torch.zeros(1), 3)), "rotation must be"),
-    (dict(rotation=(torch.zeros(1), torch.zeros(1), 6)), "rotation must be"),
-    (dict(rotation=(torch.zeros(2, 1), torch.zeros(2, 1), 4)), "rotation must be"),  # 2 rows of angles, x 1 row
+    (dict(rotation=(torch.zeros(1), torch.zeros(1), 4)), "rotation must be"),  # float positions
+    (dict(rotation=(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), 4)), "rotation must be"),
+    (dict(rotation=(torch.zeros(1, dtype=torch.long), torch.zeros(3), 4)), "rotation must be"),  # D 6, N 4
+    (dict(rotation=(torch.zeros(1, dtype=torch.long), torch.zeros(1), 3)), "rotation must be"),
+    (dict(rotation=(torch.zeros(1, dtype=torch.long), torch.zeros(1), 6)), "rotation must be"),
+    (dict(rotation=(torch.zeros(2, dtype=torch.long), torch.zeros(1), 4)), "rotation must be"),  # 2 positions, 1 row
+    (dict(rotation=(torch.zeros(1, dtype=torch.long), torch.zeros(1, 1), 4)), "rotation must be"),  # 2-d frequencies
     (dict(residual=torch.zeros(1, 5)), "residual must have the output's shape"),
 ])
 def test_gemv_rejects_bad_fused_parts(keywords, match):

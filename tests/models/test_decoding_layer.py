@@ -139,7 +139,7 @@ def test_linear_adds_the_residual_and_normed_linear_normalises_off_the_gpu():
     folded = fold_norm(norm, layer.weight, layer.bias)
     torch.testing.assert_close(normed_linear(x, folded, "gelu"), nn.functional.gelu(layer(norm(x))))
     with pytest.raises(ValueError, match="rotation runs inside the GEMV only"):
-        normed_linear(x, folded, rotation=(torch.ones(2), torch.zeros(2), 4))
+        normed_linear(x, folded, rotation=(torch.ones(2, dtype=torch.long), torch.zeros(2), 4))
     with pytest.raises(ValueError, match="norm must be a plain nn.LayerNorm"):
         fold_norm(nn.RMSNorm(8), layer.weight, layer.bias)
 

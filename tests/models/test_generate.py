@@ -297,13 +297,19 @@ def test_bad_padding_or_graph_requests_are_refused_naming_them(arguments, needle
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (static caches, CUDA graphs)")
 def test_gpu_graphed_generation_equals_eager_steps_and_the_recompute():
-    """float32 on the GPU: the CUDA-graph replay gives the eager static steps' tokens, which equal the recompute's;
-    left-padded rows give their batch-1 tokens."""
+    """float32 on the GPU: the CUDA-graph replay (the greedy pick inside it) gives the eager static steps' tokens,
+    which equal the recompute's, and so do compiled steps in the graph; sampled tokens (picked outside the graph)
+    equal the eager steps' samples; left-padded rows give their batch-1 tokens."""
     model = _lm(dtype=torch.float32).cuda()
     prompt = _tokens(2, 13).cuda()
     graphed = model.generate(prompt, 50)
     assert torch.equal(graphed, model.generate(prompt, 50, cuda_graph=False))
     assert torch.equal(graphed, model.generate(prompt, 50, use_cache=False))
+    assert torch.equal(graphed, model.generate(prompt, 50, compile_step=True))
+
+    def sampled(**options):
+        return model.generate(prompt, 30, top_k=5, generator=torch.Generator("cuda").manual_seed(9), **options)
+    assert torch.equal(sampled(), sampled(cuda_graph=False))
     rows = [_tokens(1, n, seed=n) for n in (17, 5)]
     padded, mask = _left_padded_prompt(rows)
     batched = model.generate(padded.cuda(), 30, attention_mask=mask.cuda())
