@@ -4,7 +4,8 @@ other models timed in the same process (the dense Llama on transformers' static 
 through register()) against it, and batched steps against their rows one at a time.
 
     python -m hilbert_lab.reports.decoding \\
-        reports/results/decode_static/decode_1b_compiled_h200_d1159fa_run{1,2,3}_{32768,131072}.json \\
+        reports/results/decode_static/decode_1b_compiled_h200_b74bade_run{1,2,3}_{32768,131072}.json \\
+        reports/results/decode_static/decode_1b_compiled_h200_b74bade_run4_32768.json \\
         reports/results/decode_static/decode_1b_compiled_h200_7030726_run{1,2,3}.json \\
         reports/results/decode_static/decode_1b_compiled_h200_7db65e2_run{1,2,3}.json \\
         reports/results/decode_static/decode_1b_register_gemv_h200_7db65e2_run{1,2,3}.json \\

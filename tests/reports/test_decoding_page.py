@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "reports" / "results" / "decode_static"
 RUN = REPO / "reports" / "decoding" / "h200-gpu"
 # the newest step: each run one context alone (one process per context), the bandwidth measured warm
-NEWEST = [RESULTS / f"decode_1b_compiled_h200_d1159fa_run{i}_{n}.json" for i in (1, 2, 3) for n in (32768, 131072)]
+NEWEST = [RESULTS / f"decode_1b_compiled_h200_b74bade_run{i}_{n}.json" for i in (1, 2, 3) for n in (32768, 131072)] \
+    + [RESULTS / "decode_1b_compiled_h200_b74bade_run4_32768.json"]
 NEWER = [RESULTS / f"decode_1b_compiled_h200_7030726_run{i}.json" for i in (1, 2, 3)]  # 32K and 128K only
 STEP = [RESULTS / f"decode_1b_compiled_h200_7db65e2_run{i}.json" for i in (1, 2, 3)]
 REGISTER = [RESULTS / f"decode_1b_register_gemv_h200_7db65e2_run{i}.json" for i in (1, 2, 3)]
@@ -93,14 +94,21 @@ def test_tables_hold_the_files_numbers(run):
         assert row["same_tokens"] is all(result["same_tokens_per_row"])
 
 
+def test_a_ratio_of_runs_gets_a_fourth_digit_where_three_hide_their_differences():
+    assert decoding._ratio([1.5106, 1.5112, 1.5094]) == "1.511x [1.509, 1.511] (the median, at the end of its interval)"
+    assert decoding._ratio([1.4903, 1.482, 1.4863, 1.4949]) == "1.488x [1.482, 1.495]"
+    assert decoding._ratio([1.42, 1.50, 1.61]) == "1.5x [1.42, 1.61]"
+    assert decoding._ratio([2.0, 2.0]) == "2x [2, 2]"
+
+
 def test_findings_quote_the_spans_of_the_files(run):
     page = build_page(*run)
-    assert page.findings[0].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev d1159fa: ")
+    assert page.findings[0].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev b74bade: ")
     assert page.findings[1].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7030726: ")
     assert page.findings[2].startswith("dim 2048, 16 layers, 16 heads, vocab 32000, rev 7db65e2: ")
     assert "slower than its fastest" not in page.findings[0]  # one context per run: no spread within a run
     assert f"over {len(NEWEST)} runs (one context each);" in page.findings[0]
-    assert "1.511x [1.509, 1.511] (the median, at the end of its interval) at 32K" in page.findings[0]  # not 1.51 x 3
+    assert "1.488x [1.482, 1.495] at 32K" in page.findings[0]  # 4 digits: 1.49x [1.48, 1.49] reads the median as an end
     assert "one context each" not in page.findings[1] + page.findings[2]
     for finding, paths, contexts in ((page.findings[0], NEWEST, ((32768, "32K"), (131072, "128K"))),
                                      (page.findings[1], NEWER, ((32768, "32K"), (131072, "128K"))),
