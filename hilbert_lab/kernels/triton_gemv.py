@@ -352,5 +352,6 @@ def _gemv_fake(x, weight, bias, row_sums, positions, frequencies, residual, eps,
 
 # One op to torch.compile (its graph holds the launch as one call, launched as `_gemv_launch` launches it).
 gemv_op = define_op("gemv(Tensor x, Tensor weight, Tensor? bias, Tensor? row_sums, Tensor? positions, "
-                    "Tensor? frequencies, Tensor? residual, float eps, int rotated, bool gelu, int block_n, int block_k, int num_warps) "
+                    "Tensor? frequencies, Tensor? residual, float eps, int rotated, bool gelu, int block_n, "
+                    "int block_k, int num_warps) "
                     "-> Tensor", _gemv_launch, _gemv_fake)

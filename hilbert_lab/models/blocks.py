@@ -15,9 +15,8 @@ from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.static_cache import DilatedStaticCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
 from hilbert_lab.attention.pattern import DilatedPattern
-from hilbert_lab.kernels.gemv_linear import few_rows_gemv
 
-from .decoding_layer import decoding_layer
+from .decoding_layer import decoding_layer, rotates_in_gemv
 from .projection import project
 from .rotary import apply_rotary, pass_rotary_tables
 
@@ -202,11 +201,11 @@ class LongNetEncoder(nn.Module):
                 raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
             positions = caches[0].token_positions(x.shape[1], x.device) if positions is None else \
                 _check_positions(positions, x.shape[1], limit, x.device)
-            # steps whose q, k, v GEMV rotates from the positions need no tables (a block that falls back to its
-            # modules computes its own)
-            prepared = all(isinstance(cache, DilatedStaticCache) and cache.projections is not None for cache in caches)
-            tables = {} if prepared and few_rows_gemv(x, caches[0].projections["qkv"].weight) \
-                else self.rotary_tables(positions, x)
+            # steps that rotate inside their q, k, v GEMVs need no tables (a block that falls back to its modules
+            # computes its own)
+            in_gemv = all(isinstance(cache, DilatedStaticCache) and rotates_in_gemv(x, cache.projections)
+                          for cache in caches)
+            tables = {} if in_gemv else self.rotary_tables(positions, x)
             for block, cache in zip(self.blocks, caches):
                 x = block(x, positions, None, cache, tables)
             return self.norm(x)
@@ -355,8 +354,9 @@ class LongNetLM(nn.Module):
         ``use_cache=True`` insists) the prompt runs once and each new token is one decoding step per layer
         (cost of the keys it sees, memory of the longest segment): on a GPU in fixed storage
         (attention.DilatedStaticCache) whose steps replay as one CUDA graph per token (``cuda_graph``,
-        default on there; a greedy pick inside it, so a replay is the whole token), on the CPU in attention.DilatedKVCache. ``attention_mask`` (B, N0) of 0/1 marks
-        left padding: rows of different lengths decode side by side, each as if alone. ``use_cache=False``
+        default on there; a greedy pick inside it, so a replay is the whole token), on the CPU in
+        attention.DilatedKVCache. ``attention_mask`` (B, N0) of 0/1 marks left padding: rows of different
+        lengths decode side by side, each as if alone. ``use_cache=False``
         recomputes the whole prefix per token. All are exact: the causal dilated pattern depends only on
         absolute positions, so they give the same tokens. ``compile_step=True`` runs the steps on static caches
         through ``torch.compile`` (small ops fused, so low-precision logits may differ in their last bits;

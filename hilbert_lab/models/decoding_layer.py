@@ -17,7 +17,7 @@ from hilbert_lab.kernels.gemv_linear import few_rows_gemv, linear
 from .projection import NormedLinear, fold_norm, foldable_norm, normed_linear, plain_linear
 from .rotary import apply_rotary, inverse_frequencies
 
-__all__ = ["decoding_layer", "decoding_projections"]
+__all__ = ["decoding_layer", "decoding_projections", "rotates_in_gemv"]
 
 
 def decoding_projections(block: nn.Module, dtype: torch.dtype | None = None) -> dict | None:
@@ -45,6 +45,12 @@ def decoding_projections(block: nn.Module, dtype: torch.dtype | None = None) -> 
             "up": fold_norm(block.mlp_norm, mlp[0].weight, mlp[0].bias, dtype), "down": plain(mlp[2])}
 
 
+def rotates_in_gemv(x: torch.Tensor, projections: dict | None) -> bool:
+    """Whether a decoding step of x (B, N, C) on these prepared projections rotates q and k inside its q, k, v
+    GEMV (from the positions: no rotary tables needed), rather than through apply_rotary after F.linear."""
+    return projections is not None and few_rows_gemv(x, projections["qkv"].weight, projections["qkv"].bias)
+
+
 def _rotation(block: nn.Module, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions of the M rows of x (B, N, C) (M,), the block's rotary frequencies (D/2,) float64): what the q, k, v
     GEMV computes its rotary angles from, positions (N,) or (B, N)."""
@@ -63,7 +69,7 @@ def decoding_layer(block: nn.Module, x: torch.Tensor, positions: torch.Tensor, c
     qkv: NormedLinear = projections["qkv"]
     kv_dim = mha.num_kv_heads * mha.head_dim
     rotation = None
-    if block.rotary and few_rows_gemv(x, qkv.weight, qkv.bias):
+    if block.rotary and rotates_in_gemv(x, projections):
         rotation = (*_rotation(block, x, positions), mha.embed_dim + kv_dim)
     q, k, v = (t.unflatten(-1, (-1, mha.head_dim))
                for t in normed_linear(x, qkv, rotation=rotation).split((mha.embed_dim, kv_dim, kv_dim), dim=-1))

@@ -67,7 +67,8 @@ def test_a_run_of_some_weights_with_the_fused_grid_only(bench, quick_interpreted
         assert all(row["max_error"] < 4e-3 for row in entry["variants"])
 
 
-@pytest.mark.parametrize("extra", [["--weights", "qkv,nope"], ["--weights", ","], ["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"], ["--heads", "3"],
+@pytest.mark.parametrize("extra", [["--weights", "qkv,nope"], ["--weights", ","],
+                                   ["--layers", "0"], ["--dim", "-1"], ["--dtype", "fp8"], ["--heads", "3"],
                                    ["--heads", "32"], ["--rows", "0"], ["--rows", "9"]])
 def test_bad_arguments_exit_2(bench, extra):
     with pytest.raises(SystemExit) as done:
