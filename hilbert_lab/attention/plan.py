@@ -135,8 +135,10 @@ class Plan:
     by their LSEs; otherwise every (query position, head) belongs to at most one block (head_groups mode,
     or a single branch) and blocks write their results in place. covered: every (query row, head) lies in
     some block (else the output's uncovered rows must read 0 and their LSE -inf). first_branch: a branch
-    whose blocks cover every (position, head) and come first (its gradient shares can be written where
-    other branches' add), or None. kv_shared: some key/value head is read by blocks of several branches
+    whose blocks cover every (position, head), or None: its gradient shares are written where other branches'
+    add, so an executor stores all of its shares (every document's) before any other branch's. Its blocks
+    need not come first in `blocks` (a packed row's first document may have no block of a lower branch whose
+    offsets start past it). kv_shared: some key/value head is read by blocks of several branches
     (grouped-query heads across head groups), so its gradient shares add up even without a merge.
     """
 

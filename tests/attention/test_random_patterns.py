@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 from unittest import mock
 
+import pytest
 import torch
 
 from hilbert_lab.attention.engine import dilated_attention
@@ -46,33 +47,34 @@ def test_random_pattern_matches_oracle(case):
 
 @st.composite
 def calls(draw):
-    """A random pattern with one of: grouped key/value heads, packed documents (cu_seqlens), fewer queries than
-    keys, or a run of a layer's heads (global_heads); on manual, sdpa or the fa4 executor's glue (FlashAttention-4
-    stood in for in float64)."""
+    """A random pattern with any mix of: grouped key/value heads, packed documents (cu_seqlens) or fewer queries
+    than keys, and a run of a layer's heads (global_heads); on manual, sdpa or the fa4 executor's glue
+    (FlashAttention-4 stood in for in float64)."""
     branches = draw(st.integers(1, 3))
     segment_lengths = [draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 48])) for _ in range(branches)]
-    kind = draw(st.sampled_from(["grouped", "packed", "fewer", "heads"]))
     kv_heads = draw(st.integers(1, 3))
     seq_len = draw(st.integers(1, 40))
+    rows = draw(st.sampled_from(["all", "packed", "fewer"]))
     case = dict(segment_lengths=segment_lengths, dilation_rates=[draw(st.integers(1, min(w, 6)))
                                                                 for w in segment_lengths],
-                seq_len=seq_len, kind=kind, kv_heads=kv_heads if kind == "grouped" else None,
+                seq_len=seq_len, grouped=draw(st.booleans()), kv_heads=kv_heads,
                 num_heads=kv_heads * draw(st.integers(1, 3)), mode=draw(st.sampled_from(["longnet", "head_groups"])),
-                causal=draw(st.booleans()), backend=draw(st.sampled_from(["manual", "sdpa", "fa4"])))
-    if kind == "packed":
+                causal=draw(st.booleans()), backend=draw(st.sampled_from(["manual", "sdpa", "fa4"])),
+                queries=seq_len, total_heads=None, start=0)
+    if rows == "packed":
         cuts = draw(st.lists(st.integers(0, seq_len), max_size=4))
         case["cu_seqlens"] = [0, *sorted(cuts), seq_len]  # empty documents too
-    if kind == "fewer":
+    if rows == "fewer":
         case["queries"] = draw(st.integers(1, seq_len))
-    if kind == "heads":
+    if draw(st.booleans()):  # q's heads are a run of a layer's heads
         case["total_heads"] = case["num_heads"] * draw(st.integers(2, 3))
         case["start"] = case["num_heads"] * draw(st.integers(0, case["total_heads"] // case["num_heads"] - 1))
     return case
 
 
 def _oracle_of(case, q, k, v):
-    """(out, lse) of the float64 dense oracle for `case` on q (B, N, H_all, D), k, v (B, N, H_kv, D) of the whole
-    call: documents one by one, grouped heads repeated, the last `queries` rows, a run of heads sliced."""
+    """(out, lse) of the float64 dense oracle for `case` on q (B, N, H_all, D), k, v (B, N, H_kv_all, D) of the
+    whole layer: documents one by one, grouped heads repeated, the last `queries` rows, all heads."""
     pattern = DilatedPattern.create(case["segment_lengths"], case["dilation_rates"], mode=case["mode"],
                                     causal=case["causal"])
     groups = q.shape[2] // k.shape[2]
@@ -80,32 +82,26 @@ def _oracle_of(case, q, k, v):
     bounds = case.get("cu_seqlens", [0, q.shape[1]])
     parts = [reference_attention(q[:, a:b], k[:, a:b], v[:, a:b], pattern) for a, b in zip(bounds, bounds[1:]) if b > a]
     out, lse = torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 2)
-    queries = case.get("queries", q.shape[1])
-    out, lse = out[:, q.shape[1] - queries:], lse[..., q.shape[1] - queries:]
-    if case["kind"] == "heads":
-        heads = slice(case["start"], case["start"] + case["num_heads"])
-        out, lse = out[:, :, heads], lse[:, heads]
-    return out, lse
+    first = q.shape[1] - case["queries"]
+    return out[:, first:], lse[..., first:]
 
 
-@settings(max_examples=100, deadline=None, derandomize=True, database=None)
-@given(calls())
-def test_random_call_matches_oracle(case):
-    """Outputs, LSE and gradients (random upstream gradients of both) against the float64 oracle."""
-    batch = 1 if case["kind"] == "packed" else 2
+def _call_matches_oracle(case):
+    """Outputs, LSE and gradients (random upstream gradients of both) of one `calls` case against the float64
+    oracle of the whole layer, sliced to the call's queries and heads."""
+    batch = 1 if "cu_seqlens" in case else 2
     head_dim = 8  # the fa4 glue takes multiples of 8
-    all_heads = case.get("total_heads", case["num_heads"])
+    all_heads = case["total_heads"] or case["num_heads"]
+    group = case["num_heads"] // case["kv_heads"] if case["grouped"] else 1
     q, k, v = random_qkv(batch, case["seq_len"], all_heads, head_dim, seed=case["seq_len"])
-    if case["kv_heads"] is not None:
-        k, v = (t.detach()[:, :, :case["kv_heads"]].clone().requires_grad_(True) for t in (k, v))
-    queries = case.get("queries", case["seq_len"])
-    heads = slice(case.get("start", 0), case.get("start", 0) + case["num_heads"])
-    inputs = [q.detach()[:, case["seq_len"] - queries:, heads], k.detach(), v.detach()]
-    if case["kind"] == "heads":
-        inputs[1:] = [t[:, :, heads] for t in inputs[1:]]
-    inputs = [t.clone().requires_grad_(True) for t in inputs]
+    k, v = (t.detach()[:, :, :all_heads // group].clone().requires_grad_(True) for t in (k, v))
+    first = case["seq_len"] - case["queries"]
+    heads = slice(case["start"], case["start"] + case["num_heads"])
+    kv_heads = slice(heads.start // group, heads.stop // group)
+    inputs = [t.detach().clone().requires_grad_(True)
+              for t in (q[:, first:, heads], k[:, :, kv_heads], v[:, :, kv_heads])]
     options = {"cu_seqlens": case["cu_seqlens"]} if "cu_seqlens" in case else {}
-    if case["kind"] == "heads":
+    if case["total_heads"]:
         options["global_heads"] = (case["start"], case["total_heads"])
     with mock.patch.dict(sys.modules, standin_modules()):
         out, lse = dilated_attention(*inputs, segment_lengths=case["segment_lengths"],
@@ -117,12 +113,29 @@ def test_random_call_matches_oracle(case):
         g_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
         got = torch.autograd.grad((out, torch.where(torch.isinf(lse), 0.0, lse)), inputs, (g_out, g_lse))
     expected_out, expected_lse = _oracle_of(case, q, k, v)
+    expected_out, expected_lse = expected_out[:, :, heads], expected_lse[:, heads]
     assert max_diff(out, expected_out) < 1e-10 and max_diff(lse, expected_lse) < 1e-10
     expected = torch.autograd.grad((expected_out, torch.where(torch.isinf(expected_lse), 0.0, expected_lse)),
-                                   (q, k, v), (g_out, g_lse))
-    expected = [expected[0][:, case["seq_len"] - queries:, heads], *expected[1:]]
-    if case["kind"] == "heads":
-        expected[1:] = [t[:, :, heads] for t in expected[1:]]
+                                   (q, k, v), (g_out, g_lse), allow_unused=True)
+    expected = [torch.zeros_like(t) if e is None else e for e, t in zip(expected, (q, k, v))]
+    expected = [expected[0][:, first:, heads], expected[1][:, :, kv_heads], expected[2][:, :, kv_heads]]
     # the fa4 glue hands the kernel its LSE in float32, as FlashAttention-4 takes it: probabilities to ~1e-7
     tolerance = 1e-6 if case["backend"] == "fa4" else 1e-10
     assert max(max_diff(a, b) for a, b in zip(got, expected)) < tolerance
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(calls())
+def test_random_call_matches_oracle(case):
+    _call_matches_oracle(case)
+
+
+@pytest.mark.parametrize("backend", ["manual", "sdpa", "fa4"])
+def test_gradients_of_packed_heads_whose_first_document_has_no_row_of_the_first_branch(backend):
+    """Global head 7 of 8 reads offset 7 in branch 0 (rate 8): the first document (6 tokens) has no row there, so
+    branch 1 (which covers every row) is the branch whose shares are written; every executor stores them before
+    branch 0 adds its own (the second document's), whatever the order of the branches."""
+    case = dict(segment_lengths=[16, 3], dilation_rates=[8, 1], seq_len=54, grouped=False, kv_heads=1, num_heads=1,
+                mode="longnet", causal=False, backend=backend, queries=54, total_heads=8, start=7,
+                cu_seqlens=[0, 6, 54])
+    _call_matches_oracle(case)

@@ -89,10 +89,11 @@ def blockwise_backward(plan: Plan, state: Optional[tuple], q, k, v, inputs: tupl
         tensors.append((grad_lse, QUERY))
     _, views = plan_views(plan, tensors, fold_flags)
     units = plan_units(plan)
-    order = range(len(units))
-    if after_first is not None:  # the first branch's calls (of every document) first, then after_first, the rest
-        first = [i for i in order if units[i].branch == grads.first_branch]
-        order = first + [None] + [i for i in order if units[i].branch != grads.first_branch]
+    # the first branch's calls (of every document: its shares are written, so no other share may land before them)
+    # first, then after_first, then the rest
+    first = [i for i, unit in enumerate(units) if unit.branch == grads.first_branch]
+    order = first + ([None] if after_first is not None else []) + \
+        [i for i, unit in enumerate(units) if unit.branch != grads.first_branch]
     for index_unit in order:
         if index_unit is None:
             after_first()

@@ -86,14 +86,14 @@ def plan_packs(plan: Plan) -> tuple[Pack, ...]:
             key = (blk.branch, blk.heads.start, blk.heads.stop, blk.heads.step or 1, kv.start, kv.stop, kv.step or 1,
                    blk.step, p0 % blk.step)
             runs.setdefault(key, []).append((p0 // blk.step, blk.length))
-    packs = []  # in the order of their branches (a first branch's shares are written before others add)
+    packs = []  # the first branch's first (its shares are written before others add), then by branch
     for (branch, h0, h1, hs, k0, k1, ks, step, residue), members in runs.items():
         members.sort()
         begin = members[0][0]
         end = max(row + length for row, length in members)
         packs.append(Pack(branch, slice(h0, h1, hs), slice(k0, k1, ks), step, residue + begin * step, end - begin,
                           tuple(row - begin for row, _ in members), tuple(length for _, length in members)))
-    return tuple(sorted(packs, key=lambda pack: pack.branch))
+    return tuple(sorted(packs, key=lambda pack: (pack.branch != plan.first_branch, pack.branch)))
 
 
 def _pack_keys(plan: Plan) -> int:
