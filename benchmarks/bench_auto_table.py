@@ -86,11 +86,13 @@ def main() -> None:
         return
     table = json.loads(table_path(kind).read_text())
     rows = check_auto_table(table, device=device, repeats=args.repeats)
-    print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest")
+    print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest "
+          f"(95% interval)")
     for row in rows:
+        low, high = row.get("auto_over_fastest_interval", (float("nan"), float("nan")))
         print(f"{row['mode']:11s} {int(row['causal'])} {row['seq_len']:7d} {row['head_dim']:3d} "
               f"{'fwd+bwd' if row['training'] else 'fwd':7s} {row['auto_picks']:10s} {row.get('fastest', '-'):8s} "
-              f"{row.get('auto_over_fastest', float('nan')):.3f}")
+              f"{row.get('auto_over_fastest', float('nan')):.3f} ({low:.3f}-{high:.3f})")
     summary = {**check_summary(rows, TOLERANCE), "seconds": time.time() - began}
     print(json.dumps(summary))
     if args.check_out:

@@ -4,8 +4,9 @@
 forward / forward and backward, and ragged N), round-robin in one process (`time_interleaved`), and returns
 the table as a JSON object; `benchmarks/bench_auto_table.py` writes it into the package for the GPU it ran on,
 keeping every finished cell. `check_auto_table` times `backend="auto"` beside the same executors per cell:
-auto over the fastest of them, with the interval of each median, and per name what its plan regions did
-(`graph_regions`: eager runs, captures, replays over its warm-up and timed calls).
+auto over the fastest of them with the 95% interval of that ratio (rounds resampled in pairs, `bench.stats`), each
+name's samples, and per name what its plan regions did (`graph_regions`: eager runs, captures, replays over its
+warm-up and timed calls).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from hilbert_lab.attention.engine import dilated_attention
 from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.selection import resolve_executor
+from hilbert_lab.bench.stats import ratio_ci
 from hilbert_lab.bench.timing import Timing, time_interleaved
 
 
@@ -150,11 +152,15 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
         timings = time_interleaved({name: _tallied(call, tallies[name]) for name, call in calls.items()},
                                    device=device, warmup=2, rounds=repeats, max_seconds=float("inf"))
         row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked, **_timing_row(timings), "errors": errors,
-               "graph_regions": tallies}
+               "graph_regions": tallies,
+               "samples_ms": {name: [round(s, 5) for s in t.samples] for name, t in timings.items()}}
         others = {name: t.median for name, t in timings.items() if name != "auto"}
         if "auto" in timings and others:
             fastest = min(others, key=others.get)
             row.update(fastest=fastest, auto_over_fastest=timings["auto"].median / others[fastest])
+            # rounds pair auto's calls with the fastest's: the interval of the ratio of medians, resampled by round
+            _, low, high = ratio_ci(timings["auto"].samples, timings[fastest].samples)
+            row["auto_over_fastest_interval"] = [low, high]
         rows.append(row)
         del calls
     return rows
@@ -177,8 +183,11 @@ def _tallied(call: Callable[[], object], tally: dict[str, int]) -> Callable[[], 
 def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:
     """Over the rows of `check_auto_table`: how many cells `auto` (its own timing, host time of choosing
     included) and its pick (that executor's timing by name: the choice alone) are within `tolerance` of the
-    fastest executor, with the median and worst ratio of each."""
-    auto, picked = [], []
+    fastest executor, with the median and worst ratio of each. Where rows hold the 95% interval of auto over the
+    fastest (`auto_over_fastest_interval`), auto's cells are also sorted by it: "settled_within" (the whole
+    interval at or below `tolerance`), "settled_beyond" (the whole interval above it) and "undecided" (the
+    interval holds `tolerance`: more rounds would tell)."""
+    auto, picked, intervals = [], [], []
     for row in rows:
         times = row["times_ms"]
         others = {name: value for name, value in times.items() if name != "auto"}
@@ -188,13 +197,21 @@ def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:
         auto.append(times["auto"] / fastest)
         if row["auto_picks"] in others:
             picked.append(others[row["auto_picks"]] / fastest)
+        if row.get("auto_over_fastest_interval") is not None:
+            intervals.append(row["auto_over_fastest_interval"])
 
     def stats(ratios: list[float]) -> dict:
         ordered = sorted(ratios)
         return {"within": sum(r <= tolerance for r in ordered),
                 "median": ordered[len(ordered) // 2] if ordered else None, "worst": ordered[-1] if ordered else None}
 
-    return {"cells": len(rows), "tolerance": tolerance, "auto": stats(auto), "picked": stats(picked)}
+    summary = {"cells": len(rows), "tolerance": tolerance, "auto": stats(auto), "picked": stats(picked)}
+    if intervals:
+        within = sum(high <= tolerance for _, high in intervals)
+        beyond = sum(low > tolerance for low, _ in intervals)
+        summary["auto"].update(settled_within=within, settled_beyond=beyond,
+                               undecided=len(intervals) - within - beyond)
+    return summary
 
 
 def _dtype_on(device: torch.device) -> torch.dtype:

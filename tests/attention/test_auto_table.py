@@ -11,6 +11,7 @@ import torch
 from hilbert_lab.attention import auto_table, selection
 from hilbert_lab.attention.auto_table import Cell, is_ragged, nearest_cell, parse_table, table_choice
 from hilbert_lab.attention.executors import EXECUTORS
+from hilbert_lab.bench.stats import ratio_ci
 from hilbert_lab.bench.auto_table import (
     check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
 )
@@ -166,6 +167,12 @@ def test_measuring_and_checking_a_table_on_the_cpu():
                                         for name in ("auto", "sdpa", "manual")} for row in rows)
     summary = check_summary(rows, 1e9)
     assert summary["cells"] == 2 and summary["auto"]["within"] == 2 and summary["picked"]["within"] == 2
+    assert summary["auto"]["settled_within"] == 2  # every interval below a tolerance of 1e9
+    for row in rows:  # the interval of auto over the fastest: from the samples of both, round by round
+        fastest = row["samples_ms"][row["fastest"]]
+        assert len(row["samples_ms"]["auto"]) == len(fastest) == 2
+        assert row["auto_over_fastest_interval"] == pytest.approx(list(ratio_ci(row["samples_ms"]["auto"], fastest)[1:]),
+                                                                rel=1e-3)  # samples kept to 10 ns
     with pytest.raises(ValueError, match="seq_lens or ragged_lens, head_dims and batches must be non-empty"):
         sweep_cells([], [64])
     assert {c.seq_len for c in sweep_cells([], [8, 16], [69], heads=2)} == {69}  # the ragged cells alone
@@ -214,3 +221,19 @@ def test_check_summary_counts_auto_and_its_pick_against_the_fastest():
     summary = check_summary(rows, 1.03)
     assert summary["auto"] == {"within": 0, "median": 2.0, "worst": 2.0}
     assert summary["picked"] == {"within": 1, "median": 1.5, "worst": 1.5}
+
+
+def test_check_summary_sorts_auto_by_the_interval_of_its_ratio():
+    """A cell is settled within the tolerance when its whole interval is at or below it, settled beyond when the
+    whole interval is above it, and undecided when the interval holds it; rows without an interval count only by
+    their medians."""
+    def row(auto, interval):
+        return {"auto_picks": "a", "times_ms": {"auto": auto, "a": 1.0}, "auto_over_fastest_interval": interval}
+
+    rows = [row(1.0, [0.99, 1.01]), row(1.02, [0.98, 1.06]), row(1.05, [1.04, 1.07]), row(1.01, [1.0, 1.03]),
+            {"auto_picks": "a", "times_ms": {"auto": 1.0, "a": 1.0}}]
+    summary = check_summary(rows, 1.03)
+    assert summary["auto"]["within"] == 4
+    assert (summary["auto"]["settled_within"], summary["auto"]["settled_beyond"], summary["auto"]["undecided"]) == \
+        (2, 1, 1)
+    assert "settled_within" not in check_summary(rows[-1:], 1.03)["auto"]
