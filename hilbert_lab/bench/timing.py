@@ -9,6 +9,8 @@ zeros and rotate inputs that fit in cache: that is the caller's job.
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import statistics
 import time
 from collections.abc import Sequence
@@ -117,9 +119,9 @@ def graphed(fn: Callable[[], object], *, device: torch.device | str, warmup: int
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[torch.device | str] = None,
                      warmup: int = 2, rounds: int = 10, max_seconds: float = 30.0, threads: Optional[int] = None,
                      progress: bool = False) -> dict[str, Timing]:
-    """Time several variants round-robin, one call each per round, in `round_orders` (rotations and their reversals,
-    A B C, C B A, B A C, ...), so that drift, cache warmth and what the call just before left behind hit all alike
-    (an even number of rounds balances every pair). Each sample is one call: between CUDA events after a device
+    """Time several variants round-robin, one call each per round, in `round_orders` (every name right after
+    every other about equally often), so that drift, cache warmth and what the call just before left behind hit
+    all alike. Each sample is one call: between CUDA events after a device
     sync, or wall time by perf_counter on the CPU (never do_bench here).
 
     threads: torch's intra-op threads while timing (restored after; None leaves them). Stops after
@@ -153,39 +155,63 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
 
 
 def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:
-    """The order of each round of time_interleaved: round by round, among the rotations of `names` and their
-    reversals, the one after which every two names have run right after each other most evenly (the last call of
-    the round before counted), ties to the one whose first name has led fewest rounds, then to the earlier. A call
-    can run slower right after another (on an H200 the second of two back-to-back fwd+bwd calls of one executor at
-    512K tokens ran about 5% slower), and a plain rotation keeps each name right after the same one. From 3 names on,
-    an even number of rounds leaves every pair balanced."""
+    """The order of each round of time_interleaved: round by round, the order after which every name has run
+    right after every other name most evenly over the whole sequence of calls (a round's first call follows the
+    round before's last): first the fewest between the most and the least frequent ordered pair, then x right
+    after y as often as y right after x, then the most even counts, then the first name that has led fewest rounds.
+    A call can run slower right after another (on an H200 the second of two back-to-back fwd+bwd calls of one
+    executor at 512K tokens ran about 5% slower), and a plain rotation keeps each name right after the same one.
+    Up to 6 names every order is a candidate (from 4 names on, a rotation and its reversal leave some ordered
+    pairs out entirely): after any number of rounds the ordered pairs' counts differ by at most 1 and, over an even
+    number, x follows y as often as y follows x. From 7 names the candidates are the rows of a Williams design
+    (each row's neighbours all differ) and the rotations of `names` with their reversals."""
     names = list(names)
-    candidates = []
-    for shift in range(len(names)):
-        rotated = names[shift:] + names[:shift]
-        candidates += [rotated, rotated[::-1]] if len(names) > 2 else [rotated]
-    follows: dict[tuple[str, str], int] = {}
-    leads = dict.fromkeys(names, 0)
-    orders: list[list[str]] = []
+    return [[names[i] for i in order] for order in _round_orders(len(names), rounds)]
 
-    def pairs_of(order: list[str]) -> list[tuple[str, str]]:
-        calls = ([orders[-1][-1]] if orders else []) + order
+
+@functools.lru_cache(maxsize=64)
+def _round_orders(count: int, rounds: int) -> tuple[tuple[int, ...], ...]:
+    """round_orders on the indices 0 .. count - 1."""
+    if count == 0:
+        return tuple(() for _ in range(rounds))
+    indices = list(range(count))
+    if count <= 6:
+        candidates = list(itertools.permutations(indices))
+    else:
+        first, low, high = [0], 1, count - 1  # a Williams design's first row: 0, 1, n - 1, 2, n - 2, ...
+        while len(first) < count:
+            first.append(low)
+            low += 1
+            if len(first) < count:
+                first.append(high)
+                high -= 1
+        rows = [tuple((x + shift) % count for x in first) for shift in range(count)]
+        rotations = [tuple(indices[shift:] + indices[:shift]) for shift in range(count)]
+        candidates = list(dict.fromkeys(rows + [r[::-1] for r in rows] + rotations + [r[::-1] for r in rotations]))
+    pairs = [(x, y) for x in indices for y in indices if x != y]
+    follows = dict.fromkeys(pairs, 0)
+    leads = [0] * count
+    orders: list[tuple[int, ...]] = []
+
+    def pairs_of(order: tuple[int, ...]) -> list[tuple[int, int]]:
+        calls = ((orders[-1][-1],) if orders else ()) + order
         return [(x, y) for x, y in zip(calls, calls[1:]) if x != y]
 
-    def cost(order: list[str]) -> tuple[int, int]:
+    def cost(order: tuple[int, ...]) -> tuple[int, int, int, int]:
         counts = dict(follows)
         for pair in pairs_of(order):
-            counts[pair] = counts.get(pair, 0) + 1
-        uneven = sum(abs(counts.get((x, y), 0) - counts.get((y, x), 0)) for x in names for y in names if x < y)
-        return uneven, leads[order[0]]
+            counts[pair] += 1
+        values = counts.values()
+        uneven = sum(abs(counts[x, y] - counts[y, x]) for x, y in pairs if x < y)
+        return max(values) - min(values) if values else 0, uneven, sum(v * v for v in values), leads[order[0]]
 
     for _ in range(rounds):
         order = min(candidates, key=cost)
         for pair in pairs_of(order):
-            follows[pair] = follows.get(pair, 0) + 1
+            follows[pair] += 1
         leads[order[0]] += 1
         orders.append(order)
-    return orders
+    return tuple(orders)
 
 
 def _progress(rounds: range, show: bool):

@@ -27,12 +27,13 @@ def test_time_function_counts_calls_and_rejects_bad_counts():
         time_function(lambda: None, repeats=0)
 
 
-def test_time_interleaved_rotates_and_reverses_the_order_and_restores_threads():
+def test_time_interleaved_runs_the_rounds_of_round_orders_and_restores_threads():
     calls: list[str] = []
     before = torch.get_num_threads()
     result = time_interleaved({name: (lambda name=name: calls.append(name)) for name in "abc"}, warmup=1, rounds=4,
                               threads=before + 1, max_seconds=float("inf"))  # another count than the current one
-    assert calls == list("abc") + list("abc") + list("cba") + list("bac") + list("bca")
+    assert calls == list("abc") + [name for order in round_orders(list("abc"), 4) for name in order]  # warm-up first
+    assert calls[3:] == list("abc") + list("cba") + list("cab") + list("cba")
     assert {name: len(t.samples) for name, t in result.items()} == {"a": 4, "b": 4, "c": 4}
     assert all(s >= 0 for t in result.values() for s in t.samples)
     assert torch.get_num_threads() == before
@@ -149,10 +150,11 @@ def test_fa4_floor_computes_head_groups_in_as_few_calls_as_the_fa4_executor(monk
 
 
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
-@pytest.mark.parametrize("rounds", [8, 12])
-def test_round_orders_put_each_name_after_and_before_the_others_alike(count, rounds):
-    """Every round runs each name once; over an even number of rounds, across the whole sequence of calls (a round's
-    first call counts as following the round before's last), x right after y as often as y right after x."""
+@pytest.mark.parametrize("rounds", [8, 12, 13])
+def test_round_orders_put_each_name_after_every_other_alike(count, rounds):
+    """Every round runs each name once; across the whole sequence of calls (a round's first call counts as following
+    the round before's last) the ordered pairs (x right after y) differ in count by at most 1, and over an even
+    number of rounds x follows y as often as y follows x."""
     from collections import Counter
 
     names = [chr(ord("a") + i) for i in range(count)]
@@ -160,7 +162,26 @@ def test_round_orders_put_each_name_after_and_before_the_others_alike(count, rou
     assert len(orders) == rounds and all(sorted(order) == names for order in orders)
     calls = [name for order in orders for name in order]
     pairs = Counter((x, y) for x, y in zip(calls, calls[1:]) if x != y)
-    assert all(pairs[x, y] == pairs[y, x] for x, y in pairs), pairs
+    counts = [pairs[x, y] for x in names for y in names if x != y]
+    assert max(counts) - min(counts) <= 1 and min(counts) >= 1, pairs
+    if rounds % 2 == 0:
+        assert all(pairs[x, y] == pairs[y, x] for x, y in pairs), pairs
+
+
+@pytest.mark.parametrize("count", [7, 8, 11])
+def test_round_orders_of_many_names_follow_a_williams_design(count):
+    """From 7 names on (candidates: a Williams design's rows, rotations and their reversals): every name once per
+    round, and over 2 x count rounds every name right after every other, the counts within 3 of each other."""
+    from collections import Counter
+
+    names = [f"n{i}" for i in range(count)]
+    orders = round_orders(names, 2 * count)
+    assert all(sorted(order) == sorted(names) for order in orders)
+    calls = [name for order in orders for name in order]
+    pairs = Counter((x, y) for x, y in zip(calls, calls[1:]) if x != y)
+    counts = [pairs[x, y] for x in names for y in names if x != y]
+    assert min(counts) >= 1 and max(counts) - min(counts) <= 3, sorted(counts)
+    assert round_orders([], 3) == [[], [], []] and round_orders(["x"], 2) == [["x"], ["x"]]
 
 
 def test_a_call_slowed_by_the_call_before_it_slows_both_of_a_pair_alike():
