@@ -31,7 +31,7 @@ PYTEST := $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup --no-loadscop
 # too, said in words; any other status passes through.
 CHECK_COLLECTED := status=$$?; if [ $$status -eq 5 ]; then echo "pytest collected no test (exit 5)" >&2; fi; exit $$status
 
-.PHONY: setup test test-all test-gpu test-core-install report browser clean-venv
+.PHONY: setup test fuzz test-all test-gpu test-core-install report browser clean-venv
 
 # One stamp per set of extras: `make report` installs only what the reports need (no test tools, no Triton
 # interpreter, no transformers); `make test` adds the test tools, `make test-all` transformers, to the same venv.
@@ -62,6 +62,12 @@ test-core-install:
 # the float64 exactness families at small sizes, one gloo ring, one notebook run, one browser page.
 test: browser $(VENV)/.installed-$(TEST_EXTRAS)
 	@$(PYTEST) -m "not slow"; $(CHECK_COLLECTED)
+
+# The property tests (hypothesis) with FUZZ_EXAMPLES new random examples each, where `make test` draws a fixed few:
+# the float64 oracle against random patterns, calls, caches and curves, for as long as the examples take.
+FUZZ_EXAMPLES ?= 2000
+fuzz: $(VENV)/.installed-$(TEST_EXTRAS)
+	@HILBERT_LAB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) -m "property and not gpu"; $(CHECK_COLLECTED)
 
 # Everything (CI: .ci/run): the slow trainings, every browser test and notebook, and the core-install check. The
 # check (its own venv: pip, then one process per command) runs in the background, alongside the dev venv's

@@ -116,6 +116,9 @@ def _module_fixture_group(item) -> Optional[str]:
 def pytest_collection_modifyitems(config, items):
     grouped = config.pluginmanager.hasplugin("xdist")
     groups = {item.nodeid: _module_fixture_group(item) for item in items}
+    for item in items:  # hypothesis draws its examples (make fuzz: many, new each run)
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)
     if grouped:
         for item in items:
             if groups[item.nodeid]:
