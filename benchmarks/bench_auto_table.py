@@ -9,11 +9,14 @@ lies within the factor sqrt(2) a cell answers). It is written, after each finish
 (attention.auto_table, rule 0 of attention.selection).
 
 Check: per cell, `auto` (reading that table) timed beside the same executors on fresh inputs; prints auto
-over the fastest executor per cell, and a summary (bench.auto_table.check_summary: cells where auto, and
-its pick timed by name, are within 3% of the fastest), and writes the rows as JSON (--check-out).
---stage measure or check runs one of the two (check: the packaged table).
+over the fastest executor per cell with its 95% interval, and a summary (bench.auto_table.check_summary: cells
+where auto, and its pick timed by name, are within 3% of the fastest; auto's cells settled within, settled beyond
+or undecided by their intervals), and writes the rows as JSON (--check-out). --settle-rounds N times each
+undecided cell again, alone, with N rounds. --stage measure or check runs one of the two (check: the packaged
+table).
 
 Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 8]
+       [--settle-rounds 0]
 """
 from __future__ import annotations
 
@@ -50,6 +53,9 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2")
     parser.add_argument("--backends", default="sdpa,triton,fa4")
     parser.add_argument("--repeats", type=int, default=8)
+    parser.add_argument("--settle-rounds", type=int, default=0,
+                        help="check: time a cell whose interval of auto over the fastest holds the 3%% tolerance "
+                             "again, alone, with this many rounds (default 0: no second timing)")
     parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
                         help="measure the table, check auto against the packaged one, or both (default)")
     parser.add_argument("--check-out", default=None, help="JSON of the check (default: none written)")
@@ -57,6 +63,8 @@ def main() -> None:
                         help="measure only the given cells into the packaged table, each marked with this revision, "
                              "keeping its other cells (e.g. --seq-lens '' --ragged-lens 32773,131077)")
     args = parser.parse_args()
+    if args.settle_rounds < 0:
+        parser.error(f"--settle-rounds must be >= 0, got {args.settle_rounds}")
     if not torch.cuda.is_available():
         print("bench_auto_table: needs a CUDA GPU", file=sys.stderr)
         raise SystemExit(2)
@@ -85,7 +93,8 @@ def main() -> None:
     if args.stage == "measure":
         return
     table = json.loads(table_path(kind).read_text())
-    rows = check_auto_table(table, device=device, repeats=args.repeats)
+    rows = check_auto_table(table, device=device, repeats=args.repeats, settle_rounds=args.settle_rounds,
+                            tolerance=TOLERANCE)
     print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest "
           f"(95% interval)")
     for row in rows:

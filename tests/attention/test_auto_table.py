@@ -237,3 +237,31 @@ def test_check_summary_sorts_auto_by_the_interval_of_its_ratio():
     assert (summary["auto"]["settled_within"], summary["auto"]["settled_beyond"], summary["auto"]["undecided"]) == \
         (2, 1, 1)
     assert "settled_within" not in check_summary(rows[-1:], 1.03)["auto"]
+
+
+def test_an_undecided_cell_is_timed_again_alone_with_the_settle_rounds(monkeypatch):
+    """A cell whose interval of auto over the fastest holds the tolerance is timed a second time with settle_rounds
+    rounds, the row then being that timing with the first kept; a settled cell is timed once."""
+    from hilbert_lab.bench import auto_table as bench_auto_table
+
+    intervals = iter([[0.99, 1.06], [1.0, 1.02], [1.0, 1.01]])  # cell 1: undecided, then settled; cell 2: settled
+    rounds_asked = []
+
+    def timing(cell, names, segments, rates, device, dtype, rounds):
+        rounds_asked.append(rounds)
+        return {"times_ms": {"auto": 1.01, "sdpa": 1.0}, "intervals_ms": {}, "samples_ms": {}, "errors": {},
+                "graph_regions": {}, "rounds": rounds, "fastest": "sdpa", "auto_over_fastest": 1.01,
+                "auto_over_fastest_interval": next(intervals)}
+
+    monkeypatch.setattr(bench_auto_table, "_check_cell", timing)
+    cell = dict(mode="longnet", causal=False, seq_len=64, head_dim=8, training=False, batch=1, heads=2, ragged=False,
+                times_ms={"sdpa": 1.0})
+    table = {"pattern": {"segment_lengths": [16, 32], "dilation_rates": [1, 2]}, "cells": [cell, dict(cell, seq_len=128)]}
+    rows = check_auto_table(table, device="cpu", repeats=4, settle_rounds=16, progress=False)
+    assert rounds_asked == [4, 16, 4]
+    assert rows[0]["rounds"] == 16 and rows[0]["auto_over_fastest_interval"] == [1.0, 1.02]
+    assert rows[0]["first_pass"]["rounds"] == 4 and rows[0]["first_pass"]["auto_over_fastest_interval"] == [0.99, 1.06]
+    assert "first_pass" not in rows[1] and rows[1]["rounds"] == 4
+    assert check_summary(rows, 1.03)["auto"]["retimed"] == 1
+    with pytest.raises(ValueError, match="settle_rounds must be >= 0"):
+        check_auto_table(table, device="cpu", settle_rounds=-1, progress=False)
