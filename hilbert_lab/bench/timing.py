@@ -121,8 +121,8 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
                      progress: bool = False) -> dict[str, Timing]:
     """Time several variants round-robin, one call each per round, in `round_orders` (every name right after
     every other about equally often), so that drift, cache warmth and what the call just before left behind hit
-    all alike. Each sample is one call: between CUDA events after a device
-    sync, or wall time by perf_counter on the CPU (never do_bench here).
+    all alike. Each sample is one call: between CUDA events after a device sync, or wall time by perf_counter on
+    the CPU (never do_bench here).
 
     threads: torch's intra-op threads while timing (restored after; None leaves them). Stops after
     max_seconds once every variant has 3 samples (float("inf"): exactly `rounds`).
@@ -162,9 +162,9 @@ def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:
     A call can run slower right after another (on an H200 the second of two back-to-back fwd+bwd calls of one
     executor at 512K tokens ran about 5% slower), and a plain rotation keeps each name right after the same one.
     Up to 6 names every order is a candidate (from 4 names on, a rotation and its reversal leave some ordered
-    pairs out entirely): after any number of rounds the ordered pairs' counts differ by at most 1 and, over an even
-    number, x follows y as often as y follows x. From 7 names the candidates are the rows of a Williams design
-    (each row's neighbours all differ) and the rotations of `names` with their reversals."""
+    pairs out entirely): after any number of rounds up to 40 the ordered pairs' counts differ by at most 1 (6 names:
+    by 2 after 5, 15, 25 or 35 rounds) and, over an even number, x follows y as often as y follows x. From 7 names
+    the candidates are the rows of a Williams design and the rotations of `names` with their reversals."""
     names = list(names)
     return [[names[i] for i in order] for order in _round_orders(len(names), rounds)]
 
