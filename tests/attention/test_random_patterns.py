@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from unittest import mock
 
 import pytest
 import torch
@@ -48,8 +47,8 @@ def test_random_pattern_matches_oracle(case):
 @st.composite
 def calls(draw):
     """A random pattern with any mix of: grouped key/value heads, packed documents (cu_seqlens) or fewer queries
-    than keys, and a run of a layer's heads (global_heads); on manual, sdpa or the fa4 executor's glue
-    (FlashAttention-4 stood in for in float64)."""
+    than keys, a run of a layer's heads (global_heads), and a memory layout (ordering); on manual, sdpa or the fa4
+    executor's glue (FlashAttention-4 stood in for in float64)."""
     branches = draw(st.integers(1, 3))
     segment_lengths = [draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 48])) for _ in range(branches)]
     kv_heads = draw(st.integers(1, 3))
@@ -60,7 +59,8 @@ def calls(draw):
                 seq_len=seq_len, grouped=draw(st.booleans()), kv_heads=kv_heads,
                 num_heads=kv_heads * draw(st.integers(1, 3)), mode=draw(st.sampled_from(["longnet", "head_groups"])),
                 causal=draw(st.booleans()), backend=draw(st.sampled_from(["manual", "sdpa", "fa4"])),
-                queries=seq_len, total_heads=None, start=0)
+                queries=seq_len, total_heads=None, start=0,
+                ordering=draw(st.sampled_from([None, None, None, "hilbert", "morton", "snake"])))
     if rows == "packed":
         cuts = draw(st.lists(st.integers(0, seq_len), max_size=4))
         case["cu_seqlens"] = [0, *sorted(cuts), seq_len]  # empty documents too
@@ -103,11 +103,15 @@ def _call_matches_oracle(case):
     options = {"cu_seqlens": case["cu_seqlens"]} if "cu_seqlens" in case else {}
     if case["total_heads"]:
         options["global_heads"] = (case["start"], case["total_heads"])
-    with mock.patch.dict(sys.modules, standin_modules()):
+    # only the stand-in's own modules are put in and taken out (restoring all of sys.modules would also drop what a
+    # first Numba compilation inside imports, which a later import would then register twice)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, module in standin_modules().items():
+            patch.setitem(sys.modules, name, module)
         out, lse = dilated_attention(*inputs, segment_lengths=case["segment_lengths"],
                                      dilation_rates=case["dilation_rates"], mode=case["mode"], causal=case["causal"],
                                      backend=CPU_FA4 if case["backend"] == "fa4" else case["backend"],
-                                     return_lse=True, **options)
+                                     ordering=case.get("ordering"), return_lse=True, **options)
         gen = torch.Generator().manual_seed(1)
         g_out = torch.randn(out.shape, generator=gen, dtype=torch.float64)
         g_lse = torch.randn(lse.shape, generator=gen, dtype=torch.float64)
