@@ -153,8 +153,8 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
                                   training=cell.training).name
         row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked,
                **_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, repeats)}
-        low, high = row.get("auto_over_fastest_interval", (None, None))
-        if settle_rounds and low is not None and low <= tolerance < high:
+        interval = row.get("auto_over_fastest_interval")
+        if settle_rounds and interval is not None and _interval_side(interval, tolerance) == "undecided":
             first = {key: row[key] for key in ("times_ms", "intervals_ms", "samples_ms", "fastest", "auto_over_fastest",
                                                "auto_over_fastest_interval", "rounds")}
             row.update(_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, settle_rounds),
@@ -224,12 +224,17 @@ def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:
 
     summary = {"cells": len(rows), "tolerance": tolerance, "auto": stats(auto), "picked": stats(picked)}
     if intervals:
-        within = sum(high <= tolerance for _, high in intervals)
-        beyond = sum(low > tolerance for low, _ in intervals)
-        summary["auto"].update(settled_within=within, settled_beyond=beyond,
-                               undecided=len(intervals) - within - beyond,
-                               retimed=sum("first_pass" in row for row in rows))
+        sides = [_interval_side(interval, tolerance) for interval in intervals]
+        summary["auto"].update(settled_within=sides.count("within"), settled_beyond=sides.count("beyond"),
+                               undecided=sides.count("undecided"), retimed=sum("first_pass" in row for row in rows))
     return summary
+
+
+def _interval_side(interval: Sequence[float], tolerance: float) -> str:
+    """Where a ratio's interval [low, high] lies against `tolerance`: "within" (high <= tolerance), "beyond"
+    (low > tolerance) or "undecided" (it holds the tolerance)."""
+    low, high = interval
+    return "within" if high <= tolerance else "beyond" if low > tolerance else "undecided"
 
 
 def _dtype_on(device: torch.device) -> torch.dtype:
