@@ -23,6 +23,7 @@ from hilbert_lab.attention.function import Job, make_job, plan_part, run_backwar
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.selection import resolve_executor
+from hilbert_lab.attention.validation import concrete
 
 
 def call_executor(backend: str | Executor, q: torch.Tensor, k: torch.Tensor, pattern: DilatedPattern, *,
@@ -60,10 +61,11 @@ def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], m
     of each document of a packed row (validation.validate_cu_seqlens), or None. global_heads: (start, total)
     when q's heads are the heads [start, start + H) of a layer of `total` heads (validation.validate_global_heads),
     or None."""
-    packed = "-" if documents is None else ",".join(f"{int(start)}:{int(length)}" for start, length in documents)
-    heads = "-" if global_heads is None else f"{int(global_heads[0])}:{int(global_heads[1])}"
-    return ";".join([",".join(str(int(w)) for w in segment_lengths), ",".join(str(int(r)) for r in dilation_rates),
-                     mode, str(int(bool(causal))), backend, repr(float(scale)), str(int(bool(need_lse))),
+    whole = lambda value: concrete(int(value))  # noqa: E731  (a string holds values: symbolic ones specialized)
+    packed = "-" if documents is None else ",".join(f"{whole(start)}:{whole(length)}" for start, length in documents)
+    heads = "-" if global_heads is None else f"{whole(global_heads[0])}:{whole(global_heads[1])}"
+    return ";".join([",".join(str(whole(w)) for w in segment_lengths), ",".join(str(whole(r)) for r in dilation_rates),
+                     mode, str(int(bool(causal))), backend, repr(concrete(float(scale))), str(int(bool(need_lse))),
                      str(int(bool(training))), packed, heads])
 
 

@@ -22,6 +22,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from hilbert_lab.attention.validation import concrete
+
 MODES = ("longnet", "head_groups")
 # Upper bounds that keep the plan's int64 arithmetic exact. Segment lengths: positions, segment
 # starts and counts (start + count * w, p // w * w + offset) stay far inside int64; a segment
@@ -90,7 +92,7 @@ def _check_int_list(values, name: str, limit: int) -> tuple[int, ...]:
         if int(value) > limit:
             raise ValueError(f"{name} must contain integers <= 2**{limit.bit_length() - 1} = {limit} (int64 index "
                              f"arithmetic), got {int(value)} in {values!r}")
-        out.append(int(value))
+        out.append(concrete(int(value)))
     return tuple(out)
 
 

@@ -6,9 +6,17 @@ import numbers
 from typing import Optional
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_scalar
 
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+def concrete(value: int | float) -> int | float:
+    """value (an int or float; while torch.compile traces with dynamic shapes, possibly a symbolic one) as a plain
+    value: specialized under a guard while compiling (the graph recompiles when it changes), itself in eager. A
+    call's plain values (its pattern, scale, documents: the op's config string) are such values."""
+    return guard_scalar(value) if torch.compiler.is_compiling() else value
 
 
 def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout_p: float = 0.0,
@@ -52,14 +60,17 @@ def validate_attention_inputs(q, k, v, *, scale: Optional[float] = None, dropout
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, numbers.Real) or not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
     if scale is None:
-        return q.shape[3] ** -0.5
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real) or not math.isfinite(scale) or not scale > 0:
+        return concrete(q.shape[3]) ** -0.5
+    number = not isinstance(scale, bool) and isinstance(scale, numbers.Real)
+    if number:
+        scale = concrete(float(scale))
+    if not number or not math.isfinite(scale) or not scale > 0:
         raise ValueError(f"scale must be None (D**-0.5) or a finite float > 0, got {scale!r}")
     if q.dtype != torch.float64 and scale > FLOAT32_MAX:
         raise ValueError(f"scale must be None (D**-0.5) or a finite float in (0, {FLOAT32_MAX:.8g}] for {q.dtype} "
                          f"inputs (attention on them computes in float32, whose largest value that is), got "
                          f"{scale!r}; use float64 inputs for a larger scale")
-    return float(scale)
+    return scale
 
 
 def kernel_layout(x: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,12 @@ from typing import Optional
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
+from hilbert_lab.attention.validation import concrete
+
 
 def rotary_angles(positions: torch.Tensor, head_dim: int, *, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables, each (N, head_dim // 2) float64, for integer ``positions`` (N,)."""
+    head_dim, base = _rotation(head_dim, base)
     if head_dim % 2:
         raise ValueError(f"head_dim must be even for rotary embedding, got {head_dim}")
     if base <= 1.0:
@@ -44,7 +47,7 @@ def pass_rotary_tables(positions: torch.Tensor, rotations: Iterable[tuple[int, f
     angles' cosines and sines, computed once per pair (rotary_angles), and their casts to `dtype` (the layers'
     q and k dtype) where given; for rotary_tables' `shared`."""
     tables = {}
-    for head_dim, base in sorted(set(rotations)):
+    for head_dim, base in sorted({_rotation(head_dim, base) for head_dim, base in rotations}):
         cos, sin = tables[head_dim, base] = rotary_angles(positions, head_dim, base=base)
         if dtype is not None:
             tables[head_dim, base, dtype] = _for_heads(cos.to(dtype)), _for_heads(sin.to(dtype))
@@ -57,11 +60,18 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, base: float, dtype: to
     in `dtype`: rotary_angles cast for (B, N, H, D) tensors. shared: the pass's tables over these positions
     (pass_rotary_tables), only read (a dict changed inside a checkpointed layer would break its compiled graph);
     where they lack (head_dim, base) or its cast to `dtype`, those are computed here."""
+    head_dim, base = _rotation(head_dim, base)
     angles = None if shared is None else shared.get((head_dim, base))
     if angles is None:
         angles = rotary_angles(positions, head_dim, base=base)
     cast = None if shared is None else shared.get((head_dim, base, dtype))
     return cast or (_for_heads(angles[0].to(dtype)), _for_heads(angles[1].to(dtype)))
+
+
+def _rotation(head_dim: int, base: float) -> tuple[int, float]:
+    """(head_dim, base) as plain values, the tables' keys (a compiled graph with dynamic shapes traces a module's
+    integers symbolically: they are specialized under a guard)."""
+    return concrete(int(head_dim)), concrete(float(base))
 
 
 def _for_heads(table: torch.Tensor) -> torch.Tensor:

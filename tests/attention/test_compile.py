@@ -88,6 +88,35 @@ def test_the_function_compiles_whole_and_equals_eager(name):
         assert torch.equal(a, b)
 
 
+def test_dynamic_shapes_compile_whole_and_each_length_equals_eager():
+    """torch.compile(dynamic=True): lengths, head dim and a scale argument traced symbolically. The call's plain
+    values (pattern, scale, documents) are specialized under guards, so the graph holds the op whole and each new
+    length (ragged, a multiple, fewer queries) equals eager."""
+    segments = {"segment_lengths": [8, 16], "dilation_rates": [1, 2]}
+
+    def fn(q, k, v, scale, cu_seqlens):
+        return dilated_attention(q, k, v, causal=True, scale=scale, cu_seqlens=cu_seqlens, return_lse=True,
+                                 **segments)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True)
+    for seq_len, queries, scale, cu_seqlens in ((45, 45, 0.3, None), (64, 64, None, [0, 13, 64]),
+                                                (37, 6, 0.7, None), (64, 64, 0.3, [0, 40, 64])):
+        case = {"seq_len": seq_len, "queries": queries, "batch": 1 if cu_seqlens else 2}
+        q, k, v, generator = _inputs(case, seed=seq_len)
+        results = []
+        for function in (compiled, fn):
+            generator.manual_seed(seq_len)
+            results.append(_fwd_bwd(lambda *t: function(*t, scale, cu_seqlens), q, k, v, generator))
+        for a, b in zip(*results):
+            assert torch.equal(a, b), (seq_len, queries, scale, cu_seqlens)
+    generator.manual_seed(seq_len)  # the last case against the float64 oracle executor
+    expected = _fwd_bwd(lambda *t: dilated_attention(*t, causal=True, scale=0.3, cu_seqlens=[0, 40, 64],
+                                                     backend=get_executor("reference"), return_lse=True,
+                                                     **segments), q, k, v, generator)
+    assert max(max_diff(a, b) for a, b in zip(results[0], expected)) < 1e-10
+
+
 def test_self_attention_on_one_tensor_compiles_whole():
     """q, k and v the very same tensor (attention of x on itself) still compile into one graph."""
     x = torch.randn(2, 64, 4, 8, dtype=torch.float64, requires_grad=True)
@@ -160,6 +189,19 @@ def test_longnet_lm_compiles_whole_and_equals_eager():
     (loss_c, grads_c), (loss_e, grads_e) = _grads_of(compiled, _lm_loss(tokens)), _grads_of(model, _lm_loss(tokens))
     assert torch.equal(loss_c, loss_e)
     assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e))
+
+
+def test_longnet_lm_compiled_with_dynamic_shapes_equals_eager_at_each_length():
+    """dynamic=True traces the model's integers (head dims, rotary bases' keys) symbolically too: they are
+    specialized under guards, so the graph stays whole and each length (ragged or not) equals eager."""
+    model = _lm()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    for seq_len in (64, 45, 33):
+        tokens = torch.randint(0, 64, (2, seq_len), generator=torch.Generator().manual_seed(seq_len))
+        (loss_c, grads_c), (loss_e, grads_e) = _grads_of(compiled, _lm_loss(tokens)), _grads_of(model, _lm_loss(tokens))
+        assert torch.equal(loss_c, loss_e), seq_len
+        assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e)), seq_len
 
 
 def test_longnet_lm_with_gradient_checkpointing_compiles_whole_and_equals_eager():
