@@ -55,7 +55,8 @@ ORACLE = "dilated_float64_oracle"
 def _oracle_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                       **kwargs):
     """The reference: dense float64 softmax attention over the pattern's multiplicities (tests/attention/_oracle.py,
-    written from the definition), each document (position ids restarting) on its own; transformers' convention."""
+    written from the definition), each document (position ids restarting) on its own, 0 for a query without keys;
+    transformers' convention."""
     assert attention_mask is None and dropout == 0.0
     batch, heads, n, dim = query.shape
     config = module.config
@@ -71,9 +72,10 @@ def _oracle_attention(module, query, key, value, attention_mask, dropout=0.0, sc
             bias[row, :, a:b, a:b] = _log_multiplicity(tuple(config.dilated_segment_lengths),
                                                        tuple(config.dilated_dilation_rates),
                                                        getattr(config, "dilated_mode", "longnet"), causal, b - a, heads)
+    keys = torch.isfinite(bias).any(-1, keepdim=True)  # a query the pattern gives no key: output 0, no gradient
     scale = dim ** -0.5 if scaling is None else scaling
-    scores = query.double() @ k.transpose(-1, -2) * scale + bias
-    return (scores.softmax(-1) @ v).to(query.dtype).transpose(1, 2).contiguous(), None
+    scores = query.double() @ k.transpose(-1, -2) * scale + torch.where(keys, bias, 0.0)
+    return ((scores.softmax(-1) @ v) * keys).to(query.dtype).transpose(1, 2).contiguous(), None
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,6 +151,23 @@ def test_packed_documents_get_their_own_logits(family):
         together = model(packed, position_ids=position_ids).logits
         alone = torch.cat([model(doc).logits for doc in docs], 1)
     assert (together - alone).abs().max() < 1e-10
+
+
+def test_rows_packed_each_their_own_way_match_the_float64_reference():
+    """Each row of a batch with its own documents (position ids restarting at other places; one row a single
+    document, one with rows the head_groups pattern leaves without keys): logits and training gradients equal the
+    dense float64 reference model's."""
+    model = use_dilated_attention(_model("qwen3", kv_heads=1), [3, 8], [1, 2], mode="head_groups").train()
+    reference = _oracle_model(model)
+    documents = ((29,), (4, 25), (13, 1, 9, 6), (29,))
+    position_ids = torch.stack([torch.cat([torch.arange(n) for n in lengths]) for lengths in documents])
+    ids = _ids(len(documents), 29, seed=3)
+    with torch.no_grad():
+        got, want = (m(ids, position_ids=position_ids, use_cache=False).logits for m in (model, reference))
+    assert (got - want).abs().max() < 1e-10
+    (got, loss), (want, want_loss) = (_gradients(m, ids, position_ids) for m in (model, reference))
+    assert abs(loss - want_loss) < 1e-10
+    assert max((a - b).abs().max().item() for a, b in zip(got, want)) < 1e-10
 
 
 @pytest.mark.parametrize("family", FAMILIES)
