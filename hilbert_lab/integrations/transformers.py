@@ -29,6 +29,10 @@ as transformers passes them (never repeating K/V for grouped heads):
 - a static cache: keys past the mask's length (or past the last position id) are unwritten and left out.
 Documents and padding are read anew on every call (position ids may change in place between calls); the mask
 that `dilated_mask` returns, a copy made for one forward pass, keeps the layout of its padding for the layers.
+Under torch.compile a decoding step traces whole (transformers' compiled `generate` on a static cache, tested
+with fullgraph=True); any other call reads its documents and padding on the host, so a compiled prefill or
+training forward breaks its graph at each layer's attention and runs that call eagerly, exactly. What compiles
+whole for training is `models.LongNetLM`, or `attention.dilated_attention` with host `cu_seqlens`.
 Refused with a ValueError saying what to do: a config without the pattern, a 4D (custom) attention mask,
 sliding windows, soft-capping, attention sinks, chunked attention, and overlays that transformers composes into
 the mask function (`or_mask_function`, `and_mask_function`, `block_sequence_ids`, e.g. bidirectional image tokens).
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from typing import Any, Optional, Sequence
 
 import torch
@@ -120,9 +125,10 @@ def dilated_mask(batch_size: int, q_length: int, kv_length: int, *args, attentio
     token is padding. The attention function reads documents and padding from it and from position_ids; the
     pattern itself is never a dense (N, N) mask. Overlays composed into `mask_function` are refused (ValueError);
     `config` records the running implementation as `config.attn_implementation` (saved with the model)."""
-    refusal = _mask_function_refusal(mask_function)
-    if refusal:
-        raise ValueError(refusal)
+    if not _plain_mask_function(mask_function):
+        refusal = _mask_function_refusal(mask_function)
+        if refusal:
+            raise ValueError(refusal)
     if config is not None:
         _record_implementation(config)
     if attention_mask is None or attention_mask.dim() != 2:
@@ -145,7 +151,15 @@ _WRAPPERS = {"remap_positions_for_packed_sequence.<locals>.inner_mask": "mask_fu
              "and_masks.<locals>.and_mask": "mask_functions", "or_masks.<locals>.or_mask": "mask_functions"}
 
 
-@torch.compiler.assume_constant_result  # a compiled forward pass checks at tracing time, with no graph break
+def _plain_mask_function(function) -> bool:
+    """Whether `function` is None or transformers' plain causal or bidirectional mask function (nothing to check;
+    an identity test that a compiled forward pass decides at tracing time, as in a decoding step)."""
+    masking = sys.modules.get(_MASKING)
+    return function is None or (masking is not None and (function is masking.causal_mask_function
+                                                          or function is masking.bidirectional_mask_function))
+
+
+@torch.compiler.disable  # composed functions (closures, one holding the packed-sequence tensor): checked eagerly
 def _mask_function_refusal(function) -> str:
     """The message of _check_mask_function's ValueError for `function`, or "" where the layer reproduces it."""
     try:

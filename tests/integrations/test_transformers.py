@@ -492,6 +492,25 @@ def test_generate_compiles_the_decoding_steps_on_the_static_cache_in_one_graph()
         torch._dynamo.reset()
 
 
+def test_a_compiled_training_forward_equals_eager():
+    """torch.compile of a model's training step (dynamo traces transformers' mask creation, which keeps the
+    packed-sequence function, a closure over a tensor, in the mask function): the composed mask function is
+    checked outside the graph, each layer's attention reads its documents eagerly, and the loss and gradients equal
+    eager's, one document per row and packed rows alike."""
+    model = use_dilated_attention(_model("llama"), *PATTERN).train()
+    compiled = torch.compile(model, backend="aot_eager")
+    packed = torch.cat([torch.arange(20), torch.arange(25)])[None].expand(2, -1)
+    torch._dynamo.reset()
+    try:
+        for position_ids in (None, packed):
+            ids = _ids(2, 45, seed=2)
+            (got, loss), (want, want_loss) = (_gradients(m, ids, position_ids) for m in (compiled, model))
+            assert loss == want_loss
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+    finally:
+        torch._dynamo.reset()
+
+
 def test_the_mask_function_drops_a_mask_without_padding_and_keeps_one_with_padding():
     """An all-ones 2D mask, as long as the keys or shorter (a static cache's unwritten rows follow it, as generate
     passes it), is no padding: None, so a decoding step takes the in-place path; a padded mask stays, as bool."""
