@@ -22,7 +22,7 @@ from hilbert_lab.attention.op import call_config, call_executor, call_plan, dila
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan
 from hilbert_lab.attention.validation import (
-    kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
+    concrete, kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
 )
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
@@ -120,7 +120,7 @@ def dilated_attention(
                          "documents): use hilbert_pattern=False")
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
     training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    seq_len = k.shape[1]
+    seq_len = concrete(k.shape[1]) if hilbert_pattern else k.shape[1]  # its permutation: a compiled graph's constant
     if query_len is not None and hilbert_pattern:
         raise ValueError("hilbert_pattern=True needs q, k, v of one length (the pattern permutes the whole "
                          f"sequence), got {q.shape[1]} queries and {k.shape[1]} keys")

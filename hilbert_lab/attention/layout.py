@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from hilbert_lab.attention.validation import concrete
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
 
 
@@ -15,5 +16,6 @@ def read_through_layout(x: torch.Tensor, ordering: str, block: int) -> torch.Ten
     """x (B, N, H, D) stored in the `ordering` layout (tokens permuted inside blocks of `block`, clipped to N)
     and read back into original positions through the layout's index map: the same values (and gradients),
     with the layout's memory traffic. Two permute_sequence calls (each one gather, differentiable)."""
-    perm, inverse = layout_permutation(x.shape[1], min(block, x.shape[1]), ordering, device=x.device)
+    seq_len = concrete(x.shape[1])  # a compiled graph holds the permutation of this length as a constant
+    perm, inverse = layout_permutation(seq_len, min(block, seq_len), ordering, device=x.device)
     return permute_sequence(permute_sequence(x, perm), inverse)

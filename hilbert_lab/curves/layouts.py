@@ -112,7 +112,7 @@ def _device_name(device: Any) -> str:
         raise ValueError(f"device must be a torch device or its name (e.g. 'cpu', 'cuda:0'), got {device!r}") from None
 
 
-@torch.compiler.disable  # Python/numpy work: keep it out of compiled graphs
+@torch.compiler.assume_constant_result  # Python/numpy work: a compiled graph holds its result as a constant
 def layout_permutation(seq_len: int, block: int, ordering: str, *, dilation_rate: int = 1,
                        device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """(perm, inverse) int64 tensors (N,) on `device`: `ordering` applied inside each block of `block` tokens.
@@ -206,10 +206,11 @@ def permute_sequence(x: torch.Tensor, perm: torch.Tensor, dim: int = 1) -> torch
         raise ValueError(f"dim must be an int in [{-x.dim()}, {x.dim() - 1}] for x of shape {tuple(x.shape)}, "
                          f"got {dim!r}")
     dim %= x.dim()
-    if not isinstance(perm, torch.Tensor) or perm.shape != (x.shape[dim],) or perm.is_floating_point():
+    # size(0), not shape: a compiled graph's constant permutation (dynamic shapes) has no traceable .shape
+    if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.size(0) != x.shape[dim] or perm.is_floating_point():
         shape = tuple(perm.shape) if isinstance(perm, torch.Tensor) else type(perm).__name__
         raise ValueError(f"perm must be an integer tensor of shape ({x.shape[dim]},) (x.shape[{dim}]), got {shape}")
-    if x.is_cuda and dim == 1 and x.dim() == 4:
+    if x.is_cuda and dim == 1 and x.dim() == 4 and not torch.compiler.is_compiling():  # compiled: index_select
         out = _permute_blocks(x, perm)
         if out is not None:
             return out

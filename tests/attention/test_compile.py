@@ -117,6 +117,27 @@ def test_dynamic_shapes_compile_whole_and_each_length_equals_eager():
     assert max(max_diff(a, b) for a, b in zip(results[0], expected)) < 1e-10
 
 
+@pytest.mark.parametrize("hilbert_pattern", [False, True])
+def test_layouts_compile_whole_and_equal_eager_at_each_length(hilbert_pattern):
+    """ordering= (read through a layout) and hilbert_pattern=True: the permutation of each length is a constant of
+    the graph (built on the host while tracing), so dynamic shapes keep the call whole and equal to eager."""
+
+    def fn(q, k, v):
+        return dilated_attention(q, k, v, segment_lengths=[8, 32], dilation_rates=[1, 2], causal=True,
+                                 ordering="hilbert", hilbert_pattern=hilbert_pattern, return_lse=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager", dynamic=True)
+    for seq_len in (64, 45, 70):
+        q, k, v, generator = _inputs({"seq_len": seq_len}, seed=seq_len)
+        results = []
+        for function in (compiled, fn):
+            generator.manual_seed(seq_len)
+            results.append(_fwd_bwd(function, q, k, v, generator))
+        for a, b in zip(*results):
+            assert torch.equal(a, b), seq_len
+
+
 def test_self_attention_on_one_tensor_compiles_whole():
     """q, k and v the very same tensor (attention of x on itself) still compile into one graph."""
     x = torch.randn(2, 64, 4, 8, dtype=torch.float64, requires_grad=True)
