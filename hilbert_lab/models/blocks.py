@@ -72,7 +72,8 @@ class DilatedTransformerBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
         self.dropout = nn.Dropout(dropout)
 
-    def attend(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+    def attend(self, x: torch.Tensor, positions: torch.Tensor,
+               cu_seqlens: torch.Tensor | Sequence[int] | None = None,
                cache: DecodingCache | None = None, rotary_tables: dict | None = None) -> torch.Tensor:
         """Self-attention of x (B, N, C) with rotary q/k on ``positions`` (N,) -> (B, N, C); cu_seqlens: the
         documents of a packed row (B = 1); with a ``cache`` the tokens follow those it holds (their keys and
@@ -92,7 +93,8 @@ class DilatedTransformerBlock(nn.Module):
             attended = mha.attention(q, k, v, cu_seqlens=cu_seqlens)
         return project(attended.flatten(-2), mha.out_proj)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cu_seqlens: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, positions: torch.Tensor,
+                cu_seqlens: torch.Tensor | Sequence[int] | None = None,
                 cache: DecodingCache | None = None, rotary_tables: dict | None = None) -> torch.Tensor:
         check_device("x", x, self.attention_norm.weight, "block")
         projections = cache.projections if isinstance(cache, DilatedStaticCache) else None
@@ -129,9 +131,21 @@ def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: i
     return positions.to(device)
 
 
-def document_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
+def document_positions(cu_seqlens: torch.Tensor | Sequence[int], device: Any = None) -> torch.Tensor:
     """int64 (N,): each token's position inside its document of a packed row, for cu_seqlens
-    [0, n1, n1 + n2, ..., N] (positions restart at 0 at every document start)."""
+    [0, n1, n1 + n2, ..., N] (positions restart at 0 at every document start): a 1-D integer tensor (the result
+    on its device) or host integers (on `device`, default the CPU; nothing read back, so compiled graphs take
+    them)."""
+    if isinstance(cu_seqlens, (list, tuple)):
+        values = list(cu_seqlens)
+        if len(values) < 2 or not all(isinstance(b, int) and not isinstance(b, bool) for b in values) \
+                or values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
+            raise ValueError(f"cu_seqlens must be integers [0, n1, n1 + n2, ..., N] starting at 0 and "
+                             f"non-decreasing, got {values[:12]}")
+        starts = torch.tensor(values[:-1], dtype=torch.int64, device=device)
+        lengths = torch.tensor([b - a for a, b in zip(values, values[1:])], dtype=torch.int64, device=device)
+        return torch.arange(values[-1], device=device) - torch.repeat_interleave(starts, lengths,
+                                                                                 output_size=values[-1])
     if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
             or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N], got "
@@ -141,6 +155,18 @@ def document_positions(cu_seqlens: torch.Tensor) -> torch.Tensor:
     if int(cu[0]) != 0 or bool((lengths < 0).any()):
         raise ValueError(f"cu_seqlens must start at 0 and be non-decreasing, got {cu.tolist()[:12]}")
     return torch.arange(int(cu[-1]), device=cu.device) - torch.repeat_interleave(cu[:-1], lengths)
+
+
+def _host_boundaries(cu_seqlens: torch.Tensor | Sequence[int]) -> list[int]:
+    """A packed row's boundaries [0, ..., N] as host integers: a tensor read once (one synchronisation on a
+    GPU, one graph break while compiling) for every layer, which then reads none; the layers check them."""
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() \
+                or cu_seqlens.dtype == torch.bool:
+            raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N], got shape "
+                             f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
+        return [int(b) for b in cu_seqlens.tolist()]
+    return cu_seqlens
 
 
 class LongNetEncoder(nn.Module):
@@ -183,10 +209,12 @@ class LongNetEncoder(nn.Module):
                                               if block.rotary], torch.get_autocast_dtype(kind) if autocast else x.dtype)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DecodingCache] | None = None) -> torch.Tensor:
-        """cu_seqlens: a packed row of documents (B = 1); caches: one DilatedKVCache or DilatedStaticCache per
-        block (models.generate.new_caches): x then holds the tokens after those the caches hold (positions default
-        to theirs: (N,), or (B, N) for a static cache)."""
+                cu_seqlens: torch.Tensor | Sequence[int] | None = None,
+                caches: Sequence[DecodingCache] | None = None) -> torch.Tensor:
+        """cu_seqlens: a packed row of documents (B = 1), a tensor (read on the host once, here, for every layer)
+        or host integers (nothing read: a compiled graph holds the pass whole); caches: one DilatedKVCache or
+        DilatedStaticCache per block (models.generate.new_caches): x then holds the tokens after those the caches
+        hold (positions default to theirs: (N,), or (B, N) for a static cache)."""
         if x.dim() != 3:
             raise ValueError(f"x must have shape (B, N, C), got {tuple(x.shape)}")
         check_device("x", x, self.norm.weight, "encoder")
@@ -209,9 +237,18 @@ class LongNetEncoder(nn.Module):
             for block, cache in zip(self.blocks, caches):
                 x = block(x, positions, None, cache, tables)
             return self.norm(x)
-        if positions is None and cu_seqlens is not None:
-            positions = document_positions(cu_seqlens).to(x.device)
-        positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
+        if cu_seqlens is not None:
+            cu_seqlens = _host_boundaries(cu_seqlens)
+        if positions is None and cu_seqlens is not None:  # each token's place in its document, checked on the host
+            positions = document_positions(cu_seqlens, x.device)
+            if cu_seqlens[-1] != x.shape[1]:
+                raise ValueError(f"cu_seqlens must end at N = {x.shape[1]} (the row's tokens), got {cu_seqlens[-1]}")
+            longest = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))  # the largest position + 1
+            if longest > limit:
+                raise ValueError(f"positions must lie in [0, max_seq_len={limit}): cu_seqlens holds a document of "
+                                 f"{longest} tokens")
+        else:
+            positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
         tables = self.rotary_tables(positions, x)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -317,11 +354,12 @@ class LongNetLM(nn.Module):
                 )
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None,
-                cu_seqlens: torch.Tensor | None = None, caches: Sequence[DecodingCache] | None = None,
-                logits_to_keep: int = 0) -> torch.Tensor:
+                cu_seqlens: torch.Tensor | Sequence[int] | None = None,
+                caches: Sequence[DecodingCache] | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange).
         cu_seqlens [0, n1, ..., N] with B = 1: a packed row of documents, each its own causal sequence
-        (positions default to each token's position in its document; every document <= max_seq_len).
+        (positions default to each token's position in its document; every document <= max_seq_len); a tensor,
+        or host integers (what a compiled training step takes whole).
         caches (models.generate.new_caches): tokens follow those the caches hold, whose keys and values
         they append (decoding). logits_to_keep: 0 for every position's logits, else those of the last
         logits_to_keep positions (B, logits_to_keep, vocab_size), as transformers' models take it."""

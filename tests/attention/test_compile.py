@@ -225,6 +225,26 @@ def test_longnet_lm_compiled_with_dynamic_shapes_equals_eager_at_each_length():
         assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e)), seq_len
 
 
+def test_longnet_lm_on_packed_rows_with_host_boundaries_compiles_whole_and_equals_eager():
+    """A packed row's boundaries as host integers: the encoder reads nothing back (each document's positions are
+    built from them), so the training step is one graph; it equals eager, and a tensor of the same boundaries
+    (read once by the encoder) gives the same loss and gradients."""
+    model = _lm()
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(torch.zeros(1, 50, dtype=torch.long), cu_seqlens=[0, 20, 50])
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for boundaries in ([0, 20, 50], [0, 7, 7, 30, 50]):
+        tokens = torch.randint(0, 64, (1, 50), generator=torch.Generator().manual_seed(len(boundaries)))
+        packed_loss = lambda cu: lambda m: torch.nn.functional.cross_entropy(  # noqa: E731
+            m(tokens, cu_seqlens=cu).flatten(0, 1), tokens.flatten())
+        (loss_c, grads_c), (loss_e, grads_e) = (_grads_of(compiled, packed_loss(boundaries)),
+                                                _grads_of(model, packed_loss(boundaries)))
+        loss_t, grads_t = _grads_of(model, packed_loss(torch.tensor(boundaries)))
+        assert torch.equal(loss_c, loss_e) and torch.equal(loss_t, loss_e), boundaries
+        assert all(torch.equal(a, b) and torch.equal(c, b) for a, b, c in zip(grads_c, grads_e, grads_t)), boundaries
+
+
 def test_longnet_lm_with_gradient_checkpointing_compiles_whole_and_equals_eager():
     """Checkpointed blocks read the pass's rotary tables without changing them (a layer that mutated state from
     outside would break its checkpoint's graph)."""
