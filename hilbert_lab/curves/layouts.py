@@ -207,7 +207,8 @@ def permute_sequence(x: torch.Tensor, perm: torch.Tensor, dim: int = 1) -> torch
                          f"got {dim!r}")
     dim %= x.dim()
     # size(0), not shape: a compiled graph's constant permutation (dynamic shapes) has no traceable .shape
-    if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.size(0) != x.shape[dim] or perm.is_floating_point():
+    if not isinstance(perm, torch.Tensor) or perm.dim() != 1 or perm.size(0) != x.shape[dim] \
+            or perm.is_floating_point():
         shape = tuple(perm.shape) if isinstance(perm, torch.Tensor) else type(perm).__name__
         raise ValueError(f"perm must be an integer tensor of shape ({x.shape[dim]},) (x.shape[{dim}]), got {shape}")
     if x.is_cuda and dim == 1 and x.dim() == 4 and not torch.compiler.is_compiling():  # compiled: index_select
