@@ -18,11 +18,12 @@ from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.function import attention, make_job, plan_part
 from hilbert_lab.attention.layout import read_through_layout
-from hilbert_lab.attention.op import call_config, call_executor, call_plan, dilated_attention_call
+from hilbert_lab.attention.op import boundary_tensor, call_config, call_executor, call_plan, dilated_attention_call
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan
 from hilbert_lab.attention.validation import (
-    concrete, kernel_layout, validate_attention_inputs, validate_cu_seqlens, validate_global_heads,
+    check_cu_seqlens_tensor, check_packed_rows, concrete, kernel_layout, validate_attention_inputs,
+    validate_cu_seqlens, validate_global_heads,
 )
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
@@ -80,8 +81,9 @@ def dilated_attention(
     head h // (H / H_kv) (LongNet head offsets belong to the query heads). K/V are never repeated to H
     heads; their gradients sum over the query heads of a group.
     cu_seqlens: packed documents (the flash-attn convention): a 1-D integer tensor [0, n1, n1 + n2, ..., N]
-    on q's device with B = 1, or those boundaries as a list of host integers (no device synchronisation:
-    what compiled graphs and CUDA graphs need). Each document is attended as its own sequence (positions, segments,
+    on q's device or in host memory (cpu) with B = 1, or those boundaries as a list of host integers. A CPU
+    tensor needs no device synchronisation and a compiled graph takes every packing of as many documents
+    without recompiling (the op reads it when it runs); a device tensor is copied to the host once. Each document is attended as its own sequence (positions, segments,
     dilation offsets and causality restart at its start; its last segment is ragged; a segment longer
     than the document is the document); no query sees a key of another document. Executors declaring
     `varlen` run the blocks of all documents in a few kernel calls (auto prefers them for packed rows).
@@ -101,12 +103,19 @@ def dilated_attention(
                                      cu_seqlens=cu_seqlens, global_heads=global_heads)
     scale = validate_attention_inputs(q, k, v, scale=scale, dropout_p=dropout_p, grouped_heads=True,
                                       fewer_queries=True)
-    documents = validate_cu_seqlens(cu_seqlens, k)
+    if isinstance(cu_seqlens, torch.Tensor) and torch.compiler.is_compiling() and dropout_p == 0.0 \
+            and isinstance(backend, str):
+        # the op reads the boundaries when it runs (host memory: no device synchronisation), so a compiled graph
+        # does not specialize on them: a new packing reuses it
+        check_cu_seqlens_tensor(cu_seqlens, k)
+        documents, boundaries = None, cu_seqlens.to("cpu", torch.int64)
+    else:
+        documents = validate_cu_seqlens(cu_seqlens, k)
+        check_packed_rows(documents, q, k)
+        boundaries = boundary_tensor(documents)
+    packed = boundaries is not None
     global_heads = validate_global_heads(global_heads, q.shape[2])
     query_len = q.shape[1] if q.shape[1] < k.shape[1] else None  # queries at the last positions
-    if query_len is not None and documents is not None:
-        raise ValueError("cu_seqlens (packed documents) needs q, k, v of one length; fewer queries than keys are "
-                         "for decoding one sequence")
     pattern = DilatedPattern.create(segment_lengths, dilation_rates, mode=mode, causal=causal)
     allowed = tuple(ORDERINGS)
     if ordering not in IDENTITY_ORDERINGS and ordering not in allowed:
@@ -115,7 +124,7 @@ def dilated_attention(
         raise ValueError(f"hilbert_pattern must be True or False, got {hilbert_pattern!r}")
     if not isinstance(return_lse, bool):
         raise ValueError(f"return_lse must be True or False, got {return_lse!r}")
-    if hilbert_pattern and documents is not None:
+    if hilbert_pattern and packed:
         raise ValueError("hilbert_pattern=True permutes the whole row; it does not apply with cu_seqlens (packed "
                          "documents): use hilbert_pattern=False")
     q, k, v = kernel_layout(q), kernel_layout(k), kernel_layout(v)
@@ -142,12 +151,12 @@ def dilated_attention(
         if dropout_p > 0.0:
             out, lse = dropout_attention(plan, q, k, v, scale=scale, dropout_p=float(dropout_p))
         else:
-            executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
+            executor = call_executor(backend, q, k, pattern, training=training, packed=packed)
             out, lse = execute_plan(plan, executor, q, k, v, scale, need_lse=need_lse)
     else:
-        out, lse = dilated_attention_call(q, k, v, call_config(pattern.segment_lengths, pattern.dilation_rates,
-                                                               pattern.mode, pattern.causal, backend, scale, need_lse,
-                                                               training, documents, global_heads))
+        out, lse = dilated_attention_call(q, k, v, boundaries, call_config(
+            pattern.segment_lengths, pattern.dilation_rates, pattern.mode, pattern.causal, backend, scale, need_lse,
+            training, global_heads))
     if hilbert_pattern:
         out, lse = permute_sequence(out, inverse), permute_sequence(lse, inverse, dim=2)
     return (out, lse) if return_lse else out

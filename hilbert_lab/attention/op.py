@@ -1,11 +1,13 @@
 """Dilated attention as a `torch.library` custom op: compiled graphs and CUDA graphs hold a call as one op.
 
-The op `hilbert_lab::dilated_attention(q, k, v, config)` -> (out (B, Nq, H, D), lse (B, H, Nq)) and its backward
-`hilbert_lab::dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, config)` -> (dq, dk, dv) (both under
-torch.ops), paired by one autograd Function (`dilated_attention_call`). `config` (`call_config`) holds the call's
-plain values: segment lengths, dilation rates, mode, causality, the backend's name, the scale, whether the LSE is
-wanted, training, the packed documents as host integers (as flash-attn's varlen entries take max_seqlen on the
-host), and which global heads q's heads are (global_heads). The plan (plan.cached_plan) and the executor
+The op `hilbert_lab::dilated_attention(q, k, v, boundaries, config)` -> (out (B, Nq, H, D), lse (B, H, Nq)) and its
+backward `hilbert_lab::dilated_attention_backward(grad_out, grad_lse, q, k, v, out, lse, boundaries, config)` ->
+(dq, dk, dv) (both under torch.ops), paired by one autograd Function (`dilated_attention_call`). `config`
+(`call_config`) holds the call's plain values: segment lengths, dilation rates, mode, causality, the backend's name,
+the scale, whether the LSE is wanted, training, and which global heads q's heads are (global_heads). `boundaries`:
+a packed row's [0, n1, ..., N] as an int64 tensor in host memory (or None), read when the op runs: no device
+synchronisation, and a compiled graph does not specialize on its values, so a new packing reuses the graph (as
+flash-attn's varlen entries take cu_seqlens as a tensor). The plan (plan.cached_plan) and the executor
 (selection.resolve_executor; forward and backward resolve alike) are found inside from those values. As in
 flash-attn's interface, forward and backward are separate ops, so the backward gets no Python state from its forward:
 every executor rebuilds its per-call states from the plan and the shapes (function.run_backward with states None).
@@ -23,7 +25,7 @@ from hilbert_lab.attention.function import Job, make_job, plan_part, run_backwar
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.selection import resolve_executor
-from hilbert_lab.attention.validation import concrete
+from hilbert_lab.attention.validation import check_packed_rows, concrete, validate_cu_seqlens
 
 
 def call_executor(backend: str | Executor, q: torch.Tensor, k: torch.Tensor, pattern: DilatedPattern, *,
@@ -54,36 +56,43 @@ def call_plan(pattern: DilatedPattern, q: torch.Tensor, k: torch.Tensor,
 
 def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], mode: str, causal: bool, backend: str,
                 scale: float, need_lse: bool, training: bool,
-                documents: Optional[Sequence[tuple[int, int]]],
                 global_heads: Optional[tuple[int, int]] = None) -> str:
-    """The op's one non-tensor argument: every plain value of a call in one string (a short schema keeps the
-    dispatcher's per-call cost down; `repr` of the scale round-trips exactly). documents: the (start, length)
-    of each document of a packed row (validation.validate_cu_seqlens), or None. global_heads: (start, total)
-    when q's heads are the heads [start, start + H) of a layer of `total` heads (validation.validate_global_heads),
-    or None."""
+    """The op's non-tensor argument: every plain value of a call in one string (a short schema keeps the
+    dispatcher's per-call cost down; `repr` of the scale round-trips exactly). global_heads: (start, total) when
+    q's heads are the heads [start, start + H) of a layer of `total` heads (validation.validate_global_heads), or
+    None. A packed row's documents are the op's `boundaries` tensor instead (a value a compiled graph does not
+    specialize)."""
     whole = lambda value: concrete(int(value))  # noqa: E731  (a string holds values: symbolic ones specialized)
-    packed = "-" if documents is None else ",".join(f"{whole(start)}:{whole(length)}" for start, length in documents)
     heads = "-" if global_heads is None else f"{whole(global_heads[0])}:{whole(global_heads[1])}"
     return ";".join([",".join(str(whole(w)) for w in segment_lengths), ",".join(str(whole(r)) for r in dilation_rates),
                      mode, str(int(bool(causal))), backend, repr(concrete(float(scale))), str(int(bool(need_lse))),
-                     str(int(bool(training))), packed, heads])
+                     str(int(bool(training))), heads])
+
+
+def boundary_tensor(documents: Optional[Sequence[tuple[int, int]]]) -> Optional[torch.Tensor]:
+    """The op's `boundaries` for documents ((start, length), ...) (validation.validate_cu_seqlens): int64 [0, ...,
+    N] in host memory, or None for a row of one document."""
+    if documents is None:
+        return None
+    return torch.tensor([0, *(start + length for start, length in documents)], dtype=torch.int64)
 
 
 @functools.lru_cache(maxsize=1024)
-def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Optional[tuple[tuple[int, int], ...]],
-                                  Optional[tuple[int, int]]]:
-    """(pattern, backend, scale, need_lse, training, documents, global_heads) of a `call_config` string."""
-    segments, rates, mode, causal, backend, scale, need_lse, training, packed, heads = config.split(";")
+def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Optional[tuple[int, int]]]:
+    """(pattern, backend, scale, need_lse, training, global_heads) of a `call_config` string."""
+    segments, rates, mode, causal, backend, scale, need_lse, training, heads = config.split(";")
     pattern = DilatedPattern.create([int(x) for x in segments.split(",")], [int(x) for x in rates.split(",")],
                                     mode=mode, causal=causal == "1")
-    documents = None if packed == "-" else tuple(tuple(int(x) for x in pair.split(":")) for pair in packed.split(","))
     global_heads = None if heads == "-" else tuple(int(x) for x in heads.split(":"))
-    return pattern, backend, float(scale), need_lse == "1", training == "1", documents, global_heads
+    return pattern, backend, float(scale), need_lse == "1", training == "1", global_heads
 
 
-def _job(q: torch.Tensor, k: torch.Tensor, config: str) -> tuple[Job, bool]:
-    """(the call's job, whether the LSE is wanted)."""
-    pattern, backend, scale, need_lse, training, documents, global_heads = _parsed(config)
+def _job(q: torch.Tensor, k: torch.Tensor, boundaries: Optional[torch.Tensor], config: str) -> tuple[Job, bool]:
+    """(the call's job, whether the LSE is wanted). boundaries: a packed row's [0, ..., N] in host memory (read
+    here, when the op runs: no device synchronisation; checked as validation.validate_cu_seqlens checks them)."""
+    pattern, backend, scale, need_lse, training, global_heads = _parsed(config)
+    documents = None if boundaries is None else validate_cu_seqlens(boundaries.tolist(), k)
+    check_packed_rows(documents, q, k)
     executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
     plan = call_plan(pattern, q, k, documents, global_heads)
     return make_job([plan_part(executor, plan)], scale), need_lse or training
@@ -94,14 +103,15 @@ def _lse_layout(lse: torch.Tensor) -> torch.Tensor:
     return lse if lse.transpose(1, 2).is_contiguous() else lse.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries: Optional[torch.Tensor],
+             config: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Nq, H, D) contiguous, lse (B, H, Nq) token-major) of one dilated-attention call."""
-    job, need_lse = _job(q, k, config)
+    job, need_lse = _job(q, k, boundaries, config)
     out, lse, _ = run_forward(job, q, k, v, need_lse)
     return out.contiguous(), _lse_layout(lse)
 
 
-def _forward_fake(q, k, v, config):
+def _forward_fake(q, k, v, boundaries, config):
     batch, queries, heads, dim = q.shape
     out = q.new_empty((batch, queries, heads, dim))
     lse = q.new_empty((batch, queries, heads), dtype=lse_dtype(q.dtype)).transpose(1, 2)
@@ -109,24 +119,24 @@ def _forward_fake(q, k, v, config):
 
 
 def _backward(grad_out: Optional[torch.Tensor], grad_lse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
-              v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+              v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, boundaries: Optional[torch.Tensor],
               config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous, of the call's merged (out, lse) for upstream gradients (None: zero)."""
-    job, _ = _job(q, k, config)  # a backward runs only for a call made with training=True
+    job, _ = _job(q, k, boundaries, config)  # a backward runs only for a call made with training=True
     grads = run_backward(job, None, q, k, v, out, lse, grad_out, grad_lse)
     return tuple(g.contiguous() for g in grads)
 
 
-def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, config):
+def _backward_fake(grad_out, grad_lse, q, k, v, out, lse, boundaries, config):
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 # Defined through torch.library.Library, not custom_op: the dispatcher then calls the implementation with no
 # Python wrapper of its own (alias checks, autograd glue), which a host-bound step of many small blocks feels.
 _LIBRARY = torch.library.Library("hilbert_lab", "DEF")
-_LIBRARY.define("dilated_attention(Tensor q, Tensor k, Tensor v, str config) -> (Tensor, Tensor)")
+_LIBRARY.define("dilated_attention(Tensor q, Tensor k, Tensor v, Tensor? boundaries, str config) -> (Tensor, Tensor)")
 _LIBRARY.define("dilated_attention_backward(Tensor? grad_out, Tensor? grad_lse, Tensor q, Tensor k, Tensor v, "
-                "Tensor out, Tensor lse, str config) -> (Tensor, Tensor, Tensor)")
+                "Tensor out, Tensor lse, Tensor? boundaries, str config) -> (Tensor, Tensor, Tensor)")
 for _name, _impl, _fake in (("dilated_attention", _forward, _forward_fake),
                             ("dilated_attention_backward", _backward, _backward_fake)):
     _LIBRARY.impl(_name, _impl, "CompositeExplicitAutograd")
@@ -139,29 +149,30 @@ class _DilatedAttention(torch.autograd.Function):
     """The two ops as one differentiable call (as flash-attn's interface pairs its forward and backward ops)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, config: str):
-        out, lse = dilated_attention_op(q, k, v, config)
+    def forward(ctx, q, k, v, boundaries, config: str):
+        out, lse = dilated_attention_op(q, k, v, boundaries, config)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.config = config
+        ctx.boundaries, ctx.config = boundaries, config
         ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero-gradient kernel calls
         return out, lse
 
     @staticmethod
     def backward(ctx, grad_out, grad_lse):
         if grad_out is None and grad_lse is None:
-            return None, None, None, None
+            return None, None, None, None, None
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = dilated_attention_backward_op(grad_out, grad_lse, q, k, v, out, lse, ctx.config)
-        return dq, dk, dv, None
+        dq, dk, dv = dilated_attention_backward_op(grad_out, grad_lse, q, k, v, out, lse, ctx.boundaries, ctx.config)
+        return dq, dk, dv, None, None
 
 
-def dilated_attention_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def dilated_attention_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries: Optional[torch.Tensor],
                            config: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of the op for `call_config(...)`; differentiable when an input requires grad."""
+    """(out, lse) of the op for `call_config(...)` and a packed row's `boundaries` (None, or int64 [0, ..., N] in
+    host memory: boundary_tensor); differentiable when an input requires grad."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # one tensor passed twice (self-attention on x, x, x) enters as views: compiled graphs take an
         # autograd Function's inputs only when they are distinct
         k = k.view_as(k) if k is q else k
         v = v.view_as(v) if v is q or v is k else v
-        return _DilatedAttention.apply(q, k, v, config)
-    return dilated_attention_op(q, k, v, config)
+        return _DilatedAttention.apply(q, k, v, boundaries, config)
+    return dilated_attention_op(q, k, v, boundaries, config)

@@ -83,12 +83,11 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
                         seq_len: Optional[int] = None) -> Optional[tuple[tuple[int, int], ...]]:
     """The documents ((start, length), ...) of a packed row, or None for one document of N tokens.
 
-    cu_seqlens: None, or a 1-D integer tensor [0, n1, n1 + n2, ..., N] on q's device (the flash-attn
-    convention of one packed row) with q (1, N, H, D), or the same boundaries as a list or tuple of host
-    integers. seq_len: the row's length N when q holds a part of it (a ring shard: N = shard length x
+    cu_seqlens: None, or a 1-D integer tensor [0, n1, n1 + n2, ..., N] on q's device or in host memory (the
+    flash-attn convention of one packed row) with q (1, N, H, D), or the same boundaries as a list or tuple of
+    host integers. seq_len: the row's length N when q holds a part of it (a ring shard: N = shard length x
     ranks); default q's. Documents of length 0 (repeated entries) are dropped. A tensor's values are read
-    on the host (one device synchronisation on CUDA); host integers need none, so compiled graphs and CUDA
-    graphs take them."""
+    on the host (one device synchronisation for a CUDA tensor); host memory and host integers need none."""
     if cu_seqlens is None:
         return None
     if isinstance(cu_seqlens, (list, tuple)):
@@ -97,6 +96,13 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
                              f"n1 + n2, ..., N], got {list(cu_seqlens)[:12]!r}")
         values = [int(x) for x in cu_seqlens]
         return _documents(values, q, seq_len)
+    check_cu_seqlens_tensor(cu_seqlens, q)
+    return _documents([int(x) for x in cu_seqlens.tolist()], q, seq_len)
+
+
+def check_cu_seqlens_tensor(cu_seqlens, q: torch.Tensor) -> None:
+    """ValueError naming cu_seqlens unless it is a 1-D integer tensor of at least 2 entries on q's device or in
+    host memory (its values are not read: validate_cu_seqlens reads them)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"cu_seqlens must be None, a 1-D integer tensor [0, n1, n1 + n2, ..., N] or a list of "
                          f"those integers, got {type(cu_seqlens).__name__}")
@@ -105,9 +111,16 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
                          f"shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
         raise ValueError(f"cu_seqlens must have an integer dtype (int32 or int64), got {cu_seqlens.dtype}")
-    if cu_seqlens.device != q.device:
-        raise ValueError(f"cu_seqlens must be on q's device {q.device}, got {cu_seqlens.device}")
-    return _documents([int(x) for x in cu_seqlens.tolist()], q, seq_len)
+    if cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
+        raise ValueError(f"cu_seqlens must be on q's device {q.device} or in host memory (cpu), got "
+                         f"{cu_seqlens.device}")
+
+
+def check_packed_rows(documents, q: torch.Tensor, k: torch.Tensor) -> None:
+    """ValueError unless a call with documents (validate_cu_seqlens: None for one) has as many queries as keys."""
+    if documents is not None and q.shape[1] != k.shape[1]:
+        raise ValueError("cu_seqlens (packed documents) needs q, k, v of one length; fewer queries than keys are "
+                         "for decoding one sequence")
 
 
 def _documents(values: list[int], q: torch.Tensor, seq_len: Optional[int]) -> Optional[tuple[tuple[int, int], ...]]:

@@ -8,7 +8,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .blocks import document_positions
+from .positions import document_positions
 from .config import TrainConfig
 from .packing import make_packed_batch
 from .parallel import local_batch
@@ -80,14 +80,14 @@ def batch_logits(runner, tokens, targets, positions, config: TrainConfig, cu_seq
     if mesh is not None:
         tokens, targets, positions = local_batch(mesh, tokens, targets, layout=config.ring_layout)
         if cu_seqlens is not None:  # the shard's positions in their documents; the ring reads the whole row's
-            cu = cu_seqlens.to(config.device)
-            return runner(tokens.to(config.device), document_positions(cu)[positions.to(config.device)],
-                          cu_seqlens=cu), targets.to(config.device)
+            documents = document_positions(cu_seqlens, config.device)  # boundaries stay in host memory
+            return runner(tokens.to(config.device), documents[positions.to(config.device)],
+                          cu_seqlens=cu_seqlens), targets.to(config.device)
         return runner(tokens.to(config.device), positions.to(config.device)), targets.to(config.device)
     tokens, targets = tokens.to(config.device), targets.to(config.device)
     with autocast_scope(config):
-        if cu_seqlens is not None:
-            return runner(tokens, cu_seqlens=cu_seqlens.to(config.device)), targets
+        if cu_seqlens is not None:  # boundaries in host memory: read with no device synchronisation
+            return runner(tokens, cu_seqlens=cu_seqlens), targets
         if positions is None:
             return runner(tokens), targets
         positions = positions.to(config.device)

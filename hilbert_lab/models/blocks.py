@@ -17,6 +17,7 @@ from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_devic
 from hilbert_lab.attention.pattern import DilatedPattern
 
 from .decoding_layer import decoding_layer, rotates_in_gemv
+from .positions import check_positions, document_positions, host_boundaries, values_readable
 from .projection import project
 from .rotary import apply_rotary, pass_rotary_tables
 
@@ -104,71 +105,6 @@ class DilatedTransformerBlock(nn.Module):
         return x + self.dropout(project(self.mlp_norm(x), self.mlp))
 
 
-def _values_readable(x: torch.Tensor) -> bool:
-    """Whether x's values may be read on the host to check them: not while torch.compile traces and not
-    while a CUDA graph captures (a read would synchronise); the checks then fall to the first eager call."""
-    return not torch.compiler.is_compiling() and not (x.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
-def _check_positions(positions: torch.Tensor | None, length: int, max_seq_len: int, device,
-                     packed: bool = False) -> torch.Tensor:
-    if length > max_seq_len and not packed:  # a packed row may be longer; its documents' positions are checked
-        raise ValueError(f"sequence length must be <= max_seq_len={max_seq_len}, got {length}")
-    if positions is None:
-        return torch.arange(length, device=device)
-    if positions.shape != (length,) or positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(
-            f"positions must be an integer tensor of shape (N,) = ({length},), got "
-            f"{tuple(positions.shape)} {positions.dtype}"
-        )
-    if _values_readable(positions) and length and (
-        int(positions.min()) < 0 or int(positions.max()) >= max_seq_len
-    ):
-        raise ValueError(
-            f"positions must lie in [0, max_seq_len={max_seq_len}), got "
-            f"[{int(positions.min())}, {int(positions.max())}]"
-        )
-    return positions.to(device)
-
-
-def document_positions(cu_seqlens: torch.Tensor | Sequence[int], device: Any = None) -> torch.Tensor:
-    """int64 (N,): each token's position inside its document of a packed row, for cu_seqlens
-    [0, n1, n1 + n2, ..., N] (positions restart at 0 at every document start): a 1-D integer tensor (the result
-    on its device) or host integers (on `device`, default the CPU; nothing read back, so compiled graphs take
-    them)."""
-    if isinstance(cu_seqlens, (list, tuple)):
-        values = list(cu_seqlens)
-        if len(values) < 2 or not all(isinstance(b, int) and not isinstance(b, bool) for b in values) \
-                or values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
-            raise ValueError(f"cu_seqlens must be integers [0, n1, n1 + n2, ..., N] starting at 0 and "
-                             f"non-decreasing, got {values[:12]}")
-        starts = torch.tensor(values[:-1], dtype=torch.int64, device=device)
-        lengths = torch.tensor([b - a for a, b in zip(values, values[1:])], dtype=torch.int64, device=device)
-        return torch.arange(values[-1], device=device) - torch.repeat_interleave(starts, lengths,
-                                                                                 output_size=values[-1])
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
-            or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N], got "
-                         f"{getattr(cu_seqlens, 'shape', type(cu_seqlens).__name__)}")
-    cu = cu_seqlens.to(torch.int64)
-    lengths = cu[1:] - cu[:-1]
-    if int(cu[0]) != 0 or bool((lengths < 0).any()):
-        raise ValueError(f"cu_seqlens must start at 0 and be non-decreasing, got {cu.tolist()[:12]}")
-    return torch.arange(int(cu[-1]), device=cu.device) - torch.repeat_interleave(cu[:-1], lengths)
-
-
-def _host_boundaries(cu_seqlens: torch.Tensor | Sequence[int]) -> list[int]:
-    """A packed row's boundaries [0, ..., N] as host integers: a tensor read once (one synchronisation on a
-    GPU, one graph break while compiling) for every layer, which then reads none; the layers check them."""
-    if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() \
-                or cu_seqlens.dtype == torch.bool:
-            raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N], got shape "
-                             f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
-        return [int(b) for b in cu_seqlens.tolist()]
-    return cu_seqlens
-
-
 class LongNetEncoder(nn.Module):
     """A stack of ``depth`` DilatedTransformerBlocks and a final LayerNorm.
     x (B, N, C), positions (N,) or None (= arange(N), or each token's position in its document with
@@ -211,8 +147,9 @@ class LongNetEncoder(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
                 cu_seqlens: torch.Tensor | Sequence[int] | None = None,
                 caches: Sequence[DecodingCache] | None = None) -> torch.Tensor:
-        """cu_seqlens: a packed row of documents (B = 1), a tensor (read on the host once, here, for every layer)
-        or host integers (nothing read: a compiled graph holds the pass whole); caches: one DilatedKVCache or
+        """cu_seqlens: a packed row of documents (B = 1), a tensor or host integers, handed to every layer in host
+        memory (a device tensor copied once, here; a host tensor is what a compiled graph takes without
+        specializing on its values); caches: one DilatedKVCache or
         DilatedStaticCache per block (models.generate.new_caches): x then holds the tokens after those the caches
         hold (positions default to theirs: (N,), or (B, N) for a static cache)."""
         if x.dim() != 3:
@@ -228,7 +165,7 @@ class LongNetEncoder(nn.Module):
             if not torch.compiler.is_compiling() and past + x.shape[1] > limit:  # compiled: no guard on a count
                 raise ValueError(f"sequence length must be <= max_seq_len={limit}, got {past} cached + {x.shape[1]}")
             positions = caches[0].token_positions(x.shape[1], x.device) if positions is None else \
-                _check_positions(positions, x.shape[1], limit, x.device)
+                check_positions(positions, x.shape[1], limit, x.device)
             # steps that rotate inside their q, k, v GEMVs need no tables (a block that falls back to its modules
             # computes its own)
             in_gemv = all(isinstance(cache, DilatedStaticCache) and rotates_in_gemv(x, cache.projections)
@@ -238,17 +175,15 @@ class LongNetEncoder(nn.Module):
                 x = block(x, positions, None, cache, tables)
             return self.norm(x)
         if cu_seqlens is not None:
-            cu_seqlens = _host_boundaries(cu_seqlens)
+            cu_seqlens = host_boundaries(cu_seqlens)
         if positions is None and cu_seqlens is not None:  # each token's place in its document, checked on the host
-            positions = document_positions(cu_seqlens, x.device)
-            if cu_seqlens[-1] != x.shape[1]:
-                raise ValueError(f"cu_seqlens must end at N = {x.shape[1]} (the row's tokens), got {cu_seqlens[-1]}")
-            longest = max(b - a for a, b in zip(cu_seqlens, cu_seqlens[1:]))  # the largest position + 1
+            positions = document_positions(cu_seqlens, x.device, length=x.shape[1])
+            longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if values_readable(cu_seqlens) else 0
             if longest > limit:
                 raise ValueError(f"positions must lie in [0, max_seq_len={limit}): cu_seqlens holds a document of "
                                  f"{longest} tokens")
         else:
-            positions = _check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
+            positions = check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
         tables = self.rotary_tables(positions, x)
         for block in self.blocks:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
@@ -346,7 +281,7 @@ class LongNetLM(nn.Module):
                              f"{tuple(tokens.shape)}")
         if tokens.shape[1] > self.max_seq_len and not packed:
             raise ValueError(f"sequence length must be <= max_seq_len={self.max_seq_len}, got {tokens.shape[1]}")
-        if tokens.numel() and _values_readable(tokens):
+        if tokens.numel() and values_readable(tokens):
             low, high = int(tokens.min()), int(tokens.max())
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(
@@ -358,8 +293,9 @@ class LongNetLM(nn.Module):
                 caches: Sequence[DecodingCache] | None = None, logits_to_keep: int = 0) -> torch.Tensor:
         """tokens (B, N) -> logits (B, N, vocab_size); positions (N,) original positions (default arange).
         cu_seqlens [0, n1, ..., N] with B = 1: a packed row of documents, each its own causal sequence
-        (positions default to each token's position in its document; every document <= max_seq_len); a tensor,
-        or host integers (what a compiled training step takes whole).
+        (positions default to each token's position in its document; every document <= max_seq_len); a tensor
+        or host integers; a tensor in host memory (cpu) is what a compiled training step takes whole with no
+        recompilation for a new packing.
         caches (models.generate.new_caches): tokens follow those the caches hold, whose keys and values
         they append (decoding). logits_to_keep: 0 for every position's logits, else those of the last
         logits_to_keep positions (B, logits_to_keep, vocab_size), as transformers' models take it."""

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from .blocks import document_positions
+from .positions import document_positions
 from .tasks import IGNORE_INDEX, SPLITS, RetrievalTask, make_batch
 
 

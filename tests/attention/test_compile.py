@@ -225,24 +225,56 @@ def test_longnet_lm_compiled_with_dynamic_shapes_equals_eager_at_each_length():
         assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e)), seq_len
 
 
-def test_longnet_lm_on_packed_rows_with_host_boundaries_compiles_whole_and_equals_eager():
-    """A packed row's boundaries as host integers: the encoder reads nothing back (each document's positions are
-    built from them), so the training step is one graph; it equals eager, and a tensor of the same boundaries
-    (read once by the encoder) gives the same loss and gradients."""
+def _counting_backend(graphs: list):
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return torch._dynamo.backends.debugging.aot_eager(graph_module, example_inputs)
+    return backend
+
+
+@pytest.mark.parametrize("kind", ["host tensor", "host integers"])
+def test_longnet_lm_on_packed_rows_compiles_once_for_every_packing_and_equals_eager(kind):
+    """Packed rows' boundaries as a tensor in host memory: the encoder hands it to every layer and the op reads it
+    when it runs, so one graph, compiled once, takes every packing of as many boundaries (host integers:
+    specialized once, then dynamic); loss and gradients equal eager's."""
     model = _lm()
+    graphs = []
     torch._dynamo.reset()
-    explained = torch._dynamo.explain(model)(torch.zeros(1, 50, dtype=torch.long), cu_seqlens=[0, 20, 50])
-    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    for boundaries in ([0, 20, 50], [0, 7, 7, 30, 50]):
+    compiled = torch.compile(model, fullgraph=True, backend=_counting_backend(graphs))
+    as_kind = {"host tensor": torch.tensor, "host integers": list}[kind]
+    for boundaries in ([0, 20, 33, 50], [0, 7, 7, 50], [0, 1, 2, 50], [0, 31, 40, 50]):
         tokens = torch.randint(0, 64, (1, 50), generator=torch.Generator().manual_seed(len(boundaries)))
-        packed_loss = lambda cu: lambda m: torch.nn.functional.cross_entropy(  # noqa: E731
-            m(tokens, cu_seqlens=cu).flatten(0, 1), tokens.flatten())
-        (loss_c, grads_c), (loss_e, grads_e) = (_grads_of(compiled, packed_loss(boundaries)),
-                                                _grads_of(model, packed_loss(boundaries)))
-        loss_t, grads_t = _grads_of(model, packed_loss(torch.tensor(boundaries)))
-        assert torch.equal(loss_c, loss_e) and torch.equal(loss_t, loss_e), boundaries
-        assert all(torch.equal(a, b) and torch.equal(c, b) for a, b, c in zip(grads_c, grads_e, grads_t)), boundaries
+        packed_loss = lambda m: torch.nn.functional.cross_entropy(  # noqa: E731
+            m(tokens, cu_seqlens=as_kind(boundaries)).flatten(0, 1), tokens.flatten())
+        (loss_c, grads_c), (loss_e, grads_e) = _grads_of(compiled, packed_loss), _grads_of(model, packed_loss)
+        assert torch.equal(loss_c, loss_e), boundaries
+        assert all(torch.equal(a, b) for a, b in zip(grads_c, grads_e)), boundaries
+    assert len(graphs) == (1 if kind == "host tensor" else 2), len(graphs)
+
+
+def test_the_function_on_a_host_tensor_of_boundaries_compiles_once_for_every_packing():
+    """dilated_attention with cu_seqlens in host memory: one graph for every packing (the op reads the boundaries
+    when it runs), each equal to eager and to the float64 oracle executor."""
+    graphs = []
+
+    def fn(q, k, v, cu_seqlens):
+        return dilated_attention(q, k, v, segment_lengths=[8, 16], dilation_rates=[1, 2], causal=True,
+                                 cu_seqlens=cu_seqlens, return_lse=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend=_counting_backend(graphs))
+    for boundaries in ([0, 13, 64], [0, 40, 64], [0, 5, 64], [0, 64, 64]):
+        q, k, v, generator = _inputs({"batch": 1}, seed=len(boundaries))
+        cu = torch.tensor(boundaries)
+        results = []
+        for function in (compiled, fn, lambda *t: dilated_attention(
+                *t[:3], segment_lengths=[8, 16], dilation_rates=[1, 2], causal=True, cu_seqlens=t[3],
+                backend=get_executor("reference"), return_lse=True)):
+            generator.manual_seed(1)
+            results.append(_fwd_bwd(lambda *t: function(*t, cu), q, k, v, generator))
+        assert all(torch.equal(a, b) for a, b in zip(results[0], results[1])), boundaries
+        assert max(max_diff(a, b) for a, b in zip(results[0], results[2])) < 1e-10, boundaries
+    assert len(graphs) == 1
 
 
 def test_longnet_lm_with_gradient_checkpointing_compiles_whole_and_equals_eager():
@@ -298,15 +330,15 @@ def test_torch_library_checks_the_ops():
         q, k, v, generator = (*(t.detach() for t in _inputs(case)[:3]), _inputs(case)[3])
         arguments = _arguments(case)
         boundaries = arguments.get("cu_seqlens")
-        documents = None if boundaries is None else tuple((a, b - a) for a, b in zip(boundaries, boundaries[1:]))
+        boundaries = None if boundaries is None else torch.tensor(boundaries)
         config = call_config(arguments["segment_lengths"], arguments["dilation_rates"],
-                             arguments.get("mode", "longnet"), arguments.get("causal", False), "sdpa", 0.35, True, True,
-                             documents)
-        torch.library.opcheck(dilated_attention_op, (q, k, v, config))
-        out, lse = dilated_attention_op(q, k, v, config)
+                             arguments.get("mode", "longnet"), arguments.get("causal", False), "sdpa", 0.35, True, True)
+        torch.library.opcheck(dilated_attention_op, (q, k, v, boundaries, config))
+        out, lse = dilated_attention_op(q, k, v, boundaries, config)
         grad_out = torch.randn(out.shape, generator=generator, dtype=out.dtype)
         for grad_lse in (None, torch.randn(lse.shape, generator=generator, dtype=lse.dtype)):
-            torch.library.opcheck(dilated_attention_backward_op, (grad_out, grad_lse, q, k, v, out, lse, config))
+            torch.library.opcheck(dilated_attention_backward_op,
+                                  (grad_out, grad_lse, q, k, v, out, lse, boundaries, config))
 
 
 def _gpu_lm(backend: str):
