@@ -83,9 +83,9 @@ def dilated_attention(
     cu_seqlens: packed documents (the flash-attn convention): a 1-D integer tensor [0, n1, n1 + n2, ..., N]
     on q's device or in host memory (cpu) with B = 1, or those boundaries as a list of host integers. A CPU
     tensor needs no device synchronisation and a compiled graph takes every packing of as many documents
-    without recompiling (the op reads it when it runs); a device tensor is copied to the host once. Each document is attended as its own sequence (positions, segments,
-    dilation offsets and causality restart at its start; its last segment is ragged; a segment longer
-    than the document is the document); no query sees a key of another document. Executors declaring
+    without recompiling (the op reads it when it runs); a device tensor is copied to the host once. Each
+    document is attended as its own sequence (positions, segments, dilation offsets and causality restart at
+    its start; its last segment is ragged; a segment longer than the document is the document); no query sees a key of another document. Executors declaring
     `varlen` run the blocks of all documents in a few kernel calls (auto prefers them for packed rows).
     global_heads: (start, total) when q's H heads are the heads [start, start + H) of a layer of `total`
     heads (a head-parallel rank's share): each head keeps the global head's offsets (longnet and head_groups
