@@ -85,8 +85,9 @@ def dilated_attention(
     tensor needs no device synchronisation and a compiled graph takes every packing of as many documents
     without recompiling (the op reads it when it runs); a device tensor is copied to the host once. Each
     document is attended as its own sequence (positions, segments, dilation offsets and causality restart at
-    its start; its last segment is ragged; a segment longer than the document is the document); no query sees a key of another document. Executors declaring
-    `varlen` run the blocks of all documents in a few kernel calls (auto prefers them for packed rows).
+    its start; its last segment is ragged; a segment longer than the document is the document); no query
+    sees a key of another document. Executors declaring `varlen` run the blocks of all documents in a few
+    kernel calls (auto prefers them for packed rows).
     global_heads: (start, total) when q's H heads are the heads [start, start + H) of a layer of `total`
     heads (a head-parallel rank's share): each head keeps the global head's offsets (longnet and head_groups
     modes), so the result is those heads' slice of the whole layer's; grouped-query heads pair locally
