@@ -22,8 +22,8 @@ from hilbert_lab.attention.op import boundary_tensor, call_config, call_executor
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan
 from hilbert_lab.attention.validation import (
-    check_cu_seqlens_tensor, check_packed_rows, concrete, kernel_layout, validate_attention_inputs,
-    validate_cu_seqlens, validate_global_heads,
+    check_packed_rows, concrete, host_boundaries, kernel_layout, validate_attention_inputs, validate_cu_seqlens,
+    validate_global_heads,
 )
 from hilbert_lab.curves import ORDERINGS
 from hilbert_lab.curves.layouts import layout_permutation, permute_sequence
@@ -108,8 +108,7 @@ def dilated_attention(
             and isinstance(backend, str):
         # the op reads the boundaries when it runs (host memory: no device synchronisation), so a compiled graph
         # does not specialize on them: a new packing reuses it
-        check_cu_seqlens_tensor(cu_seqlens, k)
-        documents, boundaries = None, cu_seqlens.to("cpu", torch.int64)
+        documents, boundaries = None, host_boundaries(cu_seqlens, k)
     else:
         documents = validate_cu_seqlens(cu_seqlens, k)
         check_packed_rows(documents, q, k)

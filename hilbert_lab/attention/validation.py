@@ -91,18 +91,31 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
     if cu_seqlens is None:
         return None
     if isinstance(cu_seqlens, (list, tuple)):
-        if len(cu_seqlens) < 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in cu_seqlens):
-            raise ValueError(f"cu_seqlens given as host boundaries must be a list of at least 2 integers [0, n1, "
-                             f"n1 + n2, ..., N], got {list(cu_seqlens)[:12]!r}")
-        values = [int(x) for x in cu_seqlens]
-        return _documents(values, q, seq_len)
+        return _documents(_host_integers(cu_seqlens), q, seq_len)
     check_cu_seqlens_tensor(cu_seqlens, q)
     return _documents([int(x) for x in cu_seqlens.tolist()], q, seq_len)
 
 
-def check_cu_seqlens_tensor(cu_seqlens, q: torch.Tensor) -> None:
-    """ValueError naming cu_seqlens unless it is a 1-D integer tensor of at least 2 entries on q's device or in
-    host memory (its values are not read: validate_cu_seqlens reads them)."""
+def host_boundaries(cu_seqlens, q: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """cu_seqlens (a tensor, or host integers) as an int64 tensor in host memory (a device tensor copied: one
+    synchronisation), its form checked (ValueError naming it) and its values not read: what the op reads when it
+    runs, with no device synchronisation and no value a compiled graph specializes on."""
+    if isinstance(cu_seqlens, (list, tuple)):
+        return torch.tensor(_host_integers(cu_seqlens), dtype=torch.int64)
+    check_cu_seqlens_tensor(cu_seqlens, q)
+    return cu_seqlens.to("cpu", torch.int64)
+
+
+def _host_integers(values) -> list[int]:
+    if len(values) < 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in values):
+        raise ValueError(f"cu_seqlens given as host boundaries must be a list of at least 2 integers [0, n1, "
+                         f"n1 + n2, ..., N], got {list(values)[:12]!r}")
+    return [int(x) for x in values]
+
+
+def check_cu_seqlens_tensor(cu_seqlens, q: Optional[torch.Tensor] = None) -> None:
+    """ValueError naming cu_seqlens unless it is a 1-D integer tensor of at least 2 entries on q's device (where
+    q is given) or in host memory (its values are not read: validate_cu_seqlens reads them)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"cu_seqlens must be None, a 1-D integer tensor [0, n1, n1 + n2, ..., N] or a list of "
                          f"those integers, got {type(cu_seqlens).__name__}")
@@ -111,7 +124,7 @@ def check_cu_seqlens_tensor(cu_seqlens, q: torch.Tensor) -> None:
                          f"shape {tuple(cu_seqlens.shape)}")
     if cu_seqlens.is_floating_point() or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
         raise ValueError(f"cu_seqlens must have an integer dtype (int32 or int64), got {cu_seqlens.dtype}")
-    if cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
+    if q is not None and cu_seqlens.device != q.device and cu_seqlens.device.type != "cpu":
         raise ValueError(f"cu_seqlens must be on q's device {q.device} or in host memory (cpu), got "
                          f"{cu_seqlens.device}")
 

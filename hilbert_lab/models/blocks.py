@@ -15,9 +15,10 @@ from hilbert_lab.attention.kv_cache import DilatedKVCache
 from hilbert_lab.attention.static_cache import DilatedStaticCache
 from hilbert_lab.attention.modules import MultiheadDilatedAttention, check_device
 from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.attention.validation import host_boundaries
 
 from .decoding_layer import decoding_layer, rotates_in_gemv
-from .positions import check_positions, document_positions, host_boundaries, values_readable
+from .positions import check_positions, document_positions, values_readable
 from .projection import project
 from .rotary import apply_rotary, pass_rotary_tables
 
@@ -175,7 +176,7 @@ class LongNetEncoder(nn.Module):
                 x = block(x, positions, None, cache, tables)
             return self.norm(x)
         if cu_seqlens is not None:
-            cu_seqlens = host_boundaries(cu_seqlens)
+            cu_seqlens = host_boundaries(cu_seqlens, x)  # in host memory for every layer: copied once
         if positions is None and cu_seqlens is not None:  # each token's place in its document, checked on the host
             positions = document_positions(cu_seqlens, x.device, length=x.shape[1])
             longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if values_readable(cu_seqlens) else 0

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from hilbert_lab.attention.validation import check_cu_seqlens_tensor, host_boundaries
+
 
 def values_readable(x: torch.Tensor) -> bool:
     """Whether x's values may be read on the host to check them: not while torch.compile traces and not
@@ -44,15 +46,11 @@ def document_positions(cu_seqlens: torch.Tensor | Sequence[int], device: Any = N
     [0, n1, n1 + n2, ..., N] (positions restart at 0 at every document start): a 1-D integer tensor or host
     integers; on `device` (default the tensor's, the CPU for host integers). length: N where the caller knows it
     (then nothing is read back while compiling; the values are checked where they can be read)."""
-    if isinstance(cu_seqlens, (list, tuple)):
-        if not all(isinstance(b, int) and not isinstance(b, bool) for b in cu_seqlens):
-            raise ValueError(f"cu_seqlens must be integers [0, n1, n1 + n2, ..., N], got {list(cu_seqlens)[:12]}")
-        cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
-    if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 \
-            or cu_seqlens.is_floating_point() or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N], got "
-                         f"{getattr(cu_seqlens, 'shape', type(cu_seqlens).__name__)}")
-    cu = cu_seqlens.to(torch.int64)
+    if isinstance(cu_seqlens, torch.Tensor):
+        check_cu_seqlens_tensor(cu_seqlens)
+        cu = cu_seqlens.to(torch.int64)
+    else:
+        cu = host_boundaries(cu_seqlens)
     lengths = cu[1:] - cu[:-1]
     if values_readable(cu) and (int(cu[0]) != 0 or bool((lengths < 0).any())
                                  or (length is not None and int(cu[-1]) != length)):
@@ -61,20 +59,3 @@ def document_positions(cu_seqlens: torch.Tensor | Sequence[int], device: Any = N
     total = int(cu[-1]) if length is None else length
     positions = torch.arange(total, device=cu.device) - torch.repeat_interleave(cu[:-1], lengths, output_size=total)
     return positions if device is None else positions.to(device)
-
-
-def host_boundaries(cu_seqlens: torch.Tensor | Sequence[int]) -> torch.Tensor:
-    """A packed row's boundaries [0, ..., N] as an int64 tensor in host memory: a device tensor copied once (one
-    synchronisation) for every layer, host integers made a tensor. The layers' attention reads them with no
-    device synchronisation, and a compiled graph does not specialize on a host tensor's values."""
-    if isinstance(cu_seqlens, torch.Tensor):
-        if cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point() or cu_seqlens.is_complex() \
-                or cu_seqlens.dtype == torch.bool:
-            raise ValueError(f"cu_seqlens must be a 1-D integer tensor [0, n1, n1 + n2, ..., N], got shape "
-                             f"{tuple(cu_seqlens.shape)} {cu_seqlens.dtype}")
-        return cu_seqlens.to("cpu", torch.int64)
-    if not isinstance(cu_seqlens, (list, tuple)) or not all(isinstance(b, int) and not isinstance(b, bool)
-                                                            for b in cu_seqlens):
-        raise ValueError(f"cu_seqlens must be a 1-D integer tensor or a list of integers [0, n1, n1 + n2, ..., N], "
-                         f"got {cu_seqlens!r}")
-    return torch.tensor(cu_seqlens, dtype=torch.int64)
