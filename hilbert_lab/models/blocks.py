@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from hilbert_lab.attention.kv_cache import DilatedKVCache
@@ -178,11 +177,7 @@ class LongNetEncoder(nn.Module):
         if cu_seqlens is not None:
             cu_seqlens = host_boundaries(cu_seqlens, x)  # in host memory for every layer: copied once
         if positions is None and cu_seqlens is not None:  # each token's place in its document, checked on the host
-            positions = document_positions(cu_seqlens, x.device, length=x.shape[1])
-            longest = int((cu_seqlens[1:] - cu_seqlens[:-1]).max()) if values_readable(cu_seqlens) else 0
-            if longest > limit:
-                raise ValueError(f"positions must lie in [0, max_seq_len={limit}): cu_seqlens holds a document of "
-                                 f"{longest} tokens")
+            positions = document_positions(cu_seqlens, x.device, length=x.shape[1], max_length=limit)
         else:
             positions = check_positions(positions, x.shape[1], limit, x.device, packed=cu_seqlens is not None)
         tables = self.rotary_tables(positions, x)

@@ -41,11 +41,12 @@ def check_positions(positions: torch.Tensor | None, length: int, max_seq_len: fl
 
 
 def document_positions(cu_seqlens: torch.Tensor | Sequence[int], device: Any = None,
-                       length: int | None = None) -> torch.Tensor:
+                       length: int | None = None, max_length: float = float("inf")) -> torch.Tensor:
     """int64 (N,): each token's position inside its document of a packed row, for cu_seqlens
     [0, n1, n1 + n2, ..., N] (positions restart at 0 at every document start): a 1-D integer tensor or host
     integers; on `device` (default the tensor's, the CPU for host integers). length: N where the caller knows it
-    (then nothing is read back while compiling; the values are checked where they can be read)."""
+    (then nothing is read back while compiling); max_length: the longest document allowed (a model's
+    max_seq_len). The values are checked where they can be read (ValueError naming cu_seqlens)."""
     if isinstance(cu_seqlens, torch.Tensor):
         check_cu_seqlens_tensor(cu_seqlens)
         cu = cu_seqlens.to(torch.int64)
@@ -56,6 +57,9 @@ def document_positions(cu_seqlens: torch.Tensor | Sequence[int], device: Any = N
                                  or (length is not None and int(cu[-1]) != length)):
         raise ValueError(f"cu_seqlens must start at 0, be non-decreasing and end at N"
                          f"{'' if length is None else f' = {length}'}, got {cu.tolist()[:12]}")
+    if values_readable(cu) and max_length < float("inf") and int(lengths.max()) > max_length:
+        raise ValueError(f"positions must lie in [0, max_seq_len={max_length}): cu_seqlens holds a document of "
+                         f"{int(lengths.max())} tokens")
     total = int(cu[-1]) if length is None else length
     positions = torch.arange(total, device=cu.device) - torch.repeat_interleave(cu[:-1], lengths, output_size=total)
     return positions if device is None else positions.to(device)
