@@ -14,6 +14,7 @@ gradient) it times, in the same process:
 - loop[auto|fa4]: a Python loop calling dilated_attention on each document (the caller's fallback);
 - floor[fa4-varlen]: FlashAttention-4's varlen kernels on the same packs (the calls fa4 makes), each
   pack's runs pre-gathered contiguous: no strided views, no rows between runs, no LSE copies, no merge;
+  replayed from a CUDA graph (bench.timing.graphed): its kernels with no host time;
 and prints loop/ours (target >= 6x) and ours/floor (target <= 1.25x), with each of ours' relative
 error against the loop; on a GPU also the profiler's kernel time of ours[auto] and of the floor
 (bench.kernel_profile: the floor is at the kernel when its wall time is within a few % of it). GQA:
@@ -47,7 +48,7 @@ from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
 from hilbert_lab.io import strip_paths  # noqa: E402
-from hilbert_lab.bench.timing import time_function  # noqa: E402
+from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
 
 
 NO_GRAPHS = "ours[auto,no-graphs]"
@@ -214,7 +215,7 @@ def run(args) -> dict:
                 steps[FLOOR] = lambda: floor_step(direction == "fwd+bwd")
                 cell["floor_calls"] = calls
                 cell["times_ms"][FLOOR] = time_function(
-                    steps[FLOOR], device=device, warmup=2, repeats=args.repeats).as_dict()
+                    graphed(steps[FLOOR], device=device), device=device, warmup=2, repeats=args.repeats).as_dict()
             except Exception as error:
                 cell["times_ms"][FLOOR] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
@@ -237,8 +238,8 @@ def run(args) -> dict:
         if has_fa4:  # the varlen kernels' own GQA / MHA ratio: how far below 1 the kernels go on this row
             try:
                 floor_step, _ = varlen_floor(pattern, q, k, v, bounds, scale)
-                row[FLOOR] = time_function(lambda: floor_step(True), device=device, warmup=2,
-                                           repeats=args.repeats).as_dict()
+                row[FLOOR] = time_function(graphed(lambda: floor_step(True), device=device), device=device,
+                                           warmup=2, repeats=args.repeats).as_dict()
             except Exception as error:
                 row[FLOOR] = failed(error)
         gqa[label] = row
