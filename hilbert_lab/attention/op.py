@@ -25,7 +25,7 @@ from hilbert_lab.attention.function import Job, make_job, plan_part, run_backwar
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import Plan, cached_plan
 from hilbert_lab.attention.selection import resolve_executor
-from hilbert_lab.attention.validation import check_packed_rows, concrete, validate_cu_seqlens
+from hilbert_lab.attention.validation import concrete, packed_row_documents
 
 
 def call_executor(backend: str | Executor, q: torch.Tensor, k: torch.Tensor, pattern: DilatedPattern, *,
@@ -91,8 +91,8 @@ def _job(q: torch.Tensor, k: torch.Tensor, boundaries: Optional[torch.Tensor], c
     """(the call's job, whether the LSE is wanted). boundaries: a packed row's [0, ..., N] in host memory (read
     here, when the op runs: no device synchronisation; checked as validation.validate_cu_seqlens checks them)."""
     pattern, backend, scale, need_lse, training, global_heads = _parsed(config)
-    documents = None if boundaries is None else validate_cu_seqlens(boundaries.tolist(), k)
-    check_packed_rows(documents, q, k)
+    documents = None if boundaries is None else \
+        packed_row_documents(tuple(boundaries.tolist()), k.shape[0], q.shape[1], k.shape[1])
     executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
     plan = call_plan(pattern, q, k, documents, global_heads)
     return make_job([plan_part(executor, plan)], scale), need_lse or training

@@ -1,6 +1,7 @@
 """Input checks shared by every attention entry point (the engine and the ring): one place, one wording."""
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from typing import Optional
@@ -91,9 +92,9 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
     if cu_seqlens is None:
         return None
     if isinstance(cu_seqlens, (list, tuple)):
-        return _documents(_host_integers(cu_seqlens), q, seq_len)
+        return _documents(_host_integers(cu_seqlens), q.shape[0], q.shape[1], seq_len)
     check_cu_seqlens_tensor(cu_seqlens, q)
-    return _documents([int(x) for x in cu_seqlens.tolist()], q, seq_len)
+    return _documents([int(x) for x in cu_seqlens.tolist()], q.shape[0], q.shape[1], seq_len)
 
 
 def host_boundaries(cu_seqlens, q: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -136,13 +137,27 @@ def check_packed_rows(documents, q: torch.Tensor, k: torch.Tensor) -> None:
                          "for decoding one sequence")
 
 
-def _documents(values: list[int], q: torch.Tensor, seq_len: Optional[int]) -> Optional[tuple[tuple[int, int], ...]]:
-    if q.shape[0] != 1:
+@functools.lru_cache(maxsize=256)
+def packed_row_documents(values: tuple[int, ...], batch: int, queries: int,
+                         keys: int) -> Optional[tuple[tuple[int, int], ...]]:
+    """validate_cu_seqlens and check_packed_rows for boundaries already read into host integers, of q (batch,
+    queries, ...) and k (batch, keys, ...): the same documents and ValueErrors, memoized (the op reads its
+    boundaries in every forward and backward, and every layer of a model passes the same ones)."""
+    documents = _documents(list(values), batch, keys, None)
+    if documents is not None and queries != keys:
+        raise ValueError("cu_seqlens (packed documents) needs q, k, v of one length; fewer queries than keys are "
+                         "for decoding one sequence")
+    return documents
+
+
+def _documents(values: list[int], batch: int, length: int,
+               seq_len: Optional[int]) -> Optional[tuple[tuple[int, int], ...]]:
+    if batch != 1:
         raise ValueError(f"cu_seqlens packs documents into one row: q, k, v must be (1, N, H, D), got batch "
-                         f"{q.shape[0]}")
+                         f"{batch}")
     what = "q's sequence length" if seq_len is None else \
-        f"the row's length: {q.shape[1]} tokens per shard x {seq_len // max(q.shape[1], 1)} ranks"
-    seq_len = q.shape[1] if seq_len is None else seq_len
+        f"the row's length: {length} tokens per shard x {seq_len // max(length, 1)} ranks"
+    seq_len = length if seq_len is None else seq_len
     if values[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got {values[0]}")
     if values[-1] != seq_len:

@@ -3,6 +3,7 @@ values; a module and its input on different devices."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -146,3 +147,26 @@ def test_a_module_on_the_gpu_called_with_cpu_input_names_both_devices():
     with pytest.raises(ValueError, match="query on device 'cpu' does not match the module's parameters on device "
                                          "'cuda:0'"):
         module(torch.randn(1, 4, 8))
+
+
+@pytest.mark.parametrize("values, q_shape, k_shape", [
+    ([0, 3, 3, 8], (1, 8, 2, 4), (1, 8, 2, 4)),   # a repeated boundary: an empty document dropped
+    ([0, 8], (1, 8, 2, 4), (1, 8, 2, 4)),         # one document: None
+    ([0, 5, 3, 8], (1, 8, 2, 4), (1, 8, 2, 4)),   # decreasing
+    ([1, 8], (1, 8, 2, 4), (1, 8, 2, 4)),         # not from 0
+    ([0, 4, 7], (1, 8, 2, 4), (1, 8, 2, 4)),      # not to N
+    ([0, 4, 8], (2, 8, 2, 4), (2, 8, 2, 4)),      # more than one row
+    ([0, 4, 8], (1, 6, 2, 4), (1, 8, 2, 4)),      # fewer queries than keys
+])
+def test_the_ops_memoized_boundary_check_gives_what_the_engine_check_gives(values, q_shape, k_shape):
+    from hilbert_lab.attention.validation import check_packed_rows, packed_row_documents, validate_cu_seqlens
+
+    q, k = torch.empty(q_shape), torch.empty(k_shape)
+    try:
+        want = validate_cu_seqlens(values, k)
+        check_packed_rows(want, q, k)
+    except ValueError as error:
+        with pytest.raises(ValueError, match=f"^{re.escape(str(error))}$"):
+            packed_row_documents(tuple(values), k.shape[0], q.shape[1], k.shape[1])
+    else:
+        assert packed_row_documents(tuple(values), k.shape[0], q.shape[1], k.shape[1]) == want
