@@ -106,12 +106,15 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
     clear = (first.clear or torch.Tensor.zero_) if job.num_slots == 1 and not first.covered and not first.whole \
         else None
 
+    need_lse = need_lse or job.num_slots > 1  # several slots merge by LSE
+
     def prepare() -> None:
         if clear is not None:
             clear(outs[0])
-        lses.fill_(float("-inf"))
+        if need_lse:  # else no one reads them (the result's LSE is not wanted)
+            lses.fill_(float("-inf"))
 
-    slots = Slots(outs, lses, job.slot_of, need_lse or job.num_slots > 1, prepare)  # several slots merge by LSE
+    slots = Slots(outs, lses, job.slot_of, need_lse, prepare)
     states = []
     for part in job.parts:
         if not part.prepares_slots:

@@ -27,6 +27,8 @@ from typing import Optional
 import torch
 
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
+from hilbert_lab.kernels.triton_fill import FILL_DTYPES, fill_unselected, head_table
+from hilbert_lab.kernels.triton_support import runs_on
 
 IDENTITY_ORDERINGS = (None, "identity")
 __all__ = ["IDENTITY_ORDERINGS", "Block", "Plan", "build_plan", "cached_plan", "is_selected", "kv_split",
@@ -140,6 +142,8 @@ class Plan:
     need not come first in `blocks` (a packed row's first document may have no block of a lower branch whose
     offsets start past it). kv_shared: some key/value head is read by blocks of several branches
     (grouped-query heads across head groups), so its gradient shares add up even without a merge.
+    unselected: where each head is in at most one branch (one document, every query), per head (w, r, o): the
+    positions p with (p % w) % r != o are the ones no block writes (clear_unselected).
     """
 
     blocks: tuple[Block, ...]
@@ -154,7 +158,7 @@ class Plan:
     covered: bool = False
     first_branch: Optional[int] = None
     kv_shared: bool = False
-    unselected: Optional[tuple[tuple[slice, int, int], ...]] = None
+    unselected: Optional[tuple[tuple[int, int, int], ...]] = None
     global_heads: Optional[tuple[int, int]] = None
 
     def head_offsets(self) -> list:
@@ -163,13 +167,17 @@ class Plan:
         return local_offsets(self.pattern, self.num_heads, self.global_heads)
 
     def clear_unselected(self, x: torch.Tensor, value: float = 0.0) -> torch.Tensor:
-        """Fill at least the entries of x (B, N, H, *rest) that no block writes with `value` and return x:
-        the strided views `unselected` names ((heads, residue, rate): positions p % rate == residue of
-        those heads) where the plan knows them, else all of x."""
+        """Fill at least the entries of x (B, N, H, *rest) that no block writes with `value` and return x.
+        Where the plan knows them (`unselected`: per head (w, r, o), the positions p with (p % w) % r != o), one
+        Triton launch writes exactly those where it runs (kernels.triton_fill); elsewhere the heads with any such
+        position are filled whole (the blocks write theirs afterwards). Else all of x."""
         if self.unselected is None:
             return x.fill_(value)
-        for heads, residue, rate in self.unselected:
-            region = x[:, residue::rate, heads]
+        if runs_on(x.device) and x.dim() == 4 and x.shape[2] == len(self.unselected) and x.stride(-1) == 1 \
+                and x.dtype in FILL_DTYPES:
+            return fill_unselected(x, head_table(self.unselected, x.device), value)
+        for heads in _head_runs([h for h, row in enumerate(self.unselected) if row != _EVERY_POSITION]):
+            region = x[:, :, heads]
             _zero(region) if value == 0 else region.fill_(value)
         return x
 
@@ -276,7 +284,7 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
     kv_shared = any(len(readers) > 1 for readers in kv_readers.values())
     unselected = None
     if len(documents) == 1 and query_start == 0 and kv == num_heads and max(branches_per_head) <= 1:
-        unselected = _unselected(pattern, offsets, branches)
+        unselected = _unselected(pattern, offsets, branches, seq_len)
     return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads, pattern,
                 None if branches is None else tuple(branches), None if num_kv_heads is None else kv, query_len,
                 covered=covered, first_branch=first, kv_shared=kv_shared, unselected=unselected,
@@ -306,29 +314,35 @@ def _covers(pattern: DilatedPattern, offsets: list, branches: Optional[tuple[int
     return all(covered)
 
 
-def _unselected(pattern: DilatedPattern, offsets: list,
-                branches: Optional[tuple[int, ...]]) -> tuple[tuple[slice, int, int], ...]:
-    """Where each head is in at most one planned branch: the heads whose branch has a dilation > 1 (or no
-    branch), in runs of consecutive heads, as (heads, 0, 1) triples (every position): those entries are
-    cleared whole before the blocks write theirs, a few fills instead of one over every head."""
+_EVERY_POSITION = (1, 1, 0)  # a head's (w, r, o) row when its blocks write every position
+
+
+def _unselected(pattern: DilatedPattern, offsets: list, branches: Optional[tuple[int, ...]],
+                seq_len: int) -> tuple[tuple[int, int, int], ...]:
+    """Where each head is in at most one planned branch: per head the (w, r, o) whose positions p with
+    (p % w) % r != o no block writes: its branch's segment length (at most N), dilation rate and offset; (1, 1, 0)
+    for a head of a branch with dilation 1 and (1, 1, -1) for a head in no planned branch."""
     num_heads = len(offsets[0])
-    clear = []
-    in_branch = [False] * num_heads
+    rows = [(1, 1, -1)] * num_heads
     for branch, heads_offsets in enumerate(offsets):
         if branches is not None and branch not in branches:
             continue
+        rate = pattern.dilation_rates[branch]
         for h in (heads_offsets >= 0).nonzero()[0]:
-            in_branch[int(h)] = True
-            if pattern.dilation_rates[branch] > 1:
-                clear.append(int(h))
-    clear += [h for h in range(num_heads) if not in_branch[h]]
-    runs = []
-    for h in sorted(set(clear)):
+            rows[int(h)] = _EVERY_POSITION if rate == 1 else \
+                (min(pattern.segment_lengths[branch], seq_len), rate, int(heads_offsets[h]))
+    return tuple(rows)
+
+
+def _head_runs(heads: list[int]) -> list[slice]:
+    """Sorted head indices as slices of consecutive heads."""
+    runs: list[list[int]] = []
+    for h in heads:
         if runs and runs[-1][1] == h:
             runs[-1][1] = h + 1
         else:
             runs.append([h, h + 1])
-    return tuple((slice(a, b, 1), 0, 1) for a, b in runs)
+    return [slice(a, b) for a, b in runs]
 
 
 def kv_split(heads: tuple[int, ...], num_heads: int, kv_heads: int) -> list[tuple[slice, slice]]:

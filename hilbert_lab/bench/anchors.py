@@ -119,7 +119,8 @@ def fa4_floor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dilate
         if grads is not None:
             tensors += [(grad_out, QUERY), (grads[slot, 0], QUERY), (grads[slot, 1], KEY), (grads[slot, 2], KEY)]
         calls += unit_views(unit, tensors, plan.query_start)[1]
-    lses = [_flash_attn_fwd(*views[:3], softmax_scale=scale, causal=pattern.causal, return_lse=True,
+    # the LSE only where the backward reads it: a forward alone writes the outputs, as ours does then
+    lses = [_flash_attn_fwd(*views[:3], softmax_scale=scale, causal=pattern.causal, return_lse=grad_out is not None,
                             out=views[3])[1] for views in calls]
     if grads is not None:
         for (qv, kv, vv, ov, gv, dq, dk, dv), lse in zip(calls, lses):

@@ -2,7 +2,8 @@
 fa4 executor's glue (views, outputs written in place, gradients into the caller's views, varlen runs) is tested
 against the oracle without a GPU.
 
-Dense calls: q (B, Lq, H, D), k, v (B, L, H_kv, D); fewer queries align at the bottom right; LSE (B, H, Lq); `out=`
+Dense calls: q (B, Lq, H, D), k, v (B, L, H_kv, D); fewer queries align at the bottom right; LSE (B, H, Lq), None
+without `return_lse` on inputs that need no gradient; `out=`
 and `dq=`, `dk=`, `dv=` are written in place where given. Varlen calls: sequence i is rows [cu[i], cu[i] +
 seqused[i]) (cu[i + 1] - cu[i] without seqused); only those rows are written; LSE (H, rows); rows of no sequence
 come back as NaN where the kernel allocates its own outputs."""
@@ -27,14 +28,14 @@ def _sequences(cu, used):
 
 def _forward(q, k, v, *, softmax_scale, causal, return_lse, out=None, cu_seqlens_q=None, cu_seqlens_k=None,
              seqused_q=None, seqused_k=None, max_seqlen_q=None, max_seqlen_k=None):
-    assert return_lse
     if cu_seqlens_q is None:
         result, lse, _ = dense_forward(q, k, v, causal=causal, scale=softmax_scale)
         if out is not None:
             out.copy_(result)
             result = out
-        return result, lse, None, None, None
-    assert q.dim() == 3 and cu_seqlens_q.dtype == torch.int32 and out.shape == q.shape
+        wanted = return_lse or any(t.requires_grad for t in (q, k, v))  # as the kernel: no LSE where none is asked
+        return result, lse if wanted else None, None, None, None
+    assert return_lse and q.dim() == 3 and cu_seqlens_q.dtype == torch.int32 and out.shape == q.shape
     assert cu_seqlens_q.data_ptr() % 16 == 0, "FlashAttention-4 copies metadata off a 16-byte boundary"
     sequences = _sequences(cu_seqlens_q, seqused_q)
     assert torch.equal(cu_seqlens_q, cu_seqlens_k) and cu_seqlens_q.shape[0] - 1 == len(sequences)

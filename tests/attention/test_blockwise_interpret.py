@@ -1,4 +1,5 @@
-"""Gradient shares of later branches added into strided totals by one launch (`kernels.triton_rows.add_views`) under
+"""Gradient shares of later branches added into strided totals by one launch (`kernels.triton_rows.add_views`) and
+the entries no block writes filled by one (`kernels.triton_fill.fill_unselected`), under
 Triton's interpreter (TRITON_INTERPRET=1, CPU, float32): `add_views` against torch on strided views, and the
 blockwise executor of a kernel declaring `graphs` (whose adds take that launch) against the float64 oracle."""
 from __future__ import annotations
@@ -43,6 +44,28 @@ def _add_views_error() -> float:
     return max((base - want).abs().max().item() for base, want in zip(bases, expected))
 
 
+def _fill_errors() -> dict:
+    """fill_unselected on a strided (B, N, H, D) view of a bigger tensor, per-head rows of every kind (a ragged last
+    segment, w not a multiple of r, a head in no branch, one fully selected), float32 and bfloat16: the largest
+    difference of the whole tensor from torch writing the same entries, and the entries it wrote."""
+    import torch
+
+    from hilbert_lab.kernels.triton_fill import fill_unselected, head_table
+
+    rows = ((1, 1, 0), (6, 2, 1), (6, 2, 0), (10, 3, 2), (1, 1, -1), (25, 4, 3))
+    errors = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        base = torch.randn(2, 25, 8, 5, generator=torch.Generator().manual_seed(5)).to(dtype)
+        want = base.clone()
+        for h, (w, r, o) in enumerate(rows):
+            for p in range(23):
+                if (p % w) % r != o:
+                    want[:, 1 + p, 1 + h] = -2.5
+        fill_unselected(base[:, 1:24, 1:7], head_table(rows, base.device), -2.5)
+        errors[str(dtype)] = (base.float() - want.float()).abs().max().item()
+    return errors
+
+
 def _main() -> None:
     import torch
 
@@ -62,6 +85,7 @@ def _main() -> None:
         errors = test_packed.relative_errors(spec, executor, torch.float32)
         print(json.dumps({"case": case, "launches": len(calls), "pairs": sum(calls), **errors}), flush=True)
     print(json.dumps({"add_views_error": _add_views_error()}), flush=True)
+    print(json.dumps({"fill_errors": _fill_errors()}), flush=True)
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +100,12 @@ def test_add_views_adds_strided_shares_into_strided_totals(measured):
 
 
 @pytest.mark.slow
+def test_fill_unselected_writes_exactly_the_unselected_entries(measured):
+    errors = [r["fill_errors"] for r in measured if "fill_errors" in r]
+    assert errors and errors[0] == {"torch.float32": 0.0, "torch.bfloat16": 0.0}, errors
+
+
+@pytest.mark.slow
 def test_later_branches_added_in_one_launch_per_call_equal_the_oracle(measured):
     results = {r["case"]: r for r in measured if "case" in r}
     assert sorted(results) == sorted(CASES)
@@ -85,6 +115,21 @@ def test_later_branches_added_in_one_launch_per_call_equal_the_oracle(measured):
     for case, result in results.items():
         for name in ("out", "lse", "dq", "dk", "dv"):
             assert result[name] < 1e-5, (case, name, result)
+
+
+def test_fill_unselected_refuses_what_it_cannot_take():
+    import torch
+
+    from hilbert_lab.kernels.triton_fill import fill_unselected
+
+    x = torch.zeros(2, 4, 3, 8)
+    table = torch.ones(3, 3, dtype=torch.int32)
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        fill_unselected(x.double(), table)
+    with pytest.raises(ValueError, match="contiguous last dim"):
+        fill_unselected(x.transpose(1, 3), table)
+    with pytest.raises(ValueError, match=r"\(3, 3\) int32"):
+        fill_unselected(x, table[:2])
 
 
 def test_add_views_refuses_pairs_it_cannot_take():

@@ -26,7 +26,7 @@ FA4_BACKWARD = RecordedEntry(PACKAGE + ".interface", "_flash_attn_bwd", outputs=
 
 
 def _forward(q, k, v, *, causal, scale, need_lse=True, out=None):
-    result = FA4_FORWARD(dict(q=q, k=k, v=v, out=out), dict(softmax_scale=scale, causal=causal, return_lse=True))
+    result = FA4_FORWARD(dict(q=q, k=k, v=v, out=out), dict(softmax_scale=scale, causal=causal, return_lse=need_lse))
     return result[0], result[1], None
 
 
