@@ -92,6 +92,42 @@ def test_gpu_executor_on_views_matches_reference(backend, mode, causal, seq_len,
         assert relative_error(a, b) < 5e-2, f"d{name}"
 
 
+def _poison_the_allocator() -> None:
+    """Hand 256 MiB of NaN back to the caching allocator: the next allocations reuse that memory, so an entry no
+    kernel writes reads NaN, not a lucky zero."""
+    torch.full((64 << 20,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("backend", ["fa4", "sdpa"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_rows_a_head_does_not_select_are_zero_in_memory_that_held_nan(backend, causal):
+    """head_groups with dilated branches (w not a power of r, a branch longer than N, ragged N): the entries no
+    block writes (zeroed by one launch, kernels.triton_fill) read 0 in out, dq, dk and dv, forward alone and with the
+    backward, though the memory they land in held NaN; all equal to the float64 oracle."""
+    reason = unavailable_reason(backend, "cuda", torch.bfloat16)
+    if reason is not None:
+        pytest.skip("backend unavailable on this machine: " + f"{backend}: {reason}")
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    q, k, v = (torch.randn(2, 1000, 6, 64, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
+               for _ in range(3))
+    args = dict(segment_lengths=[16, 48, 1 << 40], dilation_rates=[1, 3, 8], mode="head_groups", causal=causal)
+    expected_out, _ = reference_attention(q, k, v, DilatedPattern.create(**args))
+    with torch.no_grad():
+        _poison_the_allocator()
+        out = dilated_attention(q, k, v, backend=backend, **args)
+    assert relative_error(out, expected_out) < 3e-2
+    _poison_the_allocator()
+    out = dilated_attention(q, k, v, backend=backend, **args)
+    g_out = torch.randn(out.shape, device="cuda", dtype=torch.float64, generator=gen)
+    expected = torch.autograd.grad(expected_out, (q, k, v), g_out)
+    _poison_the_allocator()
+    got = torch.autograd.grad(out, (q, k, v), g_out.to(torch.bfloat16))
+    assert relative_error(out, expected_out) < 3e-2
+    for name, a, b in zip("qkv", got, expected):
+        assert relative_error(a, b) < 5e-2, f"d{name}"
+
+
 @pytest.mark.parametrize("backend", ["sdpa", "sdpa_cudnn", "sdpa_flash", "triton", "fa4"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_length_runs_on_every_gpu_executor(backend, causal):
