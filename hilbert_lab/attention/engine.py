@@ -18,11 +18,11 @@ from hilbert_lab.attention.executors import BACKENDS, Executor, get_executor
 from hilbert_lab.attention.executors.manual import dropout_attention
 from hilbert_lab.attention.function import attention, make_job, plan_part
 from hilbert_lab.attention.layout import read_through_layout
-from hilbert_lab.attention.op import boundary_tensor, call_config, call_executor, call_plan, dilated_attention_call
+from hilbert_lab.attention.op import call_config, call_executor, call_plan, dilated_attention_call
 from hilbert_lab.attention.pattern import DilatedPattern
 from hilbert_lab.attention.plan import IDENTITY_ORDERINGS, Plan
 from hilbert_lab.attention.validation import (
-    check_packed_rows, concrete, host_boundaries, kernel_layout, validate_attention_inputs, validate_cu_seqlens,
+    boundary_values, concrete, host_boundaries, kernel_layout, packed_row_documents, validate_attention_inputs,
     validate_global_heads,
 )
 from hilbert_lab.curves import ORDERINGS
@@ -109,10 +109,14 @@ def dilated_attention(
         # the op reads the boundaries when it runs (host memory: no device synchronisation), so a compiled graph
         # does not specialize on them: a new packing reuses it
         documents, boundaries = None, host_boundaries(cu_seqlens, k)
-    else:
-        documents = validate_cu_seqlens(cu_seqlens, k)
-        check_packed_rows(documents, q, k)
-        boundaries = boundary_tensor(documents)
+    elif cu_seqlens is None:
+        documents, boundaries = None, None
+    else:  # read once on the host; the check is memoized on the values (every layer passes the same ones)
+        values = boundary_values(cu_seqlens, k)
+        documents = packed_row_documents(values, q.shape[0], q.shape[1], k.shape[1])
+        boundaries = None if documents is None else \
+            cu_seqlens.to("cpu", torch.int64) if isinstance(cu_seqlens, torch.Tensor) else \
+            torch.tensor(values, dtype=torch.int64)
     packed = boundaries is not None
     global_heads = validate_global_heads(global_heads, q.shape[2])
     query_len = q.shape[1] if q.shape[1] < k.shape[1] else None  # queries at the last positions

@@ -69,14 +69,6 @@ def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], m
                      str(int(bool(training))), heads])
 
 
-def boundary_tensor(documents: Optional[Sequence[tuple[int, int]]]) -> Optional[torch.Tensor]:
-    """The op's `boundaries` for documents ((start, length), ...) (validation.validate_cu_seqlens): int64 [0, ...,
-    N] in host memory, or None for a row of one document."""
-    if documents is None:
-        return None
-    return torch.tensor([0, *(start + length for start, length in documents)], dtype=torch.int64)
-
-
 @functools.lru_cache(maxsize=1024)
 def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Optional[tuple[int, int]]]:
     """(pattern, backend, scale, need_lse, training, global_heads) of a `call_config` string."""
@@ -89,7 +81,7 @@ def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Option
 
 def _job(q: torch.Tensor, k: torch.Tensor, boundaries: Optional[torch.Tensor], config: str) -> tuple[Job, bool]:
     """(the call's job, whether the LSE is wanted). boundaries: a packed row's [0, ..., N] in host memory (read
-    here, when the op runs: no device synchronisation; checked as validation.validate_cu_seqlens checks them)."""
+    here, when the op runs: no device synchronisation; checked by validation.packed_row_documents)."""
     pattern, backend, scale, need_lse, training, global_heads = _parsed(config)
     documents = None if boundaries is None else \
         packed_row_documents(tuple(boundaries.tolist()), k.shape[0], q.shape[1], k.shape[1])
@@ -168,7 +160,7 @@ class _DilatedAttention(torch.autograd.Function):
 def dilated_attention_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries: Optional[torch.Tensor],
                            config: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of the op for `call_config(...)` and a packed row's `boundaries` (None, or int64 [0, ..., N] in
-    host memory: boundary_tensor); differentiable when an input requires grad."""
+    host memory: validation.host_boundaries); differentiable when an input requires grad."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # one tensor passed twice (self-attention on x, x, x) enters as views: compiled graphs take an
         # autograd Function's inputs only when they are distinct

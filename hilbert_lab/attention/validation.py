@@ -91,10 +91,16 @@ def validate_cu_seqlens(cu_seqlens, q: torch.Tensor, *,
     on the host (one device synchronisation for a CUDA tensor); host memory and host integers need none."""
     if cu_seqlens is None:
         return None
+    return _documents(list(boundary_values(cu_seqlens, q)), q.shape[0], q.shape[1], seq_len)
+
+
+def boundary_values(cu_seqlens, q: Optional[torch.Tensor] = None) -> tuple[int, ...]:
+    """cu_seqlens (a tensor, or host integers) as host integers, its form checked (ValueError naming it; a device
+    tensor is read back: one synchronisation)."""
     if isinstance(cu_seqlens, (list, tuple)):
-        return _documents(_host_integers(cu_seqlens), q.shape[0], q.shape[1], seq_len)
+        return tuple(_host_integers(cu_seqlens))
     check_cu_seqlens_tensor(cu_seqlens, q)
-    return _documents([int(x) for x in cu_seqlens.tolist()], q.shape[0], q.shape[1], seq_len)
+    return tuple(int(x) for x in cu_seqlens.tolist())
 
 
 def host_boundaries(cu_seqlens, q: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -116,7 +122,7 @@ def _host_integers(values) -> list[int]:
 
 def check_cu_seqlens_tensor(cu_seqlens, q: Optional[torch.Tensor] = None) -> None:
     """ValueError naming cu_seqlens unless it is a 1-D integer tensor of at least 2 entries on q's device (where
-    q is given) or in host memory (its values are not read: validate_cu_seqlens reads them)."""
+    q is given) or in host memory (its values are not read here)."""
     if not isinstance(cu_seqlens, torch.Tensor):
         raise ValueError(f"cu_seqlens must be None, a 1-D integer tensor [0, n1, n1 + n2, ..., N] or a list of "
                          f"those integers, got {type(cu_seqlens).__name__}")
@@ -130,19 +136,13 @@ def check_cu_seqlens_tensor(cu_seqlens, q: Optional[torch.Tensor] = None) -> Non
                          f"{cu_seqlens.device}")
 
 
-def check_packed_rows(documents, q: torch.Tensor, k: torch.Tensor) -> None:
-    """ValueError unless a call with documents (validate_cu_seqlens: None for one) has as many queries as keys."""
-    if documents is not None and q.shape[1] != k.shape[1]:
-        raise ValueError("cu_seqlens (packed documents) needs q, k, v of one length; fewer queries than keys are "
-                         "for decoding one sequence")
-
-
 @functools.lru_cache(maxsize=256)
 def packed_row_documents(values: tuple[int, ...], batch: int, queries: int,
                          keys: int) -> Optional[tuple[tuple[int, int], ...]]:
-    """validate_cu_seqlens and check_packed_rows for boundaries already read into host integers, of q (batch,
-    queries, ...) and k (batch, keys, ...): the same documents and ValueErrors, memoized (the op reads its
-    boundaries in every forward and backward, and every layer of a model passes the same ones)."""
+    """The documents ((start, length), ...) of a packed row whose boundaries were read into host integers, or None
+    for one document (validate_cu_seqlens's documents and ValueErrors), of q (batch, queries, ...) and k (batch, keys,
+    ...); ValueError unless there are as many queries as keys. Memoized: the engine and the op read the boundaries in
+    every forward and backward, and every layer of a model passes the same ones."""
     documents = _documents(list(values), batch, keys, None)
     if documents is not None and queries != keys:
         raise ValueError("cu_seqlens (packed documents) needs q, k, v of one length; fewer queries than keys are "

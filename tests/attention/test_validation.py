@@ -149,24 +149,26 @@ def test_a_module_on_the_gpu_called_with_cpu_input_names_both_devices():
         module(torch.randn(1, 4, 8))
 
 
-@pytest.mark.parametrize("values, q_shape, k_shape", [
-    ([0, 3, 3, 8], (1, 8, 2, 4), (1, 8, 2, 4)),   # a repeated boundary: an empty document dropped
-    ([0, 8], (1, 8, 2, 4), (1, 8, 2, 4)),         # one document: None
-    ([0, 5, 3, 8], (1, 8, 2, 4), (1, 8, 2, 4)),   # decreasing
-    ([1, 8], (1, 8, 2, 4), (1, 8, 2, 4)),         # not from 0
-    ([0, 4, 7], (1, 8, 2, 4), (1, 8, 2, 4)),      # not to N
-    ([0, 4, 8], (2, 8, 2, 4), (2, 8, 2, 4)),      # more than one row
-    ([0, 4, 8], (1, 6, 2, 4), (1, 8, 2, 4)),      # fewer queries than keys
+@pytest.mark.parametrize("values, q_shape, k_shape, expected", [
+    ([0, 3, 3, 8], (1, 8, 2, 4), (1, 8, 2, 4), ((0, 3), (3, 5))),  # a repeated boundary: an empty document dropped
+    ([0, 8], (1, 8, 2, 4), (1, 8, 2, 4), None),                      # one document: None
+    ([0, 5, 3, 8], (1, 8, 2, 4), (1, 8, 2, 4), "must be non-decreasing"),
+    ([1, 8], (1, 8, 2, 4), (1, 8, 2, 4), "must start at 0, got 1"),
+    ([0, 4, 7], (1, 8, 2, 4), (1, 8, 2, 4), r"must end at N = 8 \(q's sequence length\), got 7"),
+    ([0, 4, 8], (2, 8, 2, 4), (2, 8, 2, 4), r"must be \(1, N, H, D\), got batch 2"),
+    ([0, 4, 8], (1, 6, 2, 4), (1, 8, 2, 4), "needs q, k, v of one length"),
 ])
-def test_the_ops_memoized_boundary_check_gives_what_the_engine_check_gives(values, q_shape, k_shape):
-    from hilbert_lab.attention.validation import check_packed_rows, packed_row_documents, validate_cu_seqlens
+def test_the_memoized_boundary_check_gives_the_documents_or_names_what_is_wrong(values, q_shape, k_shape, expected):
+    """packed_row_documents (the engine's and the op's check) against the expected documents or ValueError, and the
+    documents validate_cu_seqlens (the ring's check) gives for the same row; dilated_attention raises the same."""
+    from hilbert_lab.attention.validation import packed_row_documents, validate_cu_seqlens
 
-    q, k = torch.empty(q_shape), torch.empty(k_shape)
-    try:
-        want = validate_cu_seqlens(values, k)
-        check_packed_rows(want, q, k)
-    except ValueError as error:
-        with pytest.raises(ValueError, match=f"^{re.escape(str(error))}$"):
-            packed_row_documents(tuple(values), k.shape[0], q.shape[1], k.shape[1])
-    else:
-        assert packed_row_documents(tuple(values), k.shape[0], q.shape[1], k.shape[1]) == want
+    q, k = torch.randn(q_shape), torch.randn(k_shape)
+    if isinstance(expected, str):
+        with pytest.raises(ValueError, match=expected):
+            packed_row_documents(tuple(values), q.shape[0], q.shape[1], k.shape[1])
+        with pytest.raises(ValueError, match=expected):
+            dilated_attention(q, k, k, segment_lengths=[4], dilation_rates=[1], cu_seqlens=torch.tensor(values))
+        return
+    assert packed_row_documents(tuple(values), q.shape[0], q.shape[1], k.shape[1]) == expected
+    assert validate_cu_seqlens(values, k) == validate_cu_seqlens(torch.tensor(values, dtype=torch.int32), k) == expected
