@@ -191,30 +191,33 @@ def profile_cell(mode, causal, direction, names, calls=5, wall_calls=20):
                     t.grad = None
         try:
             rows[name] = kernel_profile(once, calls=calls)
-            rows[name]["wall_ms"] = back_to_back_ms(once, wall_calls)
+            rows[name]["wall_ms"], rows[name]["host_ms"] = back_to_back_ms(once, wall_calls)
             rows[name]["wall_over_kernels"] = rows[name]["wall_ms"] / rows[name]["ms_total"]
         except Exception as error:
             rows[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
     return dict(mode=mode, causal=causal, direction=direction, shape=[2, 32768, 12, 64], profile=rows)
 
 
-def back_to_back_ms(step, calls: int) -> float:
-    """Milliseconds per call of `calls` calls issued back to back between two CUDA events, as the profiler runs
-    them (no cache flush between calls): the wall time the kernel sum is compared with (target: within 5%). The
-    timed calls queue behind as many untimed ones, as in a loop of steps: an idle GPU would wait for the first
-    call's host time, which a step in a loop hides behind the step before it, and a host slower than the GPU still
-    shows."""
+def back_to_back_ms(step, calls: int) -> tuple[float, float]:
+    """(wall, host) milliseconds per call of `calls` calls issued back to back. wall: between two CUDA events, as the
+    profiler runs them (no cache flush between calls): the time the kernel sum is compared with (target: within
+    5%). The timed calls queue behind as many untimed ones, as in a loop of steps: an idle GPU would wait for the
+    first call's host time, which a step in a loop hides behind the step before it, and a host slower than the GPU
+    still shows. host: the host's time to issue them (a step is host-bound where it is close to wall; a launch
+    queue that fills makes it wait for the GPU, so it is at most about wall)."""
     step()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(calls):
         step()
     start.record()
+    issued = time.perf_counter()
     for _ in range(calls):
         step()
+    issued = time.perf_counter() - issued
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls
+    return start.elapsed_time(end) / calls, issued * 1000 / calls
 
 
 def best(results, prefix):
