@@ -284,7 +284,7 @@ def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
     kv_shared = any(len(readers) > 1 for readers in kv_readers.values())
     unselected = None
     if len(documents) == 1 and query_start == 0 and kv == num_heads and max(branches_per_head) <= 1:
-        unselected = _unselected(pattern, offsets, branches, seq_len)
+        unselected = _unselected(pattern, offsets, branches)
     return Plan(tuple(blocks), pattern.num_branches, max(branches_per_head) > 1, seq_len, num_heads, pattern,
                 None if branches is None else tuple(branches), None if num_kv_heads is None else kv, query_len,
                 covered=covered, first_branch=first, kv_shared=kv_shared, unselected=unselected,
@@ -315,13 +315,15 @@ def _covers(pattern: DilatedPattern, offsets: list, branches: Optional[tuple[int
 
 
 _EVERY_POSITION = (1, 1, 0)  # a head's (w, r, o) row when its blocks write every position
+_INT32_MAX = 2 ** 31 - 1
 
 
-def _unselected(pattern: DilatedPattern, offsets: list, branches: Optional[tuple[int, ...]],
-                seq_len: int) -> tuple[tuple[int, int, int], ...]:
+def _unselected(pattern: DilatedPattern, offsets: list,
+                branches: Optional[tuple[int, ...]]) -> tuple[tuple[int, int, int], ...]:
     """Where each head is in at most one planned branch: per head the (w, r, o) whose positions p with
-    (p % w) % r != o no block writes: its branch's segment length (at most N), dilation rate and offset; (1, 1, 0)
-    for a head of a branch with dilation 1 and (1, 1, -1) for a head in no planned branch."""
+    (p % w) % r != o no block writes: its branch's segment length, dilation rate and offset; (1, 1, 0) for a head of
+    a branch with dilation 1 and (1, 1, -1) for a head in no planned branch. A segment longer than 2^31 - 1 is given
+    as that (the same for every p < N; rows that hold no N keep one device table per pattern)."""
     num_heads = len(offsets[0])
     rows = [(1, 1, -1)] * num_heads
     for branch, heads_offsets in enumerate(offsets):
@@ -330,7 +332,7 @@ def _unselected(pattern: DilatedPattern, offsets: list, branches: Optional[tuple
         rate = pattern.dilation_rates[branch]
         for h in (heads_offsets >= 0).nonzero()[0]:
             rows[int(h)] = _EVERY_POSITION if rate == 1 else \
-                (min(pattern.segment_lengths[branch], seq_len), rate, int(heads_offsets[h]))
+                (min(pattern.segment_lengths[branch], _INT32_MAX), rate, int(heads_offsets[h]))
     return tuple(rows)
 
 
