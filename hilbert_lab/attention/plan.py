@@ -176,9 +176,8 @@ class Plan:
         if runs_on(x.device) and x.dim() == 4 and x.shape[2] == len(self.unselected) and x.stride(-1) == 1 \
                 and x.dtype in FILL_DTYPES:
             return fill_unselected(x, head_table(self.unselected, x.device), value)
-        for heads in _head_runs([h for h, row in enumerate(self.unselected) if row != _EVERY_POSITION]):
-            region = x[:, :, heads]
-            _zero(region) if value == 0 else region.fill_(value)
+        for heads in _cleared_head_runs(self.unselected):
+            x[:, :, heads].fill_(value)
         return x
 
     @property
@@ -201,27 +200,6 @@ class Plan:
     def pairs(self, causal: bool) -> int:
         """Query-key pairs the plan computes per batch element (all heads and branches)."""
         return sum(b.pairs(causal) * b.num_heads for b in self.blocks)
-
-
-_WIDE = ((torch.complex128, 16), (torch.int64, 8), (torch.int32, 4))
-
-
-def _zero(x: torch.Tensor) -> None:
-    """x.zero_() on a strided (B, N, *rest) region, through the widest element its rows allow: each row's bytes
-    (rest, when contiguous) reinterpreted as 16-, 8- or 4-byte zeros (a strided fill of 2-byte elements runs at
-    half the speed of 16-byte ones on an H200)."""
-    itemsize = x.element_size()
-    rest = x.shape[2:].numel() if x.dim() > 2 else 1
-    if x.dim() < 2 or x.numel() == 0 or not x[0, 0].is_contiguous() or x.stride(-1) != 1:
-        x.zero_()
-        return
-    rows = x.as_strided((x.shape[0], x.shape[1], rest), (x.stride(0), x.stride(1), 1))
-    for dtype, size in _WIDE:
-        if size > itemsize and (rest * itemsize) % size == 0 and (x.storage_offset() * itemsize) % size == 0 \
-                and all((stride * itemsize) % size == 0 for stride in rows.stride()[:2]):
-            rows.view(dtype).zero_()
-            return
-    rows.zero_()
 
 
 def build_plan(pattern: DilatedPattern, seq_len: int, num_heads: int,
@@ -336,15 +314,18 @@ def _unselected(pattern: DilatedPattern, offsets: list,
     return tuple(rows)
 
 
-def _head_runs(heads: list[int]) -> list[slice]:
-    """Sorted head indices as slices of consecutive heads."""
+@functools.lru_cache(maxsize=256)
+def _cleared_head_runs(rows: tuple[tuple[int, int, int], ...]) -> tuple[slice, ...]:
+    """The heads of `unselected` rows with any position no block writes, as slices of consecutive heads."""
     runs: list[list[int]] = []
-    for h in heads:
+    for h, row in enumerate(rows):
+        if row == _EVERY_POSITION:
+            continue
         if runs and runs[-1][1] == h:
             runs[-1][1] = h + 1
         else:
             runs.append([h, h + 1])
-    return [slice(a, b) for a, b in runs]
+    return tuple(slice(a, b) for a, b in runs)
 
 
 def kv_split(heads: tuple[int, ...], num_heads: int, kv_heads: int) -> list[tuple[slice, slice]]:

@@ -76,9 +76,9 @@ def test_segments_longer_than_the_sequence_are_clipped():
 @pytest.mark.parametrize("head_dim,dtype", [(1, torch.float32), (8, torch.bfloat16), (3, torch.float64)])
 def test_cleared_entries_and_the_blocks_cover_every_entry(segments, rates, seq_len, num_heads, head_dim, dtype):
     """head_groups (each head in one branch): the entries the plan clears and the blocks' views together
-    touch every (position, head); only heads of dilated branches are cleared, in few runs, and each cleared
-    entry is exactly zero (rows cleared through wider elements where their bytes allow) while the others keep
-    their values."""
+    touch every (position, head); only heads of dilated branches are cleared (on the CPU whole, without Triton's
+    interpreter), each cleared entry exactly zero while the others keep their values; the plan's per-head rows name
+    exactly the entries no block writes (what the one-launch fill of kernels.triton_fill writes)."""
     pattern = DilatedPattern.create(segments, rates, mode="head_groups")
     plan = build_plan(pattern, seq_len, num_heads)
     x = torch.zeros(2, seq_len, num_heads, head_dim, dtype=dtype)
@@ -87,7 +87,6 @@ def test_cleared_entries_and_the_blocks_cover_every_entry(segments, rates, seq_l
     cleared = plan.clear_unselected(torch.full_like(x, 7.0))
     assert bool(((x > 0) | (cleared == 0)).all())
     assert bool(((cleared == 0) | (cleared == 7)).all())
-    # the per-head (w, r, o) rows name exactly the entries no block writes (what the one-launch fill writes)
     selected = torch.tensor([[(p % w) % r == o for w, r, o in plan.unselected] for p in range(seq_len)])
     assert torch.equal(x[0, :, :, 0] > 0, selected)
     dense_heads = [h for h in range(num_heads) if all(
