@@ -354,6 +354,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--ragged-pair", default=None, help="M,MODE,DIRECTION: part ragged runs this pair alone "
                         "in this process (how it runs each pair in a fresh one)")
+    parser.add_argument("--ragged-only", default=None, help="M,MODE,DIRECTION[;...]: part ragged runs only these "
+                        "pairs (each in a fresh process), e.g. 32768,head_groups,fwd+bwd;131072,head_groups,fwd+bwd")
     parser.add_argument("--longest-start", type=int, default=4 * 1048576)
     parser.add_argument("--longest-max", type=int, default=8 * 1048576)
     parser.add_argument("--longest-backends", default="auto")
@@ -362,6 +364,11 @@ def main() -> None:
                         help="every call of ours eager (executors.kernel.GRAPH_REGIONS off: each call's Python on "
                              "the host); by default a plan's FlashAttention-4 calls replay as one CUDA graph")
     args = parser.parse_args()
+    known = {f"{m},{mode},{direction}" for m, _, _ in RAGGED_CELLS for mode in ("longnet", "head_groups")
+             for direction in ("fwd", "fwd+bwd")}
+    unknown = [pair for pair in (args.ragged_only or "").split(";") if pair and pair not in known]
+    if unknown:
+        parser.error(f"--ragged-only: unknown pairs {unknown}; allowed: {';'.join(sorted(known))}")
     GRAPH_REGIONS.enabled = not args.no_graphs
     parts = set(args.parts.split(","))
     if args.quick:
@@ -404,6 +411,8 @@ def main() -> None:
             for mode in ("longnet", "head_groups"):
                 for direction in ("fwd", "fwd+bwd"):
                     pair = f"{m},{mode},{direction}"
+                    if args.ragged_only is not None and pair not in args.ragged_only.split(";"):
+                        continue
                     if args.ragged_pair == pair:
                         result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats))
                     elif args.ragged_pair is None:
