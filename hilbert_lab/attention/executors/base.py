@@ -102,9 +102,9 @@ class Capabilities:
 class Slots:
     """Where executors write partial results: outs (P, B, Nq, H, D) and lses (P, B, Nq, H) (token-major like
     the outputs; -inf where a slot holds nothing), slot_of[branch] the slot of each branch, need_lse
-    whether the LSE is wanted (without a merge an executor may then leave it unwritten). prepare: what still
-    initialises them (zeros where no call writes an output, -inf LSEs) before the first write; `take_prepare`
-    hands it over once."""
+    whether the LSE is wanted (without a merge an executor may then leave it unwritten, and no -inf is filled in).
+    prepare: what still initialises them (zeros where no call writes an output, -inf LSEs where the LSE is wanted)
+    before the first write; `take_prepare` hands it over once."""
 
     outs: torch.Tensor
     lses: torch.Tensor
