@@ -113,7 +113,9 @@ def dilated_attention(
         documents, boundaries = None, None
     else:  # read once on the host; the check is memoized on the values (every layer passes the same ones)
         values = boundary_values(cu_seqlens, k)
-        documents = packed_row_documents(values, q.shape[0], q.shape[1], k.shape[1])
+        # dynamo traces through a cache wrapper (warning that it does): host integers there take the plain check
+        check = packed_row_documents.__wrapped__ if torch.compiler.is_compiling() else packed_row_documents
+        documents = check(values, q.shape[0], q.shape[1], k.shape[1])
         boundaries = None if documents is None else \
             cu_seqlens.to("cpu", torch.int64) if isinstance(cu_seqlens, torch.Tensor) else \
             torch.tensor(values, dtype=torch.int64)

@@ -96,6 +96,25 @@ def _check_int_list(values, name: str, limit: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+_CREATED: dict[tuple, "DilatedPattern"] = {}  # (class, plain arguments) -> the pattern DilatedPattern.create built
+
+
+def _plain_values(values) -> tuple[int, ...] | None:
+    if type(values) is int:
+        return (values,)
+    if type(values) in (list, tuple) and all(type(value) is int for value in values):
+        return tuple(values)
+    return None
+
+
+def _plain_key(segment_lengths, dilation_rates, mode, causal) -> tuple | None:
+    """The arguments of `DilatedPattern.create` as a key when all are plain Python values, else None."""
+    lengths, rates = _plain_values(segment_lengths), _plain_values(dilation_rates)
+    if lengths is None or rates is None or type(mode) is not str or type(causal) is not bool:
+        return None
+    return lengths, rates, mode, causal
+
+
 @dataclass(frozen=True)
 class DilatedPattern:
     """A validated dilated-attention pattern; build it with `DilatedPattern.create`."""
@@ -113,7 +132,20 @@ class DilatedPattern:
         mode: str = "longnet",
         causal: bool = False,
     ) -> "DilatedPattern":
-        """Validate the arguments (ValueError naming the argument) and build the pattern."""
+        """Validate the arguments (ValueError naming the argument) and build the pattern. Plain arguments (ints or
+        lists / tuples of ints, a str, a bool) are checked once: the same ones give the same pattern object."""
+        key = _plain_key(segment_lengths, dilation_rates, mode, causal)
+        if key is None or torch.compiler.is_compiling():  # symbolic values are guarded by _check_int_list
+            return cls._validated(segment_lengths, dilation_rates, mode, causal)
+        pattern = _CREATED.get((cls, *key))
+        if pattern is None:
+            if len(_CREATED) >= 1024:
+                _CREATED.clear()
+            pattern = _CREATED[(cls, *key)] = cls._validated(segment_lengths, dilation_rates, mode, causal)
+        return pattern
+
+    @classmethod
+    def _validated(cls, segment_lengths, dilation_rates, mode: str, causal: bool) -> "DilatedPattern":
         segment_lengths = _check_int_list(segment_lengths, "segment_lengths", MAX_SEGMENT_LENGTH)
         dilation_rates = _check_int_list(dilation_rates, "dilation_rates", MAX_DILATION_RATE)
         if len(segment_lengths) != len(dilation_rates):

@@ -40,7 +40,6 @@ the mask function (`or_mask_function`, `and_mask_function`, `block_sequence_ids`
 from __future__ import annotations
 
 import contextlib
-import functools
 import sys
 from typing import Any, Optional, Sequence
 
@@ -107,15 +106,10 @@ def layer_pattern(config: Any, causal: bool) -> tuple[DilatedPattern, str]:
     mode = getattr(config, "dilated_mode", None) or "longnet"
     backend = getattr(config, "dilated_backend", None) or "auto"
     try:
-        return _pattern(tuple(lengths), tuple(rates), mode, bool(causal)), backend
+        return DilatedPattern.create(list(lengths), list(rates), mode=mode, causal=bool(causal)), backend
     except (TypeError, ValueError) as error:
         raise ValueError(f"config.dilated_segment_lengths / dilated_dilation_rates / dilated_mode (one of {MODES}): "
                          f"{error}") from None
-
-
-@functools.lru_cache(maxsize=64)
-def _pattern(lengths: tuple, rates: tuple, mode: str, causal: bool) -> DilatedPattern:
-    return DilatedPattern.create(list(lengths), list(rates), mode=mode, causal=causal)
 
 
 def dilated_mask(batch_size: int, q_length: int, kv_length: int, *args, attention_mask=None, mask_function=None,

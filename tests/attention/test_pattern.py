@@ -133,3 +133,17 @@ def test_the_largest_sizes_still_work_and_mean_the_whole_sequence():
     for segment, rate in ((1 << 40, 16), (2**62, 16), (1 << 40, 2**32), (2**62, 2**32)):
         out = dilated_attention(q, k, v, segment_lengths=[segment], dilation_rates=[rate], backend="manual")
         assert torch.allclose(out, expected, atol=1e-12), (segment, rate)
+
+
+def test_plain_arguments_give_one_checked_pattern_and_bad_ones_are_refused_every_time():
+    """create() with plain values returns the pattern it built for them (checked once); lists and tuples of the same
+    ints are one pattern; numpy values and np.bool_ build an equal one; a bad argument is named on every call."""
+    first = DilatedPattern.create([64, 128], [1, 2], mode="head_groups", causal=True)
+    assert DilatedPattern.create((64, 128), (1, 2), mode="head_groups", causal=True) is first
+    assert DilatedPattern.create(np.array([64, 128]), [1, 2], "head_groups", np.bool_(True)) == first
+    assert DilatedPattern.create(64, 1) == DilatedPattern.create([64], [1])
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"dilation_rates must not exceed segment_lengths, got dilation 4 > segment 2"):
+            DilatedPattern.create([2], [4])
+        with pytest.raises(ValueError, match=r"mode must be one of"):
+            DilatedPattern.create([2], [1], mode="ring")
