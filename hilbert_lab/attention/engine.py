@@ -116,9 +116,9 @@ def dilated_attention(
         # dynamo traces through a cache wrapper (warning that it does): host integers there take the plain check
         check = packed_row_documents.__wrapped__ if torch.compiler.is_compiling() else packed_row_documents
         documents = check(values, q.shape[0], q.shape[1], k.shape[1])
+        host = isinstance(cu_seqlens, torch.Tensor) and cu_seqlens.device.type == "cpu"  # else read once above
         boundaries = None if documents is None else \
-            cu_seqlens.to("cpu", torch.int64) if isinstance(cu_seqlens, torch.Tensor) else \
-            torch.tensor(values, dtype=torch.int64)
+            cu_seqlens.to(torch.int64) if host else torch.tensor(values, dtype=torch.int64)
     packed = boundaries is not None
     global_heads = validate_global_heads(global_heads, q.shape[2])
     query_len = q.shape[1] if q.shape[1] < k.shape[1] else None  # queries at the last positions
