@@ -87,7 +87,8 @@ def test_cleared_entries_and_the_blocks_cover_every_entry(segments, rates, seq_l
     cleared = plan.clear_unselected(torch.full_like(x, 7.0))
     assert bool(((x > 0) | (cleared == 0)).all())
     assert bool(((cleared == 0) | (cleared == 7)).all())
-    selected = torch.tensor([[(p % w) % r == o for w, r, o in plan.unselected] for p in range(seq_len)])
+    positions = torch.arange(seq_len)
+    selected = torch.stack([is_selected(positions, w, r, o) for w, r, o in plan.unselected], dim=1)
     assert torch.equal(x[0, :, :, 0] > 0, selected)
     dense_heads = [h for h in range(num_heads) if all(
         pattern.dilation_rates[b] == 1 for b, offsets in enumerate(pattern.head_offsets(num_heads)) if offsets[h] >= 0)]
