@@ -95,8 +95,11 @@ def plan_part(executor: Executor, plan: Plan) -> Part:
                 clear=plan.clear_unselected, prepares_slots=executor.prepares_slots)
 
 
-def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True):
-    """(out (B, Nq, H, D), lse (B, H, Nq), states): every part's forward into the slots, merged once."""
+def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_lse: bool = True, *,
+                result_in_slots: bool = False):
+    """(out (B, Nq, H, D), lse (B, H, Nq), states): every part's forward into the slots, merged once.
+    result_in_slots: the merge may write the result over the first slot (merge.merge_slots' over_first), so out and
+    lse may be views of the slot buffers and keep them alive: for a result no backward keeps."""
     batch, queries, heads, _ = q.shape
     # One slot is the result: rows no block covers must read 0. Several slots: the merge never reads an
     # entry whose LSE is -inf, so they need no zeros.
@@ -120,7 +123,7 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
         if not part.prepares_slots:
             slots.take_prepare()()
         states.append(part.executor.forward(part.plan, q, k, v, slots, scale=job.scale))
-    out, lse = merge_slots(outs, lses, q.dtype)
+    out, lse = merge_slots(outs, lses, q.dtype, over_first=result_in_slots)
     return out, lse, states
 
 
@@ -171,5 +174,5 @@ def attention(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_
     merges; the returned lse is then meaningless. The compilable entry of the engine is attention.op."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(q, k, v, job, True)
-    out, lse, _ = run_forward(job, q, k, v, need_lse)
+    out, lse, _ = run_forward(job, q, k, v, need_lse, result_in_slots=True)
     return out, lse

@@ -87,13 +87,24 @@ def fused_merge_applies(outs: torch.Tensor, lses: torch.Tensor) -> bool:
             and lses.dtype == torch.float32 and outs.dtype != torch.float64)
 
 
-def merge_slots(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_slots(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype, *,
+                over_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge slot partials outs (P, B, N, H, D), lses (P, B, N, H) (token-major, as the slots are written)
     by LSE: (out (B, N, H, D) in `dtype`, lse (B, H, N)). With several slots, entries whose lse is -inf are
-    never read, so those buffers need no zeros."""
+    never read, so those buffers need no zeros.
+
+    over_first: the fused merge may write the result over the first slot and return views of outs[0] and lses[0]:
+    the entries that slot alone holds (every other slot's LSE -inf) are then neither read nor written (a LongNet
+    forward whose first branch has dilation 1 holds 3/8 of its rows in one slot at [1, 2, 4]). The returned views
+    keep all the slots alive as long as they live: not for a result kept for a backward."""
     parts, batch, seq_len, heads, dim = outs.shape
     if parts == 1:  # one slot is the result itself (its rows without keys were zeroed by the caller)
         return outs[0].to(dtype), lses[0].transpose(1, 2)
+    if over_first and outs.dtype == dtype and fused_merge_applies(outs, lses):
+        if outs.device.type != "meta":
+            triton_merge.merge_partials(outs.view(parts, -1, dim), lses.view(parts, -1), outs[0].view(-1, dim),
+                                        lses[0].view(-1), over_first=True)
+        return outs[0], lses[0].transpose(1, 2)
     if fused_merge_applies(outs, lses):
         out = torch.empty(outs.shape[1:], dtype=dtype, device=outs.device)
         lse = torch.empty(lses.shape[1:], dtype=torch.float32, device=outs.device)

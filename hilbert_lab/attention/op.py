@@ -79,15 +79,16 @@ def _parsed(config: str) -> tuple[DilatedPattern, str, float, bool, bool, Option
     return pattern, backend, float(scale), need_lse == "1", training == "1", global_heads
 
 
-def _job(q: torch.Tensor, k: torch.Tensor, boundaries: Optional[torch.Tensor], config: str) -> tuple[Job, bool]:
-    """(the call's job, whether the LSE is wanted). boundaries: a packed row's [0, ..., N] in host memory (read
-    here, when the op runs: no device synchronisation; checked by validation.packed_row_documents)."""
+def _job(q: torch.Tensor, k: torch.Tensor, boundaries: Optional[torch.Tensor], config: str) -> tuple[Job, bool, bool]:
+    """(the call's job, whether the LSE is wanted, whether a backward follows). boundaries: a packed row's
+    [0, ..., N] in host memory (read here, when the op runs: no device synchronisation; checked by
+    validation.packed_row_documents)."""
     pattern, backend, scale, need_lse, training, global_heads = _parsed(config)
     documents = None if boundaries is None else \
         packed_row_documents(tuple(boundaries.tolist()), k.shape[0], q.shape[1], k.shape[1])
     executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
     plan = call_plan(pattern, q, k, documents, global_heads)
-    return make_job([plan_part(executor, plan)], scale), need_lse or training
+    return make_job([plan_part(executor, plan)], scale), need_lse or training, training
 
 
 def _lse_layout(lse: torch.Tensor) -> torch.Tensor:
@@ -98,8 +99,10 @@ def _lse_layout(lse: torch.Tensor) -> torch.Tensor:
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, boundaries: Optional[torch.Tensor],
              config: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, Nq, H, D) contiguous, lse (B, H, Nq) token-major) of one dilated-attention call."""
-    job, need_lse = _job(q, k, boundaries, config)
-    out, lse, _ = run_forward(job, q, k, v, need_lse)
+    job, need_lse, training = _job(q, k, boundaries, config)
+    # without a backward the result may be written over the first slot (a view keeping the slots alive while it
+    # lives); a result saved for the backward owns its memory
+    out, lse, _ = run_forward(job, q, k, v, need_lse, result_in_slots=not training)
     return out.contiguous(), _lse_layout(lse)
 
 
@@ -114,7 +117,7 @@ def _backward(grad_out: Optional[torch.Tensor], grad_lse: Optional[torch.Tensor]
               v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, boundaries: Optional[torch.Tensor],
               config: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv), contiguous, of the call's merged (out, lse) for upstream gradients (None: zero)."""
-    job, _ = _job(q, k, boundaries, config)  # a backward runs only for a call made with training=True
+    job, _, _ = _job(q, k, boundaries, config)  # a backward runs only for a call made with training=True
     grads = run_backward(job, None, q, k, v, out, lse, grad_out, grad_lse)
     return tuple(g.contiguous() for g in grads)
 

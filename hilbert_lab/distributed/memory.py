@@ -215,7 +215,8 @@ def ring_peaks(config: MemoryConfig, backend: str) -> tuple[int, int, dict[str, 
     if num_slots > 1:
         outs = _meta((num_slots, batch, n, heads, dim), dtype)
         lses = _meta((num_slots, batch, n, heads), lse_dtype(dtype))
-        merged = slots(num_slots) + _peak(device, lambda: merge_slots(outs, lses, dtype), outs, lses)
+        # a forward without a backward merges over its first slot where the fused merge runs (merge_slots)
+        merged = slots(num_slots) + _peak(device, lambda: merge_slots(outs, lses, dtype, over_first=True), outs, lses)
         terms["forward"]["merge"] = merged
         forward_phases.append(merged)
     if totals != 3 * tokens * element:  # the totals returned in the inputs' dtype

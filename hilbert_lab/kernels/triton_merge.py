@@ -4,7 +4,9 @@
 are never read into the result, so they may hold garbage), lses (P, R) float32 ->
 out (R, D) = sum_p w_p outs_p / sum_p w_p with w_p = exp(lse_p - max_p lse_p), and
 lse (R,) = max + log(sum_p w_p); rows with every lse_p = -inf give out 0 and lse -inf; a NaN
-lse_p gives NaN in out and lse. Plain tensors in, nothing from hilbert_lab imported.
+lse_p gives NaN in out and lse. With `over_first=True` out and lse are outs[0] and lses[0] themselves: the merge is
+written over the first part, and the rows that part alone holds (every other lse_p -inf, its own finite), which
+already are their merge, are neither read nor written. Plain tensors in, nothing from hilbert_lab imported.
 """
 from __future__ import annotations
 
@@ -16,19 +18,24 @@ if HAVE_TRITON:
 
     @triton.jit
     def _merge_kernel(outs_ptr, lses_ptr, out_ptr, lse_ptr, rows, dim, P: tl.constexpr, BLOCK_R: tl.constexpr,
-                      BLOCK_D: tl.constexpr):
+                      BLOCK_D: tl.constexpr, OVER_FIRST: tl.constexpr):
         pid = tl.program_id(0)
         r = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         c = tl.arange(0, BLOCK_D)
         rmask = r < rows
-        mask = rmask[:, None] & (c[None, :] < dim)
         lse_index = r
-        peak = tl.full((BLOCK_R,), float("-inf"), tl.float32)
-        nan = tl.zeros((BLOCK_R,), tl.int1)
-        for p in tl.static_range(P):
+        first = tl.load(lses_ptr + lse_index, mask=rmask, other=float("-inf"))
+        peak = tl.maximum(tl.full((BLOCK_R,), float("-inf"), tl.float32), first)
+        nan = first != first
+        others_empty = rmask
+        for p in tl.static_range(1, P):
             part = tl.load(lses_ptr + p * rows + lse_index, mask=rmask, other=float("-inf"))
             nan = nan | (part != part)
             peak = tl.maximum(peak, part)
+            others_empty = others_empty & (part == float("-inf"))
+        if OVER_FIRST:  # rows the first part alone holds are their merge already: not read, not written
+            rmask = rmask & ~(others_empty & (first > float("-inf")) & (first < float("inf")))
+        mask = rmask[:, None] & (c[None, :] < dim)
         peak = tl.where(peak == float("-inf"), 0.0, peak)
         total = tl.zeros((BLOCK_R,), tl.float32)
         acc = tl.zeros((BLOCK_R, BLOCK_D), tl.float32)
@@ -47,8 +54,11 @@ if HAVE_TRITON:
         tl.store(lse_ptr + lse_index, tl.where(nan, float("nan"), merged), mask=rmask)
 
 
-def merge_partials(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """Write the merge of outs (P, R, D) / lses (P, R) float32 into out (R, D) and lse (R,) (all contiguous)."""
+def merge_partials(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, *,
+                   over_first: bool = False) -> None:
+    """Write the merge of outs (P, R, D) / lses (P, R) float32 into out (R, D) and lse (R,) (all contiguous).
+    over_first: out and lse are outs[0] and lses[0] (the same memory); rows that only the first part holds are left
+    as they are."""
     require_triton("merge_partials")
     parts, rows, dim = outs.shape
     if lses.shape != (parts, rows) or out.shape != (rows, dim) or lse.shape != (rows,):
@@ -56,10 +66,13 @@ def merge_partials(outs: torch.Tensor, lses: torch.Tensor, out: torch.Tensor, ls
                          f"{tuple(lses.shape)}, {tuple(out.shape)}, {tuple(lse.shape)}")
     if not all(t.is_contiguous() for t in (outs, lses, out, lse)) or lses.dtype != torch.float32 or lse.dtype != torch.float32:
         raise ValueError("outs, lses, out, lse must be contiguous, lses and lse float32")
+    if over_first and (out.data_ptr() != outs.data_ptr() or lse.data_ptr() != lses.data_ptr()
+                       or out.dtype != outs.dtype):
+        raise ValueError("over_first=True needs out and lse to be outs[0] and lses[0] themselves")
     block_d = triton.next_power_of_2(dim)
     block_r = max(1, min(128, 4096 // block_d))
     _merge_kernel[(triton.cdiv(rows, block_r),)](outs, lses, out, lse, rows, dim, P=parts, BLOCK_R=block_r,
-                                                  BLOCK_D=block_d, num_warps=4)
+                                                  BLOCK_D=block_d, OVER_FIRST=over_first, num_warps=4)
 
 
 if HAVE_TRITON:

@@ -1,5 +1,6 @@
 """The Triton LSE merges (merge_partials, accumulate) in interpreter mode (TRITON_INTERPRET=1, CPU) against
-the library's float64 merge: random partials, rows with -inf on one or every side, large score scales."""
+the library's float64 merge: random partials, rows with -inf on one or every side, large score scales; the merge
+over the first part against the merge into fresh buffers, alone and in the engine's forward."""
 from __future__ import annotations
 
 import importlib.util
@@ -41,6 +42,45 @@ for scale in (1.0, 1e4):
         assert (got.double() - want_out).abs().max() < 1e-5, (name, scale)
         assert (got_lse[finite].double() - want_lse[finite]).abs().max() <= 1e-6 * max(1.0, scale), (name, scale)
         assert not torch.isnan(got).any(), name
+
+# over the first part: rows it alone holds (7 of them, one of those NaN in another part, so not its alone) are left
+# as they are, every other row gets the same bits as the merge into fresh buffers
+for dtype in (torch.float32, torch.bfloat16):
+    outs = torch.randn(3, rows, dim, generator=gen).to(dtype)
+    lses = torch.randn(3, rows, generator=gen) * 30
+    lses[1:, 10:17] = float("-inf")
+    lses[2, 16] = float("nan")
+    lses[1:, 20:22] = float("-inf")
+    lses[0, 20], lses[0, 21] = float("-inf"), float("inf")  # empty or infinite first parts: merged as before
+    lses[0, 25:27] = float("-inf")
+    outs[lses == float("-inf")] = float("nan")  # never read
+    want, want_lse = torch.empty(rows, dim, dtype=dtype), torch.empty(rows)
+    triton_merge.merge_partials(outs, lses, want, want_lse)
+    first_alone = torch.zeros(rows, dtype=torch.bool)
+    first_alone[10:16] = True
+    outs[0, first_alone] = 7.0  # not what the merge would write there: shows the rows were left alone
+    lses[0, first_alone] = 3.0
+    got, got_lse = outs.clone(), lses.clone()
+    triton_merge.merge_partials(got, got_lse, got[0], got_lse[0], over_first=True)
+    same = lambda a, b: torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())  # noqa: E731
+    assert same(got[0, ~first_alone], want[~first_alone]) and torch.equal(got[0, first_alone], outs[0, first_alone])
+    assert same(got_lse[0, ~first_alone], want_lse[~first_alone]) and bool((got_lse[0, first_alone] == 3.0).all())
+    assert same(got[1:], outs[1:]) and same(got_lse[1:], lses[1:])  # the other parts are read, not written
+
+# the engine with the fused merge: a forward no backward keeps merges over its first slot (its result a view of the
+# slots), with the bits of a forward that keeps a backward (merged into buffers of its own)
+from hilbert_lab.attention import dilated_attention, merge
+merge.FUSED_MERGE_DEVICES = ("cpu",)
+q, k, v = (torch.randn(2, 70, 4, 8, generator=gen) for _ in range(3))
+for backend, mode in (("manual", "longnet"), ("sdpa", "longnet"), ("manual", "head_groups")):
+    kw = dict(segment_lengths=[8, 16, 32], dilation_rates=[1, 2, 4], mode=mode, causal=True, backend=backend,
+              return_lse=True)
+    with torch.no_grad():
+        out, lse = dilated_attention(q, k, v, **kw)
+    kept, kept_lse = dilated_attention(q.clone().requires_grad_(), k, v, **kw)
+    assert torch.equal(out, kept.detach()) and torch.equal(lse, kept_lse.detach()), (backend, mode)
+    in_slots = out.untyped_storage().nbytes() > out.numel() * out.element_size()
+    assert in_slots == (mode == "longnet") and kept.untyped_storage().nbytes() == kept.numel() * 4, (backend, mode)
 print("ok")
 '''
 
