@@ -33,7 +33,7 @@ GRAPH_REGIONS); `--no-graphs` times every call of ours eagerly. The JSON records
 (in each cell's timings, how a variant's regions ran while it was timed).
 
 Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
-[--quick] [--no-graphs]
+[--variants auto,executors,hilbert,compositions,floors] [--seq-lens 8192,32768,...] [--quick] [--no-graphs]
 """
 from __future__ import annotations
 
@@ -67,6 +67,9 @@ LONGEST = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2
 RAGGED = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 4, 8, 32])
 RAGGED_CELLS = ((32768, 12, 64), (131072, 8, 32))  # (m, H, D): N = m and m + 5
 DEV = torch.device("cuda")
+# what a cell may time (--variants): auto; each executor auto can pick, by name; auto with ordering="hilbert"; the
+# torchscale-style and strided compositions; the floors (FlashAttention-4 in place, cuDNN and flash on gathered blocks)
+VARIANTS = ("auto", "executors", "hilbert", "compositions", "floors")
 
 
 def inputs(batch, seq_len, heads, head_dim, seed=0, requires_grad=False):
@@ -79,23 +82,27 @@ def rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
 
-def run_variants(pattern, q, k, v, direction, scale, repeats):
-    """{variant: Timing dict} for ours and the anchors; errors against the torchscale-style output."""
+def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS):
+    """{variant: Timing dict} for ours and the anchors of the groups in `variants` (VARIANTS); errors against the
+    torchscale-style output."""
     training = direction == "fwd+bwd"
     grad = torch.randn_like(q)
     kernels = ["cudnn", "flash"]
-    ours = {"auto": lambda q, k, v: dilated_attention(q, k, v, mode=pattern.mode, causal=pattern.causal, backend="auto",
-                                                      segment_lengths=pattern.segment_lengths,
-                                                      dilation_rates=pattern.dilation_rates, scale=scale)}
-    for name in executors():
+    ours = {}
+    if "auto" in variants:
+        ours["auto"] = lambda q, k, v: dilated_attention(
+            q, k, v, mode=pattern.mode, causal=pattern.causal, backend="auto", segment_lengths=pattern.segment_lengths,
+            dilation_rates=pattern.dilation_rates, scale=scale)
+    for name in executors() if "executors" in variants else ():
         ours[name] = (lambda name: lambda q, k, v: dilated_attention(
             q, k, v, mode=pattern.mode, causal=pattern.causal, backend=name, segment_lengths=pattern.segment_lengths,
             dilation_rates=pattern.dilation_rates, scale=scale))(name)
-    ours["auto[hilbert]"] = lambda q, k, v: dilated_attention(
-        q, k, v, mode=pattern.mode, causal=pattern.causal, backend="auto", segment_lengths=pattern.segment_lengths,
-        dilation_rates=pattern.dilation_rates, scale=scale, ordering="hilbert")
+    if "hilbert" in variants:
+        ours["auto[hilbert]"] = lambda q, k, v: dilated_attention(
+            q, k, v, mode=pattern.mode, causal=pattern.causal, backend="auto", segment_lengths=pattern.segment_lengths,
+            dilation_rates=pattern.dilation_rates, scale=scale, ordering="hilbert")
     anchor_fns = {}
-    for kern in kernels:
+    for kern in kernels if "compositions" in variants else ():
         anchor_fns[f"torchscale[{kern}]"] = (lambda kern: lambda q, k, v: anchors.torchscale_composition(
             q, k, v, pattern, scale=scale, kernel=kern))(kern)
         if pattern.mode == "head_groups" or len(pattern.segment_lengths) == 1:
@@ -127,6 +134,8 @@ def run_variants(pattern, q, k, v, direction, scale, repeats):
                 results[name]["graph_regions"] = regions
         except Exception as error:  # an anchor kernel that does not run this shape is left out, with why
             results[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    if "floors" not in variants:
+        return results, errors
     if "fa4" in executors():
         if training:
             def step():
@@ -225,11 +234,11 @@ def best(results, prefix):
     return (min(times, key=times.get), min(times.values())) if times else (None, None)
 
 
-def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repeats):
+def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repeats, variants=VARIANTS):
     pattern = DilatedPattern.create(config["segment_lengths"], config["dilation_rates"], mode=mode, causal=causal)
     q, k, v = inputs(batch, seq_len, heads, head_dim)
     scale = head_dim**-0.5
-    results, errors = run_variants(pattern, q, k, v, direction, scale, repeats)
+    results, errors = run_variants(pattern, q, k, v, direction, scale, repeats, variants)
     picked = select_backend(DEV, torch.bfloat16, shape=tuple(q.shape), segment_lengths=pattern.segment_lengths,
                             dilation_rates=pattern.dilation_rates, mode=mode, causal=causal,
                             training=direction == "fwd+bwd")
@@ -255,14 +264,14 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
     return row
 
 
-def ragged_in_process(pair: str, repeats: int, no_graphs: bool) -> dict:
+def ragged_in_process(pair: str, repeats: int, no_graphs: bool, variants=VARIANTS) -> dict:
     """Part ragged's entry for pair "M,MODE,DIRECTION", run by this script in a fresh process (with that process's
     graph-region counts); where that process dies, an entry with the pair and how it died."""
     m, mode, direction = pair.split(",")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "pair.json"
         command = [sys.executable, __file__, "--parts", "ragged", "--ragged-pair", pair, "--repeats", str(repeats),
-                   "--out", str(out)] + (["--no-graphs"] if no_graphs else [])
+                   "--variants", ",".join(variants), "--out", str(out)] + (["--no-graphs"] if no_graphs else [])
         code = subprocess.run(command).returncode
         if code == 0 and out.exists():
             child = json.loads(out.read_text())  # with how the child's graph regions ran (all its variants)
@@ -273,10 +282,10 @@ def ragged_in_process(pair: str, repeats: int, no_graphs: bool) -> dict:
     return dict(mode=mode, m=int(m), direction=direction, error=f"the process running the pair died: {how}")
 
 
-def ragged_pair(m, heads, head_dim, mode, direction, repeats):
+def ragged_pair(m, heads, head_dim, mode, direction, repeats, variants=VARIANTS):
     """The causal cells N = m and m + 5 (pattern RAGGED, B 1) and the ratio (m + 5) / m of auto, each executor
     and the FlashAttention-4 floor."""
-    rows = [cell(mode, True, n, head_dim, direction, 1, heads, RAGGED, repeats) for n in (m, m + 5)]
+    rows = [cell(mode, True, n, head_dim, direction, 1, heads, RAGGED, repeats, variants) for n in (m, m + 5)]
     for row in rows:
         row.pop("timings")
         print(fmt(row), flush=True)
@@ -352,6 +361,9 @@ def main() -> None:
     parser.add_argument("--seq-lens", default="8192,32768,131072,524288")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"what headline, sweep and ragged cells time, of {','.join(VARIANTS)} (default: all); "
+                             "e.g. auto,hilbert,floors for the targets alone (auto and its ordering over the floors)")
     parser.add_argument("--ragged-pair", default=None, help="M,MODE,DIRECTION: part ragged runs this pair alone "
                         "in this process (how it runs each pair in a fresh one)")
     parser.add_argument("--ragged-only", default=None, help="M,MODE,DIRECTION[;...]: part ragged runs only these "
@@ -369,6 +381,9 @@ def main() -> None:
     unknown = [pair for pair in (args.ragged_only or "").split(";") if pair and pair not in known]
     if unknown:
         parser.error(f"--ragged-only: unknown pairs {unknown}; allowed: {';'.join(sorted(known))}")
+    variants = tuple(name for name in args.variants.split(",") if name)
+    if not variants or set(variants) - set(VARIANTS):
+        parser.error(f"--variants: {args.variants!r}; allowed: comma-separated names of {','.join(VARIANTS)}")
     GRAPH_REGIONS.enabled = not args.no_graphs
     parts = set(args.parts.split(","))
     if args.quick:
@@ -388,7 +403,7 @@ def main() -> None:
         for mode in ("head_groups", "longnet"):
             for causal in (False, True):
                 for direction in ("fwd", "fwd+bwd"):
-                    row = cell(mode, causal, 32768, 64, direction, 2, 12, HEADLINE, args.repeats)
+                    row = cell(mode, causal, 32768, 64, direction, 2, 12, HEADLINE, args.repeats, variants)
                     result["headline"].append(row)
                     print(fmt(row), flush=True)
                     save()
@@ -400,7 +415,7 @@ def main() -> None:
                         for direction in ("fwd", "fwd+bwd"):
                             batch = 2 if seq_len <= 131072 else 1
                             row = cell(mode, causal, seq_len, head_dim, direction, batch, 12, HEADLINE,
-                                       max(5, args.repeats // (2 if seq_len > 131072 else 1)))
+                                       max(5, args.repeats // (2 if seq_len > 131072 else 1)), variants)
                             row.pop("timings")
                             result["sweep"].append(row)
                             print(fmt(row), flush=True)
@@ -414,9 +429,10 @@ def main() -> None:
                     if args.ragged_only is not None and pair not in args.ragged_only.split(";"):
                         continue
                     if args.ragged_pair == pair:
-                        result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats))
+                        result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats,
+                                                            variants))
                     elif args.ragged_pair is None:
-                        result["ragged"].append(ragged_in_process(pair, args.repeats, args.no_graphs))
+                        result["ragged"].append(ragged_in_process(pair, args.repeats, args.no_graphs, variants))
                     save()
     if "profile" in parts:
         result["profile"] = []

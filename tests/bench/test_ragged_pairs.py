@@ -37,3 +37,29 @@ def test_a_pair_whose_process_dies_is_recorded_with_how(bench, monkeypatch, code
     entry = bench.ragged_in_process("131072,head_groups,fwd+bwd", 5, False)
     assert entry == {"mode": "head_groups", "m": 131072, "direction": "fwd+bwd",
                      "error": f"the process running the pair died: {how}"}
+
+
+@pytest.mark.parametrize("variants, timed", [
+    (("auto", "hilbert", "floors"), {"auto", "auto[hilbert]", "floor[fa4]", "floor[cudnn]", "floor[flash]"}),
+    (("executors", "compositions"), {"sdpa", "fa4", "torchscale[cudnn]", "torchscale[flash]", "strided[cudnn]",
+                                     "strided[flash]"}),
+])
+def test_variants_name_what_a_cell_times(bench, monkeypatch, variants, timed):
+    """--variants: a cell times ours and the anchors of the named groups alone (the targets need auto, its ordering and
+    the floors), each output still checked against the torchscale-style composition."""
+    import torch
+
+    from hilbert_lab.attention import DilatedPattern
+
+    monkeypatch.setattr(bench, "executors", lambda: ["sdpa", "fa4"])
+    monkeypatch.setattr(bench, "dilated_attention", lambda q, k, v, **kw: q)
+    for name in ("torchscale_composition", "strided_composition"):
+        monkeypatch.setattr(bench.anchors, name, lambda q, k, v, pattern, scale, kernel: q)
+    monkeypatch.setattr(bench.anchors, "gather_blocks", lambda *args: [])
+    monkeypatch.setattr(bench, "graphed", lambda step, device: step)
+    monkeypatch.setattr(bench, "time_function", lambda step, **kw: types.SimpleNamespace(as_dict=dict))
+    pattern = DilatedPattern.create([4, 8], [1, 2], mode="head_groups")
+    q = torch.ones(1, 8, 2, 4)
+    results, errors = bench.run_variants(pattern, q, q, q, "fwd", 0.5, 3, variants)
+    assert set(results) == timed and set(errors) == timed - {name for name in timed if name.startswith("floor")}
+    assert all(error == 0 for error in errors.values())
