@@ -104,8 +104,8 @@ def fa4_floor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dilate
     """FlashAttention-4 on the plan's work, reading q, k, v and writing the outputs (and, with grad_out, the
     gradients) as strided views of per-branch (B, N, H, D) buffers: the kernels alone, with no merge and no
     copies, in the fewest calls that strided views allow (attention.views: a branch's offsets fold into one call's
-    heads, its segments into the batch). Returns the per-branch outputs (P, B, N, H, D) and gradients (P, 3, B, N, H,
-    D) (None without grad_out)."""
+    heads, its segments into the batch); the calls write LSEs where a merge or the backward needs them. Returns the
+    per-branch outputs (P, B, N, H, D) and gradients (P, 3, B, N, H, D) (None without grad_out)."""
     from flash_attn.cute.interface import _flash_attn_bwd, _flash_attn_fwd
 
     plan = _plan(pattern, q)
@@ -119,8 +119,10 @@ def fa4_floor(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pattern: Dilate
         if grads is not None:
             tensors += [(grad_out, QUERY), (grads[slot, 0], QUERY), (grads[slot, 1], KEY), (grads[slot, 2], KEY)]
         calls += unit_views(unit, tensors, plan.query_start)[1]
-    # the LSE only where the backward reads it: a forward alone writes the outputs, as ours does then
-    lses = [_flash_attn_fwd(*views[:3], softmax_scale=scale, causal=pattern.causal, return_lse=grad_out is not None,
+    # the LSE where the backward reads it or branches merge (an exact merge needs it): a head_groups forward alone
+    # writes the outputs, as ours does then
+    need_lse = grad_out is not None or plan.merge
+    lses = [_flash_attn_fwd(*views[:3], softmax_scale=scale, causal=pattern.causal, return_lse=need_lse,
                             out=views[3])[1] for views in calls]
     if grads is not None:
         for (qv, kv, vv, ov, gv, dq, dk, dv), lse in zip(calls, lses):

@@ -149,6 +149,29 @@ def test_fa4_floor_computes_head_groups_in_as_few_calls_as_the_fa4_executor(monk
     assert anchors.fa4_floor(q, k, v, pattern, scale=8**-0.5)[1] is None
 
 
+@pytest.mark.parametrize("mode, backward, wanted", [("head_groups", False, False), ("longnet", False, True),
+                                                    ("head_groups", True, True)])
+def test_fa4_floor_asks_for_lses_where_a_merge_or_the_backward_reads_them(monkeypatch, mode, backward, wanted):
+    """The floor's forward writes the LSEs an exact result needs: for branches that merge (LongNet) or for the
+    backward, not for head_groups alone (whose forward without a backward writes none in ours either)."""
+    from attention._fa4_standin import install_fa4_standin
+
+    install_fa4_standin(monkeypatch)
+    interface = sys.modules["flash_attn.cute.interface"]
+    asked = []
+    forward = interface._flash_attn_fwd
+
+    def recorded(*args, return_lse, **kwargs):
+        asked.append(return_lse)
+        return forward(*args, return_lse=return_lse, **kwargs)
+
+    monkeypatch.setattr(interface, "_flash_attn_fwd", recorded)
+    q, k, v, grad = (torch.randn(1, 32, 4, 8, dtype=torch.float64) for _ in range(4))
+    pattern = DilatedPattern.create([4, 8], [1, 2], mode=mode, causal=True)
+    anchors.fa4_floor(q, k, v, pattern, scale=8**-0.5, grad_out=grad if backward else None)
+    assert asked and set(asked) == {wanted}
+
+
 @pytest.mark.parametrize("count", [2, 3, 4, 5, 6])
 @pytest.mark.parametrize("rounds", [8, 12, 13])
 def test_round_orders_put_each_name_after_every_other_alike(count, rounds):
