@@ -9,7 +9,10 @@ For each cell (mode x causal x N x D x direction) it times, in the same process:
   no merge) (both floors replayed from a CUDA graph, bench.timing.graphed: their kernels with no host
   time), the strided-view composition (head_groups) and the torchscale-style composition (both
   modes; its merge weights carry no gradient);
-and checks each output against the torchscale-style composition (relative error) before timing.
+and checks each output against the torchscale-style composition (relative error) before timing. auto and the
+FlashAttention-4 floor, the pair the targets compare, are timed round by round together (`bench.timing.
+time_interleaved` with bursts of about 25 ms timed as Triton's do_bench times: the median over rounds, with the
+10th-90th percentile interval); the other variants by do_bench, one after another.
 Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).
 Also: the headline shape (bf16, B=2, N=32768, H=12, D=64, w [2048, 4096, 8192], r [1, 2, 4]) and
 the longest causal LongNet fwd+bwd that runs (B=1, H=12, D=64, w [2048, 8192, 32768, 131072],
@@ -60,7 +63,7 @@ from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
-from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
+from hilbert_lab.bench.timing import graphed, time_function, time_interleaved  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
 LONGEST = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8])
@@ -70,6 +73,7 @@ DEV = torch.device("cuda")
 # what a cell may time (--variants): auto; each executor auto can pick, by name; auto with ordering="hilbert"; the
 # torchscale-style and strided compositions; the floors (FlashAttention-4 in place, cuDNN and flash on gathered blocks)
 VARIANTS = ("auto", "executors", "hilbert", "compositions", "floors")
+PAIR_BURST_MS = 25.0  # auto and the FlashAttention-4 floor: each round's sample of each, a burst of about this long
 
 
 def inputs(batch, seq_len, heads, head_dim, seed=0, requires_grad=False):
@@ -109,6 +113,9 @@ def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS)
             anchor_fns[f"strided[{kern}]"] = (lambda kern: lambda q, k, v: anchors.strided_composition(
                 q, k, v, pattern, scale=scale, kernel=kern))(kern)
     results, errors = {}, {}
+    # auto and the FlashAttention-4 floor (the targets' pair) are timed interleaved, in bursts timed as do_bench
+    paired = "auto" in ours and "floors" in variants and "fa4" in executors()
+    auto_step = None
     with torch.no_grad():
         reference = anchors.torchscale_composition(q, k, v, pattern, scale=scale, kernel="cudnn")
     for name, fn in {**ours, **anchor_fns}.items():
@@ -127,16 +134,13 @@ def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS)
                 def step(fn=fn):
                     with torch.no_grad():
                         fn(q, k, v)
-            before = dict(GRAPH_REGIONS.counts)
-            results[name] = time_function(step, device=DEV, warmup=3, repeats=repeats).as_dict()
-            regions = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
-            if any(regions.values()):  # how ours' regions ran while timed: replayed, or eager
-                results[name]["graph_regions"] = regions
+            if name == "auto" and paired:  # timed below, interleaved with the FlashAttention-4 floor
+                auto_step = step
+                continue
+            results[name] = timed_with_regions(lambda: time_function(step, device=DEV, warmup=3, repeats=repeats))
         except Exception as error:  # an anchor kernel that does not run this shape is left out, with why
             results[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-    if "floors" not in variants:
-        return results, errors
-    if "fa4" in executors():
+    if "fa4" in executors() and "floors" in variants:
         if training:
             def step():
                 anchors.fa4_floor(q, k, v, pattern, scale=scale, grad_out=grad)
@@ -144,10 +148,26 @@ def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS)
             def step():
                 anchors.fa4_floor(q, k, v, pattern, scale=scale)
         try:
-            results["floor[fa4]"] = time_function(graphed(step, device=DEV), device=DEV, warmup=3,
-                                                  repeats=repeats).as_dict()
+            floor_step = graphed(step, device=DEV)
+            if auto_step is None:
+                results["floor[fa4]"] = time_function(floor_step, device=DEV, warmup=3, repeats=repeats).as_dict()
+            else:  # the target's pair, round by round: drift and the call before hit both alike
+                pair = timed_with_regions(lambda: time_interleaved(
+                    {"auto": auto_step, "floor[fa4]": floor_step}, device=DEV, warmup=3, rounds=max(6, repeats),
+                    max_seconds=float("inf"), burst_ms=PAIR_BURST_MS), name="auto")
+                results.update({name: {**timing, "interleaved_with": other}
+                                for (name, timing), other in zip(pair.items(), ("floor[fa4]", "auto"))})
+                auto_step = None
         except Exception as error:
             results["floor[fa4]"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    if auto_step is not None:  # its floor did not run: auto alone
+        try:
+            results["auto"] = timed_with_regions(lambda: time_function(auto_step, device=DEV, warmup=3,
+                                                                       repeats=repeats))
+        except Exception as error:
+            results["auto"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    if "floors" not in variants:
+        return results, errors
     blocks = anchors.gather_blocks(q.detach(), k.detach(), v.detach(), pattern)
     for kern in kernels:
         try:
@@ -232,6 +252,18 @@ def back_to_back_ms(step, calls: int) -> tuple[float, float]:
 def best(results, prefix):
     times = {k: v["median"] for k, v in results.items() if k.startswith(prefix) and "median" in v}
     return (min(times, key=times.get), min(times.values())) if times else (None, None)
+
+
+def timed_with_regions(time_it, name=None):
+    """time_it() as a dict (or {name: dict} where it returns several Timings), with how ours' graph regions ran
+    while it timed (replayed or eager; under `name` where several were timed)."""
+    before = dict(GRAPH_REGIONS.counts)
+    timing = time_it()
+    regions = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
+    result = {key: value.as_dict() for key, value in timing.items()} if isinstance(timing, dict) else timing.as_dict()
+    if any(regions.values()):
+        (result[name] if name is not None else result)["graph_regions"] = regions
+    return result
 
 
 def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repeats, variants=VARIANTS):

@@ -3,7 +3,8 @@
 `time_function(fn)` returns a `Timing` (median, 10th/90th percentiles, milliseconds): on CUDA with Triton's do_bench
 (back-to-back calls after an L2 flush, CUDA events), else `repeats` calls after a warm-up, each synchronised (CUDA
 events) or timed with perf_counter (CPU), with every sample kept. `time_interleaved({name: fn})` times variants
-round-robin in one process (A/B comparisons; the samples feed `bench.stats`). `graphed(fn, device=...)` replays fn
+round-robin in one process (A/B comparisons; the samples feed `bench.stats`), one call per sample or, with
+`burst_ms`, a burst timed as do_bench times. `graphed(fn, device=...)` replays fn
 from a CUDA graph: timing that gives its kernels alone (a floor at the kernel carries no host time). Never time on
 zeros and rotate inputs that fit in cache: that is the caller's job.
 """
@@ -118,11 +119,16 @@ def graphed(fn: Callable[[], object], *, device: torch.device | str, warmup: int
 
 def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[torch.device | str] = None,
                      warmup: int = 2, rounds: int = 10, max_seconds: float = 30.0, threads: Optional[int] = None,
-                     progress: bool = False) -> dict[str, Timing]:
-    """Time several variants round-robin, one call each per round, in `round_orders` (every name right after
+                     progress: bool = False, burst_ms: Optional[float] = None) -> dict[str, Timing]:
+    """Time several variants round-robin, one sample each per round, in `round_orders` (every name right after
     every other about equally often), so that drift, cache warmth and what the call just before left behind hit
     all alike. Each sample is one call: between CUDA events after a device sync, or wall time by perf_counter on
     the CPU (never do_bench here).
+
+    burst_ms: each sample is instead a burst of calls issued back to back for about that long (how many, per
+    variant, from its warm-up calls' time; at least one): on CUDA each call between its own events after an L2
+    flush, the host free to run ahead, as Triton's do_bench times (so a round-robin of bursts is do_bench
+    interleaved), on the CPU each by perf_counter; the sample is the burst's median per call.
 
     threads: torch's intra-op threads while timing (restored after; None leaves them). Stops after
     max_seconds once every variant has 3 samples (float("inf"): exactly `rounds`).
@@ -131,27 +137,61 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
         raise ValueError(f"warmup must be >= 0 and rounds >= 1, got {warmup} and {rounds}")
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1 or None, got {threads}")
+    if burst_ms is not None and not burst_ms > 0:
+        raise ValueError(f"burst_ms must be None or > 0, got {burst_ms}")
     cuda = device is not None and torch.device(device).type == "cuda"
     names = list(fns)
     previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(int(threads))
     samples: dict[str, list[float]] = {name: [] for name in names}
+    calls = dict.fromkeys(names, 1)
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device=device) if cuda and burst_ms else None
     try:
         for name in names:
             for _ in range(warmup):
                 fns[name]()
+            if burst_ms:  # one more call, warm, sizes the bursts
+                _synchronize(device)
+                each_ms = _one_call_ms(fns[name], cuda)
+                calls[name] = max(1, min(MAX_BURST_CALLS, round(burst_ms / max(each_ms, 1e-6))))
         begin = time.perf_counter()
         orders = round_orders(names, rounds)
         for index in _progress(range(rounds), progress):
             for name in orders[index]:
                 _synchronize(device)
-                samples[name].append(_one_call_ms(fns[name], cuda))
+                samples[name].append(_burst_ms(fns[name], calls[name], cuda, flush) if burst_ms else
+                                     _one_call_ms(fns[name], cuda))
             if time.perf_counter() - begin > max_seconds and index >= 2:
                 break
     finally:
         torch.set_num_threads(previous)
     return {name: summarize(values) for name, values in samples.items()}
+
+
+L2_FLUSH_BYTES = 256 << 20  # what a burst's calls each overwrite first (as Triton's do_bench), beyond any L2
+MAX_BURST_CALLS = 1000
+
+
+def _burst_ms(fn: Callable[[], object], calls: int, cuda: bool, flush: Optional[torch.Tensor]) -> float:
+    """The median ms per call of `calls` calls of fn issued back to back: on CUDA each between its own events after
+    `flush` is overwritten (the host is not waited for between calls), on the CPU each by perf_counter."""
+    if not cuda:
+        times = []
+        for _ in range(calls):
+            begin = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - begin) * 1e3)
+        return statistics.median(times)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    stops = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+    for start, stop in zip(starts, stops):
+        flush.zero_()
+        start.record()
+        fn()
+        stop.record()
+    stops[-1].synchronize()
+    return statistics.median(start.elapsed_time(stop) for start, stop in zip(starts, stops))
 
 
 def round_orders(names: Sequence[str], rounds: int) -> list[list[str]]:

@@ -51,6 +51,28 @@ def test_time_interleaved_measures_each_variant_not_its_neighbour():
     assert result["slow"].median >= 19.0 and result["fast"].median < 5.0
 
 
+def test_time_interleaved_bursts_size_each_variant_from_its_warm_call():
+    """burst_ms: a sample is the median of a burst of calls lasting about burst_ms, sized per variant from one warm
+    call after the warm-up (a 4 ms call gets 5 calls in 20 ms, a call of nothing the most), round by round."""
+    import time
+
+    calls = {"slow": 0, "fast": 0}
+
+    def variant(name, sleep_s):
+        def call():
+            calls[name] += 1
+            time.sleep(sleep_s)
+        return call
+
+    result = time_interleaved({"slow": variant("slow", 0.004), "fast": variant("fast", 0.0)}, warmup=1, rounds=3,
+                              burst_ms=20.0, max_seconds=float("inf"))
+    assert 1 + 1 + 3 * 3 <= calls["slow"] <= 1 + 1 + 3 * 5  # warm-up, the sizing call, 3 bursts of about 5
+    assert calls["fast"] > 100 and len(result["slow"].samples) == len(result["fast"].samples) == 3
+    assert result["slow"].median >= 3.9 and result["fast"].median < 1.0
+    with pytest.raises(ValueError, match="burst_ms"):
+        time_interleaved({"a": lambda: None}, burst_ms=0)
+
+
 def test_useful_pairs_count_the_pattern_by_brute_force():
     pattern = DilatedPattern.create([8, 16], [1, 2], mode="longnet", causal=True)
     mask = pattern.multiplicity(40, 3)  # (H, N, N): branch pairs per query/key

@@ -43,10 +43,12 @@ def test_a_pair_whose_process_dies_is_recorded_with_how(bench, monkeypatch, code
     (("auto", "hilbert", "floors"), {"auto", "auto[hilbert]", "floor[fa4]", "floor[cudnn]", "floor[flash]"}),
     (("executors", "compositions"), {"sdpa", "fa4", "torchscale[cudnn]", "torchscale[flash]", "strided[cudnn]",
                                      "strided[flash]"}),
+    (("auto",), {"auto"}),
 ])
 def test_variants_name_what_a_cell_times(bench, monkeypatch, variants, timed):
     """--variants: a cell times ours and the anchors of the named groups alone (the targets need auto, its ordering and
-    the floors), each output still checked against the torchscale-style composition."""
+    the floors), each output still checked against the torchscale-style composition; auto and the FlashAttention-4
+    floor are timed interleaved."""
     import torch
 
     from hilbert_lab.attention import DilatedPattern
@@ -56,10 +58,24 @@ def test_variants_name_what_a_cell_times(bench, monkeypatch, variants, timed):
     for name in ("torchscale_composition", "strided_composition"):
         monkeypatch.setattr(bench.anchors, name, lambda q, k, v, pattern, scale, kernel: q)
     monkeypatch.setattr(bench.anchors, "gather_blocks", lambda *args: [])
+    monkeypatch.setattr(bench.anchors, "fa4_floor", lambda *args, **kw: None)
     monkeypatch.setattr(bench, "graphed", lambda step, device: step)
     monkeypatch.setattr(bench, "time_function", lambda step, **kw: types.SimpleNamespace(as_dict=dict))
+    interleaved = []
+
+    def pair(steps, **kw):
+        interleaved.append((sorted(steps), kw["burst_ms"]))
+        return {name: types.SimpleNamespace(as_dict=lambda: {"median": 1.0}) for name in steps}
+
+    monkeypatch.setattr(bench, "time_interleaved", pair)
     pattern = DilatedPattern.create([4, 8], [1, 2], mode="head_groups")
     q = torch.ones(1, 8, 2, 4)
     results, errors = bench.run_variants(pattern, q, q, q, "fwd", 0.5, 3, variants)
     assert set(results) == timed and set(errors) == timed - {name for name in timed if name.startswith("floor")}
     assert all(error == 0 for error in errors.values())
+    if "floor[fa4]" in timed:  # auto and the FlashAttention-4 floor, the targets' pair, timed round by round together
+        assert interleaved == [(["auto", "floor[fa4]"], bench.PAIR_BURST_MS)]
+        assert results["auto"] == {"median": 1.0, "interleaved_with": "floor[fa4]"}
+        assert results["floor[fa4]"] == {"median": 1.0, "interleaved_with": "auto"}
+    else:
+        assert interleaved == []
