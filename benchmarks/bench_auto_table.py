@@ -56,6 +56,10 @@ def main() -> None:
     parser.add_argument("--settle-rounds", type=int, default=0,
                         help="check: time a cell whose interval of auto over the fastest holds the 3%% tolerance "
                              "again, alone, with this many rounds (default 0: no second timing)")
+    parser.add_argument("--burst-ms", type=float, default=0.0,
+                        help="each round's sample a burst of calls issued back to back for about this long, as a "
+                             "training loop issues steps (bench.timing.time_interleaved; 0, the default: one call after "
+                             "a device sync, as the packaged table was measured)")
     parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
                         help="measure the table, check auto against the packaged one, or both (default)")
     parser.add_argument("--check-out", default=None, help="JSON of the check (default: none written)")
@@ -65,6 +69,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.settle_rounds < 0:
         parser.error(f"--settle-rounds must be >= 0, got {args.settle_rounds}")
+    if args.burst_ms < 0:
+        parser.error(f"--burst-ms must be >= 0, got {args.burst_ms}")
+    burst_ms = args.burst_ms or None
     if not torch.cuda.is_available():
         print("bench_auto_table: needs a CUDA GPU", file=sys.stderr)
         raise SystemExit(2)
@@ -87,14 +94,15 @@ def main() -> None:
             written = {**meta, **table} if previous is None else update_cells(previous, table, revision=revision)
             atomic_write(path, json.dumps(written, indent=1))
 
-        measure_auto_table(cells, backends, **PATTERN, device=device, repeats=args.repeats, on_cell=keep)
+        measure_auto_table(cells, backends, **PATTERN, device=device, repeats=args.repeats, on_cell=keep,
+                           burst_ms=burst_ms)
         load_table.cache_clear()
         print(f"wrote {path} in {time.time() - began:.0f} s", flush=True)
     if args.stage == "measure":
         return
     table = json.loads(table_path(kind).read_text())
     rows = check_auto_table(table, device=device, repeats=args.repeats, settle_rounds=args.settle_rounds,
-                            tolerance=TOLERANCE)
+                            tolerance=TOLERANCE, burst_ms=burst_ms)
     print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest "
           f"(95% interval)")
     for row in rows:

@@ -91,21 +91,25 @@ def _timing_row(timings: dict[str, Timing]) -> dict:
 
 def measure_auto_table(cells: Sequence[SweepCell], backends: Sequence[str], segment_lengths: Sequence[int],
                        dilation_rates: Sequence[int], *, device: torch.device | str, repeats: int = 8,
-                       on_cell: Optional[Callable[[dict], None]] = None, progress: bool = True) -> dict:
+                       on_cell: Optional[Callable[[dict], None]] = None, progress: bool = True,
+                       burst_ms: Optional[float] = None) -> dict:
     """The table (a JSON object) of `backends` timed in every cell on `device`: {"device", "kind", "dtype",
     "pattern", "backends", "cells": [{mode, causal, seq_len, head_dim, training, ragged, batch, heads,
-    times_ms, intervals_ms, errors}]}. on_cell(table) runs after each finished cell (to keep it)."""
+    times_ms, intervals_ms, errors}]}. on_cell(table) runs after each finished cell (to keep it). burst_ms: each
+    round's sample a burst of calls issued back to back (time_interleaved), as a training loop issues steps, where
+    None times one call after a device sync; the table records which ("burst_ms")."""
     device = torch.device(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     dtype = _dtype_on(device)
     table = {"device": name, "kind": device_kind(name), "dtype": str(dtype).removeprefix("torch."),
              "pattern": {"segment_lengths": list(segment_lengths), "dilation_rates": list(dilation_rates)},
-             "backends": list(backends), "cells": []}
+             "backends": list(backends), "burst_ms": burst_ms, "cells": []}
     for cell in _cells_progress(cells, progress):
         calls, errors = cell_calls(cell, backends, segment_lengths, dilation_rates, device=device, dtype=dtype)
         if not calls:
             continue
-        timings = time_interleaved(calls, device=device, warmup=2, rounds=repeats, max_seconds=float("inf"))
+        timings = time_interleaved(calls, device=device, warmup=2, rounds=repeats, max_seconds=float("inf"),
+                                   burst_ms=burst_ms)
         row = {**asdict(cell), "ragged": is_ragged(cell.seq_len, segment_lengths, dilation_rates),
                **_timing_row(timings), "errors": errors}
         table["cells"].append(row)
@@ -133,13 +137,13 @@ def update_cells(table: dict, measured: dict, *, revision: str) -> dict:
 
 
 def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 8, settle_rounds: int = 0,
-                     tolerance: float = 1.03, progress: bool = True) -> list[dict]:
+                     tolerance: float = 1.03, progress: bool = True, burst_ms: Optional[float] = None) -> list[dict]:
     """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
     the medians and intervals, each name's samples, the executor auto resolved to, auto over the fastest executor
     with the 95% interval of that ratio, and per name the counts of its plan regions' eager runs, captures and
     replays (`graph_regions`). settle_rounds > 0: a cell whose interval holds `tolerance` (undecided) is timed
     again, on its own, with that many rounds; the row is then that second timing (`rounds`), the first one kept
-    under "first_pass"."""
+    under "first_pass". burst_ms: as measure_auto_table's (each row records it)."""
     if settle_rounds < 0:
         raise ValueError(f"settle_rounds must be >= 0, got {settle_rounds}")
     device = torch.device(device)
@@ -152,26 +156,26 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
                                   DilatedPattern.create(segments, rates, mode=cell.mode, causal=cell.causal),
                                   training=cell.training).name
         row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked,
-               **_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, repeats)}
+               **_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, repeats, burst_ms)}
         interval = row.get("auto_over_fastest_interval")
         if settle_rounds and interval is not None and _interval_side(interval, tolerance) == "undecided":
             first = {key: row[key] for key in ("times_ms", "intervals_ms", "samples_ms", "fastest", "auto_over_fastest",
                                                "auto_over_fastest_interval", "rounds")}
-            row.update(_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, settle_rounds),
-                       first_pass=first)
+            row.update(_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, settle_rounds,
+                                   burst_ms), first_pass=first)
         rows.append(row)
     return rows
 
 
 def _check_cell(cell: SweepCell, names: Sequence[str], segments: Sequence[int], rates: Sequence[int],
-                device: torch.device, dtype: torch.dtype, rounds: int) -> dict:
+                device: torch.device, dtype: torch.dtype, rounds: int, burst_ms: Optional[float] = None) -> dict:
     """One timing of a cell for check_auto_table: medians, intervals, samples, region tallies, errors, and auto over
     the fastest with its interval (rounds pair auto's calls with the fastest's: resampled by round)."""
     calls, errors = cell_calls(cell, names, segments, rates, device=device, dtype=dtype, seed=1)
     tallies = {name: dict.fromkeys(GRAPH_REGIONS.counts, 0) for name in calls}
     timings = time_interleaved({name: _tallied(call, tallies[name]) for name, call in calls.items()},
-                               device=device, warmup=2, rounds=rounds, max_seconds=float("inf"))
-    result = {**_timing_row(timings), "errors": errors, "graph_regions": tallies, "rounds": rounds,
+                               device=device, warmup=2, rounds=rounds, max_seconds=float("inf"), burst_ms=burst_ms)
+    result = {**_timing_row(timings), "errors": errors, "graph_regions": tallies, "rounds": rounds, "burst_ms": burst_ms,
               "samples_ms": {name: [round(s, 5) for s in t.samples] for name, t in timings.items()}}
     others = {name: t.median for name, t in timings.items() if name != "auto"}
     if "auto" in timings and others:

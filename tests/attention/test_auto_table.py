@@ -173,6 +173,13 @@ def test_measuring_and_checking_a_table_on_the_cpu():
         assert len(row["samples_ms"]["auto"]) == len(fastest) == 2
         assert row["auto_over_fastest_interval"] == pytest.approx(list(ratio_ci(row["samples_ms"]["auto"], fastest)[1:]),
                                                                 rel=1e-3)  # samples kept to 10 ns
+    # bursts: each round's sample the median of calls issued back to back, recorded in the table and the rows
+    bursts = measure_auto_table(cells[:1], ["sdpa"], [16, 32], [1, 2], device="cpu", repeats=2, progress=False,
+                                burst_ms=5.0)
+    assert bursts["burst_ms"] == 5.0 and table["burst_ms"] is None and len(bursts["cells"]) == 1
+    rows = check_auto_table(bursts, device="cpu", repeats=2, progress=False, burst_ms=5.0)
+    assert rows[0]["burst_ms"] == 5.0 and rows[0]["graph_regions"]["sdpa"]["eager"] == 0
+    assert len(rows[0]["samples_ms"]["auto"]) == 2
     with pytest.raises(ValueError, match="seq_lens or ragged_lens, head_dims and batches must be non-empty"):
         sweep_cells([], [64])
     assert {c.seq_len for c in sweep_cells([], [8, 16], [69], heads=2)} == {69}  # the ragged cells alone
@@ -247,7 +254,7 @@ def test_an_undecided_cell_is_timed_again_alone_with_the_settle_rounds(monkeypat
     intervals = iter([[0.99, 1.06], [1.0, 1.02], [1.0, 1.01]])  # cell 1: undecided, then settled; cell 2: settled
     rounds_asked = []
 
-    def timing(cell, names, segments, rates, device, dtype, rounds):
+    def timing(cell, names, segments, rates, device, dtype, rounds, burst_ms=None):
         rounds_asked.append(rounds)
         return {"times_ms": {"auto": 1.01, "sdpa": 1.0}, "intervals_ms": {}, "samples_ms": {}, "errors": {},
                 "graph_regions": {}, "rounds": rounds, "fastest": "sdpa", "auto_over_fastest": 1.01,
