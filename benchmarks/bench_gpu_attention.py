@@ -9,8 +9,8 @@ For each cell (mode x causal x N x D x direction) it times, in the same process:
   no merge) (both floors replayed from a CUDA graph, bench.timing.graphed: their kernels with no host
   time), the strided-view composition (head_groups) and the torchscale-style composition (both
   modes; its merge weights carry no gradient);
-and checks each output against the torchscale-style composition (relative error) before timing. auto and the
-FlashAttention-4 floor, the pair the targets compare, are timed round by round together (`bench.timing.
+and checks each output against the torchscale-style composition (relative error) before timing. auto, auto with
+ordering="hilbert" and the FlashAttention-4 floor, whose ratios the targets are, are timed round by round together (`bench.timing.
 time_interleaved` with bursts of about 25 ms timed as Triton's do_bench times: the median over rounds, with the
 10th-90th percentile interval); the other variants by do_bench, one after another.
 Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).
@@ -73,7 +73,7 @@ DEV = torch.device("cuda")
 # what a cell may time (--variants): auto; each executor auto can pick, by name; auto with ordering="hilbert"; the
 # torchscale-style and strided compositions; the floors (FlashAttention-4 in place, cuDNN and flash on gathered blocks)
 VARIANTS = ("auto", "executors", "hilbert", "compositions", "floors")
-PAIR_BURST_MS = 25.0  # auto and the FlashAttention-4 floor: each round's sample of each, a burst of about this long
+PAIR_BURST_MS = 25.0  # auto, its hilbert ordering and the FlashAttention-4 floor: each round's sample a burst this long
 
 
 def inputs(batch, seq_len, heads, head_dim, seed=0, requires_grad=False):
@@ -113,9 +113,10 @@ def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS)
             anchor_fns[f"strided[{kern}]"] = (lambda kern: lambda q, k, v: anchors.strided_composition(
                 q, k, v, pattern, scale=scale, kernel=kern))(kern)
     results, errors = {}, {}
-    # auto and the FlashAttention-4 floor (the targets' pair) are timed interleaved, in bursts timed as do_bench
-    paired = "auto" in ours and "floors" in variants and "fa4" in executors()
-    auto_step = None
+    # auto, auto with ordering="hilbert" and the FlashAttention-4 floor (the targets' ratios) are timed interleaved, in
+    # bursts timed as do_bench
+    grouped = ("auto", "auto[hilbert]") if "floors" in variants and "fa4" in executors() else ()
+    deferred = {}
     with torch.no_grad():
         reference = anchors.torchscale_composition(q, k, v, pattern, scale=scale, kernel="cudnn")
     for name, fn in {**ours, **anchor_fns}.items():
@@ -134,8 +135,8 @@ def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS)
                 def step(fn=fn):
                     with torch.no_grad():
                         fn(q, k, v)
-            if name == "auto" and paired:  # timed below, interleaved with the FlashAttention-4 floor
-                auto_step = step
+            if name in grouped:  # timed below, interleaved with the FlashAttention-4 floor
+                deferred[name] = step
                 continue
             results[name] = timed_with_regions(lambda: time_function(step, device=DEV, warmup=3, repeats=repeats))
         except Exception as error:  # an anchor kernel that does not run this shape is left out, with why
@@ -149,23 +150,26 @@ def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS)
                 anchors.fa4_floor(q, k, v, pattern, scale=scale)
         try:
             floor_step = graphed(step, device=DEV)
-            if auto_step is None:
+            if not deferred:
                 results["floor[fa4]"] = time_function(floor_step, device=DEV, warmup=3, repeats=repeats).as_dict()
-            else:  # the target's pair, round by round: drift and the call before hit both alike
-                pair = timed_with_regions(lambda: time_interleaved(
-                    {"auto": auto_step, "floor[fa4]": floor_step}, device=DEV, warmup=3, rounds=max(6, repeats),
-                    max_seconds=float("inf"), burst_ms=PAIR_BURST_MS), name="auto")
-                results.update({name: {**timing, "interleaved_with": other}
-                                for (name, timing), other in zip(pair.items(), ("floor[fa4]", "auto"))})
-                auto_step = None
+            else:  # round by round together: drift and the call before hit them alike
+                group = {**deferred, "floor[fa4]": floor_step}
+                before = dict(GRAPH_REGIONS.counts)
+                timings = time_interleaved(group, device=DEV, warmup=3, rounds=max(6, repeats),
+                                           max_seconds=float("inf"), burst_ms=PAIR_BURST_MS)
+                regions = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
+                for name, timing in timings.items():
+                    results[name] = {**timing.as_dict(), "interleaved_with": sorted(set(group) - {name})}
+                    if name in deferred and any(regions.values()):  # ours' regions over the whole group's calls
+                        results[name]["graph_regions_of_the_group"] = regions
+                deferred = {}
         except Exception as error:
             results["floor[fa4]"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
-    if auto_step is not None:  # its floor did not run: auto alone
+    for name, step in deferred.items():  # their floor did not run: each alone
         try:
-            results["auto"] = timed_with_regions(lambda: time_function(auto_step, device=DEV, warmup=3,
-                                                                       repeats=repeats))
+            results[name] = timed_with_regions(lambda: time_function(step, device=DEV, warmup=3, repeats=repeats))
         except Exception as error:
-            results["auto"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+            results[name] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
     if "floors" not in variants:
         return results, errors
     blocks = anchors.gather_blocks(q.detach(), k.detach(), v.detach(), pattern)
@@ -254,15 +258,13 @@ def best(results, prefix):
     return (min(times, key=times.get), min(times.values())) if times else (None, None)
 
 
-def timed_with_regions(time_it, name=None):
-    """time_it() as a dict (or {name: dict} where it returns several Timings), with how ours' graph regions ran
-    while it timed (replayed or eager; under `name` where several were timed)."""
+def timed_with_regions(time_it):
+    """time_it()'s Timing as a dict, with how ours' graph regions ran while it timed (replayed or eager)."""
     before = dict(GRAPH_REGIONS.counts)
-    timing = time_it()
+    result = time_it().as_dict()
     regions = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
-    result = {key: value.as_dict() for key, value in timing.items()} if isinstance(timing, dict) else timing.as_dict()
     if any(regions.values()):
-        (result[name] if name is not None else result)["graph_regions"] = regions
+        result["graph_regions"] = regions
     return result
 
 

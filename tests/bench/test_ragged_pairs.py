@@ -47,8 +47,8 @@ def test_a_pair_whose_process_dies_is_recorded_with_how(bench, monkeypatch, code
 ])
 def test_variants_name_what_a_cell_times(bench, monkeypatch, variants, timed):
     """--variants: a cell times ours and the anchors of the named groups alone (the targets need auto, its ordering and
-    the floors), each output still checked against the torchscale-style composition; auto and the FlashAttention-4
-    floor are timed interleaved."""
+    the floors), each output still checked against the torchscale-style composition; auto, its hilbert ordering
+    and the FlashAttention-4 floor are timed interleaved."""
     import torch
 
     from hilbert_lab.attention import DilatedPattern
@@ -73,9 +73,9 @@ def test_variants_name_what_a_cell_times(bench, monkeypatch, variants, timed):
     results, errors = bench.run_variants(pattern, q, q, q, "fwd", 0.5, 3, variants)
     assert set(results) == timed and set(errors) == timed - {name for name in timed if name.startswith("floor")}
     assert all(error == 0 for error in errors.values())
-    if "floor[fa4]" in timed:  # auto and the FlashAttention-4 floor, the targets' pair, timed round by round together
-        assert interleaved == [(["auto", "floor[fa4]"], bench.PAIR_BURST_MS)]
-        assert results["auto"] == {"median": 1.0, "interleaved_with": "floor[fa4]"}
-        assert results["floor[fa4]"] == {"median": 1.0, "interleaved_with": "auto"}
+    if "floor[fa4]" in timed:  # auto, its hilbert ordering and the FlashAttention-4 floor, round by round together
+        assert interleaved == [(["auto", "auto[hilbert]", "floor[fa4]"], bench.PAIR_BURST_MS)]
+        assert results["auto"] == {"median": 1.0, "interleaved_with": ["auto[hilbert]", "floor[fa4]"]}
+        assert results["floor[fa4]"] == {"median": 1.0, "interleaved_with": ["auto", "auto[hilbert]"]}
     else:
         assert interleaved == []
