@@ -58,8 +58,8 @@ def main() -> None:
                              "again, alone, with this many rounds (default 0: no second timing)")
     parser.add_argument("--burst-ms", type=float, default=0.0,
                         help="each round's sample a burst of calls issued back to back for about this long, as a "
-                             "training loop issues steps (bench.timing.time_interleaved; 0, the default: one call after "
-                             "a device sync, as the packaged table was measured)")
+                             "training loop issues steps (bench.timing.time_interleaved; 0, the default: one call "
+                             "after a device sync, as the packaged table was measured)")
     parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
                         help="measure the table, check auto against the packaged one, or both (default)")
     parser.add_argument("--check-out", default=None, help="JSON of the check (default: none written)")

@@ -10,9 +10,9 @@ For each cell (mode x causal x N x D x direction) it times, in the same process:
   time), the strided-view composition (head_groups) and the torchscale-style composition (both
   modes; its merge weights carry no gradient);
 and checks each output against the torchscale-style composition (relative error) before timing. auto, auto with
-ordering="hilbert" and the FlashAttention-4 floor, whose ratios the targets are, are timed round by round together (`bench.timing.
-time_interleaved` with bursts of about 25 ms timed as Triton's do_bench times: the median over rounds, with the
-10th-90th percentile interval); the other variants by do_bench, one after another.
+ordering="hilbert" and the FlashAttention-4 floor, whose ratios the targets are, are timed round by round together
+(`bench.timing.time_interleaved` with bursts of about 25 ms timed as Triton's do_bench times: the median over
+rounds, with the 10th-90th percentile interval); the other variants by do_bench, one after another.
 Directions: "fwd" (no_grad) and "fwd+bwd" (autograd with a fixed random upstream gradient).
 Also: the headline shape (bf16, B=2, N=32768, H=12, D=64, w [2048, 4096, 8192], r [1, 2, 4]) and
 the longest causal LongNet fwd+bwd that runs (B=1, H=12, D=64, w [2048, 8192, 32768, 131072],

@@ -175,7 +175,8 @@ def _check_cell(cell: SweepCell, names: Sequence[str], segments: Sequence[int], 
     tallies = {name: dict.fromkeys(GRAPH_REGIONS.counts, 0) for name in calls}
     timings = time_interleaved({name: _tallied(call, tallies[name]) for name, call in calls.items()},
                                device=device, warmup=2, rounds=rounds, max_seconds=float("inf"), burst_ms=burst_ms)
-    result = {**_timing_row(timings), "errors": errors, "graph_regions": tallies, "rounds": rounds, "burst_ms": burst_ms,
+    result = {**_timing_row(timings), "errors": errors, "graph_regions": tallies, "rounds": rounds,
+              "burst_ms": burst_ms,
               "samples_ms": {name: [round(s, 5) for s in t.samples] for name, t in timings.items()}}
     others = {name: t.median for name, t in timings.items() if name != "auto"}
     if "auto" in timings and others:
