@@ -94,6 +94,54 @@ def test_triton_merges_match_the_float64_merge():
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
 
 
+RANDOM_PATTERNS = r'''
+import random
+import torch
+from hilbert_lab.attention import dilated_attention, merge
+merge.FUSED_MERGE_DEVICES = ("cpu",)
+rng = random.Random(0)
+checked = 0
+for case in range(32):
+    count = rng.randint(2, 4)
+    segments = sorted(rng.choice([4, 8, 12, 16, 32, 64]) for _ in range(count))
+    rates = [rng.choice([r for r in (1, 2, 3, 4) if r <= w]) for w in segments]
+    heads = rng.choice([2, 4, 6])
+    kv_heads = rng.choice([h for h in (1, 2, heads) if heads % h == 0])
+    length = rng.randint(5, 90)
+    queries = length if rng.random() < 0.7 else rng.randint(1, length)
+    kw = dict(segment_lengths=segments, dilation_rates=rates, mode=rng.choice(["longnet", "head_groups"]),
+              causal=rng.random() < 0.5, return_lse=True)
+    if rng.random() < 0.3 and queries == length:
+        kw["cu_seqlens"] = [0, *sorted(rng.sample(range(1, length), min(3, length - 1))), length]
+    batch = 1 if "cu_seqlens" in kw else rng.randint(1, 2)
+    gen = torch.Generator().manual_seed(case)
+    q = torch.randn(batch, queries, heads, 8, generator=gen)
+    k, v = (torch.randn(batch, length, kv_heads, 8, generator=gen) for _ in range(2))
+    with torch.no_grad():
+        out, lse = dilated_attention(q, k, v, backend="manual", **kw)
+        want, want_lse = dilated_attention(q.double(), k.double(), v.double(), backend="reference", **kw)
+    finite = torch.isfinite(want_lse)
+    assert (out.double() - want).abs().max() < 1e-5, (case, kw)
+    assert torch.equal(torch.isinf(lse), ~finite) and (lse.double() - want_lse)[finite].abs().max() < 1e-5, (case, kw)
+    checked += out.untyped_storage().nbytes() > out.numel() * out.element_size()  # merged over the first slot
+assert checked >= 8, checked
+print("ok")
+'''
+
+
+@pytest.mark.slow  # 10 s of CPU: make test-all
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
+def test_forwards_merged_over_the_first_slot_match_the_float64_reference_on_random_patterns():
+    """Random patterns (2-4 branches, LongNet or head_groups, causal or not), grouped-query heads, fewer queries and
+    packed documents: the forward without a backward, its merge the fused one over the first slot (the interpreter
+    on the CPU), against the float64 reference executor, out and LSE."""
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=str(HERE.parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", RANDOM_PATTERNS], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-4000:]
+
+
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
 def test_accumulate_rejects_bad_shapes():
     import torch
