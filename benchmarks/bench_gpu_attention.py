@@ -20,8 +20,9 @@ r [1, 2, 4, 8]). Writes JSON with the environment after every cell (a run cut sh
 
 Part "ragged": causal cells at N = m and m + 5 (m 32K with H 12, D 64; m 128K with H 8, D 32; B 1; w [2048,
 8192, 32768, 131072], r [1, 4, 8, 32]; both modes, fwd and fwd+bwd), each timed as a sweep cell, and the ratio
-(m + 5) / m of auto, of each executor and of the FlashAttention-4 floor (target: <= 1.10). Each pair runs in a
-fresh process: on an H200 (torch 2.11, cuDNN 9.19) cuDNN's backward, under an anchor, has killed the process
+(m + 5) / m of auto, of each executor and of the FlashAttention-4 floor (target: <= 1.10); then auto at both
+lengths again, timed round by round together (`auto_interleaved`: the ratio with its 95% interval). Each pair
+runs in a fresh process: on an H200 (torch 2.11, cuDNN 9.19) cuDNN's backward, under an anchor, has killed the process
 with a segmentation fault in head_groups fwd+bwd at m 128K after the cells before it, and not when that pair
 ran alone; a pair whose process dies is recorded with how it died, and the others keep their results.
 
@@ -63,6 +64,7 @@ from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
+from hilbert_lab.bench.stats import ratio_ci  # noqa: E402
 from hilbert_lab.bench.timing import graphed, time_function, time_interleaved  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
@@ -318,7 +320,8 @@ def ragged_in_process(pair: str, repeats: int, no_graphs: bool, variants=VARIANT
 
 def ragged_pair(m, heads, head_dim, mode, direction, repeats, variants=VARIANTS):
     """The causal cells N = m and m + 5 (pattern RAGGED, B 1) and the ratio (m + 5) / m of auto, each executor
-    and the FlashAttention-4 floor."""
+    and the FlashAttention-4 floor; and auto at both lengths timed round by round together (`auto_interleaved`:
+    the target's ratio with its 95% interval, rounds resampled in pairs), where the cells time them minutes apart."""
     rows = [cell(mode, True, n, head_dim, direction, 1, heads, RAGGED, repeats, variants) for n in (m, m + 5)]
     for row in rows:
         row.pop("timings")
@@ -328,7 +331,41 @@ def ragged_pair(m, heads, head_dim, mode, direction, repeats, variants=VARIANTS)
     ratios = {name: rows[1][f"{name}_ms"] / rows[0][f"{name}_ms"] for name in names}
     print(f"ragged {mode:11s} m={m} H={heads} D={head_dim} {direction:7s} (m+5)/m: "
           + " ".join(f"{name}={value:.2f}" for name, value in ratios.items()), flush=True)
-    return dict(mode=mode, m=m, heads=heads, head_dim=head_dim, direction=direction, ratios=ratios, rows=rows)
+    entry = dict(mode=mode, m=m, heads=heads, head_dim=head_dim, direction=direction, ratios=ratios, rows=rows)
+    if "auto" in variants:
+        try:
+            entry["auto_interleaved"] = auto_at_both_lengths(m, heads, head_dim, mode, direction, max(6, repeats))
+            found = entry["auto_interleaved"]
+            print(f"ragged {mode:11s} m={m} {direction:7s} auto interleaved (m+5)/m: {found['ratio']:.3f} "
+                  f"[{found['interval'][0]:.3f}, {found['interval'][1]:.3f}]", flush=True)
+        except Exception as error:
+            entry["auto_interleaved"] = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
+    return entry
+
+
+def auto_at_both_lengths(m, heads, head_dim, mode, direction, rounds) -> dict:
+    """auto on the causal RAGGED pattern at N = m and m + 5 (B 1), timed round by round together in bursts timed as
+    do_bench (PAIR_BURST_MS): each length's Timing and (m + 5) / m with its 95% interval (paired rounds)."""
+    pattern = DilatedPattern.create(RAGGED["segment_lengths"], RAGGED["dilation_rates"], mode=mode, causal=True)
+    steps = {}
+    for n in (m, m + 5):
+        q, k, v = inputs(1, n, heads, head_dim, requires_grad=direction == "fwd+bwd")
+        grad = torch.randn_like(q)
+
+        def step(q=q, k=k, v=v, grad=grad):
+            with torch.set_grad_enabled(direction == "fwd+bwd"):
+                out = dilated_attention(q, k, v, segment_lengths=pattern.segment_lengths,
+                                        dilation_rates=pattern.dilation_rates, mode=mode, causal=True, backend="auto")
+                if direction == "fwd+bwd":
+                    torch.autograd.backward(out, grad)
+                    for t in (q, k, v):
+                        t.grad = None
+        steps[str(n)] = step
+    timings = time_interleaved(steps, device=DEV, warmup=3, rounds=rounds, max_seconds=float("inf"),
+                               burst_ms=PAIR_BURST_MS)
+    at_m, at_m5 = timings[str(m)], timings[str(m + 5)]
+    ratio, low, high = ratio_ci(at_m5.samples, at_m.samples)
+    return dict(m=at_m.as_dict(), m_plus_5=at_m5.as_dict(), ratio=ratio, interval=[low, high], rounds=rounds)
 
 
 def fmt(row):

@@ -79,3 +79,27 @@ def test_variants_name_what_a_cell_times(bench, monkeypatch, variants, timed):
         assert results["floor[fa4]"] == {"median": 1.0, "interleaved_with": ["auto", "auto[hilbert]"]}
     else:
         assert interleaved == []
+
+
+@pytest.mark.parametrize("direction", ["fwd", "fwd+bwd"])
+def test_auto_at_both_ragged_lengths_is_timed_round_by_round(bench, monkeypatch, direction):
+    """The ragged target's ratio from auto at N = m and m + 5 timed together (bursts, paired rounds): each length's
+    timing, the ratio of medians and its interval; the calls see inputs of their own length, with a backward in
+    fwd+bwd."""
+    import torch
+
+    seen = []
+
+    def attention(q, k, v, **kw):
+        seen.append((q.shape[1], torch.is_grad_enabled() and q.requires_grad, kw["backend"], kw["mode"]))
+        return q * 2
+
+    monkeypatch.setattr(bench, "DEV", torch.device("cpu"))
+    monkeypatch.setattr(bench, "dilated_attention", attention)
+    found = bench.auto_at_both_lengths(64, 2, 8, "head_groups", direction, rounds=4)
+    assert set(found) == {"m", "m_plus_5", "ratio", "interval", "rounds"} and found["rounds"] == 4
+    assert len(found["m"]["samples"]) == len(found["m_plus_5"]["samples"]) == 4
+    assert found["interval"][0] <= found["ratio"] <= found["interval"][1]
+    assert found["ratio"] == pytest.approx(found["m_plus_5"]["median"] / found["m"]["median"])
+    assert {(n, grad, backend, mode) for n, grad, backend, mode in seen} == \
+        {(64, direction == "fwd+bwd", "auto", "head_groups"), (69, direction == "fwd+bwd", "auto", "head_groups")}
