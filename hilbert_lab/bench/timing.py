@@ -126,7 +126,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
     the CPU (never do_bench here).
 
     burst_ms: each sample is instead a burst of calls issued back to back for about that long (how many, per
-    variant, from its warm-up calls' time; at least one): on CUDA each call between its own events after an L2
+    variant, from the time of one more call after its warm-up; at least one): on CUDA each call between its own events after an L2
     flush, the host free to run ahead, as Triton's do_bench times (so a round-robin of bursts is do_bench
     interleaved), on the CPU each by perf_counter; the sample is the burst's median per call.
 
