@@ -152,3 +152,16 @@ def test_accumulate_rejects_bad_shapes():
         triton_merge.accumulate(torch.zeros(4, 2), torch.zeros(3), torch.zeros(4, 2), torch.zeros(4))
     with pytest.raises(ValueError, match="contiguous"):
         triton_merge.accumulate(torch.zeros(4, 2, dtype=torch.float64), torch.zeros(4), torch.zeros(4, 2), torch.zeros(4))
+
+
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
+def test_a_merge_over_the_first_part_needs_the_first_part_itself():
+    import torch
+
+    from hilbert_lab.kernels import triton_merge
+
+    outs, lses = torch.zeros(2, 4, 8), torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="over_first=True needs out and lse to be outs\\[0\\] and lses\\[0\\]"):
+        triton_merge.merge_partials(outs, lses, torch.zeros(4, 8), torch.zeros(4), over_first=True)
+    with pytest.raises(ValueError, match="over_first=True"):
+        triton_merge.merge_partials(outs, lses, outs[0], torch.zeros(4), over_first=True)
