@@ -156,10 +156,9 @@ def run_variants(pattern, q, k, v, direction, scale, repeats, variants=VARIANTS)
                 results["floor[fa4]"] = time_function(floor_step, device=DEV, warmup=3, repeats=repeats).as_dict()
             else:  # round by round together: drift and the call before hit them alike
                 group = {**deferred, "floor[fa4]": floor_step}
-                before = dict(GRAPH_REGIONS.counts)
-                timings = time_interleaved(group, device=DEV, warmup=3, rounds=max(6, repeats),
-                                           max_seconds=float("inf"), burst_ms=PAIR_BURST_MS)
-                regions = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
+                timings, regions = regions_while(lambda: time_interleaved(
+                    group, device=DEV, warmup=3, rounds=max(6, repeats), max_seconds=float("inf"),
+                    burst_ms=PAIR_BURST_MS))
                 for name, timing in timings.items():
                     results[name] = {**timing.as_dict(), "interleaved_with": sorted(set(group) - {name})}
                     if name in deferred and any(regions.values()):  # ours' regions over the whole group's calls
@@ -260,14 +259,17 @@ def best(results, prefix):
     return (min(times, key=times.get), min(times.values())) if times else (None, None)
 
 
-def timed_with_regions(time_it):
-    """time_it()'s Timing as a dict, with how ours' graph regions ran while it timed (replayed or eager)."""
+def regions_while(run):
+    """(run(), what ours' graph regions did meanwhile: GRAPH_REGIONS.counts' increments, replayed or eager)."""
     before = dict(GRAPH_REGIONS.counts)
-    result = time_it().as_dict()
-    regions = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
-    if any(regions.values()):
-        result["graph_regions"] = regions
-    return result
+    result = run()
+    return result, {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
+
+
+def timed_with_regions(time_it):
+    """time_it()'s Timing as a dict, with how ours' graph regions ran while it timed (where they ran at all)."""
+    timing, regions = regions_while(time_it)
+    return {**timing.as_dict(), **({"graph_regions": regions} if any(regions.values()) else {})}
 
 
 def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repeats, variants=VARIANTS):

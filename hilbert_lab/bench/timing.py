@@ -126,9 +126,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
     the CPU (never do_bench here).
 
     burst_ms: each sample is instead a burst of calls issued back to back for about that long (how many, per
-    variant, from the time of one more call after its warm-up; at least one): on CUDA each call between its own events after an L2
-    flush, the host free to run ahead, as Triton's do_bench times (so a round-robin of bursts is do_bench
-    interleaved), on the CPU each by perf_counter; the sample is the burst's median per call.
+    variant, from the time of one more call after its warm-up; at least one): on CUDA each call between its own
+    events after an L2 flush, the host free to run ahead, as Triton's do_bench times (so a round-robin of bursts is
+    do_bench interleaved), on the CPU each by perf_counter; the sample is the burst's median per call.
 
     threads: torch's intra-op threads while timing (restored after; None leaves them). Stops after
     max_seconds once every variant has 3 samples (float("inf"): exactly `rounds`).
@@ -177,12 +177,7 @@ def _burst_ms(fn: Callable[[], object], calls: int, cuda: bool, flush: Optional[
     """The median ms per call of `calls` calls of fn issued back to back: on CUDA each between its own events after
     `flush` is overwritten (the host is not waited for between calls), on the CPU each by perf_counter."""
     if not cuda:
-        times = []
-        for _ in range(calls):
-            begin = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - begin) * 1e3)
-        return statistics.median(times)
+        return statistics.median(_one_call_ms(fn, False) for _ in range(calls))
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     stops = [torch.cuda.Event(enable_timing=True) for _ in range(calls)]
     for start, stop in zip(starts, stops):
