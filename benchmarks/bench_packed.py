@@ -16,7 +16,8 @@ gradient) it times, in the same process:
   pack's runs pre-gathered contiguous: no strided views, no rows between runs, no LSE copies, no merge;
   replayed from a CUDA graph (bench.timing.graphed): its kernels with no host time;
 and prints loop/ours (target >= 6x) and ours/floor (target <= 1.25x), with each of ours' relative
-error against the loop; on a GPU also the profiler's kernel time of ours[auto] and of the floor
+error against the loop; ours[auto] and the floor are also timed together round by round (`interleaved`: bursts of
+about 25 ms timed as do_bench, the ratio with its 95% interval over the paired rounds), as are GQA and MHA below; on a GPU also the profiler's kernel time of ours[auto] and of the floor
 (bench.kernel_profile: the floor is at the kernel when its wall time is within a few % of it). GQA:
 ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and peak CUDA memory above the
 inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
@@ -48,11 +49,24 @@ from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
 from hilbert_lab.io import strip_paths  # noqa: E402
-from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
+from hilbert_lab.bench.stats import ratio_ci  # noqa: E402
+from hilbert_lab.bench.timing import graphed, time_function, time_interleaved  # noqa: E402
 
 
 NO_GRAPHS = "ours[auto,no-graphs]"
 FLOOR = "floor[fa4-varlen]"
+PAIR_BURST_MS = 25.0  # the interleaved pairs: each round's sample a burst this long, timed as do_bench
+
+
+def interleaved_pair(steps: dict, device, rounds: int) -> dict:
+    """The two steps of `steps` ({name: step}) timed round by round together (bench.timing.time_interleaved, bursts
+    of PAIR_BURST_MS): each one's Timing and first / second with its 95% interval over the paired rounds."""
+    (first, a), (second, b) = steps.items()
+    timings = time_interleaved({first: a, second: b}, device=device, warmup=2, rounds=rounds,
+                               max_seconds=float("inf"), burst_ms=PAIR_BURST_MS)
+    ratio, low, high = ratio_ci(timings[first].samples, timings[second].samples)
+    return {first: timings[first].as_dict(), second: timings[second].as_dict(), "ratio": ratio,
+            "interval": [low, high], "of": f"{first} / {second}", "rounds": rounds}
 
 
 def document_bounds(tokens: int, documents: int, seed: int = 0) -> list[int]:
@@ -214,8 +228,12 @@ def run(args) -> dict:
                 floor_step, calls = varlen_floor(pattern, q, k, v, bounds, scale)
                 steps[FLOOR] = lambda: floor_step(direction == "fwd+bwd")
                 cell["floor_calls"] = calls
-                cell["times_ms"][FLOOR] = time_function(
-                    graphed(steps[FLOOR], device=device), device=device, warmup=2, repeats=args.repeats).as_dict()
+                floor_graph = graphed(steps[FLOOR], device=device)
+                cell["times_ms"][FLOOR] = time_function(floor_graph, device=device, warmup=2,
+                                                        repeats=args.repeats).as_dict()
+                # the target's ratio from both timed together, round by round (drift hits both alike)
+                cell["interleaved"] = interleaved_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
+                                                       device, max(6, args.repeats))
             except Exception as error:
                 cell["times_ms"][FLOOR] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
@@ -227,9 +245,11 @@ def run(args) -> dict:
                     cell["kernels"][name] = failed(error)
         result["cells"][direction] = cell
     gqa: dict = {}
+    gqa_steps = {}
     for label, kv_heads in (("mha", args.heads), ("gqa", args.heads // 4)):
         q, k, v = make_inputs(args, kv_heads, device, dtype, False)
         fn = ours(pattern, "auto", cu)
+        gqa_steps[label] = step_of(fn, q, k, v, grad, "fwd+bwd")
         row = {"kv_heads": kv_heads, "kv_bytes": 2 * k.numel() * k.element_size(),
                "fwd+bwd": timed(fn, q, k, v, grad, "fwd+bwd", device, args.repeats)}
         if cuda:
@@ -243,6 +263,8 @@ def run(args) -> dict:
             except Exception as error:
                 row[FLOOR] = failed(error)
         gqa[label] = row
+    gqa["interleaved"] = interleaved_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device,
+                                          max(6, args.repeats))
     result["gqa"] = gqa
     result["graph_regions"] = dict(GRAPH_REGIONS.counts)
     return result
@@ -276,6 +298,10 @@ def report(result) -> None:
                 if floor:
                     line += f", ours/floor {time / floor:.3f} (target <= 1.25)"
                 print(line)
+        pair = cell.get("interleaved")
+        if pair:
+            print(f"  interleaved {pair['of']}: {pair['ratio']:.3f} [{pair['interval'][0]:.3f}, "
+                  f"{pair['interval'][1]:.3f}] over {pair['rounds']} rounds (target <= 1.25)")
         for name, profile in cell.get("kernels", {}).items():
             if "ms_total" in profile and median(cell, name):
                 print(f"  {name}: kernels {profile['ms_total']:.3f} ms, wall/kernels "
@@ -288,6 +314,9 @@ def report(result) -> None:
           f"{gqa['mha']['kv_bytes']}"
           + (f"; peak above inputs {peaks[0] / 2**20:.1f} MiB vs {peaks[1] / 2**20:.1f} MiB"
              if None not in peaks else ""))
+    pair = gqa["interleaved"]
+    print(f"GQA fwd+bwd ours[auto], interleaved {pair['of']}: {pair['ratio']:.3f} [{pair['interval'][0]:.3f}, "
+          f"{pair['interval'][1]:.3f}] over {pair['rounds']} rounds")
     floors = [gqa[label].get(FLOOR, {}).get("median") for label in ("gqa", "mha")]
     if None not in floors:
         print(f"GQA fwd+bwd {FLOOR}: {floors[0]:.3f} ms vs MHA {floors[1]:.3f} ms "
