@@ -261,9 +261,9 @@ def best(results, prefix):
 
 def regions_while(run):
     """(run(), what ours' graph regions did meanwhile: GRAPH_REGIONS.counts' increments, replayed or eager)."""
-    before = dict(GRAPH_REGIONS.counts)
-    result = run()
-    return result, {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
+    with GRAPH_REGIONS.counting() as done:
+        result = run()
+    return result, done
 
 
 def timed_with_regions(time_it):

@@ -213,10 +213,9 @@ def run(args) -> dict:
                     if name.startswith("ours"):
                         with torch.no_grad():
                             cell["errors"][name] = rel(fn(q, k, v), expected)
-                    before = dict(GRAPH_REGIONS.counts)
-                    cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
                     # how its regions ran while it was timed: replayed, or eager (outside or refused)
-                    cell["graph_regions"][name] = {kind: GRAPH_REGIONS.counts[kind] - before[kind] for kind in before}
+                    with GRAPH_REGIONS.counting() as cell["graph_regions"][name]:
+                        cell["times_ms"][name] = timed(fn, q, k, v, grad, direction, device, args.repeats)
                     if name.startswith("ours"):  # again after the timing: the path a steady loop runs (replays)
                         with torch.no_grad():
                             cell["errors_after_timing"][name] = rel(fn(q, k, v), expected)

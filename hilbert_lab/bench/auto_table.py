@@ -192,10 +192,10 @@ def _tallied(call: Callable[[], object], tally: dict[str, int]) -> Callable[[], 
     two names of one executor can time apart where one replays its graphs and the other keeps meeting new tensor
     addresses (eager runs and captures)."""
     def run():
-        before = dict(GRAPH_REGIONS.counts)
-        result = call()
-        for key, count in GRAPH_REGIONS.counts.items():
-            tally[key] += count - before.get(key, 0)
+        with GRAPH_REGIONS.counting() as done:
+            result = call()
+        for kind, count in done.items():
+            tally[kind] += count
         return result
 
     return run

@@ -32,10 +32,11 @@ records no autograd history (it is captured under `torch.no_grad`).
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Iterable, Optional
+from typing import Any, Callable, Hashable, Iterable, Iterator, Optional
 
 import torch
 
@@ -87,6 +88,17 @@ class GraphRegions:
         self.reasons: dict[tuple, str] = {}
         self.counts = {"eager": 0, "captured": 0, "replayed": 0, "refused": 0}
         self._pools: dict[tuple[int, int], Any] = {}
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[dict[str, int]]:
+        """`with regions.counting() as done:` -> `done` holds, once the block ends, what the regions did inside it
+        (`counts`' increments: eager, captured, replayed, refused)."""
+        before = dict(self.counts)
+        done = dict.fromkeys(self.counts, 0)
+        try:
+            yield done
+        finally:
+            done.update({kind: count - before.get(kind, 0) for kind, count in self.counts.items()})
 
     def clear(self) -> None:
         """Drop every graph (and the memory their temporaries held) and forget every key."""

@@ -185,6 +185,18 @@ def test_the_policy_eager_twice_then_captured_then_replayed(fake_cuda):
     assert regions.counts == {"eager": 2, "captured": 1, "replayed": 2, "refused": 0}
 
 
+def test_counting_gives_what_the_regions_did_inside_the_block_alone(fake_cuda):
+    regions = fake_cuda.GraphRegions()
+    a, out = torch.randn(5), torch.empty(5)
+    regions.run(("r",), (a, out), _recorded(a, out, 2.0))  # before the block: eager once
+    with regions.counting() as done:
+        assert done == {"eager": 0, "captured": 0, "replayed": 0, "refused": 0}
+        for _ in range(4):
+            regions.run(("r",), (a, out), _recorded(a, out, 2.0))
+    assert done == {"eager": 1, "captured": 1, "replayed": 2, "refused": 0}
+    assert regions.counts == {"eager": 2, "captured": 1, "replayed": 2, "refused": 0}
+
+
 def test_a_region_that_synchronizes_on_its_second_run_is_never_captured(fake_cuda):
     regions = fake_cuda.GraphRegions()
     a, out = torch.randn(5), torch.empty(5)
