@@ -16,8 +16,9 @@ gradient) it times, in the same process:
   pack's runs pre-gathered contiguous: no strided views, no rows between runs, no LSE copies, no merge;
   replayed from a CUDA graph (bench.timing.graphed): its kernels with no host time;
 and prints loop/ours (target >= 6x) and ours/floor (target <= 1.25x), with each of ours' relative
-error against the loop; ours[auto] and the floor are also timed together round by round (`interleaved`: bursts of
-about 25 ms timed as do_bench, the ratio with its 95% interval over the paired rounds), as are GQA and MHA below; on a GPU also the profiler's kernel time of ours[auto] and of the floor
+error against the loop; ours[auto] and the floor are also timed together round by round (`interleaved`: bursts
+of about 25 ms timed as do_bench, the ratio with its 95% interval over the paired rounds), as are GQA and MHA
+below; on a GPU also the profiler's kernel time of ours[auto] and of the floor
 (bench.kernel_profile: the floor is at the kernel when its wall time is within a few % of it). GQA:
 ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and peak CUDA memory above the
 inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
@@ -230,11 +231,14 @@ def run(args) -> dict:
                 floor_graph = graphed(steps[FLOOR], device=device)
                 cell["times_ms"][FLOOR] = time_function(floor_graph, device=device, warmup=2,
                                                         repeats=args.repeats).as_dict()
-                # the target's ratio from both timed together, round by round (drift hits both alike)
-                cell["interleaved"] = interleaved_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
-                                                       device, max(6, args.repeats))
             except Exception as error:
                 cell["times_ms"][FLOOR] = failed(error)
+            else:  # the target's ratio from both timed together, round by round (drift hits both alike)
+                try:
+                    cell["interleaved"] = interleaved_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
+                                                           device, max(6, args.repeats))
+                except Exception as error:
+                    cell["interleaved"] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
             cell["kernels"] = {}
             for name, step in steps.items():
@@ -262,11 +266,22 @@ def run(args) -> dict:
             except Exception as error:
                 row[FLOOR] = failed(error)
         gqa[label] = row
-    gqa["interleaved"] = interleaved_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device,
-                                          max(6, args.repeats))
+    try:
+        gqa["interleaved"] = interleaved_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device,
+                                              max(6, args.repeats))
+    except Exception as error:
+        gqa["interleaved"] = failed(error)
     result["gqa"] = gqa
     result["graph_regions"] = dict(GRAPH_REGIONS.counts)
     return result
+
+
+def pair_text(pair: dict) -> str:
+    """An interleaved pair's ratio and interval, or why it could not be timed."""
+    if "error" in pair:
+        return f"not timed: {pair['error']}"
+    return (f"{pair['of']}: {pair['ratio']:.3f} [{pair['interval'][0]:.3f}, {pair['interval'][1]:.3f}] "
+            f"over {pair['rounds']} rounds")
 
 
 def median(cell, name):
@@ -297,10 +312,8 @@ def report(result) -> None:
                 if floor:
                     line += f", ours/floor {time / floor:.3f} (target <= 1.25)"
                 print(line)
-        pair = cell.get("interleaved")
-        if pair:
-            print(f"  interleaved {pair['of']}: {pair['ratio']:.3f} [{pair['interval'][0]:.3f}, "
-                  f"{pair['interval'][1]:.3f}] over {pair['rounds']} rounds (target <= 1.25)")
+        if "interleaved" in cell:
+            print(f"  interleaved {pair_text(cell['interleaved'])} (target <= 1.25)")
         for name, profile in cell.get("kernels", {}).items():
             if "ms_total" in profile and median(cell, name):
                 print(f"  {name}: kernels {profile['ms_total']:.3f} ms, wall/kernels "
@@ -313,9 +326,7 @@ def report(result) -> None:
           f"{gqa['mha']['kv_bytes']}"
           + (f"; peak above inputs {peaks[0] / 2**20:.1f} MiB vs {peaks[1] / 2**20:.1f} MiB"
              if None not in peaks else ""))
-    pair = gqa["interleaved"]
-    print(f"GQA fwd+bwd ours[auto], interleaved {pair['of']}: {pair['ratio']:.3f} [{pair['interval'][0]:.3f}, "
-          f"{pair['interval'][1]:.3f}] over {pair['rounds']} rounds")
+    print(f"GQA fwd+bwd ours[auto], interleaved {pair_text(gqa['interleaved'])}")
     floors = [gqa[label].get(FLOOR, {}).get("median") for label in ("gqa", "mha")]
     if None not in floors:
         print(f"GQA fwd+bwd {FLOOR}: {floors[0]:.3f} ms vs MHA {floors[1]:.3f} ms "

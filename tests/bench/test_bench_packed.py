@@ -35,3 +35,10 @@ def test_cpu_run_matches_the_loop_and_pairs_report_their_own_ratio():
     assert pair["ratio"] == pytest.approx(ratio)
     assert pair["interval"][0] <= pair["ratio"] <= pair["interval"][1]
     assert result["gqa"]["gqa"]["kv_bytes"] * 4 == result["gqa"]["mha"]["kv_bytes"]
+
+
+def test_a_pair_that_could_not_be_timed_is_reported_with_why():
+    script = _script()
+    assert script.pair_text({"error": "RuntimeError: out of memory"}) == "not timed: RuntimeError: out of memory"
+    pair = {"of": "gqa / mha", "ratio": 0.912, "interval": [0.9, 0.93], "rounds": 10}
+    assert script.pair_text(pair) == "gqa / mha: 0.912 [0.900, 0.930] over 10 rounds"
