@@ -254,7 +254,7 @@ def run(args) -> dict:
         fn = ours(pattern, "auto", cu)
         gqa_steps[label] = step_of(fn, q, k, v, grad, "fwd+bwd")
         row = {"kv_heads": kv_heads, "kv_bytes": 2 * k.numel() * k.element_size(),
-               "fwd+bwd": timed(fn, q, k, v, grad, "fwd+bwd", device, args.repeats)}
+               "fwd+bwd": time_function(gqa_steps[label], device=device, warmup=2, repeats=args.repeats).as_dict()}
         if cuda:
             with graph_regions(False):  # eager: its temporaries are what a graph region's pool keeps
                 row["peak_bytes"] = peak_bytes(fn, q, k, v, grad, device)
