@@ -64,8 +64,7 @@ from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
-from hilbert_lab.bench.stats import ratio_ci  # noqa: E402
-from hilbert_lab.bench.timing import graphed, time_function, time_interleaved  # noqa: E402
+from hilbert_lab.bench.timing import PAIR_BURST_MS, graphed, time_function, time_interleaved, time_pair  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
 LONGEST = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8])
@@ -75,7 +74,6 @@ DEV = torch.device("cuda")
 # what a cell may time (--variants): auto; each executor auto can pick, by name; auto with ordering="hilbert"; the
 # torchscale-style and strided compositions; the floors (FlashAttention-4 in place, cuDNN and flash on gathered blocks)
 VARIANTS = ("auto", "executors", "hilbert", "compositions", "floors")
-PAIR_BURST_MS = 25.0  # auto, its hilbert ordering and the FlashAttention-4 floor: each round's sample a burst this long
 
 
 def inputs(batch, seq_len, heads, head_dim, seed=0, requires_grad=False):
@@ -347,7 +345,7 @@ def ragged_pair(m, heads, head_dim, mode, direction, repeats, variants=VARIANTS)
 
 def auto_at_both_lengths(m, heads, head_dim, mode, direction, rounds) -> dict:
     """auto on the causal RAGGED pattern at N = m and m + 5 (B 1), timed round by round together in bursts timed as
-    do_bench (PAIR_BURST_MS): each length's Timing and (m + 5) / m with its 95% interval (paired rounds)."""
+    do_bench (bench.timing.time_pair): each length's Timing and (m + 5) / m with its 95% interval (paired rounds)."""
     pattern = DilatedPattern.create(RAGGED["segment_lengths"], RAGGED["dilation_rates"], mode=mode, causal=True)
     steps = {}
     for n in (m, m + 5):
@@ -363,11 +361,9 @@ def auto_at_both_lengths(m, heads, head_dim, mode, direction, rounds) -> dict:
                     for t in (q, k, v):
                         t.grad = None
         steps[str(n)] = step
-    timings = time_interleaved(steps, device=DEV, warmup=3, rounds=rounds, max_seconds=float("inf"),
-                               burst_ms=PAIR_BURST_MS)
-    at_m, at_m5 = timings[str(m)], timings[str(m + 5)]
-    ratio, low, high = ratio_ci(at_m5.samples, at_m.samples)
-    return dict(m=at_m.as_dict(), m_plus_5=at_m5.as_dict(), ratio=ratio, interval=[low, high], rounds=rounds)
+    pair = time_pair({str(m + 5): steps[str(m + 5)], str(m): steps[str(m)]}, device=DEV, rounds=rounds, warmup=3)
+    return dict(m=pair[str(m)], m_plus_5=pair[str(m + 5)], ratio=pair["ratio"], interval=pair["interval"],
+                rounds=rounds)
 
 
 def fmt(row):

@@ -16,9 +16,9 @@ gradient) it times, in the same process:
   pack's runs pre-gathered contiguous: no strided views, no rows between runs, no LSE copies, no merge;
   replayed from a CUDA graph (bench.timing.graphed): its kernels with no host time;
 and prints loop/ours (target >= 6x) and ours/floor (target <= 1.25x), with each of ours' relative
-error against the loop; ours[auto] and the floor are also timed together round by round (`interleaved`: bursts
-of about 25 ms timed as do_bench, the ratio with its 95% interval over the paired rounds), as are GQA and MHA
-below; on a GPU also the profiler's kernel time of ours[auto] and of the floor
+error against the loop; ours[auto] and the floor are also timed together round by round (`interleaved`,
+bench.timing.time_pair: bursts of about 25 ms timed as do_bench, the ratio with its 95% interval over the paired
+rounds), as are GQA and MHA below; on a GPU also the profiler's kernel time of ours[auto] and of the floor
 (bench.kernel_profile: the floor is at the kernel when its wall time is within a few % of it). GQA:
 ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and peak CUDA memory above the
 inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
@@ -50,24 +50,11 @@ from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
 from hilbert_lab.io import strip_paths  # noqa: E402
-from hilbert_lab.bench.stats import ratio_ci  # noqa: E402
-from hilbert_lab.bench.timing import graphed, time_function, time_interleaved  # noqa: E402
+from hilbert_lab.bench.timing import graphed, time_function, time_pair  # noqa: E402
 
 
 NO_GRAPHS = "ours[auto,no-graphs]"
 FLOOR = "floor[fa4-varlen]"
-PAIR_BURST_MS = 25.0  # the interleaved pairs: each round's sample a burst this long, timed as do_bench
-
-
-def interleaved_pair(steps: dict, device, rounds: int) -> dict:
-    """The two steps of `steps` ({name: step}) timed round by round together (bench.timing.time_interleaved, bursts
-    of PAIR_BURST_MS): each one's Timing and first / second with its 95% interval over the paired rounds."""
-    (first, a), (second, b) = steps.items()
-    timings = time_interleaved({first: a, second: b}, device=device, warmup=2, rounds=rounds,
-                               max_seconds=float("inf"), burst_ms=PAIR_BURST_MS)
-    ratio, low, high = ratio_ci(timings[first].samples, timings[second].samples)
-    return {first: timings[first].as_dict(), second: timings[second].as_dict(), "ratio": ratio,
-            "interval": [low, high], "of": f"{first} / {second}", "rounds": rounds}
 
 
 def document_bounds(tokens: int, documents: int, seed: int = 0) -> list[int]:
@@ -235,8 +222,8 @@ def run(args) -> dict:
                 cell["times_ms"][FLOOR] = failed(error)
             else:  # the target's ratio from both timed together, round by round (drift hits both alike)
                 try:
-                    cell["interleaved"] = interleaved_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
-                                                           device, max(6, args.repeats))
+                    cell["interleaved"] = time_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
+                                                    device=device, rounds=max(6, args.repeats))
                 except Exception as error:
                     cell["interleaved"] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
@@ -267,8 +254,8 @@ def run(args) -> dict:
                 row[FLOOR] = failed(error)
         gqa[label] = row
     try:
-        gqa["interleaved"] = interleaved_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device,
-                                              max(6, args.repeats))
+        gqa["interleaved"] = time_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device=device,
+                                       rounds=max(6, args.repeats))
     except Exception as error:
         gqa["interleaved"] = failed(error)
     result["gqa"] = gqa

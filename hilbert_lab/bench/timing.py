@@ -4,7 +4,8 @@
 (back-to-back calls after an L2 flush, CUDA events), else `repeats` calls after a warm-up, each synchronised (CUDA
 events) or timed with perf_counter (CPU), with every sample kept. `time_interleaved({name: fn})` times variants
 round-robin in one process (A/B comparisons; the samples feed `bench.stats`), one call per sample or, with
-`burst_ms`, a burst timed as do_bench times. `graphed(fn, device=...)` replays fn
+`burst_ms`, a burst timed as do_bench times; `time_pair({a: fa, b: fb})` does that for two and gives a / b with its
+interval. `graphed(fn, device=...)` replays fn
 from a CUDA graph: timing that gives its kernels alone (a floor at the kernel carries no host time). Never time on
 zeros and rotate inputs that fit in cache: that is the caller's job.
 """
@@ -19,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Optional
 
 import torch
+
+from hilbert_lab.bench.stats import ratio_ci
 
 try:
     from triton.testing import do_bench as _do_bench
@@ -168,6 +171,23 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
         torch.set_num_threads(previous)
     return {name: summarize(values) for name, values in samples.items()}
 
+
+PAIR_BURST_MS = 25.0  # time_pair's default burst: long enough that host time to issue the calls hides behind them
+
+
+def time_pair(fns: dict[str, Callable[[], object]], *, device: Optional[torch.device | str] = None, rounds: int = 10,
+              warmup: int = 2, burst_ms: float = PAIR_BURST_MS) -> dict:
+    """Two variants ({first: fn, second: fn}) timed round by round together (`time_interleaved`, bursts of burst_ms,
+    exactly `rounds`): {first: Timing dict, second: Timing dict, "ratio": first / second, "interval": its 95% interval
+    over the paired rounds, "of": "first / second", "rounds"}."""
+    if len(fns) != 2:
+        raise ValueError(f"fns must name two variants, got {list(fns)}")
+    (first, _), (second, _) = fns.items()
+    timings = time_interleaved(fns, device=device, warmup=warmup, rounds=rounds, max_seconds=float("inf"),
+                               burst_ms=burst_ms)
+    ratio, low, high = ratio_ci(timings[first].samples, timings[second].samples)
+    return {first: timings[first].as_dict(), second: timings[second].as_dict(), "ratio": ratio,
+            "interval": [low, high], "of": f"{first} / {second}", "rounds": rounds}
 
 L2_FLUSH_BYTES = 256 << 20  # what a burst's calls each overwrite first (as Triton's do_bench), beyond any L2
 MAX_BURST_CALLS = 1000

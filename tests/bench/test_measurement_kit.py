@@ -9,7 +9,7 @@ import torch
 from hilbert_lab.attention import DilatedPattern, cached_plan, dilated_attention
 from hilbert_lab.bench import anchors
 from hilbert_lab.bench.flops import attention_flops, useful_pairs
-from hilbert_lab.bench.timing import graphed, round_orders, summarize, time_function, time_interleaved
+from hilbert_lab.bench.timing import graphed, round_orders, summarize, time_function, time_interleaved, time_pair
 
 
 def test_summarize_orders_and_picks_percentiles():
@@ -72,6 +72,18 @@ def test_time_interleaved_bursts_size_each_variant_from_its_warm_call():
     with pytest.raises(ValueError, match="burst_ms"):
         time_interleaved({"a": lambda: None}, burst_ms=0)
 
+
+def test_time_pair_gives_first_over_second_from_the_paired_rounds():
+    """Two sleeps of 4 and 2 ms timed together: the ratio is the first's time over the second's (about 2), inside
+    its interval, over exactly the asked rounds; anything but two variants is refused."""
+    import time
+
+    pair = time_pair({"slow": lambda: time.sleep(0.004), "fast": lambda: time.sleep(0.002)}, rounds=4, warmup=0,
+                     burst_ms=10.0)
+    assert pair["of"] == "slow / fast" and pair["rounds"] == 4 and len(pair["slow"]["samples"]) == 4
+    assert 1.5 < pair["ratio"] < 2.5 and pair["interval"][0] <= pair["ratio"] <= pair["interval"][1]
+    with pytest.raises(ValueError, match="two variants"):
+        time_pair({"a": lambda: None})
 
 def test_useful_pairs_count_the_pattern_by_brute_force():
     pattern = DilatedPattern.create([8, 16], [1, 2], mode="longnet", causal=True)
