@@ -12,30 +12,35 @@ import torch
 
 from hilbert_lab.kernels.triton_support import HAVE_TRITON, require_triton, tl, triton
 
-__all__ = ["FILL_DTYPES", "fill_unselected", "head_table"]
+__all__ = ["FILL_DTYPES", "ROWS_PER_PROGRAM", "fill_unselected", "head_table"]
 
 FILL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_TILE = 4096  # elements of one program: rows x heads x head dim, the last two as powers of two
+ROWS_PER_PROGRAM = 64  # positions one program takes for one head
 _TABLES: dict[tuple, torch.Tensor] = {}  # (rows, device) -> int32 table; never dropped (a CUDA graph may read one)
 
 if HAVE_TRITON:
 
     @triton.jit
-    def _fill_kernel(x, table, count, length, s_b, s_n, s_h, heads, dim, value, BR: tl.constexpr, BH: tl.constexpr,
+    def _fill_kernel(x, table, count, length, s_b, s_n, s_h, dim, value, WIDE: tl.constexpr, BR: tl.constexpr,
                      BD: tl.constexpr):
-        i = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+        h = tl.program_id(1)
+        w = tl.load(table + h * 3)
+        r = tl.load(table + h * 3 + 1)
+        o = tl.load(table + h * 3 + 2)
+        if (r == 1) & (o == 0):  # the head selects every position: nothing to write
+            return
+        i = tl.program_id(0) * BR + tl.arange(0, BR)
+        if WIDE:  # positions past 2^31 - 1
+            i = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+            w = w.to(tl.int64)
+            r = r.to(tl.int64)
+            o = o.to(tl.int64)
         b = i // length
         p = i % length
-        h = tl.arange(0, BH)
         d = tl.arange(0, BD)
-        in_heads = h < heads
-        w = tl.load(table + h * 3, mask=in_heads, other=1).to(tl.int64)
-        r = tl.load(table + h * 3 + 1, mask=in_heads, other=1).to(tl.int64)
-        o = tl.load(table + h * 3 + 2, mask=in_heads, other=0).to(tl.int64)
-        unselected = (p[:, None] % w[None, :]) % r[None, :] != o[None, :]  # (BR, BH)
-        mask = (i < count)[:, None, None] & (unselected & in_heads[None, :])[:, :, None] & (d < dim)[None, None, :]
-        at = x + (b * s_b + p * s_n)[:, None, None] + h[None, :, None] * s_h + d[None, None, :]
-        fill = tl.zeros((BR, BH, BD), dtype=tl.float32) + value
+        mask = ((i < count) & ((p % w) % r != o))[:, None] & (d < dim)[None, :]
+        at = x + (b.to(tl.int64) * s_b + p.to(tl.int64) * s_n + h.to(tl.int64) * s_h)[:, None] + d[None, :]
+        fill = tl.zeros((BR, BD), dtype=tl.float32) + value
         tl.store(at, fill.to(x.dtype.element_ty), mask=mask)
 
 
@@ -63,10 +68,10 @@ def fill_unselected(x: torch.Tensor, heads: torch.Tensor, value: float = 0.0) ->
     count = batch * length
     if count == 0 or num_heads == 0 or dim == 0:
         return x
-    block_h = triton.next_power_of_2(num_heads)
     block_d = triton.next_power_of_2(dim)
-    block_r = max(1, _TILE // (block_h * block_d))
-    _fill_kernel[(triton.cdiv(count, block_r),)](x, heads, count, length, x.stride(0), x.stride(1), x.stride(2),
-                                                 num_heads, dim, float(value), BR=block_r, BH=block_h, BD=block_d,
-                                                 num_warps=4)
+    block_r = max(1, min(ROWS_PER_PROGRAM, 16384 // block_d))
+    _fill_kernel[(triton.cdiv(count, block_r), num_heads)](x, heads, count, length, x.stride(0), x.stride(1),
+                                                           x.stride(2), dim, float(value),
+                                                           WIDE=count + block_r >= 2**31, BR=block_r, BD=block_d,
+                                                           num_warps=4)
     return x
