@@ -18,6 +18,7 @@ from hilbert_lab.attention.executors.base import Executor, Grads, Merged, Slots,
 from hilbert_lab.attention.merge import merge_slots
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.target import device_facts
+from hilbert_lab.kernels.beside import Beside
 
 
 class PartExecutor(Protocol):
@@ -111,8 +112,10 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
 
     need_lse = need_lse or job.num_slots > 1  # several slots merge by LSE
 
-    def prepare() -> None:
-        if clear is not None:
+    def prepare(beside: Optional[Beside] = None) -> None:
+        if clear is first.clear and clear is not None:  # the plan's fill of exactly the entries no call writes
+            clear(outs[0], beside=beside)
+        elif clear is not None:
             clear(outs[0])
         if need_lse:  # else no one reads them (the result's LSE is not wanted)
             lses.fill_(float("-inf"))

@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 from hilbert_lab.attention.pattern import DilatedPattern, is_selected
+from hilbert_lab.kernels.beside import Beside
 from hilbert_lab.kernels.triton_fill import FILL_DTYPES, fill_unselected, head_table
 from hilbert_lab.kernels.triton_support import runs_on
 
@@ -166,16 +167,21 @@ class Plan:
         (the global heads' offsets for a plan of a run of heads)."""
         return local_offsets(self.pattern, self.num_heads, self.global_heads)
 
-    def clear_unselected(self, x: torch.Tensor, value: float = 0.0) -> torch.Tensor:
+    def clear_unselected(self, x: torch.Tensor, value: float = 0.0, *,
+                         beside: Optional[Beside] = None) -> torch.Tensor:
         """Fill at least the entries of x (B, N, H, *rest) that no block writes with `value` and return x.
         Where the plan knows them (`unselected`: per head (w, r, o), the positions p with (p % w) % r != o), one
-        Triton launch writes exactly those where it runs (kernels.triton_fill); elsewhere the heads with any such
-        position are filled whole (the blocks write theirs afterwards). Else all of x."""
+        Triton launch writes exactly those where it runs (kernels.triton_fill), `beside` the blocks' calls where
+        given (kernels.beside: its caller joins it before reading x); elsewhere the heads with any such position are
+        filled whole (the blocks write theirs afterwards). Else all of x."""
         if self.unselected is None:
             return x.fill_(value)
         if runs_on(x.device) and x.dim() == 4 and x.shape[2] == len(self.unselected) and x.stride(-1) == 1 \
                 and x.dtype in FILL_DTYPES:
-            return fill_unselected(x, head_table(self.unselected, x.device), value)
+            table = head_table(self.unselected, x.device)
+            if beside is not None:
+                return beside.run(fill_unselected, x, table, value)
+            return fill_unselected(x, table, value)
         for heads in _cleared_head_runs(self.unselected):
             x[:, :, heads].fill_(value)
         return x

@@ -11,6 +11,7 @@ from hilbert_lab.attention.executors import get_executor
 from hilbert_lab.attention.executors.base import Grads, Slots
 from hilbert_lab.attention.reference import reference_attention
 from hilbert_lab.attention.pattern import DilatedPattern
+from hilbert_lab.kernels.beside import Beside
 
 from ._oracle import max_diff
 
@@ -40,7 +41,9 @@ def test_slots_hand_their_initialisation_over_once():
     assert ran == [1]
 
 
-def _zero_even_rows(x: torch.Tensor) -> torch.Tensor:
+def _zero_even_rows(x: torch.Tensor, beside=None) -> torch.Tensor:
+    if beside is not None:
+        return beside.run(_zero_even_rows, x)
     x[:, ::2].zero_()
     return x
 
@@ -61,6 +64,21 @@ def test_allocated_totals_are_zeroed_only_when_the_returned_function_runs(clear)
         expected[:, 1::2] = 5.0
     assert all(torch.equal(total, expected) for total in totals)
     assert all(result is total for result, total in zip(grads.results(), totals))
+
+
+def test_the_plans_clear_runs_beside_the_calls_where_the_caller_gives_a_side():
+    seen = []
+
+    def clear(x: torch.Tensor, beside=None) -> torch.Tensor:
+        seen.append(beside)
+        return x
+
+    like = tuple(torch.ones(1, 4, 2, 3, dtype=torch.float64) for _ in range(3))
+    side = Beside(torch.device("cpu"))
+    Grads(like, accumulate=False, dtype=torch.float64, clear=clear).allocate()(side)
+    assert seen == [side, side, side]
+    Grads(like, accumulate=True, dtype=torch.float64, clear=clear).allocate()(side)  # added shares: whole zeros
+    assert seen == [side, side, side]
 
 
 @pytest.mark.parametrize("executor", ["sdpa", "manual", "reference"])

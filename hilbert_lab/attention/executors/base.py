@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hilbert_lab.kernels.beside import Beside
 from hilbert_lab.kernels.triton_rows import ROW_DTYPES, add_views
 from hilbert_lab.kernels.triton_support import runs_on
 
@@ -33,7 +34,7 @@ class BackendUnavailableError(ImportError, ValueError):
     """An executor cannot run here (missing package, device or dtype); catchable as either base."""
 
 
-def _nothing() -> None:
+def _nothing(beside: Optional[Beside] = None) -> None:
     return None
 
 
@@ -103,16 +104,17 @@ class Slots:
     """Where executors write partial results: outs (P, B, Nq, H, D) and lses (P, B, Nq, H) (token-major like
     the outputs; -inf where a slot holds nothing), slot_of[branch] the slot of each branch, need_lse
     whether the LSE is wanted (without a merge an executor may then leave it unwritten, and no -inf is filled in).
-    prepare: what still initialises them (zeros where no call writes an output, -inf LSEs where the LSE is wanted)
-    before the first write; `take_prepare` hands it over once."""
+    prepare(beside=None): what still initialises them (zeros where no call writes an output, -inf LSEs where the LSE
+    is wanted) before the first write; the zeros of exactly the entries no call writes may go `beside` the calls
+    (kernels.beside); `take_prepare` hands it over once."""
 
     outs: torch.Tensor
     lses: torch.Tensor
     slot_of: dict[int, int]
     need_lse: bool = True
-    prepare: Optional[Callable[[], None]] = None
+    prepare: Optional[Callable[..., None]] = None
 
-    def take_prepare(self) -> Callable[[], None]:
+    def take_prepare(self) -> Callable[..., None]:
         """The pending initialisation, for the caller to run before its first write (an executor declaring
         `prepares_slots` runs it inside its captured region, where its launches cost no host time); taken on the
         host at every call, so a replayed region that holds it leaves nothing pending. Later takes get a no-op."""
@@ -169,7 +171,8 @@ class Grads:
                  dtype: torch.dtype, written: bool = False, first_branch: Optional[int] = None,
                  clear: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
         self.like, self.accumulate, self.dtype, self.written = like, accumulate, dtype, written
-        self.clear = clear  # zeroes the entries no share writes (plan.clear_unselected), for owned totals
+        # zeroes the entries no share writes (plan.clear_unselected: clear(x, beside=None)), for owned totals
+        self.clear = clear
         self.first_branch = first_branch if accumulate else None
         self._totals: list[Optional[torch.Tensor]] = [None, None, None]
 
@@ -191,10 +194,11 @@ class Grads:
             self._totals[index] = total if clear is None else clear(total)
         return self._totals[index]
 
-    def allocate(self) -> Callable[[], None]:
+    def allocate(self) -> Callable[..., None]:
         """Allocate the totals not yet allocated, leaving their zeroing to the returned function: a caller runs it
         before any share is stored, inside the region its calls are captured in (executors.kernel.run_plan_graph),
-        where its launches cost no host time."""
+        where its launches cost no host time. Called with `beside` (kernels.beside), the plan's fills of exactly the
+        entries no share writes run beside the calls that store the shares (the caller joins it)."""
         pending = []
         for index in range(3):
             if self._totals[index] is None:
@@ -202,9 +206,12 @@ class Grads:
                 if clear is not None:
                     pending.append((clear, self._totals[index]))
 
-        def clear_pending() -> None:
+        def clear_pending(beside: Optional[Beside] = None) -> None:
             for clear, total in pending:
-                clear(total)
+                if clear is self.clear:
+                    clear(total, beside=beside)
+                else:
+                    clear(total)
 
         return clear_pending
 

@@ -25,6 +25,7 @@ from hilbert_lab.attention.executors.small_blocks import small_backward, small_f
 from hilbert_lab.attention.executors.varlen import VarlenKernel, packed_backward, packed_forward, packs_for
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.views import KEY, QUERY, plan_units, plan_views
+from hilbert_lab.kernels.beside import Beside
 
 
 def _readable(x: torch.Tensor, in_place: bool) -> torch.Tensor:
@@ -144,11 +145,13 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         calls, small = _split(plan, capabilities, q, k, v)
 
         def launch():
-            prepare()
+            beside = Beside(q.device)  # the zeros of the entries no call writes, under the calls
+            prepare(beside)
             states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel,
                                        in_place=capabilities.in_place)
             if small:
                 small_forward(plan, small, q, k, v, slots, scale=scale)
+            beside.join()
             return states
 
         if not kernel.graphs:
@@ -173,9 +176,11 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         clear_totals = grads.allocate()  # allocated here, before the region; zeroed in it
 
         def launch():
-            clear_totals()
+            beside = Beside(q.device)
+            clear_totals(beside)
             blockwise_backward(calls, states, q, k, v, inputs, grads, scale=scale, kernel=kernel,
                                in_place=capabilities.in_place, after_first=after)
+            beside.join()
 
         if not kernel.graphs:
             launch()
