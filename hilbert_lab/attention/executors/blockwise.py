@@ -146,12 +146,14 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
 
         def launch():
             beside = Beside(q.device)  # the zeros of the entries no call writes, under the calls
-            prepare(beside)
-            states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel,
-                                       in_place=capabilities.in_place)
-            if small:
-                small_forward(plan, small, q, k, v, slots, scale=scale)
-            beside.join()
+            try:
+                prepare(beside)
+                states = blockwise_forward(calls, q, k, v, slots, scale=scale, kernel=kernel,
+                                           in_place=capabilities.in_place)
+                if small:
+                    small_forward(plan, small, q, k, v, slots, scale=scale)
+            finally:  # also on an error: nothing may still write the slots once they are freed
+                beside.join()
             return states
 
         if not kernel.graphs:
@@ -177,10 +179,12 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
 
         def launch():
             beside = Beside(q.device)
-            clear_totals(beside)
-            blockwise_backward(calls, states, q, k, v, inputs, grads, scale=scale, kernel=kernel,
-                               in_place=capabilities.in_place, after_first=after)
-            beside.join()
+            try:
+                clear_totals(beside)
+                blockwise_backward(calls, states, q, k, v, inputs, grads, scale=scale, kernel=kernel,
+                                   in_place=capabilities.in_place, after_first=after)
+            finally:
+                beside.join()
 
         if not kernel.graphs:
             launch()
