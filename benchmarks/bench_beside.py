@@ -14,7 +14,6 @@ Usage: python benchmarks/bench_beside.py [--out PATH] [--rounds 12]
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,10 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable_reason  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
-from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.env import save_run  # noqa: E402
 from hilbert_lab.bench.stats import ratio_ci  # noqa: E402
 from hilbert_lab.bench.timing import PAIR_BURST_MS, graphed, time_interleaved  # noqa: E402
-from hilbert_lab.io import strip_paths  # noqa: E402
 from hilbert_lab.kernels import beside  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
@@ -96,10 +94,7 @@ def main() -> None:
             m, (ratio, low, high) = row["median_ms"], row["ratios"]["beside / in line"]
             print(f"{int(causal):6d} {direction:9s} {m['beside']:8.3f} {m['in line']:8.3f} {m['floor[fa4]']:8.3f}  "
                   f"{ratio:.4f} [{low:.4f}, {high:.4f}]  equal {row['equal']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"environment": collect_environment(str(DEV)), "command": strip_paths(" ".join(sys.argv)), "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print("wrote", args.out)
+    print("wrote", save_run(args.out, str(DEV), rows=rows))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Usage: python benchmarks/bench_compile.py [--out PATH] [--rounds 3] [--modes lon
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -29,9 +28,8 @@ from hilbert_lab.attention import DilatedPattern, dilated_attention, unavailable
 from hilbert_lab.attention.executors import get_executor  # noqa: E402
 from hilbert_lab.attention.selection import resolve_executor  # noqa: E402
 from hilbert_lab.bench import anchors  # noqa: E402
-from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.env import save_run  # noqa: E402
 from hilbert_lab.bench.timing import graphed, time_function  # noqa: E402
-from hilbert_lab.io import strip_paths  # noqa: E402
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
 DEV = torch.device("cuda")
@@ -124,10 +122,7 @@ def main() -> None:
             floor = m.get("floor[fa4]", float("nan"))
             print(f"{mode:12s} {backend:8s} {m['op']:8.3f} {m['eager']:8.3f} {m['graph']:8.3f} {floor:8.3f}  "
                   f"{row['op_over_eager']:8.3f}  {m['graph'] / floor:8.3f}   errors {row['rel_error_vs_op']}")
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    result = {"environment": collect_environment(str(DEV)), "command": strip_paths(" ".join(sys.argv)), "rows": rows}
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print("wrote", args.out)
+    print("wrote", save_run(args.out, str(DEV), rows=rows))
 
 
 if __name__ == "__main__":

@@ -2,12 +2,16 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import platform
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
+
+from hilbert_lab.io import atomic_write, strip_paths
 
 _PACKAGES = ("hilbert-lab", "torch", "numpy", "numba", "triton", "flash-attn", "xformers", "nvidia-ml-py")
 # Settings read from the environment that change what a run measures (threads, visible GPUs, NCCL paths).
@@ -136,3 +140,13 @@ def _environment_cached(device: str) -> tuple:
 def collect_environment(device: str = "cpu") -> dict[str, Any]:
     """The environment block for results of cases run on `device` (cached per device per process)."""
     return dict(_environment_cached(str(device)))
+
+
+def save_run(path: str | os.PathLike, device: str, **fields: Any) -> Path:
+    """Write one benchmark run as JSON at `path` (folders made, atomically): {"environment": collect_environment(
+    device), "command": this process's command line with no machine folders, **fields}; returns the path."""
+    record = {"environment": collect_environment(device), "command": strip_paths(" ".join(sys.argv)), **fields}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(record, indent=1))
+    return path

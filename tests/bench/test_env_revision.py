@@ -29,3 +29,19 @@ def test_a_git_checkout_records_its_head_unless_the_variable_names_another(monke
     assert git_revision(str(REPO))["commit"] == head
     monkeypatch.setenv(REVISION_VARIABLE, "0123abc")
     assert git_revision(str(REPO)) == {"commit": "0123abc", "dirty": False}
+
+
+def test_a_saved_run_holds_the_environment_the_command_and_the_fields(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    from hilbert_lab.bench.env import collect_environment, save_run
+
+    monkeypatch.setenv(REVISION_VARIABLE, "0123abc")
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "bench_x.py"), "--out", str(tmp_path / "r.json")])
+    path = save_run(tmp_path / "new" / "r.json", "cpu", rows=[{"ms": 1.5}])
+    record = json.loads(path.read_text())
+    assert path == tmp_path / "new" / "r.json"
+    assert record["rows"] == [{"ms": 1.5}]
+    assert record["command"] == "bench_x.py --out r.json"  # no machine folders
+    assert record["environment"] == json.loads(json.dumps(collect_environment("cpu")))
