@@ -113,9 +113,9 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
     need_lse = need_lse or job.num_slots > 1  # several slots merge by LSE
 
     def prepare(beside: Optional[Beside] = None) -> None:
-        if clear is first.clear and clear is not None:  # the plan's fill of exactly the entries no call writes
+        if clear is not None and clear is first.clear:  # the plan's fill of exactly the entries no call writes
             clear(outs[0], beside=beside)
-        elif clear is not None:
+        elif clear is not None:  # a whole zero fill, which the calls then overwrite: in line
             clear(outs[0])
         if need_lse:  # else no one reads them (the result's LSE is not wanted)
             lses.fill_(float("-inf"))

@@ -189,6 +189,7 @@ def time_pair(fns: dict[str, Callable[[], object]], *, device: Optional[torch.de
     return {first: timings[first].as_dict(), second: timings[second].as_dict(), "ratio": ratio,
             "interval": [low, high], "of": f"{first} / {second}", "rounds": rounds}
 
+
 L2_FLUSH_BYTES = 256 << 20  # what a burst's calls each overwrite first (as Triton's do_bench), beyond any L2
 MAX_BURST_CALLS = 1000
 
