@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import torch
 
 from hilbert_lab.attention.executors.base import Executor, Grads, Merged, Slots, lse_dtype
-from hilbert_lab.attention.merge import merge_slots
+from hilbert_lab.attention.merge import fused_merge, merge_slots
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.target import device_facts
 from hilbert_lab.kernels.beside import Beside
@@ -120,14 +120,23 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
         if need_lse:  # else no one reads them (the result's LSE is not wanted)
             lses.fill_(float("-inf"))
 
-    slots = Slots(outs, lses, job.slot_of, need_lse, prepare)
+    # one part that prepares its slots may also run the merge after its last write (inside its captured region)
+    pending = fused_merge(outs, lses, q.dtype, over_first=result_in_slots) \
+        if len(job.parts) == 1 and first.prepares_slots else None
+    slots = Slots(outs, lses, job.slot_of, need_lse, prepare, finish=None if pending is None else pending[2],
+                  results=() if pending is None else pending[:2])
     states = []
     for part in job.parts:
         if not part.prepares_slots:
             slots.take_prepare()()
         states.append(part.executor.forward(part.plan, q, k, v, slots, scale=job.scale))
-    out, lse = merge_slots(outs, lses, q.dtype, over_first=result_in_slots)
-    return out, lse, states
+    if pending is None:
+        out, lse = merge_slots(outs, lses, q.dtype, over_first=result_in_slots)
+        return out, lse, states
+    finish = slots.take_finish()
+    if finish is not None:  # the executor left it
+        finish()
+    return pending[0], pending[1], states
 
 
 def run_backward(job: Job, states: Optional[list], q, k, v, out, lse, grad_out: Optional[torch.Tensor],

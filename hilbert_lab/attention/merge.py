@@ -6,7 +6,7 @@ softmax core that the eager kernels and the float64 oracle share.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -97,23 +97,40 @@ def merge_slots(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype, *,
     the entries that slot alone holds (every other slot's LSE -inf) are then neither read nor written (a LongNet
     forward whose first branch has dilation 1 holds 3/8 of its rows in one slot at [1, 2, 4]). The returned views
     keep all the slots alive as long as they live: not for a result kept for a backward."""
-    parts, batch, seq_len, heads, dim = outs.shape
-    if parts == 1:  # one slot is the result itself (its rows without keys were zeroed by the caller)
+    if outs.shape[0] == 1:  # one slot is the result itself (its rows without keys were zeroed by the caller)
         return outs[0].to(dtype), lses[0].transpose(1, 2)
-    if over_first and outs.dtype == dtype and fused_merge_applies(outs, lses):
-        if outs.device.type != "meta":
-            triton_merge.merge_partials(outs.view(parts, -1, dim), lses.view(parts, -1), outs[0].view(-1, dim),
-                                        lses[0].view(-1), over_first=True)
-        return outs[0], lses[0].transpose(1, 2)
-    if fused_merge_applies(outs, lses):
-        out = torch.empty(outs.shape[1:], dtype=dtype, device=outs.device)
-        lse = torch.empty(lses.shape[1:], dtype=torch.float32, device=outs.device)
-        if outs.device.type != "meta":  # a dry run counts the buffers; nothing to compute
-            triton_merge.merge_partials(outs.reshape(parts, -1, dim), lses.reshape(parts, -1), out.view(-1, dim),
-                                        lse.view(-1))
-        return out, lse.transpose(1, 2)
+    pending = fused_merge(outs, lses, dtype, over_first=over_first)
+    if pending is not None:
+        out, lse, run = pending
+        run()
+        return out, lse
     out, lse = merge_lse(list(outs), [t.transpose(1, 2) for t in lses])
     return out.to(dtype).contiguous(), lse
+
+
+def fused_merge(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype, *,
+                over_first: bool = False) -> Optional[tuple[torch.Tensor, torch.Tensor, Callable[[], None]]]:
+    """`merge_slots` of several slots by the fused Triton merge, split in two: (out (B, N, H, D), lse (B, H, N), run)
+    with the result's buffers allocated (or, over_first, views of the first slot) and run() writing the merge into
+    them (nothing on meta tensors: a dry run counts the buffers); None where the fused merge does not apply. A
+    caller may run run() later, e.g. inside a captured region after the slots' last write."""
+    parts, dim = outs.shape[0], outs.shape[-1]
+    if parts < 2 or not fused_merge_applies(outs, lses):
+        return None
+    if over_first and outs.dtype == dtype:
+        out, lse = outs[0], lses[0]
+    else:
+        over_first = False
+        out = torch.empty(outs.shape[1:], dtype=dtype, device=outs.device)
+        lse = torch.empty(lses.shape[1:], dtype=torch.float32, device=outs.device)
+
+    def run() -> None:
+        if outs.device.type != "meta":
+            flat = (lambda t, *shape: t.view(*shape)) if over_first else (lambda t, *shape: t.reshape(*shape))
+            triton_merge.merge_partials(flat(outs, parts, -1, dim), flat(lses, parts, -1), out.view(-1, dim),
+                                        lse.view(-1), over_first=over_first)
+
+    return out, lse.transpose(1, 2), run
 
 
 def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:

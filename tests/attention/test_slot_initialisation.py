@@ -96,3 +96,64 @@ def test_outputs_and_gradients_match_the_oracle_when_fresh_memory_holds_nan(nan_
     got = torch.autograd.grad(out, leaves, upstream)
     expected = torch.autograd.grad(expected_out, leaves, upstream)
     assert max(max_diff(a, b) for a, b in zip(got, expected)) < 1e-11
+
+
+def _merge_stand_in(calls):
+    """merge_partials in plain torch (the exact LSE merge of attention.merge), recording each call."""
+    from hilbert_lab.attention.merge import merge_lse
+
+    def merge_partials(outs, lses, out, lse, *, over_first=False):
+        parts, rows, dim = outs.shape
+        merged, merged_lse = merge_lse([o.view(1, rows, 1, dim) for o in outs], [l.view(1, 1, rows) for l in lses])
+        out.copy_(merged.view(rows, dim))
+        lse.copy_(merged_lse.view(rows))
+        calls.append(over_first)
+
+    return merge_partials
+
+
+@pytest.mark.parametrize("mode", ["longnet", "head_groups"])
+@pytest.mark.parametrize("train", [False, True])
+def test_the_merge_runs_last_in_the_forward_region_of_a_graphed_kernel(monkeypatch, mode, train):
+    """A blockwise executor whose kernel declares graphs runs the fused merge at the end of its forward region, which
+    then lists the result's buffers (LongNet: several slots; head_groups: one, no merge); the result (a view of the first slot without a backward) and the gradients
+    equal the float64 oracle."""
+    import dataclasses
+
+    from hilbert_lab.attention import merge
+    from hilbert_lab.attention.executors import blockwise
+    from hilbert_lab.kernels import triton_merge
+
+    merged, regions = [], []
+    monkeypatch.setattr(merge, "FUSED_MERGE_DEVICES", ("cpu",))
+    monkeypatch.setattr(triton_merge, "HAVE_TRITON", True)
+    monkeypatch.setattr(triton_merge, "merge_partials", _merge_stand_in(merged))
+
+    def run_plan_graph(what, plans, key, tensors, launch, *, keep=()):
+        before = len(merged)
+        launch()
+        regions.append((what, key, tuple(tensors), len(merged) - before))
+
+    monkeypatch.setattr(blockwise, "run_plan_graph", run_plan_graph)
+    sdpa = get_executor("sdpa")
+    executor = blockwise.blockwise_executor("graphed", lambda q: dataclasses.replace(sdpa.kernel_for(q), graphs=True),
+                                            sdpa.capabilities)
+    gen = torch.Generator().manual_seed(5)
+    leaves = [torch.randn(B, N, H, D, generator=gen, requires_grad=train) for _ in range(3)]
+    pattern = DilatedPattern.create(PATTERN["segment_lengths"], PATTERN["dilation_rates"], mode=mode, causal=True)
+    with torch.set_grad_enabled(train):
+        out, lse = dilated_attention(*leaves, **PATTERN, mode=mode, causal=True, backend=executor, return_lse=True)
+    forward = [region for region in regions if region[0] == "blocks forward"]
+    if mode == "longnet":  # merged once, inside the region, whose tensors hold the result
+        assert len(forward) == 1 and forward[0][3] == 1 and merged == [not train] and forward[0][1][-1] is True
+        assert any(t is not None and t.data_ptr() == out.data_ptr() for t in forward[0][2])
+    else:  # a head reads one branch: one slot, the result itself, nothing to merge
+        assert len(forward) == 1 and merged == [] and forward[0][1][-1] is False
+    exact = [t.detach().double().requires_grad_() for t in leaves]
+    expected_out, expected_lse = reference_attention(*exact, pattern)
+    assert max_diff(out, expected_out) < 1e-5 and max_diff(lse, expected_lse) < 1e-5
+    if train:
+        upstream = torch.randn(B, N, H, D, generator=gen)
+        got = torch.autograd.grad(out, leaves, upstream)
+        want = torch.autograd.grad(expected_out, exact, upstream.double())
+        assert max(max_diff(a, b) for a, b in zip(got, want)) < 1e-4

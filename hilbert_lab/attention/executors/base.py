@@ -106,13 +106,17 @@ class Slots:
     whether the LSE is wanted (without a merge an executor may then leave it unwritten, and no -inf is filled in).
     prepare(beside=None): what still initialises them (zeros where no call writes an output, -inf LSEs where the LSE
     is wanted) before the first write; the zeros of exactly the entries no call writes may go `beside` the calls
-    (kernels.beside); `take_prepare` hands it over once."""
+    (kernels.beside); `take_prepare` hands it over once. finish(): the merge of the slots into `results` (the
+    result's buffers, allocated before), pending where the one part's executor may run it after its last write
+    (`take_finish`), else None."""
 
     outs: torch.Tensor
     lses: torch.Tensor
     slot_of: dict[int, int]
     need_lse: bool = True
     prepare: Optional[Callable[..., None]] = None
+    finish: Optional[Callable[[], None]] = None
+    results: tuple[torch.Tensor, ...] = ()
 
     def take_prepare(self) -> Callable[..., None]:
         """The pending initialisation, for the caller to run before its first write (an executor declaring
@@ -120,6 +124,12 @@ class Slots:
         host at every call, so a replayed region that holds it leaves nothing pending. Later takes get a no-op."""
         prepare, self.prepare = self.prepare, None
         return prepare if prepare is not None else _nothing
+
+    def take_finish(self) -> Optional[Callable[[], None]]:
+        """The pending merge, for an executor to run after its last write to the slots (inside its captured region,
+        which then writes `results` too), or None; taken once, as `take_prepare`."""
+        finish, self.finish = self.finish, None
+        return finish
 
     def out(self, branch: int) -> torch.Tensor:
         return self.outs[self.slot_of[branch]]

@@ -143,6 +143,7 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
             return varlen, packs, packed_forward(plan, packs, q, k, v, slots, scale=scale, kernel=varlen), ()
         kernel = kernel_for(q)
         calls, small = _split(plan, capabilities, q, k, v)
+        finish = slots.take_finish() if kernel.graphs else None  # the merge, last in the region
 
         def launch():
             beside = Beside(q.device)  # the zeros of the entries no call writes, under the calls
@@ -154,12 +155,15 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
                     small_forward(plan, small, q, k, v, slots, scale=scale)
             finally:  # also on an error: nothing may still write the slots once they are freed
                 beside.join()
+            if finish is not None:
+                finish()
             return states
 
         if not kernel.graphs:
             return kernel, None, launch(), small
         run_plan_graph("blocks forward", (plan, calls), (name, scale, tuple(sorted(slots.slot_of.items())),
-                                                          slots.need_lse), (q, k, v, slots.outs, slots.lses), launch)
+                                                          slots.need_lse, finish is not None),
+                       (q, k, v, slots.outs, slots.lses, *slots.results), launch)
         return kernel, None, None, small  # the backward rebuilds the call states from shapes
 
     def backward(plan: Plan, state, q, k, v, merged: Merged, grads: Grads, *, scale: float) -> None:
@@ -174,13 +178,13 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         calls = split_small(plan, q.shape[0], q.shape[-1])[0] if small else plan
         after = (lambda: small_backward(plan, small, q, k, v, merged, grads, scale=scale)) \
             if small else None
-        inputs = backward_inputs(merged, kernel.dense_out_lse)
         clear_totals = grads.allocate()  # allocated here, before the region; zeroed in it
 
         def launch():
             beside = Beside(q.device)
             try:
                 clear_totals(beside)
+                inputs = backward_inputs(merged, kernel.dense_out_lse)  # temporaries of the region (its pool)
                 blockwise_backward(calls, states, q, k, v, inputs, grads, scale=scale, kernel=kernel,
                                    in_place=capabilities.in_place, after_first=after)
             finally:
@@ -192,7 +196,7 @@ def blockwise_executor(name: str, kernel_for: Callable[[torch.Tensor], DenseKern
         totals = (grads.dq, grads.dk, grads.dv)
         run_plan_graph("blocks backward", (plan, calls),
                        (name, scale, grads.accumulate, grads.first_branch, grads.dtype),
-                       (q, k, v, *inputs, merged.out, merged.lse, merged.grad_out, merged.grad_lse, *totals), launch)
+                       (q, k, v, merged.out, merged.lse, merged.grad_out, merged.grad_lse, *totals), launch)
 
     extra = {} if unavailable is None else {"unavailable": unavailable}
     return Executor(name, capabilities, forward, backward, description=description, kernel_for=kernel_for,
