@@ -125,10 +125,13 @@ def fused_merge(outs: torch.Tensor, lses: torch.Tensor, dtype: torch.dtype, *,
         lse = torch.empty(lses.shape[1:], dtype=torch.float32, device=outs.device)
 
     def run() -> None:
-        if outs.device.type != "meta":
-            flat = (lambda t, *shape: t.view(*shape)) if over_first else (lambda t, *shape: t.reshape(*shape))
-            triton_merge.merge_partials(flat(outs, parts, -1, dim), flat(lses, parts, -1), out.view(-1, dim),
-                                        lse.view(-1), over_first=over_first)
+        if outs.device.type == "meta":
+            return
+        if over_first:  # the first slot itself is written: views, never copies
+            parts_out, parts_lse = outs.view(parts, -1, dim), lses.view(parts, -1)
+        else:
+            parts_out, parts_lse = outs.reshape(parts, -1, dim), lses.reshape(parts, -1)
+        triton_merge.merge_partials(parts_out, parts_lse, out.view(-1, dim), lse.view(-1), over_first=over_first)
 
     return out, lse.transpose(1, 2), run
 
