@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import torch
 
-from hilbert_lab.attention.executors.base import Executor, Grads, Merged, Slots, lse_dtype
+from hilbert_lab.attention.executors.base import Executor, Grads, Merged, Slots, lse_dtype, zero_whole
 from hilbert_lab.attention.merge import fused_merge, merge_slots
 from hilbert_lab.attention.plan import Plan
 from hilbert_lab.attention.target import device_facts
@@ -49,7 +49,7 @@ class Part:
     merges: bool = False
     covered: bool = False
     first_branch: Optional[int] = None
-    clear: Optional[Callable[[torch.Tensor], torch.Tensor]] = None
+    clear: Optional[Callable[..., torch.Tensor]] = None
     prepares_slots: bool = False
 
 
@@ -107,16 +107,13 @@ def run_forward(job: Job, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, nee
     outs = torch.empty((job.num_slots, batch, queries, heads, q.shape[3]), dtype=q.dtype, device=q.device)
     lses = torch.empty((job.num_slots, batch, queries, heads), dtype=lse_dtype(q.dtype), device=q.device)
     first = job.parts[0]
-    clear = (first.clear or torch.Tensor.zero_) if job.num_slots == 1 and not first.covered and not first.whole \
-        else None
+    clear = (first.clear or zero_whole) if job.num_slots == 1 and not first.covered and not first.whole else None
 
     need_lse = need_lse or job.num_slots > 1  # several slots merge by LSE
 
     def prepare(beside: Optional[Beside] = None) -> None:
-        if clear is not None and clear is first.clear:  # the plan's fill of exactly the entries no call writes
+        if clear is not None:  # the plan's fill of exactly the entries no call writes may go beside the calls
             clear(outs[0], beside=beside)
-        elif clear is not None:  # a whole zero fill, which the calls then overwrite: in line
-            clear(outs[0])
         if need_lse:  # else no one reads them (the result's LSE is not wanted)
             lses.fill_(float("-inf"))
 

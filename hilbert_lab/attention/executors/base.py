@@ -38,6 +38,12 @@ def _nothing(beside: Optional[Beside] = None) -> None:
     return None
 
 
+def zero_whole(x: torch.Tensor, beside: Optional[Beside] = None) -> torch.Tensor:
+    """x.zero_(), always in line: the calls then overwrite some of its entries, so it may not run beside them (the
+    signature of a plan's clear, `Plan.clear_unselected`, which writes only entries no call writes)."""
+    return x.zero_()
+
+
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
     """LSE dtype for inputs of `dtype`: float64 for float64, float32 otherwise."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -179,7 +185,7 @@ class Grads:
 
     def __init__(self, like: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *, accumulate: bool,
                  dtype: torch.dtype, written: bool = False, first_branch: Optional[int] = None,
-                 clear: Optional[Callable[[torch.Tensor], torch.Tensor]] = None):
+                 clear: Optional[Callable[..., torch.Tensor]] = None):
         self.like, self.accumulate, self.dtype, self.written = like, accumulate, dtype, written
         # zeroes the entries no share writes (plan.clear_unselected: clear(x, beside=None)), for owned totals
         self.clear = clear
@@ -195,7 +201,7 @@ class Grads:
         if (self.first_branch is not None) if self.accumulate else self.written:
             return total, None
         if self.accumulate or self.clear is None or like.shape[2] != self.like[0].shape[2]:
-            return total, torch.Tensor.zero_
+            return total, zero_whole
         return total, self.clear
 
     def total(self, index: int) -> torch.Tensor:
@@ -218,10 +224,7 @@ class Grads:
 
         def clear_pending(beside: Optional[Beside] = None) -> None:
             for clear, total in pending:
-                if clear is self.clear:
-                    clear(total, beside=beside)
-                else:
-                    clear(total)
+                clear(total, beside=beside)
 
         return clear_pending
 
