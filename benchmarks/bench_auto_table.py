@@ -11,9 +11,10 @@ lies within the factor sqrt(2) a cell answers). It is written, after each finish
 Check: per cell, `auto` (reading that table) timed beside the same executors on fresh inputs; prints auto
 over the fastest executor per cell with its 95% interval, and a summary (bench.auto_table.check_summary: cells
 where auto, and its pick timed by name, are within 3% of the fastest; auto's cells settled within, settled beyond
-or undecided by their intervals), and writes the rows as JSON (--check-out). --settle-rounds N times each
-undecided cell again, alone, with N rounds. --stage measure or check runs one of the two (check: the packaged
-table).
+or undecided by their intervals), and writes the rows as JSON (--check-out: after each finished cell, its summary's
+"finished" false until the last). --settle-rounds N times each undecided cell again, alone, with N rounds. --stage
+measure or check runs one of the two (check: the packaged table). Each cell's captured regions and cached memory
+are freed before the next (bench.auto_table), so the last cells of a sweep have the memory the first had.
 
 Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 8]
        [--settle-rounds 0]
@@ -101,8 +102,18 @@ def main() -> None:
     if args.stage == "measure":
         return
     table = json.loads(table_path(kind).read_text())
+    check_meta = dict(env=collect_environment(str(device)), command=strip_paths(" ".join(sys.argv)),
+                      table=f"hilbert_lab/attention/auto_tables/{kind}.json")
+
+    def keep_rows(rows: list[dict], finished: bool = False) -> None:
+        if args.check_out:
+            summary = {**check_summary(rows, TOLERANCE), "seconds": time.time() - began, "finished": finished}
+            out = Path(args.check_out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(out, json.dumps(dict(check_meta, summary=summary, rows=rows), indent=1, default=str))
+
     rows = check_auto_table(table, device=device, repeats=args.repeats, settle_rounds=args.settle_rounds,
-                            tolerance=TOLERANCE, burst_ms=burst_ms)
+                            tolerance=TOLERANCE, burst_ms=burst_ms, on_row=keep_rows)
     print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest "
           f"(95% interval)")
     for row in rows:
@@ -110,15 +121,8 @@ def main() -> None:
         print(f"{row['mode']:11s} {int(row['causal'])} {row['seq_len']:7d} {row['head_dim']:3d} "
               f"{'fwd+bwd' if row['training'] else 'fwd':7s} {row['auto_picks']:10s} {row.get('fastest', '-'):8s} "
               f"{row.get('auto_over_fastest', float('nan')):.3f} ({low:.3f}-{high:.3f})")
-    summary = {**check_summary(rows, TOLERANCE), "seconds": time.time() - began}
-    print(json.dumps(summary))
-    if args.check_out:
-        out = Path(args.check_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(dict(env=collect_environment(str(device)), command=strip_paths(" ".join(sys.argv)),
-                                       table=f"hilbert_lab/attention/auto_tables/{kind}.json",
-                                       summary=summary, rows=rows), indent=1, default=str))
-
+    keep_rows(rows, finished=True)
+    print(json.dumps({**check_summary(rows, TOLERANCE), "seconds": time.time() - began}))
 
 if __name__ == "__main__":
     main()

@@ -10,6 +10,7 @@ warm-up and timed calls).
 """
 from __future__ import annotations
 
+import gc
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
@@ -115,7 +116,8 @@ def measure_auto_table(cells: Sequence[SweepCell], backends: Sequence[str], segm
         table["cells"].append(row)
         if on_cell is not None:
             on_cell(table)
-        del calls
+        del calls, timings
+        _release(device)
     return table
 
 
@@ -137,13 +139,15 @@ def update_cells(table: dict, measured: dict, *, revision: str) -> dict:
 
 
 def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 8, settle_rounds: int = 0,
-                     tolerance: float = 1.03, progress: bool = True, burst_ms: Optional[float] = None) -> list[dict]:
+                     tolerance: float = 1.03, progress: bool = True, burst_ms: Optional[float] = None,
+                     on_row: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
     the medians and intervals, each name's samples, the executor auto resolved to, auto over the fastest executor
     with the 95% interval of that ratio, and per name the counts of its plan regions' eager runs, captures and
     replays (`graph_regions`). settle_rounds > 0: a cell whose interval holds `tolerance` (undecided) is timed
     again, on its own, with that many rounds; the row is then that second timing (`rounds`), the first one kept
-    under "first_pass". burst_ms: as measure_auto_table's (each row records it)."""
+    under "first_pass". burst_ms: as measure_auto_table's (each row records it). on_row(rows) runs after each
+    finished cell (to keep the rows so far)."""
     if settle_rounds < 0:
         raise ValueError(f"settle_rounds must be >= 0, got {settle_rounds}")
     device = torch.device(device)
@@ -164,6 +168,8 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
             row.update(_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, settle_rounds,
                                    burst_ms), first_pass=first)
         rows.append(row)
+        if on_row is not None:
+            on_row(rows)
     return rows
 
 
@@ -175,6 +181,8 @@ def _check_cell(cell: SweepCell, names: Sequence[str], segments: Sequence[int], 
     tallies = {name: dict.fromkeys(GRAPH_REGIONS.counts, 0) for name in calls}
     timings = time_interleaved({name: _tallied(call, tallies[name]) for name, call in calls.items()},
                                device=device, warmup=2, rounds=rounds, max_seconds=float("inf"), burst_ms=burst_ms)
+    del calls
+    _release(device)
     result = {**_timing_row(timings), "errors": errors, "graph_regions": tallies, "rounds": rounds,
               "burst_ms": burst_ms,
               "samples_ms": {name: [round(s, 5) for s in t.samples] for name, t in timings.items()}}
@@ -240,6 +248,16 @@ def _interval_side(interval: Sequence[float], tolerance: float) -> str:
     (low > tolerance) or "undecided" (it holds the tolerance)."""
     low, high = interval
     return "within" if high <= tolerance else "beyond" if low > tolerance else "undecided"
+
+
+def _release(device: torch.device) -> None:
+    """Free what a finished cell held on `device`: its plans' captured regions (keyed by its tensors' addresses,
+    which no later cell meets again; their graph pools hold a whole cell's temporaries) and the allocator's cached
+    blocks, so that a long sweep's last cells get the memory its first ones had."""
+    GRAPH_REGIONS.clear()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _dtype_on(device: torch.device) -> torch.dtype:

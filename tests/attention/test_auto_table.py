@@ -11,6 +11,7 @@ import torch
 from hilbert_lab.attention import auto_table, selection
 from hilbert_lab.attention.auto_table import Cell, is_ragged, nearest_cell, parse_table, table_choice
 from hilbert_lab.attention.executors import EXECUTORS
+from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS
 from hilbert_lab.bench.stats import ratio_ci
 from hilbert_lab.bench.auto_table import (
     check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
@@ -160,7 +161,12 @@ def test_measuring_and_checking_a_table_on_the_cpu():
     parsed = parse_table(table, "cpu.json")
     assert [c.seq_len for c in parsed] == [64, 64] and all(dict(c.times_ms).keys() == {"manual", "sdpa"}
                                                           for c in parsed)
-    rows = check_auto_table(table, device="cpu", repeats=2, progress=False)
+    kept_rows = []
+    GRAPH_REGIONS.seen[("a finished cell's region",)] = 1
+    rows = check_auto_table(table, device="cpu", repeats=2, progress=False,
+                            on_row=lambda done: kept_rows.append([row["seq_len"] for row in done]))
+    assert kept_rows == [[64], [64, 64]]  # the rows so far, after each finished cell
+    assert not GRAPH_REGIONS.seen  # each cell's regions freed before the next (their pools held its temporaries)
     assert [row["auto_picks"] for row in rows] == ["sdpa", "sdpa"]  # the CPU rule (no table for the CPU)
     # sdpa and manual run no plan regions: every name's tally is there, all zero
     assert all(row["graph_regions"] == {name: {"eager": 0, "captured": 0, "replayed": 0, "refused": 0}
