@@ -42,7 +42,6 @@ Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,s
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
 import json
 import signal
@@ -64,7 +63,9 @@ from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
-from hilbert_lab.bench.timing import PAIR_BURST_MS, graphed, time_function, time_interleaved, time_pair  # noqa: E402
+from hilbert_lab.bench.timing import (  # noqa: E402
+    PAIR_BURST_MS, free_cell_memory, graphed, time_function, time_interleaved, time_pair,
+)
 
 HEADLINE = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
 LONGEST = dict(segment_lengths=[2048, 8192, 32768, 131072], dilation_rates=[1, 2, 4, 8])
@@ -295,8 +296,7 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
                auto_tflops=flops / (auto * 1e-3) / 1e12 if auto else None,
                rel_error_vs_torchscale=errors, timings=results)
     del q, k, v
-    gc.collect()
-    torch.cuda.empty_cache()
+    free_cell_memory(DEV)
     return row
 
 
@@ -396,8 +396,7 @@ def longest(max_tokens: int, start: int, backend: str = "auto") -> dict:
         except torch.OutOfMemoryError:
             return False, None
         finally:
-            gc.collect()
-            torch.cuda.empty_cache()
+            free_cell_memory(DEV)
 
     tried, good, bad = [], None, None
     n = start
@@ -485,7 +484,8 @@ def main() -> None:
                             batch = 2 if seq_len <= 131072 else 1
                             row = cell(mode, causal, seq_len, head_dim, direction, batch, 12, HEADLINE,
                                        max(5, args.repeats // (2 if seq_len > 131072 else 1)), variants)
-                            row.pop("timings")
+                            timings = row.pop("timings")  # a variant that failed keeps why
+                            row["failures"] = {name: t["error"] for name, t in timings.items() if "error" in t}
                             result["sweep"].append(row)
                             print(fmt(row), flush=True)
                             save()

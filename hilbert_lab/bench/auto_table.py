@@ -10,7 +10,6 @@ warm-up and timed calls).
 """
 from __future__ import annotations
 
-import gc
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
@@ -22,7 +21,7 @@ from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.bench.stats import ratio_ci
-from hilbert_lab.bench.timing import Timing, time_interleaved
+from hilbert_lab.bench.timing import Timing, free_cell_memory, time_interleaved
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ def measure_auto_table(cells: Sequence[SweepCell], backends: Sequence[str], segm
         if on_cell is not None:
             on_cell(table)
         del calls, timings
-        _release(device)
+        free_cell_memory(device)
     return table
 
 
@@ -182,7 +181,7 @@ def _check_cell(cell: SweepCell, names: Sequence[str], segments: Sequence[int], 
     timings = time_interleaved({name: _tallied(call, tallies[name]) for name, call in calls.items()},
                                device=device, warmup=2, rounds=rounds, max_seconds=float("inf"), burst_ms=burst_ms)
     del calls
-    _release(device)
+    free_cell_memory(device)
     result = {**_timing_row(timings), "errors": errors, "graph_regions": tallies, "rounds": rounds,
               "burst_ms": burst_ms,
               "samples_ms": {name: [round(s, 5) for s in t.samples] for name, t in timings.items()}}
@@ -248,16 +247,6 @@ def _interval_side(interval: Sequence[float], tolerance: float) -> str:
     (low > tolerance) or "undecided" (it holds the tolerance)."""
     low, high = interval
     return "within" if high <= tolerance else "beyond" if low > tolerance else "undecided"
-
-
-def _release(device: torch.device) -> None:
-    """Free what a finished cell held on `device`: its plans' captured regions (keyed by its tensors' addresses,
-    which no later cell meets again; their graph pools hold a whole cell's temporaries) and the allocator's cached
-    blocks, so that a long sweep's last cells get the memory its first ones had."""
-    GRAPH_REGIONS.clear()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
 
 
 def _dtype_on(device: torch.device) -> torch.dtype:

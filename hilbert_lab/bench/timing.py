@@ -12,6 +12,7 @@ zeros and rotate inputs that fit in cache: that is the caller's job.
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import statistics
 import time
@@ -21,6 +22,7 @@ from typing import Callable, Optional
 
 import torch
 
+from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS
 from hilbert_lab.bench.stats import ratio_ci
 
 try:
@@ -276,3 +278,13 @@ def _progress(rounds: range, show: bool):
     from tqdm.auto import tqdm
 
     return tqdm(rounds, desc="rounds")
+
+
+def free_cell_memory(device: torch.device | str) -> None:
+    """Free what a finished benchmark cell held on `device`: its plans' captured regions (keyed by its tensors'
+    addresses, which no later cell meets again, their graph pools holding the cell's temporaries) and the
+    allocator's cached blocks, so that a sweep's last cells have the memory its first ones had."""
+    GRAPH_REGIONS.clear()
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
