@@ -41,7 +41,6 @@ transformers is optional (extra "hf"): without it the dense and hf methods are r
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import statistics
 import sys
@@ -55,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hilbert_lab.arguments import int_list, prepare_output  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.timing import free_cell_memory  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 from hilbert_lab.models import LongNetLM  # noqa: E402
 from hilbert_lab.attention.static_cache import keys_seen  # noqa: E402
@@ -539,9 +539,8 @@ def release(device) -> None:
     CUDA graphs of the last one collected, and on a GPU the allocator's cached blocks returned and its peak reset
     (the next one's tensors then do not land in blocks freed by another's)."""
     torch._dynamo.reset()
-    gc.collect()
+    free_cell_memory(device)
     if device.type == "cuda":
-        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 

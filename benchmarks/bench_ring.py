@@ -87,7 +87,7 @@ from hilbert_lab.bench.parallel_modes import (  # noqa: E402
     default_seq_len, hybrid_mesh_shape, placement, ring_layout, sent_bytes, skip_reason,
 )
 from hilbert_lab.bench.stats import bootstrap_median_ci, ratio_ci, verdict  # noqa: E402
-from hilbert_lab.bench.timing import time_function  # noqa: E402
+from hilbert_lab.bench.timing import free_cell_memory, time_function  # noqa: E402
 from hilbert_lab.distributed import comm, ring  # noqa: E402
 from hilbert_lab.distributed.modules import PARALLEL_MODES  # noqa: E402
 from hilbert_lab.attention import unavailable_reason  # noqa: E402
@@ -463,8 +463,7 @@ def _fits(args, device, seq_len, segment_lengths, dilation_rates) -> bool:
         _ring_step(args, device, seq_len, segment_lengths, dilation_rates)()
     except torch.OutOfMemoryError:
         ok.zero_()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    free_cell_memory(device)
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     return bool(ok.item())
 
