@@ -20,6 +20,10 @@ atomically). Anything else (a buffer holding data before its first launch, which
 from the inputs with a torch op; a tensor hidden inside an argument object; a result that is none of the recorded
 buffers; a failed check) keeps that key on the library's own path, with the reason in `RecordedEntry.reasons`.
 A buffer filled with one value is assumed to take that value whatever the inputs (zeros, a parameter of the key).
+
+A recording holds copies beside the call (the outputs as they were, the replay's outputs and buffers) and checks
+them in bounded pieces (`kernels.piecewise`); where those copies do not fit in memory the key stays on the
+library's path (its outputs put back first when the entry had not returned): a first call never fails for them.
 """
 from __future__ import annotations
 
@@ -32,6 +36,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hilbert_lab.kernels.piecewise import close_piecewise, holds_everywhere
+
 __all__ = ["RecordedEntry"]
 
 MAX_RECORDS = 4096  # call keys kept per entry (a new one past this starts the records afresh)
@@ -40,6 +46,10 @@ _RECORDING = threading.RLock()
 
 class NotReplayable(Exception):
     """A call whose launches cannot be replayed from a record (the message says why)."""
+
+
+class _RecordingOutOfMemory(Exception):
+    """The recording ran out of memory before the entry returned (its outputs put back as they were)."""
 
 
 @dataclass(frozen=True)
@@ -183,11 +193,12 @@ def _first_state(t: torch.Tensor) -> _Buffer:
         return _Buffer(0, t.dtype, t.device, "empty", shape=shape)
     probe = torch.empty(1, dtype=t.dtype, device=t.device)
     _poison(probe)
-    if t.is_floating_point() and bool(torch.isnan(flat).all()) or \
-            not t.is_floating_point() and t.dtype != torch.bool and bool((flat == probe).all()):
+    never_written = (lambda piece: torch.isnan(piece).all()) if t.is_floating_point() else \
+        None if t.dtype == torch.bool else (lambda piece: (piece == probe).all())
+    if never_written is not None and holds_everywhere(flat, never_written):
         return _Buffer(flat.numel(), t.dtype, t.device, "empty", shape=shape)
     first = flat[0]
-    if bool((flat == first).all()):
+    if holds_everywhere(flat, lambda piece: (piece == first).all()):
         return _Buffer(flat.numel(), t.dtype, t.device, "fill", first.item(), shape=shape)
     raise NotReplayable(f"a {nbytes}-byte buffer the library filled with data before launching")
 
@@ -266,17 +277,6 @@ def _results(value) -> list[torch.Tensor]:
     return []
 
 
-def _close(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if torch.equal(a, b) or a.numel() == 0:
-        return True
-    if not a.is_floating_point() or not torch.equal(torch.isnan(a), torch.isnan(b)):
-        return False
-    x, y = torch.nan_to_num(a.double()), torch.nan_to_num(b.double())
-    return bool(((x - y).abs().max() <= tolerance * (x.abs().max() + 1e-6)).item())
-
-
 class RecordedEntry:
     """`entry(**tensors, **params)` of `module` (a name or module), recorded per call key and replayed (see the
     module docstring). outputs: the tensor arguments the entry writes (out=, dq=, ...); tolerance: the
@@ -313,7 +313,12 @@ class RecordedEntry:
         if len(self.records) >= MAX_RECORDS:
             self.records.clear()
             self.reasons.clear()
-        result, record = self._record(module, entry, key, tensors, params)
+        try:
+            result, record = self._record(module, entry, key, tensors, params)
+        except _RecordingOutOfMemory:  # the recording's copies did not fit beside the call: the library's path
+            self.records[key] = None
+            self.reasons[key] = "out of memory while recording (copies beside the call): the library's path"
+            return entry(**tensors, **params)
         self.records[key] = record
         return result
 
@@ -321,7 +326,22 @@ class RecordedEntry:
         return (tuple(tensors), tuple([_signature(t) for t in tensors.values()]), tuple(params.items()))
 
     def _record(self, module: types.ModuleType, entry: Callable, key: tuple, tensors: dict, params: dict):
-        before = {name: tensors[name].clone() for name in self.outputs if tensors.get(name) is not None}
+        """(the entry's result, its record or None). Out of memory before the entry returns: the outputs are put
+        back as they were and _RecordingOutOfMemory raised (the caller then runs the library's path); out of
+        memory while checking the replay: the result, no record."""
+        try:
+            before = {name: tensors[name].clone() for name in self.outputs if tensors.get(name) is not None}
+        except torch.OutOfMemoryError as error:
+            raise _RecordingOutOfMemory() from error
+        try:
+            return self._record_with(module, entry, key, tensors, params, before)
+        except torch.OutOfMemoryError as error:
+            for name, value in before.items():
+                tensors[name].copy_(value)
+            raise _RecordingOutOfMemory() from error
+
+    def _record_with(self, module: types.ModuleType, entry: Callable, key: tuple, tensors: dict, params: dict,
+                     before: dict):
         recorder = _Recorder(tensors)
         with _RECORDING:  # one recording at a time patches a module
             owners = [obj for obj in vars(module).values() if callable(obj) and hasattr(obj, "compile_cache")]
@@ -344,9 +364,13 @@ class RecordedEntry:
             if not recorder.launches:
                 raise NotReplayable("the call launched no compiled kernel")
             record = _Record(tuple(recorder.launches), tuple(recorder.buffers), recorder.template(result, False))
+            del recorder
             self._check(record, tensors, before, result)
         except NotReplayable as why:
             self.reasons[key] = str(why)
+            return result, None
+        except torch.OutOfMemoryError:
+            self.reasons[key] = "out of memory while checking the replay: the library's path"
             return result, None
         return result, record
 
@@ -363,5 +387,5 @@ class RecordedEntry:
         if len(_results(result)) != len(_results(replayed)):
             raise NotReplayable("the replay returned other results")
         for official, again in pairs:
-            if not _close(official, again, self.tolerance):
+            if not close_piecewise(official, again, self.tolerance):
                 raise NotReplayable("the replay's results differ from the library's")

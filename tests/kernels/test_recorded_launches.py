@@ -181,3 +181,61 @@ def test_launches_of_another_thread_during_a_recording_are_not_recorded():
     assert torch.equal(elsewhere[0], _inputs(0)[0])  # the other thread's launch ran
     (record,) = recorded.records.values()
     assert record is not None and len(record.launches) == 3 and lib.python_calls == 1
+
+
+def _accumulating_library(fail_at_call: set[int]) -> types.ModuleType:
+    """A library whose entry adds x * factor into the caller's `out` (so a half-run call must be undone) and runs
+    out of memory at the calls numbered in `fail_at_call` (1 = its first call), after its first launch."""
+    lib = types.ModuleType("fake_accumulating")
+    lib.torch = torch
+    lib.python_calls = 0
+
+    def add_kernel(x, out, factor):
+        out.add_(x * factor)
+
+    def entry(x, out, factor=1.0):
+        lib.python_calls += 1
+        if "add" not in entry.compile_cache:
+            entry.compile_cache["add"] = add_kernel
+        entry.compile_cache["add"](x, out, factor)
+        if lib.python_calls in fail_at_call:
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        return out
+
+    entry.compile_cache = {}
+    lib.entry = entry
+    return lib
+
+
+def test_a_recording_out_of_memory_before_the_entry_returns_puts_the_outputs_back_and_runs_the_library():
+    lib = _accumulating_library({1})
+    recorded = RecordedEntry(lib, "entry", outputs=("out",))
+    x, start = _inputs(0)
+    out = start.clone()
+    result = recorded({"x": x, "out": out}, {"factor": 2.0})
+    assert result is out
+    torch.testing.assert_close(out, start + 2 * x, rtol=0, atol=0)  # added once: the half-run recording undone
+    key = next(iter(recorded.reasons))
+    assert recorded.records[key] is None and "out of memory while recording" in recorded.reasons[key]
+    assert lib.python_calls == 2
+    recorded({"x": x, "out": out}, {"factor": 2.0})  # the key stays on the library's path
+    assert lib.python_calls == 3 and lib.torch is torch
+
+
+def test_a_replay_check_out_of_memory_keeps_the_librarys_result_and_path(monkeypatch):
+    from hilbert_lab.kernels import recorded_launches
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+
+    monkeypatch.setattr(recorded_launches, "_replay", no_memory)
+    lib = _library()
+    recorded = RecordedEntry(lib, "entry", outputs=("out",))
+    for seed in range(2):
+        x, y = _inputs(seed)
+        out = torch.empty_like(x)
+        result, _ = recorded({"x": x, "y": y, "out": out}, {"factor": 0.5})
+        assert result is out
+        torch.testing.assert_close(out, x * 0.5 + y, rtol=0, atol=0)
+    assert lib.python_calls == 2
+    assert list(recorded.reasons.values()) == ["out of memory while checking the replay: the library's path"]
