@@ -53,16 +53,22 @@ def _inputs(seed: int, shape=(4, 64)):
     return torch.randn(shape, generator=gen, dtype=torch.float64), torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
+def _call_checked(recorded: RecordedEntry, seed: int, factor: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """One call of `_library()`'s entry through `recorded` into a fresh `out`: (its acc, the expected x * factor + y),
+    its `out` checked against that."""
+    x, y = _inputs(seed)
+    out = torch.empty_like(x)
+    result, acc = recorded({"x": x, "y": y, "out": out}, {"factor": factor})
+    assert result is out
+    torch.testing.assert_close(out, x * factor + y, rtol=0, atol=0)
+    return acc, x * factor + y
+
+
 def test_a_replay_gives_the_librarys_results_on_new_inputs_without_its_python():
     lib = _library()
     recorded = RecordedEntry(lib, "entry", outputs=("out",))
     for seed in range(4):
-        x, y = _inputs(seed)
-        out = torch.empty_like(x)
-        result, acc = recorded({"x": x, "y": y, "out": out}, {"factor": 0.5})
-        expected = x * 0.5 + y
-        assert result is out
-        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        acc, expected = _call_checked(recorded, seed)
         torch.testing.assert_close(acc, expected, rtol=0, atol=0)  # a zero-started buffer, zeroed on every replay
     assert lib.python_calls == 1  # the recording call; three replays after it
     assert recorded.reasons == {}
@@ -232,10 +238,6 @@ def test_a_replay_check_out_of_memory_keeps_the_librarys_result_and_path(monkeyp
     lib = _library()
     recorded = RecordedEntry(lib, "entry", outputs=("out",))
     for seed in range(2):
-        x, y = _inputs(seed)
-        out = torch.empty_like(x)
-        result, _ = recorded({"x": x, "y": y, "out": out}, {"factor": 0.5})
-        assert result is out
-        torch.testing.assert_close(out, x * 0.5 + y, rtol=0, atol=0)
+        _call_checked(recorded, seed)
     assert lib.python_calls == 2
     assert list(recorded.reasons.values()) == ["out of memory while checking the replay: the library's path"]
