@@ -4,8 +4,8 @@ Rules of `select_backend` (first match wins):
 0. CUDA, fp16/bf16, a whole pattern of known shape, on a GPU kind with a table in the package (attention.auto_table,
    by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell
    (auto_table.table_choice; the rules' pick where within 3% of it), unless the in-place buffers do not fit (then
-   the fused kernel, rule 3). H200 (160 cells, rev 9eabb13; check_h200_7692652.json): the pick within 3% of the
-   fastest in 160, `auto` in 140. H100 (rev d969f35, unchecked): fa4 fastest in 156, sdpa where fa4 ran out of memory.
+   the fused kernel, rule 3). The pick within 3% of the fastest in all 160 cells, `auto` in 140 (H200,
+   check_h200_7692652.json) and 149 (H100, check_h100_200211b.json; sdpa in 2 cells where fa4 ran out of memory).
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
