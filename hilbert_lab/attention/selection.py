@@ -5,7 +5,7 @@ Rules of `select_backend` (first match wins):
    by `benchmarks/bench_auto_table.py`): the fastest executor that runs the call in the table's nearest cell
    (auto_table.table_choice; the rules' pick where within 3% of it), unless the in-place buffers do not fit (then
    the fused kernel, rule 3). The pick within 3% of the fastest in all 160 cells, `auto` in 140 (H200,
-   check_h200_7692652.json) and 149 (H100, check_h100_200211b.json; sdpa in 2 cells where fa4 ran out of memory).
+   check_h200_7692652.json) and 151 (H100, check_h100_107fe7c.json; fa4 the fastest in every cell).
 1. CPU: "sdpa" (PyTorch's CPU flash kernel; exact LSE) for float32/float64/bfloat16/float16,
    "manual" for anything else. Recommended CPU dtype: float32.
 2. CUDA, float32/float64 or compute capability < 8.0 (Pascal, Volta, Turing): "sdpa" (the
