@@ -36,8 +36,14 @@ A plan's FlashAttention-4 calls run as one CUDA graph per direction once a step 
 GRAPH_REGIONS); `--no-graphs` times every call of ours eagerly. The JSON records which, with the regions' counts
 (in each cell's timings, how a variant's regions ran while it was timed).
 
+`--backward-thread caller` runs every timed backward on the calling thread (`torch.autograd.
+set_multithreading_enabled(False)`), where PyTorch runs a CUDA backward on its device thread by default: a small
+step then skips the two hand-overs between threads (tens to hundreds of microseconds on a host whose idle cores
+wake slowly). The JSON records which (`backward_thread`).
+
 Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
 [--variants auto,executors,hilbert,compositions,floors] [--seq-lens 8192,32768,...] [--quick] [--no-graphs]
+[--backward-thread worker|caller]
 """
 from __future__ import annotations
 
@@ -300,14 +306,15 @@ def cell(mode, causal, seq_len, head_dim, direction, batch, heads, config, repea
     return row
 
 
-def ragged_in_process(pair: str, repeats: int, no_graphs: bool, variants=VARIANTS) -> dict:
+def ragged_in_process(pair: str, repeats: int, no_graphs: bool, variants=VARIANTS, backward_thread="worker") -> dict:
     """Part ragged's entry for pair "M,MODE,DIRECTION", run by this script in a fresh process (with that process's
     graph-region counts); where that process dies, an entry with the pair and how it died."""
     m, mode, direction = pair.split(",")
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "pair.json"
         command = [sys.executable, __file__, "--parts", "ragged", "--ragged-pair", pair, "--repeats", str(repeats),
-                   "--variants", ",".join(variants), "--out", str(out)] + (["--no-graphs"] if no_graphs else [])
+                   "--variants", ",".join(variants), "--out", str(out), "--backward-thread", backward_thread] + \
+            (["--no-graphs"] if no_graphs else [])
         code = subprocess.run(command).returncode
         if code == 0 and out.exists():
             child = json.loads(out.read_text())  # with how the child's graph regions ran (all its variants)
@@ -443,6 +450,9 @@ def main() -> None:
     parser.add_argument("--no-graphs", action="store_true",
                         help="every call of ours eager (executors.kernel.GRAPH_REGIONS off: each call's Python on "
                              "the host); by default a plan's FlashAttention-4 calls replay as one CUDA graph")
+    parser.add_argument("--backward-thread", choices=("worker", "caller"), default="worker",
+                        help="where timed backwards run: PyTorch's device thread (its default) or the calling thread "
+                             "(torch.autograd.set_multithreading_enabled(False))")
     args = parser.parse_args()
     known = {f"{m},{mode},{direction}" for m, _, _ in RAGGED_CELLS for mode in ("longnet", "head_groups")
              for direction in ("fwd", "fwd+bwd")}
@@ -453,11 +463,13 @@ def main() -> None:
     if not variants or set(variants) - set(VARIANTS):
         parser.error(f"--variants: {args.variants!r}; allowed: comma-separated names of {','.join(VARIANTS)}")
     GRAPH_REGIONS.enabled = not args.no_graphs
+    torch.autograd.set_multithreading_enabled(args.backward_thread == "worker")  # this (the timing) thread's setting
     parts = set(args.parts.split(","))
     if args.quick:
         parts, args.repeats = {"headline"}, 7
     began = time.time()
-    result = dict(env=collect_environment(str(DEV)), command=strip_paths(" ".join(sys.argv)), headline=[], sweep=[])
+    result = dict(env=collect_environment(str(DEV)), command=strip_paths(" ".join(sys.argv)),
+                  backward_thread=args.backward_thread, headline=[], sweep=[])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -501,7 +513,8 @@ def main() -> None:
                         result["ragged"].append(ragged_pair(m, heads, head_dim, mode, direction, args.repeats,
                                                             variants))
                     elif args.ragged_pair is None:
-                        result["ragged"].append(ragged_in_process(pair, args.repeats, args.no_graphs, variants))
+                        result["ragged"].append(ragged_in_process(pair, args.repeats, args.no_graphs, variants,
+                                                                  args.backward_thread))
                     save()
     if "profile" in parts:
         result["profile"] = []

@@ -62,11 +62,23 @@ def call_config(segment_lengths: Sequence[int], dilation_rates: Sequence[int], m
     q's heads are the heads [start, start + H) of a layer of `total` heads (validation.validate_global_heads), or
     None. A packed row's documents are the op's `boundaries` tensor instead (a value a compiled graph does not
     specialize)."""
+    if torch.compiler.is_compiling():  # symbolic values are specialized (concrete) into the string
+        return _config_string(segment_lengths, dilation_rates, mode, causal, backend, scale, need_lse, training,
+                              global_heads)
+    return _plain_config(tuple(segment_lengths), tuple(dilation_rates), mode, bool(causal), backend, float(scale),
+                         bool(need_lse), bool(training), None if global_heads is None else tuple(global_heads))
+
+
+def _config_string(segment_lengths, dilation_rates, mode, causal, backend, scale, need_lse, training,
+                   global_heads) -> str:
     whole = lambda value: concrete(int(value))  # noqa: E731  (a string holds values: symbolic ones specialized)
     heads = "-" if global_heads is None else f"{whole(global_heads[0])}:{whole(global_heads[1])}"
     return ";".join([",".join(str(whole(w)) for w in segment_lengths), ",".join(str(whole(r)) for r in dilation_rates),
                      mode, str(int(bool(causal))), backend, repr(concrete(float(scale))), str(int(bool(need_lse))),
                      str(int(bool(training))), heads])
+
+
+_plain_config = functools.lru_cache(maxsize=1024)(_config_string)  # eager calls: plain values, built once
 
 
 @functools.lru_cache(maxsize=1024)
@@ -84,11 +96,29 @@ def _job(q: torch.Tensor, k: torch.Tensor, boundaries: Optional[torch.Tensor], c
     [0, ..., N] in host memory (read here, when the op runs: no device synchronisation; checked by
     validation.packed_row_documents)."""
     pattern, backend, scale, need_lse, training, global_heads = _parsed(config)
-    documents = None if boundaries is None else \
-        packed_row_documents(tuple(boundaries.tolist()), k.shape[0], q.shape[1], k.shape[1])
+    values = None if boundaries is None else tuple(boundaries.tolist())
+    documents = None if values is None else packed_row_documents(values, k.shape[0], q.shape[1], k.shape[1])
     executor = call_executor(backend, q, k, pattern, training=training, packed=documents is not None)
+    key = None
+    if q.device.type == "cuda":  # where the executor's resolution is kept per call key (selection.resolve_executor)
+        key = (config, executor, q.device, q.dtype, k.dtype, q.shape, k.shape, values)
+        hit = _JOBS.get(key)
+        if hit is not None:
+            return hit
     plan = call_plan(pattern, q, k, documents, global_heads)
-    return make_job([plan_part(executor, plan)], scale), need_lse or training, training
+    job = make_job([plan_part(executor, plan)], scale), need_lse or training, training
+    if key is not None:
+        if len(_JOBS) >= _MAX_JOBS:
+            _JOBS.clear()
+        _JOBS[key] = job
+    return job
+
+
+# (config, executor, device, dtypes, shapes, a packed row's boundaries) -> _job's result on CUDA: a call's job is a
+# function of these, and its plan, part and slot layout are then built once (tens of microseconds of host time per
+# call otherwise, twice per training step, which small steps feel)
+_JOBS: dict[tuple, tuple[Job, bool, bool]] = {}
+_MAX_JOBS = 1024
 
 
 def _lse_layout(lse: torch.Tensor) -> torch.Tensor:

@@ -49,7 +49,13 @@ _SYNC_WARNING = "called a synchronizing CUDA operation"  # torch.cuda.set_sync_d
 def _signature(t: Optional[torch.Tensor]) -> Optional[tuple]:
     if t is None:
         return None
-    return (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t.requires_grad)
+    return (t.data_ptr(), t.shape, t.stride(), t.dtype, t.requires_grad)
+
+
+def _raw_stream(index: int) -> int:
+    """The device's current stream (cudaStream_t) as Triton and inductor read it: one C call, where
+    `torch.cuda.current_stream(device)` builds a Stream object each time."""
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 def _synchronizes(launch: Callable[[], Any]) -> bool:
@@ -116,7 +122,7 @@ class GraphRegions:
             self.counts["eager"] += 1
             launch()
             return
-        full = (key, device.index, torch.cuda.current_stream(device).cuda_stream, torch.is_autocast_enabled("cuda"),
+        full = (key, device.index, _raw_stream(device.index), torch.is_autocast_enabled("cuda"),
                 torch.get_autocast_dtype("cuda"), tuple([_signature(t) for t in tensors]))
         entry = self.graphs.get(full)
         if entry is not None:

@@ -341,6 +341,28 @@ def test_torch_library_checks_the_ops():
                                   (grad_out, grad_lse, q, k, v, out, lse, boundaries, config))
 
 
+def test_an_eager_calls_config_is_the_string_of_its_plain_values():
+    """The config string built once per plain values (eager calls) equals the one built value by value (compiled
+    calls), for lists and tuples, numpy and Python numbers, and parses back to the call's values."""
+    import numpy as np
+
+    from hilbert_lab.attention.op import _config_string, _parsed, call_config
+
+    cases = [([16, 32], [1, 2], "longnet", True, "auto", 0.125, True, False, None),
+             ((np.int64(16), 64), (1, np.int32(4)), "head_groups", False, "sdpa", np.float32(0.3), False, True, (2, 8)),
+             ([7], [1], "longnet", False, "manual", 1 / 3, True, True, [0, 4])]
+    for values in cases:
+        config = call_config(*values)
+        assert config == _config_string(*values)
+        assert call_config(*values) is config  # built once
+        pattern, backend, scale, need_lse, training, heads = _parsed(config)
+        assert pattern.segment_lengths == tuple(int(w) for w in values[0])
+        assert pattern.dilation_rates == tuple(int(r) for r in values[1])
+        assert (pattern.mode, pattern.causal, backend) == values[2:5]
+        assert scale == float(values[5]) and (need_lse, training) == values[6:8]
+        assert heads == (None if values[8] is None else tuple(values[8]))
+
+
 def _gpu_lm(backend: str):
     torch.manual_seed(0)
     return LongNetLM(256, 128, 2, 2, [256, 512, 1024], [1, 2, 4], max_seq_len=1024, backend=backend).cuda()

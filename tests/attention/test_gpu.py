@@ -198,6 +198,28 @@ def test_auto_runs_every_head_dim_in_bf16_like_the_oracle(head_dim):
     assert relative_error(torch.cat(steps, 1), expected_out) < 3e-2
 
 
+def test_a_calls_job_is_built_once_per_call_key_on_cuda_and_again_for_a_new_executor():
+    """The op builds a call's job (plan, part, slot layout) once per (config, executor, shapes, dtypes, packing) on
+    CUDA: the same call reuses it, a new shape, packing or resolved executor gets its own."""
+    from hilbert_lab.attention import op, selection
+
+    config = op.call_config([64, 128], [1, 2], "longnet", True, "auto", 0.125, True, True)
+    q = torch.zeros(1, 256, 4, 64, device="cuda", dtype=torch.bfloat16)
+    first = op._job(q, q, None, config)
+    assert op._job(q, q, None, config) is first
+    longer = torch.zeros(1, 384, 4, 64, device="cuda", dtype=torch.bfloat16)
+    assert op._job(longer, longer, None, config)[0].parts[0].plan.seq_len == 384
+    packed = op._job(q, q, torch.tensor([0, 100, 256]), config)
+    assert packed is not first and packed[0].parts[0].plan.blocks != first[0].parts[0].plan.blocks
+    assert op._job(q, q, torch.tensor([0, 100, 256]), config) is packed
+    assert op._job(q, q, torch.tensor([0, 101, 256]), config) is not packed
+    sdpa = op.call_config([64, 128], [1, 2], "longnet", True, "sdpa", 0.125, True, True)
+    assert op._job(q, q, None, sdpa)[0].parts[0].executor.name == "sdpa"
+    selection.clear_fit_decisions()
+    assert op._job(q, q, None, config)[0].parts[0].executor is first[0].parts[0].executor  # same choice, same job
+    assert op._job(q, q, None, config) is first
+
+
 def test_auto_resolves_once_per_call_key_on_cuda_until_the_fit_decisions_are_cleared():
     from hilbert_lab.attention import selection
 
