@@ -116,6 +116,30 @@ def test_inside_the_callers_capture_the_launches_join_its_graph():
     assert regions.counts["eager"] == 3  # the first two sightings, and the run inside the caller's capture
 
 
+@pytest.mark.gpu
+@needs_cuda
+def test_a_region_run_on_another_stream_is_another_region():
+    """The current stream is part of a region's key: a capture made on one stream is not replayed on another."""
+    regions = GraphRegions()
+    a, b = (torch.randn(16, 8, device="cuda") for _ in range(2))
+    out = torch.empty(16, 16, device="cuda")
+    for _ in range(3):
+        regions.run(("r",), (a, b, out), _region(a, b, out))
+    assert regions.counts["captured"] == 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        a.normal_()
+        regions.run(("r",), (a, b, out), _region(a, b, out))
+    torch.cuda.current_stream().wait_stream(side)
+    assert regions.counts["replayed"] == 0 and regions.counts["eager"] == 3
+    torch.testing.assert_close(out, _expected(a, b), rtol=1e-4, atol=1e-4)
+    a.normal_()
+    regions.run(("r",), (a, b, out), _region(a, b, out))
+    assert regions.counts["replayed"] == 1
+    torch.testing.assert_close(out, _expected(a, b), rtol=1e-4, atol=1e-4)
+
+
 class _FakeGraph:
     """A CUDA graph stand-in: what the region launched while "capturing" runs again at each replay."""
 
@@ -153,6 +177,7 @@ def fake_cuda(monkeypatch):
     pools = iter(range(1000))
     monkeypatch.setattr(module.GraphRegions, "_may_capture", lambda self, device: self.enabled)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(module, "_raw_stream", lambda index: Stream.cuda_stream)
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: torch.no_grad())
     monkeypatch.setattr(torch.cuda, "device", lambda device: torch.no_grad())
