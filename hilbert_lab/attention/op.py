@@ -11,6 +11,8 @@ flash-attn's varlen entries take cu_seqlens as a tensor). The plan (plan.cached_
 (selection.resolve_executor; forward and backward resolve alike) are found inside from those values. As in
 flash-attn's interface, forward and backward are separate ops, so the backward gets no Python state from its forward:
 every executor rebuilds its per-call states from the plan and the shapes (function.run_backward with states None).
+On CUDA a call's job (executor, plan, slot layout) is built once per call key and reused by later calls and by
+the backward, as the executor's resolution is (selection.resolve_executor).
 Fake implementations give shapes and strides, so torch.compile traces through the op without running it.
 """
 from __future__ import annotations

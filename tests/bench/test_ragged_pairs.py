@@ -23,12 +23,13 @@ def test_a_finished_pair_returns_its_entry_and_the_region_counts(bench, monkeypa
         return types.SimpleNamespace(returncode=0)
 
     monkeypatch.setattr(bench.subprocess, "run", finished)
-    entry = bench.ragged_in_process("32768,longnet,fwd", 5, True)
+    entry = bench.ragged_in_process("32768,longnet,fwd", 5, True, backward_thread="caller")
     assert entry == {"mode": "longnet", "m": 32768, "ratios": {"auto": 1.02},
                      "graph_regions": {"enabled": True, "counts": {"eager": 4, "replayed": 60}}}
     (command,) = commands
     assert command[command.index("--ragged-pair") + 1] == "32768,longnet,fwd"
     assert command[command.index("--repeats") + 1] == "5" and command[-1] == "--no-graphs"
+    assert command[command.index("--backward-thread") + 1] == "caller"  # the child times backwards as its parent
 
 
 @pytest.mark.parametrize("code, how", [(-int(signal.SIGSEGV), "signal SIGSEGV"), (3, "exit status 3")])
