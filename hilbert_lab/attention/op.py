@@ -118,9 +118,10 @@ def _job(q: torch.Tensor, k: torch.Tensor, boundaries: Optional[torch.Tensor], c
 
 # (config, executor, device, dtypes, shapes, a packed row's boundaries) -> _job's result on CUDA: a call's job is a
 # function of these, and its plan, part and slot layout are then built once (tens of microseconds of host time per
-# call otherwise, twice per training step, which small steps feel)
+# call otherwise, twice per training step, which small steps feel). Bounded as plan.cached_plan is: a packing per
+# step keeps no more plans alive than that cache does.
 _JOBS: dict[tuple, tuple[Job, bool, bool]] = {}
-_MAX_JOBS = 1024
+_MAX_JOBS = 128
 
 
 def _lse_layout(lse: torch.Tensor) -> torch.Tensor:
