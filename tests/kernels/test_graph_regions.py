@@ -95,12 +95,16 @@ def test_a_region_that_reads_a_device_value_on_the_host_stays_eager():
     assert regions.counts["replayed"] == 1
 
 
+def _cuda_case():
+    """A fresh cache and a region's inputs a, b (16, 8) and output (16, 16) on the GPU."""
+    a, b = (torch.randn(16, 8, device="cuda") for _ in range(2))
+    return GraphRegions(), a, b, torch.empty(16, 16, device="cuda")
+
+
 @pytest.mark.gpu
 @needs_cuda
 def test_inside_the_callers_capture_the_launches_join_its_graph():
-    regions = GraphRegions()
-    a, b = (torch.randn(16, 8, device="cuda") for _ in range(2))
-    out = torch.empty(16, 16, device="cuda")
+    regions, a, b, out = _cuda_case()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -120,9 +124,7 @@ def test_inside_the_callers_capture_the_launches_join_its_graph():
 @needs_cuda
 def test_a_region_run_on_another_stream_is_another_region():
     """The current stream is part of a region's key: a capture made on one stream is not replayed on another."""
-    regions = GraphRegions()
-    a, b = (torch.randn(16, 8, device="cuda") for _ in range(2))
-    out = torch.empty(16, 16, device="cuda")
+    regions, a, b, out = _cuda_case()
     for _ in range(3):
         regions.run(("r",), (a, b, out), _region(a, b, out))
     assert regions.counts["captured"] == 1
