@@ -123,15 +123,25 @@ def _call_matches_oracle(case):
                                    (q, k, v), (g_out, g_lse), allow_unused=True)
     expected = [torch.zeros_like(t) if e is None else e for e, t in zip(expected, (q, k, v))]
     expected = [expected[0][:, first:, heads], expected[1][:, :, kv_heads], expected[2][:, :, kv_heads]]
-    # the fa4 glue hands the kernel its LSE in float32, as FlashAttention-4 takes it: probabilities to ~1e-7
-    tolerance = 1e-6 if case["backend"] == "fa4" else 1e-10
-    assert max(max_diff(a, b) for a, b in zip(got, expected)) < tolerance
+    # the fa4 glue hands the kernel its LSE in float32, as FlashAttention-4 takes it: probabilities to ~1e-7, so
+    # gradients to ~1e-7 of their own size (a gradient summed over many heads and branches is larger, and so is its
+    # error: 1.09e-6 where the largest entry is 6.3, a GQA case of three equal branches)
+    relative = 1e-6 if case["backend"] == "fa4" else 1e-10
+    for a, b in zip(got, expected):
+        assert max_diff(a, b) < relative * max(1.0, b.detach().abs().max().item())
 
 
 @settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(calls())
 def test_random_call_matches_oracle(case):
     _call_matches_oracle(case)
+
+
+def test_a_grouped_call_of_three_equal_branches_matches_oracle_on_the_fa4_glue():
+    """Gradients summed over three query heads and three equal branches: their float32-LSE error is relative."""
+    _call_matches_oracle(dict(segment_lengths=[5, 5, 5], dilation_rates=[1, 1, 1], seq_len=24, grouped=True, kv_heads=3,
+                              num_heads=9, mode="longnet", causal=False, backend="fa4", queries=24, total_heads=None,
+                              start=0, ordering=None))
 
 
 @pytest.mark.parametrize("backend", ["manual", "sdpa", "fa4"])
