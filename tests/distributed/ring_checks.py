@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import random
 
 import torch
@@ -641,7 +642,16 @@ def random_cases(world, count, seed=0):
 
 @check
 def check_random_patterns(rank, world):
-    """Random patterns, layouts, grouped heads and packed rows (random_cases), each against the engine."""
-    for seq_len, segments, rates, mode, causal, layout, heads, kv_heads, cu_seqlens in random_cases(world, 12):
+    """Random patterns, layouts, grouped heads and packed rows (random_cases), each against the engine: 12 of a
+    fixed seed, or with HILBERT_LAB_FUZZ_EXAMPLES=N (make fuzz) N of a seed rank 0 draws anew (a failure names its
+    case)."""
+    count, seed = 12, 0
+    examples = os.environ.get("HILBERT_LAB_FUZZ_EXAMPLES")
+    if examples:
+        drawn = torch.tensor([random.SystemRandom().randrange(1, 2 ** 31) if rank == 0 else 0])
+        dist.broadcast(drawn, 0)
+        count, seed = int(examples), int(drawn)
+    for seq_len, segments, rates, mode, causal, layout, heads, kv_heads, cu_seqlens in random_cases(world, count,
+                                                                                                    seed):
         compare(rank, world, seq_len, segments, rates, mode, causal, layout=layout, heads=heads, kv_heads=kv_heads,
                 cu_seqlens=cu_seqlens, batch=1 if cu_seqlens is not None else 2)

@@ -1,13 +1,15 @@
 """Ring dilated attention on spawned gloo worlds (1, 2, 3, 4, 8 ranks) against the single-process engine.
 
 The per-rank checks live in ring_checks.py; each world runs many of them to amortise process
-start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks; random
-patterns, layouts, grouped heads and packed rows: ring_checks.random_cases).
+start-up (packed rows, whose documents cross shard borders, and grouped-query heads on 2 and 3 ranks). Random
+patterns, layouts, grouped heads and packed rows (ring_checks.random_cases) run in worlds of their own: `make fuzz`
+draws many new ones.
 Pure (single-process) tests cover sharding, packet buffers, the branch planner, the split of a packed
 row's plan and the per-rank memory model (against a dry run of the ring job on meta tensors).
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -23,7 +25,7 @@ from hilbert_lab.distributed.branches import RingLayout, plan_branches  # noqa: 
 from hilbert_lab.distributed.sharding import (  # noqa: E402
     check_divisible, shard, shard_positions, unshard, zigzag_shard, zigzag_unshard,
 )
-from ring_worlds import run_world  # noqa: E402
+from ring_worlds import WORLD_TIMEOUT_S, run_world  # noqa: E402
 
 NO_GLOO = not dist.is_available() or not dist.is_gloo_available()
 NO_TWO_GPUS = not torch.cuda.is_available() or torch.cuda.device_count() < 2 or not dist.is_nccl_available()
@@ -33,8 +35,7 @@ ALL_CHECKS = ["check_matches_engine", "check_rows_without_keys", "check_zigzag",
               "check_message_counts", "check_constraints_raise", "check_modules", "check_example",
               "check_low_precision", "check_ring_comm", "check_configuration_agreement",
               "check_agreement_of_a_group_without_gloo", "check_inputs_validated", "check_ring_size_disagreement",
-              "check_nonfinite_like_engine", "check_local_part_runs_while_the_agreement_travels",
-              "check_random_patterns"]
+              "check_nonfinite_like_engine", "check_local_part_runs_while_the_agreement_travels"]
 
 
 @pytest.mark.slow  # make test keeps one gloo world: two ranks, below
@@ -55,6 +56,13 @@ def test_world_of_four_matches_engine_and_sub_rings(tmp_path):
 @pytest.mark.slow
 def test_world_of_eight_smoke(tmp_path):
     run_world(8, tmp_path, ["check_eight_ranks"])
+
+
+@pytest.mark.property  # make fuzz: HILBERT_LAB_FUZZ_EXAMPLES cases per world, of a seed drawn anew
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)])
+def test_random_patterns_match_engine(tmp_path, world_size):
+    examples = int(os.environ.get("HILBERT_LAB_FUZZ_EXAMPLES") or 12)
+    run_world(world_size, tmp_path, ["check_random_patterns"], timeout_s=WORLD_TIMEOUT_S * max(1.0, examples / 12))
 
 
 @pytest.mark.slow  # waits out its deadline
