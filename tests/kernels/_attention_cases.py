@@ -8,6 +8,7 @@ every output element written).
 from __future__ import annotations
 
 import json
+import random
 import sys
 
 import torch
@@ -70,7 +71,21 @@ def run_case(case, device: str, dtype: torch.dtype, seed: int = 0) -> dict:
     }
 
 
-if __name__ == "__main__":  # interpreter mode: python _attention_cases.py -> one JSON line per case
-    for index, case in enumerate(INTERPRET_CASES):
+def random_cases(count: int, seed: int) -> list[tuple]:
+    """`count` random cases of `seed` (INTERPRET_CASES' form): N 1-48, one to three branches of segments 1-64 (longer
+    than N too) with rates up to 6 that need not divide them, 1-5 heads, D 16 or 32, both modes, causal or not."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        segments = [rng.choice([1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 24, 32, 64]) for _ in range(rng.randint(1, 3))]
+        cases.append((rng.randint(1, 2), rng.randint(1, 48), rng.randint(1, 5), rng.choice([16, 32]), segments,
+                      [rng.randint(1, min(w, 6)) for w in segments], rng.choice(["longnet", "head_groups"]),
+                      rng.random() < 0.5))
+    return cases
+
+
+if __name__ == "__main__":  # interpreter mode: python _attention_cases.py [COUNT SEED] -> one JSON line per case
+    cases = INTERPRET_CASES if len(sys.argv) < 3 else random_cases(int(sys.argv[1]), int(sys.argv[2]))
+    for index, case in enumerate(cases):
         print(json.dumps(run_case(case, "cpu", torch.float32, seed=index)), flush=True)
     sys.exit(0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -16,13 +17,30 @@ HERE = Path(__file__).resolve().parent
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 
 
-@pytest.fixture(scope="module")
-def interpreted_results():
+def _interpret(*args: str, timeout: float = 600) -> list[dict]:
+    """The JSON lines of `_attention_cases.py ARGS` under Triton's interpreter, in a fresh process."""
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(HERE.parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, str(HERE / "_attention_cases.py")], capture_output=True, text=True, env=env,
-                          cwd=str(HERE), timeout=600)
+    proc = subprocess.run([sys.executable, str(HERE / "_attention_cases.py"), *args], capture_output=True, text=True,
+                          env=env, cwd=str(HERE), timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def interpreted_results():
+    return _interpret()
+
+
+def _assert_matches(results: list[dict], context: str = "") -> None:
+    for result in results:
+        label = (context, result["case"]) if context else result["case"]
+        assert result["finite"], label
+        assert result["neg_inf_rows_match"], label
+        assert result["no_keys_rows_zero"], label
+        assert result["out"] < 1e-5, (label, result["out"])
+        assert result["lse"] < 1e-5, (label, result["lse"])
+        for name in ("dq", "dk", "dv"):
+            assert result[name] < 1e-5, (label, name, result[name])
 
 
 @pytest.mark.slow  # the interpreter runs every case (half a minute); make test keeps the interpreted merges
@@ -32,15 +50,18 @@ def test_interpreted_kernel_matches_float64_reference(interpreted_results):
     from _attention_cases import INTERPRET_CASES
 
     assert len(interpreted_results) == len(INTERPRET_CASES)
-    for result in interpreted_results:
-        label = result["case"]
-        assert result["finite"], label
-        assert result["neg_inf_rows_match"], label
-        assert result["no_keys_rows_zero"], label
-        assert result["out"] < 1e-5, (label, result["out"])
-        assert result["lse"] < 1e-5, (label, result["lse"])
-        for name in ("dq", "dk", "dv"):
-            assert result[name] < 1e-5, (label, name, result[name])
+    _assert_matches(interpreted_results)
+
+
+@pytest.mark.slow  # about 2 s a case under the interpreter
+@pytest.mark.property  # make fuzz: HILBERT_LAB_FUZZ_EXAMPLES / 20 cases of a seed drawn anew (2000: 100, ~4 min)
+@pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed (pip install triton); its CPU interpreter runs these checks")
+def test_interpreted_kernel_matches_float64_reference_on_random_patterns():
+    examples = os.environ.get("HILBERT_LAB_FUZZ_EXAMPLES")
+    count, seed = (max(4, int(examples) // 20), random.SystemRandom().randrange(2 ** 31)) if examples else (4, 0)
+    results = _interpret(str(count), str(seed), timeout=600 + 10 * count)
+    assert len(results) == count, f"seed {seed}: {len(results)} of {count} cases ran"
+    _assert_matches(results, f"seed {seed}")
 
 
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton not installed")
