@@ -63,9 +63,9 @@ test-core-install:
 test: browser $(VENV)/.installed-$(TEST_EXTRAS)
 	@$(PYTEST) -m "not slow"; $(CHECK_COLLECTED)
 
-# The property tests (hypothesis, and the gloo ring's random cases) with FUZZ_EXAMPLES new random examples each,
-# where `make test` draws a fixed few: the float64 oracle against random patterns, calls, caches, curves and rings
-# of 2, 3 and 4 ranks, for as long as the examples take.
+# The property tests (hypothesis, the gloo ring's random cases, the fused Triton kernel's under its interpreter) with
+# FUZZ_EXAMPLES new random examples each (the interpreter: one in 20), where `make test` draws a fixed few: the float64
+# oracle against random patterns, calls, caches, curves and rings of 2, 3 and 4 ranks, for as long as they take.
 FUZZ_EXAMPLES ?= 2000
 fuzz: $(VENV)/.installed-$(TEST_EXTRAS)
 	@HILBERT_LAB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) -m "property and not gpu"; $(CHECK_COLLECTED)
