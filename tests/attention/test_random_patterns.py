@@ -47,8 +47,9 @@ def test_random_pattern_matches_oracle(case):
 @st.composite
 def calls(draw):
     """A random pattern with any mix of: grouped key/value heads, packed documents (cu_seqlens) or fewer queries
-    than keys, a run of a layer's heads (global_heads), and a memory layout (ordering); on manual, sdpa or the fa4
-    executor's glue (FlashAttention-4 stood in for in float64)."""
+    than keys, a run of a layer's heads (global_heads), a memory layout (ordering) and a score scale; on every executor
+    with a CPU backward (manual, sdpa, sdpa_math, sdpa_flash) or the fa4 executor's glue (FlashAttention-4 stood in
+    for in float64)."""
     branches = draw(st.integers(1, 3))
     segment_lengths = [draw(st.sampled_from([1, 2, 3, 4, 5, 8, 12, 16, 48])) for _ in range(branches)]
     kv_heads = draw(st.integers(1, 3))
@@ -58,7 +59,8 @@ def calls(draw):
                                                                 for w in segment_lengths],
                 seq_len=seq_len, grouped=draw(st.booleans()), kv_heads=kv_heads,
                 num_heads=kv_heads * draw(st.integers(1, 3)), mode=draw(st.sampled_from(["longnet", "head_groups"])),
-                causal=draw(st.booleans()), backend=draw(st.sampled_from(["manual", "sdpa", "fa4"])),
+                causal=draw(st.booleans()),
+                backend=draw(st.sampled_from(["manual", "sdpa", "fa4", "sdpa_math", "sdpa_flash"])),
                 queries=seq_len, total_heads=None, start=0,
                 ordering=draw(st.sampled_from([None, None, None, "hilbert", "morton", "snake"])),
                 scale=draw(st.sampled_from([None, None, None, 0.01, 10.0])))  # 10: scores ~30, LSEs far apart
