@@ -4,9 +4,9 @@ its capabilities (executors.base.Capabilities).
 reference / manual / sdpa_math: eager dense kernels (float64 oracle, chunked float32, PyTorch's math
 formula); sdpa / sdpa_flash / sdpa_cudnn / sdpa_efficient: PyTorch's SDPA kernels reading the plan's
 strided views; flex: FlexAttention; flash / xformers: optional packages; triton: the fused kernel over
-the whole pattern; fa4: FlashAttention-4 reading and writing the plan's views in place (extra "fa4"). `auto` (attention.selection), the memory estimate (attention.memory) and the
-benchmark cases (bench.cases) read this table and the capabilities; adding an executor is one module
-and one entry here.
+the whole pattern; fa4: FlashAttention-4 reading and writing the plan's views in place (extra "fa4").
+`auto` (attention.selection), the memory estimate (attention.memory) and the benchmark cases (bench.cases)
+read this table and the capabilities; adding an executor is one module and one entry here.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _table() -> dict[str, Executor]:
 
     table = {
         "reference": blockwise_executor("reference", lambda q: REFERENCE_KERNEL,
-                                        dataclasses.replace(EAGER_CAPABILITIES, oracle=True), 
+                                        dataclasses.replace(EAGER_CAPABILITIES, oracle=True),
                                         description="dense float64 softmax per block (exact, slow)"),
         "manual": blockwise_executor("manual", lambda q: MANUAL_KERNEL, EAGER_CAPABILITIES,
                                      description="eager chunked softmax per block (float32 compute)"),
