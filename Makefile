@@ -65,9 +65,10 @@ test: browser $(VENV)/.installed-$(TEST_EXTRAS)
 
 # The property tests (hypothesis, the gloo ring's random cases, the fused Triton kernel's under its interpreter) with
 # FUZZ_EXAMPLES new random examples each (the interpreter: one in 20), where `make test` draws a fixed few: the float64
-# oracle against random patterns, calls, caches, curves and rings of 2, 3 and 4 ranks, for as long as they take.
+# oracle against random patterns, calls, caches, curves, rings of 2, 3 and 4 ranks and transformers models (the hf
+# extra), for as long as they take.
 FUZZ_EXAMPLES ?= 2000
-fuzz: $(VENV)/.installed-$(TEST_EXTRAS)
+fuzz: $(VENV)/.installed-$(TEST_EXTRAS),hf
 	@HILBERT_LAB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PYTEST) -m "property and not gpu"; $(CHECK_COLLECTED)
 
 # Everything (CI: .ci/run): the slow trainings, every browser test and notebook, and the core-install check. The
