@@ -44,6 +44,7 @@ wake slowly). The JSON records which (`backward_thread`).
 Usage: python benchmarks/bench_gpu_attention.py [--out PATH] [--parts headline,sweep,ragged,longest,profile]
 [--variants auto,executors,hilbert,compositions,floors] [--seq-lens 8192,32768,...] [--quick] [--no-graphs]
 [--backward-thread worker|caller]
+       python benchmarks/bench_gpu_attention.py --verdict RUN.json [RUN.json ...]  (no GPU: the targets over runs)
 """
 from __future__ import annotations
 
@@ -69,6 +70,9 @@ from hilbert_lab.bench import anchors  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
+from hilbert_lab.bench.targets import (  # noqa: E402
+    format_verdicts, headline_verdicts, ragged_verdicts, sweep_verdicts,
+)
 from hilbert_lab.bench.timing import (  # noqa: E402
     PAIR_BURST_MS, free_cell_memory, graphed, time_function, time_interleaved, time_pair,
 )
@@ -429,6 +433,24 @@ def longest(max_tokens: int, start: int, backend: str = "auto") -> dict:
                 tried=tried)
 
 
+def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
+    """The targets over the runs at `paths` (bench.targets): a cell meets its target only where every run does."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as error:
+            parser.error(f"--verdict: cannot read {path}: {type(error).__name__}: {error}")
+    parts = [("headline, auto over the FlashAttention-4 floor", headline_verdicts(runs), True),
+             ("sweep, auto over the best floor", sweep_verdicts(runs), True),
+             ("sweep, ordering='hilbert' over the plain call", sweep_verdicts(runs, hilbert=True), False),
+             ("ragged, auto at m + 5 over m", ragged_verdicts(runs), True)]
+    print(f"{len(runs)} run{'' if len(runs) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
+    for title, rows, cells in parts:
+        if rows:
+            print("\n".join(format_verdicts(rows, title, cells=cells)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="reports/results/gpu_attention.json")
@@ -453,7 +475,13 @@ def main() -> None:
     parser.add_argument("--backward-thread", choices=("worker", "caller"), default="worker",
                         help="where timed backwards run: PyTorch's device thread (its default) or the calling thread "
                              "(torch.autograd.set_multithreading_enabled(False))")
+    parser.add_argument("--verdict", nargs="+", metavar="RUN.json", default=None,
+                        help="no timing: read runs this benchmark wrote and print, per cell, each run's ratio and "
+                             "whether every run meets the target (bench.targets)")
     args = parser.parse_args()
+    if args.verdict:
+        print_verdicts(parser, args.verdict)
+        return
     known = {f"{m},{mode},{direction}" for m, _, _ in RAGGED_CELLS for mode in ("longnet", "head_groups")
              for direction in ("fwd", "fwd+bwd")}
     unknown = [pair for pair in (args.ragged_only or "").split(";") if pair and pair not in known]

@@ -1,0 +1,96 @@
+"""bench.targets: a cell meets its target only where every run has it within the limit; the benchmark's --verdict
+reads runs it wrote (no GPU) and prints that per cell."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hilbert_lab.bench.targets import (
+    count_met, format_verdicts, headline_verdicts, ragged_verdicts, sweep_verdicts,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "reports" / "results"
+SCRIPT = ROOT / "benchmarks" / "bench_gpu_attention.py"
+
+
+def _sweep_row(mode, seq_len, ratio, causal=True, head_dim=64, direction="fwd", auto_ms=1.0, hilbert_ms=None):
+    return dict(mode=mode, causal=causal, seq_len=seq_len, head_dim=head_dim, direction=direction,
+                auto_over_floor=ratio, auto_ms=auto_ms, hilbert_ms=hilbert_ms)
+
+
+def test_a_cell_is_met_only_where_every_run_meets_its_limit():
+    runs = [dict(sweep=[_sweep_row("longnet", 8192, 1.29), _sweep_row("longnet", 32768, 1.14),
+                        _sweep_row("head_groups", 32768, 1.10)]),
+            dict(sweep=[_sweep_row("longnet", 8192, 1.25), _sweep_row("longnet", 32768, 1.16)])]
+    rows = sweep_verdicts(runs)
+    assert [(row["cell"]["mode"], row["cell"]["seq_len"], row["ratios"], row["limit"], row["met"], row["worst"])
+            for row in rows] == [("longnet", 8192, [1.29, 1.25], 1.30, True, 1.29),
+                                 ("longnet", 32768, [1.14, 1.16], 1.15, False, 1.16),
+                                 ("head_groups", 32768, [1.10, None], 1.15, False, 1.10)]  # run 2 lacks it
+    assert count_met(rows) == (1, 3)
+
+
+def test_hilbert_headline_and_ragged_ratios_and_limits():
+    runs = [dict(sweep=[_sweep_row("longnet", 32768, 1.0, auto_ms=2.0, hilbert_ms=2.1)],
+                 headline=[dict(mode="head_groups", causal=False, seq_len=32768, head_dim=64, direction="fwd",
+                                auto_ms=1.06, fa4_floor_ms=1.0),
+                           dict(mode="head_groups", causal=False, seq_len=32768, head_dim=64, direction="fwd+bwd",
+                                auto_ms=1.06, fa4_floor_ms=1.0)],
+                 ragged=[dict(mode="longnet", m=32768, direction="fwd", ratios={"auto": 1.09, "fa4_floor": 1.2}),
+                         dict(mode="longnet", m=131072, direction="fwd+bwd", error="the process died")])]
+    (hilbert,) = sweep_verdicts(runs, hilbert=True)
+    assert hilbert["ratios"] == [pytest.approx(1.05)] and hilbert["limit"] == 1.05
+    assert [(row["ratios"], row["limit"], row["met"]) for row in headline_verdicts(runs)] == [
+        ([pytest.approx(1.06)], 1.05, False), ([pytest.approx(1.06)], 1.10, True)]
+    assert [(row["cell"], row["ratios"], row["met"]) for row in ragged_verdicts(runs)] == [
+        (dict(mode="longnet", m=32768, direction="fwd"), [1.09], True),
+        (dict(mode="longnet", m=131072, direction="fwd+bwd"), [None], False)]  # a pair that died is not met
+
+
+def test_the_committed_runs_give_the_verdicts_the_docs_state():
+    def load(*names):
+        return [json.loads((RESULTS / name).read_text()) for name in names]
+
+    ragged = ragged_verdicts(load(*(f"gpu_attention_ragged_caller_h100_11bbebf_run{i}.json" for i in (1, 2, 3))))
+    worst = max(row["ratios"]["auto"] for i in (1, 2, 3)
+                for row in load(f"gpu_attention_ragged_caller_h100_11bbebf_run{i}.json")[0]["ragged"])
+    assert count_met(ragged) == (8, 8) and max(row["worst"] for row in ragged) == worst < 1.06
+    headline = headline_verdicts(load(*(f"gpu_attention_headline_h100_1510a94_run{i}.json" for i in (1, 2, 3))))
+    assert [(row["cell"]["mode"], row["cell"]["causal"]) for row in headline if not row["met"]] == [
+        ("longnet", True), ("longnet", True)]
+    sweep = sweep_verdicts(load("gpu_attention_sweep_h100_200211b_run1.json",
+                                *(f"gpu_attention_sweep_h100_107fe7c_run{i}.json" for i in (2, 3))))
+    assert count_met([row for row in sweep if row["cell"]["seq_len"] > 8192]) == (33, 48)
+    assert count_met([row for row in sweep if row["cell"]["seq_len"] == 8192]) == (8, 16)
+
+
+def test_format_verdicts_names_each_cell_its_runs_and_the_verdict():
+    rows = sweep_verdicts([dict(sweep=[_sweep_row("longnet", 32768, 1.2)]), dict(sweep=[])])
+    assert format_verdicts(rows, "sweep") == [
+        "sweep: met in every run in 0 of 1 cells (ratios 1.200-1.200)",
+        f"  {'mode=longnet causal=True seq_len=32768 head_dim=64 direction=fwd':72s} 1.200   -    <= 1.15  MISSED"]
+    assert format_verdicts(rows, "sweep", cells=False) == ["sweep: met in every run in 0 of 1 cells (ratios "
+                                                           "1.200-1.200)"]
+
+
+@pytest.mark.parametrize("runs", [[], [["not", "a", "run"]]])
+def test_bad_runs_are_refused_naming_the_argument(runs):
+    with pytest.raises(ValueError, match=r"runs"):
+        sweep_verdicts(runs)
+
+
+def test_the_benchmark_prints_the_verdicts_of_runs_and_refuses_a_missing_file(tmp_path):
+    runs = [str(RESULTS / f"gpu_attention_ragged_caller_h100_11bbebf_run{i}.json") for i in (1, 2, 3)]
+    done = subprocess.run([sys.executable, str(SCRIPT), "--verdict", *runs], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "ragged, auto at m + 5 over m: met in every run in 8 of 8 cells" in done.stdout
+    assert "mode=head_groups m=32768 direction=fwd+bwd" in done.stdout and "MISSED" not in done.stdout
+    missing = subprocess.run([sys.executable, str(SCRIPT), "--verdict", str(tmp_path / "none.json")],
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "--verdict: cannot read" in missing.stderr.splitlines()[-1]
