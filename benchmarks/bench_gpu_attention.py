@@ -441,10 +441,13 @@ def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
             runs.append(json.loads(Path(path).read_text()))
         except (OSError, ValueError) as error:
             parser.error(f"--verdict: cannot read {path}: {type(error).__name__}: {error}")
-    parts = [("headline, auto over the FlashAttention-4 floor", headline_verdicts(runs), True),
-             ("sweep, auto over the best floor", sweep_verdicts(runs), True),
-             ("sweep, ordering='hilbert' over the plain call", sweep_verdicts(runs, hilbert=True), False),
-             ("ragged, auto at m + 5 over m", ragged_verdicts(runs), True)]
+    try:
+        parts = [("headline, auto over the FlashAttention-4 floor", headline_verdicts(runs), True),
+                 ("sweep, auto over the best floor", sweep_verdicts(runs), True),
+                 ("sweep, ordering='hilbert' over the plain call", sweep_verdicts(runs, hilbert=True), False),
+                 ("ragged, auto at m + 5 over m", ragged_verdicts(runs), True)]
+    except ValueError as error:  # a file that is JSON but not a run
+        parser.error(f"--verdict: {error}")
     print(f"{len(runs)} run{'' if len(runs) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
     for title, rows, cells in parts:
         if rows:

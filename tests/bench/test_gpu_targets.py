@@ -94,3 +94,7 @@ def test_the_benchmark_prints_the_verdicts_of_runs_and_refuses_a_missing_file(tm
     missing = subprocess.run([sys.executable, str(SCRIPT), "--verdict", str(tmp_path / "none.json")],
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "--verdict: cannot read" in missing.stderr.splitlines()[-1]
+    (tmp_path / "list.json").write_text("[1, 2]")
+    not_a_run = subprocess.run([sys.executable, str(SCRIPT), "--verdict", str(tmp_path / "list.json")],
+                               capture_output=True, text=True, timeout=300)
+    assert not_a_run.returncode == 2 and "runs[0] must be a run's JSON object" in not_a_run.stderr.splitlines()[-1]
