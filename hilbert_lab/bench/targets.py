@@ -35,7 +35,9 @@ def _verdicts(runs: Sequence[dict], part: str, keys: tuple[str, ...], ratio: Cal
         if not isinstance(run, dict):
             raise ValueError(f"runs[{index}] must be a run's JSON object, got {type(run).__name__}")
         for row in run.get(part) or ():
-            coordinates = tuple(row.get(key) for key in keys)
+            if not isinstance(row, dict) or any(row.get(key) is None for key in keys):
+                raise ValueError(f"runs[{index}][{part!r}] must hold cells with {', '.join(keys)}, got {row!r:.80}")
+            coordinates = tuple(row[key] for key in keys)
             cells.setdefault(coordinates, [None] * len(runs))[index] = ratio(row)
     rows = []
     for coordinates, ratios in cells.items():

@@ -78,9 +78,10 @@ def test_format_verdicts_names_each_cell_its_runs_and_the_verdict():
                                                            "1.200-1.200)"]
 
 
-@pytest.mark.parametrize("runs", [[], [["not", "a", "run"]]])
-def test_bad_runs_are_refused_naming_the_argument(runs):
-    with pytest.raises(ValueError, match=r"runs"):
+@pytest.mark.parametrize("runs, message", [([], "at least one run"), ([["not", "a", "run"]], r"runs\[0\] must be"),
+                                           ([dict(sweep=[dict(mode="longnet")])], r"runs\[0\]\['sweep'\] must hold")])
+def test_bad_runs_are_refused_naming_the_argument(runs, message):
+    with pytest.raises(ValueError, match=message):
         sweep_verdicts(runs)
 
 
