@@ -139,10 +139,12 @@ FLASH = DenseKernel("flash", _flash_forward, _flash_backward, dense_out_lse=True
                     workspace=_flash_workspace, aux_for=_flash_aux)
 KERNELS = {
     "flash": FLASH,
-    # cuDNN is chosen only where flash runs too (fp16/bf16, D <= 128, sm90+): decoding steps go there
+    # cuDNN is chosen only where flash runs too (fp16/bf16, D <= 128, sm90+): decoding steps go there. A plan's
+    # cuDNN calls replay as one CUDA graph (GRAPH_REGIONS): each eager call costs PyTorch's look-up of its cuDNN
+    # execution plan on the host, which at short blocks outweighs the kernel
     "cudnn": DenseKernel("cudnn", _cudnn_forward, _cudnn_backward, dense_out_lse=True, min_length=2,
                          fallback=MANUAL_KERNEL, workspace=_cudnn_workspace, varying_lengths=FLASH,
-                         aux_for=_cudnn_aux),
+                         aux_for=_cudnn_aux, graphs=True),
     # calls of one query and one key found no cutlass kernel on an H100 (torch 2.11): the fallback takes them
     "efficient": DenseKernel("efficient", _efficient_forward, _efficient_backward, min_length=2,
                              fallback=MANUAL_KERNEL),
