@@ -97,6 +97,11 @@ def _unused_philox(device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device)
 
 
+# the meta device's pair made at import, outside any dry run (attention.memory): a per-process constant, not memory
+# of a call, which an estimate would otherwise count on whichever call made it first
+_unused_philox("meta")
+
+
 def _flash_aux(q, k, causal):
     """The aux `_flash_forward` returns for a call of these shapes: no cumulative lengths (one batch of
     equal lengths), the lengths as maxima, the unused seed and offset."""
