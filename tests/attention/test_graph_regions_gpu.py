@@ -1,7 +1,7 @@
-"""A plan's FlashAttention-4 and cuDNN calls as CUDA graphs (executors.kernel.GRAPH_REGIONS): a training loop
-whose steps find the same addresses runs them eagerly twice, captures them, then replays them on each step's new
-values, and every step matches the float64 oracle. Packed rows (one graph per direction for all packs on fa4) and
-single sequences (one for all blocks), both modes."""
+"""A plan's FlashAttention-4 calls as CUDA graphs (executors.kernel.GRAPH_REGIONS): a training loop whose steps
+find the same addresses runs them eagerly twice, captures them, then replays them on each step's new values, and
+every step matches the float64 oracle. Packed rows (one graph per direction for all packs) and single sequences
+(one for all blocks), both modes."""
 from __future__ import annotations
 
 import pytest
@@ -23,11 +23,10 @@ LENGTHS = (1, 9, 40, 77, 3, 130, 20)  # a packed row: length 1, shorter than one
 
 @pytest.mark.parametrize("mode", ["longnet", "head_groups"])
 @pytest.mark.parametrize("packed", [True, False], ids=["packed", "one sequence"])
-@pytest.mark.parametrize("backend", ["fa4", "sdpa_cudnn"])
-def test_replayed_steps_compute_on_new_values(packed, mode, backend):
-    reason = unavailable_reason(backend, "cuda", torch.bfloat16)
+def test_replayed_steps_compute_on_new_values(packed, mode):
+    reason = unavailable_reason("fa4", "cuda", torch.bfloat16)
     if reason is not None:
-        pytest.skip(f"backend unavailable on this machine: {backend}: {reason}")
+        pytest.skip(f"backend unavailable on this machine: fa4: {reason}")
     gen = torch.Generator(device="cuda").manual_seed(2)
     total, steps = sum(LENGTHS), 8
     # free cached blocks left by earlier tests in this worker: from a fragmented cache the allocator may hand a step's
@@ -49,15 +48,13 @@ def test_replayed_steps_compute_on_new_values(packed, mode, backend):
         with torch.no_grad():
             for t, value in zip((q, k, v, upstream), values[step]):
                 t.copy_(value)
-        out = dilated_attention(q, k, v, **KW, mode=mode, causal=True, backend=backend, **extra)
+        out = dilated_attention(q, k, v, **KW, mode=mode, causal=True, backend="fa4", **extra)
         grads = torch.autograd.grad(out, (q, k, v), upstream)
         for saved, result in zip(results[step], (out, *grads)):
             saved.copy_(result)
         del out, grads, saved, result  # a step's tensor kept into the next moves that step's addresses
     kinds = {key[0][0] for key in GRAPH_REGIONS.graphs}
-    # packed rows run as packs on a varlen kernel (fa4); on cuDNN their plan's blocks are the documents' blocks
-    wanted = {"packs forward", "packs backward"} if packed and backend == "fa4" else \
-        {"blocks forward", "blocks backward"}
+    wanted = {"packs forward", "packs backward"} if packed else {"blocks forward", "blocks backward"}
     keys_seen = sum(key[0][0] in wanted for key in GRAPH_REGIONS.seen)
     state = dict(counts=GRAPH_REGIONS.counts, before=before, enabled=GRAPH_REGIONS.enabled, keys_seen=keys_seen,
                  reasons=list(GRAPH_REGIONS.reasons.values()))

@@ -97,11 +97,6 @@ def _unused_philox(device: str) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(1, dtype=torch.int64, device=device), torch.zeros(1, dtype=torch.int64, device=device)
 
 
-# the meta device's pair made at import, outside any dry run (attention.memory): a per-process constant, not memory
-# of a call, which an estimate would otherwise count on whichever call made it first
-_unused_philox("meta")
-
-
 def _flash_aux(q, k, causal):
     """The aux `_flash_forward` returns for a call of these shapes: no cumulative lengths (one batch of
     equal lengths), the lengths as maxima, the unused seed and offset."""
@@ -144,12 +139,10 @@ FLASH = DenseKernel("flash", _flash_forward, _flash_backward, dense_out_lse=True
                     workspace=_flash_workspace, aux_for=_flash_aux)
 KERNELS = {
     "flash": FLASH,
-    # cuDNN is chosen only where flash runs too (fp16/bf16, D <= 128, sm90+): decoding steps go there. A plan's
-    # cuDNN calls replay as one CUDA graph (GRAPH_REGIONS): each eager call costs PyTorch's look-up of its cuDNN
-    # execution plan on the host, which at short blocks outweighs the kernel
+    # cuDNN is chosen only where flash runs too (fp16/bf16, D <= 128, sm90+): decoding steps go there
     "cudnn": DenseKernel("cudnn", _cudnn_forward, _cudnn_backward, dense_out_lse=True, min_length=2,
                          fallback=MANUAL_KERNEL, workspace=_cudnn_workspace, varying_lengths=FLASH,
-                         aux_for=_cudnn_aux, graphs=True),
+                         aux_for=_cudnn_aux),
     # calls of one query and one key found no cutlass kernel on an H100 (torch 2.11): the fallback takes them
     "efficient": DenseKernel("efficient", _efficient_forward, _efficient_backward, min_length=2,
                              fallback=MANUAL_KERNEL),
