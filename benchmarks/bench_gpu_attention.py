@@ -71,7 +71,7 @@ from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
 from hilbert_lab.bench.targets import (  # noqa: E402
-    format_verdicts, headline_verdicts, ragged_verdicts, sweep_verdicts,
+    format_verdicts, headline_verdicts, ragged_verdicts, read_runs, sweep_verdicts,
 )
 from hilbert_lab.bench.timing import (  # noqa: E402
     PAIR_BURST_MS, free_cell_memory, graphed, time_function, time_interleaved, time_pair,
@@ -435,18 +435,13 @@ def longest(max_tokens: int, start: int, backend: str = "auto") -> dict:
 
 def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
     """The targets over the runs at `paths` (bench.targets): a cell meets its target only where every run does."""
-    runs = []
-    for path in paths:
-        try:
-            runs.append(json.loads(Path(path).read_text()))
-        except (OSError, ValueError) as error:
-            parser.error(f"--verdict: cannot read {path}: {type(error).__name__}: {error}")
     try:
+        runs = read_runs(paths)
         parts = [("headline, auto over the FlashAttention-4 floor", headline_verdicts(runs), True),
                  ("sweep, auto over the best floor", sweep_verdicts(runs), True),
                  ("sweep, ordering='hilbert' over the plain call", sweep_verdicts(runs, hilbert=True), False),
                  ("ragged, auto at m + 5 over m", ragged_verdicts(runs), True)]
-    except ValueError as error:  # a file that is JSON but not a run
+    except ValueError as error:  # a file that cannot be read, or is JSON but not a run
         parser.error(f"--verdict: {error}")
     print(f"{len(runs)} run{'' if len(runs) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
     for title, rows, cells in parts:

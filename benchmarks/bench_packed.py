@@ -29,6 +29,7 @@ test of this script: no FlashAttention-4, no floor; small --tokens).
 
 Usage: python benchmarks/bench_packed.py [--out PATH] [--tokens 131072] [--documents 64] [--repeats 10]
        [--backends auto,sdpa,fa4] (auto,fa4: the same targets without the slow sdpa anchor)
+       python benchmarks/bench_packed.py --verdict RUN.json [RUN.json ...]  (no GPU: the targets over runs)
 """
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ from hilbert_lab.attention.plan import cached_plan  # noqa: E402
 from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
-from hilbert_lab.io import strip_paths  # noqa: E402
+from hilbert_lab.bench.targets import format_verdicts, packed_verdicts, read_runs  # noqa: E402
 from hilbert_lab.bench.timing import graphed, time_function, time_pair  # noqa: E402
+from hilbert_lab.io import strip_paths  # noqa: E402
 
 
 NO_GRAPHS = "ours[auto,no-graphs]"
@@ -320,6 +322,16 @@ def report(result) -> None:
               f"(ratio {floors[0] / floors[1]:.3f})")
 
 
+def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
+    """The packed targets over the runs at `paths` (bench.targets): a target is met only where every run meets it."""
+    try:
+        rows = packed_verdicts(read_runs(paths))
+    except ValueError as error:  # a file that cannot be read, or is JSON but not a run of this script
+        parser.error(f"--verdict: {error}")
+    print(f"{len(paths)} run{'' if len(paths) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
+    print("\n".join(format_verdicts(rows, "packed row", spread=False)))  # each target its own ratio
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="reports/results/packed_gpu.json")
@@ -334,7 +346,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--backends", default="auto,sdpa,fa4",
                         help="executors timed as ours[...] and loop[...] (auto always; sdpa takes minutes)")
+    parser.add_argument("--verdict", nargs="+", metavar="RUN.json", default=None,
+                        help="no timing: read runs this benchmark wrote and print each target's ratio per run and "
+                             "whether every run meets it (bench.targets)")
     args = parser.parse_args()
+    if args.verdict:
+        print_verdicts(parser, args.verdict)
+        return
     if args.heads % 4:
         parser.error("--heads must be a multiple of 4 (the GQA comparison uses H / 4 key/value heads)")
     chosen = args.backends.split(",")

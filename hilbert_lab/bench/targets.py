@@ -1,21 +1,30 @@
-"""Whether the engine's speed targets hold across runs of `benchmarks/bench_gpu_attention.py`: a target is met in a
-cell only where every run of that cell meets it (one good run is not a result).
+"""Whether the engine's speed targets hold across runs of `benchmarks/bench_gpu_attention.py` and
+`benchmarks/bench_packed.py`: a target is met in a cell only where every run of that cell meets it (one good run is
+not a result).
 
 Each function takes the runs' JSON objects (as the benchmark writes them) and returns one row per cell:
 `cell` (the cell's coordinates), `ratios` (one per run; None where that run lacks the cell or its ratio),
-`limit`, `met` (every run has the ratio and none is above the limit) and `worst` (the largest ratio seen).
+`limit`, `bound`, `met` (every run has the ratio and none is on the wrong side of the limit) and `worst` (the largest
+ratio seen; the smallest where the bound is ">=").
 - `headline_verdicts`: `auto` over the FlashAttention-4-in-place floor of its run: head_groups fwd <= 1.05, every
   other headline cell <= 1.10.
 - `sweep_verdicts`: `auto` over the cell's best floor: <= 1.30 at N <= 8192, else <= 1.15; with `hilbert=True`,
   `ordering="hilbert"` over the plain call, <= 1.05.
 - `ragged_verdicts`: `auto` at N = m + 5 over N = m, <= 1.10.
-`format_verdicts(rows, title, cells=True)` -> the lines of a table; `count_met(rows)` -> (met, cells).
+- `packed_verdicts` (runs of `benchmarks/bench_packed.py`): ours over the FlashAttention-4 varlen floor, timed round by
+  round together, <= 1.25 (fwd, fwd+bwd); the per-document loop over ours >= 6; GQA (H_kv = H / 4) over MHA <= 0.9.
+A row's `bound` says which side of the limit meets it: "<=", or ">=" where a speed-up is the target.
+`read_runs(paths)` -> the runs' JSON objects; `format_verdicts(rows, title, cells=True)` -> the lines of a table;
+`count_met(rows)` -> (met, cells).
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-__all__ = ["count_met", "format_verdicts", "headline_verdicts", "ragged_verdicts", "sweep_verdicts"]
+__all__ = ["count_met", "format_verdicts", "headline_verdicts", "packed_verdicts", "ragged_verdicts", "read_runs",
+           "sweep_verdicts"]
 
 SWEEP_KEYS = ("mode", "causal", "seq_len", "head_dim", "direction")
 RAGGED_KEYS = ("mode", "m", "direction")
@@ -39,14 +48,17 @@ def _verdicts(runs: Sequence[dict], part: str, keys: tuple[str, ...], ratio: Cal
                 raise ValueError(f"runs[{index}][{part!r}] must hold cells with {', '.join(keys)}, got {row!r:.80}")
             coordinates = tuple(row[key] for key in keys)
             cells.setdefault(coordinates, [None] * len(runs))[index] = ratio(row)
-    rows = []
-    for coordinates, ratios in cells.items():
-        cell = dict(zip(keys, coordinates))
-        bound = limit(cell)
-        seen = [r for r in ratios if r is not None]
-        rows.append(dict(cell=cell, ratios=ratios, limit=bound, worst=max(seen) if seen else None,
-                         met=len(seen) == len(ratios) and all(r <= bound for r in seen)))
-    return rows
+    return [_row(dict(zip(keys, coordinates)), ratios, limit(dict(zip(keys, coordinates))))
+            for coordinates, ratios in cells.items()]
+
+
+def _row(cell: dict, ratios: list, limit: float, *, at_least: bool = False) -> dict:
+    """A cell's row: met where every run has a ratio on the meeting side of `limit` (above it with at_least)."""
+    seen = [r for r in ratios if r is not None]
+    meets = (lambda r: r >= limit) if at_least else (lambda r: r <= limit)
+    worst = (min if at_least else max)(seen) if seen else None
+    return dict(cell=cell, ratios=ratios, limit=limit, bound=">=" if at_least else "<=", worst=worst,
+                met=len(seen) == len(ratios) and all(meets(r) for r in seen))
 
 
 def headline_verdicts(runs: Sequence[dict]) -> list[dict]:
@@ -72,19 +84,66 @@ def ragged_verdicts(runs: Sequence[dict]) -> list[dict]:
                      lambda cell: 1.10)
 
 
+def _median(timing: Optional[dict]) -> Optional[float]:
+    return timing.get("median") if isinstance(timing, dict) else None
+
+
+def _pair_ratio(pair: Optional[dict]) -> Optional[float]:
+    """The ratio of a pair timed round by round together (bench.timing.time_pair); None where it was not timed."""
+    return pair.get("ratio") if isinstance(pair, dict) else None
+
+
+def packed_verdicts(runs: Sequence[dict]) -> list[dict]:
+    """The packed row's targets over runs of `benchmarks/bench_packed.py`: per direction ours[auto] over the
+    FlashAttention-4 varlen floor (the interleaved pair, <= 1.25) and the fastest per-document loop over ours[auto]
+    (>= 6); GQA over MHA, fwd+bwd (the interleaved pair, <= 0.9)."""
+    if not runs:
+        raise ValueError("runs must hold at least one run of bench_packed.py, got none")
+    found: dict[tuple, list] = {}
+    for index, run in enumerate(runs):
+        if not isinstance(run, dict) or not isinstance(run.get("cells"), dict):
+            got = "a JSON object without 'cells'" if isinstance(run, dict) else type(run).__name__
+            raise ValueError(f"runs[{index}] must be a run of bench_packed.py (a JSON object with 'cells'), got {got}")
+        for direction, cell in run["cells"].items():
+            times = cell.get("times_ms") or {}
+            loops = [_median(times[name]) for name in times if name.startswith("loop")]
+            loop = min((t for t in loops if t), default=None)
+            found.setdefault(("floor", direction), [None] * len(runs))[index] = _pair_ratio(cell.get("interleaved"))
+            found.setdefault(("loop", direction), [None] * len(runs))[index] = _ratio(
+                loop, _median(times.get("ours[auto]")))
+        found.setdefault(("gqa", "fwd+bwd"), [None] * len(runs))[index] = _pair_ratio(
+            (run.get("gqa") or {}).get("interleaved"))
+    names = dict(floor="ours over the varlen floor", loop="the per-document loop over ours", gqa="GQA over MHA")
+    limits = dict(floor=1.25, loop=6.0, gqa=0.9)
+    return [_row(dict(target=names[target], direction=direction), ratios, limits[target], at_least=target == "loop")
+            for (target, direction), ratios in found.items()]
+
+
+def read_runs(paths: Sequence[str]) -> list[dict]:
+    """The JSON objects of the runs at `paths`; ValueError naming a path that cannot be read as JSON."""
+    runs = []
+    for path in paths:
+        try:
+            runs.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"cannot read {path}: {type(error).__name__}: {error}") from None
+    return runs
+
+
 def count_met(rows: Sequence[dict]) -> tuple[int, int]:
     """(cells met in every run, cells)."""
     return sum(row["met"] for row in rows), len(rows)
 
 
-def format_verdicts(rows: Sequence[dict], title: str, *, cells: bool = True) -> list[str]:
-    """A title line (cells met in every run, the range of the ratios) and, with cells=True, a line per cell: its
-    coordinates, each run's ratio ("-" where missing), the limit and met / MISSED."""
+def format_verdicts(rows: Sequence[dict], title: str, *, cells: bool = True, spread: bool = True) -> list[str]:
+    """A title line (cells met in every run and, with spread=True, the range of the ratios: for rows of one kind of
+    ratio) and, with cells=True, a line per cell: its coordinates, each run's ratio ("-" where missing), the bound
+    and limit, and met / MISSED."""
     seen = [r for row in rows for r in row["ratios"] if r is not None]
-    spread = f" (ratios {min(seen):.3f}-{max(seen):.3f})" if seen else ""
-    lines = [f"{title}: met in every run in {count_met(rows)[0]} of {len(rows)} cells{spread}"]
+    span = f" (ratios {min(seen):.3f}-{max(seen):.3f})" if seen and spread else ""
+    lines = [f"{title}: met in every run in {count_met(rows)[0]} of {len(rows)} cells{span}"]
     for row in rows if cells else ():
         cell = " ".join(f"{key}={value}" for key, value in row["cell"].items())
         ratios = " ".join("  -  " if r is None else f"{r:.3f}" for r in row["ratios"])
-        lines.append(f"  {cell:72s} {ratios}  <= {row['limit']:.2f}  {'met' if row['met'] else 'MISSED'}")
+        lines.append(f"  {cell:72s} {ratios}  {row['bound']} {row['limit']:.2f}  {'met' if row['met'] else 'MISSED'}")
     return lines

@@ -1,5 +1,5 @@
-"""bench.targets: a cell meets its target only where every run has it within the limit; the benchmark's --verdict
-reads runs it wrote (no GPU) and prints that per cell."""
+"""bench.targets: a cell meets its target only where every run has it within the limit; the benchmarks' --verdict
+reads runs they wrote (no GPU) and prints that per cell."""
 from __future__ import annotations
 
 import json
@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from hilbert_lab.bench.targets import (
-    count_met, format_verdicts, headline_verdicts, ragged_verdicts, sweep_verdicts,
+    count_met, format_verdicts, headline_verdicts, packed_verdicts, ragged_verdicts, sweep_verdicts,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "reports" / "results"
 SCRIPT = ROOT / "benchmarks" / "bench_gpu_attention.py"
+PACKED_SCRIPT = ROOT / "benchmarks" / "bench_packed.py"
 
 
 def _sweep_row(mode, seq_len, ratio, causal=True, head_dim=64, direction="fwd", auto_ms=1.0, hilbert_ms=None):
@@ -99,3 +100,49 @@ def test_the_benchmark_prints_the_verdicts_of_runs_and_refuses_a_missing_file(tm
     not_a_run = subprocess.run([sys.executable, str(SCRIPT), "--verdict", str(tmp_path / "list.json")],
                                capture_output=True, text=True, timeout=300)
     assert not_a_run.returncode == 2 and "runs[0] must be a run's JSON object" in not_a_run.stderr.splitlines()[-1]
+
+
+def _packed_run(floor_fwd, floor_both, loop_ms, ours_ms, gqa):
+    timing = lambda ms: dict(median=ms)  # noqa: E731
+    cells = {direction: dict(times_ms={"ours[auto]": timing(ours_ms), "loop[auto]": timing(loop_ms),
+                                       "loop[fa4]": timing(loop_ms * 2)}, interleaved=dict(ratio=floor))
+             for direction, floor in (("fwd", floor_fwd), ("fwd+bwd", floor_both))}
+    return dict(cells=cells, gqa=dict(interleaved=dict(ratio=gqa) if gqa else dict(error="out of memory")))
+
+
+def test_packed_targets_read_the_interleaved_pairs_and_the_fastest_loop():
+    rows = packed_verdicts([_packed_run(1.20, 1.24, 12.0, 2.0, 0.85), _packed_run(1.21, 1.26, 13.0, 2.0, None)])
+    by_target = {(row["cell"]["target"], row["cell"]["direction"]): row for row in rows}
+    floor_fwd = by_target["ours over the varlen floor", "fwd"]
+    assert (floor_fwd["ratios"], floor_fwd["bound"], floor_fwd["limit"], floor_fwd["met"]) == ([1.20, 1.21], "<=",
+                                                                                               1.25, True)
+    assert by_target["ours over the varlen floor", "fwd+bwd"]["met"] is False  # 1.26 in run 2
+    loop = by_target["the per-document loop over ours", "fwd"]  # the faster loop (12, 13 ms) over ours (2 ms)
+    assert (loop["ratios"], loop["bound"], loop["limit"], loop["worst"], loop["met"]) == ([6.0, 6.5], ">=", 6.0,
+                                                                                          6.0, True)
+    gqa = by_target["GQA over MHA", "fwd+bwd"]
+    assert (gqa["ratios"], gqa["limit"], gqa["met"]) == ([0.85, None], 0.9, False)  # not timed in run 2: not met
+    assert count_met(rows) == (3, 5)
+    line = format_verdicts([loop], "packed", spread=False)
+    assert line[0] == "packed: met in every run in 1 of 1 cells" and line[1].endswith("6.000 6.500  >= 6.00  met")
+
+
+@pytest.mark.parametrize("runs, message", [([], "at least one run"), ([dict(sweep=[])], "without 'cells'"),
+                                           ([[1]], r"runs\[0\] must be a run of bench_packed.py")])
+def test_packed_verdicts_refuse_what_is_not_a_packed_run(runs, message):
+    with pytest.raises(ValueError, match=message):
+        packed_verdicts(runs)
+
+
+def test_the_packed_benchmark_prints_the_verdicts_of_its_committed_runs(tmp_path):
+    runs = [str(RESULTS / f"packed_h100_edcdf46_run{i}.json") for i in (1, 2)]
+    done = subprocess.run([sys.executable, str(PACKED_SCRIPT), "--verdict", *runs], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1] == "packed row: met in every run in 3 of 5 cells"
+    assert [line.split()[-1] for line in lines[2:]] == ["met", "MISSED", "met", "met", "MISSED"]
+    assert "1.198 1.199  <= 1.25" in lines[2] and "1.246 1.247  <= 1.25" in lines[4]
+    missing = subprocess.run([sys.executable, str(PACKED_SCRIPT), "--verdict", str(tmp_path / "none.json")],
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "--verdict: cannot read" in missing.stderr.splitlines()[-1]
