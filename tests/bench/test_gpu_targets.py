@@ -68,6 +68,13 @@ def test_the_committed_runs_give_the_verdicts_the_docs_state():
                                 *(f"gpu_attention_sweep_h100_107fe7c_run{i}.json" for i in (2, 3))))
     assert count_met([row for row in sweep if row["cell"]["seq_len"] > 8192]) == (33, 48)
     assert count_met([row for row in sweep if row["cell"]["seq_len"] == 8192]) == (8, 16)
+    caller = sweep_verdicts(load("gpu_attention_sweep_caller_h100_11bbebf_run1.json",
+                                 "gpu_attention_sweep_caller_h100_f665f2d_run2.json"))
+    assert count_met([row for row in caller if row["cell"]["seq_len"] > 8192]) == (41, 48)
+    assert count_met([row for row in caller if row["cell"]["seq_len"] == 8192]) == (13, 16)
+    packed = packed_verdicts(load(*(f"packed_h100_f665f2d_run{i}.json" for i in (1, 2, 3))))
+    assert [(row["cell"]["target"], row["cell"]["direction"]) for row in packed if row["met"]] == [
+        ("ours over the varlen floor", "fwd"), ("the per-document loop over ours", "fwd+bwd")]
 
 
 def test_format_verdicts_names_each_cell_its_runs_and_the_verdict():
