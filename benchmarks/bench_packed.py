@@ -50,7 +50,7 @@ from hilbert_lab.attention.plan import cached_plan  # noqa: E402
 from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
-from hilbert_lab.bench.targets import format_verdicts, packed_verdicts, read_runs  # noqa: E402
+from hilbert_lab.bench.targets import PACKED_LIMITS, format_verdicts, packed_verdicts, read_runs  # noqa: E402
 from hilbert_lab.bench.timing import graphed, time_function, time_pair  # noqa: E402
 from hilbert_lab.io import strip_paths  # noqa: E402
 
@@ -297,12 +297,14 @@ def report(result) -> None:
         for name in cell["times_ms"]:
             time = median(cell, name)
             if name.startswith("ours") and time:
-                line = f"  {name}: loop/ours {best_loop / time:.2f}x (target >= 6)" if best_loop else f"  {name}:"
+                line = f"  {name}:"
+                if best_loop:
+                    line += f" loop/ours {best_loop / time:.2f}x (target >= {PACKED_LIMITS['loop']:g})"
                 if floor:
-                    line += f", ours/floor {time / floor:.3f} (target <= 1.25)"
+                    line += f", ours/floor {time / floor:.3f} (target <= {PACKED_LIMITS['floor']:g})"
                 print(line)
         if "interleaved" in cell:
-            print(f"  interleaved {pair_text(cell['interleaved'])} (target <= 1.25)")
+            print(f"  interleaved {pair_text(cell['interleaved'])} (target <= {PACKED_LIMITS['floor']:g})")
         for name, profile in cell.get("kernels", {}).items():
             if "ms_total" in profile and median(cell, name):
                 print(f"  {name}: kernels {profile['ms_total']:.3f} ms, wall/kernels "
@@ -311,7 +313,7 @@ def report(result) -> None:
     mha_ms, gqa_ms = gqa["mha"]["fwd+bwd"]["median"], gqa["gqa"]["fwd+bwd"]["median"]
     peaks = [gqa[label].get("peak_bytes") for label in ("gqa", "mha")]
     print(f"\nGQA fwd+bwd ours[auto]: H_kv={gqa['gqa']['kv_heads']} {gqa_ms:.3f} ms vs MHA {mha_ms:.3f} ms "
-          f"(ratio {gqa_ms / mha_ms:.3f}, target <= 0.9); K/V bytes {gqa['gqa']['kv_bytes']} vs "
+          f"(ratio {gqa_ms / mha_ms:.3f}, target <= {PACKED_LIMITS['gqa']:g}); K/V bytes {gqa['gqa']['kv_bytes']} vs "
           f"{gqa['mha']['kv_bytes']}"
           + (f"; peak above inputs {peaks[0] / 2**20:.1f} MiB vs {peaks[1] / 2**20:.1f} MiB"
              if None not in peaks else ""))

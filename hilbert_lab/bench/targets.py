@@ -23,10 +23,13 @@ import json
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-__all__ = ["count_met", "format_verdicts", "headline_verdicts", "packed_verdicts", "ragged_verdicts", "read_runs",
-           "sweep_verdicts"]
+__all__ = ["PACKED_LIMITS", "count_met", "format_verdicts", "headline_verdicts", "packed_verdicts", "ragged_verdicts",
+           "read_runs", "sweep_verdicts"]
 
 SWEEP_KEYS = ("mode", "causal", "seq_len", "head_dim", "direction")
+# the packed row's targets: ours over the varlen floor (at most), the per-document loop over ours (at least), GQA
+# with H_kv = H / 4 over MHA (at most)
+PACKED_LIMITS = {"floor": 1.25, "loop": 6.0, "gqa": 0.9}
 RAGGED_KEYS = ("mode", "m", "direction")
 
 
@@ -48,8 +51,8 @@ def _verdicts(runs: Sequence[dict], part: str, keys: tuple[str, ...], ratio: Cal
                 raise ValueError(f"runs[{index}][{part!r}] must hold cells with {', '.join(keys)}, got {row!r:.80}")
             coordinates = tuple(row[key] for key in keys)
             cells.setdefault(coordinates, [None] * len(runs))[index] = ratio(row)
-    return [_row(dict(zip(keys, coordinates)), ratios, limit(dict(zip(keys, coordinates))))
-            for coordinates, ratios in cells.items()]
+    named = [(dict(zip(keys, coordinates)), ratios) for coordinates, ratios in cells.items()]
+    return [_row(cell, ratios, limit(cell)) for cell, ratios in named]
 
 
 def _row(cell: dict, ratios: list, limit: float, *, at_least: bool = False) -> dict:
@@ -114,8 +117,8 @@ def packed_verdicts(runs: Sequence[dict]) -> list[dict]:
         found.setdefault(("gqa", "fwd+bwd"), [None] * len(runs))[index] = _pair_ratio(
             (run.get("gqa") or {}).get("interleaved"))
     names = dict(floor="ours over the varlen floor", loop="the per-document loop over ours", gqa="GQA over MHA")
-    limits = dict(floor=1.25, loop=6.0, gqa=0.9)
-    return [_row(dict(target=names[target], direction=direction), ratios, limits[target], at_least=target == "loop")
+    return [_row(dict(target=names[target], direction=direction), ratios, PACKED_LIMITS[target],
+                 at_least=target == "loop")
             for (target, direction), ratios in found.items()]
 
 
