@@ -24,7 +24,7 @@ ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and 
 inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
 K/V memory H_kv/H); with FlashAttention-4, the varlen floor's fwd+bwd at both H_kv too (the kernels' own ratio).
 Each cell records how the graph regions ran while each variant was timed (`graph_regions`: replayed, or eager
-outside them). Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
+outside them), and each interleaved pair while it ran (`interleaved.graph_regions`). Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
 test of this script: no FlashAttention-4, no floor; small --tokens).
 
 Usage: python benchmarks/bench_packed.py [--out PATH] [--tokens 131072] [--documents 64] [--repeats 10]
@@ -224,8 +224,10 @@ def run(args) -> dict:
                 cell["times_ms"][FLOOR] = failed(error)
             else:  # the target's ratio from both timed together, round by round (drift hits both alike)
                 try:
-                    cell["interleaved"] = time_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
-                                                    device=device, rounds=max(6, args.repeats))
+                    with GRAPH_REGIONS.counting() as regions:
+                        cell["interleaved"] = time_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
+                                                        device=device, rounds=max(6, args.repeats))
+                    cell["interleaved"]["graph_regions"] = regions  # ours' regions while the pair ran
                 except Exception as error:
                     cell["interleaved"] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
@@ -256,8 +258,10 @@ def run(args) -> dict:
                 row[FLOOR] = failed(error)
         gqa[label] = row
     try:
-        gqa["interleaved"] = time_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device=device,
-                                       rounds=max(6, args.repeats))
+        with GRAPH_REGIONS.counting() as regions:
+            gqa["interleaved"] = time_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device=device,
+                                           rounds=max(6, args.repeats))
+        gqa["interleaved"]["graph_regions"] = regions
     except Exception as error:
         gqa["interleaved"] = failed(error)
     result["gqa"] = gqa
@@ -269,8 +273,9 @@ def pair_text(pair: dict) -> str:
     """An interleaved pair's ratio and interval, or why it could not be timed."""
     if "error" in pair:
         return f"not timed: {pair['error']}"
+    eager = pair.get("graph_regions", {}).get("eager", 0)
     return (f"{pair['of']}: {pair['ratio']:.3f} [{pair['interval'][0]:.3f}, {pair['interval'][1]:.3f}] "
-            f"over {pair['rounds']} rounds")
+            f"over {pair['rounds']} rounds" + (f" ({eager} region calls eager)" if eager else ""))
 
 
 def median(cell, name):

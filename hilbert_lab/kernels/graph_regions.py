@@ -22,9 +22,10 @@ or writes, the stream and the autocast state. What a region may do:
   `reasons`. The third run captures. (A capture that fails all the same is dropped and run eagerly, but
   PyTorch's allocator and generators may not recover from a failed capture: the watch keeps it from happening.)
 
-The cache keeps `max_graphs` graphs, the least recently used dropped first. A dropped key that comes back runs
-eagerly from then on (`reasons`): the keys in use outnumber the kept graphs, and capturing again would cost a
-capture on every call.
+The cache keeps `max_graphs` graphs, the least recently used dropped first. A dropped key that comes back is
+captured again (a steady loop regains its replays after a phase of other shapes: an evaluation, other lengths),
+up to `max_recaptures` times; a key dropped once more than that runs eagerly from then on (`reasons`): the keys in
+use keep outnumbering the kept graphs, and capturing again would cost a capture on every call.
 
 Nothing is captured inside another capture (the caller's own CUDA graph or `torch.compile`'s
 "reduce-overhead" then records the launches themselves), off CUDA, or when `enabled` is False. A region
@@ -79,19 +80,23 @@ def _synchronizes(launch: Callable[[], Any]) -> bool:
 
 
 class GraphRegions:
-    """Cache of captured regions (see the module docstring): `max_graphs` graphs, least recently used dropped.
+    """Cache of captured regions (see the module docstring): `max_graphs` graphs, least recently used dropped; a
+    dropped key captured again when it returns, at most `max_recaptures` times.
 
     Attributes: `enabled`; `counts` {"eager", "captured", "replayed", "refused"}: how the regions ran; `reasons`
-    {key: why a capture was abandoned}."""
+    {key: why a capture was abandoned}; `drops` {key: times its graph was dropped}."""
 
-    def __init__(self, max_graphs: int = 128):
+    def __init__(self, max_graphs: int = 128, max_recaptures: int = 2):
         if max_graphs < 1:
             raise ValueError(f"max_graphs must be at least 1, got {max_graphs}")
-        self.max_graphs = max_graphs
+        if max_recaptures < 0:
+            raise ValueError(f"max_recaptures must be at least 0, got {max_recaptures}")
+        self.max_graphs, self.max_recaptures = max_graphs, max_recaptures
         self.enabled = True
         self.graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, Any]] = OrderedDict()
         self.seen: OrderedDict[tuple, int] = OrderedDict()
         self.reasons: dict[tuple, str] = {}
+        self.drops: dict[tuple, int] = {}
         self.counts = {"eager": 0, "captured": 0, "replayed": 0, "refused": 0}
         self._pools: dict[tuple[int, int], Any] = {}
 
@@ -111,6 +116,7 @@ class GraphRegions:
         self.graphs.clear()
         self.seen.clear()
         self.reasons.clear()
+        self.drops.clear()
         self._pools.clear()
 
     def run(self, key: Hashable, tensors: Iterable[Optional[torch.Tensor]], launch: Callable[[], Any],
@@ -152,6 +158,7 @@ class GraphRegions:
         while len(self.seen) > 4 * self.max_graphs:  # a forgotten key is watched again if it comes back
             forgotten, _ = self.seen.popitem(last=False)
             self.reasons.pop(forgotten, None)
+            self.drops.pop(forgotten, None)
 
     def _capture(self, full: tuple, device: torch.device, launch: Callable[[], Any], keep: Any) -> None:
         graph = torch.cuda.CUDAGraph()
@@ -187,8 +194,11 @@ class GraphRegions:
         if len(self.graphs) > self.max_graphs:
             while len(self.graphs) > self.max_graphs:
                 dropped, _ = self.graphs.popitem(last=False)
-                self.seen[dropped] = self.seen.get(dropped, 2)  # bounded with the seen keys
-                self.reasons[dropped] = f"dropped from the cache: more keys in use than max_graphs ({self.max_graphs})"
+                self.seen[dropped] = self.seen.get(dropped, 2)  # watched already: captured when it returns
+                drops = self.drops[dropped] = self.drops.get(dropped, 0) + 1  # bounded with the seen keys
+                if drops > self.max_recaptures:
+                    self.reasons[dropped] = (f"dropped from the cache {drops} times: more keys in use than "
+                                             f"max_graphs ({self.max_graphs})")
             self._forget_unused_pools()
         graph.replay()
         self.counts["captured"] += 1

@@ -42,3 +42,7 @@ def test_a_pair_that_could_not_be_timed_is_reported_with_why():
     assert script.pair_text({"error": "RuntimeError: out of memory"}) == "not timed: RuntimeError: out of memory"
     pair = {"of": "gqa / mha", "ratio": 0.912, "interval": [0.9, 0.93], "rounds": 10}
     assert script.pair_text(pair) == "gqa / mha: 0.912 [0.900, 0.930] over 10 rounds"
+    pair["graph_regions"] = {"eager": 0, "captured": 0, "replayed": 40, "refused": 0}
+    assert script.pair_text(pair) == "gqa / mha: 0.912 [0.900, 0.930] over 10 rounds"
+    pair["graph_regions"] = {"eager": 96, "captured": 0, "replayed": 0, "refused": 0}  # told: it times Python
+    assert script.pair_text(pair) == "gqa / mha: 0.912 [0.900, 0.930] over 10 rounds (96 region calls eager)"

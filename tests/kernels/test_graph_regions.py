@@ -284,22 +284,46 @@ def test_addresses_that_alternate_between_steps_make_two_graphs_both_replayed(fa
     assert regions.counts == {"eager": 4, "captured": 2, "replayed": 4, "refused": 0} and len(regions.graphs) == 2
 
 
-def test_a_key_dropped_from_the_cache_that_comes_back_stays_eager(fake_cuda):
-    """Two keys in turn through a cache of one graph: each is captured once, and a dropped key that returns runs
-    eagerly (on its values) instead of being captured again on every call."""
+def test_a_key_dropped_from_the_cache_that_comes_back_is_captured_again_and_replayed(fake_cuda):
+    """A steady loop's key evicted by a phase of other keys (an evaluation, other lengths) is captured again on its
+    return and replayed on its values after, not left eager."""
     regions = fake_cuda.GraphRegions(max_graphs=1)
+    a, b, out = torch.randn(5), torch.randn(5), torch.empty(5)
+    for x in (a, b):  # a captured, then b's capture drops it
+        for _ in range(3):
+            regions.run(("r",), (x, out), _recorded(x, out, 2.0))
+    with regions.counting() as done:
+        for factor in (3.0, 4.0, 5.0):
+            a.normal_()
+            regions.run(("r",), (a, out), _recorded(a, out, factor))
+            torch.testing.assert_close(out, a * 3.0)  # the capture's launches (factor 3), on a's values now
+    assert done == {"eager": 0, "captured": 1, "replayed": 2, "refused": 0}
+    assert not regions.reasons and len(regions.drops) == 2 and set(regions.drops.values()) == {1}
+
+
+def test_a_key_dropped_more_than_max_recaptures_times_stays_eager(fake_cuda):
+    """Two keys in turn through a cache of one graph: each is captured 1 + max_recaptures times, and a key dropped
+    once more runs eagerly (on its values) instead of being captured again on every call."""
+    regions = fake_cuda.GraphRegions(max_graphs=1, max_recaptures=1)
     a, b, out = torch.randn(5), torch.randn(5), torch.empty(5)
     for x in (a, b):
         for _ in range(3):
             regions.run(("r",), (x, out), _recorded(x, out, 2.0))
-    for factor in (3.0, 4.0, 5.0):
+    for factor in (3.0, 4.0, 5.0, 6.0):
         for x in (a, b):
             x.normal_()
             regions.run(("r",), (x, out), _recorded(x, out, factor))
-            torch.testing.assert_close(out, x * (factor if x is a else 2.0))
-    assert regions.counts == {"eager": 7, "captured": 2, "replayed": 3, "refused": 0}
-    assert [reason for reason in regions.reasons.values()] == ["dropped from the cache: more keys in use than "
-                                                                "max_graphs (1)"]
+            # at factor 3 each is captured again (a's capture drops b, b's drops a a second time); after, a runs
+            # eagerly on each call's factor and b replays its graph of factor 3 (the one graph in the cache)
+            expected = factor if x is a and factor > 3.0 else 3.0
+            torch.testing.assert_close(out, x * expected)
+    assert regions.counts["captured"] == 4 and sorted(regions.drops.values()) == [1, 2]
+    assert list(regions.reasons.values()) == ["dropped from the cache 2 times: more keys in use than max_graphs (1)"]
+
+
+def test_max_recaptures_must_not_be_negative():
+    with pytest.raises(ValueError, match="max_recaptures"):
+        GraphRegions(max_recaptures=-1)
 
 
 def test_keep_given_as_a_function_is_called_after_the_capture_and_kept_with_the_graph(fake_cuda):
