@@ -69,12 +69,19 @@ def test_the_committed_runs_give_the_verdicts_the_docs_state():
     assert count_met([row for row in sweep if row["cell"]["seq_len"] > 8192]) == (33, 48)
     assert count_met([row for row in sweep if row["cell"]["seq_len"] == 8192]) == (8, 16)
     caller = sweep_verdicts(load("gpu_attention_sweep_caller_h100_11bbebf_run1.json",
-                                 "gpu_attention_sweep_caller_h100_f665f2d_run2.json"))
+                                 "gpu_attention_sweep_caller_h100_f665f2d_run2.json",
+                                 "gpu_attention_sweep_caller_h100_a0c2551_run3.json"))
     assert count_met([row for row in caller if row["cell"]["seq_len"] > 8192]) == (41, 48)
     assert count_met([row for row in caller if row["cell"]["seq_len"] == 8192]) == (13, 16)
     packed = packed_verdicts(load(*(f"packed_h100_f665f2d_run{i}.json" for i in (1, 2, 3))))
     assert [(row["cell"]["target"], row["cell"]["direction"]) for row in packed if row["met"]] == [
         ("ours over the varlen floor", "fwd"), ("the per-document loop over ours", "fwd+bwd")]
+    packed_h200 = packed_verdicts(load(*(f"packed_h200_50d02c8_run{i}.json" for i in (1, 2, 3))))
+    assert [(row["cell"]["target"], row["cell"]["direction"]) for row in packed_h200 if row["met"]] == [
+        ("ours over the varlen floor", "fwd"), ("ours over the varlen floor", "fwd+bwd"),
+        ("the per-document loop over ours", "fwd+bwd")]
+    assert max(row["worst"] for row in packed_h200 if row["cell"]["direction"] == "fwd+bwd"
+               and row["cell"]["target"] == "ours over the varlen floor") < 1.22
 
 
 def test_format_verdicts_names_each_cell_its_runs_and_the_verdict():
