@@ -24,8 +24,9 @@ ours[auto] with H_kv = H / 4 against H_kv = H on the same row, fwd+bwd time and 
 inputs (eager: the temporaries a graph region's pool keeps), and the K/V bytes (target: time <= 0.9x MHA's,
 K/V memory H_kv/H); with FlashAttention-4, the varlen floor's fwd+bwd at both H_kv too (the kernels' own ratio).
 Each cell records how the graph regions ran while each variant was timed (`graph_regions`: replayed, or eager
-outside them), and each interleaved pair while it ran (`interleaved.graph_regions`). Writes JSON with the environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke
-test of this script: no FlashAttention-4, no floor; small --tokens).
+outside them), and each interleaved pair while it ran (`interleaved.graph_regions`). Writes JSON with the
+environment (--out). `--device cpu` runs the same on the CPU in float32 (a smoke test of this script: no
+FlashAttention-4, no floor; small --tokens).
 
 Usage: python benchmarks/bench_packed.py [--out PATH] [--tokens 131072] [--documents 64] [--repeats 10]
        [--backends auto,sdpa,fa4] (auto,fa4: the same targets without the slow sdpa anchor)
