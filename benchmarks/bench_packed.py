@@ -148,6 +148,13 @@ def timed(fn, q, k, v, grad, direction, device, repeats):
     return time_function(step_of(fn, q, k, v, grad, direction), device=device, warmup=2, repeats=repeats).as_dict()
 
 
+def counted_pair(fns: dict, device, rounds: int) -> dict:
+    """time_pair's entry for the two steps, with how ours' graph regions ran while it timed (`graph_regions`)."""
+    with GRAPH_REGIONS.counting() as regions:
+        pair = time_pair(fns, device=device, rounds=rounds)
+    return {**pair, "graph_regions": regions}
+
+
 def failed(error: Exception) -> dict:
     """The JSON entry of a variant that could not run here, with why."""
     return {"error": f"{type(error).__name__}: {str(error)[:300]}"}
@@ -225,10 +232,8 @@ def run(args) -> dict:
                 cell["times_ms"][FLOOR] = failed(error)
             else:  # the target's ratio from both timed together, round by round (drift hits both alike)
                 try:
-                    with GRAPH_REGIONS.counting() as regions:
-                        cell["interleaved"] = time_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
-                                                        device=device, rounds=max(6, args.repeats))
-                    cell["interleaved"]["graph_regions"] = regions  # ours' regions while the pair ran
+                    cell["interleaved"] = counted_pair({"ours[auto]": steps["ours[auto]"], FLOOR: floor_graph},
+                                                       device, max(6, args.repeats))
                 except Exception as error:
                     cell["interleaved"] = failed(error)
         if cuda:  # the kernels' own time: a floor is at the kernel when its wall time is within a few % of it
@@ -259,10 +264,8 @@ def run(args) -> dict:
                 row[FLOOR] = failed(error)
         gqa[label] = row
     try:
-        with GRAPH_REGIONS.counting() as regions:
-            gqa["interleaved"] = time_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device=device,
-                                           rounds=max(6, args.repeats))
-        gqa["interleaved"]["graph_regions"] = regions
+        gqa["interleaved"] = counted_pair({"gqa": gqa_steps["gqa"], "mha": gqa_steps["mha"]}, device,
+                                          max(6, args.repeats))
     except Exception as error:
         gqa["interleaved"] = failed(error)
     result["gqa"] = gqa

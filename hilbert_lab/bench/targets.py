@@ -87,13 +87,10 @@ def ragged_verdicts(runs: Sequence[dict]) -> list[dict]:
                      lambda cell: 1.10)
 
 
-def _median(timing: Optional[dict]) -> Optional[float]:
-    return timing.get("median") if isinstance(timing, dict) else None
-
-
-def _pair_ratio(pair: Optional[dict]) -> Optional[float]:
-    """The ratio of a pair timed round by round together (bench.timing.time_pair); None where it was not timed."""
-    return pair.get("ratio") if isinstance(pair, dict) else None
+def _value(entry: Optional[dict], key: str) -> Optional[float]:
+    """entry[key] of a timing ("median") or of a pair timed round by round ("ratio"); None where the entry is
+    missing or records why it was not timed."""
+    return entry.get(key) if isinstance(entry, dict) else None
 
 
 def packed_verdicts(runs: Sequence[dict]) -> list[dict]:
@@ -109,13 +106,13 @@ def packed_verdicts(runs: Sequence[dict]) -> list[dict]:
             raise ValueError(f"runs[{index}] must be a run of bench_packed.py (a JSON object with 'cells'), got {got}")
         for direction, cell in run["cells"].items():
             times = cell.get("times_ms") or {}
-            loops = [_median(times[name]) for name in times if name.startswith("loop")]
+            loops = [_value(times[name], "median") for name in times if name.startswith("loop")]
             loop = min((t for t in loops if t), default=None)
-            found.setdefault(("floor", direction), [None] * len(runs))[index] = _pair_ratio(cell.get("interleaved"))
+            found.setdefault(("floor", direction), [None] * len(runs))[index] = _value(cell.get("interleaved"), "ratio")
             found.setdefault(("loop", direction), [None] * len(runs))[index] = _ratio(
-                loop, _median(times.get("ours[auto]")))
-        found.setdefault(("gqa", "fwd+bwd"), [None] * len(runs))[index] = _pair_ratio(
-            (run.get("gqa") or {}).get("interleaved"))
+                loop, _value(times.get("ours[auto]"), "median"))
+        found.setdefault(("gqa", "fwd+bwd"), [None] * len(runs))[index] = _value(
+            (run.get("gqa") or {}).get("interleaved"), "ratio")
     names = dict(floor="ours over the varlen floor", loop="the per-document loop over ours", gqa="GQA over MHA")
     return [_row(dict(target=names[target], direction=direction), ratios, PACKED_LIMITS[target],
                  at_least=target == "loop")
