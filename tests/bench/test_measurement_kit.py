@@ -9,7 +9,8 @@ import torch
 from hilbert_lab.attention import DilatedPattern, cached_plan, dilated_attention
 from hilbert_lab.bench import anchors
 from hilbert_lab.bench.flops import attention_flops, useful_pairs
-from hilbert_lab.bench.timing import graphed, round_orders, summarize, time_function, time_interleaved, time_pair
+from hilbert_lab.bench.timing import (SIZING_CALLS, graphed, round_orders, summarize, time_function, time_interleaved,
+                                      time_pair)
 
 
 def test_summarize_orders_and_picks_percentiles():
@@ -51,9 +52,9 @@ def test_time_interleaved_measures_each_variant_not_its_neighbour():
     assert result["slow"].median >= 19.0 and result["fast"].median < 5.0
 
 
-def test_time_interleaved_bursts_size_each_variant_from_its_warm_call():
-    """burst_ms: a sample is the median of a burst of calls lasting about burst_ms, sized per variant from one warm
-    call after the warm-up (a 4 ms call gets 5 calls in 20 ms, a call of nothing the most), round by round."""
+def test_time_interleaved_bursts_size_each_variant_from_its_warm_calls():
+    """burst_ms: a sample is the median of a burst of calls lasting about burst_ms, sized per variant from the fastest
+    of SIZING_CALLS calls after the warm-up (a 4 ms call gets 5 calls in 20 ms, a call of nothing the most)."""
     import time
 
     calls = {"slow": 0, "fast": 0}
@@ -66,11 +67,27 @@ def test_time_interleaved_bursts_size_each_variant_from_its_warm_call():
 
     result = time_interleaved({"slow": variant("slow", 0.004), "fast": variant("fast", 0.0)}, warmup=1, rounds=3,
                               burst_ms=20.0, max_seconds=float("inf"))
-    assert 1 + 1 + 3 * 3 <= calls["slow"] <= 1 + 1 + 3 * 5  # warm-up, the sizing call, 3 bursts of about 5
+    assert 1 + SIZING_CALLS + 3 * 3 <= calls["slow"] <= 1 + SIZING_CALLS + 3 * 5  # warm-up, sizing, 3 bursts of ~5
     assert calls["fast"] > 100 and len(result["slow"].samples) == len(result["fast"].samples) == 3
     assert result["slow"].median >= 3.9 and result["fast"].median < 1.0
     with pytest.raises(ValueError, match="burst_ms"):
         time_interleaved({"a": lambda: None}, burst_ms=0)
+
+
+def test_time_interleaved_sizes_bursts_past_a_slow_first_call():
+    """A variant whose first call after the warm-up takes 60 ms (a CUDA graph region captures on a key's third call)
+    and every later call 4 ms: its bursts of 20 ms hold about 5 calls, sized from its fastest sizing call, not one."""
+    import time
+
+    calls = []
+
+    def call():
+        calls.append(1)
+        time.sleep(0.06 if len(calls) == 2 else 0.004)
+
+    result = time_interleaved({"captures": call}, warmup=1, rounds=3, burst_ms=20.0, max_seconds=float("inf"))
+    assert 1 + SIZING_CALLS + 3 * 3 <= len(calls) <= 1 + SIZING_CALLS + 3 * 5
+    assert 3.9 <= result["captures"].median < 20.0
 
 
 def test_time_pair_gives_first_over_second_from_the_paired_rounds():
