@@ -132,9 +132,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
 
     burst_ms: each sample is instead a burst of calls issued back to back for about that long (how many, per
     variant, from the fastest of SIZING_CALLS more calls after its warm-up, one of which may still capture a graph;
-    at least one): on CUDA each call between its own events after an L2 flush, the host free to run ahead, as
-    Triton's do_bench times (so a round-robin of bursts is do_bench interleaved), on the CPU each by perf_counter;
-    the sample is the burst's median per call.
+    at least MIN_BURST_CALLS, so that the median is never the first call, which waits for the host after the sync):
+    on CUDA each call between its own events after an L2 flush, the host free to run ahead, as Triton's do_bench
+    times (so a round-robin of bursts is do_bench interleaved), on the CPU each by perf_counter; the sample is the
+    burst's median per call.
 
     threads: torch's intra-op threads while timing (restored after; None leaves them). Stops after
     max_seconds once every variant has 3 samples (float("inf"): exactly `rounds`).
@@ -160,7 +161,7 @@ def time_interleaved(fns: dict[str, Callable[[], object]], *, device: Optional[t
             if burst_ms:  # the fastest of SIZING_CALLS more calls sizes the bursts
                 _synchronize(device)
                 each_ms = min(_one_call_ms(fns[name], cuda) for _ in range(SIZING_CALLS))
-                calls[name] = max(1, min(MAX_BURST_CALLS, round(burst_ms / max(each_ms, 1e-6))))
+                calls[name] = max(MIN_BURST_CALLS, min(MAX_BURST_CALLS, round(burst_ms / max(each_ms, 1e-6))))
         begin = time.perf_counter()
         orders = round_orders(names, rounds)
         for index in _progress(range(rounds), progress):
@@ -195,9 +196,12 @@ def time_pair(fns: dict[str, Callable[[], object]], *, device: Optional[torch.de
 
 L2_FLUSH_BYTES = 256 << 20  # what a burst's calls each overwrite first (as Triton's do_bench), beyond any L2
 MAX_BURST_CALLS = 1000
+# the fewest calls in a burst: its first call waits for the host after the sync (for the packed row's fwd+bwd on an
+# H100, 8.8 ms where the calls behind it take 8.1), and the median of three or more is never that call
+MIN_BURST_CALLS = 3
 # calls after the warm-up whose fastest sizes a variant's bursts: a call that still captures a CUDA graph region
-# (kernels.graph_regions captures a key's third call) would otherwise size them as one call each, and a burst of
-# one call times the host's launch latency after the sync, which back-to-back calls hide
+# (kernels.graph_regions captures a key's third call) would otherwise size them as the fewest calls, whose median
+# per call still carries more of the host's launch latency after the sync than back-to-back calls do
 SIZING_CALLS = 3
 
 

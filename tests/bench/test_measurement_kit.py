@@ -9,7 +9,7 @@ import torch
 from hilbert_lab.attention import DilatedPattern, cached_plan, dilated_attention
 from hilbert_lab.bench import anchors
 from hilbert_lab.bench.flops import attention_flops, useful_pairs
-from hilbert_lab.bench.timing import (SIZING_CALLS, graphed, round_orders, summarize, time_function, time_interleaved,
+from hilbert_lab.bench.timing import (MIN_BURST_CALLS, SIZING_CALLS, graphed, round_orders, summarize, time_function, time_interleaved,
                                       time_pair)
 
 
@@ -88,6 +88,24 @@ def test_time_interleaved_sizes_bursts_past_a_slow_first_call():
     result = time_interleaved({"captures": call}, warmup=1, rounds=3, burst_ms=20.0, max_seconds=float("inf"))
     assert 1 + SIZING_CALLS + 3 * 3 <= len(calls) <= 1 + SIZING_CALLS + 3 * 5
     assert 3.9 <= result["captures"].median < 20.0
+
+
+def test_time_interleaved_bursts_hold_enough_calls_that_the_median_is_not_the_first():
+    """A variant of 12 ms calls timed in bursts of 5 ms: each burst still holds MIN_BURST_CALLS calls, and where a
+    burst's first call takes 40 ms (it waits for the host after the sync) the sample is the later calls' 12 ms."""
+    import time
+
+    calls = []
+    before_bursts = 1 + SIZING_CALLS  # warm-up, then the sizing calls
+
+    def call():
+        calls.append(1)
+        late = len(calls) - before_bursts
+        time.sleep(0.04 if late > 0 and (late - 1) % MIN_BURST_CALLS == 0 else 0.012)
+
+    result = time_interleaved({"v": call}, warmup=1, rounds=3, burst_ms=5.0, max_seconds=float("inf"))
+    assert MIN_BURST_CALLS >= 3 and len(calls) == before_bursts + 3 * MIN_BURST_CALLS
+    assert all(11.5 <= sample < 30.0 for sample in result["v"].samples)
 
 
 def test_time_pair_gives_first_over_second_from_the_paired_rounds():
