@@ -200,8 +200,8 @@ MAX_BURST_CALLS = 1000
 # H100, 8.8 ms where the calls behind it take 8.1), and the median of three or more is never that call
 MIN_BURST_CALLS = 3
 # calls after the warm-up whose fastest sizes a variant's bursts: a call that still captures a CUDA graph region
-# (kernels.graph_regions captures a key's third call) would otherwise size them as the fewest calls, whose median
-# per call still carries more of the host's launch latency after the sync than back-to-back calls do
+# (kernels.graph_regions captures a key's third call) would otherwise size them as the fewest calls, far shorter than
+# burst_ms
 SIZING_CALLS = 3
 
 

@@ -9,8 +9,8 @@ import torch
 from hilbert_lab.attention import DilatedPattern, cached_plan, dilated_attention
 from hilbert_lab.bench import anchors
 from hilbert_lab.bench.flops import attention_flops, useful_pairs
-from hilbert_lab.bench.timing import (MIN_BURST_CALLS, SIZING_CALLS, graphed, round_orders, summarize, time_function, time_interleaved,
-                                      time_pair)
+from hilbert_lab.bench.timing import (MIN_BURST_CALLS, SIZING_CALLS, graphed, round_orders, summarize, time_function,
+                                      time_interleaved, time_pair)
 
 
 def test_summarize_orders_and_picks_percentiles():
