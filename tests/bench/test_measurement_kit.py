@@ -75,19 +75,20 @@ def test_time_interleaved_bursts_size_each_variant_from_its_warm_calls():
 
 
 def test_time_interleaved_sizes_bursts_past_a_slow_first_call():
-    """A variant whose first call after the warm-up takes 60 ms (a CUDA graph region captures on a key's third call)
-    and every later call 4 ms: its bursts of 20 ms hold about 5 calls, sized from its fastest sizing call, not one."""
+    """A variant whose first call after the warm-up takes 120 ms (a CUDA graph region captures on a key's third
+    call) and every later call 8 ms: its bursts of 40 ms hold about 5 calls, sized from its fastest sizing call, not
+    one (which would give the fewest, MIN_BURST_CALLS)."""
     import time
 
     calls = []
 
     def call():
         calls.append(1)
-        time.sleep(0.06 if len(calls) == 2 else 0.004)
+        time.sleep(0.12 if len(calls) == 2 else 0.008)
 
-    result = time_interleaved({"captures": call}, warmup=1, rounds=3, burst_ms=20.0, max_seconds=float("inf"))
-    assert 1 + SIZING_CALLS + 3 * 3 <= len(calls) <= 1 + SIZING_CALLS + 3 * 5
-    assert 3.9 <= result["captures"].median < 20.0
+    result = time_interleaved({"captures": call}, warmup=1, rounds=3, burst_ms=40.0, max_seconds=float("inf"))
+    assert MIN_BURST_CALLS < 4 and 1 + SIZING_CALLS + 3 * 4 <= len(calls) <= 1 + SIZING_CALLS + 3 * 5
+    assert 7.9 <= result["captures"].median < 40.0
 
 
 def test_time_interleaved_bursts_hold_enough_calls_that_the_median_is_not_the_first():
