@@ -12,12 +12,13 @@ Check: per cell, `auto` (reading that table) timed beside the same executors on 
 over the fastest executor per cell with its 95% interval, and a summary (bench.auto_table.check_summary: cells
 where auto, and its pick timed by name, are within 3% of the fastest; auto's cells settled within, settled beyond
 or undecided by their intervals), and writes the rows as JSON (--check-out: after each finished cell, its summary's
-"finished" false until the last). --settle-rounds N times each undecided cell again, alone, with N rounds. --stage
+"finished" false until the last). --settle-rounds N times each undecided cell again, alone, with N rounds.
+--check-against fastest times auto beside only the executor the table measured fastest in each cell. --stage
 measure or check runs one of the two (check: the packaged table). Each cell's captured regions and cached memory
 are freed before the next (bench.auto_table), so the last cells of a sweep have the memory the first had.
 
 Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 8]
-       [--settle-rounds 0]
+       [--settle-rounds 0] [--burst-ms 0] [--check-against all|fastest]
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hilbert_lab.attention import unavailable_reason  # noqa: E402
 from hilbert_lab.attention.auto_table import device_kind, load_table, table_path  # noqa: E402
 from hilbert_lab.bench.auto_table import (  # noqa: E402
-    check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
+    CHECK_AGAINST, check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
 )
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
@@ -61,6 +62,9 @@ def main() -> None:
                         help="each round's sample a burst of calls issued back to back for about this long, as a "
                              "training loop issues steps (bench.timing.time_interleaved; 0, the default: one call "
                              "after a device sync, as the packaged table was measured)")
+    parser.add_argument("--check-against", choices=CHECK_AGAINST, default="all",
+                        help="check: time auto beside every executor of the table (all, the default) or beside the "
+                             "one the table measured fastest in each cell (fastest: a fraction of the time)")
     parser.add_argument("--stage", choices=("both", "measure", "check"), default="both",
                         help="measure the table, check auto against the packaged one, or both (default)")
     parser.add_argument("--check-out", default=None, help="JSON of the check (default: none written)")
@@ -113,7 +117,7 @@ def main() -> None:
             atomic_write(out, json.dumps(dict(check_meta, summary=summary, rows=rows), indent=1, default=str))
 
     rows = check_auto_table(table, device=device, repeats=args.repeats, settle_rounds=args.settle_rounds,
-                            tolerance=TOLERANCE, burst_ms=burst_ms, on_row=keep_rows)
+                            tolerance=TOLERANCE, burst_ms=burst_ms, against=args.check_against, on_row=keep_rows)
     print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest "
           f"(95% interval)")
     for row in rows:

@@ -137,18 +137,25 @@ def update_cells(table: dict, measured: dict, *, revision: str) -> dict:
     return {**table, "cells": cells, "updates": updates}
 
 
+CHECK_AGAINST = ("all", "fastest")  # what check_auto_table times beside auto: every executor, or the fastest
+
+
 def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 8, settle_rounds: int = 0,
                      tolerance: float = 1.03, progress: bool = True, burst_ms: Optional[float] = None,
-                     on_row: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
+                     against: str = "all", on_row: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
     the medians and intervals, each name's samples, the executor auto resolved to, auto over the fastest executor
     with the 95% interval of that ratio, and per name the counts of its plan regions' eager runs, captures and
     replays (`graph_regions`). settle_rounds > 0: a cell whose interval holds `tolerance` (undecided) is timed
     again, on its own, with that many rounds; the row is then that second timing (`rounds`), the first one kept
-    under "first_pass". burst_ms: as measure_auto_table's (each row records it). on_row(rows) runs after each
+    under "first_pass". burst_ms: as measure_auto_table's (each row records it). against: "all" times every
+    executor of the cell's table row beside auto, "fastest" only the one the table measured fastest there (auto
+    over our fastest executor, at a fraction of the time; each row records which). on_row(rows) runs after each
     finished cell (to keep the rows so far)."""
     if settle_rounds < 0:
         raise ValueError(f"settle_rounds must be >= 0, got {settle_rounds}")
+    if against not in CHECK_AGAINST:
+        raise ValueError(f"against must be one of {CHECK_AGAINST}, got {against!r}")
     device = torch.device(device)
     dtype = _dtype_on(device)
     segments, rates = table["pattern"]["segment_lengths"], table["pattern"]["dilation_rates"]
@@ -158,14 +165,16 @@ def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 
         picked = resolve_executor("auto", _probe(cell, device, dtype),
                                   DilatedPattern.create(segments, rates, mode=cell.mode, causal=cell.causal),
                                   training=cell.training).name
-        row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked,
-               **_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, repeats, burst_ms)}
+        names = ["auto", *(raw["times_ms"] if against == "all" else
+                           [min(raw["times_ms"], key=raw["times_ms"].get)])]
+        row = {**asdict(cell), "ragged": raw["ragged"], "auto_picks": picked, "against": against,
+               **_check_cell(cell, names, segments, rates, device, dtype, repeats, burst_ms)}
         interval = row.get("auto_over_fastest_interval")
         if settle_rounds and interval is not None and _interval_side(interval, tolerance) == "undecided":
             first = {key: row[key] for key in ("times_ms", "intervals_ms", "samples_ms", "fastest", "auto_over_fastest",
                                                "auto_over_fastest_interval", "rounds")}
-            row.update(_check_cell(cell, ["auto", *raw["times_ms"]], segments, rates, device, dtype, settle_rounds,
-                                   burst_ms), first_pass=first)
+            row.update(_check_cell(cell, names, segments, rates, device, dtype, settle_rounds, burst_ms),
+                       first_pass=first)
         rows.append(row)
         if on_row is not None:
             on_row(rows)
@@ -210,8 +219,8 @@ def _tallied(call: Callable[[], object], tally: dict[str, int]) -> Callable[[], 
 
 def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:
     """Over the rows of `check_auto_table`: how many cells `auto` (its own timing, host time of choosing
-    included) and its pick (that executor's timing by name: the choice alone) are within `tolerance` of the
-    fastest executor, with the median and worst ratio of each. Where rows hold the 95% interval of auto over the
+    included) and its pick (that executor's timing by name: the choice alone, in the cells where it was timed) are
+    within `tolerance` of the fastest executor, with the median and worst ratio of each. Where rows hold the 95% interval of auto over the
     fastest (`auto_over_fastest_interval`), auto's cells are also sorted by it: "settled_within" (the whole
     interval at or below `tolerance`), "settled_beyond" (the whole interval above it) and "undecided" (the
     interval holds `tolerance`: more rounds would tell), and how many were timed a second time ("retimed":

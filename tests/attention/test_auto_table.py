@@ -278,3 +278,31 @@ def test_an_undecided_cell_is_timed_again_alone_with_the_settle_rounds(monkeypat
     assert check_summary(rows, 1.03)["auto"]["retimed"] == 1
     with pytest.raises(ValueError, match="settle_rounds must be >= 0"):
         check_auto_table(table, device="cpu", settle_rounds=-1, progress=False)
+
+
+def test_a_check_against_the_fastest_times_auto_beside_the_tables_fastest_executor_of_each_cell(monkeypatch):
+    """against="fastest": each cell times auto beside the one executor its table row measured fastest (which
+    differs between cells), on the first pass and on a settling one; "all" times every executor of the row."""
+    from hilbert_lab.bench import auto_table as bench_auto_table
+
+    names_asked = []
+
+    def timing(cell, names, segments, rates, device, dtype, rounds, burst_ms=None):
+        names_asked.append(list(names))
+        return {"times_ms": dict.fromkeys(names, 1.0), "intervals_ms": {}, "samples_ms": {}, "errors": {},
+                "graph_regions": {}, "rounds": rounds, "fastest": names[1], "auto_over_fastest": 1.0,
+                "auto_over_fastest_interval": [0.99, 1.06] if rounds == 2 else [0.99, 1.01]}
+
+    monkeypatch.setattr(bench_auto_table, "_check_cell", timing)
+    cell = dict(mode="longnet", causal=False, seq_len=64, head_dim=8, training=False, batch=1, heads=2, ragged=False,
+                times_ms={"sdpa": 1.0, "manual": 2.0})
+    table = {"pattern": {"segment_lengths": [16, 32], "dilation_rates": [1, 2]},
+             "cells": [cell, dict(cell, seq_len=128, times_ms={"sdpa": 3.0, "manual": 2.5})]}
+    rows = check_auto_table(table, device="cpu", repeats=2, settle_rounds=8, against="fastest", progress=False)
+    assert names_asked == [["auto", "sdpa"], ["auto", "sdpa"], ["auto", "manual"], ["auto", "manual"]]
+    assert [row["against"] for row in rows] == ["fastest", "fastest"]
+    names_asked.clear()
+    check_auto_table(table, device="cpu", repeats=4, progress=False)
+    assert names_asked == [["auto", "sdpa", "manual"], ["auto", "sdpa", "manual"]]
+    with pytest.raises(ValueError, match=r"against must be one of \('all', 'fastest'\), got 'best'"):
+        check_auto_table(table, device="cpu", against="best", progress=False)
