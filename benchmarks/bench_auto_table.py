@@ -19,6 +19,7 @@ are freed before the next (bench.auto_table), so the last cells of a sweep have 
 
 Usage: python benchmarks/bench_auto_table.py [--stage both|measure|check] [--check-out PATH] [--repeats 8]
        [--settle-rounds 0] [--burst-ms 0] [--check-against all|fastest]
+       python benchmarks/bench_auto_table.py --verdict CHECK.json [CHECK.json ...]  (no GPU: the target over checks)
 """
 from __future__ import annotations
 
@@ -37,14 +38,27 @@ from hilbert_lab.bench.auto_table import (  # noqa: E402
     CHECK_AGAINST, check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
 )
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
+from hilbert_lab.bench.targets import AUTO_CHECK_LIMIT, auto_check_verdicts, format_verdicts, read_runs  # noqa: E402
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 
 PATTERN = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
-TOLERANCE = 1.03  # auto within 3% of the fastest executor
+TOLERANCE = AUTO_CHECK_LIMIT  # auto within 3% of the fastest executor
 
 
 def ints(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part]
+
+
+def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
+    """auto within 3% of the fastest over the checks at `paths` (bench.targets): met only where every check meets it;
+    the cells that miss, each with its ratio per check."""
+    try:
+        rows = auto_check_verdicts(read_runs(paths))
+    except ValueError as error:  # a file that cannot be read, or is JSON but not a check of this script
+        parser.error(f"--verdict: {error}")
+    print(f"{len(paths)} check{'' if len(paths) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
+    lines = format_verdicts(rows, "auto within 3% of the fastest")
+    print("\n".join([lines[0], *(line for line in lines[1:] if line.endswith("MISSED"))]))
 
 
 def main() -> None:
@@ -71,7 +85,13 @@ def main() -> None:
     parser.add_argument("--update", action="store_true",
                         help="measure only the given cells into the packaged table, each marked with this revision, "
                              "keeping its other cells (e.g. --seq-lens '' --ragged-lens 32773,131077)")
+    parser.add_argument("--verdict", nargs="+", metavar="CHECK.json", default=None,
+                        help="no timing: read checks this benchmark wrote (--check-out) and print whether auto is "
+                             "within 3%% of the fastest in every check, per cell (bench.targets)")
     args = parser.parse_args()
+    if args.verdict:
+        print_verdicts(parser, args.verdict)
+        return
     if args.settle_rounds < 0:
         parser.error(f"--settle-rounds must be >= 0, got {args.settle_rounds}")
     if args.burst_ms < 0:

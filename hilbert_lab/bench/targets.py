@@ -1,5 +1,5 @@
 """Whether the engine's speed targets hold across runs of `benchmarks/bench_gpu_attention.py` and
-`benchmarks/bench_packed.py`: a target is met in a cell only where every run of that cell meets it (one good run is
+`benchmarks/bench_packed.py` (and the checks of `benchmarks/bench_auto_table.py`): a target is met in a cell only where every run of that cell meets it (one good run is
 not a result).
 
 Each function takes the runs' JSON objects (as the benchmark writes them) and returns one row per cell:
@@ -13,6 +13,8 @@ ratio seen; the smallest where the bound is ">=").
 - `ragged_verdicts`: `auto` at N = m + 5 over N = m, <= 1.10.
 - `packed_verdicts` (runs of `benchmarks/bench_packed.py`): ours over the FlashAttention-4 varlen floor, timed round by
   round together, <= 1.25 (fwd, fwd+bwd); the per-document loop over ours >= 6; GQA (H_kv = H / 4) over MHA <= 0.9.
+- `auto_check_verdicts` (checks of `benchmarks/bench_auto_table.py`, `--check-out`): `auto` over the fastest executor
+  timed beside it, <= 1.03.
 A row's `bound` says which side of the limit meets it: "<=", or ">=" where a speed-up is the target.
 `read_runs(paths)` -> the runs' JSON objects; `format_verdicts(rows, title, cells=True)` -> the lines of a table;
 `count_met(rows)` -> (met, cells).
@@ -23,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-__all__ = ["PACKED_LIMITS", "count_met", "format_verdicts", "headline_verdicts", "packed_verdicts", "ragged_verdicts",
+__all__ = ["AUTO_CHECK_LIMIT", "PACKED_LIMITS", "auto_check_verdicts", "count_met", "format_verdicts", "headline_verdicts", "packed_verdicts", "ragged_verdicts",
            "read_runs", "sweep_verdicts"]
 
 SWEEP_KEYS = ("mode", "causal", "seq_len", "head_dim", "direction")
@@ -31,6 +33,8 @@ SWEEP_KEYS = ("mode", "causal", "seq_len", "head_dim", "direction")
 # with H_kv = H / 4 over MHA (at most)
 PACKED_LIMITS = {"floor": 1.25, "loop": 6.0, "gqa": 0.9}
 RAGGED_KEYS = ("mode", "m", "direction")
+AUTO_CHECK_KEYS = ("mode", "causal", "seq_len", "batch", "head_dim", "training")
+AUTO_CHECK_LIMIT = 1.03  # auto within 3% of our fastest executor
 
 
 def _ratio(numerator: Optional[float], denominator: Optional[float]) -> Optional[float]:
@@ -41,7 +45,7 @@ def _verdicts(runs: Sequence[dict], part: str, keys: tuple[str, ...], ratio: Cal
               limit: Callable[[dict], float]) -> list[dict]:
     """One row per cell of `part` over the runs, cells in the order they first appear."""
     if not runs:
-        raise ValueError("runs must hold at least one run of bench_gpu_attention.py, got none")
+        raise ValueError(f"runs must hold at least one run (a benchmark's JSON object with {part!r}), got none")
     cells: dict[tuple, list] = {}
     for index, run in enumerate(runs):
         if not isinstance(run, dict):
@@ -85,6 +89,13 @@ def ragged_verdicts(runs: Sequence[dict]) -> list[dict]:
     """The ragged pairs: `auto` at N = m + 5 over N = m (<= 1.10)."""
     return _verdicts(runs, "ragged", RAGGED_KEYS, lambda row: (row.get("ratios") or {}).get("auto"),
                      lambda cell: 1.10)
+
+
+def auto_check_verdicts(runs: Sequence[dict]) -> list[dict]:
+    """The cells of checks of `benchmarks/bench_auto_table.py`: `auto` over the fastest executor timed beside it
+    (<= 1.03)."""
+    return _verdicts(runs, "rows", AUTO_CHECK_KEYS, lambda row: row.get("auto_over_fastest"),
+                     lambda cell: AUTO_CHECK_LIMIT)
 
 
 def _value(entry: Optional[dict], key: str) -> Optional[float]:

@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 
 from hilbert_lab.bench.targets import (
-    count_met, format_verdicts, headline_verdicts, packed_verdicts, ragged_verdicts, sweep_verdicts,
+    auto_check_verdicts, count_met, format_verdicts, headline_verdicts, packed_verdicts, ragged_verdicts,
+    sweep_verdicts,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "reports" / "results"
 SCRIPT = ROOT / "benchmarks" / "bench_gpu_attention.py"
 PACKED_SCRIPT = ROOT / "benchmarks" / "bench_packed.py"
+AUTO_TABLE_SCRIPT = ROOT / "benchmarks" / "bench_auto_table.py"
 
 
 def _sweep_row(mode, seq_len, ratio, causal=True, head_dim=64, direction="fwd", auto_ms=1.0, hilbert_ms=None):
@@ -160,5 +162,37 @@ def test_the_packed_benchmark_prints_the_verdicts_of_its_committed_runs(tmp_path
     assert [line.split()[-1] for line in lines[2:]] == ["met", "MISSED", "met", "met", "MISSED"]
     assert "1.198 1.199  <= 1.25" in lines[2] and "1.246 1.247  <= 1.25" in lines[4]
     missing = subprocess.run([sys.executable, str(PACKED_SCRIPT), "--verdict", str(tmp_path / "none.json")],
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "--verdict: cannot read" in missing.stderr.splitlines()[-1]
+
+
+def test_auto_check_verdicts_read_auto_over_the_fastest_per_cell_of_each_check():
+    def row(seq_len, ratio, training=False):
+        return dict(mode="longnet", causal=True, seq_len=seq_len, batch=1, head_dim=64, training=training,
+                    auto_over_fastest=ratio)
+
+    rows = auto_check_verdicts([dict(rows=[row(8192, 1.02), row(8192, 1.0, True)]),
+                                dict(rows=[row(8192, 1.031), row(8192, 0.97, True)])])
+    assert [(r["cell"]["training"], r["ratios"], r["limit"], r["met"]) for r in rows] == [
+        (False, [1.02, 1.031], 1.03, False), (True, [1.0, 0.97], 1.03, True)]
+    with pytest.raises(ValueError, match=r"runs\[0\]\['rows'\] must hold cells with mode"):
+        auto_check_verdicts([dict(rows=[dict(mode="longnet")])])
+
+
+def test_the_auto_table_benchmark_prints_the_verdict_of_its_committed_checks(tmp_path):
+    checks = [str(RESULTS / "auto_table" / f"check_fastest_h100_7bf0b26_run{i}.json") for i in (1, 2, 3)]
+    done = subprocess.run([sys.executable, str(AUTO_TABLE_SCRIPT), "--verdict", *checks], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()  # the title, then the cells that miss (docs/attention.md)
+    assert lines[1] == "auto within 3% of the fastest: met in every run in 158 of 160 cells (ratios 0.966-1.041)"
+    assert [line.split()[:3] for line in lines[2:]] == [
+        ["mode=head_groups", "causal=False", "seq_len=8192"], ["mode=head_groups", "causal=True", "seq_len=524288"]]
+    settled = subprocess.run([sys.executable, str(AUTO_TABLE_SCRIPT), "--verdict",
+                              str(RESULTS / "auto_table" / "check_fastest_settle40_h100_7bf0b26_run1.json")],
+                             capture_output=True, text=True, timeout=300)
+    assert settled.stdout.splitlines()[1:] == [
+        "auto within 3% of the fastest: met in every run in 160 of 160 cells (ratios 0.969-1.009)"]
+    missing = subprocess.run([sys.executable, str(AUTO_TABLE_SCRIPT), "--verdict", str(tmp_path / "none.json")],
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "--verdict: cannot read" in missing.stderr.splitlines()[-1]
