@@ -21,6 +21,7 @@ from hilbert_lab.attention.executors.kernel import GRAPH_REGIONS
 from hilbert_lab.attention.pattern import MODES, DilatedPattern
 from hilbert_lab.attention.selection import resolve_executor
 from hilbert_lab.bench.stats import ratio_ci
+from hilbert_lab.bench.targets import AUTO_CHECK_LIMIT
 from hilbert_lab.bench.timing import Timing, free_cell_memory, time_interleaved
 
 
@@ -141,7 +142,7 @@ CHECK_AGAINST = ("all", "fastest")  # what check_auto_table times beside auto: e
 
 
 def check_auto_table(table: dict, *, device: torch.device | str, repeats: int = 8, settle_rounds: int = 0,
-                     tolerance: float = 1.03, progress: bool = True, burst_ms: Optional[float] = None,
+                     tolerance: float = AUTO_CHECK_LIMIT, progress: bool = True, burst_ms: Optional[float] = None,
                      against: str = "all", on_row: Optional[Callable[[list[dict]], None]] = None) -> list[dict]:
     """Per cell of `table`: auto timed beside the table's executors, round-robin, on fresh inputs; each row has
     the medians and intervals, each name's samples, the executor auto resolved to, auto over the fastest executor
@@ -217,13 +218,13 @@ def _tallied(call: Callable[[], object], tally: dict[str, int]) -> Callable[[], 
     return run
 
 
-def check_summary(rows: Sequence[dict], tolerance: float = 1.03) -> dict:
-    """Over the rows of `check_auto_table`: how many cells `auto` (its own timing, host time of choosing
-    included) and its pick (that executor's timing by name: the choice alone, in the cells where it was timed) are
-    within `tolerance` of the fastest executor, with the median and worst ratio of each. Where rows hold the 95% interval of auto over the
-    fastest (`auto_over_fastest_interval`), auto's cells are also sorted by it: "settled_within" (the whole
-    interval at or below `tolerance`), "settled_beyond" (the whole interval above it) and "undecided" (the
-    interval holds `tolerance`: more rounds would tell), and how many were timed a second time ("retimed":
+def check_summary(rows: Sequence[dict], tolerance: float = AUTO_CHECK_LIMIT) -> dict:
+    """Over the rows of `check_auto_table`: how many cells `auto` (its own timing, host time of choosing included)
+    and its pick (that executor's timing by name: the choice alone, in the cells where it was timed) are within
+    `tolerance` of the fastest executor, with the median and worst ratio of each. Where rows hold the 95% interval
+    of auto over the fastest (`auto_over_fastest_interval`), auto's cells are also sorted by it: "settled_within"
+    (the whole interval at or below `tolerance`), "settled_beyond" (the whole interval above it) and "undecided"
+    (the interval holds `tolerance`: more rounds would tell), and how many were timed a second time ("retimed":
     check_auto_table's settle_rounds)."""
     auto, picked, intervals = [], [], []
     for row in rows:

@@ -1,6 +1,6 @@
 """Whether the engine's speed targets hold across runs of `benchmarks/bench_gpu_attention.py` and
-`benchmarks/bench_packed.py` (and the checks of `benchmarks/bench_auto_table.py`): a target is met in a cell only where every run of that cell meets it (one good run is
-not a result).
+`benchmarks/bench_packed.py` (and the checks of `benchmarks/bench_auto_table.py`): a target is met in a cell only where
+every run of that cell meets it (one good run is not a result).
 
 Each function takes the runs' JSON objects (as the benchmark writes them) and returns one row per cell:
 `cell` (the cell's coordinates), `ratios` (one per run; None where that run lacks the cell or its ratio),
@@ -25,8 +25,8 @@ import json
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-__all__ = ["AUTO_CHECK_LIMIT", "PACKED_LIMITS", "auto_check_verdicts", "count_met", "format_verdicts", "headline_verdicts", "packed_verdicts", "ragged_verdicts",
-           "read_runs", "sweep_verdicts"]
+__all__ = ["AUTO_CHECK_LIMIT", "PACKED_LIMITS", "auto_check_verdicts", "count_met", "format_verdicts",
+           "headline_verdicts", "packed_verdicts", "ragged_verdicts", "read_runs", "sweep_verdicts"]
 
 SWEEP_KEYS = ("mode", "causal", "seq_len", "head_dim", "direction")
 # the packed row's targets: ours over the varlen floor (at most), the per-document loop over ours (at least), GQA
