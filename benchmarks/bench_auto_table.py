@@ -38,11 +38,12 @@ from hilbert_lab.bench.auto_table import (  # noqa: E402
     CHECK_AGAINST, check_auto_table, check_summary, measure_auto_table, sweep_cells, update_cells,
 )
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
-from hilbert_lab.bench.targets import AUTO_CHECK_LIMIT, auto_check_verdicts, format_verdicts, read_runs  # noqa: E402
+from hilbert_lab.bench.targets import (  # noqa: E402
+    auto_check_verdicts, format_verdicts, read_runs, runs_line,
+)
 from hilbert_lab.io import atomic_write, strip_paths  # noqa: E402
 
 PATTERN = dict(segment_lengths=[2048, 4096, 8192], dilation_rates=[1, 2, 4])
-TOLERANCE = AUTO_CHECK_LIMIT  # auto within 3% of the fastest executor
 
 
 def ints(text: str) -> list[int]:
@@ -56,9 +57,8 @@ def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
         rows = auto_check_verdicts(read_runs(paths))
     except ValueError as error:  # a file that cannot be read, or is JSON but not a check of this script
         parser.error(f"--verdict: {error}")
-    print(f"{len(paths)} check{'' if len(paths) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
-    lines = format_verdicts(rows, "auto within 3% of the fastest")
-    print("\n".join([lines[0], *(line for line in lines[1:] if line.endswith("MISSED"))]))
+    print(runs_line(paths, "check"))
+    print("\n".join(format_verdicts(rows, "auto within 3% of the fastest", missed_only=True)))
 
 
 def main() -> None:
@@ -131,13 +131,13 @@ def main() -> None:
 
     def keep_rows(rows: list[dict], finished: bool = False) -> None:
         if args.check_out:
-            summary = {**check_summary(rows, TOLERANCE), "seconds": time.time() - began, "finished": finished}
+            summary = {**check_summary(rows), "seconds": time.time() - began, "finished": finished}
             out = Path(args.check_out)
             out.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(out, json.dumps(dict(check_meta, summary=summary, rows=rows), indent=1, default=str))
 
     rows = check_auto_table(table, device=device, repeats=args.repeats, settle_rounds=args.settle_rounds,
-                            tolerance=TOLERANCE, burst_ms=burst_ms, against=args.check_against, on_row=keep_rows)
+                            burst_ms=burst_ms, against=args.check_against, on_row=keep_rows)
     print(f"{'mode':11s} {'c':1s} {'N':>7s} {'D':>3s} {'dir':7s} {'auto picks':10s} {'fastest':8s} auto/fastest "
           f"(95% interval)")
     for row in rows:
@@ -146,7 +146,7 @@ def main() -> None:
               f"{'fwd+bwd' if row['training'] else 'fwd':7s} {row['auto_picks']:10s} {row.get('fastest', '-'):8s} "
               f"{row.get('auto_over_fastest', float('nan')):.3f} ({low:.3f}-{high:.3f})")
     keep_rows(rows, finished=True)
-    print(json.dumps({**check_summary(rows, TOLERANCE), "seconds": time.time() - began}))
+    print(json.dumps({**check_summary(rows), "seconds": time.time() - began}))
 
 if __name__ == "__main__":
     main()

@@ -71,7 +71,7 @@ from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.flops import attention_flops  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
 from hilbert_lab.bench.targets import (  # noqa: E402
-    format_verdicts, headline_verdicts, ragged_verdicts, read_runs, sweep_verdicts,
+    format_verdicts, headline_verdicts, ragged_verdicts, read_runs, runs_line, sweep_verdicts,
 )
 from hilbert_lab.bench.timing import (  # noqa: E402
     PAIR_BURST_MS, free_cell_memory, graphed, time_function, time_interleaved, time_pair,
@@ -443,7 +443,7 @@ def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
                  ("ragged, auto at m + 5 over m", ragged_verdicts(runs), True)]
     except ValueError as error:  # a file that cannot be read, or is JSON but not a run
         parser.error(f"--verdict: {error}")
-    print(f"{len(runs)} run{'' if len(runs) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
+    print(runs_line(paths))
     for title, rows, cells in parts:
         if rows:
             print("\n".join(format_verdicts(rows, title, cells=cells)))

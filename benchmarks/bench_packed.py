@@ -51,7 +51,9 @@ from hilbert_lab.attention.plan import cached_plan  # noqa: E402
 from hilbert_lab.attention.views import KEY, QUERY  # noqa: E402
 from hilbert_lab.bench.env import collect_environment  # noqa: E402
 from hilbert_lab.bench.kernel_profile import kernel_profile  # noqa: E402
-from hilbert_lab.bench.targets import PACKED_LIMITS, format_verdicts, packed_verdicts, read_runs  # noqa: E402
+from hilbert_lab.bench.targets import (  # noqa: E402
+    PACKED_LIMITS, format_verdicts, packed_verdicts, read_runs, runs_line,
+)
 from hilbert_lab.bench.timing import graphed, time_function, time_pair  # noqa: E402
 from hilbert_lab.io import strip_paths  # noqa: E402
 
@@ -339,7 +341,7 @@ def print_verdicts(parser: argparse.ArgumentParser, paths: list[str]) -> None:
         rows = packed_verdicts(read_runs(paths))
     except ValueError as error:  # a file that cannot be read, or is JSON but not a run of this script
         parser.error(f"--verdict: {error}")
-    print(f"{len(paths)} run{'' if len(paths) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths))
+    print(runs_line(paths))
     print("\n".join(format_verdicts(rows, "packed row", spread=False)))  # each target its own ratio
 
 

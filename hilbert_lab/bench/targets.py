@@ -16,7 +16,8 @@ ratio seen; the smallest where the bound is ">=").
 - `auto_check_verdicts` (checks of `benchmarks/bench_auto_table.py`, `--check-out`): `auto` over the fastest executor
   timed beside it, <= 1.03.
 A row's `bound` says which side of the limit meets it: "<=", or ">=" where a speed-up is the target.
-`read_runs(paths)` -> the runs' JSON objects; `format_verdicts(rows, title, cells=True)` -> the lines of a table;
+`read_runs(paths)` -> the runs' JSON objects; `runs_line(paths)` -> the line naming them; `format_verdicts(rows, title,
+cells=True, missed_only=False)` -> the lines of a table;
 `count_met(rows)` -> (met, cells).
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 __all__ = ["AUTO_CHECK_LIMIT", "PACKED_LIMITS", "auto_check_verdicts", "count_met", "format_verdicts",
-           "headline_verdicts", "packed_verdicts", "ragged_verdicts", "read_runs", "sweep_verdicts"]
+           "headline_verdicts", "packed_verdicts", "ragged_verdicts", "read_runs", "runs_line", "sweep_verdicts"]
 
 SWEEP_KEYS = ("mode", "causal", "seq_len", "head_dim", "direction")
 # the packed row's targets: ours over the varlen floor (at most), the per-document loop over ours (at least), GQA
@@ -141,19 +142,27 @@ def read_runs(paths: Sequence[str]) -> list[dict]:
     return runs
 
 
+def runs_line(paths: Sequence[str], noun: str = "run") -> str:
+    """The line that names the runs a verdict read: "3 runs: a.json, b.json, c.json"."""
+    return f"{len(paths)} {noun}{'' if len(paths) == 1 else 's'}: " + ", ".join(Path(path).name for path in paths)
+
+
 def count_met(rows: Sequence[dict]) -> tuple[int, int]:
     """(cells met in every run, cells)."""
     return sum(row["met"] for row in rows), len(rows)
 
 
-def format_verdicts(rows: Sequence[dict], title: str, *, cells: bool = True, spread: bool = True) -> list[str]:
+def format_verdicts(rows: Sequence[dict], title: str, *, cells: bool = True, spread: bool = True,
+                    missed_only: bool = False) -> list[str]:
     """A title line (cells met in every run and, with spread=True, the range of the ratios: for rows of one kind of
-    ratio) and, with cells=True, a line per cell: its coordinates, each run's ratio ("-" where missing), the bound
-    and limit, and met / MISSED."""
+    ratio) and, with cells=True, a line per cell (with missed_only=True, per cell that misses): its coordinates, each
+    run's ratio ("-" where missing), the bound and limit, and met / MISSED."""
     seen = [r for row in rows for r in row["ratios"] if r is not None]
     span = f" (ratios {min(seen):.3f}-{max(seen):.3f})" if seen and spread else ""
     lines = [f"{title}: met in every run in {count_met(rows)[0]} of {len(rows)} cells{span}"]
     for row in rows if cells else ():
+        if missed_only and row["met"]:
+            continue
         cell = " ".join(f"{key}={value}" for key, value in row["cell"].items())
         ratios = " ".join("  -  " if r is None else f"{r:.3f}" for r in row["ratios"])
         lines.append(f"  {cell:72s} {ratios}  {row['bound']} {row['limit']:.2f}  {'met' if row['met'] else 'MISSED'}")

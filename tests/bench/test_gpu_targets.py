@@ -11,7 +11,7 @@ import pytest
 
 from hilbert_lab.bench.targets import (
     auto_check_verdicts, count_met, format_verdicts, headline_verdicts, packed_verdicts, ragged_verdicts,
-    sweep_verdicts,
+    runs_line, sweep_verdicts,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,6 +95,12 @@ def test_format_verdicts_names_each_cell_its_runs_and_the_verdict():
         f"  {'mode=longnet causal=True seq_len=32768 head_dim=64 direction=fwd':72s} 1.200   -    <= 1.15  MISSED"]
     assert format_verdicts(rows, "sweep", cells=False) == ["sweep: met in every run in 0 of 1 cells (ratios "
                                                            "1.200-1.200)"]
+    both = sweep_verdicts([dict(sweep=[_sweep_row("longnet", 32768, 1.2), _sweep_row("longnet", 65536, 1.1)])])
+    assert format_verdicts(both, "sweep", missed_only=True) == [
+        "sweep: met in every run in 1 of 2 cells (ratios 1.100-1.200)",
+        f"  {'mode=longnet causal=True seq_len=32768 head_dim=64 direction=fwd':72s} 1.200  <= 1.15  MISSED"]
+    assert runs_line(["a/run1.json", "b/run2.json"]) == "2 runs: run1.json, run2.json"
+    assert runs_line(["c/check.json"], "check") == "1 check: check.json"
 
 
 @pytest.mark.parametrize("runs, message", [([], "at least one run"), ([["not", "a", "run"]], r"runs\[0\] must be"),
