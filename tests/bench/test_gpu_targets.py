@@ -194,11 +194,19 @@ def test_the_auto_table_benchmark_prints_the_verdict_of_its_committed_checks(tmp
     assert lines[1] == "auto within 3% of the fastest: met in every run in 158 of 160 cells (ratios 0.966-1.041)"
     assert [line.split()[:3] for line in lines[2:]] == [
         ["mode=head_groups", "causal=False", "seq_len=8192"], ["mode=head_groups", "causal=True", "seq_len=524288"]]
-    settled = subprocess.run([sys.executable, str(AUTO_TABLE_SCRIPT), "--verdict",
-                              str(RESULTS / "auto_table" / "check_fastest_settle40_h100_7bf0b26_run1.json")],
-                             capture_output=True, text=True, timeout=300)
-    assert settled.stdout.splitlines()[1:] == [
+    settled_checks = [str(RESULTS / "auto_table" / name) for name in (
+        "check_fastest_settle40_h100_7bf0b26_run1.json", "check_fastest_settle40_h100_225ad6b_run2.json")]
+    one = subprocess.run([sys.executable, str(AUTO_TABLE_SCRIPT), "--verdict", settled_checks[0]], capture_output=True,
+                         text=True, timeout=300)
+    assert one.stdout.splitlines()[1:] == [
         "auto within 3% of the fastest: met in every run in 160 of 160 cells (ratios 0.969-1.009)"]
+    both = subprocess.run([sys.executable, str(AUTO_TABLE_SCRIPT), "--verdict", *settled_checks], capture_output=True,
+                          text=True, timeout=300)
+    lines = both.stdout.splitlines()
+    assert lines[1] == "auto within 3% of the fastest: met in every run in 159 of 160 cells (ratios 0.914-1.066)"
+    assert [line.split() for line in lines[2:]] == [["mode=head_groups", "causal=True", "seq_len=8192", "batch=2",
+                                                     "head_dim=128", "training=True", "0.999", "1.066", "<=", "1.03",
+                                                     "MISSED"]]
     missing = subprocess.run([sys.executable, str(AUTO_TABLE_SCRIPT), "--verdict", str(tmp_path / "none.json")],
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode == 2 and "--verdict: cannot read" in missing.stderr.splitlines()[-1]
